@@ -1,0 +1,5 @@
+module github.com/keel-rl/keel
+
+go 1.26.0
+
+require golang.org/x/sys v0.49.0
