@@ -1,0 +1,147 @@
+package train
+
+import (
+	"math"
+
+	"github.com/keel-rl/keel/kernels"
+)
+
+// attnDims are the attention shapes of one model.
+type attnDims struct {
+	heads, kv, hd int
+	qd, kvd       int
+	group         int     // query heads per kv head
+	scale         float32 // head_dim^-0.5
+}
+
+func newAttnDims(heads, kv, hd int) attnDims {
+	return attnDims{
+		heads: heads, kv: kv, hd: hd,
+		qd: heads * hd, kvd: kv * hd,
+		group: heads / kv,
+		scale: float32(1 / math.Sqrt(float64(hd))),
+	}
+}
+
+// headNormRope applies the per-head RMSNorm (q_norm or k_norm) and RoPE to
+// T rows of nh heads: out = RoPE(RMSNorm(raw_head)), saving the inverse RMS
+// of every head row in inv.
+func headNormRope(out, raw, inv, w []float32, T, nh, hd int, pos []int32, cos, sin []float32, eps float32) {
+	half := hd / 2
+	kernels.ParallelFor(T, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			p := int(pos[t])
+			c, s := cos[p*half:(p+1)*half], sin[p*half:(p+1)*half]
+			for h := 0; h < nh; h++ {
+				o := (t*nh + h) * hd
+				inv[t*nh+h] = kernels.RMSNorm(out[o:o+hd], raw[o:o+hd], w, eps)
+				kernels.RoPE(out[o:o+hd], c, s)
+			}
+		}
+	})
+}
+
+// ropeBack rotates gradient rows back in place (the transpose of RoPE is
+// RoPE with negated sines).
+func ropeBack(d []float32, T, nh, hd int, pos []int32, cos, negSin []float32) {
+	half := hd / 2
+	kernels.ParallelFor(T, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			p := int(pos[t])
+			c, s := cos[p*half:(p+1)*half], negSin[p*half:(p+1)*half]
+			for h := 0; h < nh; h++ {
+				o := (t*nh + h) * hd
+				kernels.RoPE(d[o:o+hd], c, s)
+			}
+		}
+	})
+}
+
+// attnForward computes causal grouped-query attention for every sequence,
+// head and query row with kernels.AttendRow, so each output row depends only
+// on its own sequence's prefix (the rollout engine's decode step computes
+// the same call with its KV cache).
+func attnForward(att, q, k, v []float32, d attnDims, starts, lens []int, maxLen int, pool *scratchPool) {
+	items := len(starts) * d.heads
+	kernels.ParallelFor(items, func(lo, hi int) {
+		probs := pool.get(maxLen)
+		defer pool.put(probs)
+		for it := lo; it < hi; it++ {
+			s, h := it/d.heads, it%d.heads
+			st, n := starts[s], lens[s]
+			kvo := st*d.kvd + (h/d.group)*d.hd
+			keys, vals := k[kvo:], v[kvo:]
+			for i := 0; i < n; i++ {
+				o := (st+i)*d.qd + h*d.hd
+				kernels.AttendRow(att[o:o+d.hd], q[o:o+d.hd], keys, vals, i+1, d.kvd, d.scale, probs)
+			}
+		}
+	})
+}
+
+// attnBlock is the number of query rows the attention backward handles with
+// one set of GEMMs.
+const attnBlock = 64
+
+// attnBackward computes the gradients dq, dk, dv (all written, not added)
+// of causal GQA attention from datt, the gradient of its output. It
+// recomputes each probability row with kernels.AttendRow (bitwise the
+// forward's), then, per block of query rows of one head:
+//
+//	dP = dO·Vᵀ, D_i = Σ_j P_ij·dP_ij, dS = P∘(dP - D)·scale,
+//	dQ = dS·K, dK += dSᵀ·Q, dV += Pᵀ·dO.
+//
+// Work is split by (sequence, kv head); within one item the query heads
+// and blocks run in a fixed order, so dk and dv are deterministic.
+func attnBackward(dq, dk, dv, datt, q, k, v []float32, d attnDims, starts, lens []int, pool *scratchPool) {
+	items := len(starts) * d.kv
+	kernels.ParallelFor(items, func(lo, hi int) {
+		for it := lo; it < hi; it++ {
+			s, kh := it/d.kv, it%d.kv
+			st, n := starts[s], lens[s]
+			kvo := st*d.kvd + kh*d.hd
+			for i := 0; i < n; i++ {
+				clear(dk[kvo+i*d.kvd : kvo+i*d.kvd+d.hd])
+				clear(dv[kvo+i*d.kvd : kvo+i*d.kvd+d.hd])
+			}
+			bq := min(attnBlock, n)
+			p := pool.get(bq * n)
+			dp := pool.get(bq * n)
+			out := pool.get(d.hd)
+			for h := kh * d.group; h < (kh+1)*d.group; h++ {
+				for i0 := 0; i0 < n; i0 += attnBlock {
+					i1 := min(n, i0+attnBlock)
+					rows, nk := i1-i0, i1
+					qo := (st+i0)*d.qd + h*d.hd
+					for r := 0; r < rows; r++ {
+						i := i0 + r
+						pr := p[r*nk : (r+1)*nk]
+						o := qo + r*d.qd
+						kernels.AttendRow(out, q[o:o+d.hd], k[kvo:], v[kvo:], i+1, d.kvd, d.scale, pr)
+						clear(pr[i+1:])
+					}
+					// dP = dO·Vᵀ over the block's keys 0..nk-1.
+					kernels.Gemm(false, true, rows, nk, d.hd, datt[qo:], d.qd, v[kvo:], d.kvd, dp, nk, false)
+					for r := 0; r < rows; r++ {
+						pr, dpr := p[r*nk:(r+1)*nk], dp[r*nk:(r+1)*nk]
+						n1 := i0 + r + 1
+						var dsum float32
+						for j := 0; j < n1; j++ {
+							dsum += pr[j] * dpr[j]
+						}
+						for j := 0; j < n1; j++ {
+							dpr[j] = pr[j] * (dpr[j] - dsum) * d.scale
+						}
+						clear(dpr[n1:])
+					}
+					kernels.Gemm(false, false, rows, d.hd, nk, dp, nk, k[kvo:], d.kvd, dq[qo:], d.qd, false)
+					kernels.Gemm(true, false, nk, d.hd, rows, dp, nk, q[qo:], d.qd, dk[kvo:], d.kvd, true)
+					kernels.Gemm(true, false, nk, d.hd, rows, p, nk, datt[qo:], d.qd, dv[kvo:], d.kvd, true)
+				}
+			}
+			pool.put(p)
+			pool.put(dp)
+			pool.put(out)
+		}
+	})
+}

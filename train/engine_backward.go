@@ -1,0 +1,107 @@
+package train
+
+import (
+	"math"
+
+	"github.com/keel-rl/keel/kernels"
+)
+
+// backward accumulates the gradient of l into e.Grad. It reads the saved
+// activations without changing them, so it may run more than once.
+func (e *Engine) backward(f *fwdState, l Loss) {
+	m, g := e.Model, e.Grad
+	c := &f.cfg
+	T, H, V := f.T, c.HiddenSize, c.VocabSize
+	d := newAttnDims(c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim)
+	b := &f.bw
+	b.dlog = grow(b.dlog, T*V)
+	b.dx = grow(b.dx, T*H)
+	b.dxn = grow(b.dxn, T*H)
+	b.datt = grow(b.datt, T*d.qd)
+	b.dq = grow(b.dq, T*d.qd)
+	b.dk = grow(b.dk, T*d.kvd)
+	b.dv = grow(b.dv, T*d.kvd)
+
+	// Logits: for z = log-softmax, dlogp_y/dz_v = δ_vy - p_v and
+	// dH/dz_v = -p_v·(log p_v + H).
+	coefLP := make([]float32, T)
+	coefH := make([]float32, T)
+	for s, st := range f.starts {
+		copy(coefLP[st:], l.LogProb[s])
+		if l.Entropy != nil {
+			copy(coefH[st:], l.Entropy[s])
+		}
+	}
+	kernels.ParallelFor(T, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			z, dz := f.logp[t*V:(t+1)*V], b.dlog[t*V:(t+1)*V]
+			cl, ch := coefLP[t], coefH[t]
+			if cl == 0 && ch == 0 {
+				clear(dz)
+				continue
+			}
+			var ent float32
+			if ch != 0 {
+				ent = entropyRow(z)
+			}
+			for v, zv := range z {
+				p := float32(math.Exp(float64(zv)))
+				dz[v] = -cl*p - ch*p*(zv+ent)
+			}
+			if cl != 0 { // only rows with a next token have a coefficient
+				dz[f.tokens[t+1]] += cl
+			}
+		}
+	})
+	linearBackX(b.dxn, b.dlog, m.LMHead.Data, T, H, V, false)
+	linearBackW(g.LMHead.Data, b.dlog, f.xf, T, H, V)
+	normBackRows(b.dx, b.dxn, f.xfin, f.invf, m.Norm.Data, T, H, g.Norm.Data, &b.red, false)
+
+	// Aux-loss gradient w.r.t. every router probability p_t,e:
+	// Aux·E·c_e/N², the same for every token and MoE layer.
+	nMoE := len(f.moeIdx)
+	var auxGrad []float32
+	if nMoE > 0 {
+		auxGrad = make([]float32, c.NumExperts)
+		if l.Aux != 0 {
+			n := float64(T * nMoE)
+			for i := range auxGrad {
+				auxGrad[i] = float32(l.Aux * float64(c.NumExperts) * f.auxCnt[i] / (n * n))
+			}
+		}
+	}
+
+	for li := len(f.layers) - 1; li >= 0; li-- {
+		a := &f.layers[li]
+		L, G := &m.Layers[li], &g.Layers[li]
+		// b.dx is the gradient of the layer output x = h + mlp(xn2).
+		if a.moe != nil {
+			f.moeBackward(a, L, G, b.dx, b.dxn, auxGrad)
+		} else {
+			f.mlpBackward(a, L, G, b.dx, b.dxn)
+		}
+		normBackRows(b.dx, b.dxn, a.h, a.inv2, L.PostAttnNorm.Data, T, H, G.PostAttnNorm.Data, &b.red, true)
+		// b.dx is now the gradient of h = x_in + o_proj(att).
+		linearBackX(b.datt, b.dx, L.O.Data, T, d.qd, H, false)
+		linearBackW(G.O.Data, b.dx, a.att, T, d.qd, H)
+		attnBackward(b.dq, b.dk, b.dv, b.datt, a.q, a.k, a.v, d, f.starts, f.lens, &e.pool)
+		ropeBack(b.dq, T, d.heads, d.hd, f.pos, e.rope.cos, e.rope.neg)
+		ropeBack(b.dk, T, d.kv, d.hd, f.pos, e.rope.cos, e.rope.neg)
+		normBackRows(b.dq, b.dq, a.qraw, a.qinv, L.QNorm.Data, T*d.heads, d.hd, G.QNorm.Data, &b.red, false)
+		normBackRows(b.dk, b.dk, a.kraw, a.kinv, L.KNorm.Data, T*d.kv, d.hd, G.KNorm.Data, &b.red, false)
+		linearBackW(G.Q.Data, b.dq, a.xn1, T, H, d.qd)
+		linearBackW(G.K.Data, b.dk, a.xn1, T, H, d.kvd)
+		linearBackW(G.V.Data, b.dv, a.xn1, T, H, d.kvd)
+		linearBackX(b.dxn, b.dq, L.Q.Data, T, H, d.qd, false)
+		linearBackX(b.dxn, b.dk, L.K.Data, T, H, d.kvd, true)
+		linearBackX(b.dxn, b.dv, L.V.Data, T, H, d.kvd, true)
+		normBackRows(b.dx, b.dxn, a.xin, a.inv1, L.InputNorm.Data, T, H, G.InputNorm.Data, &b.red, true)
+	}
+
+	// Embedding rows, in token order (a fixed order for repeated tokens).
+	ge := g.Embed.Data
+	for t := 0; t < T; t++ {
+		tok := int(f.tokens[t])
+		kernels.Axpy(1, b.dx[t*H:(t+1)*H], ge[tok*H:(tok+1)*H])
+	}
+}

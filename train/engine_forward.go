@@ -1,0 +1,115 @@
+package train
+
+import (
+	"github.com/keel-rl/keel/kernels"
+	"github.com/keel-rl/keel/model"
+)
+
+// forward runs the packed batch through the model, saving activations in f.
+func (e *Engine) forward(f *fwdState, opt ForwardOptions) {
+	m := e.Model
+	c := &f.cfg
+	T, H, V := f.T, c.HiddenSize, c.VocabSize
+	eps := float32(c.RMSNormEps)
+	d := newAttnDims(c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim)
+	e.rope.ensure(c.HeadDim, c.RopeTheta, f.maxLen)
+
+	x := f.xfin
+	if len(f.layers) > 0 {
+		x = f.layers[0].xin
+	}
+	emb := m.Embed.Data
+	kernels.ParallelFor(T, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			tok := int(f.tokens[t])
+			copy(x[t*H:(t+1)*H], emb[tok*H:(tok+1)*H])
+		}
+	})
+
+	E := c.NumExperts
+	cnt := make([]float64, E)
+	psum := make([]float64, E)
+	ml := 0
+	for li := range f.layers {
+		a := &f.layers[li]
+		L := &m.Layers[li]
+		out := f.xfin
+		if li+1 < len(f.layers) {
+			out = f.layers[li+1].xin
+		}
+		normRows(a.xn1, a.xin, a.inv1, L.InputNorm.Data, T, H, eps)
+		linear(a.qraw, a.xn1, L.Q.Data, T, H, d.qd)
+		linear(a.kraw, a.xn1, L.K.Data, T, H, d.kvd)
+		linear(a.v, a.xn1, L.V.Data, T, H, d.kvd)
+		headNormRope(a.q, a.qraw, a.qinv, L.QNorm.Data, T, d.heads, d.hd, f.pos, e.rope.cos, e.rope.sin, eps)
+		headNormRope(a.k, a.kraw, a.kinv, L.KNorm.Data, T, d.kv, d.hd, f.pos, e.rope.cos, e.rope.sin, eps)
+		attnForward(a.att, a.q, a.k, a.v, d, f.starts, f.lens, f.maxLen, &e.pool)
+		linear(a.h, a.att, L.O.Data, T, d.qd, H)
+		addRows(a.h, a.xin, T, H)
+		normRows(a.xn2, a.h, a.inv2, L.PostAttnNorm.Data, T, H, eps)
+		if a.moe != nil {
+			f.moeForward(ml, a, L, out, cnt, psum)
+			ml++
+		} else {
+			f.mlpForward(a, L, out)
+		}
+	}
+
+	// AuxLoss = E·Σ_e (c_e/N)·(Σ_n p_n,e / N) over N = tokens·MoE layers.
+	f.aux = 0
+	copy(f.auxCnt, cnt)
+	if ml > 0 {
+		n := float64(T * ml)
+		for i := 0; i < E; i++ {
+			f.aux += cnt[i] / n * (psum[i] / n)
+		}
+		f.aux *= float64(E)
+	}
+
+	normRows(f.xf, f.xfin, f.invf, m.Norm.Data, T, H, eps)
+	linear(f.logp, f.xf, m.LMHead.Data, T, H, V)
+	kernels.ParallelFor(T, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			row := f.logp[t*V : (t+1)*V]
+			kernels.LogSoftmax(row, row)
+		}
+	})
+}
+
+// addRows computes dst += src over rows×n elements in parallel.
+func addRows(dst, src []float32, rows, n int) {
+	kernels.ParallelFor(rows, func(lo, hi int) {
+		d, s := dst[lo*n:hi*n], src[lo*n:hi*n]
+		for i := range d {
+			d[i] += s[i]
+		}
+	})
+}
+
+// mlpForward runs a dense SwiGLU MLP and writes out = h + mlp(xn2).
+func (f *fwdState) mlpForward(a *layerAct, L *model.Layer, out []float32) {
+	c := &f.cfg
+	T, H, I := f.T, c.HiddenSize, c.IntermediateSize
+	linear(a.g, a.xn2, L.Gate.Data, T, H, I)
+	linear(a.u, a.xn2, L.Up.Data, T, H, I)
+	swigluRows(a.a, a.g, a.u, T, I)
+	linear(out, a.a, L.Down.Data, T, I, H)
+	addRows(out, a.h, T, H)
+}
+
+// mlpBackward backpropagates a dense MLP: dout is the gradient of its
+// output, the gradient w.r.t. xn2 is written to dxn.
+func (f *fwdState) mlpBackward(a *layerAct, L, G *model.Layer, dout, dxn []float32) {
+	c := &f.cfg
+	T, H, I := f.T, c.HiddenSize, c.IntermediateSize
+	b := &f.bw
+	b.dg = grow(b.dg, T*I)
+	b.du = grow(b.du, T*I)
+	linearBackX(b.dg, dout, L.Down.Data, T, I, H, false)
+	linearBackW(G.Down.Data, dout, a.a, T, I, H)
+	swigluBackRows(b.dg, b.du, b.dg, a.g, a.u, T, I)
+	linearBackW(G.Gate.Data, b.dg, a.xn2, T, H, I)
+	linearBackW(G.Up.Data, b.du, a.xn2, T, H, I)
+	linearBackX(dxn, b.dg, L.Gate.Data, T, H, I, false)
+	linearBackX(dxn, b.du, L.Up.Data, T, H, I, true)
+}

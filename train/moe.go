@@ -1,0 +1,230 @@
+package train
+
+import (
+	"github.com/keel-rl/keel/kernels"
+	"github.com/keel-rl/keel/model"
+)
+
+// topK writes into ids the k largest entries of p in descending order; ties
+// go to the lower index (as a stable descending sort would).
+func topK(ids []int32, p []float32) {
+	for s := range ids {
+		best := -1
+		for e, v := range p {
+			if best >= 0 && !(v > p[best]) {
+				continue
+			}
+			taken := false
+			for _, id := range ids[:s] {
+				if int(id) == e {
+					taken = true
+					break
+				}
+			}
+			if !taken {
+				best = e
+			}
+		}
+		ids[s] = int32(best)
+	}
+}
+
+// gateWeights writes the gate weights of the experts ids from the full
+// router softmax p: g_i = p_i / S with S summed in slot order when norm,
+// else g_i = p_i. Replayed experts get the same formula from the live
+// probabilities, so the router receives their gradients.
+func gateWeights(g []float32, p []float32, ids []int32, norm bool) {
+	if !norm {
+		for s, id := range ids {
+			g[s] = p[id]
+		}
+		return
+	}
+	var sum float32
+	for _, id := range ids {
+		sum += p[id]
+	}
+	for s, id := range ids {
+		g[s] = p[id] / sum
+	}
+}
+
+// moeForward runs one sparse MoE block: router softmax, expert choice (live
+// or replayed), expert GEMMs over tokens grouped by expert, and the gated
+// combination added to the residual h, written to out. It adds this
+// layer's expert counts and probability sums to cnt and psum for AuxLoss.
+func (f *fwdState) moeForward(ml int, a *layerAct, L *model.Layer, out []float32, cnt, psum []float64) {
+	c := &f.cfg
+	T, H, E, k, I := f.T, c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
+	mo := a.moe
+	linear(mo.probs, a.xn2, L.Router.Data, T, H, E)
+	kernels.ParallelFor(T, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			kernels.Softmax(mo.probs[t*E:(t+1)*E], mo.probs[t*E:(t+1)*E])
+		}
+	})
+	for s, st := range f.starts {
+		var r *model.Routes
+		if s < len(f.replay) {
+			r = f.replay[s]
+		}
+		for i := 0; i < f.lens[s]; i++ {
+			t := st + i
+			ids, p := mo.ids[t*k:(t+1)*k], mo.probs[t*E:(t+1)*E]
+			if r != nil {
+				copy(ids, r.At(i, ml))
+			} else {
+				topK(ids, p)
+			}
+			gateWeights(mo.gates[t*k:(t+1)*k], p, ids, c.NormTopKProb)
+		}
+	}
+	// Group (token, slot) pairs by expert, tokens in order.
+	off := mo.off
+	clear(off)
+	for _, id := range mo.ids[:T*k] {
+		off[id+1]++
+	}
+	for e := 0; e < E; e++ {
+		cnt[e] += float64(off[e+1])
+		off[e+1] += off[e]
+	}
+	fill := make([]int, E)
+	for j, id := range mo.ids[:T*k] {
+		r := off[id] + fill[id]
+		fill[id]++
+		mo.row[j] = int32(r)
+		mo.tok[r] = int32(j / k)
+	}
+	for t := 0; t < T; t++ {
+		for e := 0; e < E; e++ {
+			psum[e] += float64(mo.probs[t*E+e])
+		}
+	}
+	R := T * k
+	kernels.ParallelFor(R, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			t := int(mo.tok[r])
+			copy(mo.xg[r*H:(r+1)*H], a.xn2[t*H:(t+1)*H])
+		}
+	})
+	for e := 0; e < E; e++ {
+		r0, n := off[e], off[e+1]-off[e]
+		x := &L.Experts[e]
+		linear(mo.gg[r0*I:], mo.xg[r0*H:], x.Gate.Data, n, H, I)
+		linear(mo.ug[r0*I:], mo.xg[r0*H:], x.Up.Data, n, H, I)
+	}
+	swigluRows(mo.ag, mo.gg, mo.ug, R, I)
+	for e := 0; e < E; e++ {
+		r0, n := off[e], off[e+1]-off[e]
+		linear(mo.yg[r0*H:], mo.ag[r0*I:], L.Experts[e].Down.Data, n, I, H)
+	}
+	kernels.ParallelFor(T, func(lo, hi int) {
+		acc := make([]float32, H)
+		for t := lo; t < hi; t++ {
+			for s := 0; s < k; s++ {
+				r := int(mo.row[t*k+s])
+				y := mo.yg[r*H : (r+1)*H]
+				g := mo.gates[t*k+s]
+				if s == 0 {
+					for i := range acc {
+						acc[i] = g * y[i]
+					}
+				} else {
+					kernels.Axpy(g, y, acc)
+				}
+			}
+			o, h := out[t*H:(t+1)*H], a.h[t*H:(t+1)*H]
+			for i := range o {
+				o[i] = h[i] + acc[i]
+			}
+		}
+	})
+}
+
+// moeBackward backpropagates one MoE block. dout is the gradient of the
+// block's output; the gradient w.r.t. its input xn2 is written to dxn.
+// auxGrad[e] is d(weighted AuxLoss)/dp_t,e, the same for every token.
+func (f *fwdState) moeBackward(a *layerAct, L, G *model.Layer, dout, dxn []float32, auxGrad []float32) {
+	c := &f.cfg
+	T, H, E, k, I := f.T, c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
+	mo := a.moe
+	b := &f.bw
+	R := T * k
+	b.dy = grow(b.dy, R*H)
+	b.dxg = grow(b.dxg, R*H)
+	b.dgt = grow(b.dgt, R)
+	b.dg = grow(b.dg, R*I)
+	b.du = grow(b.du, R*I)
+	b.dp = grow(b.dp, T*E)
+	kernels.ParallelFor(T, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			d := dout[t*H : (t+1)*H]
+			for s := 0; s < k; s++ {
+				j := t*k + s
+				r := int(mo.row[j])
+				b.dgt[j] = kernels.Dot(d, mo.yg[r*H:(r+1)*H])
+				dy := b.dy[r*H : (r+1)*H]
+				g := mo.gates[j]
+				for i := range dy {
+					dy[i] = g * d[i]
+				}
+			}
+		}
+	})
+	off := mo.off
+	for e := 0; e < E; e++ {
+		r0, n := off[e], off[e+1]-off[e]
+		linearBackX(b.dg[r0*I:], b.dy[r0*H:], L.Experts[e].Down.Data, n, I, H, false)
+		linearBackW(G.Experts[e].Down.Data, b.dy[r0*H:], mo.ag[r0*I:], n, I, H)
+	}
+	swigluBackRows(b.dg, b.du, b.dg, mo.gg, mo.ug, R, I)
+	for e := 0; e < E; e++ {
+		r0, n := off[e], off[e+1]-off[e]
+		x, gx := &L.Experts[e], &G.Experts[e]
+		linearBackW(gx.Gate.Data, b.dg[r0*I:], mo.xg[r0*H:], n, H, I)
+		linearBackW(gx.Up.Data, b.du[r0*I:], mo.xg[r0*H:], n, H, I)
+		linearBackX(b.dxg[r0*H:], b.dg[r0*I:], x.Gate.Data, n, H, I, false)
+		linearBackX(b.dxg[r0*H:], b.du[r0*I:], x.Up.Data, n, H, I, true)
+	}
+	kernels.ParallelFor(T, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			d := dxn[t*H : (t+1)*H]
+			for s := 0; s < k; s++ {
+				r := int(mo.row[t*k+s])
+				if s == 0 {
+					copy(d, b.dxg[r*H:(r+1)*H])
+				} else {
+					kernels.Axpy(1, b.dxg[r*H:(r+1)*H], d)
+				}
+			}
+			// Router: gradient w.r.t. the probabilities, then the softmax.
+			p, dp := mo.probs[t*E:(t+1)*E], b.dp[t*E:(t+1)*E]
+			copy(dp, auxGrad)
+			ids, gates, dg := mo.ids[t*k:(t+1)*k], mo.gates[t*k:(t+1)*k], b.dgt[t*k:(t+1)*k]
+			if c.NormTopKProb {
+				var sum, gdg float32
+				for s, id := range ids {
+					sum += p[id]
+					gdg += dg[s] * gates[s]
+				}
+				for s, id := range ids {
+					dp[id] += (dg[s] - gdg) / sum
+				}
+			} else {
+				for s, id := range ids {
+					dp[id] += dg[s]
+				}
+			}
+			var pdp float32
+			for e := range dp {
+				pdp += p[e] * dp[e]
+			}
+			for e := range dp {
+				dp[e] = p[e] * (dp[e] - pdp)
+			}
+		}
+	})
+	linearBackW(G.Router.Data, b.dp, a.xn2, T, H, E)
+	linearBackX(dxn, b.dp, L.Router.Data, T, H, E, true)
+}
