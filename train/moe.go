@@ -198,33 +198,39 @@ func (f *fwdState) moeBackward(a *layerAct, L, G *model.Layer, dout, dxn []float
 					kernels.Axpy(1, b.dxg[r*H:(r+1)*H], d)
 				}
 			}
-			// Router: gradient w.r.t. the probabilities, then the softmax.
-			p, dp := mo.probs[t*E:(t+1)*E], b.dp[t*E:(t+1)*E]
-			copy(dp, auxGrad)
-			ids, gates, dg := mo.ids[t*k:(t+1)*k], mo.gates[t*k:(t+1)*k], b.dgt[t*k:(t+1)*k]
-			if c.NormTopKProb {
-				var sum, gdg float32
-				for s, id := range ids {
-					sum += p[id]
-					gdg += dg[s] * gates[s]
-				}
-				for s, id := range ids {
-					dp[id] += (dg[s] - gdg) / sum
-				}
-			} else {
-				for s, id := range ids {
-					dp[id] += dg[s]
-				}
-			}
-			var pdp float32
-			for e := range dp {
-				pdp += p[e] * dp[e]
-			}
-			for e := range dp {
-				dp[e] = p[e] * (dp[e] - pdp)
-			}
+			routerBackRow(b.dp[t*E:(t+1)*E], mo.probs[t*E:(t+1)*E], mo.gates[t*k:(t+1)*k], mo.ids[t*k:(t+1)*k], b.dgt[t*k:(t+1)*k], auxGrad, c.NormTopKProb)
 		}
 	})
 	linearBackW(G.Router.Data, b.dp, a.xn2, T, H, E)
 	linearBackX(dxn, b.dp, L.Router.Data, T, H, E, true)
+}
+
+// routerBackRow writes to ds the gradient w.r.t. one token's router logits,
+// given the full softmax p, the gates and experts ids, the gradient dg of
+// the gates and auxGrad, the gradient of the aux term w.r.t. p. With
+// g_i = p_i/S (norm): dp_i = (dg_i - Σ_k dg_k·g_k)/S for i in ids;
+// without: dp_i = dg_i. Then ds = p∘(dp - Σ p·dp).
+func routerBackRow(ds, p, gates []float32, ids []int32, dg, auxGrad []float32, norm bool) {
+	copy(ds, auxGrad)
+	if norm {
+		var sum, gdg float32
+		for s, id := range ids {
+			sum += p[id]
+			gdg += dg[s] * gates[s]
+		}
+		for s, id := range ids {
+			ds[id] += (dg[s] - gdg) / sum
+		}
+	} else {
+		for s, id := range ids {
+			ds[id] += dg[s]
+		}
+	}
+	var pdp float32
+	for e := range ds {
+		pdp += p[e] * ds[e]
+	}
+	for e := range ds {
+		ds[e] = p[e] * (ds[e] - pdp)
+	}
 }
