@@ -1,0 +1,527 @@
+package model
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/bits"
+	"os"
+	"strings"
+
+	"github.com/keel-rl/keel/safetensors"
+)
+
+// The Hugging Face architectures keel implements.
+const (
+	ArchQwen3    = "Qwen3ForCausalLM"
+	ArchQwen3MoE = "Qwen3MoeForCausalLM"
+)
+
+// modelTypes maps each architecture to its config.json "model_type".
+var modelTypes = map[string]string{ArchQwen3: "qwen3", ArchQwen3MoE: "qwen3_moe"}
+
+// maxParams bounds the parameter count Validate accepts (2^40 floats, 4 TiB),
+// so that sizes from a corrupt config cannot overflow the arena arithmetic.
+const maxParams = 1 << 40
+
+// hfDefaults returns the values transformers' Qwen3Config / Qwen3MoeConfig
+// use for fields absent from config.json. The MoE head_dim default,
+// hidden/heads, is applied after the other fields are read.
+func hfDefaults(arch string) Config {
+	if arch == ArchQwen3MoE {
+		return Config{
+			Architecture: arch, VocabSize: 151936, HiddenSize: 2048, IntermediateSize: 6144,
+			NumHiddenLayers: 24, NumAttentionHeads: 32, NumKeyValueHeads: 4,
+			RMSNormEps: 1e-6, RopeTheta: 10000, MaxPositionEmbeddings: 32768,
+			MoeIntermediateSize: 768, NumExperts: 128, NumExpertsPerTok: 8,
+			NormTopKProb: false, DecoderSparseStep: 1,
+		}
+	}
+	return Config{
+		Architecture: arch, VocabSize: 151936, HiddenSize: 4096, IntermediateSize: 22016,
+		NumHiddenLayers: 32, NumAttentionHeads: 32, NumKeyValueHeads: 32, HeadDim: 128,
+		RMSNormEps: 1e-6, RopeTheta: 10000, MaxPositionEmbeddings: 32768,
+	}
+}
+
+// ReadConfig reads a Hugging Face config.json for Qwen3ForCausalLM or
+// Qwen3MoeForCausalLM, fills absent fields with transformers' defaults and
+// validates the result. Fields keel does not use are ignored; features it
+// does not implement (attention bias, sliding windows, RoPE scaling,
+// quantisation) are errors rather than silently wrong models. Every error
+// names the file and the field.
+func ReadConfig(path string) (Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, err
+	}
+	c, err := parseConfig(b)
+	if err != nil {
+		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// ParseConfig is ReadConfig for config.json bytes already in memory.
+func ParseConfig(b []byte) (Config, error) {
+	c, err := parseConfig(b)
+	if err != nil {
+		return Config{}, fmt.Errorf("config.json: %w", err)
+	}
+	return c, nil
+}
+
+func parseConfig(b []byte) (Config, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		return Config{}, fmt.Errorf("not a JSON object: %v", err)
+	}
+	if fields == nil {
+		return Config{}, errors.New("not a JSON object")
+	}
+	present := func(k string) bool {
+		v, ok := fields[k]
+		return ok && !isNull(v)
+	}
+	get := func(k string, dst any) error {
+		if !present(k) {
+			return nil
+		}
+		if err := json.Unmarshal(fields[k], dst); err != nil {
+			return fmt.Errorf("field %q: %s", k, typeError(err, fields[k]))
+		}
+		return nil
+	}
+
+	// Architecture, from "architectures" and "model_type".
+	var archs []string
+	var modelType string
+	if err := get("architectures", &archs); err != nil {
+		return Config{}, err
+	}
+	if err := get("model_type", &modelType); err != nil {
+		return Config{}, err
+	}
+	var arch string
+	switch {
+	case len(archs) > 1:
+		return Config{}, fmt.Errorf("field \"architectures\": %q lists several architectures; keel loads exactly one", archs)
+	case len(archs) == 1:
+		arch = archs[0]
+		mt, ok := modelTypes[arch]
+		if !ok {
+			return Config{}, fmt.Errorf("field \"architectures\": unsupported architecture %q (keel supports %s and %s)", arch, ArchQwen3, ArchQwen3MoE)
+		}
+		if modelType != "" && modelType != mt {
+			return Config{}, fmt.Errorf("field \"model_type\": %q does not match architecture %s (want %q)", modelType, arch, mt)
+		}
+	default:
+		for a, mt := range modelTypes {
+			if modelType == mt {
+				arch = a
+			}
+		}
+		if arch == "" {
+			if modelType == "" {
+				return Config{}, errors.New(`field "architectures": missing (and no "model_type" either)`)
+			}
+			return Config{}, fmt.Errorf("field \"model_type\": unsupported model type %q (keel supports qwen3 and qwen3_moe)", modelType)
+		}
+	}
+	c := hfDefaults(arch)
+	moe := arch == ArchQwen3MoE
+
+	// Features keel does not implement.
+	var actFn string
+	if err := get("hidden_act", &actFn); err != nil {
+		return Config{}, err
+	}
+	if actFn != "" && actFn != "silu" {
+		return Config{}, fmt.Errorf("field \"hidden_act\": %q is not supported (only \"silu\")", actFn)
+	}
+	var flag bool
+	if err := get("attention_bias", &flag); err != nil {
+		return Config{}, err
+	}
+	if flag {
+		return Config{}, errors.New(`field "attention_bias": true is not supported (Qwen3 attention has no bias)`)
+	}
+	flag = false
+	if err := get("use_sliding_window", &flag); err != nil {
+		return Config{}, err
+	}
+	if flag {
+		return Config{}, errors.New(`field "use_sliding_window": sliding-window attention is not supported`)
+	}
+	var layerTypes []string
+	if err := get("layer_types", &layerTypes); err != nil {
+		return Config{}, err
+	}
+	for i, t := range layerTypes {
+		if t != "full_attention" {
+			return Config{}, fmt.Errorf("field \"layer_types\"[%d]: %q is not supported (only \"full_attention\")", i, t)
+		}
+	}
+	if present("quantization_config") {
+		return Config{}, errors.New(`field "quantization_config": quantised checkpoints are not supported; use a float32/bfloat16/float16 checkpoint`)
+	}
+	thetaInParams := false
+	for _, k := range []string{"rope_scaling", "rope_parameters"} {
+		if !present(k) {
+			continue
+		}
+		var rp struct {
+			RopeType  string   `json:"rope_type"`
+			Type      string   `json:"type"` // older spelling of rope_type
+			RopeTheta *float64 `json:"rope_theta"`
+		}
+		if err := get(k, &rp); err != nil {
+			return Config{}, err
+		}
+		rt := rp.RopeType
+		if rt == "" {
+			rt = rp.Type
+		}
+		if rt != "" && rt != "default" {
+			return Config{}, fmt.Errorf("field %q: RoPE scaling type %q is not supported (only plain RoPE)", k, rt)
+		}
+		if rt == "" && k == "rope_scaling" {
+			return Config{}, errors.New(`field "rope_scaling": RoPE scaling is not supported (expected null)`)
+		}
+		if rp.RopeTheta != nil {
+			c.RopeTheta = *rp.RopeTheta
+			thetaInParams = true
+		}
+	}
+
+	// The fields of Config.
+	ints := []struct {
+		key string
+		dst *int
+	}{
+		{"vocab_size", &c.VocabSize}, {"hidden_size", &c.HiddenSize},
+		{"intermediate_size", &c.IntermediateSize}, {"num_hidden_layers", &c.NumHiddenLayers},
+		{"num_attention_heads", &c.NumAttentionHeads}, {"max_position_embeddings", &c.MaxPositionEmbeddings},
+	}
+	for _, f := range ints {
+		if err := get(f.key, f.dst); err != nil {
+			return Config{}, err
+		}
+	}
+	if err := get("rms_norm_eps", &c.RMSNormEps); err != nil {
+		return Config{}, err
+	}
+	if !thetaInParams { // transformers 5 keeps rope_theta in rope_parameters
+		if err := get("rope_theta", &c.RopeTheta); err != nil {
+			return Config{}, err
+		}
+	}
+	if err := get("tie_word_embeddings", &c.TieWordEmbeddings); err != nil {
+		return Config{}, err
+	}
+	// num_key_value_heads: absent means the class default, an explicit null
+	// means "as many as the attention heads" (transformers' rule).
+	if v, ok := fields["num_key_value_heads"]; ok && isNull(v) {
+		c.NumKeyValueHeads = c.NumAttentionHeads
+	} else if err := get("num_key_value_heads", &c.NumKeyValueHeads); err != nil {
+		return Config{}, err
+	}
+	if moe {
+		c.HeadDim = 0
+	}
+	if err := get("head_dim", &c.HeadDim); err != nil {
+		return Config{}, err
+	}
+	if moe && c.HeadDim == 0 && c.NumAttentionHeads > 0 {
+		c.HeadDim = c.HiddenSize / c.NumAttentionHeads // Qwen3MoE attention's fallback
+	}
+	if moe {
+		moeInts := []struct {
+			key string
+			dst *int
+		}{
+			{"moe_intermediate_size", &c.MoeIntermediateSize}, {"num_experts_per_tok", &c.NumExpertsPerTok},
+			{"decoder_sparse_step", &c.DecoderSparseStep},
+		}
+		for _, f := range moeInts {
+			if err := get(f.key, f.dst); err != nil {
+				return Config{}, err
+			}
+		}
+		// transformers 5 may write the expert count as num_local_experts.
+		if present("num_experts") {
+			if err := get("num_experts", &c.NumExperts); err != nil {
+				return Config{}, err
+			}
+			var alt int
+			if err := get("num_local_experts", &alt); err != nil {
+				return Config{}, err
+			}
+			if present("num_local_experts") && alt != c.NumExperts {
+				return Config{}, fmt.Errorf("field \"num_local_experts\": %d disagrees with \"num_experts\" %d", alt, c.NumExperts)
+			}
+		} else if err := get("num_local_experts", &c.NumExperts); err != nil {
+			return Config{}, err
+		}
+		if err := get("norm_topk_prob", &c.NormTopKProb); err != nil {
+			return Config{}, err
+		}
+		if err := get("mlp_only_layers", &c.MlpOnlyLayers); err != nil {
+			return Config{}, err
+		}
+		if len(c.MlpOnlyLayers) == 0 {
+			c.MlpOnlyLayers = nil
+		}
+	}
+	if err := c.check(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+func isNull(v json.RawMessage) bool { return string(bytes.TrimSpace(v)) == "null" }
+
+// typeError turns a json type error into "expected a number, got string".
+func typeError(err error, v json.RawMessage) string {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return fmt.Sprintf("expected %s, got %s", kindName(te.Type.Kind().String()), strings.TrimSpace(string(v)))
+	}
+	return err.Error()
+}
+
+func kindName(k string) string {
+	switch k {
+	case "int", "int64":
+		return "an integer"
+	case "float64":
+		return "a number"
+	case "bool":
+		return "true or false"
+	case "string":
+		return "a string"
+	case "slice":
+		return "a list"
+	case "struct", "map":
+		return "an object"
+	}
+	return k
+}
+
+// Validate checks that c describes a model keel can build: a supported
+// architecture, positive sizes, heads divisible by KV heads, an even
+// head_dim (RoPE rotates pairs), a consistent MoE block. Errors name the
+// config.json field at fault.
+func (c *Config) Validate() error {
+	if err := c.check(); err != nil {
+		return fmt.Errorf("model config: %w", err)
+	}
+	return nil
+}
+
+func (c *Config) check() error {
+	fieldErr := func(field, format string, args ...any) error {
+		return fmt.Errorf("field %q: %s", field, fmt.Sprintf(format, args...))
+	}
+	moe := c.Architecture == ArchQwen3MoE
+	if _, ok := modelTypes[c.Architecture]; !ok {
+		return fieldErr("architectures", "unsupported architecture %q (keel supports %s and %s)", c.Architecture, ArchQwen3, ArchQwen3MoE)
+	}
+	positive := []struct {
+		key string
+		v   int
+	}{
+		{"vocab_size", c.VocabSize}, {"hidden_size", c.HiddenSize}, {"num_hidden_layers", c.NumHiddenLayers},
+		{"num_attention_heads", c.NumAttentionHeads}, {"num_key_value_heads", c.NumKeyValueHeads},
+		{"head_dim", c.HeadDim}, {"max_position_embeddings", c.MaxPositionEmbeddings},
+	}
+	for _, p := range positive {
+		if p.v <= 0 {
+			return fieldErr(p.key, "must be positive, got %d", p.v)
+		}
+	}
+	if c.NumAttentionHeads%c.NumKeyValueHeads != 0 {
+		return fieldErr("num_key_value_heads", "%d does not divide num_attention_heads %d", c.NumKeyValueHeads, c.NumAttentionHeads)
+	}
+	if c.HeadDim%2 != 0 {
+		return fieldErr("head_dim", "must be even for rotary embeddings, got %d", c.HeadDim)
+	}
+	if !(c.RMSNormEps > 0) || math.IsInf(c.RMSNormEps, 0) {
+		return fieldErr("rms_norm_eps", "must be a positive number, got %g", c.RMSNormEps)
+	}
+	if !(c.RopeTheta > 0) || math.IsInf(c.RopeTheta, 0) {
+		return fieldErr("rope_theta", "must be a positive number, got %g", c.RopeTheta)
+	}
+	if moe {
+		switch {
+		case c.NumExperts <= 0:
+			return fieldErr("num_experts", "must be positive for %s, got %d", ArchQwen3MoE, c.NumExperts)
+		case c.NumExpertsPerTok <= 0:
+			return fieldErr("num_experts_per_tok", "must be positive, got %d", c.NumExpertsPerTok)
+		case c.NumExpertsPerTok > c.NumExperts:
+			return fieldErr("num_experts_per_tok", "%d exceeds num_experts %d", c.NumExpertsPerTok, c.NumExperts)
+		case c.MoeIntermediateSize <= 0:
+			return fieldErr("moe_intermediate_size", "must be positive, got %d", c.MoeIntermediateSize)
+		case c.DecoderSparseStep <= 0:
+			return fieldErr("decoder_sparse_step", "must be positive, got %d", c.DecoderSparseStep)
+		}
+		for i, l := range c.MlpOnlyLayers {
+			if l < 0 || l >= c.NumHiddenLayers {
+				return fieldErr("mlp_only_layers", "entry %d is layer %d, outside [0, %d)", i, l, c.NumHiddenLayers)
+			}
+		}
+	} else {
+		if c.NumExperts != 0 || len(c.MlpOnlyLayers) != 0 {
+			return fieldErr("num_experts", "%s has no experts; use %s for a MoE model", ArchQwen3, ArchQwen3MoE)
+		}
+	}
+	dense := false
+	for i := 0; i < c.NumHiddenLayers && !dense; i++ {
+		dense = !c.IsMoELayer(i)
+	}
+	if dense && c.IntermediateSize <= 0 {
+		return fieldErr("intermediate_size", "must be positive, got %d", c.IntermediateSize)
+	}
+	if _, ok := c.paramCount(); !ok {
+		return fieldErr("hidden_size", "the sizes give more than %d parameters", int64(maxParams))
+	}
+	return nil
+}
+
+// paramCount returns the number of scalar parameters New would allocate,
+// and false if it overflows or exceeds maxParams. c must have passed the
+// positivity checks.
+func (c *Config) paramCount() (int64, bool) {
+	ok := true
+	mul := func(a ...int) uint64 {
+		p := uint64(1)
+		for _, x := range a {
+			hi, lo := bits.Mul64(p, uint64(x))
+			if hi != 0 || lo > maxParams {
+				ok = false
+				return 0
+			}
+			p = lo
+		}
+		return p
+	}
+	h, hd := c.HiddenSize, c.HeadDim
+	total := mul(c.VocabSize, h) + uint64(h)
+	if !c.TieWordEmbeddings {
+		total += mul(c.VocabSize, h)
+	}
+	perAttn := mul(c.NumAttentionHeads, hd, h)*2 + mul(c.NumKeyValueHeads, hd, h)*2 + uint64(2*hd) + uint64(2*h)
+	for i := 0; i < c.NumHiddenLayers && ok; i++ {
+		total += perAttn
+		if c.IsMoELayer(i) {
+			total += mul(c.NumExperts, h) + mul(c.NumExperts, c.MoeIntermediateSize, h, 3)
+		} else {
+			total += mul(c.IntermediateSize, h, 3)
+		}
+		if total > maxParams {
+			ok = false
+		}
+	}
+	return int64(total), ok && total <= maxParams
+}
+
+// hfConfigJSON is the config.json keel writes, keys in the alphabetical
+// order transformers itself uses. Pointer fields are MoE-only and omitted
+// for dense models.
+type hfConfigJSON struct {
+	Architectures         []string  `json:"architectures"`
+	AttentionBias         bool      `json:"attention_bias"`
+	AttentionDropout      float64   `json:"attention_dropout"`
+	DecoderSparseStep     *int      `json:"decoder_sparse_step,omitempty"`
+	HeadDim               int       `json:"head_dim"`
+	HiddenAct             string    `json:"hidden_act"`
+	HiddenSize            int       `json:"hidden_size"`
+	InitializerRange      float64   `json:"initializer_range"`
+	IntermediateSize      int       `json:"intermediate_size"`
+	MaxPositionEmbeddings int       `json:"max_position_embeddings"`
+	MaxWindowLayers       int       `json:"max_window_layers"`
+	MlpOnlyLayers         *[]int    `json:"mlp_only_layers,omitempty"`
+	ModelType             string    `json:"model_type"`
+	MoeIntermediateSize   *int      `json:"moe_intermediate_size,omitempty"`
+	NormTopKProb          *bool     `json:"norm_topk_prob,omitempty"`
+	NumAttentionHeads     int       `json:"num_attention_heads"`
+	NumExperts            *int      `json:"num_experts,omitempty"`
+	NumExpertsPerTok      *int      `json:"num_experts_per_tok,omitempty"`
+	NumHiddenLayers       int       `json:"num_hidden_layers"`
+	NumKeyValueHeads      int       `json:"num_key_value_heads"`
+	OutputRouterLogits    *bool     `json:"output_router_logits,omitempty"`
+	RMSNormEps            float64   `json:"rms_norm_eps"`
+	RopeScaling           *struct{} `json:"rope_scaling"`
+	RopeTheta             float64   `json:"rope_theta"`
+	RouterAuxLossCoef     *float64  `json:"router_aux_loss_coef,omitempty"`
+	SlidingWindow         *int      `json:"sliding_window"`
+	TieWordEmbeddings     bool      `json:"tie_word_embeddings"`
+	TorchDType            string    `json:"torch_dtype"`
+	UseCache              bool      `json:"use_cache"`
+	UseSlidingWindow      bool      `json:"use_sliding_window"`
+	VocabSize             int       `json:"vocab_size"`
+}
+
+// InitializerRange is the standard deviation of Init's normal weights, and
+// the initializer_range written to config.json (transformers' default).
+const InitializerRange = 0.02
+
+// MarshalHF returns c as a Hugging Face config.json that transformers loads
+// as Qwen3ForCausalLM or Qwen3MoeForCausalLM. torchDType is the stored
+// weights' dtype as transformers names it ("float32", "bfloat16"); empty
+// means "float32".
+func (c Config) MarshalHF(torchDType string) ([]byte, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if torchDType == "" {
+		torchDType = "float32"
+	}
+	j := hfConfigJSON{
+		Architectures:         []string{c.Architecture},
+		HeadDim:               c.HeadDim,
+		HiddenAct:             "silu",
+		HiddenSize:            c.HiddenSize,
+		InitializerRange:      InitializerRange,
+		IntermediateSize:      c.IntermediateSize,
+		MaxPositionEmbeddings: c.MaxPositionEmbeddings,
+		MaxWindowLayers:       c.NumHiddenLayers,
+		ModelType:             modelTypes[c.Architecture],
+		NumAttentionHeads:     c.NumAttentionHeads,
+		NumHiddenLayers:       c.NumHiddenLayers,
+		NumKeyValueHeads:      c.NumKeyValueHeads,
+		RMSNormEps:            c.RMSNormEps,
+		RopeTheta:             c.RopeTheta,
+		TieWordEmbeddings:     c.TieWordEmbeddings,
+		TorchDType:            torchDType,
+		UseCache:              true,
+		VocabSize:             c.VocabSize,
+	}
+	if c.Architecture == ArchQwen3MoE {
+		step, moeI, e, k, norm := c.DecoderSparseStep, c.MoeIntermediateSize, c.NumExperts, c.NumExpertsPerTok, c.NormTopKProb
+		mlpOnly := append([]int{}, c.MlpOnlyLayers...)
+		noLogits, aux := false, 0.001
+		j.DecoderSparseStep, j.MoeIntermediateSize, j.NumExperts, j.NumExpertsPerTok = &step, &moeI, &e, &k
+		j.NormTopKProb, j.MlpOnlyLayers, j.OutputRouterLogits, j.RouterAuxLossCoef = &norm, &mlpOnly, &noLogits, &aux
+	}
+	b, err := json.MarshalIndent(j, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}
+
+// WriteFile writes c as config.json at path (see MarshalHF), atomically.
+func (c Config) WriteFile(path, torchDType string) error {
+	b, err := c.MarshalHF(torchDType)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return safetensors.AtomicWrite(path, func(w io.Writer) error {
+		_, err := w.Write(b)
+		return err
+	})
+}

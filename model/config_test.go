@@ -1,0 +1,281 @@
+package model
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// qwen3Dense is the config.json of the Qwen3-0.6B release.
+const qwen3Dense = `{
+  "architectures": ["Qwen3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 1024,
+  "initializer_range": 0.02,
+  "intermediate_size": 3072,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 28,
+  "model_type": "qwen3",
+  "num_attention_heads": 16,
+  "num_hidden_layers": 28,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": null,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+}`
+
+// qwen3MoE is the config.json of the Qwen3-30B-A3B release.
+const qwen3MoE = `{
+  "architectures": ["Qwen3MoeForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "decoder_sparse_step": 1,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "initializer_range": 0.02,
+  "intermediate_size": 6144,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 48,
+  "mlp_only_layers": [],
+  "model_type": "qwen3_moe",
+  "moe_intermediate_size": 768,
+  "norm_topk_prob": true,
+  "num_attention_heads": 32,
+  "num_experts": 128,
+  "num_experts_per_tok": 8,
+  "num_hidden_layers": 48,
+  "num_key_value_heads": 4,
+  "output_router_logits": false,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000.0,
+  "router_aux_loss_coef": 0.001,
+  "sliding_window": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+}`
+
+func TestParseReleaseConfigs(t *testing.T) {
+	c, err := ParseConfig([]byte(qwen3Dense))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{
+		Architecture: ArchQwen3, VocabSize: 151936, HiddenSize: 1024, IntermediateSize: 3072,
+		NumHiddenLayers: 28, NumAttentionHeads: 16, NumKeyValueHeads: 8, HeadDim: 128,
+		RMSNormEps: 1e-6, RopeTheta: 1e6, MaxPositionEmbeddings: 40960, TieWordEmbeddings: true,
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("Qwen3-0.6B:\n got %+v\nwant %+v", c, want)
+	}
+	c, err = ParseConfig([]byte(qwen3MoE))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = Config{
+		Architecture: ArchQwen3MoE, VocabSize: 151936, HiddenSize: 2048, IntermediateSize: 6144,
+		MoeIntermediateSize: 768, NumHiddenLayers: 48, NumAttentionHeads: 32, NumKeyValueHeads: 4,
+		HeadDim: 128, RMSNormEps: 1e-6, RopeTheta: 1e6, MaxPositionEmbeddings: 40960,
+		NumExperts: 128, NumExpertsPerTok: 8, NormTopKProb: true, DecoderSparseStep: 1,
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("Qwen3-30B-A3B:\n got %+v\nwant %+v", c, want)
+	}
+	if got := len(c.MoELayers()); got != 48 {
+		t.Errorf("MoE layers = %d, want 48", got)
+	}
+}
+
+// TestDefaults checks transformers' defaults for absent fields.
+func TestDefaults(t *testing.T) {
+	c, err := ParseConfig([]byte(`{"architectures":["Qwen3MoeForCausalLM"],"hidden_size":256,"num_attention_heads":4,"num_key_value_heads":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{
+		Architecture: ArchQwen3MoE, VocabSize: 151936, HiddenSize: 256, IntermediateSize: 6144,
+		MoeIntermediateSize: 768, NumHiddenLayers: 24, NumAttentionHeads: 4, NumKeyValueHeads: 2,
+		HeadDim: 64, // hidden / heads
+		RMSNormEps: 1e-6, RopeTheta: 10000, MaxPositionEmbeddings: 32768,
+		NumExperts: 128, NumExpertsPerTok: 8, NormTopKProb: false, DecoderSparseStep: 1,
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("MoE defaults:\n got %+v\nwant %+v", c, want)
+	}
+	c, err = ParseConfig([]byte(`{"model_type":"qwen3","num_key_value_heads":null,"num_attention_heads":8,"hidden_size":512}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Architecture != ArchQwen3 || c.HeadDim != 128 || c.NumKeyValueHeads != 8 || c.NumHiddenLayers != 32 || c.IntermediateSize != 22016 {
+		t.Errorf("dense defaults: %+v", c)
+	}
+	// transformers 5 spelling: rope_parameters and num_local_experts.
+	c, err = ParseConfig([]byte(`{"model_type":"qwen3_moe","rope_parameters":{"rope_type":"default","rope_theta":5e5},"num_local_experts":16,"num_experts_per_tok":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RopeTheta != 5e5 || c.NumExperts != 16 {
+		t.Errorf("transformers 5 fields: theta %g experts %d", c.RopeTheta, c.NumExperts)
+	}
+	// A dense config ignores MoE fields.
+	c, err = ParseConfig([]byte(`{"architectures":["Qwen3ForCausalLM"],"num_experts":8,"mlp_only_layers":[99]}`))
+	if err != nil || c.NumExperts != 0 || c.MlpOnlyLayers != nil {
+		t.Errorf("dense with MoE fields: %+v, %v", c, err)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	base := `"architectures":["Qwen3MoeForCausalLM"],"hidden_size":64,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":16,"num_hidden_layers":2,"num_experts":4,"num_experts_per_tok":2`
+	cases := []struct{ json, field string }{
+		{`{"architectures":["LlamaForCausalLM"]}`, "architectures"},
+		{`{"model_type":"llama"}`, "model_type"},
+		{`{}`, "architectures"},
+		{`{"architectures":["Qwen3ForCausalLM"],"model_type":"qwen3_moe"}`, "model_type"},
+		{`{` + base + `,"attention_bias":true}`, "attention_bias"},
+		{`{` + base + `,"use_sliding_window":true}`, "use_sliding_window"},
+		{`{` + base + `,"layer_types":["full_attention","sliding_attention"]}`, "layer_types"},
+		{`{` + base + `,"rope_scaling":{"rope_type":"yarn","factor":4}}`, "rope_scaling"},
+		{`{` + base + `,"rope_scaling":{"factor":4}}`, "rope_scaling"},
+		{`{` + base + `,"rope_parameters":{"rope_type":"linear"}}`, "rope_parameters"},
+		{`{` + base + `,"hidden_act":"gelu"}`, "hidden_act"},
+		{`{` + base + `,"quantization_config":{"quant_method":"fp8"}}`, "quantization_config"},
+		{`{` + base + `,"vocab_size":0}`, "vocab_size"},
+		{`{` + base + `,"vocab_size":"big"}`, "vocab_size"},
+		{`{` + base + `,"hidden_size":-5}`, "hidden_size"},
+		{`{` + base + `,"num_key_value_heads":3}`, "num_key_value_heads"},
+		{`{` + base + `,"head_dim":15}`, "head_dim"},
+		{`{` + base + `,"num_experts_per_tok":5}`, "num_experts_per_tok"},
+		{`{` + base + `,"num_experts":0}`, "num_experts"},
+		{`{` + base + `,"mlp_only_layers":[2]}`, "mlp_only_layers"},
+		{`{` + base + `,"mlp_only_layers":[-1]}`, "mlp_only_layers"},
+		{`{` + base + `,"decoder_sparse_step":0}`, "decoder_sparse_step"},
+		{`{` + base + `,"moe_intermediate_size":0}`, "moe_intermediate_size"},
+		{`{` + base + `,"mlp_only_layers":[0],"intermediate_size":0}`, "intermediate_size"},
+		{`{` + base + `,"rms_norm_eps":0}`, "rms_norm_eps"},
+		{`{` + base + `,"rope_theta":-1}`, "rope_theta"},
+		{`{` + base + `,"num_experts":8,"num_local_experts":4}`, "num_local_experts"},
+		{`{` + base + `,"vocab_size":4000000000000}`, "hidden_size"}, // too many parameters
+		{`[1,2]`, "JSON object"},
+		{`{` + base, "JSON object"},
+	}
+	dir := t.TempDir()
+	for _, c := range cases {
+		p := filepath.Join(dir, "config.json")
+		if err := os.WriteFile(p, []byte(c.json), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := ReadConfig(p)
+		if err == nil {
+			t.Errorf("%s: no error", c.json)
+			continue
+		}
+		if !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), c.field) {
+			t.Errorf("%s: error %q should name %s and %q", c.json, err, p, c.field)
+		}
+	}
+	// The base itself is fine: the failures above are the edits.
+	if _, err := ParseConfig([]byte(`{` + base + `}`)); err != nil {
+		t.Errorf("base config: %v", err)
+	}
+	// Validate on a hand-built config names the field.
+	bad := Config{Architecture: ArchQwen3, VocabSize: 10, HiddenSize: 8, IntermediateSize: 8, NumHiddenLayers: 1,
+		NumAttentionHeads: 2, NumKeyValueHeads: 1, HeadDim: 4, RMSNormEps: 1e-6, RopeTheta: 1e4, MaxPositionEmbeddings: 0}
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "max_position_embeddings") {
+		t.Errorf("Validate: %v", err)
+	}
+}
+
+func TestConfigRoundTrip(t *testing.T) {
+	cfgs := []Config{}
+	for _, n := range PresetNames() {
+		c, err := Preset(n, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfgs = append(cfgs, c)
+	}
+	moe, _ := Preset("small-moe", 77)
+	moe.MlpOnlyLayers = []int{0, 5}
+	moe.DecoderSparseStep = 2
+	moe.NormTopKProb = false
+	cfgs = append(cfgs, moe)
+	for _, c := range cfgs {
+		p := filepath.Join(t.TempDir(), "config.json")
+		if err := c.WriteFile(p, "bfloat16"); err != nil {
+			t.Fatal(err)
+		}
+		got, err := ReadConfig(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, c) {
+			t.Errorf("round trip:\n got %+v\nwant %+v", got, c)
+		}
+		b, _ := os.ReadFile(p)
+		s := string(b)
+		for _, must := range []string{`"hidden_act": "silu"`, `"torch_dtype": "bfloat16"`, `"attention_bias": false`,
+			`"rope_scaling": null`, `"use_sliding_window": false`, `"model_type": "qwen3`} {
+			if !strings.Contains(s, must) {
+				t.Errorf("config.json lacks %s:\n%s", must, s)
+			}
+		}
+		if c.IsMoE() != strings.Contains(s, `"mlp_only_layers": [`) {
+			t.Errorf("mlp_only_layers written wrongly for %s:\n%s", c.Architecture, s)
+		}
+	}
+}
+
+func TestPresets(t *testing.T) {
+	if got := PresetNames(); !reflect.DeepEqual(got, []string{"small-moe", "tiny-dense", "tiny-moe"}) {
+		t.Errorf("PresetNames = %v", got)
+	}
+	if _, err := Preset("huge", 100); err == nil || !strings.Contains(err.Error(), "tiny-dense") {
+		t.Errorf("unknown preset: %v", err)
+	}
+	if _, err := Preset("tiny-dense", 0); err == nil || !strings.Contains(err.Error(), "vocab_size") {
+		t.Errorf("vocab 0: %v", err)
+	}
+	// Parameter counts by hand, vocab 100.
+	// tiny-dense: embed 100·128 (tied) + 4 layers × (q 128·128 + k,v 2·64·128 + o 128·128
+	// + q/k norms 2·32 + 2 norms 2·128 + MLP 3·384·128) + final norm 128.
+	layer := 128*128 + 2*64*128 + 128*128 + 2*32 + 2*128
+	wantDense := 100*128 + 4*(layer+3*384*128) + 128
+	// tiny-moe: MLP replaced by router 8·128 + 8 experts × 3·128·128.
+	wantMoE := 100*128 + 4*(layer+8*128+8*3*128*128) + 128
+	// small-moe: hidden 256, 8 heads × 32, 4 KV heads × 32, untied head.
+	sLayer := 256*256 + 2*128*256 + 256*256 + 2*32 + 2*256
+	wantSmall := 2*100*256 + 8*(sLayer+16*256+16*3*256*256) + 256
+	for name, want := range map[string]int{"tiny-dense": wantDense, "tiny-moe": wantMoE, "small-moe": wantSmall} {
+		c, err := Preset(name, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := New(c).NumParams(); got != want {
+			t.Errorf("%s: %d parameters, want %d", name, got, want)
+		}
+		if n, _ := c.paramCount(); n != int64(want) {
+			t.Errorf("%s: paramCount %d, want %d", name, n, want)
+		}
+	}
+}
