@@ -116,7 +116,7 @@ func TestDefaults(t *testing.T) {
 	want := Config{
 		Architecture: ArchQwen3MoE, VocabSize: 151936, HiddenSize: 256, IntermediateSize: 6144,
 		MoeIntermediateSize: 768, NumHiddenLayers: 24, NumAttentionHeads: 4, NumKeyValueHeads: 2,
-		HeadDim: 64, // hidden / heads
+		HeadDim:    64, // hidden / heads
 		RMSNormEps: 1e-6, RopeTheta: 10000, MaxPositionEmbeddings: 32768,
 		NumExperts: 128, NumExpertsPerTok: 8, NormTopKProb: false, DecoderSparseStep: 1,
 	}
