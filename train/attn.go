@@ -84,11 +84,12 @@ func attnForward(att, q, k, v []float32, d attnDims, starts, lens []int, maxLen 
 const attnBlock = 64
 
 // attnBackward computes the gradients dq, dk, dv (all written, not added)
-// of causal GQA attention from datt, the gradient of its output. It
-// recomputes each probability row with kernels.AttendRow (bitwise the
-// forward's), then, per block of query rows of one head:
+// of causal GQA attention from datt, the gradient of its output. Per block
+// of query rows of one head it recomputes the probabilities with a GEMM
+// (they may differ from the forward's in the last bit, which only perturbs
+// the gradient by rounding) and then computes
 //
-//	dP = dO·Vᵀ, D_i = Σ_j P_ij·dP_ij, dS = P∘(dP - D)·scale,
+//	P = softmax(scale·Q·Kᵀ), dP = dO·Vᵀ, D_i = Σ_j P_ij·dP_ij, dS = P∘(dP - D)·scale,
 //	dQ = dS·K, dK += dSᵀ·Q, dV += Pᵀ·dO.
 //
 // Work is split by (sequence, kv head); within one item the query heads
@@ -107,18 +108,22 @@ func attnBackward(dq, dk, dv, datt, q, k, v []float32, d attnDims, starts, lens 
 			bq := min(attnBlock, n)
 			p := pool.get(bq * n)
 			dp := pool.get(bq * n)
-			out := pool.get(d.hd)
 			for h := kh * d.group; h < (kh+1)*d.group; h++ {
 				for i0 := 0; i0 < n; i0 += attnBlock {
 					i1 := min(n, i0+attnBlock)
 					rows, nk := i1-i0, i1
 					qo := (st+i0)*d.qd + h*d.hd
+					// Scores of the block's rows against keys 0..nk-1, then
+					// the causal softmax of each row.
+					kernels.Gemm(false, true, rows, nk, d.hd, q[qo:], d.qd, k[kvo:], d.kvd, p, nk, false)
 					for r := 0; r < rows; r++ {
-						i := i0 + r
-						pr := p[r*nk : (r+1)*nk]
-						o := qo + r*d.qd
-						kernels.AttendRow(out, q[o:o+d.hd], k[kvo:], v[kvo:], i+1, d.kvd, d.scale, pr)
-						clear(pr[i+1:])
+						n1 := i0 + r + 1
+						pr := p[r*nk : r*nk+n1]
+						for j := range pr {
+							pr[j] *= d.scale
+						}
+						kernels.Softmax(pr, pr)
+						clear(p[r*nk+n1 : (r+1)*nk])
 					}
 					// dP = dO·Vᵀ over the block's keys 0..nk-1.
 					kernels.Gemm(false, true, rows, nk, d.hd, datt[qo:], d.qd, v[kvo:], d.kvd, dp, nk, false)
@@ -141,7 +146,6 @@ func attnBackward(dq, dk, dv, datt, q, k, v []float32, d attnDims, starts, lens 
 			}
 			pool.put(p)
 			pool.put(dp)
-			pool.put(out)
 		}
 	})
 }
