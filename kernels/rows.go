@@ -1,88 +1,346 @@
 package kernels
 
-import "math"
+import (
+	"fmt"
+	"math"
+)
+
+// The row kernels below pick an assembly path once per call from the CPU
+// feature flags (AVX-512, else AVX2+FMA, else portable Go). Within one path
+// every result is a fixed function of the inputs and their lengths: no path
+// looks at memory alignment, strides or anything else, so the training engine
+// and the exact-mode rollout engine get the same bits from the same rows. The
+// three paths differ from each other in the last bits (FMA, lane counts,
+// exp polynomial versus math.Exp).
 
 // Dot returns the inner product of a and b (len(a) elements). The summation
 // order depends only on the length.
 func Dot(a, b []float32) float32 {
-	var s float32
-	for i := range a {
-		s += a[i] * b[i]
+	n := len(a)
+	if n == 0 {
+		return 0
 	}
-	return s
+	b = b[:n]
+	switch {
+	case useAVX512:
+		return dotAVX512(&a[0], &b[0], n)
+	case useAVX2:
+		return dotAVX2(&a[0], &b[0], n)
+	}
+	return dotGo(a, b)
 }
 
 // Axpy computes y += alpha·x.
 func Axpy(alpha float32, x, y []float32) {
-	for i := range x {
-		y[i] += alpha * x[i]
+	n := len(x)
+	if n == 0 {
+		return
 	}
+	y = y[:n]
+	switch {
+	case useAVX512:
+		axpyAVX512(alpha, &x[0], &y[0], n)
+	case useAVX2:
+		axpyAVX2(alpha, &x[0], &y[0], n)
+	default:
+		axpyGo(alpha, x, y)
+	}
+}
+
+// rowsSpan returns how many elements n rows of width d with the given stride
+// span, panicking on a negative stride (a caller bug, never user data).
+func rowsSpan(n, d, stride int) int {
+	if stride < 0 || n < 0 {
+		panic(fmt.Sprintf("kernels: bad row layout n=%d stride=%d", n, stride))
+	}
+	if n == 0 {
+		return 0
+	}
+	return (n-1)*stride + d
+}
+
+// DotRows writes dst[j] = scale·Dot(q, rows[j·stride : j·stride+len(q)]) for
+// j = 0..n-1: the attention scores of one query against n keys. Each value
+// has exactly the bits of the scale·Dot call it stands for.
+func DotRows(dst, q, rows []float32, n, stride int, scale float32) {
+	d := len(q)
+	rows = rows[:rowsSpan(n, d, stride)]
+	dst = dst[:n]
+	if n == 0 {
+		return
+	}
+	if d == 0 {
+		clear(dst)
+		return
+	}
+	switch {
+	case useAVX512:
+		dotRowsAVX512(&dst[0], &q[0], &rows[0], n, d, stride, scale)
+	case useAVX2:
+		dotRowsAVX2(&dst[0], &q[0], &rows[0], n, d, stride, scale)
+	default:
+		dotRowsGo(dst, q, rows, n, stride, scale)
+	}
+}
+
+// AxpyRows computes out += Σ_j p[j]·rows[j·stride : j·stride+len(out)] for
+// j = 0..n-1 in increasing j: bit for bit the same as n Axpy calls in that
+// order, but with out held in registers.
+func AxpyRows(out, p, rows []float32, n, stride int) {
+	d := len(out)
+	rows = rows[:rowsSpan(n, d, stride)]
+	p = p[:n]
+	if n == 0 || d == 0 {
+		return
+	}
+	switch {
+	case useAVX512:
+		axpyRowsAVX512(&out[0], &p[0], &rows[0], n, d, stride)
+	case useAVX2:
+		axpyRowsAVX2(&out[0], &p[0], &rows[0], n, d, stride)
+	default:
+		axpyRowsGo(out, p, rows, n, stride)
+	}
+}
+
+// Scale writes dst = c·x. dst may alias x.
+func Scale(dst, x []float32, c float32) {
+	n := len(x)
+	if n == 0 {
+		return
+	}
+	dst = dst[:n]
+	switch {
+	case useAVX512:
+		scaleAVX512(&dst[0], &x[0], n, c)
+	case useAVX2:
+		scaleAVX2(&dst[0], &x[0], n, c)
+	default:
+		scaleGo(dst, x, c)
+	}
+}
+
+// addConst writes dst = x + c. dst may alias x.
+func addConst(dst, x []float32, c float32) {
+	n := len(x)
+	if n == 0 {
+		return
+	}
+	dst = dst[:n]
+	switch {
+	case useAVX512:
+		addAVX512(&dst[0], &x[0], n, c)
+	case useAVX2:
+		addAVX2(&dst[0], &x[0], n, c)
+	default:
+		addGo(dst, x, c)
+	}
+}
+
+// Max returns the largest element of x (len(x) ≥ 1). With NaNs in x the
+// result is unspecified but fixed for a given path and input.
+func Max(x []float32) float32 {
+	n := len(x)
+	switch {
+	case useAVX512:
+		return maxAVX512(&x[0], n)
+	case useAVX2:
+		return maxAVX2(&x[0], n)
+	}
+	return maxGo(x)
+}
+
+// expSum writes dst[i] = exp(x[i] - shift) (dst nil: writes nothing; else
+// dst may alias x) and returns Σ exp(x[i] - shift) accumulated in float64,
+// so the sum over a 152k vocabulary row keeps about 1e-7 relative accuracy.
+func expSum(dst, x []float32, shift float32) float64 {
+	n := len(x)
+	if n == 0 {
+		return 0
+	}
+	var dp *float32
+	if dst != nil {
+		dst = dst[:n]
+		dp = &dst[0]
+	}
+	switch {
+	case useAVX512:
+		return expSumAVX512(dp, &x[0], n, shift)
+	case useAVX2:
+		return expSumAVX2(dp, &x[0], n, shift)
+	}
+	return expSumGo(dst, x, shift)
+}
+
+// Exp writes dst[i] = exp(x[i]) for the len(x) elements of x. dst may alias
+// x. The assembly paths use a float32 polynomial accurate to about 1 ulp,
+// with exp(-Inf) = 0, underflow to subnormals and 0, overflow to +Inf and
+// NaN kept; the portable path rounds math.Exp.
+func Exp(dst, x []float32) {
+	if len(x) == 0 {
+		return
+	}
+	expSum(dst[:len(x)], x, 0)
 }
 
 // RMSNorm writes dst = x / sqrt(mean(x²) + eps) · weight and returns the
 // inverse root-mean-square 1/sqrt(mean(x²)+eps), which the backward pass needs.
-// dst may alias x.
+// dst may alias x. The sum of squares is Dot(x, x); each output is
+// (x[i]·inv)·weight[i].
 func RMSNorm(dst, x, weight []float32, eps float32) float32 {
-	var ss float32
-	for _, v := range x {
-		ss += v * v
+	n := len(x)
+	ss := Dot(x, x)
+	inv := float32(1 / math.Sqrt(float64(ss/float32(n)+eps)))
+	if n == 0 {
+		return inv
 	}
-	inv := float32(1 / math.Sqrt(float64(ss/float32(len(x))+eps)))
-	for i, v := range x {
-		dst[i] = v * inv * weight[i]
+	dst = dst[:n]
+	weight = weight[:n]
+	switch {
+	case useAVX512:
+		rmsApplyAVX512(&dst[0], &x[0], &weight[0], n, inv)
+	case useAVX2:
+		rmsApplyAVX2(&dst[0], &x[0], &weight[0], n, inv)
+	default:
+		rmsApplyGo(dst, x, weight, inv)
 	}
 	return inv
 }
 
-// LogSoftmax writes dst = x - logsumexp(x) and returns logsumexp(x).
-// dst may alias x.
-func LogSoftmax(dst, x []float32) float32 {
-	mx := x[0]
-	for _, v := range x[1:] {
-		if v > mx {
-			mx = v
-		}
-	}
-	var s float32
-	for _, v := range x {
-		s += float32(math.Exp(float64(v - mx)))
-	}
-	lse := mx + float32(math.Log(float64(s)))
+// RMSNormBackward is the backward pass of RMSNorm for one row, given the
+// forward's input x, weight and returned inv, and the output gradient dy:
+// it writes dx = inv·(dy⊙w) - x·inv³·mean(dy⊙w⊙x) and adds dy⊙x·inv into
+// dw (the weight gradient sums over rows). dx may alias dy.
+func RMSNormBackward(dx, dw, dy, x, weight []float32, inv float32) {
+	n := len(x)
+	dx, dw, dy, weight = dx[:n], dw[:n], dy[:n], weight[:n]
+	var s float64
 	for i, v := range x {
-		dst[i] = v - lse
+		s += float64(dy[i]) * float64(weight[i]) * float64(v)
 	}
+	c := float32(float64(inv) * float64(inv) * float64(inv) * s / float64(n))
+	for i, v := range x {
+		g := dy[i]
+		dw[i] += float32(g * float32(v*inv))
+		dx[i] = float32(inv*float32(g*weight[i])) - float32(v*c)
+	}
+}
+
+// LogSoftmax writes dst = x - logsumexp(x) and returns logsumexp(x).
+// dst may alias x. The row maximum is subtracted before exponentiating and
+// the sum of exponentials is accumulated in float64, so rows of a 152k
+// vocabulary stay accurate to about 1e-7 relative. -Inf entries give -Inf.
+func LogSoftmax(dst, x []float32) float32 {
+	if len(x) == 0 {
+		return float32(math.Inf(-1))
+	}
+	mx := Max(x)
+	s := expSum(nil, x, mx)
+	lse := float32(float64(mx) + math.Log(s))
+	addConst(dst, x, -lse)
 	return lse
 }
 
-// Softmax writes dst = exp(x - max) / sum. dst may alias x.
-func Softmax(dst, x []float32) {
-	mx := x[0]
-	for _, v := range x[1:] {
-		if v > mx {
-			mx = v
+// LogSoftmaxBackward writes dx = dy - softmax·Σdy, the gradient through
+// logp = LogSoftmax(x) given logp and dlogp = dy. dx may alias dy.
+func LogSoftmaxBackward(dx, logp, dy []float32) {
+	n := len(logp)
+	if n == 0 {
+		return
+	}
+	dx, dy = dx[:n], dy[:n]
+	var s float64
+	for _, g := range dy {
+		s += float64(g)
+	}
+	sum := float32(s)
+	var buf [256]float32
+	for lo := 0; lo < n; lo += len(buf) {
+		hi := min(lo+len(buf), n)
+		e := buf[:hi-lo]
+		Exp(e, logp[lo:hi])
+		for i, p := range e {
+			dx[lo+i] = dy[lo+i] - float32(p*sum)
 		}
-	}
-	var s float32
-	for i, v := range x {
-		e := float32(math.Exp(float64(v - mx)))
-		dst[i] = e
-		s += e
-	}
-	inv := 1 / s
-	for i := range dst {
-		dst[i] *= inv
 	}
 }
 
-// SiLU returns x·sigmoid(x).
+// Softmax writes dst = exp(x - max) / sum. dst may alias x. The sum is
+// accumulated in float64 and each output is exp(x[i]-max)·float32(1/sum).
+func Softmax(dst, x []float32) {
+	if len(x) == 0 {
+		return
+	}
+	mx := Max(x)
+	s := expSum(dst, x, mx)
+	Scale(dst, dst, float32(1/s))
+}
+
+// SoftmaxBackward writes dx = p ⊙ (dy - Dot(p, dy)), the gradient through
+// p = Softmax(x) given p and dp = dy. dx may alias dy.
+func SoftmaxBackward(dx, p, dy []float32) {
+	n := len(p)
+	dx, dy = dx[:n], dy[:n]
+	s := Dot(p, dy)
+	for i, v := range p {
+		dx[i] = v * (dy[i] - s)
+	}
+}
+
+// SiLU returns x·sigmoid(x), computed as x / (1 + exp(-x)). SwiGLU's
+// assembly paths use the float32 exp of Exp, so they may differ from
+// SiLU(gate)·up in the last bit.
 func SiLU(x float32) float32 {
 	return x / (1 + float32(math.Exp(float64(-x))))
 }
 
+// SiLUGrad returns the derivative of SiLU at x:
+// sigmoid(x)·(1 + x·(1 - sigmoid(x))).
+func SiLUGrad(x float32) float32 {
+	s := 1 / (1 + float32(math.Exp(float64(-x))))
+	return s * (1 + float32(x*(1-s)))
+}
+
 // SwiGLU writes dst = silu(gate)·up, the activation of Qwen3's MLP and experts.
+// Each output is (g / (1 + exp(-g)))·up with the float32 exp of Exp on the
+// assembly paths.
 func SwiGLU(dst, gate, up []float32) {
-	for i := range dst {
-		dst[i] = SiLU(gate[i]) * up[i]
+	n := len(dst)
+	if n == 0 {
+		return
+	}
+	gate, up = gate[:n], up[:n]
+	switch {
+	case useAVX512:
+		swigluAVX512(&dst[0], &gate[0], &up[0], n)
+	case useAVX2:
+		swigluAVX2(&dst[0], &gate[0], &up[0], n)
+	default:
+		swigluGo(dst, gate, up)
+	}
+}
+
+// SwiGLUBackward writes the gradients of dst = silu(gate)·up given the
+// output gradient dy: dgate = dy·up·silu'(gate) and dup = dy·silu(gate).
+// dgate or dup may alias dy.
+func SwiGLUBackward(dgate, dup, gate, up, dy []float32) {
+	n := len(dy)
+	dgate, dup, gate, up = dgate[:n], dup[:n], gate[:n], up[:n]
+	var buf [256]float32
+	for lo := 0; lo < n; lo += len(buf) {
+		hi := min(lo+len(buf), n)
+		e := buf[:hi-lo]
+		for i := range e {
+			e[i] = -gate[lo+i]
+		}
+		Exp(e, e)
+		for i, ei := range e {
+			k := lo + i
+			g, u, d := gate[k], up[k], dy[k]
+			s := 1 / (1 + ei)
+			dgate[k] = d * u * (s * (1 + float32(g*(1-s))))
+			dup[k] = d * (g * s)
+		}
 	}
 }
 
@@ -92,42 +350,10 @@ func SwiGLU(dst, gate, up []float32) {
 // x'[i+h] = x[i+h]·cos[i] + x[i]·sin[i].
 func RoPE(x, cos, sin []float32) {
 	h := len(cos)
+	x, sin = x[:2*h], sin[:h]
 	for i := 0; i < h; i++ {
 		a, b := x[i], x[i+h]
-		x[i] = a*cos[i] - b*sin[i]
-		x[i+h] = b*cos[i] + a*sin[i]
-	}
-}
-
-// AttendRow computes one query head's attention output
-// out = Σ_j p_j·V_j with p = softmax_j(scale·q·K_j) over the n key rows
-// j = 0..n-1. keys and values hold n rows of len(q) values with row stride
-// stride; probs (length ≥ n) receives p, which the backward pass needs.
-// The reduction order depends only on n and len(q), so the training engine
-// (whole sequences) and the rollout engine (one token at a time with a KV
-// cache) get the same bits.
-func AttendRow(out, q, keys, values []float32, n, stride int, scale float32, probs []float32) {
-	d := len(q)
-	mx := float32(0)
-	for j := 0; j < n; j++ {
-		s := scale * Dot(q, keys[j*stride:j*stride+d])
-		probs[j] = s
-		if j == 0 || s > mx {
-			mx = s
-		}
-	}
-	var sum float32
-	for j := 0; j < n; j++ {
-		e := float32(math.Exp(float64(probs[j] - mx)))
-		probs[j] = e
-		sum += e
-	}
-	inv := 1 / sum
-	for i := range out[:d] {
-		out[i] = 0
-	}
-	for j := 0; j < n; j++ {
-		probs[j] *= inv
-		Axpy(probs[j], values[j*stride:j*stride+d], out[:d])
+		x[i] = float32(a*cos[i]) - float32(b*sin[i])
+		x[i+h] = float32(b*cos[i]) + float32(a*sin[i])
 	}
 }
