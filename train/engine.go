@@ -40,7 +40,6 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/keel-rl/keel/kernels"
 	"github.com/keel-rl/keel/model"
 )
 
@@ -259,24 +258,13 @@ func (e *Engine) validateInput(seqs [][]int32, opt ForwardOptions) error {
 
 // result copies the per-sequence outputs out of the saved activations.
 func (e *Engine) result(f *fwdState, opt ForwardOptions) *Result {
-	V := f.cfg.VocabSize
 	r := &Result{LogProbs: make([][]float32, len(f.lens)), AuxLoss: f.aux}
 	if !opt.NoEntropy {
 		r.Entropy = make([][]float32, len(f.lens))
-		kernels.ParallelFor(f.T, func(lo, hi int) {
-			for t := lo; t < hi; t++ {
-				f.ent[t] = entropyRow(f.logp[t*V : (t+1)*V])
-			}
-		})
 	}
 	for s, n := range f.lens {
 		st := f.starts[s]
-		lp := make([]float32, n-1)
-		for i := range lp {
-			t := st + i
-			lp[i] = f.logp[t*V+int(f.tokens[t+1])]
-		}
-		r.LogProbs[s] = lp
+		r.LogProbs[s] = append([]float32(nil), f.tlp[st:st+n-1]...)
 		if r.Entropy != nil {
 			r.Entropy[s] = append([]float32(nil), f.ent[st:st+n-1]...)
 		}

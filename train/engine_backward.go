@@ -1,10 +1,6 @@
 package train
 
-import (
-	"math"
-
-	"github.com/keel-rl/keel/kernels"
-)
+import "github.com/keel-rl/keel/kernels"
 
 // backward accumulates the gradient of l into e.Grad. It reads the saved
 // activations without changing them, so it may run more than once.
@@ -14,7 +10,7 @@ func (e *Engine) backward(f *fwdState, l Loss) {
 	T, H, V := f.T, c.HiddenSize, c.VocabSize
 	d := newAttnDims(c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim)
 	b := &f.bw
-	b.dlog = grow(b.dlog, T*V)
+	b.dlog = grow(b.dlog, f.chunk*V)
 	b.dx = grow(b.dx, T*H)
 	b.dxn = grow(b.dxn, T*H)
 	b.datt = grow(b.datt, T*d.qd)
@@ -22,8 +18,6 @@ func (e *Engine) backward(f *fwdState, l Loss) {
 	b.dk = grow(b.dk, T*d.kvd)
 	b.dv = grow(b.dv, T*d.kvd)
 
-	// Logits: for z = log-softmax, dlogp_y/dz_v = δ_vy - p_v and
-	// dH/dz_v = -p_v·(log p_v + H).
 	coefLP := make([]float32, T)
 	coefH := make([]float32, T)
 	for s, st := range f.starts {
@@ -32,29 +26,15 @@ func (e *Engine) backward(f *fwdState, l Loss) {
 			copy(coefH[st:], l.Entropy[s])
 		}
 	}
-	kernels.ParallelFor(T, func(lo, hi int) {
-		for t := lo; t < hi; t++ {
-			z, dz := f.logp[t*V:(t+1)*V], b.dlog[t*V:(t+1)*V]
-			cl, ch := coefLP[t], coefH[t]
-			if cl == 0 && ch == 0 {
-				clear(dz)
-				continue
-			}
-			var ent float32
-			if ch != 0 {
-				ent = entropyRow(z)
-			}
-			for v, zv := range z {
-				p := float32(math.Exp(float64(zv)))
-				dz[v] = -cl*p - ch*p*(zv+ent)
-			}
-			if cl != 0 { // only rows with a next token have a coefficient
-				dz[f.tokens[t+1]] += cl
-			}
+	for c0 := 0; c0 < T; c0 += f.chunk {
+		rows := min(f.chunk, T-c0)
+		if !f.headAll {
+			f.headChunk(m.LMHead.Data, c0, rows)
 		}
-	})
-	linearBackX(b.dxn, b.dlog, m.LMHead.Data, T, H, V, false)
-	linearBackW(g.LMHead.Data, b.dlog, f.xf, T, H, V)
+		f.headBackward(b.dlog, c0, rows, coefLP, coefH)
+		linearBackX(b.dxn[c0*H:], b.dlog, m.LMHead.Data, rows, H, V, false)
+		linearBackW(g.LMHead.Data, b.dlog, f.xf[c0*H:], rows, H, V)
+	}
 	normBackRows(b.dx, b.dxn, f.xfin, f.invf, m.Norm.Data, T, H, g.Norm.Data, &b.red, false)
 
 	// Aux-loss gradient w.r.t. every router probability p_t,e:

@@ -67,13 +67,23 @@ func (e *Engine) forward(f *fwdState, opt ForwardOptions) {
 	}
 
 	normRows(f.xf, f.xfin, f.invf, m.Norm.Data, T, H, eps)
-	linear(f.logp, f.xf, m.LMHead.Data, T, H, V)
-	kernels.ParallelFor(T, func(lo, hi int) {
-		for t := lo; t < hi; t++ {
-			row := f.logp[t*V : (t+1)*V]
-			kernels.LogSoftmax(row, row)
-		}
-	})
+	for c0 := 0; c0 < T; c0 += f.chunk {
+		rows := min(f.chunk, T-c0)
+		f.headChunk(m.LMHead.Data, c0, rows)
+		kernels.ParallelFor(rows, func(lo, hi int) {
+			for r := lo; r < hi; r++ {
+				t := c0 + r
+				z := f.logp[r*V : (r+1)*V]
+				f.tlp[t] = 0
+				if f.hasNext(t) {
+					f.tlp[t] = z[f.tokens[t+1]]
+				}
+				if !opt.NoEntropy {
+					f.ent[t] = entropyRow(z)
+				}
+			}
+		})
+	}
 }
 
 // addRows computes dst += src over rows×n elements in parallel.

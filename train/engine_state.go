@@ -20,14 +20,17 @@ type fwdState struct {
 	replay []*model.Routes // per sequence, nil for live routing
 	moeIdx []int           // decoder layers with an MoE block, in order
 
-	layers []layerAct
-	xfin   []float32 // [T,H] output of the last layer
-	invf   []float32 // [T] inverse RMS of the final norm
-	xf     []float32 // [T,H] final-normed hidden states
-	logp   []float32 // [T,V] log-softmax of the logits
-	ent    []float32 // [T] entropies (scratch)
-	aux    float64   // load-balancing loss
-	auxCnt []float64 // [E] c_e summed over MoE layers (for the aux gradient)
+	layers  []layerAct
+	xfin    []float32 // [T,H] output of the last layer
+	invf    []float32 // [T] inverse RMS of the final norm
+	xf      []float32 // [T,H] final-normed hidden states
+	logp    []float32 // [chunk,V] log-softmax of one chunk of logit rows (all rows when headAll)
+	chunk   int       // rows per lm_head chunk
+	headAll bool      // logp holds every row, so Backward need not recompute
+	tlp     []float32 // [T] log-prob of the next token (0 for a sequence's last row)
+	ent     []float32 // [T] entropies (when computed)
+	aux     float64   // load-balancing loss
+	auxCnt  []float64 // [E] c_e summed over MoE layers (for the aux gradient)
 
 	bw bwdBuffers
 }
@@ -74,7 +77,7 @@ type moeAct struct {
 
 // bwdBuffers are the backward pass's scratch buffers.
 type bwdBuffers struct {
-	dlog []float32 // [T,V]
+	dlog []float32 // [chunk,V]
 	dx   []float32 // [T,H] gradient w.r.t. the residual stream
 	dxn  []float32 // [T,H]
 	datt []float32 // [T,qd]
@@ -186,7 +189,10 @@ func (f *fwdState) setup(m *model.Model, seqs [][]int32, opt ForwardOptions) {
 	f.xfin = grow(f.xfin, T*H)
 	f.invf = grow(f.invf, T)
 	f.xf = grow(f.xf, T*H)
-	f.logp = grow(f.logp, T*V)
+	f.chunk = min(T, headChunkRows(V))
+	f.headAll = f.chunk == T
+	f.logp = grow(f.logp, f.chunk*V)
+	f.tlp = grow(f.tlp, T)
 	f.ent = grow(f.ent, T)
 	if len(f.auxCnt) != c.NumExperts {
 		f.auxCnt = make([]float64, c.NumExperts)

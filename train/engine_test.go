@@ -439,3 +439,40 @@ func equalI32(a, b []int32) bool {
 	}
 	return true
 }
+
+// TestChunkedHead: with the lm_head split into row chunks (as for a real
+// vocabulary) the log-probs and entropies are bitwise those of one chunk
+// and the gradients agree to rounding.
+func TestChunkedHead(t *testing.T) {
+	c := engTinyConfig(true, true, true)
+	m := engRandomModel(c, 81)
+	r := rand.New(rand.NewPCG(82, 83))
+	seqs := engRandomSeqs(r, c.VocabSize, 30, 9, 21)
+	l := Loss{LogProb: engCoefs(r, seqs), Entropy: engCoefs(r, seqs), Aux: 0.7}
+	run := func() (*Result, []float32) {
+		e := New(m)
+		res, err := e.Forward(seqs, ForwardOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Backward(l); err != nil {
+			t.Fatal(err)
+		}
+		return res, e.Grad.Arena
+	}
+	one, g1 := run()
+	old := headChunkElems
+	headChunkElems = 16 * c.VocabSize // 16-row chunks over 60 tokens
+	defer func() { headChunkElems = old }()
+	chunked, g2 := run()
+	for s := range seqs {
+		if !equalF32(one.LogProbs[s], chunked.LogProbs[s]) || !equalF32(one.Entropy[s], chunked.Entropy[s]) {
+			t.Fatalf("seq %d: chunked head changed log-probs or entropies", s)
+		}
+	}
+	for i := range g1 {
+		if math.Abs(float64(g1[i]-g2[i])) > 1e-5*max(1, math.Abs(float64(g1[i]))) {
+			t.Fatalf("grad[%d]: %v with one chunk, %v chunked", i, g1[i], g2[i])
+		}
+	}
+}
