@@ -7,7 +7,7 @@ package train_test
 //
 //	L(θ) = Σ c·log π + Σ e·H + a·AuxLoss
 //
-// with random c, e and a.
+// with random c, e and a. KEEL_LONG=1 adds a larger configuration.
 //
 // Live routing is piecewise smooth: a perturbation could flip a top-k
 // choice. The finite differences are therefore taken with the unperturbed
@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"testing"
 
 	"github.com/keel-rl/keel/internal/ref64"
@@ -195,6 +196,16 @@ func gcCases() []gcCase {
 		gcCase{"moe-norm-topk/replay-never-live", moeNorm, []int{7, 4}, "avoid"},
 		gcCase{"moe-no-norm/replay-never-live", moe(false, false), []int{7, 4}, "avoid"},
 	)
+	if os.Getenv("KEEL_LONG") != "" {
+		// Larger: 4 layers, MoE at layers 1 and 3 (decoder_sparse_step 2),
+		// 8 experts top-3, longer sequences.
+		big := moe(true, false)
+		big.NumHiddenLayers, big.HiddenSize, big.NumAttentionHeads, big.NumKeyValueHeads = 4, 16, 4, 2
+		big.NumExperts, big.NumExpertsPerTok, big.DecoderSparseStep = 8, 3, 2
+		big.VocabSize, big.IntermediateSize = 23, 20
+		blens := []int{12, 7, 15}
+		cs = append(cs, gcCase{"long/moe-4-layers/live", big, blens, ""}, gcCase{"long/moe-4-layers/replay", big, blens, "random"})
+	}
 	return cs
 }
 
