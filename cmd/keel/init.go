@@ -1,0 +1,99 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"strings"
+
+	"github.com/keel-rl/keel/model"
+)
+
+func init() {
+	register(command{
+		name:    "init",
+		summary: "create a randomly initialised model from a preset (config.json + model.safetensors)",
+		run:     func(args []string) error { return runInit(args, os.Stdout) },
+	})
+}
+
+const initUsage = `usage: keel init --preset NAME --vocab N --out DIR [--seed S] [--dtype f32|bf16] [--force]
+
+Writes a Hugging Face model directory (config.json, model.safetensors) holding
+a freshly initialised Qwen3 or Qwen3-MoE model: normal(0, 0.02) weights,
+residual output projections scaled by 1/sqrt(2·layers), norms at 1. The same
+seed gives the same bits on every machine. DIR must be empty or absent unless
+--force is given.
+
+presets: %s
+
+flags:
+`
+
+func runInit(args []string, stdout io.Writer) error {
+	fset := flag.NewFlagSet("init", flag.ContinueOnError)
+	fset.Usage = func() {
+		fmt.Fprintf(fset.Output(), initUsage, strings.Join(model.PresetNames(), ", "))
+		fset.PrintDefaults()
+	}
+	preset := fset.String("preset", "", "model preset: "+strings.Join(model.PresetNames(), ", "))
+	vocab := fset.Int("vocab", 0, "vocabulary size (the tokenizer's)")
+	seed := fset.Uint64("seed", 1, "random seed")
+	out := fset.String("out", "", "output directory")
+	dtype := fset.String("dtype", "f32", "stored weight type: f32 or bf16")
+	force := fset.Bool("force", false, "write into a non-empty directory, replacing its model files")
+	if err := fset.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	switch {
+	case fset.NArg() > 0:
+		return fmt.Errorf("unexpected argument %q", fset.Arg(0))
+	case *preset == "":
+		return fmt.Errorf("--preset is required (one of %s)", strings.Join(model.PresetNames(), ", "))
+	case *vocab <= 0:
+		return fmt.Errorf("--vocab is required and must be positive, got %d", *vocab)
+	case *out == "":
+		return errors.New("--out is required")
+	case *dtype != "f32" && *dtype != "bf16":
+		return fmt.Errorf("--dtype %q: want f32 or bf16", *dtype)
+	}
+	cfg, err := model.Preset(*preset, *vocab)
+	if err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(*out)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return err
+	case len(entries) > 0 && !*force:
+		return fmt.Errorf("%s is not empty; use --force to overwrite its model files", *out)
+	}
+	m := model.New(cfg)
+	model.Init(m, *seed)
+	if err := model.Save(*out, m, *dtype); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s (%s, %d layers, vocab %d) to %s: %s parameters, %s weights, seed %d\n",
+		*preset, cfg.Architecture, cfg.NumHiddenLayers, cfg.VocabSize, *out, groupDigits(m.NumParams()), *dtype, *seed)
+	return nil
+}
+
+// groupDigits formats n with thousands separators: 1234567 -> "1,234,567".
+func groupDigits(n int) string {
+	s := fmt.Sprint(n)
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
