@@ -32,6 +32,19 @@ func Load(dir string) (*Model, error) {
 		return nil, err
 	}
 	defer ck.Close()
+	// Compare sizes before allocating, so a config.json that does not belong
+	// to these weights (say, a huge vocab_size) fails without first
+	// allocating its whole arena. Smaller gaps (a missing tensor) get the
+	// precise per-tensor errors below.
+	var have int64
+	for _, name := range ck.Names() {
+		info, _, _ := ck.Info(name)
+		have += info.NumElements()
+	}
+	if need, _ := cfg.paramCount(); need > 2*have+1<<24 {
+		return nil, fmt.Errorf("%s: %s describes %d parameters but the checkpoint holds only %d values: config and weights do not match",
+			dir, ConfigFileName, need, have)
+	}
 	m := New(cfg)
 	want := map[string]*Param{}
 	for _, p := range m.Params() {

@@ -230,6 +230,19 @@ func TestLoadErrors(t *testing.T) {
 			t.Errorf("%s: err = %v, want %q and the path", c.name, err, c.want)
 		}
 	}
+	// A config far larger than the weights fails before allocating.
+	dir := t.TempDir()
+	huge := cfg
+	huge.VocabSize = 1 << 30
+	if err := huge.WriteFile(filepath.Join(dir, "config.json"), ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), all(), safetensors.F32, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "do not match") {
+		t.Errorf("huge config: %v", err)
+	}
 	if _, err := Load(t.TempDir()); err == nil || !strings.Contains(err.Error(), "config.json") {
 		t.Errorf("empty dir: %v", err)
 	}
