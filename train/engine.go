@@ -32,7 +32,8 @@
 //     - x = h + y.
 //  3. xf = kernels.RMSNorm(x, norm, float32(eps)); z = xf·LMHeadᵀ;
 //     kernels.LogSoftmax(z); log π(y) = z[y]; the entropy is
-//     -Σ_v exp(z_v)·z_v accumulated in float64 in vocabulary order.
+//     -Σ_v p_v·z_v with p = kernels.Exp(z), accumulated in float64 in
+//     vocabulary order.
 package train
 
 import (
@@ -40,6 +41,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/keel-rl/keel/kernels"
 	"github.com/keel-rl/keel/model"
 )
 
@@ -286,13 +288,14 @@ func (e *Engine) result(f *fwdState, opt ForwardOptions) *Result {
 	return r
 }
 
-// entropyRow returns -Σ exp(z)·z of one log-softmax row, accumulated in
-// float64 in vocabulary order.
-func entropyRow(z []float32) float32 {
+// entropyRow returns -Σ p_v·z_v of one log-softmax row z with
+// p = kernels.Exp(z) (written to scratch p), accumulated in float64 in
+// vocabulary order.
+func entropyRow(z, p []float32) float32 {
+	kernels.Exp(p, z)
 	var h float64
-	for _, v := range z {
-		p := math.Exp(float64(v))
-		h -= p * float64(v)
+	for v, zv := range z {
+		h -= float64(p[v]) * float64(zv)
 	}
 	return float32(h)
 }

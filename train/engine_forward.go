@@ -71,6 +71,7 @@ func (e *Engine) forward(f *fwdState, opt ForwardOptions) {
 		rows := min(f.chunk, T-c0)
 		f.headChunk(m.LMHead.Data, c0, rows)
 		kernels.ParallelFor(rows, func(lo, hi int) {
+			p := make([]float32, V)
 			for r := lo; r < hi; r++ {
 				t := c0 + r
 				z := f.logp[r*V : (r+1)*V]
@@ -79,7 +80,7 @@ func (e *Engine) forward(f *fwdState, opt ForwardOptions) {
 					f.tlp[t] = z[f.tokens[t+1]]
 				}
 				if !opt.NoEntropy {
-					f.ent[t] = entropyRow(z)
+					f.ent[t] = entropyRow(z, p)
 				}
 			}
 		})

@@ -94,52 +94,34 @@ const normChunk = 32
 // writes (acc: adds) the input gradient to dx, which may alias dy when acc
 // is false, and adds the weight gradient to dw. red is scratch.
 //
-// With r = inv and s = Σ_i dy_i·w_i·x_i:
-// dx_j = r·(dy_j·w_j - x_j·r²·s/n) and dw_j += dy_j·x_j·r.
+// Per row it is kernels.RMSNormBackward: dx = r·(dy⊙w) - x·r³·mean(dy⊙w⊙x)
+// and dw += dy⊙x·r with r = inv; the weight gradient is summed per chunk of
+// normChunk rows, then chunk by chunk.
 func normBackRows(dx, dy, x, inv, w []float32, rows, n int, dw []float32, red *[]float32, acc bool) {
 	chunks := (rows + normChunk - 1) / normChunk
 	*red = grow(*red, chunks*n)
 	part := *red
-	fn := float32(n)
 	kernels.ParallelFor(chunks, func(lo, hi int) {
 		for c := lo; c < hi; c++ {
 			p := part[c*n : (c+1)*n]
 			clear(p)
+			var tmp []float32
+			if acc {
+				tmp = make([]float32, n)
+			}
 			for r := c * normChunk; r < min(rows, (c+1)*normChunk); r++ {
 				xr, dyr, dxr := x[r*n:(r+1)*n], dy[r*n:(r+1)*n], dx[r*n:(r+1)*n]
-				ri := inv[r]
-				var s float32
-				for j := range xr {
-					s += dyr[j] * w[j] * xr[j]
-					p[j] += dyr[j] * xr[j] * ri
-				}
-				k := ri * ri * s / fn
 				if acc {
-					for j := range xr {
-						dxr[j] += ri * (dyr[j]*w[j] - xr[j]*k)
-					}
+					kernels.RMSNormBackward(tmp, p, dyr, xr, w, inv[r])
+					kernels.Axpy(1, tmp, dxr)
 				} else {
-					for j := range xr {
-						dxr[j] = ri * (dyr[j]*w[j] - xr[j]*k)
-					}
+					kernels.RMSNormBackward(dxr, p, dyr, xr, w, inv[r])
 				}
 			}
 		}
 	})
 	for c := 0; c < chunks; c++ {
 		kernels.Axpy(1, part[c*n:(c+1)*n], dw)
-	}
-}
-
-// swigluBack computes, for a = silu(g)·u, dg = da·u·silu'(g) and
-// du = da·silu(g), with silu'(g) = σ(g)·(1 + g·(1-σ(g))). dg may alias da.
-func swigluBack(dg, du, da, g, u []float32) {
-	for i := range da {
-		x := g[i]
-		sg := float32(1 / (1 + math.Exp(float64(-x))))
-		d := da[i]
-		du[i] = d * x * sg
-		dg[i] = d * u[i] * sg * (1 + x*(1-sg))
 	}
 }
 
@@ -150,9 +132,10 @@ func swigluRows(dst, g, u []float32, rows, n int) {
 	})
 }
 
-// swigluBackRows applies swigluBack to rows rows of length n in parallel.
+// swigluBackRows backpropagates a = silu(g)·u over rows rows of length n:
+// dg = da·u·silu'(g), du = da·silu(g). dg may alias da.
 func swigluBackRows(dg, du, da, g, u []float32, rows, n int) {
 	kernels.ParallelFor(rows, func(lo, hi int) {
-		swigluBack(dg[lo*n:hi*n], du[lo*n:hi*n], da[lo*n:hi*n], g[lo*n:hi*n], u[lo*n:hi*n])
+		kernels.SwiGLUBackward(dg[lo*n:hi*n], du[lo*n:hi*n], g[lo*n:hi*n], u[lo*n:hi*n], da[lo*n:hi*n])
 	})
 }

@@ -200,7 +200,7 @@ func TestSwigluBack(t *testing.T) {
 	const n = 40
 	g, u, da := randF32(r, n, 2), randF32(r, n, 1), randF32(r, n, 1)
 	dg, du := make([]float32, n), make([]float32, n)
-	swigluBack(dg, du, da, g, u)
+	swigluBackRows(dg, du, da, g, u, 4, n/4)
 	g64, u64, da64 := toF64(g), toF64(u), toF64(da)
 	loss := func() float64 {
 		var s float64

@@ -1,10 +1,6 @@
 package train
 
-import (
-	"math"
-
-	"github.com/keel-rl/keel/kernels"
-)
+import "github.com/keel-rl/keel/kernels"
 
 // headChunkElems bounds the logits held at once (rows·vocab floats): with a
 // real vocabulary (~150k) the full [tokens, vocab] matrix would need
@@ -45,6 +41,7 @@ func (f *fwdState) headChunk(lm []float32, c0, rows int) {
 func (f *fwdState) headBackward(dz []float32, c0, rows int, coefLP, coefH []float32) {
 	V := f.cfg.VocabSize
 	kernels.ParallelFor(rows, func(lo, hi int) {
+		p := make([]float32, V)
 		for r := lo; r < hi; r++ {
 			t := c0 + r
 			z, d := f.logp[r*V:(r+1)*V], dz[r*V:(r+1)*V]
@@ -55,11 +52,16 @@ func (f *fwdState) headBackward(dz []float32, c0, rows int, coefLP, coefH []floa
 			}
 			var ent float32
 			if ch != 0 {
-				ent = entropyRow(z)
+				ent = entropyRow(z, p)
+			} else {
+				kernels.Exp(p, z)
 			}
-			for v, zv := range z {
-				p := float32(math.Exp(float64(zv)))
-				d[v] = -cl*p - ch*p*(zv+ent)
+			if ch == 0 {
+				kernels.Scale(d, p, -cl)
+			} else {
+				for v, zv := range z {
+					d[v] = -cl*p[v] - ch*p[v]*(zv+ent)
+				}
 			}
 			if cl != 0 { // only rows with a next token have coefficients
 				d[f.tokens[t+1]] += cl
