@@ -327,6 +327,9 @@ func (c *Config) check() error {
 		return fmt.Errorf("field %q: %s", field, fmt.Sprintf(format, args...))
 	}
 	moe := c.Architecture == ArchQwen3MoE
+	if c.Architecture == "" {
+		return fieldErr("architectures", "missing: set Config.Architecture to %s or %s", ArchQwen3, ArchQwen3MoE)
+	}
 	if _, ok := modelTypes[c.Architecture]; !ok {
 		return fieldErr("architectures", "unsupported architecture %q (keel supports %s and %s)", c.Architecture, ArchQwen3, ArchQwen3MoE)
 	}
