@@ -328,7 +328,10 @@ func gcRun(t *testing.T, tc gcCase, seed uint64) {
 }
 
 // gcCompare checks every tensor: max |analytic − FD| <= 1e-3 · max(largest
-// |FD| entry of the tensor, 1e-2 · largest over the model).
+// |FD| entry of the tensor, 1e-5 · largest over the model). The floor only
+// matters for tensors with (near-)zero gradient, such as experts no token
+// uses. (These configurations pass at 1e-4 too; 1e-3 leaves room for
+// float32 summation-order changes in the engine.)
 func gcCompare(t *testing.T, m *model.Model, grad []float32, fd []float64) {
 	t.Helper()
 	global := 0.0
@@ -341,7 +344,7 @@ func gcCompare(t *testing.T, m *model.Model, grad []float32, fd []float64) {
 	off := 0
 	for _, p := range m.Params() {
 		n := p.Size()
-		scale := 1e-2 * global
+		scale := 1e-5 * global
 		for _, v := range fd[off : off+n] {
 			scale = math.Max(scale, math.Abs(v))
 		}
