@@ -239,6 +239,12 @@ func randTensors(r *rand.Rand) []Tensor {
 func TestRoundTrip(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	ts := randTensors(r)
+	// One tensor spanning several conversion chunks (chunkBytes each).
+	big := Tensor{Name: "big", Shape: []int{3, 100001}, Data: make([]float32, 300003)}
+	for i := range big.Data {
+		big.Data[i] = float32(r.NormFloat64())
+	}
+	ts = append(ts, big)
 	for _, dt := range []DType{F32, BF16} {
 		p := filepath.Join(t.TempDir(), "m.safetensors")
 		if err := WriteFile(p, ts, dt, map[string]string{"format": "pt"}); err != nil {
