@@ -44,7 +44,8 @@ func (c AdamWConfig) Validate() error {
 // AdamW is torch.optim.AdamW (decoupled weight decay, bias-corrected moments)
 // over a model's whole arena. Its state is exported so that checkpoints can
 // save and restore it exactly: M and V are laid out like model.Model.Arena,
-// Step counts the updates taken.
+// Step counts the updates taken. To restore, build one with NewAdamW for the
+// same model and configuration, then copy M, V and Step into it.
 type AdamW struct {
 	Config AdamWConfig
 	M, V   []float32 // first and second moments, one entry per arena element
@@ -86,6 +87,9 @@ func NewAdamW(m *model.Model, cfg AdamWConfig) (*AdamW, error) {
 // Arithmetic is done in float64 per element and stored as float32; every
 // element is independent, so the result does not depend on GOMAXPROCS.
 func (o *AdamW) Update(params, grads []float32, lr float64) error {
+	if len(o.V) != len(o.M) || len(o.decay) != len(o.M) {
+		return fmt.Errorf("adamw: state has %d first moments, %d second moments for %d parameters (restored from a different model?)", len(o.M), len(o.V), len(o.decay))
+	}
 	if len(params) != len(o.M) || len(grads) != len(o.M) {
 		return fmt.Errorf("adamw: %d parameters and %d gradients for an optimiser of %d", len(params), len(grads), len(o.M))
 	}

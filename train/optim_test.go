@@ -113,6 +113,10 @@ func TestAdamWErrors(t *testing.T) {
 	if err := o.Update(m.Arena, make([]float32, len(m.Arena)), math.NaN()); err == nil {
 		t.Error("NaN learning rate accepted")
 	}
+	o.V = o.V[:5] // a bad restore
+	if err := o.Update(m.Arena, make([]float32, len(m.Arena)), 0.1); err == nil || !strings.Contains(err.Error(), "second moments") {
+		t.Errorf("mismatched optimiser state accepted: %v", err)
+	}
 }
 
 func TestClipGradNorm(t *testing.T) {
