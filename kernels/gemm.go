@@ -31,6 +31,14 @@ const gemmParMin = 1 << 17
 // The row count is fixed by the function; see gemm_gen.go.
 type gemmMicro func(k int, a, b, c *float32, ldc, flags int)
 
+// gemmWide is a micro-kernel for a few rows that spans np adjacent packed
+// B panels (pstride floats apart) to keep enough FMA chains in flight. Each
+// element's arithmetic is the same as in the one-panel kernels.
+type gemmWide struct {
+	np int
+	f  func(k int, a, b *float32, pstride int, c *float32, ldc, flags int)
+}
+
 // gemmArch is one instruction-set path: its tile shape, micro-kernels (one
 // per row count, all with the same per-element arithmetic) and packing.
 type gemmArch struct {
@@ -38,6 +46,7 @@ type gemmArch struct {
 	mr    int         // rows of a full tile
 	nr    int         // columns of a tile (packed B panel width)
 	micro []gemmMicro // micro[r] handles r rows, 1 ≤ r ≤ mr
+	wide  []gemmWide  // wide[r], where present, handles r rows × wide[r].np panels
 	// packA writes rows [i0, i0+rows) × cols [p0, p0+kc) of op(A) to dst
 	// as kc groups of rows floats.
 	packA func(transA bool, a []float32, lda, i0, rows, p0, kc int, dst []float32)
@@ -329,7 +338,14 @@ func (p *gemmProblem) runItem(item int, buf *gemmBuf) {
 				ap = &buf.a[0]
 			}
 			micro := ar.micro[rows]
-			for q := 0; q < npan; q++ {
+			q := 0
+			if rows < len(ar.wide) {
+				w := ar.wide[rows]
+				for full := (c1 - c0) / nr; q+w.np <= full; q += w.np {
+					w.f(kc, ap, &bs[q*pstride], pstride, &c[i0*p.ldc+c0+q*nr], p.ldc, flags)
+				}
+			}
+			for ; q < npan; q++ {
 				j0 := c0 + q*nr
 				cols := min(nr, c1-j0)
 				if cols == nr {

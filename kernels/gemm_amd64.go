@@ -11,6 +11,7 @@ var gemmAVX512 = &gemmArch{
 	mr:    gemmMR512,
 	nr:    gemmNR512,
 	micro: gemmKerns512[:],
+	wide:  gemmWide512[:],
 	packA: func(transA bool, a []float32, lda, i0, rows, p0, kc int, dst []float32) {
 		_ = dst[kc*rows-1]
 		if transA {
@@ -41,6 +42,7 @@ var gemmAVX2 = &gemmArch{
 	mr:    gemmMR256,
 	nr:    gemmNR256,
 	micro: gemmKerns256[:],
+	wide:  gemmWide256[:],
 	packA: gemmPackAGo,
 	packB: func(transB bool, b []float32, ldb, j0, cols, p0, kc int, dst []float32) {
 		gemmPackBGo(transB, b, ldb, j0, cols, p0, kc, gemmNR256, dst)

@@ -71,6 +71,32 @@ func gemmKern256x5(k int, a, b, c *float32, ldc, flags int)
 //go:noescape
 func gemmKern256x6(k int, a, b, c *float32, ldc, flags int)
 
+var gemmWide512 = [...]gemmWide{{},
+	{4, gemmWide512x1x4},
+	{2, gemmWide512x2x2},
+	{2, gemmWide512x3x2},
+}
+
+//go:noescape
+func gemmWide512x1x4(k int, a, b *float32, pstride int, c *float32, ldc, flags int)
+
+//go:noescape
+func gemmWide512x2x2(k int, a, b *float32, pstride int, c *float32, ldc, flags int)
+
+//go:noescape
+func gemmWide512x3x2(k int, a, b *float32, pstride int, c *float32, ldc, flags int)
+
+var gemmWide256 = [...]gemmWide{{},
+	{4, gemmWide256x1x4},
+	{2, gemmWide256x2x2},
+}
+
+//go:noescape
+func gemmWide256x1x4(k int, a, b *float32, pstride int, c *float32, ldc, flags int)
+
+//go:noescape
+func gemmWide256x2x2(k int, a, b *float32, pstride int, c *float32, ldc, flags int)
+
 var gemmKerns512 = [...]gemmMicro{nil,
 	gemmKern512x1,
 	gemmKern512x2,
