@@ -37,7 +37,7 @@ func dotAVX2(a, b *float32, n int) float32 { return dotAVX512(a, b, n) }
 func dotRowsAVX2(dst, q, k *float32, n, d, stride int, scale float32) {
 	dotRowsAVX512(dst, q, k, n, d, stride, scale)
 }
-func axpyAVX2(alpha float32, x, y *float32, n int)     { axpyAVX512(alpha, x, y, n) }
+func axpyAVX2(alpha float32, x, y *float32, n int)      { axpyAVX512(alpha, x, y, n) }
 func axpyRowsAVX2(out, p, v *float32, n, d, stride int) { axpyRowsAVX512(out, p, v, n, d, stride) }
 func maxAVX2(x *float32, n int) float32                 { return maxAVX512(x, n) }
 func expSumAVX2(dst, x *float32, n int, shift float32) float64 {
