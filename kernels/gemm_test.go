@@ -454,3 +454,34 @@ func TestGemmLong(t *testing.T) {
 		}
 	}
 }
+
+// TestGemmConcurrent runs products from several goroutines at once (some
+// find the worker pool busy and run alone) and checks each against the
+// result computed in isolation.
+func TestGemmConcurrent(t *testing.T) {
+	r := rand.New(rand.NewPCG(17, 18))
+	const jobs = 8
+	cases := make([]*gemmCase, jobs)
+	want := make([][]float32, jobs)
+	for i := range cases {
+		cases[i] = newGemmCase(r, i%2 == 0, i%3 == 0, 100+37*i, 64+i, 200, i%4 == 0)
+		want[i] = cases[i].full()
+	}
+	errs := make(chan string, jobs)
+	for i := range cases {
+		go func() {
+			for rep := 0; rep < 5; rep++ {
+				if j := sameBits(want[i], cases[i].full()); j >= 0 {
+					errs <- fmt.Sprintf("case %d rep %d differs at %d", i, rep, j)
+					return
+				}
+			}
+			errs <- ""
+		}()
+	}
+	for range cases {
+		if e := <-errs; e != "" {
+			t.Error(e)
+		}
+	}
+}
