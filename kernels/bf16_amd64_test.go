@@ -146,3 +146,34 @@ func TestVDPBF16PSSemantics(t *testing.T) {
 		t.Errorf("no case distinguished two roundings from one: the random inputs are too easy")
 	}
 }
+
+// BenchmarkBF16Kernel measures the micro-kernel alone on cache-resident
+// operands (one 14×32 tile, k = 256): the single-core ceiling.
+func BenchmarkBF16Kernel(b *testing.B) {
+	const kp = 128
+	a := make([]BF16, bf16MR*2*kp)
+	p := make([]uint32, kp*bf16NR)
+	c := make([]float32, bf16MR*bf16NR)
+	for i := range a {
+		a[i] = BF16FromFloat32(float32(i%7) - 3)
+	}
+	for i := range p {
+		p[i] = 0x3f803f80
+	}
+	for _, path := range []string{"avx512bf16", "avx512fma"} {
+		if path == "avx512bf16" && !useAVX512BF16 || !useAVX512 {
+			continue
+		}
+		b.Run(path, func(b *testing.B) {
+			for b.Loop() {
+				if path == "avx512bf16" {
+					bf16Kern14x32(kp, &a[0], 2*kp, &p[0], &c[0], bf16NR, bf16MR, 0xffffffff, false, &bf16Ones[0], &bf16Ones[0])
+				} else {
+					bf16Kern7x32FMA(kp, &a[0], 2*kp, &p[0], &c[0], bf16NR, 7, 0xffffffff, false, &bf16Ones[0], &bf16Ones[0])
+					bf16Kern7x32FMA(kp, &a[7*2*kp], 2*kp, &p[0], &c[7*bf16NR], bf16NR, 7, 0xffffffff, false, &bf16Ones[7], &bf16Ones[0])
+				}
+			}
+			b.ReportMetric(2*bf16MR*bf16NR*2*kp*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}

@@ -103,7 +103,7 @@ func (p *PackedBF16B) Pack(b []BF16, n, k, ldb int) {
 	if k == 0 {
 		return
 	}
-		for j := range n {
+	for j := range n {
 		p.packRow(j, b[j*ldb:j*ldb+k])
 	}
 }
@@ -116,7 +116,7 @@ func (p *PackedBF16B) PackFloat32(b []float32, n, k, ldb int) {
 	if k == 0 {
 		return
 	}
-		row := make([]BF16, k)
+	row := make([]BF16, k)
 	for j := range n {
 		ToBF16(row, b[j*ldb:j*ldb+k])
 		p.packRow(j, row)
@@ -132,7 +132,7 @@ func (p *PackedBF16B) PackE4M3(b []float32, n, k, ldb int) {
 	if k == 0 {
 		return
 	}
-		row := make([]BF16, k)
+	row := make([]BF16, k)
 	for j := range n {
 		src := b[j*ldb : j*ldb+k]
 		s := e4m3RowScale(src)
@@ -254,14 +254,14 @@ func bf16Gemm(m, mode int, abf []BF16, af []float32, lda int, scaleA []float32, 
 		return
 	}
 	j := getBF16Job()
-	*j = bf16Job{
+	j.bf16Call = bf16Call{
 		m: m, n: n, k: k, kp: b.kp, mode: mode,
 		abf: abf, af: af, lda: lda, scaleA: scaleA,
 		b: b, c: c, ldc: ldc, accumulate: accumulate,
 	}
 	j.plan(runtime.GOMAXPROCS(0))
 	j.execute()
-	*j = bf16Job{}
+	j.bf16Call = bf16Call{}
 	putBF16Job(j)
 }
 
@@ -269,6 +269,14 @@ func bf16Gemm(m, mode int, abf []BF16, af []float32, lda int, scaleA []float32, 
 // task a block of row tiles times a block of column panels. Tasks are
 // claimed dynamically; the result does not depend on who computes what.
 type bf16Job struct {
+	bf16Call
+	tasks bf16Tasks // survives across calls: helpers may still hold the job
+}
+
+// bf16Call is one GEMM call: its operands and its split into tasks, each
+// task a block of row tiles times a block of column panels. Tasks are
+// claimed dynamically; the result does not depend on who computes what.
+type bf16Call struct {
 	m, n, k, kp int
 	mode        int
 	abf         []BF16
@@ -287,8 +295,6 @@ type bf16Job struct {
 	// tasks use the same rows; otherwise each task prepares its own.
 	shared *bf16Scratch
 	phase  int // 0: prepare shared A, 1: tiles
-
-	tasks bf16Tasks
 }
 
 // plan chooses the task split for w workers. Row blocks of about 8 tiles
@@ -339,10 +345,9 @@ func (j *bf16Job) execute() {
 	j.tasks.run(j, j.nbM*j.nbN)
 }
 
-// runTask is called by the scheduler for each task index.
-func (j *bf16Job) runTask(t int, s *bf16Scratch) {
+// runTask runs task t of the current phase, which has chunks tasks.
+func (j *bf16Job) runTask(t, chunks int, s *bf16Scratch) {
 	if j.phase == 0 {
-		chunks := j.tasks.n
 		t0, t1 := j.tilesM*t/chunks, j.tilesM*(t+1)/chunks
 		ld := 2 * j.kp
 		j.prepA(j.shared.a[t0*bf16MR*ld:], j.shared.sa[t0*bf16MR:], t0*bf16MR, t1*bf16MR)

@@ -133,13 +133,28 @@ func bf16RunAllGemms(m, n, k int, seed uint64) [][]float32 {
 	lda, ldc := k+1, n+2
 	a := bf16RandMatrix(rng, m*lda)
 	b := bf16RandMatrix(rng, n*k)
-	// Sprinkle in tiny values: subnormal bf16 inputs and products that
-	// underflow, to exercise the flushing on every path.
-	for i := 0; i < len(a); i += 7 {
-		a[i] *= 0x1p-120
+	// Tiny values exercise the flushing on every path: rows i%5 == 0 are
+	// bf16 subnormals (read as zero, whose products with the 2⁶⁰ columns
+	// would otherwise be ~2⁻⁷⁰), rows i%5 == 1 times the 2⁻⁶⁰ columns
+	// j%3 == 0 give float32-subnormal partial sums (flushed).
+	for i := range m {
+		for p := range k {
+			switch i % 5 {
+			case 0:
+				a[i*lda+p] *= 0x1p-130
+			case 1:
+				a[i*lda+p] *= 0x1p-80
+			}
+		}
 	}
-	for i := 0; i < len(b); i += 11 {
-		b[i] *= 0x1p-30
+	for j := range n {
+		for p := range k {
+			if j%3 == 0 {
+				b[j*k+p] *= 0x1p-60
+			} else {
+				b[j*k+p] *= 0x1p60
+			}
+		}
 	}
 	abf := make([]BF16, len(a))
 	ToBF16(abf, a)
@@ -307,5 +322,53 @@ func TestGemmBF16NoAllocs(t *testing.T) {
 				t.Errorf("%v: %g allocations per call after warm-up", s, allocs)
 			}
 		}
+	}
+}
+
+var bf16BenchShapes = [][3]int{ // M, K, N
+	{2048, 256, 256}, {2048, 256, 1024}, {2048, 1024, 256}, {512, 512, 512}, {1024, 1024, 1024},
+	{64, 256, 256}, {64, 512, 512}, {64, 1024, 1024}, {64, 256, 1024}, {64, 1024, 256},
+	{256, 256, 256}, {256, 512, 512}, {256, 1024, 1024}, {256, 256, 1024}, {256, 1024, 256},
+}
+
+// BenchmarkGemmBF16 reports GFLOP/s of GemmBF16F32A (float32 activations
+// rounded on the way in, packed bf16 weights) for training and decode
+// shapes; BenchmarkGemmBF16Packed the same with bf16 activations;
+// BenchmarkGemmE4M3 the fp8 mode.
+func BenchmarkGemmBF16(b *testing.B) { bf16Bench(b, "f32a") }
+
+func BenchmarkGemmBF16Packed(b *testing.B) { bf16Bench(b, "bf16") }
+
+func BenchmarkGemmBF16E4M3(b *testing.B) { bf16Bench(b, "e4m3") }
+
+func bf16Bench(b *testing.B, mode string) {
+	for _, s := range bf16BenchShapes {
+		m, k, n := s[0], s[1], s[2]
+		b.Run(fmt.Sprintf("M%d_K%d_N%d", m, k, n), func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(1, 2))
+			a := bf16RandMatrix(rng, m*k)
+			w := bf16RandMatrix(rng, n*k)
+			abf := make([]BF16, m*k)
+			ToBF16(abf, a)
+			c := make([]float32, m*n)
+			var pb *PackedBF16B
+			if mode == "e4m3" {
+				pb = PackE4M3B(w, n, k, k)
+			} else {
+				pb = PackBF16BFloat32(w, n, k, k)
+			}
+			b.ResetTimer()
+			for b.Loop() {
+				switch mode {
+				case "f32a":
+					GemmBF16F32A(m, a, k, pb, c, n, false)
+				case "bf16":
+					GemmBF16(m, abf, k, nil, pb, c, n, false)
+				case "e4m3":
+					GemmE4M3F32A(m, a, k, pb, c, n, false)
+				}
+			}
+			b.ReportMetric(2*float64(m)*float64(n)*float64(k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
 	}
 }

@@ -9,66 +9,104 @@ import (
 // The bf16 GEMM runs its tasks on long-lived worker goroutines instead of
 // starting goroutines per call: the rollout engine decodes one token at a
 // time with small GEMMs, where spawning costs show and must not allocate.
+//
+// The caller always works on its own tasks and never waits for a helper
+// that has not started yet: a helper woken late finds the job finished (or
+// reused for a later call, told apart by a generation number) and leaves
+// without touching it.
 
-// bf16Tasks hands out task indices 0..n-1 of one job to the caller and to
-// helper workers.
+// bf16Tasks hands out the task indices 0..n-1 of one run of a job to the
+// caller and to helper workers.
 type bf16Tasks struct {
-	n    int
-	next atomic.Int64
-	wg   sync.WaitGroup
+	// state packs the generation (bits 40..63), the task count n (bits
+	// 20..39) and the next unclaimed index (bits 0..19). Claims are CAS on
+	// the whole word, so a stale helper cannot claim a later run's task.
+	state    atomic.Uint64
+	done     atomic.Int64
+	finished chan struct{} // the last finished task signals the caller
 }
 
-// run executes tasks 0..n-1 of j on the calling goroutine and up to
-// GOMAXPROCS-1 helpers, returning when all are done.
+const bf16MaxTasks = 1<<20 - 1
+
+// bf16Msg asks a helper to join run gen of job j.
+type bf16Msg struct {
+	j   *bf16Job
+	gen uint64
+}
+
+// run executes tasks 0..n-1 of j (n ≤ bf16MaxTasks) on the calling
+// goroutine and up to GOMAXPROCS-1 helpers, returning when all are done.
+// j's fields must not change during the run.
 func (t *bf16Tasks) run(j *bf16Job, n int) {
-	t.n = n
-	t.next.Store(0)
-	helpers := min(runtime.GOMAXPROCS(0), n) - 1
-	if helpers > 0 {
+	if t.finished == nil {
+		t.finished = make(chan struct{}, 1)
+	}
+	t.done.Store(0)
+	gen := (t.state.Load()>>40 + 1) & (1<<24 - 1)
+	t.state.Store(gen<<40 | uint64(n)<<20) // publishes j's fields
+	if helpers := min(runtime.GOMAXPROCS(0), n) - 1; helpers > 0 {
 		bf16Pool.ensure(helpers)
-		t.wg.Add(helpers)
 		for range helpers {
-			bf16Pool.work <- j
+			bf16Pool.work <- bf16Msg{j, gen}
 		}
 	}
-	t.work(j)
-	if helpers > 0 {
-		t.wg.Wait()
+	t.work(j, gen)
+	<-t.finished
+}
+
+// claim returns the next task of run gen, or false when there is none.
+func (t *bf16Tasks) claim(gen uint64) (task, n int, ok bool) {
+	for {
+		s := t.state.Load()
+		next, cnt := int(s&bf16MaxTasks), int(s>>20&bf16MaxTasks)
+		if s>>40 != gen || next >= cnt {
+			return 0, 0, false
+		}
+		if t.state.CompareAndSwap(s, s+1) {
+			return next, cnt, true
+		}
 	}
 }
 
-// work claims and runs tasks until none are left.
-func (t *bf16Tasks) work(j *bf16Job) {
-	s := getBF16Scratch()
+// work claims and runs tasks of run gen until none are left.
+func (t *bf16Tasks) work(j *bf16Job, gen uint64) {
+	var s *bf16Scratch
 	for {
-		i := int(t.next.Add(1)) - 1
-		if i >= t.n {
+		i, n, ok := t.claim(gen)
+		if !ok {
 			break
 		}
-		j.runTask(i, s)
+		if s == nil {
+			s = getBF16Scratch()
+		}
+		j.runTask(i, n, s)
+		if t.done.Add(1) == int64(n) {
+			t.finished <- struct{}{}
+		}
 	}
-	putBF16Scratch(s)
+	if s != nil {
+		putBF16Scratch(s)
+	}
 }
 
-// bf16WorkerPool is the set of helper goroutines.
+// bf16WorkerPool is the set of helper goroutines. Idle helpers wait on
+// the channel and cost nothing.
 type bf16WorkerPool struct {
 	mu      sync.Mutex
 	started int
-	work    chan *bf16Job
+	work    chan bf16Msg
 }
 
-var bf16Pool = &bf16WorkerPool{work: make(chan *bf16Job, 256)}
+var bf16Pool = &bf16WorkerPool{work: make(chan bf16Msg, 1024)}
 
-// ensure starts workers until at least n exist. Workers wait on the
-// channel when idle and cost nothing then.
+// ensure starts helpers until at least n exist.
 func (p *bf16WorkerPool) ensure(n int) {
 	p.mu.Lock()
 	for p.started < n {
 		p.started++
 		go func() {
-			for j := range p.work {
-				j.tasks.work(j)
-				j.tasks.wg.Done()
+			for m := range p.work {
+				m.j.tasks.work(m.j, m.gen)
 			}
 		}()
 	}
