@@ -25,16 +25,17 @@ func newAttnDims(heads, kv, hd int) attnDims {
 
 // headNormRope applies the per-head RMSNorm (q_norm or k_norm) and RoPE to
 // T rows of nh heads: out = RoPE(RMSNorm(raw_head)), saving the inverse RMS
-// of every head row in inv.
-func headNormRope(out, raw, inv, w []float32, T, nh, hd int, pos []int32, cos, sin []float32, eps float32) {
+// of every head row in inv. Token t's heads start at raw[t·rawStride]; out
+// is [T, nh·hd].
+func headNormRope(out, raw, inv, w []float32, T, nh, hd, rawStride int, pos []int32, cos, sin []float32, eps float32) {
 	half := hd / 2
 	kernels.ParallelFor(T, func(lo, hi int) {
 		for t := lo; t < hi; t++ {
 			p := int(pos[t])
 			c, s := cos[p*half:(p+1)*half], sin[p*half:(p+1)*half]
 			for h := 0; h < nh; h++ {
-				o := (t*nh + h) * hd
-				inv[t*nh+h] = kernels.RMSNorm(out[o:o+hd], raw[o:o+hd], w, eps)
+				o, ro := (t*nh+h)*hd, t*rawStride+h*hd
+				inv[t*nh+h] = kernels.RMSNorm(out[o:o+hd], raw[ro:ro+hd], w, eps)
 				kernels.RoPE(out[o:o+hd], c, s)
 			}
 		}
@@ -42,15 +43,15 @@ func headNormRope(out, raw, inv, w []float32, T, nh, hd int, pos []int32, cos, s
 }
 
 // ropeBack rotates gradient rows back in place (the transpose of RoPE is
-// RoPE with negated sines).
-func ropeBack(d []float32, T, nh, hd int, pos []int32, cos, negSin []float32) {
+// RoPE with negated sines). Token t's heads start at d[t·stride].
+func ropeBack(d []float32, T, nh, hd, stride int, pos []int32, cos, negSin []float32) {
 	half := hd / 2
 	kernels.ParallelFor(T, func(lo, hi int) {
 		for t := lo; t < hi; t++ {
 			p := int(pos[t])
 			c, s := cos[p*half:(p+1)*half], negSin[p*half:(p+1)*half]
 			for h := 0; h < nh; h++ {
-				o := (t*nh + h) * hd
+				o := t*stride + h*hd
 				kernels.RoPE(d[o:o+hd], c, s)
 			}
 		}
@@ -83,8 +84,9 @@ func attnForward(att, q, k, v []float32, d attnDims, starts, lens []int, maxLen 
 // one set of GEMMs.
 const attnBlock = 64
 
-// attnBackward computes the gradients dq, dk, dv (all written, not added)
-// of causal GQA attention from datt, the gradient of its output. Per block
+// attnBackward computes the gradients dq, dk, dv (all written, not added,
+// each with token row stride ds) of causal GQA attention from datt, the
+// gradient of its output. Per block
 // of query rows of one head it recomputes the probabilities with a GEMM
 // (they may differ from the forward's in the last bit, which only perturbs
 // the gradient by rounding) and then computes
@@ -94,16 +96,17 @@ const attnBlock = 64
 //
 // Work is split by (sequence, kv head); within one item the query heads
 // and blocks run in a fixed order, so dk and dv are deterministic.
-func attnBackward(dq, dk, dv, datt, q, k, v []float32, d attnDims, starts, lens []int, pool *scratchPool) {
+func attnBackward(dq, dk, dv []float32, ds int, datt, q, k, v []float32, d attnDims, starts, lens []int, pool *scratchPool) {
 	items := len(starts) * d.kv
 	kernels.ParallelFor(items, func(lo, hi int) {
 		for it := lo; it < hi; it++ {
 			s, kh := it/d.kv, it%d.kv
 			st, n := starts[s], lens[s]
 			kvo := st*d.kvd + kh*d.hd
+			dko := st*ds + kh*d.hd
 			for i := 0; i < n; i++ {
-				clear(dk[kvo+i*d.kvd : kvo+i*d.kvd+d.hd])
-				clear(dv[kvo+i*d.kvd : kvo+i*d.kvd+d.hd])
+				clear(dk[dko+i*ds : dko+i*ds+d.hd])
+				clear(dv[dko+i*ds : dko+i*ds+d.hd])
 			}
 			bq := min(attnBlock, n)
 			p := pool.get(bq * n)
@@ -139,9 +142,10 @@ func attnBackward(dq, dk, dv, datt, q, k, v []float32, d attnDims, starts, lens 
 						}
 						clear(dpr[n1:])
 					}
-					kernels.Gemm(false, false, rows, d.hd, nk, dp, nk, k[kvo:], d.kvd, dq[qo:], d.qd, false)
-					kernels.Gemm(true, false, nk, d.hd, rows, dp, nk, q[qo:], d.qd, dk[kvo:], d.kvd, true)
-					kernels.Gemm(true, false, nk, d.hd, rows, p, nk, datt[qo:], d.qd, dv[kvo:], d.kvd, true)
+					dqo := (st+i0)*ds + h*d.hd
+					kernels.Gemm(false, false, rows, d.hd, nk, dp, nk, k[kvo:], d.kvd, dq[dqo:], ds, false)
+					kernels.Gemm(true, false, nk, d.hd, rows, dp, nk, q[qo:], d.qd, dk[dko:], ds, true)
+					kernels.Gemm(true, false, nk, d.hd, rows, p, nk, datt[qo:], d.qd, dv[dko:], ds, true)
 				}
 			}
 			pool.put(p)

@@ -60,11 +60,16 @@ type Engine struct {
 	valid bool      // whether fw holds a completed forward
 	rope  ropeCache
 	pool  scratchPool
+	mix   arenaIndex // where each parameter sits in Model.Arena
+	gix   arenaIndex // the same for Grad.Arena
 }
 
 // New returns an engine for m with a zero gradient model.
 func New(m *model.Model) *Engine {
-	return &Engine{Model: m, Grad: m.ZeroLike()}
+	e := &Engine{Model: m, Grad: m.ZeroLike()}
+	e.mix = newArenaIndex(e.Model)
+	e.gix = newArenaIndex(e.Grad)
+	return e
 }
 
 // ZeroGrad sets every gradient to zero, since Backward accumulates.

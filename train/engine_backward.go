@@ -14,9 +14,8 @@ func (e *Engine) backward(f *fwdState, l Loss) {
 	b.dx = grow(b.dx, T*H)
 	b.dxn = grow(b.dxn, T*H)
 	b.datt = grow(b.datt, T*d.qd)
-	b.dq = grow(b.dq, T*d.qd)
-	b.dk = grow(b.dk, T*d.kvd)
-	b.dv = grow(b.dv, T*d.kvd)
+	qs := d.qd + 2*d.kvd
+	b.dqkv = grow(b.dqkv, T*qs)
 
 	coefLP := make([]float32, T)
 	coefH := make([]float32, T)
@@ -35,7 +34,7 @@ func (e *Engine) backward(f *fwdState, l Loss) {
 		linearBackX(b.dxn[c0*H:], b.dlog, m.LMHead.Data, rows, H, V, false)
 		linearBackW(g.LMHead.Data, b.dlog, f.xf[c0*H:], rows, H, V)
 	}
-	normBackRows(b.dx, b.dxn, f.xfin, f.invf, m.Norm.Data, T, H, g.Norm.Data, &b.red, false)
+	normBackRows(b.dx, b.dxn, f.xfin, f.invf, m.Norm.Data, T, H, 1, H, g.Norm.Data, &b.red, false)
 
 	// Aux-loss gradient w.r.t. every router probability p_t,e:
 	// Aux·E·c_e/N², the same for every token and MoE layer.
@@ -60,22 +59,19 @@ func (e *Engine) backward(f *fwdState, l Loss) {
 		} else {
 			f.mlpBackward(a, L, G, b.dx, b.dxn)
 		}
-		normBackRows(b.dx, b.dxn, a.h, a.inv2, L.PostAttnNorm.Data, T, H, G.PostAttnNorm.Data, &b.red, true)
+		normBackRows(b.dx, b.dxn, a.h, a.inv2, L.PostAttnNorm.Data, T, H, 1, H, G.PostAttnNorm.Data, &b.red, true)
 		// b.dx is now the gradient of h = x_in + o_proj(att).
 		linearBackX(b.datt, b.dx, L.O.Data, T, d.qd, H, false)
 		linearBackW(G.O.Data, b.dx, a.att, T, d.qd, H)
-		attnBackward(b.dq, b.dk, b.dv, b.datt, a.q, a.k, a.v, d, f.starts, f.lens, &e.pool)
-		ropeBack(b.dq, T, d.heads, d.hd, f.pos, e.rope.cos, e.rope.neg)
-		ropeBack(b.dk, T, d.kv, d.hd, f.pos, e.rope.cos, e.rope.neg)
-		normBackRows(b.dq, b.dq, a.qraw, a.qinv, L.QNorm.Data, T*d.heads, d.hd, G.QNorm.Data, &b.red, false)
-		normBackRows(b.dk, b.dk, a.kraw, a.kinv, L.KNorm.Data, T*d.kv, d.hd, G.KNorm.Data, &b.red, false)
-		linearBackW(G.Q.Data, b.dq, a.xn1, T, H, d.qd)
-		linearBackW(G.K.Data, b.dk, a.xn1, T, H, d.kvd)
-		linearBackW(G.V.Data, b.dv, a.xn1, T, H, d.kvd)
-		linearBackX(b.dxn, b.dq, L.Q.Data, T, H, d.qd, false)
-		linearBackX(b.dxn, b.dk, L.K.Data, T, H, d.kvd, true)
-		linearBackX(b.dxn, b.dv, L.V.Data, T, H, d.kvd, true)
-		normBackRows(b.dx, b.dxn, a.xin, a.inv1, L.InputNorm.Data, T, H, G.InputNorm.Data, &b.red, true)
+		dq, dk, dv := b.dqkv, b.dqkv[d.qd:], b.dqkv[d.qd+d.kvd:]
+		attnBackward(dq, dk, dv, qs, b.datt, a.q, a.k, a.v, d, f.starts, f.lens, &e.pool)
+		ropeBack(dq, T, d.heads, d.hd, qs, f.pos, e.rope.cos, e.rope.neg)
+		ropeBack(dk, T, d.kv, d.hd, qs, f.pos, e.rope.cos, e.rope.neg)
+		normBackRows(dq, dq, a.qkv, a.qinv, L.QNorm.Data, T*d.heads, d.hd, d.heads, qs, G.QNorm.Data, &b.red, false)
+		normBackRows(dk, dk, a.qkv[d.qd:], a.kinv, L.KNorm.Data, T*d.kv, d.hd, d.kv, qs, G.KNorm.Data, &b.red, false)
+		a.qkvG.backW(b.dqkv, qs, a.xn1, H, T)
+		a.qkvG.backX(b.dxn, H, b.dqkv, qs, T, false)
+		normBackRows(b.dx, b.dxn, a.xin, a.inv1, L.InputNorm.Data, T, H, 1, H, G.InputNorm.Data, &b.red, true)
 	}
 
 	// Embedding rows, in token order (a fixed order for repeated tokens).

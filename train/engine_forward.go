@@ -37,12 +37,26 @@ func (e *Engine) forward(f *fwdState, opt ForwardOptions) {
 		if li+1 < len(f.layers) {
 			out = f.layers[li+1].xin
 		}
+		G := &e.Grad.Layers[li]
+		a.qkvG = e.group([]*model.Param{L.Q, L.K, L.V}, []*model.Param{G.Q, G.K, G.V})
+		if a.moe != nil {
+			a.moe.guG = a.moe.guG[:0]
+			for x := range L.Experts {
+				a.moe.guG = append(a.moe.guG, e.group([]*model.Param{L.Experts[x].Gate, L.Experts[x].Up}, []*model.Param{G.Experts[x].Gate, G.Experts[x].Up}))
+			}
+		} else {
+			a.guG = e.group([]*model.Param{L.Gate, L.Up}, []*model.Param{G.Gate, G.Up})
+		}
 		normRows(a.xn1, a.xin, a.inv1, L.InputNorm.Data, T, H, eps)
-		linear(a.qraw, a.xn1, L.Q.Data, T, H, d.qd)
-		linear(a.kraw, a.xn1, L.K.Data, T, H, d.kvd)
-		linear(a.v, a.xn1, L.V.Data, T, H, d.kvd)
-		headNormRope(a.q, a.qraw, a.qinv, L.QNorm.Data, T, d.heads, d.hd, f.pos, e.rope.cos, e.rope.sin, eps)
-		headNormRope(a.k, a.kraw, a.kinv, L.KNorm.Data, T, d.kv, d.hd, f.pos, e.rope.cos, e.rope.sin, eps)
+		qs := d.qd + 2*d.kvd
+		a.qkvG.forward(a.qkv, qs, a.xn1, H, T)
+		headNormRope(a.q, a.qkv, a.qinv, L.QNorm.Data, T, d.heads, d.hd, qs, f.pos, e.rope.cos, e.rope.sin, eps)
+		headNormRope(a.k, a.qkv[d.qd:], a.kinv, L.KNorm.Data, T, d.kv, d.hd, qs, f.pos, e.rope.cos, e.rope.sin, eps)
+		kernels.ParallelFor(T, func(lo, hi int) {
+			for t := lo; t < hi; t++ {
+				copy(a.v[t*d.kvd:(t+1)*d.kvd], a.qkv[t*qs+d.qd+d.kvd:])
+			}
+		})
 		attnForward(a.att, a.q, a.k, a.v, d, f.starts, f.lens, f.maxLen, &e.pool)
 		linear(a.h, a.att, L.O.Data, T, d.qd, H)
 		addRows(a.h, a.xin, T, H)
@@ -101,9 +115,8 @@ func addRows(dst, src []float32, rows, n int) {
 func (f *fwdState) mlpForward(a *layerAct, L *model.Layer, out []float32) {
 	c := &f.cfg
 	T, H, I := f.T, c.HiddenSize, c.IntermediateSize
-	linear(a.g, a.xn2, L.Gate.Data, T, H, I)
-	linear(a.u, a.xn2, L.Up.Data, T, H, I)
-	swigluRows(a.a, a.g, a.u, T, I)
+	a.guG.forward(a.gu, 2*I, a.xn2, H, T)
+	swigluRows(a.a, a.gu, T, I)
 	linear(out, a.a, L.Down.Data, T, I, H)
 	addRows(out, a.h, T, H)
 }
@@ -114,13 +127,11 @@ func (f *fwdState) mlpBackward(a *layerAct, L, G *model.Layer, dout, dxn []float
 	c := &f.cfg
 	T, H, I := f.T, c.HiddenSize, c.IntermediateSize
 	b := &f.bw
-	b.dg = grow(b.dg, T*I)
-	b.du = grow(b.du, T*I)
-	linearBackX(b.dg, dout, L.Down.Data, T, I, H, false)
+	b.da = grow(b.da, T*I)
+	b.dgu = grow(b.dgu, T*2*I)
+	linearBackX(b.da, dout, L.Down.Data, T, I, H, false)
 	linearBackW(G.Down.Data, dout, a.a, T, I, H)
-	swigluBackRows(b.dg, b.du, b.dg, a.g, a.u, T, I)
-	linearBackW(G.Gate.Data, b.dg, a.xn2, T, H, I)
-	linearBackW(G.Up.Data, b.du, a.xn2, T, H, I)
-	linearBackX(dxn, b.dg, L.Gate.Data, T, H, I, false)
-	linearBackX(dxn, b.du, L.Up.Data, T, H, I, true)
+	swigluBackRows(b.dgu, b.da, a.gu, T, I)
+	a.guG.backW(b.dgu, 2*I, a.xn2, H, T)
+	a.guG.backX(dxn, H, b.dgu, 2*I, T, false)
 }

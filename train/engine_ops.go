@@ -4,6 +4,7 @@ import (
 	"math"
 
 	"github.com/keel-rl/keel/kernels"
+	"github.com/keel-rl/keel/model"
 )
 
 // RopeTables returns the rotary-embedding tables of Hugging Face Qwen3 for
@@ -50,6 +51,120 @@ func (r *ropeCache) ensure(hd int, theta float64, n int) {
 	}
 }
 
+// linGroup is a set of linear layers with the same input, such as q, k and
+// v or an MLP's gate and up, computed as one product whose output columns
+// are the layers' outputs side by side. When the weights (and gradients)
+// lie next to each other in the arena, as model.New lays them out, the
+// group runs as one GEMM; otherwise as one GEMM per layer over column
+// blocks. Either way every output element is the same sum over the input
+// in the same order, so the forward's bits do not depend on the path.
+type linGroup struct {
+	w, g  [][]float32 // per layer: weights and gradients [out_i, in]
+	outs  []int       // per layer: output size
+	fw    []float32   // fused weights [Σout, in], or nil
+	fg    []float32   // fused gradients, or nil
+	in    int
+	total int // Σ outs
+}
+
+// arenaIndex records where each parameter of a model starts in its arena,
+// so adjacent parameters can be used as one matrix.
+type arenaIndex struct {
+	arena []float32
+	off   map[*model.Param]int
+}
+
+func newArenaIndex(m *model.Model) arenaIndex {
+	ix := arenaIndex{arena: m.Arena, off: map[*model.Param]int{}}
+	o := 0
+	for _, p := range m.Params() {
+		ix.off[p] = o
+		o += p.Size()
+	}
+	return ix
+}
+
+// span returns the arena slice covering ps if they are consecutive in the
+// arena and their Data still views it there; otherwise nil.
+func (ix *arenaIndex) span(ps []*model.Param) []float32 {
+	o0, ok := ix.off[ps[0]]
+	if !ok {
+		return nil
+	}
+	o := o0
+	for _, p := range ps {
+		po, ok := ix.off[p]
+		n := p.Size()
+		if !ok || po != o || len(p.Data) != n || n == 0 || o+n > len(ix.arena) || &p.Data[0] != &ix.arena[o] {
+			return nil
+		}
+		o += n
+	}
+	return ix.arena[o0:o]
+}
+
+func (e *Engine) group(ps, gs []*model.Param) linGroup {
+	g := linGroup{in: ps[0].Shape[1]}
+	for i, p := range ps {
+		g.w = append(g.w, p.Data)
+		g.g = append(g.g, gs[i].Data)
+		g.outs = append(g.outs, p.Shape[0])
+		g.total += p.Shape[0]
+	}
+	g.fw = e.mix.span(ps)
+	g.fg = e.gix.span(gs)
+	return g
+}
+
+// forward computes y[:, 0:total] = x·Wᵀ for rows rows (row strides ldx, ldy).
+func (g *linGroup) forward(y []float32, ldy int, x []float32, ldx, rows int) {
+	if rows == 0 {
+		return
+	}
+	if g.fw != nil {
+		kernels.Gemm(false, true, rows, g.total, g.in, x, ldx, g.fw, g.in, y, ldy, false)
+		return
+	}
+	c := 0
+	for i, w := range g.w {
+		kernels.Gemm(false, true, rows, g.outs[i], g.in, x, ldx, w, g.in, y[c:], ldy, false)
+		c += g.outs[i]
+	}
+}
+
+// backX computes dx (+)= dy·W.
+func (g *linGroup) backX(dx []float32, ldx int, dy []float32, ldy, rows int, acc bool) {
+	if rows == 0 {
+		return
+	}
+	if g.fw != nil {
+		kernels.Gemm(false, false, rows, g.in, g.total, dy, ldy, g.fw, g.in, dx, ldx, acc)
+		return
+	}
+	c := 0
+	for i, w := range g.w {
+		kernels.Gemm(false, false, rows, g.in, g.outs[i], dy[c:], ldy, w, g.in, dx, ldx, acc || i > 0)
+		c += g.outs[i]
+	}
+}
+
+// backW accumulates dW += dyᵀ·x; the sum over rows is one GEMM reduction,
+// whose order depends only on rows: deterministic.
+func (g *linGroup) backW(dy []float32, ldy int, x []float32, ldx, rows int) {
+	if rows == 0 {
+		return
+	}
+	if g.fg != nil {
+		kernels.Gemm(true, false, g.total, g.in, rows, dy, ldy, x, ldx, g.fg, g.in, true)
+		return
+	}
+	c := 0
+	for i, gw := range g.g {
+		kernels.Gemm(true, false, g.outs[i], g.in, rows, dy[c:], ldy, x, ldx, gw, g.in, true)
+		c += g.outs[i]
+	}
+}
+
 // linear computes y = x·Wᵀ for rows×in x and out×in W (Hugging Face layout).
 func linear(y, x, w []float32, rows, in, out int) {
 	if rows == 0 {
@@ -90,27 +205,31 @@ func normRows(dst, x, inv, w []float32, rows, n int, eps float32) {
 // result does not depend on GOMAXPROCS.
 const normChunk = 32
 
-// normBackRows backpropagates y = x·inv·w over rows rows of length n. It
-// writes (acc: adds) the input gradient to dx, which may alias dy when acc
-// is false, and adds the weight gradient to dw. red is scratch.
+// normBackRows backpropagates y = x·inv·w over rows rows of length n. Row
+// r lives at offset (r/per)·stride + (r%per)·n of dx, dy and x: per = 1,
+// stride = n for plain rows; per = heads, stride = the token row stride
+// for per-head norms inside a wider matrix. It writes (acc: adds) the input
+// gradient to dx, which may alias dy when acc is false, and adds the weight
+// gradient to dw. red is scratch.
 //
 // Per row it is kernels.RMSNormBackward: dx = r·(dy⊙w) - x·r³·mean(dy⊙w⊙x)
 // and dw += dy⊙x·r with r = inv; the weight gradient is summed per chunk of
 // normChunk rows, then chunk by chunk.
-func normBackRows(dx, dy, x, inv, w []float32, rows, n int, dw []float32, red *[]float32, acc bool) {
+func normBackRows(dx, dy, x, inv, w []float32, rows, n, per, stride int, dw []float32, red *[]float32, acc bool) {
 	chunks := (rows + normChunk - 1) / normChunk
 	*red = grow(*red, chunks*n)
 	part := *red
 	kernels.ParallelFor(chunks, func(lo, hi int) {
+		var tmp []float32
+		if acc {
+			tmp = make([]float32, n)
+		}
 		for c := lo; c < hi; c++ {
 			p := part[c*n : (c+1)*n]
 			clear(p)
-			var tmp []float32
-			if acc {
-				tmp = make([]float32, n)
-			}
 			for r := c * normChunk; r < min(rows, (c+1)*normChunk); r++ {
-				xr, dyr, dxr := x[r*n:(r+1)*n], dy[r*n:(r+1)*n], dx[r*n:(r+1)*n]
+				o := (r/per)*stride + (r%per)*n
+				xr, dyr, dxr := x[o:o+n], dy[o:o+n], dx[o:o+n]
 				if acc {
 					kernels.RMSNormBackward(tmp, p, dyr, xr, w, inv[r])
 					kernels.Axpy(1, tmp, dxr)
@@ -125,17 +244,25 @@ func normBackRows(dx, dy, x, inv, w []float32, rows, n int, dw []float32, red *[
 	}
 }
 
-// swigluRows applies kernels.SwiGLU to rows rows of length n in parallel.
-func swigluRows(dst, g, u []float32, rows, n int) {
+// swigluRows writes a = silu(g)·u for rows rows, where gu holds each row's
+// gate and up projections side by side ([rows, 2n]) and a is [rows, n].
+func swigluRows(a, gu []float32, rows, n int) {
 	kernels.ParallelFor(rows, func(lo, hi int) {
-		kernels.SwiGLU(dst[lo*n:hi*n], g[lo*n:hi*n], u[lo*n:hi*n])
+		for r := lo; r < hi; r++ {
+			g := gu[r*2*n : (2*r+1)*n]
+			u := gu[(2*r+1)*n : (2*r+2)*n]
+			kernels.SwiGLU(a[r*n:(r+1)*n], g, u)
+		}
 	})
 }
 
-// swigluBackRows backpropagates a = silu(g)·u over rows rows of length n:
-// dg = da·u·silu'(g), du = da·silu(g). dg may alias da.
-func swigluBackRows(dg, du, da, g, u []float32, rows, n int) {
+// swigluBackRows backpropagates swigluRows: from da [rows, n] it writes
+// dgu [rows, 2n] = (da·u·silu'(g), da·silu(g)) side by side.
+func swigluBackRows(dgu, da, gu []float32, rows, n int) {
 	kernels.ParallelFor(rows, func(lo, hi int) {
-		kernels.SwiGLUBackward(dg[lo*n:hi*n], du[lo*n:hi*n], g[lo*n:hi*n], u[lo*n:hi*n], da[lo*n:hi*n])
+		for r := lo; r < hi; r++ {
+			o := r * 2 * n
+			kernels.SwiGLUBackward(dgu[o:o+n], dgu[o+n:o+2*n], gu[o:o+n], gu[o+n:o+2*n], da[r*n:(r+1)*n])
+		}
 	})
 }

@@ -58,7 +58,7 @@ func TestNormBackRows(t *testing.T) {
 		dw := randF32(r, n, 1)
 		dw0 := append([]float32(nil), dw...)
 		var red []float32
-		normBackRows(dx, dy, x, inv, w, rows, n, dw, &red, acc)
+		normBackRows(dx, dy, x, inv, w, rows, n, 1, n, dw, &red, acc)
 		for i := range dx {
 			if acc {
 				dx[i] -= dx0[i]
@@ -89,21 +89,25 @@ func TestHeadNormRopeBackward(t *testing.T) {
 	pos := []int32{0, 1, 2, 7, 30}
 	var rc ropeCache
 	rc.ensure(hd, 1e4, 31)
-	raw, w, dy := randF32(r, T*nh*hd, 1), randF32(r, hd, 1), randF32(r, T*nh*hd, 1)
+	const W = nh*hd + 4 // raw rows are wider than the heads, as in the fused q/k/v buffer
+	raw, w, dy := randF32(r, T*W, 1), randF32(r, hd, 1), randF32(r, T*nh*hd, 1)
 	out, inv := make([]float32, T*nh*hd), make([]float32, T*nh)
-	headNormRope(out, raw, inv, w, T, nh, hd, pos, rc.cos, rc.sin, 1e-6)
-	d := append([]float32(nil), dy...)
+	headNormRope(out, raw, inv, w, T, nh, hd, W, pos, rc.cos, rc.sin, 1e-6)
+	d := make([]float32, T*W)
+	for t := 0; t < T; t++ {
+		copy(d[t*W:t*W+nh*hd], dy[t*nh*hd:(t+1)*nh*hd])
+	}
 	dw := make([]float32, hd)
 	var red []float32
-	ropeBack(d, T, nh, hd, pos, rc.cos, rc.neg)
-	normBackRows(d, d, raw, inv, w, T*nh, hd, dw, &red, false)
+	ropeBack(d, T, nh, hd, W, pos, rc.cos, rc.neg)
+	normBackRows(d, d, raw, inv, w, T*nh, hd, nh, W, dw, &red, false)
 	raw64, w64, dy64 := toF64(raw), toF64(w), toF64(dy)
 	loss := func() float64 {
 		var s float64
 		for t := 0; t < T; t++ {
 			for h := 0; h < nh; h++ {
-				o := (t*nh + h) * hd
-				y := refRMS(raw64[o:o+hd], w64, 1e-6)
+				o, ro := (t*nh+h)*hd, t*W+h*hd
+				y := refRMS(raw64[ro:ro+hd], w64, 1e-6)
 				refRope(y, int(pos[t]), 1e4)
 				for j := range y {
 					s += y[j] * dy64[o+j]
@@ -117,8 +121,8 @@ func TestHeadNormRopeBackward(t *testing.T) {
 	// The forward itself against the reference.
 	for t0 := 0; t0 < T; t0++ {
 		for h := 0; h < nh; h++ {
-			o := (t0*nh + h) * hd
-			y := refRMS(raw64[o:o+hd], w64, 1e-6)
+			o, ro := (t0*nh+h)*hd, t0*W+h*hd
+			y := refRMS(raw64[ro:ro+hd], w64, 1e-6)
 			refRope(y, int(pos[t0]), 1e4)
 			for j := range y {
 				if math.Abs(float64(out[o+j])-y[j]) > 1e-5 {
@@ -141,8 +145,16 @@ func TestAttnBackward(t *testing.T) {
 	var pool scratchPool
 	att := make([]float32, T*d.qd)
 	attnForward(att, q, k, v, d, starts, lens, 70, &pool)
-	dq, dk, dv := randF32(r, T*d.qd, 1), randF32(r, T*d.kvd, 1), randF32(r, T*d.kvd, 1) // overwritten
-	attnBackward(dq, dk, dv, dout, q, k, v, d, starts, lens, &pool)
+	// Gradients go to one [T, qd+2·kvd] buffer, as the engine lays them out.
+	qs := d.qd + 2*d.kvd
+	dqkv := randF32(r, T*qs, 1) // overwritten
+	attnBackward(dqkv, dqkv[d.qd:], dqkv[d.qd+d.kvd:], qs, dout, q, k, v, d, starts, lens, &pool)
+	dq, dk, dv := make([]float32, T*d.qd), make([]float32, T*d.kvd), make([]float32, T*d.kvd)
+	for t := 0; t < T; t++ {
+		copy(dq[t*d.qd:(t+1)*d.qd], dqkv[t*qs:])
+		copy(dk[t*d.kvd:(t+1)*d.kvd], dqkv[t*qs+d.qd:])
+		copy(dv[t*d.kvd:(t+1)*d.kvd], dqkv[t*qs+d.qd+d.kvd:])
+	}
 	q64, k64, v64, do64 := toF64(q), toF64(k), toF64(v), toF64(dout)
 	ref := func() ([]float64, float64) {
 		out := make([]float64, T*d.qd)
@@ -199,8 +211,19 @@ func TestSwigluBack(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
 	const n = 40
 	g, u, da := randF32(r, n, 2), randF32(r, n, 1), randF32(r, n, 1)
+	const rows, m = 4, n / 4
+	gu := make([]float32, 2*n)
+	for rr := 0; rr < rows; rr++ {
+		copy(gu[2*rr*m:], g[rr*m:(rr+1)*m])
+		copy(gu[(2*rr+1)*m:], u[rr*m:(rr+1)*m])
+	}
+	dgu := make([]float32, 2*n)
+	swigluBackRows(dgu, da, gu, rows, m)
 	dg, du := make([]float32, n), make([]float32, n)
-	swigluBackRows(dg, du, da, g, u, 4, n/4)
+	for rr := 0; rr < rows; rr++ {
+		copy(dg[rr*m:(rr+1)*m], dgu[2*rr*m:])
+		copy(du[rr*m:(rr+1)*m], dgu[(2*rr+1)*m:])
+	}
 	g64, u64, da64 := toF64(g), toF64(u), toF64(da)
 	loss := func() float64 {
 		var s float64

@@ -40,39 +40,42 @@ type layerAct struct {
 	xin  []float32 // [T,H] layer input (residual stream)
 	inv1 []float32 // [T] inverse RMS of input_layernorm
 	xn1  []float32 // [T,H] input_layernorm output
-	qraw []float32 // [T,heads·hd] q projection before q_norm
+	qkv  []float32 // [T,qd+2·kvd] q, k, v projections side by side (before the norms)
 	qinv []float32 // [T·heads] inverse RMS of q_norm per head
 	q    []float32 // [T,heads·hd] after q_norm and RoPE
-	kraw []float32 // [T,kv·hd]
 	kinv []float32 // [T·kv]
 	k    []float32 // [T,kv·hd] after k_norm and RoPE
-	v    []float32 // [T,kv·hd]
+	v    []float32 // [T,kv·hd] a copy of the v projection (same stride as k)
 	att  []float32 // [T,heads·hd] attention output before o_proj
 	h    []float32 // [T,H] residual after attention
 	inv2 []float32 // [T] inverse RMS of post_attention_layernorm
 	xn2  []float32 // [T,H] post_attention_layernorm output
 
 	// Dense MLP.
-	g, u, a []float32 // [T,I] gate and up projections, SwiGLU output
+	gu []float32 // [T,2I] gate and up projections side by side
+	a  []float32 // [T,I] SwiGLU output
 
 	moe *moeAct // MoE block (nil in dense layers)
+
+	qkvG linGroup // q, k, v projections as one product
+	guG  linGroup // dense MLP: gate and up as one product
 }
 
 // moeAct is what one MoE block saves. Assignment rows are the (token, slot)
 // pairs grouped by expert: expert e owns rows off[e]..off[e+1]-1, in token
 // order, so each expert's work is one GEMM over contiguous rows.
 type moeAct struct {
-	probs []float32 // [T,E] full router softmax
-	ids   []int32   // [T·k] experts per token in slot order
-	gates []float32 // [T·k] gate weights
-	row   []int32   // [T·k] assignment row of (token, slot)
-	tok   []int32   // [T·k] token of each assignment row
-	off   []int     // [E+1] first row of each expert
-	xg    []float32 // [T·k,H] gathered inputs
-	gg    []float32 // [T·k,I] gate projections
-	ug    []float32 // [T·k,I] up projections
-	ag    []float32 // [T·k,I] SwiGLU outputs
-	yg    []float32 // [T·k,H] expert outputs (before gating)
+	probs []float32  // [T,E] full router softmax
+	ids   []int32    // [T·k] experts per token in slot order
+	gates []float32  // [T·k] gate weights
+	row   []int32    // [T·k] assignment row of (token, slot)
+	tok   []int32    // [T·k] token of each assignment row
+	off   []int      // [E+1] first row of each expert
+	xg    []float32  // [T·k,H] gathered inputs
+	gug   []float32  // [T·k,2I] gate and up projections side by side
+	ag    []float32  // [T·k,I] SwiGLU outputs
+	yg    []float32  // [T·k,H] expert outputs (before gating)
+	guG   []linGroup // per expert: gate and up as one product
 }
 
 // bwdBuffers are the backward pass's scratch buffers.
@@ -81,11 +84,9 @@ type bwdBuffers struct {
 	dx   []float32 // [T,H] gradient w.r.t. the residual stream
 	dxn  []float32 // [T,H]
 	datt []float32 // [T,qd]
-	dq   []float32 // [T,qd]
-	dk   []float32 // [T,kvd]
-	dv   []float32 // [T,kvd]
-	dg   []float32 // [rows,I] (dense: T rows, MoE: T·k rows)
-	du   []float32 // [rows,I]
+	dqkv []float32 // [T,qd+2·kvd]
+	da   []float32 // [rows,I] (dense: T rows, MoE: T·k rows)
+	dgu  []float32 // [rows,2I]
 	dy   []float32 // [T·k,H] MoE: gradient w.r.t. expert outputs
 	dxg  []float32 // [T·k,H] MoE: gradient w.r.t. gathered inputs
 	dgt  []float32 // [T·k] MoE: gradient w.r.t. gates
@@ -147,10 +148,9 @@ func (f *fwdState) setup(m *model.Model, seqs [][]int32, opt ForwardOptions) {
 		a.xin = grow(a.xin, T*H)
 		a.inv1 = grow(a.inv1, T)
 		a.xn1 = grow(a.xn1, T*H)
-		a.qraw = grow(a.qraw, T*qd)
+		a.qkv = grow(a.qkv, T*(qd+2*kvd))
 		a.qinv = grow(a.qinv, T*c.NumAttentionHeads)
 		a.q = grow(a.q, T*qd)
-		a.kraw = grow(a.kraw, T*kvd)
 		a.kinv = grow(a.kinv, T*c.NumKeyValueHeads)
 		a.k = grow(a.k, T*kvd)
 		a.v = grow(a.v, T*kvd)
@@ -174,15 +174,13 @@ func (f *fwdState) setup(m *model.Model, seqs [][]int32, opt ForwardOptions) {
 				mo.off = make([]int, E+1)
 			}
 			mo.xg = grow(mo.xg, R*H)
-			mo.gg = grow(mo.gg, R*I)
-			mo.ug = grow(mo.ug, R*I)
+			mo.gug = grow(mo.gug, R*2*I)
 			mo.ag = grow(mo.ag, R*I)
 			mo.yg = grow(mo.yg, R*H)
 		} else {
 			a.moe = nil
 			I := c.IntermediateSize
-			a.g = grow(a.g, T*I)
-			a.u = grow(a.u, T*I)
+			a.gu = grow(a.gu, T*2*I)
 			a.a = grow(a.a, T*I)
 		}
 	}

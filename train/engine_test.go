@@ -476,3 +476,56 @@ func TestChunkedHead(t *testing.T) {
 		}
 	}
 }
+
+// TestFusedProjections: q/k/v and gate/up run as one GEMM when the weights
+// are adjacent in the arena (always for model.New); the per-layer fallback
+// gives bitwise the same forward and the same gradients up to rounding.
+func TestFusedProjections(t *testing.T) {
+	c := engTinyConfig(true, true, false)
+	m := engRandomModel(c, 91)
+	r := rand.New(rand.NewPCG(92, 93))
+	seqs := engRandomSeqs(r, c.VocabSize, 17, 5)
+	l := Loss{LogProb: engCoefs(r, seqs), Entropy: engCoefs(r, seqs), Aux: 0.2}
+	run := func(fused bool) (*Result, []float32) {
+		e := New(m)
+		if !fused {
+			e.mix, e.gix = arenaIndex{}, arenaIndex{}
+		}
+		res, err := e.Forward(seqs, ForwardOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for li := range e.fw.layers {
+			a := &e.fw.layers[li]
+			if got := a.qkvG.fw != nil && a.qkvG.fg != nil; got != fused {
+				t.Fatalf("layer %d: q/k/v fused = %v, want %v", li, got, fused)
+			}
+		}
+		if err := e.Backward(l); err != nil {
+			t.Fatal(err)
+		}
+		return res, e.Grad.Arena
+	}
+	r1, g1 := run(true)
+	r2, g2 := run(false)
+	for s := range seqs {
+		if !equalF32(r1.LogProbs[s], r2.LogProbs[s]) {
+			t.Fatalf("seq %d: fused and per-layer projections give different log-probs", s)
+		}
+	}
+	for i := range g1 {
+		if math.Abs(float64(g1[i]-g2[i])) > 1e-5*max(1, math.Abs(float64(g1[i]))) {
+			t.Fatalf("grad[%d]: fused %v, per-layer %v", i, g1[i], g2[i])
+		}
+	}
+	// A parameter whose Data no longer views the arena is not fused.
+	m2 := m.Clone()
+	m2.Layers[0].K.Data = append([]float32(nil), m2.Layers[0].K.Data...)
+	e := New(m2)
+	if _, err := e.Forward(seqs, ForwardOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if e.fw.layers[0].qkvG.fw != nil {
+		t.Fatal("q/k/v fused although k's Data left the arena")
+	}
+}

@@ -110,11 +110,9 @@ func (f *fwdState) moeForward(ml int, a *layerAct, L *model.Layer, out []float32
 	})
 	for e := 0; e < E; e++ {
 		r0, n := off[e], off[e+1]-off[e]
-		x := &L.Experts[e]
-		linear(mo.gg[r0*I:], mo.xg[r0*H:], x.Gate.Data, n, H, I)
-		linear(mo.ug[r0*I:], mo.xg[r0*H:], x.Up.Data, n, H, I)
+		mo.guG[e].forward(mo.gug[r0*2*I:], 2*I, mo.xg[r0*H:], H, n)
 	}
-	swigluRows(mo.ag, mo.gg, mo.ug, R, I)
+	swigluRows(mo.ag, mo.gug, R, I)
 	for e := 0; e < E; e++ {
 		r0, n := off[e], off[e+1]-off[e]
 		linear(mo.yg[r0*H:], mo.ag[r0*I:], L.Experts[e].Down.Data, n, I, H)
@@ -154,8 +152,8 @@ func (f *fwdState) moeBackward(a *layerAct, L, G *model.Layer, dout, dxn []float
 	b.dy = grow(b.dy, R*H)
 	b.dxg = grow(b.dxg, R*H)
 	b.dgt = grow(b.dgt, R)
-	b.dg = grow(b.dg, R*I)
-	b.du = grow(b.du, R*I)
+	b.da = grow(b.da, R*I)
+	b.dgu = grow(b.dgu, R*2*I)
 	b.dp = grow(b.dp, T*E)
 	kernels.ParallelFor(T, func(lo, hi int) {
 		for t := lo; t < hi; t++ {
@@ -175,17 +173,14 @@ func (f *fwdState) moeBackward(a *layerAct, L, G *model.Layer, dout, dxn []float
 	off := mo.off
 	for e := 0; e < E; e++ {
 		r0, n := off[e], off[e+1]-off[e]
-		linearBackX(b.dg[r0*I:], b.dy[r0*H:], L.Experts[e].Down.Data, n, I, H, false)
+		linearBackX(b.da[r0*I:], b.dy[r0*H:], L.Experts[e].Down.Data, n, I, H, false)
 		linearBackW(G.Experts[e].Down.Data, b.dy[r0*H:], mo.ag[r0*I:], n, I, H)
 	}
-	swigluBackRows(b.dg, b.du, b.dg, mo.gg, mo.ug, R, I)
+	swigluBackRows(b.dgu, b.da, mo.gug, R, I)
 	for e := 0; e < E; e++ {
 		r0, n := off[e], off[e+1]-off[e]
-		x, gx := &L.Experts[e], &G.Experts[e]
-		linearBackW(gx.Gate.Data, b.dg[r0*I:], mo.xg[r0*H:], n, H, I)
-		linearBackW(gx.Up.Data, b.du[r0*I:], mo.xg[r0*H:], n, H, I)
-		linearBackX(b.dxg[r0*H:], b.dg[r0*I:], x.Gate.Data, n, H, I, false)
-		linearBackX(b.dxg[r0*H:], b.du[r0*I:], x.Up.Data, n, H, I, true)
+		mo.guG[e].backW(b.dgu[r0*2*I:], 2*I, mo.xg[r0*H:], H, n)
+		mo.guG[e].backX(b.dxg[r0*H:], H, b.dgu[r0*2*I:], 2*I, n, false)
 	}
 	kernels.ParallelFor(T, func(lo, hi int) {
 		for t := lo; t < hi; t++ {
