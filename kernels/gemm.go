@@ -19,8 +19,9 @@ import (
 const gemmKC = 256
 
 // gemmMaxCols caps the columns one work item covers, which bounds the
-// per-worker packed-B buffer to gemmKC×gemmMaxCols floats (1 MiB).
-const gemmMaxCols = 1024
+// per-worker packed-B buffer to gemmKC×gemmMaxCols floats (512 KiB), which
+// stays in a core's L2 cache while every row panel of the item streams it.
+const gemmMaxCols = 512
 
 // gemmParMin is the work, in multiply-adds, below which a product runs on
 // the calling goroutine alone: waking helpers costs more than it saves.
