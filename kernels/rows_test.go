@@ -3,6 +3,7 @@ package kernels
 import (
 	"math"
 	"math/rand/v2"
+	"os"
 	"testing"
 )
 
@@ -543,4 +544,63 @@ func TestScaleMax(t *testing.T) {
 			}
 		}
 	})
+}
+
+func TestSoftmaxNaNRow(t *testing.T) {
+	forEachPath(t, func(t *testing.T) {
+		for _, n := range []int{1, 5, 37} {
+			for pos := 0; pos < n; pos += 3 {
+				x := make([]float32, n)
+				for i := range x {
+					x[i] = float32(i % 5)
+				}
+				x[pos] = float32(math.NaN())
+				y := make([]float32, n)
+				if lse := LogSoftmax(y, x); !math.IsNaN(float64(lse)) {
+					t.Fatalf("n=%d NaN at %d: lse = %v, want NaN", n, pos, lse)
+				}
+				Softmax(y, x)
+				for i, v := range y {
+					if !math.IsNaN(float64(v)) {
+						t.Fatalf("n=%d NaN at %d: softmax[%d] = %v, want NaN", n, pos, i, v)
+					}
+				}
+			}
+		}
+	})
+}
+
+// TestExpExhaustive checks every float32 input in [-104, 89] (about 2·10⁹
+// values) against math.Exp. Run with KEEL_LONG=1.
+func TestExpExhaustive(t *testing.T) {
+	if os.Getenv("KEEL_LONG") == "" {
+		t.Skip("set KEEL_LONG=1 for the exhaustive exp check")
+	}
+	for _, p := range paths()[:1] {
+		restore := setPath(p)
+		worst, at := 0.0, float32(0)
+		xs := make([]float32, 1<<20)
+		check := func(lo, hi uint32, step int) { // bit patterns, step ±1
+			for b := lo; ; {
+				k := 0
+				for ; k < len(xs) && b != hi; k++ {
+					xs[k] = math.Float32frombits(b)
+					b = uint32(int64(b) + int64(step))
+				}
+				if w, a := maxULPError(xs[:k]); w > worst {
+					worst, at = w, a
+				}
+				if b == hi {
+					return
+				}
+			}
+		}
+		check(0, math.Float32bits(89)+1, 1)            // +0 .. 89
+		check(0x80000000, math.Float32bits(-104)+1, 1) // -0 .. -104
+		restore()
+		t.Logf("%s: max error %.3f ulp at x=%v", p, worst, at)
+		if worst > 2 {
+			t.Errorf("%s: exp error %.3f ulp at x=%v", p, worst, at)
+		}
+	}
 }
