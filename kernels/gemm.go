@@ -24,8 +24,9 @@ const gemmKC = 256
 const gemmMaxCols = 512
 
 // gemmParMin is the work, in multiply-adds, below which a product runs on
-// the calling goroutine alone: waking helpers costs more than it saves.
-const gemmParMin = 1 << 17
+// the calling goroutine alone (about 5 µs of work on one core): waking a
+// helper goroutine costs a few microseconds, more than it saves.
+const gemmParMin = 1 << 20
 
 // gemmMicro computes one tile of C from a packed A panel and a packed B
 // panel over k steps; flags == 0 stores the tile, flags != 0 adds it to C.

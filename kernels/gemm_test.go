@@ -441,7 +441,7 @@ func TestGemmLong(t *testing.T) {
 	}
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
 	r := rand.New(rand.NewPCG(15, 16))
-	for it := 0; it < 30; it++ {
+	for it := 0; it < 100; it++ {
 		m, n, k := 1+r.IntN(2500), 1+r.IntN(1500), 1+r.IntN(1500)
 		g := newGemmCase(r, r.IntN(2) == 0, r.IntN(2) == 0, m, n, k, r.IntN(2) == 0)
 		runtime.GOMAXPROCS(1 + r.IntN(4))
