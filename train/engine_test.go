@@ -529,3 +529,29 @@ func TestFusedProjections(t *testing.T) {
 		t.Fatal("q/k/v fused although k's Data left the arena")
 	}
 }
+
+// TestNaNWeightsDoNotPanic: a diverged model gives NaN log-probs, not a
+// crash (live routing still picks k distinct experts).
+func TestNaNWeightsDoNotPanic(t *testing.T) {
+	c := engTinyConfig(true, true, false)
+	m := engRandomModel(c, 95)
+	for i := range m.Layers[0].Router.Data {
+		m.Layers[0].Router.Data[i] = float32(math.NaN())
+	}
+	e := New(m)
+	res, err := e.Forward([][]int32{{1, 2, 3, 4}}, ForwardOptions{Record: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Routes[0].Validate(1, c.NumExperts, c.NumExpertsPerTok); err != nil {
+		t.Fatalf("routes of a NaN router: %v", err)
+	}
+	if err := e.Backward(Loss{LogProb: [][]float32{{1, 1, 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]int32, 2)
+	topK(ids, []float32{float32(math.NaN()), 0.5, float32(math.NaN())})
+	if ids[0] != 1 || ids[1] != 0 {
+		t.Fatalf("topK with NaNs: %v, want [1 0]", ids)
+	}
+}

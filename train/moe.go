@@ -6,14 +6,12 @@ import (
 )
 
 // topK writes into ids the k largest entries of p in descending order; ties
-// go to the lower index (as a stable descending sort would).
+// go to the lower index (as a stable descending sort would). NaNs rank
+// below every number, so a diverged router still yields k distinct experts.
 func topK(ids []int32, p []float32) {
 	for s := range ids {
 		best := -1
 		for e, v := range p {
-			if best >= 0 && !(v > p[best]) {
-				continue
-			}
 			taken := false
 			for _, id := range ids[:s] {
 				if int(id) == e {
@@ -21,7 +19,9 @@ func topK(ids []int32, p []float32) {
 					break
 				}
 			}
-			if !taken {
+			// A NaN loses to any number (so a real probability is
+			// preferred) and ties go to the lower index.
+			if !taken && (best < 0 || v > p[best] || (p[best] != p[best] && v == v)) {
 				best = e
 			}
 		}
