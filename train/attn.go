@@ -1,10 +1,6 @@
 package train
 
-import (
-	"math"
-
-	"github.com/keel-rl/keel/kernels"
-)
+import "github.com/keel-rl/keel/kernels"
 
 // attnDims are the attention shapes of one model.
 type attnDims struct {
@@ -19,7 +15,7 @@ func newAttnDims(heads, kv, hd int) attnDims {
 		heads: heads, kv: kv, hd: hd,
 		qd: heads * hd, kvd: kv * hd,
 		group: heads / kv,
-		scale: float32(1 / math.Sqrt(float64(hd))),
+		scale: kernels.AttentionScale(hd),
 	}
 }
 

@@ -18,7 +18,7 @@
 //     - For each q head and k head: kernels.RMSNorm over head_dim with
 //     q_norm / k_norm, then kernels.RoPE with the tables of RopeTables.
 //     - For each query head h: kernels.AttendRow(out, q_h, K, V, pos+1,
-//     kv_heads·head_dim, float32(1/sqrt(head_dim)), probs) over the keys
+//     kv_heads·head_dim, kernels.AttentionScale(head_dim), probs) over the keys
 //     and values of kv head h/(heads/kv_heads) at positions 0..pos.
 //     - h = x + out·Woᵀ (float32 add, element by element).
 //     - xn2 = kernels.RMSNorm(h, post_attention_layernorm, float32(eps)).
