@@ -118,25 +118,18 @@ func attnBackward(dq, dk, dv []float32, ds int, datt, q, k, v []float32, d attnD
 					for r := 0; r < rows; r++ {
 						n1 := i0 + r + 1
 						pr := p[r*nk : r*nk+n1]
-						for j := range pr {
-							pr[j] *= d.scale
-						}
+						kernels.Scale(pr, pr, d.scale)
 						kernels.Softmax(pr, pr)
 						clear(p[r*nk+n1 : (r+1)*nk])
 					}
 					// dP = dO·Vᵀ over the block's keys 0..nk-1.
 					kernels.Gemm(false, true, rows, nk, d.hd, datt[qo:], d.qd, v[kvo:], d.kvd, dp, nk, false)
 					for r := 0; r < rows; r++ {
-						pr, dpr := p[r*nk:(r+1)*nk], dp[r*nk:(r+1)*nk]
 						n1 := i0 + r + 1
-						var dsum float32
-						for j := 0; j < n1; j++ {
-							dsum += pr[j] * dpr[j]
-						}
-						for j := 0; j < n1; j++ {
-							dpr[j] = pr[j] * (dpr[j] - dsum) * d.scale
-						}
-						clear(dpr[n1:])
+						pr, dpr := p[r*nk:r*nk+n1], dp[r*nk:r*nk+n1]
+						kernels.SoftmaxBackward(dpr, pr, dpr)
+						kernels.Scale(dpr, dpr, d.scale)
+						clear(dp[r*nk+n1 : (r+1)*nk])
 					}
 					dqo := (st+i0)*ds + h*d.hd
 					kernels.Gemm(false, false, rows, d.hd, nk, dp, nk, k[kvo:], d.kvd, dq[dqo:], ds, false)
