@@ -56,15 +56,66 @@ func AttendRowBackward(dq, dkeys, dvalues, dout, q, keys, values []float32, n, s
 }
 
 // AttendCausal runs causal self-attention for the T queries of one head:
-// query i (q[i·qStride:], len d) attends to key/value rows 0..i (row stride
-// kvStride) and writes out[i·outStride:] (len d) and the probabilities
-// probs[i·probStride:] (length i+1). Every row is exactly AttendRow's result
-// for that query alone, so a KV-cache decoder calling AttendRow reproduces
-// it bit for bit. It works serially: callers parallelise over heads and
-// sequences.
+// query i (q[i·qStride:], length d) attends to key/value rows 0..i (row
+// stride kvStride) and writes out[i·outStride:] (length d). Every row is
+// bit for bit AttendRow's result for that query alone, so a KV-cache decoder
+// calling AttendRow reproduces it.
+//
+// With probStride ≥ T, row i's probabilities are left in
+// probs[i·probStride:][:i+1] (the rest of each row is scratch). With
+// probStride = 0, probs is only scratch and needs length ≥ 4·T.
+//
+// On AVX-512 it handles four queries per pass so that each key and value row
+// is loaded once for four queries; elsewhere it calls AttendRow per query.
+// It runs serially: callers parallelise over heads and sequences.
 func AttendCausal(out, q, keys, values []float32, T, d, outStride, qStride, kvStride int, scale float32, probs []float32, probStride int) {
-	for i := 0; i < T; i++ {
-		AttendRow(out[i*outStride:i*outStride+d], q[i*qStride:i*qStride+d], keys, values, i+1, kvStride, scale, probs[i*probStride:i*probStride+i+1])
+	if T <= 0 {
+		return
+	}
+	if probStride != 0 && probStride < T {
+		panic("kernels: AttendCausal needs probStride 0 or ≥ T")
+	}
+	out = out[:rowsSpan(T, d, outStride)]
+	q = q[:rowsSpan(T, d, qStride)]
+	span := rowsSpan(T, d, kvStride)
+	keys, values = keys[:span], values[:span]
+	ps := probStride
+	if ps == 0 {
+		ps = T
+		probs = probs[:4*T]
+	} else {
+		probs = probs[:(T-1)*ps+T]
+	}
+	row := func(i int) int { // where query i's probabilities start
+		if probStride == 0 {
+			return (i % 4) * T
+		}
+		return i * ps
+	}
+	i := 0
+	if useAVX512 && d > 0 {
+		for ; i+4 <= T; i += 4 {
+			base := row(i)
+			// Scores of queries i..i+3 against keys 0..i+3; query i+a
+			// uses the first i+a+1.
+			dotRowsQ4AVX512(&probs[base], ps, &q[i*qStride], qStride, &keys[0], i+4, d, kvStride, scale)
+			for a := 0; a < 4; a++ {
+				p := probs[base+a*ps : base+a*ps+i+a+1]
+				Softmax(p, p)
+				clear(out[(i+a)*outStride : (i+a)*outStride+d])
+			}
+			// Keys 0..i are shared by all four queries; then the last
+			// a keys of query i+a, continuing its Axpy sequence.
+			axpyRowsQ4AVX512(&out[i*outStride], outStride, &probs[base], ps, &values[0], i+1, d, kvStride)
+			for a := 1; a < 4; a++ {
+				o := (i + a) * outStride
+				AxpyRows(out[o:o+d], probs[base+a*ps+i+1:base+a*ps+i+a+1], values[(i+1)*kvStride:], a, kvStride)
+			}
+		}
+	}
+	for ; i < T; i++ {
+		r := row(i)
+		AttendRow(out[i*outStride:i*outStride+d], q[i*qStride:i*qStride+d], keys, values, i+1, kvStride, scale, probs[r:r+i+1])
 	}
 }
 

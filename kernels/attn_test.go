@@ -223,3 +223,44 @@ func TestAttendRowBackward(t *testing.T) {
 		}
 	})
 }
+
+func TestAttendCausalMatchesAttendRow(t *testing.T) {
+	r := rand.New(rand.NewPCG(27, 28))
+	forEachPath(t, func(t *testing.T) {
+		for _, d := range []int{1, 7, 16, 48, 128, 200} {
+			for _, T := range []int{1, 3, 4, 5, 8, 9, 21} {
+				for _, pst := range []int{0, T, T + 3} {
+					qs, kvs, os := d+1, d+5, d+2
+					q := randSlice(r, T*qs, 1)
+					k := randSlice(r, T*kvs, 1)
+					v := randSlice(r, T*kvs, 1)
+					out := make([]float32, T*os)
+					np := 4 * T
+					if pst > 0 {
+						np = T * pst
+					}
+					probs := make([]float32, np)
+					scale := AttentionScale(d)
+					AttendCausal(out, q, k, v, T, d, os, qs, kvs, scale, probs, pst)
+					o := make([]float32, d)
+					p := make([]float32, T)
+					for i := 0; i < T; i++ {
+						AttendRow(o, q[i*qs:i*qs+d], k, v, i+1, kvs, scale, p)
+						for c := range o {
+							if math.Float32bits(o[c]) != math.Float32bits(out[i*os+c]) {
+								t.Fatalf("d=%d T=%d probStride=%d: row %d col %d: causal %v, AttendRow %v", d, T, pst, i, c, out[i*os+c], o[c])
+							}
+						}
+						if pst > 0 {
+							for j := 0; j <= i; j++ {
+								if math.Float32bits(probs[i*pst+j]) != math.Float32bits(p[j]) {
+									t.Fatalf("d=%d T=%d: probs of row %d differ at %d", d, T, i, j)
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	})
+}

@@ -99,3 +99,26 @@ func BenchmarkAttendRow(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkAttendCausal: one head's causal attention over T positions
+// (T·(T+1)/2 query-key pairs, each a d-long score and a d-long value
+// update), against the same work done as T AttendRow calls.
+func BenchmarkAttendCausal(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 9))
+	for _, d := range []int{32, 128} {
+		for _, T := range []int{128, 1024} {
+			q, k, v := randSlice(r, T*d, 1), randSlice(r, T*d, 1), randSlice(r, T*d, 1)
+			out, p := make([]float32, T*d), make([]float32, 4*T)
+			scale := AttentionScale(d)
+			pairs := T * (T + 1) / 2
+			benchPaths(b, fmt.Sprintf("d=%d/T=%d", d, T), 2*pairs*d, 8*pairs*d, func() {
+				AttendCausal(out, q, k, v, T, d, d, d, d, scale, p, 0)
+			})
+			benchPaths(b, fmt.Sprintf("d=%d/T=%d/rowloop", d, T), 2*pairs*d, 8*pairs*d, func() {
+				for i := 0; i < T; i++ {
+					AttendRow(out[i*d:i*d+d], q[i*d:i*d+d], k, v, i+1, d, scale, p)
+				}
+			})
+		}
+	}
+}
