@@ -18,6 +18,7 @@ GLOBL permidx<>(SB), RODATA|NOPTR, $64
 // with Dot's accumulators and reduction tree (the product q·k is exact, so
 // the operand order of each FMA does not matter).
 TEXT ·dotRowsQ4AVX512(SB), NOSPLIT, $0-68
+	VMOVUPS permidx<>(SB), Z29
 	MOVQ dst+0(FP), R8
 	MOVQ dstStride+8(FP), R15
 	SHLQ $2, R15
@@ -31,7 +32,6 @@ TEXT ·dotRowsQ4AVX512(SB), NOSPLIT, $0-68
 	LEAQ (R11)(R11*1), R12
 	LEAQ (R12)(R11*1), R13
 	VBROADCASTSS scale+64(FP), Z30
-	VMOVUPS permidx<>(SB), Z29
 	MOVQ R14, CX
 	ANDQ $15, CX
 	TAILMASK
