@@ -555,3 +555,31 @@ func TestNaNWeightsDoNotPanic(t *testing.T) {
 		t.Fatalf("topK with NaNs: %v, want [1 0]", ids)
 	}
 }
+
+// TestPrefixInvariance: the log-probs of a prefix are bitwise the first
+// log-probs of the whole sequence (causality with row-invariant kernels),
+// which is what lets a KV-cache decoder reproduce the training engine.
+func TestPrefixInvariance(t *testing.T) {
+	for _, moe := range []bool{false, true} {
+		c := engTinyConfig(moe, true, false)
+		m := engRandomModel(c, 101)
+		r := rand.New(rand.NewPCG(102, 103))
+		seq := engRandomSeqs(r, c.VocabSize, 75)[0]
+		full, err := New(m).Forward([][]int32{seq}, ForwardOptions{Record: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []int{1, 2, 9, 64, 65} {
+			pre, err := New(m).Forward([][]int32{seq[:n]}, ForwardOptions{Record: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !equalF32(pre.LogProbs[0], full.LogProbs[0][:n-1]) || !equalF32(pre.Entropy[0], full.Entropy[0][:n-1]) {
+				t.Errorf("moe=%v prefix %d: log-probs differ from the full sequence's", moe, n)
+			}
+			if moe && !equalI32(pre.Routes[0].IDs, full.Routes[0].IDs[:len(pre.Routes[0].IDs)]) {
+				t.Errorf("prefix %d: routes differ from the full sequence's", n)
+			}
+		}
+	}
+}
