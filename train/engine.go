@@ -62,6 +62,8 @@ type Engine struct {
 	pool  scratchPool
 	mix   arenaIndex // where each parameter sits in Model.Arena
 	gix   arenaIndex // the same for Grad.Arena
+	// noFuse forces the per-layer products (tests compare both paths).
+	noFuse bool
 }
 
 // New returns an engine for m with a zero gradient model.
@@ -132,6 +134,9 @@ func (e *Engine) Forward(seqs [][]int32, opt ForwardOptions) (*Result, error) {
 	if err := validateConfig(&e.Model.Config); err != nil {
 		return nil, err
 	}
+	if err := e.checkModels(); err != nil {
+		return nil, err
+	}
 	if err := e.validateInput(seqs, opt); err != nil {
 		return nil, err
 	}
@@ -164,6 +169,51 @@ func (e *Engine) Backward(l Loss) error {
 	}
 	e.backward(f, l)
 	return nil
+}
+
+// checkModels verifies that every parameter of Model and Grad holds the
+// data its shape needs and that Grad has Model's layout, and refreshes the
+// arena indexes when either model was replaced.
+func (e *Engine) checkModels() error {
+	if e.Model == nil || e.Grad == nil {
+		return errors.New("train: Engine has no Model or Grad (use train.New)")
+	}
+	mp, gp := e.Model.Params(), e.Grad.Params()
+	if len(mp) != len(gp) {
+		return fmt.Errorf("train: Grad has %d parameters, Model %d", len(gp), len(mp))
+	}
+	for i, p := range mp {
+		if len(p.Data) != p.Size() {
+			return fmt.Errorf("train: parameter %s has %d values for shape %v", p.Name, len(p.Data), p.Shape)
+		}
+		g := gp[i]
+		if len(g.Data) != g.Size() || !equalShape(p.Shape, g.Shape) {
+			return fmt.Errorf("train: gradient %s has shape %v and %d values, parameter has shape %v", g.Name, g.Shape, len(g.Data), p.Shape)
+		}
+	}
+	if !sameArena(e.mix.arena, e.Model.Arena) {
+		e.mix = newArenaIndex(e.Model)
+	}
+	if !sameArena(e.gix.arena, e.Grad.Arena) {
+		e.gix = newArenaIndex(e.Grad)
+	}
+	return nil
+}
+
+func equalShape(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func sameArena(a, b []float32) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 func checkShape(field string, c [][]float32, lens []int, optional bool) error {

@@ -111,8 +111,10 @@ func (e *Engine) group(ps, gs []*model.Param) linGroup {
 		g.outs = append(g.outs, p.Shape[0])
 		g.total += p.Shape[0]
 	}
-	g.fw = e.mix.span(ps)
-	g.fg = e.gix.span(gs)
+	if !e.noFuse {
+		g.fw = e.mix.span(ps)
+		g.fg = e.gix.span(gs)
+	}
 	return g
 }
 

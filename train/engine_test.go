@@ -489,7 +489,7 @@ func TestFusedProjections(t *testing.T) {
 	run := func(fused bool) (*Result, []float32) {
 		e := New(m)
 		if !fused {
-			e.mix, e.gix = arenaIndex{}, arenaIndex{}
+			e.noFuse = true
 		}
 		res, err := e.Forward(seqs, ForwardOptions{})
 		if err != nil {
@@ -581,5 +581,35 @@ func TestPrefixInvariance(t *testing.T) {
 				t.Errorf("prefix %d: routes differ from the full sequence's", n)
 			}
 		}
+	}
+}
+
+func TestModelMismatchErrors(t *testing.T) {
+	c := engTinyConfig(false, false, false)
+	m := engRandomModel(c, 111)
+	e := New(m)
+	m.Layers[1].V.Data = m.Layers[1].V.Data[:3]
+	if _, err := e.Forward([][]int32{{1, 2}}, ForwardOptions{}); err == nil || !strings.Contains(err.Error(), "model.layers.1.self_attn.v_proj.weight has 3 values") {
+		t.Errorf("short parameter: %v", err)
+	}
+	e = New(engRandomModel(c, 111))
+	e.Grad = model.New(engTinyConfig(true, true, false))
+	if _, err := e.Forward([][]int32{{1, 2}}, ForwardOptions{}); err == nil || !strings.Contains(err.Error(), "Grad has") {
+		t.Errorf("mismatched Grad: %v", err)
+	}
+	// Replacing the model (same shapes) is fine: its arena is re-indexed.
+	e = New(engRandomModel(c, 111))
+	m2 := engRandomModel(c, 112)
+	want, err := New(m2).Forward([][]int32{{1, 2, 3}}, ForwardOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Model = m2
+	got, err := e.Forward([][]int32{{1, 2, 3}}, ForwardOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !equalF32(got.LogProbs[0], want.LogProbs[0]) {
+		t.Error("replaced model: log-probs differ from a fresh engine's")
 	}
 }
