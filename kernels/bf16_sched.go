@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // The bf16 GEMM runs its tasks on long-lived worker goroutines instead of
@@ -51,6 +52,11 @@ func (t *bf16Tasks) run(j *bf16Job, n int) {
 		}
 	}
 	t.work(j, gen)
+	// The helpers still busy each finish at most one task: poll for a
+	// while rather than park, whose wake-up can cost more than the task.
+	for deadline := time.Now().Add(bf16Spin); t.done.Load() < int64(n) && time.Now().Before(deadline); {
+		runtime.Gosched()
+	}
 	<-t.finished
 }
 
@@ -104,13 +110,40 @@ func (p *bf16WorkerPool) ensure(n int) {
 	p.mu.Lock()
 	for p.started < n {
 		p.started++
-		go func() {
-			for m := range p.work {
-				m.j.tasks.work(m.j, m.gen)
-			}
-		}()
+		go p.helper()
 	}
 	p.mu.Unlock()
+}
+
+// bf16Spin is how long a helper keeps polling for the next job before it
+// parks. Waking a parked goroutine takes from microseconds to far longer on
+// a busy machine, longer than a decode step's GEMM; GEMMs come back to back
+// while the engines run, so a helper that just finished one polls briefly
+// and is there for the next.
+const bf16Spin = 200 * time.Microsecond
+
+// helper runs jobs from the channel until the process ends.
+func (p *bf16WorkerPool) helper() {
+	for {
+		var m bf16Msg
+		select {
+		case m = <-p.work:
+		default:
+			got := false
+			for deadline := time.Now().Add(bf16Spin); !got && time.Now().Before(deadline); {
+				select {
+				case m = <-p.work:
+					got = true
+				default:
+					runtime.Gosched()
+				}
+			}
+			if !got {
+				m = <-p.work
+			}
+		}
+		m.j.tasks.work(m.j, m.gen)
+	}
 }
 
 // Free lists (not sync.Pool, which the GC empties) keep jobs and scratch
