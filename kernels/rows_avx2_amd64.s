@@ -473,6 +473,11 @@ maxreduce:
 	VADDPD T, ACCHI, ACCHI
 
 // func expSumAVX2(dst, x *float32, n int, shift float32) float64
+//
+// Blocks of 16: two exp vectors are added in float32 and that sum is added
+// in float64 to Y8 (lanes 0-3) and Y9 (lanes 4-7); a leftover whole chunk
+// goes to Y8/Y9 and the masked chunk to Y10/Y11 in float64 directly. Then
+// (Y8+Y10)+(Y9+Y11) and a halving tree.
 TEXT ·expSumAVX2(SB), NOSPLIT, $0-40
 	MOVQ dst+0(FP), DI
 	MOVQ x+8(FP), SI
@@ -500,8 +505,8 @@ expsum16:
 	ADDQ $64, DI
 
 expsum16nostore:
+	VADDPS Y4, Y0, Y0
 	EXPSUMCVT2(Y0, X0, Y1, X1, Y8, Y9)
-	EXPSUMCVT2(Y4, X4, Y5, X5, Y10, Y11)
 	ADDQ $64, SI
 	DECQ BX
 	JNZ expsum16

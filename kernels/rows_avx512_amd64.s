@@ -379,9 +379,8 @@ maxreduce:
 	VZEROUPPER
 	RET
 
-// EXPSUMCHUNK512 turns the 16 floats in Z0 into exp(Z0 - shift), stores them
-// at DI when DI is not nil, and adds their float64 values into the
-// accumulators ACCLO (lanes 0-7) and ACCHI (lanes 8-15).
+// EXPSUMCVT512 adds the 16 floats of Z0 as float64 into ACCLO (lanes 0-7)
+// and ACCHI (lanes 8-15), using Z6/Z7.
 #define EXPSUMCVT512(ACCLO, ACCHI) \
 	VCVTPS2PD Y0, Z6; \
 	VADDPD Z6, ACCLO, ACCLO; \
@@ -390,6 +389,11 @@ maxreduce:
 	VADDPD Z7, ACCHI, ACCHI
 
 // func expSumAVX512(dst, x *float32, n int, shift float32) float64
+//
+// Blocks of 64: four exp vectors E0..E3 are summed in float32 as
+// (E0+E1)+(E2+E3) and that vector is added in float64 to Z8 (lanes 0-7) and
+// Z9 (lanes 8-15); whole leftover chunks and the masked chunk go to Z10/Z11
+// in float64 directly. Then (Z8+Z10)+(Z9+Z11) and a halving tree.
 TEXT ·expSumAVX512(SB), NOSPLIT, $0-40
 	MOVQ dst+0(FP), DI
 	MOVQ x+8(FP), SI
@@ -401,33 +405,46 @@ TEXT ·expSumAVX512(SB), NOSPLIT, $0-40
 	VXORPD Z10, Z10, Z10
 	VXORPD Z11, Z11, Z11
 	MOVQ CX, BX
-	SHRQ $5, BX
+	SHRQ $6, BX
 	JZ expsum16
 
-expsum32:
+expsum64:
 	VMOVUPS (SI), Z0
 	VMOVUPS 64(SI), Z3
+	VMOVUPS 128(SI), Z6
+	VMOVUPS 192(SI), Z13
 	VSUBPS Z27, Z0, Z0
 	VSUBPS Z27, Z3, Z3
+	VSUBPS Z27, Z6, Z6
+	VSUBPS Z27, Z13, Z13
 	EXP512(Z0, Z1, Z2)
 	EXP512(Z3, Z4, Z5)
+	EXP512(Z6, Z7, Z12)
+	EXP512(Z13, Z14, Z15)
 	TESTQ DI, DI
-	JZ expsum32nostore
+	JZ expsum64nostore
 	VMOVUPS Z0, (DI)
 	VMOVUPS Z3, 64(DI)
-	ADDQ $128, DI
+	VMOVUPS Z6, 128(DI)
+	VMOVUPS Z13, 192(DI)
+	ADDQ $256, DI
 
-expsum32nostore:
+expsum64nostore:
+	VADDPS Z3, Z0, Z0
+	VADDPS Z13, Z6, Z6
+	VADDPS Z6, Z0, Z0
 	EXPSUMCVT512(Z8, Z9)
-	VMOVAPS Z3, Z0
-	EXPSUMCVT512(Z10, Z11)
-	ADDQ $128, SI
+	ADDQ $256, SI
 	DECQ BX
-	JNZ expsum32
+	JNZ expsum64
 
 expsum16:
-	TESTQ $16, CX
+	MOVQ CX, BX
+	ANDQ $63, BX
+	SHRQ $4, BX
 	JZ expsummask
+
+expsum16loop:
 	VMOVUPS (SI), Z0
 	VSUBPS Z27, Z0, Z0
 	EXP512(Z0, Z1, Z2)
@@ -437,8 +454,10 @@ expsum16:
 	ADDQ $64, DI
 
 expsum16nostore:
-	EXPSUMCVT512(Z8, Z9)
+	EXPSUMCVT512(Z10, Z11)
 	ADDQ $64, SI
+	DECQ BX
+	JNZ expsum16loop
 
 expsummask:
 	ANDQ $15, CX
