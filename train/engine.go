@@ -8,32 +8,30 @@
 //
 // Every step below is computed per token row with the kernels package, so a
 // token's values depend only on its own sequence prefix, never on the other
-// sequences of the batch (batch invariance). For a token t at position pos
-// (positions restart at 0 in every sequence):
+// sequences of the batch (batch invariance). For a token at position pos
+// (positions restart at 0 in every sequence), x starts as a copy of its
+// embedding row, then each decoder layer computes:
 //
-//  1. x = Embed[token] (a copy).
-//  2. For each decoder layer:
-//     - xn = kernels.RMSNorm(x, input_layernorm, float32(eps)).
-//     - q = xn·Wqᵀ, k = xn·Wkᵀ, v = xn·Wvᵀ with kernels.Gemm (row invariant).
-//     - For each q head and k head: kernels.RMSNorm over head_dim with
-//     q_norm / k_norm, then kernels.RoPE with the tables of RopeTables.
-//     - For each query head h: kernels.AttendRow(out, q_h, K, V, pos+1,
-//     kv_heads·head_dim, kernels.AttentionScale(head_dim), probs) over the keys
-//     and values of kv head h/(heads/kv_heads) at positions 0..pos.
-//     - h = x + out·Woᵀ (float32 add, element by element).
-//     - xn2 = kernels.RMSNorm(h, post_attention_layernorm, float32(eps)).
-//     - Dense MLP: y = kernels.SwiGLU(xn2·Wgateᵀ, xn2·Wupᵀ)·Wdownᵀ.
-//     MoE: s = xn2·Wrouterᵀ, p = kernels.Softmax(s); experts I = the
-//     top-k of p (ties: lower index first) or the replayed ones, in slot
-//     order; gates g_i = p_i / S with S = ((p_I0 + p_I1) + ...) summed in
-//     slot order when norm_topk_prob, else g_i = p_i; each expert's output
-//     y_i = SwiGLU(xn2·Gateᵀ, xn2·Upᵀ)·Downᵀ; y = ((g_0·y_0) + g_1·y_1) + ...
-//     accumulated in slot order starting from g_0·y_0.
-//     - x = h + y.
-//  3. xf = kernels.RMSNorm(x, norm, float32(eps)); z = xf·LMHeadᵀ;
-//     kernels.LogSoftmax(z); log π(y) = z[y]; the entropy is
-//     -Σ_v p_v·z_v with p = kernels.Exp(z), accumulated in float64 in
-//     vocabulary order.
+//   - xn = kernels.RMSNorm(x, input_layernorm, float32(eps));
+//   - q = xn·Wqᵀ, k = xn·Wkᵀ, v = xn·Wvᵀ with kernels.Gemm (row invariant;
+//     q/k/v may run as one GEMM over adjacent weights, which gives the same
+//     bits, as every output element is the same sum in the same order);
+//   - per q head and k head: kernels.RMSNorm over head_dim with q_norm or
+//     k_norm, then kernels.RoPE with the tables of RopeTables;
+//   - per query head h: kernels.AttendRow(out, q_h, K, V, pos+1,
+//     kv_heads·head_dim, kernels.AttentionScale(head_dim), probs) over the
+//     keys and values of kv head h/(heads/kv_heads) at positions 0..pos;
+//   - h = x + out·Woᵀ (float32 add, element by element);
+//   - xn2 = kernels.RMSNorm(h, post_attention_layernorm, float32(eps));
+//   - dense MLP: x = h + kernels.SwiGLU(xn2·Wgateᵀ, xn2·Wupᵀ)·Wdownᵀ;
+//   - MoE: p = kernels.Softmax(xn2·Wrouterᵀ); the experts are TopK(p) or the
+//     replayed ones, in slot order; the gates are GateWeights(p); each
+//     expert's output is SwiGLU(xn2·Gateᵀ, xn2·Upᵀ)·Downᵀ; CombineExperts
+//     gives x = h + ((g_0·y_0) + g_1·y_1) + ... in slot order.
+//
+// Finally xf = kernels.RMSNorm(x, norm, float32(eps)), z = xf·LMHeadᵀ,
+// kernels.LogSoftmax(z) and log π(y) = z[y]; the entropy is -Σ_v p_v·z_v
+// with p = kernels.Exp(z), accumulated in float64 in vocabulary order.
 package train
 
 import (

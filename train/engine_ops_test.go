@@ -251,7 +251,7 @@ func TestGateWeightsBackward(t *testing.T) {
 		copy(p, s)
 		kernels.Softmax(p, p)
 		g := make([]float32, len(ids))
-		gateWeights(g, p, ids, norm)
+		GateWeights(g, p, ids, norm)
 		ds := make([]float32, E)
 		routerBackRow(ds, p, g, ids, dgt, auxG, norm)
 		s64 := toF64(s)

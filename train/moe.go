@@ -5,10 +5,12 @@ import (
 	"github.com/keel-rl/keel/model"
 )
 
-// topK writes into ids the k largest entries of p in descending order; ties
-// go to the lower index (as a stable descending sort would). NaNs rank
+// TopK writes into ids the len(ids) largest entries of the router
+// probabilities p in descending order; ties go to the lower index (as a
+// stable descending sort would). It is exported so the rollout engine
+// routes exactly as the training engine does. NaNs rank
 // below every number, so a diverged router still yields k distinct experts.
-func topK(ids []int32, p []float32) {
+func TopK(ids []int32, p []float32) {
 	for s := range ids {
 		best := -1
 		for e, v := range p {
@@ -29,11 +31,12 @@ func topK(ids []int32, p []float32) {
 	}
 }
 
-// gateWeights writes the gate weights of the experts ids from the full
-// router softmax p: g_i = p_i / S with S summed in slot order when norm,
-// else g_i = p_i. Replayed experts get the same formula from the live
-// probabilities, so the router receives their gradients.
-func gateWeights(g []float32, p []float32, ids []int32, norm bool) {
+// GateWeights writes the gate weights of the experts ids from the full
+// router softmax p: g_i = p_i / S with S summed in slot order when norm
+// (norm_topk_prob), else g_i = p_i. Replayed experts get the same formula
+// from the live probabilities, so the router receives their gradients.
+// Exported so the rollout engine gates bit for bit as the training engine.
+func GateWeights(g []float32, p []float32, ids []int32, norm bool) {
 	if !norm {
 		for s, id := range ids {
 			g[s] = p[id]
@@ -74,9 +77,9 @@ func (f *fwdState) moeForward(ml int, a *layerAct, L *model.Layer, out []float32
 			if r != nil {
 				copy(ids, r.At(i, ml))
 			} else {
-				topK(ids, p)
+				TopK(ids, p)
 			}
-			gateWeights(mo.gates[t*k:(t+1)*k], p, ids, c.NormTopKProb)
+			GateWeights(mo.gates[t*k:(t+1)*k], p, ids, c.NormTopKProb)
 		}
 	}
 	// Group (token, slot) pairs by expert, tokens in order.
@@ -119,25 +122,41 @@ func (f *fwdState) moeForward(ml int, a *layerAct, L *model.Layer, out []float32
 	}
 	kernels.ParallelFor(T, func(lo, hi int) {
 		acc := make([]float32, H)
+		ys := make([][]float32, k)
 		for t := lo; t < hi; t++ {
 			for s := 0; s < k; s++ {
 				r := int(mo.row[t*k+s])
-				y := mo.yg[r*H : (r+1)*H]
-				g := mo.gates[t*k+s]
-				if s == 0 {
-					for i := range acc {
-						acc[i] = g * y[i]
-					}
-				} else {
-					kernels.Axpy(g, y, acc)
-				}
+				ys[s] = mo.yg[r*H : (r+1)*H]
 			}
-			o, h := out[t*H:(t+1)*H], a.h[t*H:(t+1)*H]
-			for i := range o {
-				o[i] = h[i] + acc[i]
-			}
+			CombineExperts(out[t*H:(t+1)*H], a.h[t*H:(t+1)*H], acc, mo.gates[t*k:(t+1)*k], ys)
 		}
 	})
+}
+
+// CombineExperts writes out = h + Σ_s gates[s]·ys[s] for one token, with
+// the sum accumulated in slot order in acc (scratch of len(h)): acc =
+// gates[0]·ys[0], then acc += gates[s]·ys[s] with kernels.Axpy, then
+// out = h + acc element by element. out may alias h. Exported so the
+// rollout engine combines expert outputs bit for bit as the training
+// engine does.
+func CombineExperts(out, h, acc, gates []float32, ys [][]float32) {
+	acc = acc[:len(h)]
+	for s, y := range ys {
+		if s == 0 {
+			g := gates[0]
+			for i := range acc {
+				acc[i] = g * y[i]
+			}
+		} else {
+			kernels.Axpy(gates[s], y, acc)
+		}
+	}
+	if len(ys) == 0 {
+		clear(acc)
+	}
+	for i := range out[:len(h)] {
+		out[i] = h[i] + acc[i]
+	}
 }
 
 // moeBackward backpropagates one MoE block. dout is the gradient of the
