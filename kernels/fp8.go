@@ -63,27 +63,25 @@ func E4M3FromFloat32(x float32) E4M3 {
 // the per-row scales of QuantizeE4M3Rows a value only exceeds 448 by the
 // rounding of absmax/scale. NaN stays NaN; the sign of zero is kept.
 func RoundE4M3(x float32) float32 {
-	if x != x {
-		return x
-	}
-	a := math.Abs(float64(x))
-	var r float64
+	u := math.Float32bits(x)
+	sign, a := u&0x80000000, u&0x7fffffff
 	switch {
-	case a >= E4M3Max:
-		r = E4M3Max
-	case a < 1.0/64:
-		// Subnormal range: a multiple of 2⁻⁹. Scaling by 2⁹ is exact.
-		r = math.RoundToEven(a*512) / 512
+	case a > 0x7f800000: // NaN
+		return x
+	case a >= 0x43e00000: // |x| ≥ 448 (1.75·2⁸), Inf included: saturate
+		a = 0x43e00000
+	case a < 0x3c800000: // |x| < 2⁻⁶: subnormal e4m3, a multiple of 2⁻⁹
+		// In [2¹⁴, 2¹⁵) float32's step is 2⁻⁹, so adding 2¹⁴ rounds to
+		// nearest even at exactly the e4m3 subnormal step.
+		f := float32(math.Float32frombits(a) + 0x1p14)
+		a = math.Float32bits(f - 0x1p14)
 	default:
-		// Normal range: keep 3 mantissa bits. frac·16 is in [8, 16); values
-		// that round up to 16 carry into the next binade, which is right.
-		frac, exp := math.Frexp(a)
-		r = math.Ldexp(math.RoundToEven(frac*16), exp-4)
+		// Normal: keep 3 of float32's 23 mantissa bits, to nearest even; a
+		// carry into the exponent is right, and cannot pass 448 here.
+		a += 0x7ffff + (a>>20)&1
+		a &^= 0xfffff
 	}
-	if x < 0 || (x == 0 && math.Signbit(float64(x))) {
-		r = -r
-	}
-	return float32(r)
+	return math.Float32frombits(sign | a)
 }
 
 // QuantizeE4M3Rows quantises each row of the rows×cols matrix src (row
@@ -128,30 +126,26 @@ func FakeQuantE4M3Rows(x []float32, rows, cols, ld int) {
 	}
 }
 
-// e4m3RowScale is max|row|/448, NaN if the row holds a NaN.
+// e4m3RowScale is max|row|/448, NaN if the row holds a NaN. The maximum
+// is taken over the magnitudes' bit patterns, which order like the values
+// and put NaN above everything.
 func e4m3RowScale(row []float32) float32 {
-	var m float32
-	for _, v := range row {
-		if v != v {
-			return v
-		}
-		if v < 0 {
-			v = -v
-		}
-		if v > m {
-			m = v
-		}
+	mx, done := absMaxBitsFast(row)
+	for _, v := range row[done:] {
+		mx = max(mx, math.Float32bits(v)&0x7fffffff)
 	}
-	return m / E4M3Max
+	return math.Float32frombits(mx) / E4M3Max
 }
 
-// quantizeE4M3Row writes RoundE4M3(row[i]/s) as BF16 (zeros when s is 0).
+// quantizeE4M3Row writes RoundE4M3(row[i]/s) as BF16 (exact; a NaN stays
+// a NaN), zeros when s is 0.
 func quantizeE4M3Row(out []BF16, row []float32, s float32) {
 	if s == 0 {
-		clear(out)
+		clear(out[:len(row)])
 		return
 	}
-	for i, v := range row {
-		out[i] = BF16(math.Float32bits(RoundE4M3(v/s)) >> 16)
+	done := quantE4M3Fast(out, row, s)
+	for i := done; i < len(row); i++ {
+		out[i] = bf16FromBits(math.Float32bits(RoundE4M3(row[i] / s)))
 	}
 }

@@ -3,6 +3,7 @@ package kernels
 import (
 	"math"
 	"math/rand/v2"
+	"os"
 	"testing"
 )
 
@@ -112,6 +113,46 @@ func TestE4M3TiesAndSaturation(t *testing.T) {
 	}
 }
 
+// e4m3RoundRef is RoundE4M3 written with float64 arithmetic instead of bit
+// manipulation, as an independent reference.
+func e4m3RoundRef(x float32) float32 {
+	if x != x {
+		return x
+	}
+	a := math.Abs(float64(x))
+	var r float64
+	switch {
+	case a >= E4M3Max:
+		r = E4M3Max
+	case a < 1.0/64:
+		r = math.RoundToEven(a*512) / 512
+	default:
+		frac, exp := math.Frexp(a)
+		r = math.Ldexp(math.RoundToEven(frac*16), exp-4)
+	}
+	if math.Signbit(float64(x)) {
+		r = -r
+	}
+	return float32(r)
+}
+
+func TestE4M3AgainstFloat64Rounding(t *testing.T) {
+	check := func(u uint32) {
+		x := math.Float32frombits(u)
+		got, want := RoundE4M3(x), e4m3RoundRef(x)
+		if math.Float32bits(got) != math.Float32bits(want) && !(got != got && want != want) {
+			t.Fatalf("RoundE4M3(%#08x = %g) = %g, want %g", u, x, got, want)
+		}
+	}
+	step := uint64(251) // a sample of all float32 bit patterns
+	if os.Getenv("KEEL_LONG") != "" {
+		step = 1
+	}
+	for u := uint64(0); u < 1<<32; u += step {
+		check(uint32(u))
+	}
+}
+
 // TestE4M3AgainstNearest compares RoundE4M3 with a brute-force search of the
 // code table for random inputs.
 func TestE4M3AgainstNearest(t *testing.T) {
@@ -189,4 +230,58 @@ func TestQuantizeE4M3RowsBadShape(t *testing.T) {
 		}
 	}()
 	QuantizeE4M3Rows(make([]BF16, 4), make([]float32, 2), make([]float32, 3), 2, 2, 2)
+}
+
+// TestQuantizeE4M3Paths: the AVX-512 quantiser and abs-max give the same
+// bits as the scalar code on rows full of ties, subnormals, saturating
+// values, infinities and NaNs.
+func TestQuantizeE4M3Paths(t *testing.T) {
+	rng := rand.New(rand.NewPCG(19, 20))
+	vals, finite := e4m3Table()
+	special := func() float32 {
+		switch rng.IntN(6) {
+		case 0: // an exact tie between two e4m3 codes (before scaling by 1)
+			c := rng.IntN(0x7e)
+			if !finite[c] {
+				return 0
+			}
+			return float32((vals[c] + vals[c+1]) / 2)
+		case 1:
+			return bf16RandomF32(rng)
+		case 2:
+			return float32(rng.NormFloat64() * 0x1p-8)
+		default:
+			return float32(rng.NormFloat64() * 300)
+		}
+	}
+	saved := useAVX512
+	defer func() { useAVX512 = saved }()
+	for it := range 300 {
+		n := 1 + rng.IntN(70)
+		row := make([]float32, n)
+		for i := range row {
+			row[i] = special()
+		}
+		s := []float32{1, 0.5, 3, 1e-3, float32(rng.Float64())}[it%5]
+		var outs [2][]BF16
+		var scales [2]float32
+		for p, fast := range []bool{false, true} {
+			useAVX512 = fast && saved
+			outs[p] = make([]BF16, n)
+			quantizeE4M3Row(outs[p], row, s)
+			scales[p] = e4m3RowScale(row)
+		}
+		for i := range row {
+			if outs[0][i] != outs[1][i] {
+				t.Fatalf("x/s = %g/%g: scalar %#04x, AVX-512 %#04x", row[i], s, outs[0][i], outs[1][i])
+			}
+			want := bf16FromBits(math.Float32bits(e4m3RoundRef(row[i] / s)))
+			if outs[0][i] != want {
+				t.Fatalf("x/s = %g/%g: got %#04x, want %#04x", row[i], s, outs[0][i], want)
+			}
+		}
+		if math.Float32bits(scales[0]) != math.Float32bits(scales[1]) {
+			t.Fatalf("row scale: scalar %g, AVX-512 %g", scales[0], scales[1])
+		}
+	}
 }
