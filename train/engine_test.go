@@ -276,11 +276,21 @@ func TestBatchInvariance(t *testing.T) {
 // TestDeterministicAcrossGOMAXPROCS: forward and backward give the same bits
 // with 1 and several threads, and buffer reuse does not change them.
 func TestDeterministicAcrossGOMAXPROCS(t *testing.T) {
-	for _, moe := range []bool{false, true} {
+	for _, tc := range []struct {
+		moe, wide bool
+	}{{false, false}, {true, false}, {false, true}, {true, true}} {
+		moe := tc.moe
 		c := engTinyConfig(moe, true, false)
+		lens := []int{70, 33, 50, 3}
+		if tc.wide {
+			// Large enough that kernels.Gemm splits its work across threads.
+			c.HiddenSize, c.IntermediateSize, c.MoeIntermediateSize = 64, 192, 96
+			c.HeadDim, c.VocabSize = 16, 300
+			lens = []int{150, 70, 33, 3}
+		}
 		m := engRandomModel(c, 41)
 		r := rand.New(rand.NewPCG(42, 43))
-		seqs := engRandomSeqs(r, c.VocabSize, 70, 33, 50, 3)
+		seqs := engRandomSeqs(r, c.VocabSize, lens...)
 		lc, le := engCoefs(r, seqs), engCoefs(r, seqs)
 		run := func(procs int, e *Engine) ([]float32, []float32) {
 			old := runtime.GOMAXPROCS(procs)
