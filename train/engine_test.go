@@ -248,11 +248,21 @@ func TestRouterGradientUnderReplay(t *testing.T) {
 // TestBatchInvariance: a sequence's log-probs, entropies and routes are
 // bitwise the same alone and packed with others, in any position.
 func TestBatchInvariance(t *testing.T) {
-	for _, moe := range []bool{false, true} {
+	for _, tc := range []struct {
+		moe, wide bool
+	}{{false, false}, {true, false}, {false, true}, {true, true}} {
+		moe := tc.moe
 		c := engTinyConfig(moe, true, false)
+		lens := []int{13, 40, 7, 66}
+		if tc.wide {
+			// Large enough that kernels.Gemm splits its work across threads.
+			c.HiddenSize, c.IntermediateSize, c.MoeIntermediateSize = 64, 192, 96
+			c.HeadDim, c.VocabSize = 16, 300
+			lens = []int{13, 150, 7, 66}
+		}
 		m := engRandomModel(c, 31)
 		r := rand.New(rand.NewPCG(32, 33))
-		batch := engRandomSeqs(r, c.VocabSize, 13, 40, 7, 66)
+		batch := engRandomSeqs(r, c.VocabSize, lens...)
 		e := New(m)
 		all, err := e.Forward(batch, ForwardOptions{Record: true})
 		if err != nil {
