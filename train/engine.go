@@ -150,7 +150,8 @@ func (e *Engine) Forward(seqs [][]int32, opt ForwardOptions) (*Result, error) {
 
 // Backward accumulates into e.Grad the gradient of l with respect to every
 // parameter, using the activations saved by the last Forward. It may be
-// called more than once after one Forward.
+// called more than once after one Forward. The weights must not change
+// between the Forward and its Backward (step the optimiser afterwards).
 func (e *Engine) Backward(l Loss) error {
 	if !e.valid || e.fw == nil {
 		return errors.New("train: Backward called without a successful Forward")
