@@ -1,0 +1,106 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/keel-rl/keel/bench"
+	"github.com/keel-rl/keel/kernels"
+)
+
+func init() {
+	register(command{name: "bench", summary: "measure GEMM GFLOP/s and training tokens/s on the model presets", run: runBench})
+}
+
+type benchReport struct {
+	CPU         string              `json:"cpu_path"`
+	Threads     int                 `json:"threads"`
+	Gemm        []benchGemmRow      `json:"gemm"`
+	PeakGFLOPS  float64             `json:"peak_gflops_f32_1024"`
+	Train       []bench.TrainResult `json:"train"`
+	Utilisation map[string]float64  `json:"mfu"`
+}
+
+type benchGemmRow struct {
+	M, K, N int
+	F32     float64 `json:"f32_gflops"`
+	BF16    float64 `json:"bf16_gflops"`
+}
+
+func runBench(args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	presets := fs.String("presets", "tiny-dense,tiny-moe,small-moe", "comma-separated model presets to time")
+	vocab := fs.Int("vocab", 128, "vocabulary size of the benchmarked models")
+	seqs := fs.Int("seqs", 16, "sequences per training step")
+	seqLen := fs.Int("len", 128, "tokens per sequence")
+	dur := fs.Duration("time", 2*time.Second, "time spent on each measurement")
+	quick := fs.Bool("quick", false, "short measurements (0.3 s each): a smoke test, not a benchmark")
+	noGemm := fs.Bool("no-gemm", false, "skip the GEMM table (utilisation is then not reported)")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *quick {
+		*dur = 300 * time.Millisecond
+	}
+	if *seqLen < 2 || *seqs < 1 {
+		return fmt.Errorf("--len must be at least 2 and --seqs at least 1")
+	}
+	rep := benchReport{CPU: kernels.Features(), Threads: runtime.GOMAXPROCS(0), Utilisation: map[string]float64{}}
+	if !*noGemm {
+		for _, s := range bench.GemmShapes {
+			row := benchGemmRow{M: s.M, K: s.K, N: s.N}
+			row.F32 = kernels.BenchGemm(s.M, s.K, s.N, *dur)
+			row.BF16 = kernels.BenchGemmBF16(s.M, s.K, s.N, *dur)
+			if s == (bench.GemmShape{M: 1024, K: 1024, N: 1024}) {
+				rep.PeakGFLOPS = row.F32
+			}
+			rep.Gemm = append(rep.Gemm, row)
+		}
+	}
+	for _, p := range strings.Split(*presets, ",") {
+		r, err := bench.Train(strings.TrimSpace(p), *vocab, *seqs, *seqLen, *dur)
+		if err != nil {
+			return err
+		}
+		rep.Train = append(rep.Train, r)
+		if rep.PeakGFLOPS > 0 {
+			rep.Utilisation[r.Preset] = r.TrainGFLOPS / rep.PeakGFLOPS
+		}
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	fmt.Printf("keel bench: kernels %s, %d threads\n\n", rep.CPU, rep.Threads)
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	if len(rep.Gemm) > 0 {
+		fmt.Fprintln(w, "GEMM M\tK\tN\tf32 GFLOP/s\tbf16 GFLOP/s\tbf16/f32\t")
+		for _, g := range rep.Gemm {
+			fmt.Fprintf(w, "%d\t%d\t%d\t%.1f\t%.1f\t%.2fx\t\n", g.M, g.K, g.N, g.F32, g.BF16, g.BF16/g.F32)
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "model\tparams\ttokens/step\tforward tok/s\ttrain tok/s\ttrain GFLOP/s\tMFU\t\n")
+	for _, r := range rep.Train {
+		mfu := "-"
+		if u, ok := rep.Utilisation[r.Preset]; ok {
+			mfu = fmt.Sprintf("%.0f%%", 100*u)
+		}
+		fmt.Fprintf(w, "%s\t%d\t%d\t%.0f\t%.0f\t%.1f\t%s\t\n", r.Preset, r.Params, r.Tokens, r.FwdTokensPerS, r.TokensPerS, r.TrainGFLOPS, mfu)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if rep.PeakGFLOPS > 0 {
+		fmt.Printf("\nMFU: model FLOPs of a training step (3 × forward, GEMMs and attention) per second over keel's float32 GEMM at 1024³ (%.1f GFLOP/s) in this run.\n", rep.PeakGFLOPS)
+	}
+	return nil
+}
