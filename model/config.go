@@ -11,7 +11,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/keel-rl/keel/safetensors"
+	"github.com/keel-rl/keel/internal/atomicfile"
 )
 
 // The Hugging Face architectures keel implements.
@@ -523,7 +523,7 @@ func (c Config) WriteFile(path, torchDType string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	return safetensors.AtomicWrite(path, func(w io.Writer) error {
+	return atomicfile.Write(path, func(w io.Writer) error {
 		_, err := w.Write(b)
 		return err
 	})

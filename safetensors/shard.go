@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/keel-rl/keel/internal/atomicfile"
 )
 
 // The file names Hugging Face uses for single-file and sharded checkpoints.
@@ -99,7 +101,7 @@ func WriteSharded(dir string, tensors []Tensor, dtype DType, maxShardBytes int64
 	if err != nil {
 		return nil, err
 	}
-	err = AtomicWrite(filepath.Join(dir, IndexFileName), func(w io.Writer) error {
+	err = atomicfile.Write(filepath.Join(dir, IndexFileName), func(w io.Writer) error {
 		_, err := w.Write(append(js, '\n'))
 		return err
 	})

@@ -1,16 +1,15 @@
 package safetensors
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math"
-	"os"
-	"path/filepath"
 	"strconv"
+
+	"github.com/keel-rl/keel/internal/atomicfile"
 )
 
 // Tensor is a named float32 tensor to write.
@@ -24,13 +23,13 @@ type Tensor struct {
 // to dtype (F32, or BF16 rounded to nearest even). Tensors are laid out in
 // the order given. metadata becomes the "__metadata__" object (Hugging Face
 // transformers expects {"format": "pt"}). The write is crash safe: the file
-// appears at path complete or not at all (see AtomicWrite).
+// appears at path complete or not at all (see atomicfile.Write).
 func WriteFile(path string, tensors []Tensor, dtype DType, metadata map[string]string) error {
 	hdr, err := encodeHeader(tensors, dtype, metadata)
 	if err != nil {
 		return fmt.Errorf("%s: %v", path, err)
 	}
-	return AtomicWrite(path, func(w io.Writer) error {
+	return atomicfile.Write(path, func(w io.Writer) error {
 		if _, err := w.Write(hdr); err != nil {
 			return err
 		}
@@ -145,59 +144,5 @@ func writeData(w io.Writer, buf []byte, src []float32, dtype DType) error {
 			return err
 		}
 	}
-	return nil
-}
-
-// AtomicWrite creates path with the bytes write produces, crash safe: it
-// writes a temporary file in the same directory, fsyncs it, renames it over
-// path and fsyncs the directory. After a crash path holds either its old
-// content or the new one, never a torn mix; a stray temporary file
-// (".NAME.tmp-*") may remain.
-func AtomicWrite(path string, write func(w io.Writer) error) (err error) {
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	tmp, err := os.CreateTemp(dir, "."+base+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	bw := bufio.NewWriterSize(tmp, 1<<20)
-	if err = write(bw); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	if err = bw.Flush(); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	if err = tmp.Chmod(0o644); err != nil {
-		return err
-	}
-	if err = tmp.Sync(); err != nil {
-		return fmt.Errorf("%s: fsync: %w", path, err)
-	}
-	if err = tmp.Close(); err != nil {
-		return err
-	}
-	if err = os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	return syncDir(dir)
-}
-
-// syncDir fsyncs a directory so a rename in it survives a crash. Some
-// systems cannot fsync directories; that is not an error.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return nil
-	}
-	defer d.Close()
-	_ = d.Sync() // best effort: not every file system syncs directories
 	return nil
 }

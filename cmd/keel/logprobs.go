@@ -9,8 +9,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 
+	"github.com/keel-rl/keel/internal/atomicfile"
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/train"
 )
@@ -89,7 +89,7 @@ func runLogprobs(args []string) error {
 		}
 		return w.Flush()
 	}
-	return lpWriteAtomic(*out, func(w io.Writer) error { return lpScore(w, m, seqs, *batchTokens) })
+	return atomicfile.Write(*out, func(w io.Writer) error { return lpScore(w, m, seqs, *batchTokens) })
 }
 
 // lpReadInput reads and validates every line before any work, so that a bad
@@ -187,37 +187,4 @@ func lpScore(w io.Writer, m *model.Model, seqs [][]int32, batchTokens int) error
 		lo = hi
 	}
 	return nil
-}
-
-// lpWriteAtomic writes path through a temporary file in the same directory,
-// renamed into place only when complete, so an interrupted run never leaves
-// a truncated output behind.
-func lpWriteAtomic(path string, write func(io.Writer) error) (err error) {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	bw := bufio.NewWriter(tmp)
-	if err = write(bw); err != nil {
-		return err
-	}
-	if err = bw.Flush(); err != nil {
-		return err
-	}
-	if err = tmp.Chmod(0o644); err != nil {
-		return err
-	}
-	if err = tmp.Sync(); err != nil {
-		return err
-	}
-	if err = tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }
