@@ -73,8 +73,9 @@ func Train(preset string, vocab, seqs, seqLen int, d time.Duration) (TrainResult
 		if err := eng.Backward(train.Loss{LogProb: coef}); err != nil {
 			return err
 		}
-		train.ClipGradNorm(eng.Grad.Arena, 1.0)
-		return opt.Update(m.Arena, eng.Grad.Arena, 1e-5)
+		// Clipping folded into the update, as an RL step does it.
+		norm := train.GradNorm(eng.Grad.Arena)
+		return opt.UpdateScaled(m.Arena, eng.Grad.Arena, 1e-5, train.ClipCoef(norm, 1.0))
 	}
 	tokens := seqs * seqLen
 	res := TrainResult{Preset: preset, Params: m.NumParams(), Tokens: tokens, FwdFLOPs: train.FLOPsPerToken(cfg, seqLen)}

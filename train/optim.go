@@ -51,8 +51,21 @@ type AdamW struct {
 	M, V   []float32 // first and second moments, one entry per arena element
 	Step   int64     // number of updates applied so far
 
-	decay []bool // per arena element: apply weight decay
+	// chunks cut the arena into pieces of at most adamChunk elements, each
+	// inside one parameter, so that a piece has one decay setting and the
+	// pieces can be updated in parallel.
+	chunks []adamChunk
 }
+
+// adamChunk is a run of arena elements sharing a weight-decay setting.
+type adamChunk struct {
+	off, n int
+	decay  bool
+}
+
+// adamChunkElems bounds a chunk: large enough to amortise the call, small
+// enough to balance two or more threads.
+const adamChunkElems = 1 << 15
 
 // NewAdamW returns an optimiser with zero moments for m's parameters.
 func NewAdamW(m *model.Model, cfg AdamWConfig) (*AdamW, error) {
@@ -60,20 +73,25 @@ func NewAdamW(m *model.Model, cfg AdamWConfig) (*AdamW, error) {
 		return nil, err
 	}
 	o := &AdamW{Config: cfg, M: make([]float32, len(m.Arena)), V: make([]float32, len(m.Arena))}
-	o.decay = make([]bool, len(m.Arena))
 	off := 0
 	for _, p := range m.Params() {
-		n := p.Size()
-		d := cfg.DecayVectors || len(p.Shape) > 1
-		for i := off; i < off+n; i++ {
-			o.decay[i] = d
-		}
-		off += n
+		decay := cfg.DecayVectors || len(p.Shape) > 1
+		o.chunks = appendChunks(o.chunks, off, p.Size(), decay)
+		off += p.Size()
 	}
 	if off != len(m.Arena) {
 		return nil, fmt.Errorf("adamw: parameters cover %d of %d arena elements", off, len(m.Arena))
 	}
 	return o, nil
+}
+
+// appendChunks cuts the n elements at off into chunks of at most
+// adamChunkElems.
+func appendChunks(cs []adamChunk, off, n int, decay bool) []adamChunk {
+	for lo := 0; lo < n; lo += adamChunkElems {
+		cs = append(cs, adamChunk{off: off + lo, n: min(adamChunkElems, n-lo), decay: decay})
+	}
+	return cs
 }
 
 // Update applies one AdamW step with learning rate lr to params using grads
@@ -84,11 +102,23 @@ func NewAdamW(m *model.Model, cfg AdamWConfig) (*AdamW, error) {
 //	m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²
 //	p ← p − lr · (m/(1−β1^t)) / (sqrt(v/(1−β2^t)) + eps)
 //
-// Arithmetic is done in float64 per element and stored as float32; every
-// element is independent, so the result does not depend on GOMAXPROCS.
+// The per-step constants are computed in float64, the per-element
+// arithmetic in float32 by kernels.AdamW (as torch does for float32
+// parameters). Every element is independent, so the result does not depend
+// on GOMAXPROCS.
 func (o *AdamW) Update(params, grads []float32, lr float64) error {
-	if len(o.V) != len(o.M) || len(o.decay) != len(o.M) {
-		return fmt.Errorf("adamw: state has %d first moments, %d second moments for %d parameters (restored from a different model?)", len(o.M), len(o.V), len(o.decay))
+	return o.UpdateScaled(params, grads, lr, 1)
+}
+
+// UpdateScaled is Update with every gradient multiplied by gradScale first,
+// without modifying grads: pass ClipCoef's coefficient to clip the global
+// gradient norm at no extra pass over the gradients.
+func (o *AdamW) UpdateScaled(params, grads []float32, lr, gradScale float64) error {
+	if len(o.V) != len(o.M) {
+		return fmt.Errorf("adamw: state has %d first moments and %d second moments (restored from a different model?)", len(o.M), len(o.V))
+	}
+	if n := chunksLen(o.chunks); n != len(o.M) {
+		return fmt.Errorf("adamw: state has %d moments for an optimiser built for %d parameters (restored from a different model?)", len(o.M), n)
 	}
 	if len(params) != len(o.M) || len(grads) != len(o.M) {
 		return fmt.Errorf("adamw: %d parameters and %d gradients for an optimiser of %d", len(params), len(grads), len(o.M))
@@ -96,29 +126,46 @@ func (o *AdamW) Update(params, grads []float32, lr float64) error {
 	if math.IsNaN(lr) || math.IsInf(lr, 0) || lr < 0 {
 		return fmt.Errorf("adamw: learning rate %g, want a finite value >= 0", lr)
 	}
+	if math.IsNaN(gradScale) || math.IsInf(gradScale, 0) || gradScale < 0 {
+		return fmt.Errorf("adamw: gradient scale %g, want a finite value >= 0", gradScale)
+	}
 	o.Step++
 	c := o.Config
 	t := float64(o.Step)
 	bc1 := 1 - math.Pow(c.Beta1, t)
 	bc2 := 1 - math.Pow(c.Beta2, t)
-	decay := 1 - lr*c.WeightDecay
-	const chunk = 4096
-	kernels.ParallelFor((len(params)+chunk-1)/chunk, func(lo, hi int) {
-		end := min(hi*chunk, len(params))
-		for i := lo * chunk; i < end; i++ {
-			p := float64(params[i])
-			if o.decay[i] {
-				p *= decay
+	base := kernels.AdamWStep{
+		GradScale:  float32(gradScale),
+		Decay:      1,
+		Beta1:      float32(c.Beta1),
+		OneMinusB1: float32(1 - c.Beta1),
+		Beta2:      float32(c.Beta2),
+		OneMinusB2: float32(1 - c.Beta2),
+		StepSize:   float32(lr / bc1),
+		InvSqrtBC2: float32(1 / math.Sqrt(bc2)),
+		Eps:        float32(c.Eps),
+	}
+	decayed := base
+	decayed.Decay = float32(1 - lr*c.WeightDecay)
+	kernels.ParallelFor(len(o.chunks), func(lo, hi int) {
+		for _, ch := range o.chunks[lo:hi] {
+			s := base
+			if ch.decay {
+				s = decayed
 			}
-			g := float64(grads[i])
-			m := c.Beta1*float64(o.M[i]) + (1-c.Beta1)*g
-			v := c.Beta2*float64(o.V[i]) + (1-c.Beta2)*g*g
-			o.M[i], o.V[i] = float32(m), float32(v)
-			p -= lr * (m / bc1) / (math.Sqrt(v/bc2) + c.Eps)
-			params[i] = float32(p)
+			e := ch.off + ch.n
+			kernels.AdamW(params[ch.off:e], grads[ch.off:e], o.M[ch.off:e], o.V[ch.off:e], s)
 		}
 	})
 	return nil
+}
+
+func chunksLen(cs []adamChunk) int {
+	if len(cs) == 0 {
+		return 0
+	}
+	last := cs[len(cs)-1]
+	return last.off + last.n
 }
 
 // normBlock is the fixed block size of GradNorm's two-level sum; the order of
@@ -126,19 +173,15 @@ func (o *AdamW) Update(params, grads []float32, lr float64) error {
 const normBlock = 8192
 
 // GradNorm returns the Euclidean norm of g, accumulated in float64 in a fixed
-// order: each block of normBlock elements is summed left to right (blocks in
-// parallel), then the block sums left to right. The value is therefore
-// deterministic and independent of GOMAXPROCS.
+// order: each block of normBlock elements is summed by kernels.SumSquares
+// (blocks in parallel), then the block sums left to right. The value is
+// therefore deterministic and independent of GOMAXPROCS.
 func GradNorm(g []float32) float64 {
 	nb := (len(g) + normBlock - 1) / normBlock
 	partial := make([]float64, nb)
 	kernels.ParallelFor(nb, func(lo, hi int) {
 		for b := lo; b < hi; b++ {
-			var s float64
-			for _, v := range g[b*normBlock : min((b+1)*normBlock, len(g))] {
-				s += float64(v) * float64(v)
-			}
-			partial[b] = s
+			partial[b] = kernels.SumSquares(g[b*normBlock : min((b+1)*normBlock, len(g))])
 		}
 	})
 	var s float64
@@ -148,23 +191,33 @@ func GradNorm(g []float32) float64 {
 	return math.Sqrt(s)
 }
 
-// ClipGradNorm scales g in place so that its norm is at most maxNorm, like
-// torch.nn.utils.clip_grad_norm_: coefficient maxNorm/(norm+1e-6), applied
-// only when it is below 1. It returns the norm before clipping, which is what
-// runs log. maxNorm <= 0 disables clipping. A non-finite norm leaves g
-// untouched; the caller should skip the step.
+// ClipCoef returns the factor that brings a gradient of the given norm to
+// at most maxNorm, as torch.nn.utils.clip_grad_norm_ computes it:
+// maxNorm/(norm+1e-6) when that is below 1, else 1. maxNorm <= 0 disables
+// clipping (1). A non-finite norm gives 1 too: the caller should skip the
+// step instead.
+func ClipCoef(norm, maxNorm float64) float64 {
+	if maxNorm <= 0 || math.IsNaN(norm) || math.IsInf(norm, 0) {
+		return 1
+	}
+	return min(1, maxNorm/(norm+1e-6))
+}
+
+// ClipGradNorm scales g in place so that its norm is at most maxNorm (see
+// ClipCoef) and returns the norm before clipping, which is what runs log.
+// A non-finite norm leaves g untouched; the caller should skip the step.
+// AdamW.UpdateScaled with ClipCoef does the same without writing g.
 func ClipGradNorm(g []float32, maxNorm float64) float64 {
 	norm := GradNorm(g)
-	if maxNorm <= 0 || math.IsNaN(norm) || math.IsInf(norm, 0) {
-		return norm
-	}
-	coef := maxNorm / (norm + 1e-6)
+	coef := ClipCoef(norm, maxNorm)
 	if coef >= 1 {
 		return norm
 	}
 	c := float32(coef)
-	for i := range g {
-		g[i] *= c
-	}
+	nb := (len(g) + normBlock - 1) / normBlock
+	kernels.ParallelFor(nb, func(lo, hi int) {
+		x := g[lo*normBlock : min(hi*normBlock, len(g))]
+		kernels.Scale(x, x, c)
+	})
 	return norm
 }

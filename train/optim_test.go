@@ -17,7 +17,7 @@ func optimCloseRel(got, want, tol float64) bool {
 // comments) with β1 = 0.9, β2 = 0.999, eps = 1e-8, λ = 0.1, lr = 0.1.
 func TestAdamWTwoStepsByHand(t *testing.T) {
 	cfg := AdamWConfig{Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.1}
-	o := &AdamW{Config: cfg, M: make([]float32, 3), V: make([]float32, 3), decay: []bool{true, true, true}}
+	o := &AdamW{Config: cfg, M: make([]float32, 3), V: make([]float32, 3), chunks: []adamChunk{{off: 0, n: 3, decay: true}}}
 	p := []float32{1, -2, 0.5}
 	// Step 1: p ← 0.99·p = (0.99, −1.98, 0.495); m = 0.1·g; v = 0.001·g²;
 	// m̂ = g, v̂ = g², so the update is lr·g/(|g|+eps):
@@ -197,5 +197,46 @@ func TestSchedules(t *testing.T) {
 		if err := bad.Validate(); err == nil {
 			t.Errorf("%+v accepted", bad)
 		}
+	}
+}
+
+// UpdateScaled with ClipCoef must equal ClipGradNorm then Update, bit for
+// bit, and leave the gradients untouched.
+func TestUpdateScaledEqualsClipThenUpdate(t *testing.T) {
+	m := optimTinyModel()
+	g := make([]float32, len(m.Arena))
+	for i := range g {
+		g[i] = float32(math.Sin(float64(3*i+1))) * 2
+	}
+	a, b := m.Clone(), m.Clone()
+	oa, _ := NewAdamW(a, DefaultAdamWConfig())
+	ob, _ := NewAdamW(b, DefaultAdamWConfig())
+	ga := append([]float32(nil), g...)
+	norm := GradNorm(ga)
+	if err := oa.UpdateScaled(a.Arena, ga, 0.01, ClipCoef(norm, 0.5)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range g {
+		if ga[i] != g[i] {
+			t.Fatalf("UpdateScaled modified gradient %d", i)
+		}
+	}
+	gb := append([]float32(nil), g...)
+	if n := ClipGradNorm(gb, 0.5); n != norm {
+		t.Fatalf("norms differ: %v %v", n, norm)
+	}
+	if err := ob.Update(b.Arena, gb, 0.01); err != nil {
+		t.Fatal(err)
+	}
+	for i := range a.Arena {
+		if a.Arena[i] != b.Arena[i] || oa.M[i] != ob.M[i] || oa.V[i] != ob.V[i] {
+			t.Fatalf("element %d differs: %v vs %v", i, a.Arena[i], b.Arena[i])
+		}
+	}
+	if c := ClipCoef(norm, 0.5); !(c < 1) {
+		t.Fatalf("test gradient was not clipped (coef %v)", c)
+	}
+	if ClipCoef(math.Inf(1), 1) != 1 || ClipCoef(1, 0) != 1 || ClipCoef(0.5, 1) != 1 {
+		t.Error("ClipCoef: want 1 for infinite norm, disabled clipping and small norm")
 	}
 }
