@@ -153,6 +153,69 @@ func GemmPacked(m int, a []float32, lda int, pb *PackedB, c []float32, ldc int, 
 	p.do()
 }
 
+// GemmTask is one product of a GemmBatch, with Gemm's arguments.
+type GemmTask struct {
+	TransA, TransB bool
+	M, N, K        int
+	A              []float32
+	LDA            int
+	B              []float32
+	LDB            int
+	C              []float32
+	LDC            int
+	Accumulate     bool
+}
+
+// Run computes the task with Gemm.
+func (t *GemmTask) Run() {
+	Gemm(t.TransA, t.TransB, t.M, t.N, t.K, t.A, t.LDA, t.B, t.LDB, t.C, t.LDC, t.Accumulate)
+}
+
+// GemmBatch computes independent products, each exactly as Gemm would
+// (the same bits). It exists for mixture-of-experts layers: a few dozen
+// products of a few hundred rows each split poorly across threads, so when
+// there are at least two products per thread GemmBatch gives whole products
+// to threads instead, largest first, each running single-threaded. The
+// tasks must write disjoint parts of C and must not write what another
+// task reads.
+func GemmBatch(tasks []GemmTask) {
+	for i := range tasks {
+		t := &tasks[i]
+		gemmCheckA("GemmBatch", t.TransA, t.M, t.K, t.A, t.LDA)
+		gemmCheckB("GemmBatch", t.TransB, t.N, t.K, t.B, t.LDB)
+		gemmCheckC("GemmBatch", t.M, t.N, t.C, t.LDC)
+	}
+	nw := runtime.GOMAXPROCS(0)
+	if nw == 1 || len(tasks) < 2*nw || !gemmWorkers.mu.TryLock() {
+		for i := range tasks {
+			tasks[i].Run()
+		}
+		return
+	}
+	g := &gemmWorkers
+	ar := gemmCurrent()
+	g.batch = g.batch[:0]
+	for i := range tasks {
+		t := &tasks[i]
+		p := gemmProblem{
+			arch: ar, transA: t.TransA, transB: t.TransB,
+			m: t.M, n: t.N, k: t.K, a: t.A, lda: t.LDA, b: t.B, ldb: t.LDB, c: t.C, ldc: t.LDC,
+			accumulate: t.Accumulate,
+		}
+		if p.m > 0 && p.n > 0 {
+			g.batch = append(g.batch, p)
+		}
+	}
+	// Largest first, so the last products to start are the short ones.
+	b := g.batch
+	for i := 1; i < len(b); i++ {
+		for j := i; j > 0 && b[j].work() > b[j-1].work(); j-- {
+			b[j], b[j-1] = b[j-1], b[j]
+		}
+	}
+	g.runBatch(min(nw, len(b)))
+}
+
 func gemmCheckA(fn string, transA bool, m, k int, a []float32, lda int) {
 	if m < 0 || k < 0 {
 		panic(fmt.Sprintf("kernels.%s: negative size m=%d k=%d", fn, m, k))
@@ -272,6 +335,28 @@ func (p *gemmProblem) do() {
 	gemmBufs.Put(buf)
 }
 
+// work is the product's size in multiply-adds.
+func (p *gemmProblem) work() int { return p.m * p.n * p.k }
+
+// serial computes the whole product on the calling goroutine with buf.
+func (p *gemmProblem) serial(buf *gemmBuf) {
+	if p.m == 0 || p.n == 0 {
+		return
+	}
+	if p.k == 0 {
+		if !p.accumulate {
+			for i := 0; i < p.m; i++ {
+				clear(p.c[i*p.ldc : i*p.ldc+p.n])
+			}
+		}
+		return
+	}
+	p.plan(1)
+	for it := 0; it < p.rowItems*p.colItems; it++ {
+		p.runItem(it, buf)
+	}
+}
+
 // gemmBuf is one goroutine's packing space.
 type gemmBuf struct {
 	a, b, tile []float32
@@ -382,11 +467,15 @@ type gemmPool struct {
 	started int
 	work    chan *gemmJob
 	job     gemmJob
-	buf     gemmBuf // the caller's buffers while it holds mu
+	buf     gemmBuf       // the caller's buffers while it holds mu
+	batch   []gemmProblem // GemmBatch's products while it holds mu
 }
 
+// gemmJob is what the pool works on: the items of one product, or, when
+// batch is set, whole products of a batch, one per item.
 type gemmJob struct {
 	p     gemmProblem
+	batch []gemmProblem
 	items int
 	next  atomic.Int64
 	wg    sync.WaitGroup
@@ -400,12 +489,38 @@ func (j *gemmJob) drain(buf *gemmBuf) {
 		if it >= j.items {
 			return
 		}
+		if j.batch != nil {
+			j.batch[it].serial(buf)
+			continue
+		}
 		j.p.runItem(it, buf)
 	}
 }
 
 // run executes p on the caller and nw-1 helpers; the caller holds g.mu.
 func (g *gemmPool) run(p *gemmProblem, nw int) {
+	j := &g.job
+	j.p = *p
+	j.items = p.rowItems * p.colItems
+	g.start(nw)
+	j.p = gemmProblem{} // drop references to the caller's slices
+	g.mu.Unlock()
+}
+
+// runBatch executes the products in g.batch, whole, on the caller and
+// nw-1 helpers; the caller holds g.mu.
+func (g *gemmPool) runBatch(nw int) {
+	j := &g.job
+	j.batch = g.batch
+	j.items = len(g.batch)
+	g.start(nw)
+	j.batch = nil
+	clear(g.batch) // drop references to the caller's slices
+	g.mu.Unlock()
+}
+
+// start runs g.job on the caller and nw-1 helpers and waits for it.
+func (g *gemmPool) start(nw int) {
 	for g.started < nw-1 {
 		g.started++
 		go func() {
@@ -417,8 +532,6 @@ func (g *gemmPool) run(p *gemmProblem, nw int) {
 		}()
 	}
 	j := &g.job
-	j.p = *p
-	j.items = p.rowItems * p.colItems
 	j.next.Store(0)
 	j.wg.Add(nw - 1)
 	for i := 0; i < nw-1; i++ {
@@ -426,8 +539,6 @@ func (g *gemmPool) run(p *gemmProblem, nw int) {
 	}
 	j.drain(&g.buf)
 	j.wg.Wait()
-	j.p = gemmProblem{} // drop references to the caller's slices
-	g.mu.Unlock()
 }
 
 // gemmRef is the plain triple loop: the reference the fast paths are tested

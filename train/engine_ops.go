@@ -118,13 +118,18 @@ func (e *Engine) group(ps, gs []*model.Param) linGroup {
 	return g
 }
 
+// forwardTask is forward as one product, when the group is fused.
+func (g *linGroup) forwardTask(y []float32, ldy int, x []float32, ldx, rows int) (kernels.GemmTask, bool) {
+	return kernels.GemmTask{TransB: true, M: rows, N: g.total, K: g.in, A: x, LDA: ldx, B: g.fw, LDB: g.in, C: y, LDC: ldy}, g.fw != nil
+}
+
 // forward computes y[:, 0:total] = x·Wᵀ for rows rows (row strides ldx, ldy).
 func (g *linGroup) forward(y []float32, ldy int, x []float32, ldx, rows int) {
 	if rows == 0 {
 		return
 	}
-	if g.fw != nil {
-		kernels.Gemm(false, true, rows, g.total, g.in, x, ldx, g.fw, g.in, y, ldy, false)
+	if t, ok := g.forwardTask(y, ldy, x, ldx, rows); ok {
+		t.Run()
 		return
 	}
 	c := 0
@@ -134,13 +139,18 @@ func (g *linGroup) forward(y []float32, ldy int, x []float32, ldx, rows int) {
 	}
 }
 
+// backXTask is backX as one product, when the group is fused.
+func (g *linGroup) backXTask(dx []float32, ldx int, dy []float32, ldy, rows int, acc bool) (kernels.GemmTask, bool) {
+	return kernels.GemmTask{M: rows, N: g.in, K: g.total, A: dy, LDA: ldy, B: g.fw, LDB: g.in, C: dx, LDC: ldx, Accumulate: acc}, g.fw != nil
+}
+
 // backX computes dx (+)= dy·W.
 func (g *linGroup) backX(dx []float32, ldx int, dy []float32, ldy, rows int, acc bool) {
 	if rows == 0 {
 		return
 	}
-	if g.fw != nil {
-		kernels.Gemm(false, false, rows, g.in, g.total, dy, ldy, g.fw, g.in, dx, ldx, acc)
+	if t, ok := g.backXTask(dx, ldx, dy, ldy, rows, acc); ok {
+		t.Run()
 		return
 	}
 	c := 0
@@ -150,14 +160,19 @@ func (g *linGroup) backX(dx []float32, ldx int, dy []float32, ldy, rows int, acc
 	}
 }
 
+// backWTask is backW as one product, when the group's gradients are fused.
+func (g *linGroup) backWTask(dy []float32, ldy int, x []float32, ldx, rows int) (kernels.GemmTask, bool) {
+	return kernels.GemmTask{TransA: true, M: g.total, N: g.in, K: rows, A: dy, LDA: ldy, B: x, LDB: ldx, C: g.fg, LDC: g.in, Accumulate: true}, g.fg != nil
+}
+
 // backW accumulates dW += dyᵀ·x; the sum over rows is one GEMM reduction,
 // whose order depends only on rows: deterministic.
 func (g *linGroup) backW(dy []float32, ldy int, x []float32, ldx, rows int) {
 	if rows == 0 {
 		return
 	}
-	if g.fg != nil {
-		kernels.Gemm(true, false, g.total, g.in, rows, dy, ldy, x, ldx, g.fg, g.in, true)
+	if t, ok := g.backWTask(dy, ldy, x, ldx, rows); ok {
+		t.Run()
 		return
 	}
 	c := 0
@@ -167,29 +182,44 @@ func (g *linGroup) backW(dy []float32, ldy int, x []float32, ldx, rows int) {
 	}
 }
 
-// linear computes y = x·Wᵀ for rows×in x and out×in W (Hugging Face layout).
+// linearTask is y = x·Wᵀ for rows×in x and out×in W (Hugging Face layout).
+func linearTask(y, x, w []float32, rows, in, out int) kernels.GemmTask {
+	return kernels.GemmTask{TransB: true, M: rows, N: out, K: in, A: x, LDA: in, B: w, LDB: in, C: y, LDC: out}
+}
+
+// linearBackXTask is dx (+)= dy·W.
+func linearBackXTask(dx, dy, w []float32, rows, in, out int, acc bool) kernels.GemmTask {
+	return kernels.GemmTask{M: rows, N: in, K: out, A: dy, LDA: out, B: w, LDB: in, C: dx, LDC: in, Accumulate: acc}
+}
+
+// linearBackWTask is dW += dyᵀ·x. The sum runs over rows inside one GEMM
+// reduction, whose order depends only on rows: deterministic.
+func linearBackWTask(dw, dy, x []float32, rows, in, out int) kernels.GemmTask {
+	return kernels.GemmTask{TransA: true, M: out, N: in, K: rows, A: dy, LDA: out, B: x, LDB: in, C: dw, LDC: in, Accumulate: true}
+}
+
+// linear computes y = x·Wᵀ (see linearTask).
 func linear(y, x, w []float32, rows, in, out int) {
-	if rows == 0 {
-		return
+	if rows > 0 {
+		t := linearTask(y, x, w, rows, in, out)
+		t.Run()
 	}
-	kernels.Gemm(false, true, rows, out, in, x, in, w, in, y, out, false)
 }
 
 // linearBackX computes dx (+)= dy·W.
 func linearBackX(dx, dy, w []float32, rows, in, out int, acc bool) {
-	if rows == 0 {
-		return
+	if rows > 0 {
+		t := linearBackXTask(dx, dy, w, rows, in, out, acc)
+		t.Run()
 	}
-	kernels.Gemm(false, false, rows, in, out, dy, out, w, in, dx, in, acc)
 }
 
-// linearBackW accumulates dW += dyᵀ·x. The sum runs over rows inside one
-// GEMM reduction, whose order depends only on rows: deterministic.
+// linearBackW accumulates dW += dyᵀ·x.
 func linearBackW(dw, dy, x []float32, rows, in, out int) {
-	if rows == 0 {
-		return
+	if rows > 0 {
+		t := linearBackWTask(dw, dy, x, rows, in, out)
+		t.Run()
 	}
-	kernels.Gemm(true, false, out, in, rows, dy, out, x, in, dw, in, true)
 }
 
 // normRows applies kernels.RMSNorm to each of rows rows of length n,

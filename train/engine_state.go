@@ -3,6 +3,7 @@ package train
 import (
 	"sync"
 
+	"github.com/keel-rl/keel/kernels"
 	"github.com/keel-rl/keel/model"
 )
 
@@ -10,6 +11,8 @@ import (
 // backward pass needs. Buffers grow when a larger batch arrives and are
 // reused otherwise.
 type fwdState struct {
+	tasks []kernels.GemmTask // scratch list of independent products (MoE experts)
+
 	cfg    model.Config
 	T      int     // tokens in the packed stream
 	tokens []int32 // [T] the packed tokens

@@ -111,15 +111,31 @@ func (f *fwdState) moeForward(ml int, a *layerAct, L *model.Layer, out []float32
 			copy(mo.xg[r*H:(r+1)*H], a.xn2[t*H:(t+1)*H])
 		}
 	})
+	// The experts' products are independent: one GemmBatch per stage.
+	tasks := f.tasks[:0]
 	for e := 0; e < E; e++ {
 		r0, n := off[e], off[e+1]-off[e]
-		mo.guG[e].forward(mo.gug[r0*2*I:], 2*I, mo.xg[r0*H:], H, n)
+		if n == 0 {
+			continue
+		}
+		g := &mo.guG[e]
+		if t, ok := g.forwardTask(mo.gug[r0*2*I:], 2*I, mo.xg[r0*H:], H, n); ok {
+			tasks = append(tasks, t)
+		} else {
+			g.forward(mo.gug[r0*2*I:], 2*I, mo.xg[r0*H:], H, n)
+		}
 	}
+	kernels.GemmBatch(tasks)
 	swigluRows(mo.ag, mo.gug, R, I)
+	tasks = tasks[:0]
 	for e := 0; e < E; e++ {
 		r0, n := off[e], off[e+1]-off[e]
-		linear(mo.yg[r0*H:], mo.ag[r0*I:], L.Experts[e].Down.Data, n, I, H)
+		if n > 0 {
+			tasks = append(tasks, linearTask(mo.yg[r0*H:], mo.ag[r0*I:], L.Experts[e].Down.Data, n, I, H))
+		}
 	}
+	kernels.GemmBatch(tasks)
+	f.tasks = tasks
 	kernels.ParallelFor(T, func(lo, hi int) {
 		acc := make([]float32, H)
 		ys := make([][]float32, k)
@@ -189,18 +205,40 @@ func (f *fwdState) moeBackward(a *layerAct, L, G *model.Layer, dout, dxn []float
 			}
 		}
 	})
+	// The experts' products (input and weight gradients alike) are
+	// independent: one GemmBatch per stage.
 	off := mo.off
+	tasks := f.tasks[:0]
 	for e := 0; e < E; e++ {
 		r0, n := off[e], off[e+1]-off[e]
-		linearBackX(b.da[r0*I:], b.dy[r0*H:], L.Experts[e].Down.Data, n, I, H, false)
-		linearBackW(G.Experts[e].Down.Data, b.dy[r0*H:], mo.ag[r0*I:], n, I, H)
+		if n > 0 {
+			tasks = append(tasks,
+				linearBackXTask(b.da[r0*I:], b.dy[r0*H:], L.Experts[e].Down.Data, n, I, H, false),
+				linearBackWTask(G.Experts[e].Down.Data, b.dy[r0*H:], mo.ag[r0*I:], n, I, H))
+		}
 	}
+	kernels.GemmBatch(tasks)
 	swigluBackRows(b.dgu, b.da, mo.gug, R, I)
+	tasks = tasks[:0]
 	for e := 0; e < E; e++ {
 		r0, n := off[e], off[e+1]-off[e]
-		mo.guG[e].backW(b.dgu[r0*2*I:], 2*I, mo.xg[r0*H:], H, n)
-		mo.guG[e].backX(b.dxg[r0*H:], H, b.dgu[r0*2*I:], 2*I, n, false)
+		if n == 0 {
+			continue
+		}
+		g := &mo.guG[e]
+		if t, ok := g.backWTask(b.dgu[r0*2*I:], 2*I, mo.xg[r0*H:], H, n); ok {
+			tasks = append(tasks, t)
+		} else {
+			g.backW(b.dgu[r0*2*I:], 2*I, mo.xg[r0*H:], H, n)
+		}
+		if t, ok := g.backXTask(b.dxg[r0*H:], H, b.dgu[r0*2*I:], 2*I, n, false); ok {
+			tasks = append(tasks, t)
+		} else {
+			g.backX(b.dxg[r0*H:], H, b.dgu[r0*2*I:], 2*I, n, false)
+		}
 	}
+	kernels.GemmBatch(tasks)
+	f.tasks = tasks
 	kernels.ParallelFor(T, func(lo, hi int) {
 		for t := lo; t < hi; t++ {
 			d := dxn[t*H : (t+1)*H]
