@@ -210,20 +210,65 @@ func RMSNorm(dst, x, weight []float32, eps float32) float32 {
 // RMSNormBackward is the backward pass of RMSNorm for one row, given the
 // forward's input x, weight and returned inv, and the output gradient dy:
 // it writes dx = inv·(dy⊙w) - x·inv³·mean(dy⊙w⊙x) and adds dy⊙x·inv into
-// dw (the weight gradient sums over rows). dx may alias dy.
+// dw (the weight gradient sums over rows). dx may alias dy. The sum
+// Σ dy·w·x is accumulated in float64 in an order fixed by len(x) (see
+// rmsBackDotGo); the element-wise part rounds every operation in float32.
 func RMSNormBackward(dx, dw, dy, x, weight []float32, inv float32) {
 	n := len(x)
+	if n == 0 {
+		return
+	}
 	dx, dw, dy, weight = dx[:n], dw[:n], dy[:n], weight[:n]
 	var s float64
-	for i, v := range x {
-		s += float64(dy[i]) * float64(weight[i]) * float64(v)
+	if useAVX512 {
+		s = rmsBackDotAVX512(&dy[0], &weight[0], &x[0], n)
+	} else {
+		s = rmsBackDotGo(dy, weight, x)
 	}
 	c := float32(float64(inv) * float64(inv) * float64(inv) * s / float64(n))
+	if useAVX512 {
+		rmsBackApplyAVX512(&dx[0], &dw[0], &dy[0], &x[0], &weight[0], n, inv, c)
+		return
+	}
 	for i, v := range x {
 		g := dy[i]
 		dw[i] += float32(g * float32(v*inv))
 		dx[i] = float32(inv*float32(g*weight[i])) - float32(v*c)
 	}
+}
+
+// rmsBackDotGo returns Σ dy·w·x in float64 in the order of the AVX-512
+// kernel: each term is the fused (dy·w)·x + acc; 16-element blocks go to
+// two groups of eight lanes, a leftover 8-element chunk to the first, the
+// rest to the second; then the groups are added and the lanes halved.
+func rmsBackDotGo(dy, w, x []float32) float64 {
+	var acc [2][8]float64
+	add := func(a *[8]float64, i, cnt int) {
+		for l := 0; l < cnt; l++ {
+			p := float64(dy[i+l]) * float64(w[i+l])
+			a[l] = math.FMA(p, float64(x[i+l]), a[l])
+		}
+	}
+	n, i := len(x), 0
+	for ; i+16 <= n; i += 16 {
+		add(&acc[0], i, 8)
+		add(&acc[1], i+8, 8)
+	}
+	if n-i >= 8 {
+		add(&acc[0], i, 8)
+		i += 8
+	}
+	add(&acc[1], i, n-i)
+	var lane [8]float64
+	for l := range lane {
+		lane[l] = acc[0][l] + acc[1][l]
+	}
+	for h := 4; h >= 1; h /= 2 {
+		for l := 0; l < h; l++ {
+			lane[l] += lane[l+h]
+		}
+	}
+	return lane[0]
 }
 
 // LogSoftmax writes dst = x - logsumexp(x) and returns logsumexp(x).
@@ -321,11 +366,24 @@ func SwiGLU(dst, gate, up []float32) {
 }
 
 // SwiGLUBackward writes the gradients of dst = silu(gate)·up given the
-// output gradient dy: dgate = dy·up·silu'(gate) and dup = dy·silu(gate).
-// dgate or dup may alias dy.
+// output gradient dy: dgate = dy·up·silu'(gate) and dup = dy·silu(gate),
+// as (dy·up)·(s·(1 + g·(1−s))) and dy·(g·s) with s = 1/(1+exp(-g)), every
+// operation rounded in float32 and exp from Exp. dgate or dup may alias dy.
 func SwiGLUBackward(dgate, dup, gate, up, dy []float32) {
 	n := len(dy)
+	if n == 0 {
+		return
+	}
 	dgate, dup, gate, up = dgate[:n], dup[:n], gate[:n], up[:n]
+	if useAVX512 {
+		swigluBackAVX512(&dgate[0], &dup[0], &gate[0], &up[0], &dy[0], n)
+		return
+	}
+	swigluBackGo(dgate, dup, gate, up, dy)
+}
+
+func swigluBackGo(dgate, dup, gate, up, dy []float32) {
+	n := len(dy)
 	var buf [256]float32
 	for lo := 0; lo < n; lo += len(buf) {
 		hi := min(lo+len(buf), n)
@@ -338,8 +396,8 @@ func SwiGLUBackward(dgate, dup, gate, up, dy []float32) {
 			k := lo + i
 			g, u, d := gate[k], up[k], dy[k]
 			s := 1 / (1 + ei)
-			dgate[k] = d * u * (s * (1 + float32(g*(1-s))))
-			dup[k] = d * (g * s)
+			dgate[k] = float32(d*u) * float32(s*float32(1+float32(g*(1-s))))
+			dup[k] = d * float32(g*s)
 		}
 	}
 }

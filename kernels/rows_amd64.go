@@ -64,3 +64,12 @@ func rmsApplyAVX2(dst, x, w *float32, n int, inv float32)
 
 //go:noescape
 func swigluAVX2(dst, gate, up *float32, n int)
+
+//go:noescape
+func swigluBackAVX512(dgate, dup, gate, up, dy *float32, n int)
+
+//go:noescape
+func rmsBackDotAVX512(dy, w, x *float32, n int) float64
+
+//go:noescape
+func rmsBackApplyAVX512(dx, dw, dy, x, w *float32, n int, inv, c float32)

@@ -568,3 +568,194 @@ TEXT ·swigluAVX512(SB), NOSPLIT, $0-32
 	VBROADCASTSS expk<>+44(SB), Z28
 	MAPLOOP512(SWIGLUOP, swigluloop, swiglumask, swigludone)
 	RET
+
+// SWIGLUBACKOP: from gate Z0, up Z1 and dy Z2, with s = 1/(1+exp(-g)):
+// Z5 = (dy·up)·(s·(1 + g·(1−s))) (dgate) and Z6 = dy·(g·s) (dup), the
+// operations of the portable SwiGLUBackward one by one, without fusing.
+#define SWIGLUBACKOP \
+	VXORPS Z28, Z0, Z3; \
+	EXP512(Z3, Z4, Z5); \
+	VADDPS Z24, Z3, Z3; \
+	VDIVPS Z3, Z24, Z3; \
+	VSUBPS Z3, Z24, Z4; \
+	VMULPS Z4, Z0, Z4; \
+	VADDPS Z24, Z4, Z4; \
+	VMULPS Z4, Z3, Z4; \
+	VMULPS Z1, Z2, Z5; \
+	VMULPS Z4, Z5, Z5; \
+	VMULPS Z3, Z0, Z6; \
+	VMULPS Z6, Z2, Z6
+
+// func swigluBackAVX512(dgate, dup, gate, up, dy *float32, n int)
+TEXT ·swigluBackAVX512(SB), NOSPLIT, $0-48
+	MOVQ dgate+0(FP), DI
+	MOVQ dup+8(FP), R10
+	MOVQ gate+16(FP), SI
+	MOVQ up+24(FP), R8
+	MOVQ dy+32(FP), R9
+	MOVQ n+40(FP), CX
+	EXPCONST512
+	VBROADCASTSS expk<>+44(SB), Z28
+	MOVQ CX, BX
+	SHRQ $4, BX
+	JZ swbmask
+
+swbloop:
+	VMOVUPS (SI), Z0
+	VMOVUPS (R8), Z1
+	VMOVUPS (R9), Z2
+	SWIGLUBACKOP
+	VMOVUPS Z5, (DI)
+	VMOVUPS Z6, (R10)
+	ADDQ $64, SI
+	ADDQ $64, R8
+	ADDQ $64, R9
+	ADDQ $64, DI
+	ADDQ $64, R10
+	DECQ BX
+	JNZ swbloop
+
+swbmask:
+	ANDQ $15, CX
+	JZ swbdone
+	TAILMASK
+	VMOVUPS.Z (SI), K1, Z0
+	VMOVUPS.Z (R8), K1, Z1
+	VMOVUPS.Z (R9), K1, Z2
+	SWIGLUBACKOP
+	VMOVUPS Z5, K1, (DI)
+	VMOVUPS Z6, K1, (R10)
+
+swbdone:
+	VZEROUPPER
+	RET
+
+// RMSDOTOP adds (dy·w)·x, from the eight floats of dy, w and x in Y0-Y2
+// widened to float64, to the accumulator ACC with one fused multiply-add.
+#define RMSDOTOP(ACC) \
+	VCVTPS2PD Y0, Z0; \
+	VCVTPS2PD Y1, Z1; \
+	VCVTPS2PD Y2, Z2; \
+	VMULPD Z1, Z0, Z0; \
+	VFMADD231PD Z2, Z0, ACC
+
+// func rmsBackDotAVX512(dy, w, x *float32, n int) float64
+// Σ dy·w·x in float64: 16-element blocks into Z4 (first eight) and Z5
+// (last eight), one leftover 8-element chunk into Z4, the masked rest into
+// Z5, then Z4+Z5 and a halving tree over the eight lanes.
+TEXT ·rmsBackDotAVX512(SB), NOSPLIT, $0-40
+	MOVQ dy+0(FP), R9
+	MOVQ w+8(FP), R8
+	MOVQ x+16(FP), SI
+	MOVQ n+24(FP), CX
+	VXORPD Z4, Z4, Z4
+	VXORPD Z5, Z5, Z5
+	MOVQ CX, BX
+	SHRQ $4, BX
+	JZ rdchunk
+
+rdloop:
+	VMOVUPS 0(R9), Y0
+	VMOVUPS 0(R8), Y1
+	VMOVUPS 0(SI), Y2
+	RMSDOTOP(Z4)
+	VMOVUPS 32(R9), Y0
+	VMOVUPS 32(R8), Y1
+	VMOVUPS 32(SI), Y2
+	RMSDOTOP(Z5)
+	ADDQ $64, R9
+	ADDQ $64, R8
+	ADDQ $64, SI
+	DECQ BX
+	JNZ rdloop
+
+rdchunk:
+	ANDQ $15, CX
+	CMPQ CX, $8
+	JLT rdmask
+	VMOVUPS 0(R9), Y0
+	VMOVUPS 0(R8), Y1
+	VMOVUPS 0(SI), Y2
+	RMSDOTOP(Z4)
+	ADDQ $32, R9
+	ADDQ $32, R8
+	ADDQ $32, SI
+	SUBQ $8, CX
+
+rdmask:
+	TESTQ CX, CX
+	JZ rdsum
+	TAILMASK
+	VMOVUPS.Z (R9), K1, Y0
+	VMOVUPS.Z (R8), K1, Y1
+	VMOVUPS.Z (SI), K1, Y2
+	RMSDOTOP(Z5)
+
+rdsum:
+	VADDPD Z5, Z4, Z4
+	VEXTRACTF64X4 $1, Z4, Y1
+	VADDPD Y1, Y4, Y4
+	VEXTRACTF64X2 $1, Y4, X1
+	VADDPD X1, X4, X4
+	VPERMILPD $1, X4, X1
+	VADDSD X1, X4, X4
+	MOVSD X4, ret+32(FP)
+	VZEROUPPER
+	RET
+
+// RMSBACKOP: from dy Z0, x Z1, w Z2 and dw Z3, with inv in Z27 and c in
+// Z26: Z3 = dw + dy·(x·inv) and Z5 = inv·(dy·w) − x·c, without fusing.
+#define RMSBACKOP \
+	VMULPS Z27, Z1, Z4; \
+	VMULPS Z4, Z0, Z4; \
+	VADDPS Z4, Z3, Z3; \
+	VMULPS Z2, Z0, Z5; \
+	VMULPS Z27, Z5, Z5; \
+	VMULPS Z26, Z1, Z6; \
+	VSUBPS Z6, Z5, Z5
+
+// func rmsBackApplyAVX512(dx, dw, dy, x, w *float32, n int, inv, c float32)
+TEXT ·rmsBackApplyAVX512(SB), NOSPLIT, $0-56
+	MOVQ dx+0(FP), DI
+	MOVQ dw+8(FP), R10
+	MOVQ dy+16(FP), R9
+	MOVQ x+24(FP), SI
+	MOVQ w+32(FP), R8
+	MOVQ n+40(FP), CX
+	VBROADCASTSS inv+48(FP), Z27
+	VBROADCASTSS c+52(FP), Z26
+	MOVQ CX, BX
+	SHRQ $4, BX
+	JZ rbmask
+
+rbloop:
+	VMOVUPS (R9), Z0
+	VMOVUPS (SI), Z1
+	VMOVUPS (R8), Z2
+	VMOVUPS (R10), Z3
+	RMSBACKOP
+	VMOVUPS Z3, (R10)
+	VMOVUPS Z5, (DI)
+	ADDQ $64, R9
+	ADDQ $64, SI
+	ADDQ $64, R8
+	ADDQ $64, R10
+	ADDQ $64, DI
+	DECQ BX
+	JNZ rbloop
+
+rbmask:
+	ANDQ $15, CX
+	JZ rbdone
+	TAILMASK
+	VMOVUPS.Z (R9), K1, Z0
+	VMOVUPS.Z (SI), K1, Z1
+	VMOVUPS.Z (R8), K1, Z2
+	VMOVUPS.Z (R10), K1, Z3
+	RMSBACKOP
+	VMOVUPS Z3, K1, (R10)
+	VMOVUPS Z5, K1, (DI)
+
+rbdone:
+	VZEROUPPER
+	RET

@@ -141,3 +141,42 @@ func TestElementwiseBatchInvariance(t *testing.T) {
 		}
 	})
 }
+
+// TestBackwardKernelsAsmMatchesGo: the AVX-512 SwiGLU and RMSNorm backward
+// kernels give the bits of the portable code (which follows the same order
+// of operations) at every length, tails included.
+func TestBackwardKernelsAsmMatchesGo(t *testing.T) {
+	if !useAVX512 {
+		t.Skip("no AVX-512")
+	}
+	r := rand.New(rand.NewPCG(41, 42))
+	for n := 1; n <= 80; n++ {
+		g, u, dy := randSlice(r, n, 4), randSlice(r, n, 1), randSlice(r, n, 1)
+		dg1, du1 := make([]float32, n), make([]float32, n)
+		dg2, du2 := make([]float32, n), make([]float32, n)
+		SwiGLUBackward(dg1, du1, g, u, dy)
+		swigluBackGo(dg2, du2, g, u, dy)
+		for i := range dg1 {
+			if math.Float32bits(dg1[i]) != math.Float32bits(dg2[i]) || math.Float32bits(du1[i]) != math.Float32bits(du2[i]) {
+				t.Fatalf("SwiGLUBackward n=%d i=%d: asm (%v, %v), Go (%v, %v)", n, i, dg1[i], du1[i], dg2[i], du2[i])
+			}
+		}
+		x, w := randSlice(r, n, 1), randSlice(r, n, 1)
+		if a, b := rmsBackDotAVX512(&dy[0], &w[0], &x[0], n), rmsBackDotGo(dy, w, x); a != b {
+			t.Fatalf("rms dot n=%d: asm %v, Go %v", n, a, b)
+		}
+		inv := RMSNorm(make([]float32, n), x, w, 1e-6)
+		dx1, dw1 := make([]float32, n), randSlice(r, n, 1)
+		dw2 := append([]float32(nil), dw1...)
+		RMSNormBackward(dx1, dw1, dy, x, w, inv)
+		useAVX512 = false
+		dx2 := make([]float32, n)
+		RMSNormBackward(dx2, dw2, dy, x, w, inv)
+		useAVX512 = true
+		for i := range dx1 {
+			if math.Float32bits(dx1[i]) != math.Float32bits(dx2[i]) || math.Float32bits(dw1[i]) != math.Float32bits(dw2[i]) {
+				t.Fatalf("RMSNormBackward n=%d i=%d: asm (%v, %v), Go (%v, %v)", n, i, dx1[i], dw1[i], dx2[i], dw2[i])
+			}
+		}
+	}
+}

@@ -32,6 +32,15 @@ func rmsApplyAVX512(dst, x, w *float32, n int, inv float32) {
 	rmsApplyGo(sl(dst, n), sl(x, n), sl(w, n), inv)
 }
 func swigluAVX512(dst, gate, up *float32, n int) { swigluGo(sl(dst, n), sl(gate, n), sl(up, n)) }
+func swigluBackAVX512(dgate, dup, gate, up, dy *float32, n int) {
+	swigluBackGo(sl(dgate, n), sl(dup, n), sl(gate, n), sl(up, n), sl(dy, n))
+}
+func rmsBackDotAVX512(dy, w, x *float32, n int) float64 {
+	return rmsBackDotGo(sl(dy, n), sl(w, n), sl(x, n))
+}
+func rmsBackApplyAVX512(dx, dw, dy, x, w *float32, n int, inv, c float32) {
+	panic("kernels: AVX-512 kernel called on a non-amd64 build")
+}
 
 func dotAVX2(a, b *float32, n int) float32 { return dotAVX512(a, b, n) }
 func dotRowsAVX2(dst, q, k *float32, n, d, stride int, scale float32) {
