@@ -54,24 +54,22 @@ func ropeBack(d []float32, T, nh, hd, stride int, pos []int32, cos, negSin []flo
 	})
 }
 
-// attnForward computes causal grouped-query attention for every sequence,
-// head and query row with kernels.AttendRow, so each output row depends only
-// on its own sequence's prefix (the rollout engine's decode step computes
-// the same call with its KV cache).
+// attnForward computes causal grouped-query attention for every sequence
+// and head with kernels.AttendCausal, whose every output row is bit for bit
+// kernels.AttendRow over that row's prefix, so each row depends only on its
+// own sequence's prefix (the rollout engine's decode step computes the same
+// AttendRow call with its KV cache).
 func attnForward(att, q, k, v []float32, d attnDims, starts, lens []int, maxLen int, pool *scratchPool) {
 	items := len(starts) * d.heads
 	kernels.ParallelFor(items, func(lo, hi int) {
-		probs := pool.get(maxLen)
+		probs := pool.get(4 * maxLen)
 		defer pool.put(probs)
 		for it := lo; it < hi; it++ {
 			s, h := it/d.heads, it%d.heads
 			st, n := starts[s], lens[s]
 			kvo := st*d.kvd + (h/d.group)*d.hd
-			keys, vals := k[kvo:], v[kvo:]
-			for i := 0; i < n; i++ {
-				o := (st+i)*d.qd + h*d.hd
-				kernels.AttendRow(att[o:o+d.hd], q[o:o+d.hd], keys, vals, i+1, d.kvd, d.scale, probs)
-			}
+			o := st*d.qd + h*d.hd
+			kernels.AttendCausal(att[o:], q[o:], k[kvo:], v[kvo:], n, d.hd, d.qd, d.qd, d.kvd, d.scale, probs, 0)
 		}
 	})
 }
