@@ -49,6 +49,9 @@ type gemmArch struct {
 	nr    int         // columns of a tile (packed B panel width)
 	micro []gemmMicro // micro[r] handles r rows, 1 ≤ r ≤ mr
 	wide  []gemmWide  // wide[r], where present, handles r rows × wide[r].np panels
+	// strided, where present, is micro[mr] reading op(A) = Aᵀ unpacked
+	// from a row-major A with row stride lda.
+	strided func(k int, a *float32, lda int, b, c *float32, ldc, flags int)
 	// packA writes rows [i0, i0+rows) × cols [p0, p0+kc) of op(A) to dst
 	// as kc groups of rows floats.
 	packA func(transA bool, a []float32, lda, i0, rows, p0, kc int, dst []float32)
@@ -416,15 +419,28 @@ func (p *gemmProblem) runItem(item int, buf *gemmBuf) {
 		}
 		for i0 := r0; i0 < r1; i0 += mr {
 			rows := min(mr, r1-i0)
+			// A full tile of a transposed A is read in place by the
+			// strided kernel: its rows are already contiguous per k.
+			strided := rows == mr && p.transA && ar.strided != nil
 			var ap *float32
-			if rows == 1 && !p.transA {
+			switch {
+			case strided:
+				ap = &a[pc*p.lda+i0]
+			case rows == 1 && !p.transA:
 				// One row of a row-major A is already a packed panel.
 				ap = &a[i0*p.lda+pc]
-			} else {
+			default:
 				ar.packA(p.transA, a, p.lda, i0, rows, pc, kc, buf.a)
 				ap = &buf.a[0]
 			}
 			micro := ar.micro[rows]
+			tile := func(bp, cp *float32, ldc, flags int) {
+				if strided {
+					ar.strided(kc, ap, p.lda, bp, cp, ldc, flags)
+				} else {
+					micro(kc, ap, bp, cp, ldc, flags)
+				}
+			}
 			q := 0
 			if rows < len(ar.wide) {
 				w := ar.wide[rows]
@@ -436,13 +452,13 @@ func (p *gemmProblem) runItem(item int, buf *gemmBuf) {
 				j0 := c0 + q*nr
 				cols := min(nr, c1-j0)
 				if cols == nr {
-					micro(kc, ap, &bs[q*pstride], &c[i0*p.ldc+j0], p.ldc, flags)
+					tile(&bs[q*pstride], &c[i0*p.ldc+j0], p.ldc, flags)
 					continue
 				}
 				// Edge tile: same kernel into a scratch tile, then the
 				// same single addition (or store) into C.
 				t := buf.tile
-				micro(kc, ap, &bs[q*pstride], &t[0], nr, 0)
+				tile(&bs[q*pstride], &t[0], nr, 0)
 				for i := 0; i < rows; i++ {
 					dst := c[(i0+i)*p.ldc+j0 : (i0+i)*p.ldc+j0+cols]
 					src := t[i*nr : i*nr+cols]

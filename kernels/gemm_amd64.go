@@ -7,11 +7,12 @@ func gemmPackC512(rows, cols int, src *float32, lds int, dst *float32, ldd int)
 
 // gemmAVX512 is the AVX-512 path: 14×32 tiles, assembly packing.
 var gemmAVX512 = &gemmArch{
-	name:  "avx512",
-	mr:    gemmMR512,
-	nr:    gemmNR512,
-	micro: gemmKerns512[:],
-	wide:  gemmWide512[:],
+	name:    "avx512",
+	mr:      gemmMR512,
+	nr:      gemmNR512,
+	micro:   gemmKerns512[:],
+	wide:    gemmWide512[:],
+	strided: gemmKern512x14s,
 	packA: func(transA bool, a []float32, lda, i0, rows, p0, kc int, dst []float32) {
 		_ = dst[kc*rows-1]
 		if transA {
@@ -38,12 +39,13 @@ var gemmAVX512 = &gemmArch{
 
 // gemmAVX2 is the AVX2+FMA path: 6×16 tiles, Go packing.
 var gemmAVX2 = &gemmArch{
-	name:  "avx2",
-	mr:    gemmMR256,
-	nr:    gemmNR256,
-	micro: gemmKerns256[:],
-	wide:  gemmWide256[:],
-	packA: gemmPackAGo,
+	name:    "avx2",
+	mr:      gemmMR256,
+	nr:      gemmNR256,
+	micro:   gemmKerns256[:],
+	wide:    gemmWide256[:],
+	strided: gemmKern256x6s,
+	packA:   gemmPackAGo,
 	packB: func(transB bool, b []float32, ldb, j0, cols, p0, kc int, dst []float32) {
 		gemmPackBGo(transB, b, ldb, j0, cols, p0, kc, gemmNR256, dst)
 	},

@@ -39,8 +39,11 @@ type asm struct{ bytes.Buffer }
 func (w *asm) f(format string, args ...any) { fmt.Fprintf(&w.Buffer, format+"\n", args...) }
 
 // kernel emits one micro-kernel. vec is "Z" or "Y", vbytes the vector width
-// in bytes, mr the rows, nv the vectors per row.
-func kernel(w *asm, name, vec string, vbytes, mr, nv int) {
+// in bytes, mr the rows, nv the vectors per row. A strided kernel reads A
+// unpacked: step p's mr values are contiguous at a + p·lda (the layout of a
+// transposed, row-major A), so Aᵀ·B needs no packing of A; its arithmetic
+// is the same as the packed kernel's.
+func kernel(w *asm, name, vec string, vbytes, mr, nv int, strided bool) {
 	nr := nv * vbytes / 4
 	nacc := mr * nv
 	bReg := func(v int) string { return fmt.Sprintf("%s%d", vec, nacc+v) }
@@ -59,13 +62,22 @@ func kernel(w *asm, name, vec string, vbytes, mr, nv int) {
 	aReg := func(i int) string { return fmt.Sprintf("%s%d", vec, nacc+nv+i%nb) }
 	acc := func(i, v int) string { return fmt.Sprintf("%s%d", vec, i*nv+v) }
 
-	w.f("// func %s(k int, a, b, c *float32, ldc, flags int)", name)
-	w.f("TEXT ·%s(SB), NOSPLIT, $0-48", name)
+	argOff := 0 // where b, c, ldc and flags sit beyond the packed layout
+	if strided {
+		argOff = 8
+		w.f("// func %s(k int, a *float32, lda int, b, c *float32, ldc, flags int)", name)
+		w.f("TEXT ·%s(SB), NOSPLIT, $0-56", name)
+		w.f("\tMOVQ lda+16(FP), R10")
+		w.f("\tSHLQ $2, R10")
+	} else {
+		w.f("// func %s(k int, a, b, c *float32, ldc, flags int)", name)
+		w.f("TEXT ·%s(SB), NOSPLIT, $0-48", name)
+	}
 	w.f("\tMOVQ k+0(FP), CX")
 	w.f("\tMOVQ a+8(FP), AX")
-	w.f("\tMOVQ b+16(FP), BX")
-	w.f("\tMOVQ c+24(FP), DI")
-	w.f("\tMOVQ ldc+32(FP), DX")
+	w.f("\tMOVQ b+%d(FP), BX", 16+argOff)
+	w.f("\tMOVQ c+%d(FP), DI", 24+argOff)
+	w.f("\tMOVQ ldc+%d(FP), DX", 32+argOff)
 	w.f("\tSHLQ $2, DX")
 	for i := 0; i < mr; i++ {
 		for v := 0; v < nv; v++ {
@@ -91,6 +103,9 @@ func kernel(w *asm, name, vec string, vbytes, mr, nv int) {
 	step := func(p int) {
 		boff := p * nr * 4
 		aoff := p * mr * 4
+		if strided {
+			aoff = 0 // AX advances by lda after every step
+		}
 		if p%2 == 0 {
 			w.f("\tPREFETCHT0 %d(BX)", boff+nr*4*8)
 		}
@@ -103,6 +118,14 @@ func kernel(w *asm, name, vec string, vbytes, mr, nv int) {
 				w.f("\tVFMADD231PS %s, %s, %s", bReg(v), aReg(i), acc(i, v))
 			}
 		}
+		if strided {
+			w.f("\tADDQ R10, AX")
+		}
+	}
+	aStep := func(n int) {
+		if !strided {
+			w.f("\tADDQ $%d, AX", n*mr*4)
+		}
 	}
 	w.f("\tCMPQ CX, $%d", unroll)
 	w.f("\tJLT %s_tail", name)
@@ -110,7 +133,7 @@ func kernel(w *asm, name, vec string, vbytes, mr, nv int) {
 	for p := 0; p < unroll; p++ {
 		step(p)
 	}
-	w.f("\tADDQ $%d, AX", unroll*mr*4)
+	aStep(unroll)
 	w.f("\tADDQ $%d, BX", unroll*nr*4)
 	w.f("\tSUBQ $%d, CX", unroll)
 	w.f("\tCMPQ CX, $%d", unroll)
@@ -120,12 +143,12 @@ func kernel(w *asm, name, vec string, vbytes, mr, nv int) {
 	w.f("\tJZ %s_store", name)
 	w.f("%s_loop1:", name)
 	step(0)
-	w.f("\tADDQ $%d, AX", mr*4)
+	aStep(1)
 	w.f("\tADDQ $%d, BX", nr*4)
 	w.f("\tDECQ CX")
 	w.f("\tJNZ %s_loop1", name)
 	w.f("%s_store:", name)
-	w.f("\tMOVQ flags+40(FP), R8")
+	w.f("\tMOVQ flags+%d(FP), R8", 40+argOff)
 	w.f("\tTESTQ R8, R8")
 	w.f("\tJZ %s_overwrite", name)
 	for i := 0; i < mr; i++ {
@@ -260,18 +283,31 @@ func main() {
 	g.f("")
 	for mr := 1; mr <= mr512; mr++ {
 		name := fmt.Sprintf("gemmKern512x%d", mr)
-		kernel(&s, name, "Z", 64, mr, nv512)
+		kernel(&s, name, "Z", 64, mr, nv512, false)
 		g.f("//go:noescape")
 		g.f("func %s(k int, a, b, c *float32, ldc, flags int)", name)
 		g.f("")
 	}
 	for mr := 1; mr <= mr256; mr++ {
 		name := fmt.Sprintf("gemmKern256x%d", mr)
-		kernel(&s, name, "Y", 32, mr, nv256)
+		kernel(&s, name, "Y", 32, mr, nv256, false)
 		g.f("//go:noescape")
 		g.f("func %s(k int, a, b, c *float32, ldc, flags int)", name)
 		g.f("")
 	}
+	kernel(&s, "gemmKern512x14s", "Z", 64, mr512, nv512, true)
+	g.f("// gemmKern512x14s is gemmKern512x14 reading A unpacked with row stride lda")
+	g.f("// (op(A) = Aᵀ of a row-major A): the same arithmetic, no packing.")
+	g.f("//")
+	g.f("//go:noescape")
+	g.f("func gemmKern512x14s(k int, a *float32, lda int, b, c *float32, ldc, flags int)")
+	g.f("")
+	kernel(&s, "gemmKern256x6s", "Y", 32, mr256, nv256, true)
+	g.f("// gemmKern256x6s is gemmKern256x6 reading A unpacked with row stride lda.")
+	g.f("//")
+	g.f("//go:noescape")
+	g.f("func gemmKern256x6s(k int, a *float32, lda int, b, c *float32, ldc, flags int)")
+	g.f("")
 	wides := func(prefix, vec string, vbytes, nv int, nps []int) {
 		g.f("var %s = [...]gemmWide{{},", prefix)
 		for mr := 1; mr < len(nps); mr++ {

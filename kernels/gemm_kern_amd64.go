@@ -71,6 +71,17 @@ func gemmKern256x5(k int, a, b, c *float32, ldc, flags int)
 //go:noescape
 func gemmKern256x6(k int, a, b, c *float32, ldc, flags int)
 
+// gemmKern512x14s is gemmKern512x14 reading A unpacked with row stride lda
+// (op(A) = Aᵀ of a row-major A): the same arithmetic, no packing.
+//
+//go:noescape
+func gemmKern512x14s(k int, a *float32, lda int, b, c *float32, ldc, flags int)
+
+// gemmKern256x6s is gemmKern256x6 reading A unpacked with row stride lda.
+//
+//go:noescape
+func gemmKern256x6s(k int, a *float32, lda int, b, c *float32, ldc, flags int)
+
 var gemmWide512 = [...]gemmWide{{},
 	{4, gemmWide512x1x4},
 	{2, gemmWide512x2x2},
