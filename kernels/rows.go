@@ -405,13 +405,36 @@ func swigluBackGo(dgate, dup, gate, up, dy []float32) {
 // RoPE rotates one head vector x (length 2·len(cos)) in place in the
 // rotate-half layout of Hugging Face Qwen3: the first half pairs with the
 // second half, x'[i] = x[i]·cos[i] - x[i+h]·sin[i] and
-// x'[i+h] = x[i+h]·cos[i] + x[i]·sin[i].
+// x'[i+h] = x[i+h]·cos[i] + x[i]·sin[i], every product rounded to float32
+// before the addition (no fused multiply-add).
 func RoPE(x, cos, sin []float32) {
+	RoPEHeads(x, 1, cos, sin)
+}
+
+// RoPEHeads applies RoPE with the same cos and sin to heads consecutive
+// head vectors of 2·len(cos) floats at the start of x: the heads of one
+// token. The bits are RoPE's, head by head.
+func RoPEHeads(x []float32, heads int, cos, sin []float32) {
 	h := len(cos)
-	x, sin = x[:2*h], sin[:h]
-	for i := 0; i < h; i++ {
-		a, b := x[i], x[i+h]
-		x[i] = float32(a*cos[i]) - float32(b*sin[i])
-		x[i+h] = float32(b*cos[i]) + float32(a*sin[i])
+	if h == 0 || heads <= 0 {
+		return
+	}
+	x, sin = x[:2*h*heads], sin[:h]
+	if useAVX512 {
+		ropeAVX512(&x[0], &cos[0], &sin[0], h, heads)
+		return
+	}
+	ropeGo(x, heads, cos, sin)
+}
+
+func ropeGo(x []float32, heads int, cos, sin []float32) {
+	h := len(cos)
+	for hd := 0; hd < heads; hd++ {
+		y := x[hd*2*h : (hd+1)*2*h]
+		for i := 0; i < h; i++ {
+			a, b := y[i], y[i+h]
+			y[i] = float32(a*cos[i]) - float32(b*sin[i])
+			y[i+h] = float32(b*cos[i]) + float32(a*sin[i])
+		}
 	}
 }

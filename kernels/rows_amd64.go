@@ -73,3 +73,6 @@ func rmsBackDotAVX512(dy, w, x *float32, n int) float64
 
 //go:noescape
 func rmsBackApplyAVX512(dx, dw, dy, x, w *float32, n int, inv, c float32)
+
+//go:noescape
+func ropeAVX512(x, cos, sin *float32, h, heads int)

@@ -759,3 +759,72 @@ rbmask:
 rbdone:
 	VZEROUPPER
 	RET
+
+// ROPEOP rotates one chunk: a (first half) in Z0, b (second half) in Z1,
+// cos in Z2, sin in Z3: Z0 = a·cos − b·sin, Z1 = b·cos + a·sin, every
+// product rounded (no fused multiply-add), as the portable RoPE.
+#define ROPEOP \
+	VMULPS Z2, Z0, Z4; \
+	VMULPS Z3, Z1, Z5; \
+	VMULPS Z2, Z1, Z6; \
+	VMULPS Z3, Z0, Z7; \
+	VSUBPS Z5, Z4, Z0; \
+	VADDPS Z7, Z6, Z1
+
+// func ropeAVX512(x, cos, sin *float32, h, heads int)
+// Rotates heads consecutive head vectors of 2h floats at x in place.
+TEXT ·ropeAVX512(SB), NOSPLIT, $0-40
+	MOVQ x+0(FP), SI
+	MOVQ h+24(FP), R9
+	MOVQ heads+32(FP), R11
+	MOVQ R9, CX
+	ANDQ $15, CX
+	TAILMASK
+	MOVQ R9, R12
+	SHLQ $2, R12
+
+ropehead:
+	TESTQ R11, R11
+	JZ ropedone
+	MOVQ SI, DI
+	LEAQ (SI)(R12*1), R8
+	MOVQ cos+8(FP), DX
+	MOVQ sin+16(FP), BX
+	MOVQ R9, R10
+	SHRQ $4, R10
+	JZ ropemask
+
+roploop:
+	VMOVUPS (DI), Z0
+	VMOVUPS (R8), Z1
+	VMOVUPS (DX), Z2
+	VMOVUPS (BX), Z3
+	ROPEOP
+	VMOVUPS Z0, (DI)
+	VMOVUPS Z1, (R8)
+	ADDQ $64, DI
+	ADDQ $64, R8
+	ADDQ $64, DX
+	ADDQ $64, BX
+	DECQ R10
+	JNZ roploop
+
+ropemask:
+	TESTQ CX, CX
+	JZ ropenext
+	VMOVUPS.Z (DI), K1, Z0
+	VMOVUPS.Z (R8), K1, Z1
+	VMOVUPS.Z (DX), K1, Z2
+	VMOVUPS.Z (BX), K1, Z3
+	ROPEOP
+	VMOVUPS Z0, K1, (DI)
+	VMOVUPS Z1, K1, (R8)
+
+ropenext:
+	LEAQ (SI)(R12*2), SI
+	DECQ R11
+	JMP ropehead
+
+ropedone:
+	VZEROUPPER
+	RET

@@ -180,3 +180,28 @@ func TestBackwardKernelsAsmMatchesGo(t *testing.T) {
 		}
 	}
 }
+
+// TestRoPEHeadsAsmMatchesGo: the AVX-512 rotation gives the portable bits
+// for every half length (tails included) and several heads at once, and
+// RoPEHeads equals RoPE head by head.
+func TestRoPEHeadsAsmMatchesGo(t *testing.T) {
+	r := rand.New(rand.NewPCG(43, 44))
+	for h := 1; h <= 40; h++ {
+		for _, heads := range []int{1, 3} {
+			x, c, s := randSlice(r, 2*h*heads+5, 2), randSlice(r, h, 1), randSlice(r, h, 1)
+			want := append([]float32(nil), x...)
+			ropeGo(want[:2*h*heads], heads, c, s)
+			got := append([]float32(nil), x...)
+			RoPEHeads(got, heads, c, s)
+			one := append([]float32(nil), x...)
+			for k := 0; k < heads; k++ {
+				RoPE(one[k*2*h:], c, s)
+			}
+			for i := range x {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) || math.Float32bits(one[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("h=%d heads=%d i=%d: RoPEHeads %v, RoPE %v, portable %v", h, heads, i, got[i], one[i], want[i])
+				}
+			}
+		}
+	}
+}

@@ -35,6 +35,9 @@ func swigluAVX512(dst, gate, up *float32, n int) { swigluGo(sl(dst, n), sl(gate,
 func swigluBackAVX512(dgate, dup, gate, up, dy *float32, n int) {
 	swigluBackGo(sl(dgate, n), sl(dup, n), sl(gate, n), sl(up, n), sl(dy, n))
 }
+func ropeAVX512(x, cos, sin *float32, h, heads int) {
+	ropeGo(sl(x, 2*h*heads), heads, sl(cos, h), sl(sin, h))
+}
 func rmsBackDotAVX512(dy, w, x *float32, n int) float64 {
 	return rmsBackDotGo(sl(dy, n), sl(w, n), sl(x, n))
 }

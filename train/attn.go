@@ -32,8 +32,8 @@ func headNormRope(out, raw, inv, w []float32, T, nh, hd, rawStride int, pos []in
 			for h := 0; h < nh; h++ {
 				o, ro := (t*nh+h)*hd, t*rawStride+h*hd
 				inv[t*nh+h] = kernels.RMSNorm(out[o:o+hd], raw[ro:ro+hd], w, eps)
-				kernels.RoPE(out[o:o+hd], c, s)
 			}
+			kernels.RoPEHeads(out[t*nh*hd:], nh, c, s)
 		}
 	})
 }
@@ -46,10 +46,7 @@ func ropeBack(d []float32, T, nh, hd, stride int, pos []int32, cos, negSin []flo
 		for t := lo; t < hi; t++ {
 			p := int(pos[t])
 			c, s := cos[p*half:(p+1)*half], negSin[p*half:(p+1)*half]
-			for h := 0; h < nh; h++ {
-				o := t*stride + h*hd
-				kernels.RoPE(d[o:o+hd], c, s)
-			}
+			kernels.RoPEHeads(d[t*stride:], nh, c, s)
 		}
 	})
 }
