@@ -310,15 +310,7 @@ func (p *gemmProblem) plan(nw int) {
 }
 
 func (p *gemmProblem) do() {
-	if p.m == 0 || p.n == 0 {
-		return
-	}
-	if p.k == 0 {
-		if !p.accumulate {
-			for i := 0; i < p.m; i++ {
-				clear(p.c[i*p.ldc : i*p.ldc+p.n])
-			}
-		}
+	if p.trivial() {
 		return
 	}
 	nw := runtime.GOMAXPROCS(0)
@@ -338,13 +330,11 @@ func (p *gemmProblem) do() {
 	gemmBufs.Put(buf)
 }
 
-// work is the product's size in multiply-adds.
-func (p *gemmProblem) work() int { return p.m * p.n * p.k }
-
-// serial computes the whole product on the calling goroutine with buf.
-func (p *gemmProblem) serial(buf *gemmBuf) {
+// trivial handles an empty product (C = 0 when k is 0 and accumulate is
+// off) and reports whether there was nothing more to do.
+func (p *gemmProblem) trivial() bool {
 	if p.m == 0 || p.n == 0 {
-		return
+		return true
 	}
 	if p.k == 0 {
 		if !p.accumulate {
@@ -352,6 +342,17 @@ func (p *gemmProblem) serial(buf *gemmBuf) {
 				clear(p.c[i*p.ldc : i*p.ldc+p.n])
 			}
 		}
+		return true
+	}
+	return false
+}
+
+// work is the product's size in multiply-adds.
+func (p *gemmProblem) work() int { return p.m * p.n * p.k }
+
+// serial computes the whole product on the calling goroutine with buf.
+func (p *gemmProblem) serial(buf *gemmBuf) {
+	if p.trivial() {
 		return
 	}
 	p.plan(1)
