@@ -1,0 +1,160 @@
+package sft
+
+import (
+	"encoding/json"
+	"math"
+	"path/filepath"
+	"testing"
+
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/run"
+)
+
+func TestSequencesHand(t *testing.T) {
+	seqs, coef, n := Sequences([]Example{
+		{Prompt: []int32{1, 2}, Response: []int32{3, 4, 5}},
+		{Prompt: nil, Response: []int32{6, 7}},
+	})
+	if n != 4 {
+		t.Fatalf("targets = %d, want 4 (3 + 1: the first token of a prompt-less example has no prediction)", n)
+	}
+	w := float32(-0.25)
+	want := [][]float32{{0, w, w, w}, {w}}
+	for s := range want {
+		if len(seqs[s]) != len(want[s])+1 {
+			t.Fatalf("sequence %d: %v", s, seqs[s])
+		}
+		for i := range want[s] {
+			if coef[s][i] != want[s][i] {
+				t.Fatalf("coef[%d] = %v, want %v", s, coef[s], want[s])
+			}
+		}
+	}
+}
+
+func exampleSet(n int) []Example {
+	var d []Example
+	for i := 0; i < n; i++ {
+		d = append(d, Example{Prompt: []int32{int32(i % 7), 1}, Response: []int32{2, int32(3 + i%5), 9}})
+	}
+	return d
+}
+
+func TestBatcherBudgetEpochsAndSeek(t *testing.T) {
+	data := exampleSet(10) // 5 tokens each
+	b, err := NewBatcher(data, 12, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first []Position
+	seen := 0
+	for i := 0; i < 5; i++ { // 2+2+2+2+2 examples = one epoch
+		first = append(first, b.Position())
+		batch := b.Next()
+		if len(batch) != 2 {
+			t.Fatalf("batch %d has %d examples, want 2 (12-token budget, 5 tokens each)", i, len(batch))
+		}
+		seen += len(batch)
+	}
+	if p := b.Position(); p.Epoch != 0 || p.Cursor != 10 {
+		t.Fatalf("after one epoch: %+v", p)
+	}
+	next := b.Next()
+	if p := b.Position(); p.Epoch != 1 || p.Cursor != 2 {
+		t.Fatalf("second epoch position %+v", p)
+	}
+	// Seeking back reproduces the batches.
+	b.Seek(first[3])
+	if got := b.Next(); got[0].Prompt[0] != b.data[b.order[6]].Prompt[0] {
+		t.Fatalf("seek did not reproduce the batch")
+	}
+	b2, _ := NewBatcher(data, 12, 3)
+	b2.Seek(Position{Epoch: 1, Cursor: 0})
+	if got := b2.Next(); got[0].Prompt[0] != next[0].Prompt[0] || got[1].Response[1] != next[1].Response[1] {
+		t.Fatalf("epoch 1 order differs between batchers")
+	}
+	if _, err := NewBatcher(data, 4, 1); err == nil {
+		t.Fatal("an example longer than the budget was accepted")
+	}
+}
+
+func tinyModel(t *testing.T) *model.Model {
+	cfg, err := model.Preset("tiny-moe", 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.NumHiddenLayers = 2
+	m := model.New(cfg)
+	model.Init(m, 1)
+	return m
+}
+
+// The trainer must fit a small deterministic data set: the response tokens
+// are a function of the prompt, so the loss can fall far below log(16).
+func TestTrainerFits(t *testing.T) {
+	m := tinyModel(t)
+	tr, err := NewTrainer(m, exampleSet(35), Config{Steps: 60, BatchTokens: 64, LR: 1e-2, Warmup: 5}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var firstLoss, last Stats
+	for i := 0; i < 60; i++ {
+		st, err := tr.Step()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			firstLoss = st
+		}
+		last = st
+	}
+	if !(firstLoss.Loss > 2) || !(last.Loss < 0.5*firstLoss.Loss) {
+		t.Fatalf("loss %v -> %v: not learning", firstLoss.Loss, last.Loss)
+	}
+	if last.Step != 60 || last.Targets <= 0 || math.IsNaN(last.GradNorm) {
+		t.Fatalf("stats %+v", last)
+	}
+}
+
+// Training 6 steps straight must give the bits of training 3, saving a
+// checkpoint, loading it into a new trainer and training 3 more.
+func TestTrainerResumeIsExact(t *testing.T) {
+	cfg := Config{Steps: 6, BatchTokens: 30, LR: 5e-3, Warmup: 2, Seed: 9}
+	data := exampleSet(13)
+	a, _ := NewTrainer(tinyModel(t), data, cfg, nil)
+	for i := 0; i < 6; i++ {
+		if _, err := a.Step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, _ := NewTrainer(tinyModel(t), data, cfg, nil)
+	for i := 0; i < 3; i++ {
+		b.Step()
+	}
+	root := filepath.Join(t.TempDir(), "ckpt")
+	state, _ := json.Marshal(b.Batches.Position())
+	if _, err := run.SaveCheckpoint(root, &run.Checkpoint{Step: 3, Model: b.Model, Optim: b.Optim, State: state}, 0); err != nil {
+		t.Fatal(err)
+	}
+	c, err := run.LoadLatest(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pos Position
+	json.Unmarshal(c.State, &pos)
+	r, err := NewTrainer(c.Model, data, cfg, c.Optim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Batches.Seek(pos)
+	for i := 0; i < 3; i++ {
+		if _, err := r.Step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range a.Model.Arena {
+		if a.Model.Arena[i] != r.Model.Arena[i] {
+			t.Fatalf("weight %d differs after resuming: %v vs %v", i, a.Model.Arena[i], r.Model.Arena[i])
+		}
+	}
+}

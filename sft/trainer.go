@@ -1,0 +1,204 @@
+package sft
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/train"
+)
+
+// Config holds the optimisation settings of a supervised run.
+type Config struct {
+	Steps       int     `yaml:"steps"`        // optimiser steps
+	BatchTokens int     `yaml:"batch_tokens"` // tokens (prompt and response) per step
+	LR          float64 `yaml:"lr"`           // peak learning rate
+	MinLR       float64 `yaml:"min_lr"`       // cosine floor
+	Warmup      int     `yaml:"warmup"`       // warm-up steps
+	Schedule    string  `yaml:"schedule"`     // "cosine" (default) or "constant"
+	WeightDecay float64 `yaml:"weight_decay"`
+	Beta1       float64 `yaml:"beta1"`
+	Beta2       float64 `yaml:"beta2"`
+	ClipNorm    float64 `yaml:"clip_norm"` // global gradient-norm clip; 0 disables
+	AuxLoss     float64 `yaml:"aux_loss"`  // MoE load-balancing coefficient
+	Seed        uint64  `yaml:"seed"`      // data order
+}
+
+// Defaults fills unset fields with values that train the built-in presets
+// from scratch well on the synthetic tasks.
+func (c *Config) Defaults() {
+	if c.BatchTokens == 0 {
+		c.BatchTokens = 8192
+	}
+	if c.LR == 0 {
+		c.LR = 3e-3
+	}
+	if c.Schedule == "" {
+		c.Schedule = train.ScheduleCosine
+	}
+	if c.Warmup == 0 {
+		c.Warmup = min(100, c.Steps/10)
+	}
+	if c.MinLR == 0 && c.Schedule == train.ScheduleCosine {
+		c.MinLR = c.LR / 10
+	}
+	if c.Beta1 == 0 {
+		c.Beta1 = 0.9
+	}
+	if c.Beta2 == 0 {
+		c.Beta2 = 0.95
+	}
+	if c.ClipNorm == 0 {
+		c.ClipNorm = 1
+	}
+}
+
+// schedule returns the learning-rate schedule of c.
+func (c *Config) schedule() train.Schedule {
+	return train.Schedule{Kind: c.Schedule, PeakLR: c.LR, WarmupSteps: c.Warmup, TotalSteps: c.Steps, MinLR: c.MinLR}
+}
+
+// Validate reports settings that cannot train.
+func (c *Config) Validate() error {
+	if c.Steps <= 0 {
+		return fmt.Errorf("sft: steps = %d, want > 0", c.Steps)
+	}
+	if c.BatchTokens <= 0 {
+		return fmt.Errorf("sft: batch_tokens = %d, want > 0", c.BatchTokens)
+	}
+	if !(c.AuxLoss >= 0) || math.IsInf(c.AuxLoss, 0) {
+		return fmt.Errorf("sft: aux_loss = %g, want a finite value >= 0", c.AuxLoss)
+	}
+	if err := c.schedule().Validate(); err != nil {
+		return fmt.Errorf("sft: %w", err)
+	}
+	return c.adamw().Validate()
+}
+
+func (c *Config) adamw() train.AdamWConfig {
+	return train.AdamWConfig{Beta1: c.Beta1, Beta2: c.Beta2, Eps: 1e-8, WeightDecay: c.WeightDecay}
+}
+
+// Stats describe one optimiser step.
+type Stats struct {
+	Step       int
+	Loss       float64 // mean negative log-likelihood of the batch's response tokens
+	Tokens     int     // tokens in the batch (prompt and response)
+	Targets    int     // response tokens (the loss's denominator)
+	Examples   int
+	GradNorm   float64 // before clipping
+	LR         float64
+	AuxLoss    float64
+	Duration   time.Duration
+	TokensPerS float64
+}
+
+// Trainer runs supervised optimiser steps on one model.
+type Trainer struct {
+	Model   *model.Model
+	Optim   *train.AdamW
+	Batches *Batcher
+	cfg     Config
+	eng     *train.Engine
+}
+
+// ErrNonFinite reports a step whose gradient norm was NaN or infinite; the
+// weights are left as they were.
+var ErrNonFinite = errors.New("sft: non-finite gradient norm, step skipped")
+
+// NewTrainer returns a trainer for m over data. optim may be nil (fresh
+// AdamW state) or restored from a checkpoint.
+func NewTrainer(m *model.Model, data []Example, cfg Config, optim *train.AdamW) (*Trainer, error) {
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	for i, e := range data {
+		for _, tok := range append(append([]int32(nil), e.Prompt...), e.Response...) {
+			if tok < 0 || int(tok) >= m.Config.VocabSize {
+				return nil, fmt.Errorf("sft: example %d: token %d outside the model's vocabulary of %d", i, tok, m.Config.VocabSize)
+			}
+		}
+		if e.Len() > m.Config.MaxPositionEmbeddings && m.Config.MaxPositionEmbeddings > 0 {
+			return nil, fmt.Errorf("sft: example %d has %d tokens, more than max_position_embeddings = %d", i, e.Len(), m.Config.MaxPositionEmbeddings)
+		}
+	}
+	b, err := NewBatcher(data, cfg.BatchTokens, cfg.Seed)
+	if err != nil {
+		return nil, err
+	}
+	if optim == nil {
+		if optim, err = train.NewAdamW(m, cfg.adamw()); err != nil {
+			return nil, err
+		}
+	}
+	return &Trainer{Model: m, Optim: optim, Batches: b, cfg: cfg, eng: train.New(m)}, nil
+}
+
+// Config returns the settings in use, defaults filled.
+func (t *Trainer) Config() Config { return t.cfg }
+
+// Step runs one optimiser step on the next batch: forward, backward of the
+// mean response-token NLL (plus the weighted MoE auxiliary loss), global
+// norm clipping and AdamW at the schedule's learning rate.
+func (t *Trainer) Step() (Stats, error) {
+	start := time.Now()
+	batch := t.Batches.Next()
+	seqs, coef, targets := Sequences(batch)
+	t.eng.ZeroGrad()
+	res, err := t.eng.Forward(seqs, train.ForwardOptions{NoEntropy: true})
+	if err != nil {
+		return Stats{}, err
+	}
+	var nll float64
+	for s := range seqs {
+		for i, c := range coef[s] {
+			if c != 0 {
+				nll -= float64(res.LogProbs[s][i])
+			}
+		}
+	}
+	if err := t.eng.Backward(train.Loss{LogProb: coef, Aux: t.cfg.AuxLoss}); err != nil {
+		return Stats{}, err
+	}
+	step := int(t.Optim.Step) + 1
+	st := Stats{Step: step, Loss: nll / float64(targets), Targets: targets, Examples: len(batch), AuxLoss: res.AuxLoss, LR: t.cfg.schedule().LR(step)}
+	for _, s := range seqs {
+		st.Tokens += len(s)
+	}
+	st.GradNorm = train.GradNorm(t.eng.Grad.Arena)
+	if math.IsNaN(st.GradNorm) || math.IsInf(st.GradNorm, 0) {
+		return st, ErrNonFinite
+	}
+	if err := t.Optim.UpdateScaled(t.Model.Arena, t.eng.Grad.Arena, st.LR, train.ClipCoef(st.GradNorm, t.cfg.ClipNorm)); err != nil {
+		return st, err
+	}
+	st.Duration = time.Since(start)
+	st.TokensPerS = float64(st.Tokens) / st.Duration.Seconds()
+	return st, nil
+}
+
+// Sequences turns a batch into the engine's inputs: the token sequences,
+// the per-token loss coefficients (−1/N on the predictions of the N
+// response tokens, 0 elsewhere; coef[s][i] weighs log p(seq[i+1])) and N.
+// A response token at position 0 (no prompt) has no prediction and is not
+// counted.
+func Sequences(batch []Example) (seqs [][]int32, coef [][]float32, targets int) {
+	for _, e := range batch {
+		targets += e.Len() - max(len(e.Prompt), 1)
+	}
+	w := float32(-1 / float64(max(targets, 1)))
+	for _, e := range batch {
+		s := make([]int32, 0, e.Len())
+		s = append(append(s, e.Prompt...), e.Response...)
+		c := make([]float32, len(s)-1)
+		for j := max(len(e.Prompt), 1); j < len(s); j++ {
+			c[j-1] = w
+		}
+		seqs = append(seqs, s)
+		coef = append(coef, c)
+	}
+	return seqs, coef, targets
+}
