@@ -156,7 +156,9 @@ func GemmPacked(m int, a []float32, lda int, pb *PackedB, c []float32, ldc int, 
 	p.do()
 }
 
-// GemmTask is one product of a GemmBatch, with Gemm's arguments.
+// GemmTask is one product of a GemmBatch, with Gemm's arguments, or
+// GemmPacked's when PB is set (then B, LDB, TransB and N are ignored, and
+// TransA must be false).
 type GemmTask struct {
 	TransA, TransB bool
 	M, N, K        int
@@ -164,13 +166,18 @@ type GemmTask struct {
 	LDA            int
 	B              []float32
 	LDB            int
+	PB             *PackedB
 	C              []float32
 	LDC            int
 	Accumulate     bool
 }
 
-// Run computes the task with Gemm.
+// Run computes the task with Gemm (or GemmPacked).
 func (t *GemmTask) Run() {
+	if t.PB != nil {
+		GemmPacked(t.M, t.A, t.LDA, t.PB, t.C, t.LDC, t.Accumulate)
+		return
+	}
 	Gemm(t.TransA, t.TransB, t.M, t.N, t.K, t.A, t.LDA, t.B, t.LDB, t.C, t.LDC, t.Accumulate)
 }
 
@@ -184,9 +191,17 @@ func (t *GemmTask) Run() {
 func GemmBatch(tasks []GemmTask) {
 	for i := range tasks {
 		t := &tasks[i]
+		n := t.N
+		if t.PB != nil {
+			if t.TransA || t.K != t.PB.k {
+				panic(fmt.Sprintf("kernels.GemmBatch: task %d: a packed B needs TransA false and K = %d", i, t.PB.k))
+			}
+			n = t.PB.n
+		} else {
+			gemmCheckB("GemmBatch", t.TransB, n, t.K, t.B, t.LDB)
+		}
 		gemmCheckA("GemmBatch", t.TransA, t.M, t.K, t.A, t.LDA)
-		gemmCheckB("GemmBatch", t.TransB, t.N, t.K, t.B, t.LDB)
-		gemmCheckC("GemmBatch", t.M, t.N, t.C, t.LDC)
+		gemmCheckC("GemmBatch", t.M, n, t.C, t.LDC)
 	}
 	nw := runtime.GOMAXPROCS(0)
 	if nw == 1 || len(tasks) < 2*nw || !gemmWorkers.mu.TryLock() {
@@ -204,6 +219,9 @@ func GemmBatch(tasks []GemmTask) {
 			arch: ar, transA: t.TransA, transB: t.TransB,
 			m: t.M, n: t.N, k: t.K, a: t.A, lda: t.LDA, b: t.B, ldb: t.LDB, c: t.C, ldc: t.LDC,
 			accumulate: t.Accumulate,
+		}
+		if t.PB != nil {
+			p.arch, p.pb, p.b, p.n = t.PB.arch, t.PB, nil, t.PB.n
 		}
 		if p.m > 0 && p.n > 0 {
 			g.batch = append(g.batch, p)

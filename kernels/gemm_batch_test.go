@@ -45,7 +45,13 @@ func TestGemmBatchMatchesGemm(t *testing.T) {
 			w := append([]float32(nil), c...)
 			Gemm(ta, tb, m, n, k, a, lda, b, ldb, w, ldc, acc)
 			want = append(want, w)
-			tasks = append(tasks, GemmTask{TransA: ta, TransB: tb, M: m, N: n, K: k, A: a, LDA: lda, B: b, LDB: ldb, C: c, LDC: ldc, Accumulate: acc})
+			task := GemmTask{TransA: ta, TransB: tb, M: m, N: n, K: k, A: a, LDA: lda, B: b, LDB: ldb, C: c, LDC: ldc, Accumulate: acc}
+			if i%5 == 4 && !ta {
+				// Every fifth task runs on a prepacked B.
+				task.PB = PackB(tb, n, k, b, ldb)
+				task.B, task.N = nil, 0
+			}
+			tasks = append(tasks, task)
 		}
 		for _, procs := range []int{1, 2} {
 			saved := make([][]float32, len(tasks))
