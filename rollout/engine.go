@@ -1,0 +1,505 @@
+package rollout
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"reflect"
+
+	"github.com/keel-rl/keel/kernels"
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/train"
+)
+
+// Options size an Engine. Memory is allocated once, for these limits.
+type Options struct {
+	Precision Precision
+	// Slots is the number of sequences decoded concurrently (continuous
+	// batching: a finished sequence's slot is refilled from the queue).
+	// Default 64.
+	Slots int
+	// MaxLen is the longest sequence (prompt and response) the KV cache
+	// holds. Default: the model's max_position_embeddings, capped at 1024.
+	MaxLen int
+	// StepRows caps the token rows of one forward step: one per decoding
+	// sequence plus prompt rows being prefilled. Default max(Slots, 512);
+	// at least Slots.
+	StepRows int
+}
+
+// Engine is the rollout engine: a private copy of the weights in its
+// precision, a KV cache for Slots sequences and the buffers of one forward
+// step, all allocated by New. It is not safe for concurrent use.
+type Engine struct {
+	cfg     model.Config
+	opt     Options
+	w       weights
+	version int64
+	pool    *workers
+
+	// Dimensions.
+	H, V, hd, nh, nkv, qd, kvd, qkvd int
+	moeLayers                        []int // model layer index of each MoE layer
+	moeIndex                         []int // per model layer: index into moeLayers, or -1
+	eps, scale                       float32
+	cos, sin                         []float32
+
+	kc, vc [][]float32 // per layer: [Slots][MaxLen][kvd]
+
+	// The current step's rows and activations (StepRows rows each).
+	rows                       int
+	slot, pos                  []int32
+	tok                        []int32
+	x, xn, qkv, q, att, h, xn2 []float32
+	probs                      [][]float32 // per worker: attention probabilities
+	acc                        [][]float32 // per worker: scratch of H floats (CombineExperts) or hd (online attention)
+	gu, a                      []float32   // dense MLP
+	moe                        moeBuffers
+	// Output rows: the step rows whose next-token distribution is wanted.
+	outRow []int32
+	xo, lp []float32 // [outs, H] normed inputs of the head, [outs, V] log-probs
+	temp   float32
+
+	// routes[ml][r*k:] are the experts of step row r in MoE layer ml.
+	routes [][]int32
+
+	// The layer (and MoE layer) being computed, for the row-parallel
+	// methods below (stored as method values once, so calls allocate
+	// nothing).
+	cur, curML                               int
+	fnEmbed, fnNorm1, fnHeads, fnAttn        func(w, lo, hi int)
+	fnNorm2, fnSwiGLU, fnAddH, fnFinal       func(w, lo, hi int)
+	fnRouter, fnGather, fnSwiGLUX, fnCombine func(w, lo, hi int)
+	fnHead                                   func(w, lo, hi int)
+}
+
+// moeBuffers are the MoE activations of one step (rows·k expert rows).
+type moeBuffers struct {
+	probs, gates    []float32
+	off, fill       []int   // per expert: first grouped row, rows filled
+	row             []int32 // per (row, slot): its grouped row
+	tok             []int32 // per grouped row: its step row
+	xg, gug, ag, yg []float32
+	tasks           []kernels.GemmTask
+}
+
+// New builds an engine for m (whose weights it copies in its precision;
+// later changes to m are not seen until UpdateWeights).
+func New(m *model.Model, opt Options) (*Engine, error) {
+	c := m.Config
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if opt.Precision < Exact || opt.Precision > FP8 {
+		return nil, fmt.Errorf("rollout: unknown precision %d", opt.Precision)
+	}
+	if opt.Slots == 0 {
+		opt.Slots = 64
+	}
+	if opt.MaxLen == 0 {
+		opt.MaxLen = min(1024, max(c.MaxPositionEmbeddings, 1))
+	}
+	if opt.StepRows == 0 {
+		opt.StepRows = max(opt.Slots, 512)
+	}
+	switch {
+	case opt.Slots < 1:
+		return nil, fmt.Errorf("rollout: slots = %d, want >= 1", opt.Slots)
+	case opt.MaxLen < 2:
+		return nil, fmt.Errorf("rollout: max length = %d, want >= 2", opt.MaxLen)
+	case opt.StepRows < opt.Slots:
+		return nil, fmt.Errorf("rollout: step rows = %d, want >= slots (%d)", opt.StepRows, opt.Slots)
+	case c.MaxPositionEmbeddings > 0 && opt.MaxLen > c.MaxPositionEmbeddings:
+		return nil, fmt.Errorf("rollout: max length %d exceeds the model's max_position_embeddings %d", opt.MaxLen, c.MaxPositionEmbeddings)
+	}
+	e := &Engine{cfg: c, opt: opt, pool: newWorkers()}
+	e.H, e.V, e.hd = c.HiddenSize, c.VocabSize, c.HeadDim
+	e.nh, e.nkv = c.NumAttentionHeads, c.NumKeyValueHeads
+	e.qd, e.kvd = e.nh*e.hd, e.nkv*e.hd
+	e.qkvd = e.qd + 2*e.kvd
+	e.eps = float32(c.RMSNormEps)
+	e.scale = kernels.AttentionScale(e.hd)
+	e.cos, e.sin = train.RopeTables(e.hd, c.RopeTheta, opt.MaxLen)
+	e.moeIndex = make([]int, c.NumHiddenLayers)
+	for i := range e.moeIndex {
+		e.moeIndex[i] = -1
+		if c.IsMoELayer(i) {
+			e.moeIndex[i] = len(e.moeLayers)
+			e.moeLayers = append(e.moeLayers, i)
+		}
+	}
+	e.w.load(m, opt.Precision)
+	e.alloc()
+	e.bind()
+	return e, nil
+}
+
+// Close stops the engine's worker goroutines.
+func (e *Engine) Close() { e.pool.close() }
+
+// Config returns the model configuration the engine serves.
+func (e *Engine) Config() model.Config { return e.cfg }
+
+// Options returns the engine's sizes and precision.
+func (e *Engine) Options() Options { return e.opt }
+
+// Version returns the weight version the engine holds (set by
+// UpdateWeights; 0 after New).
+func (e *Engine) Version() int64 { return e.version }
+
+// UpdateWeights replaces the engine's weights with m's, re-packed or
+// re-quantised in place into the buffers it already holds, and records
+// version, which every later sample carries. m must have the engine's
+// configuration.
+func (e *Engine) UpdateWeights(m *model.Model, version int64) error {
+	if !reflect.DeepEqual(m.Config, e.cfg) {
+		return errors.New("rollout: UpdateWeights: the model's configuration differs from the engine's")
+	}
+	e.w.load(m, e.opt.Precision)
+	e.version = version
+	return nil
+}
+
+func (e *Engine) alloc() {
+	c := &e.cfg
+	R, S, L := e.opt.StepRows, e.opt.Slots, e.opt.MaxLen
+	e.kc = make([][]float32, c.NumHiddenLayers)
+	e.vc = make([][]float32, c.NumHiddenLayers)
+	for l := range e.kc {
+		e.kc[l] = make([]float32, S*L*e.kvd)
+		e.vc[l] = make([]float32, S*L*e.kvd)
+	}
+	e.slot, e.pos, e.tok = make([]int32, R), make([]int32, R), make([]int32, R)
+	f := func(n int) []float32 { return make([]float32, n) }
+	e.x, e.xn, e.h, e.xn2 = f(R*e.H), f(R*e.H), f(R*e.H), f(R*e.H)
+	e.qkv, e.q, e.att = f(R*e.qkvd), f(R*e.qd), f(R*e.qd)
+	e.probs = make([][]float32, e.pool.n)
+	e.acc = make([][]float32, e.pool.n)
+	for i := range e.probs {
+		e.probs[i] = f(L)
+		e.acc[i] = f(max(e.H, e.hd))
+	}
+	if c.NumExperts == 0 || len(e.moeLayers) < c.NumHiddenLayers {
+		e.gu, e.a = f(R*2*c.IntermediateSize), f(R*c.IntermediateSize)
+	}
+	if len(e.moeLayers) > 0 {
+		k, E, I := c.NumExpertsPerTok, c.NumExperts, c.MoeIntermediateSize
+		mo := &e.moe
+		mo.probs, mo.gates = f(R*E), f(R*k)
+		mo.off, mo.fill = make([]int, E+1), make([]int, E)
+		mo.row, mo.tok = make([]int32, R*k), make([]int32, R*k)
+		mo.xg, mo.gug, mo.ag, mo.yg = f(R*k*e.H), f(R*k*2*I), f(R*k*I), f(R*k*e.H)
+		mo.tasks = make([]kernels.GemmTask, 0, 2*E)
+		e.routes = make([][]int32, len(e.moeLayers))
+		for i := range e.routes {
+			e.routes[i] = make([]int32, R*k)
+		}
+	}
+	e.outRow = make([]int32, 0, R)
+	e.xo, e.lp = f(R*e.H), f(R*e.V)
+}
+
+func (e *Engine) bind() {
+	e.fnEmbed, e.fnNorm1, e.fnHeads, e.fnAttn = e.embedRows, e.norm1Rows, e.headRows, e.attnRows
+	e.fnNorm2, e.fnSwiGLU, e.fnAddH, e.fnFinal = e.norm2Rows, e.swigluRows, e.addHRows, e.finalRows
+	e.fnRouter, e.fnGather, e.fnSwiGLUX, e.fnCombine = e.routerRows, e.gatherRows, e.swigluExpertRows, e.combineRows
+	e.fnHead = e.headSoftmaxRows
+}
+
+// forward runs the e.rows rows set up in slot, pos and tok through the
+// model: their keys and values go into the cache at (slot, pos), and the
+// log-softmax at temperature e.temp of the rows listed in outRow is left
+// in lp. Rows of one slot must be in increasing position, and every
+// position below a row's must already be cached or in this step.
+func (e *Engine) forward() {
+	R := e.rows
+	e.pool.run(R, e.fnEmbed)
+	for l := range e.w.layers {
+		e.cur = l
+		W := &e.w.layers[l]
+		e.pool.run(R, e.fnNorm1)
+		W.qkv.apply(e.qkv, e.qkvd, e.xn, e.H, R)
+		e.pool.run(R, e.fnHeads) // q/k norms, RoPE, K and V into the cache
+		e.pool.run(R*e.nh, e.fnAttn)
+		W.o.apply(e.h, e.H, e.att, e.qd, R)
+		e.pool.run(R, e.fnNorm2) // h += x, xn2 = RMSNorm(h)
+		if ml := e.moeIndex[l]; ml >= 0 {
+			e.moeForward(ml, W)
+		} else {
+			I := e.cfg.IntermediateSize
+			W.gu.apply(e.gu, 2*I, e.xn2, e.H, R)
+			e.pool.run(R, e.fnSwiGLU)
+			W.down.apply(e.x, e.H, e.a, I, R)
+			e.pool.run(R, e.fnAddH) // x = mlp + h
+		}
+	}
+	outs := len(e.outRow)
+	if outs == 0 {
+		return
+	}
+	e.pool.run(outs, e.fnFinal)
+	e.w.head.apply(e.lp, e.V, e.xo, e.H, outs)
+	e.pool.run(outs, e.fnHead)
+}
+
+func (e *Engine) embedRows(_, lo, hi int) {
+	H := e.H
+	for r := lo; r < hi; r++ {
+		t := int(e.tok[r])
+		copy(e.x[r*H:(r+1)*H], e.w.embed[t*H:(t+1)*H])
+	}
+}
+
+func (e *Engine) norm1Rows(_, lo, hi int) {
+	H, w := e.H, e.w.layers[e.cur].inNorm
+	for r := lo; r < hi; r++ {
+		kernels.RMSNorm(e.xn[r*H:(r+1)*H], e.x[r*H:(r+1)*H], w, e.eps)
+	}
+}
+
+// cacheRow returns the offset of (slot, pos) in a layer's K or V cache.
+func (e *Engine) cacheRow(slot, pos int32) int {
+	return (int(slot)*e.opt.MaxLen + int(pos)) * e.kvd
+}
+
+// headRows applies q_norm / k_norm and RoPE per head, as the training
+// engine's headNormRope, writing q and the row's keys and values into the
+// cache.
+func (e *Engine) headRows(_, lo, hi int) {
+	W := &e.w.layers[e.cur]
+	kc, vc := e.kc[e.cur], e.vc[e.cur]
+	hd, half := e.hd, e.hd/2
+	for r := lo; r < hi; r++ {
+		p := int(e.pos[r])
+		cs, sn := e.cos[p*half:(p+1)*half], e.sin[p*half:(p+1)*half]
+		raw := e.qkv[r*e.qkvd:]
+		q := e.q[r*e.qd : (r+1)*e.qd]
+		for h := 0; h < e.nh; h++ {
+			kernels.RMSNorm(q[h*hd:(h+1)*hd], raw[h*hd:(h+1)*hd], W.qNorm, e.eps)
+		}
+		kernels.RoPEHeads(q, e.nh, cs, sn)
+		c := e.cacheRow(e.slot[r], e.pos[r])
+		k := kc[c : c+e.kvd]
+		for h := 0; h < e.nkv; h++ {
+			kernels.RMSNorm(k[h*hd:(h+1)*hd], raw[e.qd+h*hd:e.qd+(h+1)*hd], W.kNorm, e.eps)
+		}
+		kernels.RoPEHeads(k, e.nkv, cs, sn)
+		copy(vc[c:c+e.kvd], raw[e.qd+e.kvd:e.qd+2*e.kvd])
+	}
+}
+
+// attnRows computes attention for (row, head) items lo..hi-1 over the
+// row's cached prefix: kernels.AttendRow, as the training engine, or the
+// engine's own online-softmax kernel in fp32 mode.
+func (e *Engine) attnRows(w, lo, hi int) {
+	kc, vc := e.kc[e.cur], e.vc[e.cur]
+	group := e.nh / e.nkv
+	for it := lo; it < hi; it++ {
+		r, h := it/e.nh, it%e.nh
+		base := e.cacheRow(e.slot[r], 0) + (h/group)*e.hd
+		n := int(e.pos[r]) + 1
+		o := r*e.qd + h*e.hd
+		out, q := e.att[o:o+e.hd], e.q[o:o+e.hd]
+		if e.opt.Precision == FP32 {
+			attendOnline(out, q, kc[base:], vc[base:], n, e.kvd, e.scale, e.probs[w], e.acc[w])
+		} else {
+			kernels.AttendRow(out, q, kc[base:], vc[base:], n, e.kvd, e.scale, e.probs[w])
+		}
+	}
+}
+
+// attendOnlineBlock is the key block of the fp32 mode's attention.
+const attendOnlineBlock = 32
+
+// attendOnline is the fp32 mode's attention for one query head: a one-pass
+// softmax over blocks of keys with a running maximum, as decoding kernels
+// do, rescaling the unnormalised output when the maximum grows and
+// dividing by the float64 sum at the end. Mathematically AttendRow; the
+// rounding differs.
+func attendOnline(out, q, keys, values []float32, n, stride int, scale float32, s, acc []float32) {
+	d := len(q)
+	acc = acc[:d]
+	clear(acc)
+	m := float32(math.Inf(-1))
+	var l float64
+	for b0 := 0; b0 < n; b0 += attendOnlineBlock {
+		nb := min(attendOnlineBlock, n-b0)
+		sc := s[:nb]
+		kernels.DotRows(sc, q, keys[b0*stride:], nb, stride, scale)
+		if mb := kernels.Max(sc); mb > m {
+			if l > 0 {
+				c := float32(math.Exp(float64(m - mb)))
+				kernels.Scale(acc, acc, c)
+				l *= float64(c)
+			}
+			m = mb
+		}
+		for j := range sc {
+			sc[j] -= m
+		}
+		kernels.Exp(sc, sc)
+		for _, v := range sc {
+			l += float64(v)
+		}
+		kernels.AxpyRows(acc, sc, values[b0*stride:], nb, stride)
+	}
+	kernels.Scale(out[:d], acc, float32(1/l))
+}
+
+func (e *Engine) norm2Rows(_, lo, hi int) {
+	H, w := e.H, e.w.layers[e.cur].postNm
+	for r := lo; r < hi; r++ {
+		h, x := e.h[r*H:(r+1)*H], e.x[r*H:(r+1)*H]
+		for i := range h {
+			h[i] += x[i]
+		}
+		kernels.RMSNorm(e.xn2[r*H:(r+1)*H], h, w, e.eps)
+	}
+}
+
+func (e *Engine) swigluRows(_, lo, hi int) {
+	I := e.cfg.IntermediateSize
+	for r := lo; r < hi; r++ {
+		kernels.SwiGLU(e.a[r*I:(r+1)*I], e.gu[2*r*I:(2*r+1)*I], e.gu[(2*r+1)*I:(2*r+2)*I])
+	}
+}
+
+func (e *Engine) addHRows(_, lo, hi int) {
+	H := e.H
+	x, h := e.x[lo*H:hi*H], e.h[lo*H:hi*H]
+	for i := range x {
+		x[i] += h[i]
+	}
+}
+
+// moeForward runs one sparse MoE block as the training engine does: router
+// softmax, top-k (recorded), gates from the full softmax, expert products
+// over rows grouped by expert, gated sum in slot order added to h.
+func (e *Engine) moeForward(ml int, W *layerWeights) {
+	c := &e.cfg
+	R, E, k, I, H := e.rows, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize, e.H
+	mo := &e.moe
+	W.router.apply(mo.probs, E, e.xn2, H, R)
+	e.curML = ml // routerRows records into routes[ml]
+	e.pool.run(R, e.fnRouter)
+	ids := e.routes[ml][:R*k]
+	clear(mo.off)
+	for _, id := range ids {
+		mo.off[id+1]++
+	}
+	for x := 0; x < E; x++ {
+		mo.off[x+1] += mo.off[x]
+	}
+	clear(mo.fill)
+	for j, id := range ids {
+		g := mo.off[id] + mo.fill[id]
+		mo.fill[id]++
+		mo.row[j] = int32(g)
+		mo.tok[g] = int32(j / k)
+	}
+	e.pool.run(R*k, e.fnGather)
+	e.experts(W, func(x *expert, r0, n int) (kernels.GemmTask, bool) {
+		return x.gu.task(mo.gug[r0*2*I:], 2*I, mo.xg[r0*H:], H, n)
+	}, func(x *expert, r0, n int) {
+		x.gu.apply(mo.gug[r0*2*I:], 2*I, mo.xg[r0*H:], H, n)
+	})
+	e.pool.run(R*k, e.fnSwiGLUX)
+	e.experts(W, func(x *expert, r0, n int) (kernels.GemmTask, bool) {
+		return x.down.task(mo.yg[r0*H:], H, mo.ag[r0*I:], I, n)
+	}, func(x *expert, r0, n int) {
+		x.down.apply(mo.yg[r0*H:], H, mo.ag[r0*I:], I, n)
+	})
+	e.pool.run(R, e.fnCombine)
+}
+
+// experts runs one product per expert with rows: as one GemmBatch where
+// the precision allows, else one call each.
+func (e *Engine) experts(W *layerWeights, task func(x *expert, r0, n int) (kernels.GemmTask, bool), call func(x *expert, r0, n int)) {
+	mo := &e.moe
+	mo.tasks = mo.tasks[:0]
+	for x := range W.experts {
+		r0, n := mo.off[x], mo.off[x+1]-mo.off[x]
+		if n == 0 {
+			continue
+		}
+		if t, ok := task(&W.experts[x], r0, n); ok {
+			mo.tasks = append(mo.tasks, t)
+		} else {
+			call(&W.experts[x], r0, n)
+		}
+	}
+	kernels.GemmBatch(mo.tasks)
+	clear(mo.tasks) // drop references
+}
+
+func (e *Engine) routerRows(_, lo, hi int) {
+	c := &e.cfg
+	E, k := c.NumExperts, c.NumExpertsPerTok
+	mo := &e.moe
+	ids := e.routes[e.curML]
+	for r := lo; r < hi; r++ {
+		p := mo.probs[r*E : (r+1)*E]
+		kernels.Softmax(p, p)
+		train.TopK(ids[r*k:(r+1)*k], p)
+		train.GateWeights(mo.gates[r*k:(r+1)*k], p, ids[r*k:(r+1)*k], c.NormTopKProb)
+	}
+}
+
+func (e *Engine) gatherRows(_, lo, hi int) {
+	H := e.H
+	for g := lo; g < hi; g++ {
+		t := int(e.moe.tok[g])
+		copy(e.moe.xg[g*H:(g+1)*H], e.xn2[t*H:(t+1)*H])
+	}
+}
+
+func (e *Engine) swigluExpertRows(_, lo, hi int) {
+	I := e.cfg.MoeIntermediateSize
+	mo := &e.moe
+	for g := lo; g < hi; g++ {
+		kernels.SwiGLU(mo.ag[g*I:(g+1)*I], mo.gug[2*g*I:(2*g+1)*I], mo.gug[(2*g+1)*I:(2*g+2)*I])
+	}
+}
+
+func (e *Engine) combineRows(w, lo, hi int) {
+	H, k := e.H, e.cfg.NumExpertsPerTok
+	mo := &e.moe
+	var ysArr [16][]float32
+	ys := ysArr[:0]
+	if k > len(ysArr) {
+		ys = make([][]float32, 0, k)
+	}
+	for r := lo; r < hi; r++ {
+		ys = ys[:0]
+		for s := 0; s < k; s++ {
+			g := int(mo.row[r*k+s])
+			ys = append(ys, mo.yg[g*H:(g+1)*H])
+		}
+		train.CombineExperts(e.x[r*H:(r+1)*H], e.h[r*H:(r+1)*H], e.acc[w], mo.gates[r*k:(r+1)*k], ys)
+	}
+}
+
+// finalRows applies the final norm to the output rows, gathering them.
+func (e *Engine) finalRows(_, lo, hi int) {
+	H := e.H
+	for o := lo; o < hi; o++ {
+		r := int(e.outRow[o])
+		kernels.RMSNorm(e.xo[o*H:(o+1)*H], e.x[r*H:(r+1)*H], e.w.norm, e.eps)
+	}
+}
+
+// headSoftmaxRows turns logits into log-probabilities at the temperature
+// (logits divided by it first, unless it is 1 or 0: greedy decoding
+// reports the untempered distribution).
+func (e *Engine) headSoftmaxRows(_, lo, hi int) {
+	V := e.V
+	for o := lo; o < hi; o++ {
+		z := e.lp[o*V : (o+1)*V]
+		if t := e.temp; t != 1 && t != 0 {
+			for i := range z {
+				z[i] /= t
+			}
+		}
+		kernels.LogSoftmax(z, z)
+	}
+}

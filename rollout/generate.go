@@ -1,0 +1,458 @@
+package rollout
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+)
+
+// Sampling holds the settings of Generate.
+type Sampling struct {
+	// Temperature divides the logits before the softmax; 0 is greedy
+	// decoding (the most probable token, lowest id on ties).
+	Temperature float64
+	// TopK keeps only the K most probable tokens (0: off).
+	TopK int
+	// TopP keeps the smallest set of most probable tokens whose
+	// probability reaches TopP (0 or 1: off).
+	TopP float64
+	// MaxNewTokens bounds each response.
+	MaxNewTokens int
+	// Stop tokens end a response; the stop token is part of it.
+	Stop []int32
+	// Seed fixes the samples: sequence (prompt i, sample j) draws from its
+	// own random stream derived from (Seed, i, j), so results do not depend
+	// on the slot count or on which sequences share a batch.
+	Seed uint64
+}
+
+// truncated reports whether top-k or top-p truncation is on.
+func (s *Sampling) truncated() bool {
+	return s.Temperature != 0 && (s.TopK > 0 || (s.TopP > 0 && s.TopP < 1))
+}
+
+// Sample is one generated response.
+type Sample struct {
+	Prompt int     // index of the prompt in Generate's input
+	Index  int     // sample number within the prompt, 0..n-1
+	Tokens []int32 // the response (a stop token included)
+	// LogProbs[t] is log mu(Tokens[t]): the log-probability under the full
+	// softmax at the sampling temperature. This is the behaviour policy's
+	// probability that IS corrections against the training engine compare
+	// with log pi_old: the training engine computes the full softmax too,
+	// so at temperature 1 the two are like for like (and bit-identical in
+	// exact precision).
+	LogProbs []float32
+	// TruncLogProbs[t] is the log-probability under the distribution the
+	// token was actually drawn from, renormalised over the top-k / top-p
+	// set; nil when truncation is off. It is the right denominator only
+	// if the training side truncates its distribution the same way.
+	TruncLogProbs []float32
+	// Routes are the experts chosen at every position of prompt and
+	// response (MoE models only; nil for dense ones).
+	Routes *Routes
+	// Finish is "stop" (a stop token) or "length" (MaxNewTokens or the
+	// engine's MaxLen reached).
+	Finish string
+	// Version is the weight version that generated the sample.
+	Version int64
+}
+
+// slotState is one slot's sequence; its buffers are allocated once.
+type slotState struct {
+	active       bool
+	tail         bool // finished; its last token's routes are computed next step
+	prompt, idx  int
+	promptLen    int
+	cached       int     // positions already in the KV cache
+	seq          []int32 // prompt, then response
+	lp, tlp      []float32
+	routes       []uint8 // [pos][moe layers][k], experts ≤ 256
+	routes16     []uint16
+	rng          rand.PCG
+	finish       string
+	outIdx       int // this step's output row, or -1
+	sampled      int32
+	sampLP, sTLP float32
+}
+
+// gen is the state of one Generate call.
+type gen struct {
+	e       *Engine
+	sp      Sampling
+	prompts [][]int32
+	n       int
+	next    int // next (prompt, sample) pair to admit, prompt-major
+	slots   []slotState
+	out     []Sample
+	stop    [256]bool // stop tokens below 256, for a fast check
+	stopAll []int32
+	sortBuf [][]int32 // per worker: candidate token ids for truncation
+	fnSamp  func(w, lo, hi int)
+}
+
+// Generate samples n responses for each prompt (token ids) with continuous
+// batching over the engine's slots, returning them ordered by prompt, then
+// sample index. Prompts must be non-empty and fit the engine's MaxLen with
+// at least one new token.
+func (e *Engine) Generate(prompts [][]int32, n int, sp Sampling) ([]Sample, error) {
+	g, err := e.newGen(prompts, n, sp)
+	if err != nil {
+		return nil, err
+	}
+	for g.admit() {
+		g.step()
+	}
+	slices.SortFunc(g.out, func(a, b Sample) int {
+		if a.Prompt != b.Prompt {
+			return a.Prompt - b.Prompt
+		}
+		return a.Index - b.Index
+	})
+	return g.out, nil
+}
+
+func (e *Engine) newGen(prompts [][]int32, n int, sp Sampling) (*gen, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("rollout: n = %d samples per prompt, want >= 1", n)
+	}
+	if sp.MaxNewTokens < 1 {
+		return nil, fmt.Errorf("rollout: max new tokens = %d, want >= 1", sp.MaxNewTokens)
+	}
+	if !(sp.Temperature >= 0) || math.IsInf(sp.Temperature, 0) {
+		return nil, fmt.Errorf("rollout: temperature %g, want a finite value >= 0", sp.Temperature)
+	}
+	if sp.TopK < 0 || !(sp.TopP >= 0 && sp.TopP <= 1) {
+		return nil, fmt.Errorf("rollout: top-k %d / top-p %g out of range (top-k >= 0, 0 <= top-p <= 1)", sp.TopK, sp.TopP)
+	}
+	for i, p := range prompts {
+		if len(p) == 0 {
+			return nil, fmt.Errorf("rollout: prompt %d is empty", i)
+		}
+		if len(p) >= e.opt.MaxLen {
+			return nil, fmt.Errorf("rollout: prompt %d has %d tokens; the engine holds sequences of at most %d (prompt and at least one new token)", i, len(p), e.opt.MaxLen)
+		}
+		for j, t := range p {
+			if t < 0 || int(t) >= e.V {
+				return nil, fmt.Errorf("rollout: prompt %d, token %d: id %d outside the vocabulary [0, %d)", i, j, t, e.V)
+			}
+		}
+	}
+	for _, t := range sp.Stop {
+		if t < 0 || int(t) >= e.V {
+			return nil, fmt.Errorf("rollout: stop token %d outside the vocabulary [0, %d)", t, e.V)
+		}
+	}
+	g := &gen{e: e, sp: sp, prompts: prompts, n: n, out: make([]Sample, 0, len(prompts)*n)}
+	for _, t := range sp.Stop {
+		if t < 256 {
+			g.stop[t] = true
+		} else {
+			g.stopAll = append(g.stopAll, t)
+		}
+	}
+	g.slots = make([]slotState, e.opt.Slots)
+	L := e.opt.MaxLen
+	perPos := len(e.moeLayers) * e.cfg.NumExpertsPerTok
+	for i := range g.slots {
+		s := &g.slots[i]
+		s.seq = make([]int32, 0, L)
+		s.lp, s.tlp = make([]float32, 0, L), make([]float32, 0, L)
+		if perPos > 0 {
+			if e.cfg.NumExperts <= 256 {
+				s.routes = make([]uint8, L*perPos)
+			} else {
+				s.routes16 = make([]uint16, L*perPos)
+			}
+		}
+	}
+	g.sortBuf = make([][]int32, e.pool.n)
+	if sp.truncated() {
+		for i := range g.sortBuf {
+			g.sortBuf[i] = make([]int32, e.V)
+		}
+	}
+	g.fnSamp = g.sampleRows
+	return g, nil
+}
+
+// splitmix64 scrambles seeds into well-separated stream keys.
+func splitmix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// admit fills free slots from the queue and reports whether any slot is
+// active.
+func (g *gen) admit() bool {
+	any := false
+	for i := range g.slots {
+		s := &g.slots[i]
+		if !s.active && g.next < len(g.prompts)*g.n {
+			p, j := g.next/g.n, g.next%g.n
+			g.next++
+			*s = slotState{active: true, prompt: p, idx: j, promptLen: len(g.prompts[p]),
+				seq: append(s.seq[:0], g.prompts[p]...), lp: s.lp[:0], tlp: s.tlp[:0],
+				routes: s.routes, routes16: s.routes16}
+			s.rng.Seed(splitmix64(g.sp.Seed^splitmix64(uint64(p))), splitmix64(uint64(j)+0x632be59bd9b4e019))
+		}
+		any = any || s.active
+	}
+	return any
+}
+
+// step runs one forward step over every active slot (one decode row each,
+// then prompt rows to prefill within the step's row budget), samples the
+// next token of every slot whose distribution it produced, and retires
+// finished sequences.
+func (g *gen) step() {
+	e := g.e
+	e.rows = 0
+	e.outRow = e.outRow[:0]
+	e.temp = float32(g.sp.Temperature)
+	add := func(slot, pos int, tok int32) {
+		e.slot[e.rows], e.pos[e.rows], e.tok[e.rows] = int32(slot), int32(pos), tok
+		e.rows++
+	}
+	for i := range g.slots {
+		s := &g.slots[i]
+		s.outIdx = -1
+		if s.active && s.cached >= s.promptLen { // decoding, or the tail row
+			add(i, s.cached, s.seq[s.cached])
+			if !s.tail {
+				s.outIdx = len(e.outRow)
+				e.outRow = append(e.outRow, int32(e.rows-1))
+			}
+		}
+	}
+	for i := range g.slots {
+		s := &g.slots[i]
+		if !s.active || s.cached >= s.promptLen {
+			continue
+		}
+		chunk := min(s.promptLen-s.cached, e.opt.StepRows-e.rows)
+		for p := s.cached; p < s.cached+chunk; p++ {
+			add(i, p, s.seq[p])
+		}
+		if s.cached+chunk == s.promptLen {
+			s.outIdx = len(e.outRow)
+			e.outRow = append(e.outRow, int32(e.rows-1))
+		}
+	}
+	e.forward()
+	g.recordRoutes()
+	e.pool.run(len(e.outRow), g.fnSamp)
+	for i := range g.slots {
+		s := &g.slots[i]
+		if !s.active {
+			continue
+		}
+		if s.tail {
+			g.retire(s)
+			continue
+		}
+	}
+	// Advance the cache positions, then take the sampled tokens.
+	for r := 0; r < e.rows; r++ {
+		g.slots[e.slot[r]].cached = int(e.pos[r]) + 1
+	}
+	for i := range g.slots {
+		s := &g.slots[i]
+		if !s.active || s.outIdx < 0 {
+			continue
+		}
+		s.seq = append(s.seq, s.sampled)
+		s.lp = append(s.lp, s.sampLP)
+		if g.sp.truncated() {
+			s.tlp = append(s.tlp, s.sTLP)
+		}
+		switch {
+		case g.isStop(s.sampled):
+			s.finish = "stop"
+		case len(s.seq)-s.promptLen >= g.sp.MaxNewTokens || len(s.seq) >= e.opt.MaxLen:
+			s.finish = "length"
+		default:
+			continue
+		}
+		if len(e.moeLayers) > 0 {
+			s.tail = true // one more row records the last token's routes
+		} else {
+			g.retire(s)
+		}
+	}
+}
+
+func (g *gen) isStop(t int32) bool {
+	if t < 256 {
+		return g.stop[t]
+	}
+	return slices.Contains(g.stopAll, t)
+}
+
+// recordRoutes copies the step's routes into the slots' route buffers.
+func (g *gen) recordRoutes() {
+	e := g.e
+	nl := len(e.moeLayers)
+	if nl == 0 {
+		return
+	}
+	k := e.cfg.NumExpertsPerTok
+	for r := 0; r < e.rows; r++ {
+		s := &g.slots[e.slot[r]]
+		base := int(e.pos[r]) * nl * k
+		for ml := 0; ml < nl; ml++ {
+			ids := e.routes[ml][r*k : (r+1)*k]
+			for j, id := range ids {
+				if s.routes != nil {
+					s.routes[base+ml*k+j] = uint8(id)
+				} else {
+					s.routes16[base+ml*k+j] = uint16(id)
+				}
+			}
+		}
+	}
+}
+
+// retire turns a finished slot into a Sample and frees the slot.
+func (g *gen) retire(s *slotState) {
+	e := g.e
+	smp := Sample{
+		Prompt: s.prompt, Index: s.idx, Finish: s.finish, Version: e.version,
+		Tokens:   slices.Clone(s.seq[s.promptLen:]),
+		LogProbs: slices.Clone(s.lp),
+	}
+	if g.sp.truncated() {
+		smp.TruncLogProbs = slices.Clone(s.tlp)
+	}
+	if nl := len(e.moeLayers); nl > 0 {
+		k := e.cfg.NumExpertsPerTok
+		r := &Routes{Tokens: len(s.seq), Layers: nl, K: k, Experts: e.cfg.NumExperts}
+		if s.routes != nil {
+			r.IDs8 = slices.Clone(s.routes[:len(s.seq)*nl*k])
+		} else {
+			r.IDs16 = slices.Clone(s.routes16[:len(s.seq)*nl*k])
+		}
+		smp.Routes = r
+	}
+	g.out = append(g.out, smp)
+	s.active, s.tail = false, false
+}
+
+// sampleRows draws the next token of output rows lo..hi-1.
+func (g *gen) sampleRows(w, lo, hi int) {
+	e := g.e
+	for i := range g.slots {
+		s := &g.slots[i]
+		if !s.active || s.outIdx < lo || s.outIdx >= hi {
+			continue
+		}
+		z := e.lp[s.outIdx*e.V : (s.outIdx+1)*e.V]
+		s.sampled, s.sampLP, s.sTLP = g.sampleOne(z, &s.rng, g.sortBuf[w])
+	}
+}
+
+// sampleOne draws a token from the log-probabilities z (already at the
+// sampling temperature) with rng, returning it with its log-probability
+// under z and under the truncated distribution.
+func (g *gen) sampleOne(z []float32, rng *rand.PCG, buf []int32) (int32, float32, float32) {
+	if g.sp.Temperature == 0 {
+		best := 0
+		for i, v := range z {
+			if v > z[best] {
+				best = i
+			}
+		}
+		return int32(best), z[best], 0
+	}
+	u := float64(rng.Uint64()>>11) * 0x1p-53
+	if !g.sp.truncated() {
+		var total float64
+		for _, v := range z {
+			total += math.Exp(float64(v))
+		}
+		target := u * total
+		var cum float64
+		last := 0
+		for i, v := range z {
+			p := math.Exp(float64(v))
+			if p == 0 {
+				continue
+			}
+			last = i
+			cum += p
+			if cum > target {
+				return int32(i), v, v
+			}
+		}
+		return int32(last), z[last], z[last]
+	}
+	cand := g.candidates(z, buf)
+	var kept float64
+	for _, id := range cand {
+		kept += math.Exp(float64(z[id]))
+	}
+	target := u * kept
+	var cum float64
+	pick := cand[len(cand)-1]
+	for _, id := range cand {
+		cum += math.Exp(float64(z[id]))
+		if cum > target {
+			pick = id
+			break
+		}
+	}
+	return pick, z[pick], float32(float64(z[pick]) - math.Log(kept))
+}
+
+// candidates returns the truncated set in descending probability (ties:
+// lower id first): the top-k, then cut to the smallest prefix whose
+// probability reaches top-p.
+func (g *gen) candidates(z []float32, buf []int32) []int32 {
+	less := func(a, b int32) int {
+		if z[a] != z[b] {
+			if z[a] > z[b] {
+				return -1
+			}
+			return 1
+		}
+		return int(a - b)
+	}
+	var cand []int32
+	if k := g.sp.TopK; k > 0 && k < len(z) {
+		// Insertion into a sorted prefix of k: cheap for the small k used.
+		cand = buf[:0]
+		for i := range z {
+			id := int32(i)
+			if len(cand) == k && less(id, cand[k-1]) >= 0 {
+				continue
+			}
+			if len(cand) < k {
+				cand = append(cand, id)
+			} else {
+				cand[k-1] = id
+			}
+			for j := len(cand) - 1; j > 0 && less(cand[j], cand[j-1]) < 0; j-- {
+				cand[j], cand[j-1] = cand[j-1], cand[j]
+			}
+		}
+	} else {
+		cand = buf[:len(z)]
+		for i := range cand {
+			cand[i] = int32(i)
+		}
+		slices.SortFunc(cand, less)
+	}
+	if p := g.sp.TopP; p > 0 && p < 1 {
+		var cum float64
+		for i, id := range cand {
+			cum += math.Exp(float64(z[id]))
+			if cum >= p {
+				return cand[:i+1]
+			}
+		}
+	}
+	return cand
+}

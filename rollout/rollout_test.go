@@ -1,0 +1,350 @@
+package rollout
+
+import (
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/train"
+)
+
+// randomModel fills a model with weights of unit-scale activations (larger
+// than model.Init's), so that routing and sampling are far from uniform.
+func randomModel(c model.Config, seed uint64) *model.Model {
+	m := model.New(c)
+	r := rand.New(rand.NewPCG(seed, 7))
+	for _, p := range m.Params() {
+		if len(p.Shape) == 1 {
+			for i := range p.Data {
+				p.Data[i] = float32(1 + 0.2*r.NormFloat64())
+			}
+			continue
+		}
+		sc := 1 / math.Sqrt(float64(p.Shape[1]))
+		for i := range p.Data {
+			p.Data[i] = float32(sc * r.NormFloat64())
+		}
+	}
+	return m
+}
+
+func denseConfig() model.Config {
+	return model.Config{
+		Architecture: model.ArchQwen3, VocabSize: 37, HiddenSize: 32, IntermediateSize: 48,
+		NumHiddenLayers: 2, NumAttentionHeads: 4, NumKeyValueHeads: 2, HeadDim: 16,
+		RMSNormEps: 1e-6, RopeTheta: 10000, MaxPositionEmbeddings: 256,
+	}
+}
+
+func moeConfig() model.Config {
+	return model.Config{
+		Architecture: model.ArchQwen3MoE, VocabSize: 41, HiddenSize: 32, IntermediateSize: 40,
+		NumHiddenLayers: 3, NumAttentionHeads: 4, NumKeyValueHeads: 2, HeadDim: 8,
+		RMSNormEps: 1e-6, RopeTheta: 10000, MaxPositionEmbeddings: 256,
+		NumExperts: 6, NumExpertsPerTok: 2, MoeIntermediateSize: 24, NormTopKProb: true,
+		DecoderSparseStep: 1, MlpOnlyLayers: []int{1}, TieWordEmbeddings: true,
+	}
+}
+
+func testPrompts(r *rand.Rand, vocab int, lens ...int) [][]int32 {
+	out := make([][]int32, len(lens))
+	for i, n := range lens {
+		out[i] = make([]int32, n)
+		for j := range out[i] {
+			out[i][j] = int32(r.IntN(vocab))
+		}
+	}
+	return out
+}
+
+// TestExactMatchesTraining is the exact mode's contract: for every sampled
+// token, log mu is the training engine's log pi on the same sequence, bit
+// for bit, and the routes are identical at every position — with
+// continuous batching (fewer slots than sequences) and chunked prefill.
+func TestExactMatchesTraining(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  model.Config
+	}{{"dense", denseConfig()}, {"moe", moeConfig()}} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := randomModel(tc.cfg, 3)
+			e, err := New(m, Options{Precision: Exact, Slots: 3, MaxLen: 64, StepRows: 8})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			prompts := testPrompts(rand.New(rand.NewPCG(1, 1)), tc.cfg.VocabSize, 5, 1, 12, 7)
+			samples, err := e.Generate(prompts, 2, Sampling{Temperature: 1, MaxNewTokens: 20, Seed: 5, Stop: []int32{3}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(samples) != 8 {
+				t.Fatalf("%d samples, want 8", len(samples))
+			}
+			var seqs [][]int32
+			for _, s := range samples {
+				seqs = append(seqs, append(append([]int32(nil), prompts[s.Prompt]...), s.Tokens...))
+			}
+			res, err := train.New(m).Forward(seqs, train.ForwardOptions{Record: true, NoEntropy: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, s := range samples {
+				pl := len(prompts[s.Prompt])
+				if len(s.LogProbs) != len(s.Tokens) || len(s.Tokens) == 0 {
+					t.Fatalf("sample %d: %d tokens, %d log-probs", i, len(s.Tokens), len(s.LogProbs))
+				}
+				for j, lp := range s.LogProbs {
+					if want := res.LogProbs[i][pl-1+j]; math.Float32bits(lp) != math.Float32bits(want) {
+						t.Fatalf("sample %d token %d: log mu %v, training engine %v", i, j, lp, want)
+					}
+				}
+				if s.Routes == nil {
+					if tc.cfg.NumExperts > 0 {
+						t.Fatalf("sample %d: no routes", i)
+					}
+					continue
+				}
+				if err := s.Routes.Validate(); err != nil {
+					t.Fatal(err)
+				}
+				want := res.Routes[i]
+				if s.Routes.Tokens != len(seqs[i]) || s.Routes.Layers != want.Layers {
+					t.Fatalf("sample %d: routes shape [%d, %d], want [%d, %d]", i, s.Routes.Tokens, s.Routes.Layers, len(seqs[i]), want.Layers)
+				}
+				got := s.Routes.Model()
+				for j := range want.IDs {
+					if got.IDs[j] != want.IDs[j] {
+						t.Fatalf("sample %d: route %d differs: %d vs %d", i, j, got.IDs[j], want.IDs[j])
+					}
+				}
+			}
+		})
+	}
+}
+
+func sameSamples(t *testing.T, a, b []Sample) {
+	t.Helper()
+	if len(a) != len(b) {
+		t.Fatalf("%d vs %d samples", len(a), len(b))
+	}
+	for i := range a {
+		if a[i].Prompt != b[i].Prompt || a[i].Index != b[i].Index || len(a[i].Tokens) != len(b[i].Tokens) {
+			t.Fatalf("sample %d differs: %+v vs %+v", i, a[i], b[i])
+		}
+		for j := range a[i].Tokens {
+			if a[i].Tokens[j] != b[i].Tokens[j] || math.Float32bits(a[i].LogProbs[j]) != math.Float32bits(b[i].LogProbs[j]) {
+				t.Fatalf("sample %d token %d differs", i, j)
+			}
+		}
+	}
+}
+
+// Samples depend on the seed alone, not on the slot count, the step size
+// or the order sequences share batches, in every precision.
+func TestReproducibleAcrossSlots(t *testing.T) {
+	m := randomModel(moeConfig(), 4)
+	prompts := testPrompts(rand.New(rand.NewPCG(2, 2)), 41, 3, 9, 4)
+	sp := Sampling{Temperature: 0.9, TopP: 0.95, MaxNewTokens: 12, Seed: 11}
+	for _, p := range []Precision{Exact, FP32, BF16, FP8} {
+		var ref []Sample
+		for _, opt := range []Options{{Slots: 1, MaxLen: 32}, {Slots: 4, MaxLen: 32, StepRows: 4}, {Slots: 6, MaxLen: 32}} {
+			opt.Precision = p
+			e, err := New(m, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := e.Generate(prompts, 3, sp)
+			e.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ref == nil {
+				ref = got
+				continue
+			}
+			sameSamples(t, ref, got)
+		}
+	}
+}
+
+// The truncated set and its normaliser, checked by hand on a 5-token
+// vocabulary.
+func TestTruncation(t *testing.T) {
+	p := []float64{0.1, 0.4, 0.05, 0.3, 0.15}
+	z := make([]float32, len(p))
+	for i, v := range p {
+		z[i] = float32(math.Log(v))
+	}
+	buf := make([]int32, len(z))
+	cases := []struct {
+		topK int
+		topP float64
+		want []int32
+	}{
+		{2, 0, []int32{1, 3}},
+		{0, 0.69, []int32{1, 3}},
+		{0, 0.71, []int32{1, 3, 4}},
+		{3, 0.5, []int32{1, 3}},
+		{0, 0.99, []int32{1, 3, 4, 0, 2}},
+	}
+	for _, c := range cases {
+		g := &gen{sp: Sampling{Temperature: 1, TopK: c.topK, TopP: c.topP}}
+		got := g.candidates(z, buf)
+		if len(got) != len(c.want) {
+			t.Fatalf("top-k %d top-p %v: %v, want %v", c.topK, c.topP, got, c.want)
+		}
+		for i := range got {
+			if got[i] != c.want[i] {
+				t.Fatalf("top-k %d top-p %v: %v, want %v", c.topK, c.topP, got, c.want)
+			}
+		}
+	}
+	// Top-2 keeps tokens 1 and 3 (mass 0.7): the truncated log-probability
+	// of token 3 is log(0.3/0.7), its full one log 0.3.
+	g := &gen{sp: Sampling{Temperature: 1, TopK: 2}}
+	var rng rand.PCG
+	counts := map[int32]int{}
+	for i := 0; i < 2000; i++ {
+		tok, lp, tlp := g.sampleOne(z, &rng, buf)
+		counts[tok]++
+		if tok == 3 && (math.Abs(float64(lp)-math.Log(0.3)) > 1e-6 || math.Abs(float64(tlp)-math.Log(0.3/0.7)) > 1e-6) {
+			t.Fatalf("token 3: log-probs %v, %v", lp, tlp)
+		}
+	}
+	if len(counts) != 2 || counts[1] < 1000 || counts[1] > 1300 {
+		t.Fatalf("top-2 draws %v, want only tokens 1 and 3, about 4:3", counts)
+	}
+}
+
+func TestStopAndLength(t *testing.T) {
+	m := randomModel(denseConfig(), 5)
+	e, _ := New(m, Options{Slots: 2, MaxLen: 16})
+	defer e.Close()
+	prompts := [][]int32{{1, 2, 3}, {4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}}
+	// Greedy decoding: find the first greedy token and stop on it.
+	s, err := e.Generate(prompts[:1], 1, Sampling{MaxNewTokens: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s[0].Tokens) != 5 || s[0].Finish != "length" || s[0].TruncLogProbs != nil {
+		t.Fatalf("greedy sample %+v", s[0])
+	}
+	first := s[0].Tokens[0]
+	s, _ = e.Generate(prompts[:1], 1, Sampling{MaxNewTokens: 5, Stop: []int32{first}})
+	if len(s[0].Tokens) != 1 || s[0].Finish != "stop" {
+		t.Fatalf("stop on the first token: %+v", s[0])
+	}
+	// The second prompt has 12 tokens: MaxLen 16 leaves room for 4.
+	s, _ = e.Generate(prompts[1:], 1, Sampling{Temperature: 1, MaxNewTokens: 10, Seed: 1})
+	if len(s[0].Tokens) != 4 || s[0].Finish != "length" {
+		t.Fatalf("MaxLen bound: %d tokens, finish %q", len(s[0].Tokens), s[0].Finish)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	m := randomModel(denseConfig(), 5)
+	e, _ := New(m, Options{Slots: 2, MaxLen: 8})
+	defer e.Close()
+	sp := Sampling{Temperature: 1, MaxNewTokens: 2}
+	for _, c := range []struct {
+		prompts [][]int32
+		sp      Sampling
+		want    string
+	}{
+		{[][]int32{{1, 99}}, sp, "token 1: id 99"},
+		{[][]int32{{}}, sp, "empty"},
+		{[][]int32{{1, 2, 3, 4, 5, 6, 7, 8}}, sp, "at most 8"},
+		{[][]int32{{1}}, Sampling{Temperature: -1, MaxNewTokens: 1}, "temperature"},
+		{[][]int32{{1}}, Sampling{Temperature: 1}, "max new tokens"},
+		{[][]int32{{1}}, Sampling{Temperature: 1, MaxNewTokens: 1, Stop: []int32{40}}, "stop token"},
+	} {
+		if _, err := e.Generate(c.prompts, 1, c.sp); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: err = %v, want one mentioning %q", c.prompts, err, c.want)
+		}
+	}
+}
+
+// The reduced precisions must differ from the training engine, in the
+// expected order: exact 0 < fp32 < bf16 < fp8 in mean |log mu - log pi|.
+func TestPrecisionDiscrepancyOrder(t *testing.T) {
+	m := randomModel(moeConfig(), 8)
+	prompts := testPrompts(rand.New(rand.NewPCG(3, 3)), 41, 6, 6, 6, 6)
+	var prev float64 = -1
+	for _, p := range []Precision{Exact, FP32, BF16, FP8} {
+		e, _ := New(m, Options{Precision: p, Slots: 8, MaxLen: 40})
+		samples, err := e.Generate(prompts, 4, Sampling{Temperature: 1, MaxNewTokens: 24, Seed: 2})
+		e.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seqs [][]int32
+		for _, s := range samples {
+			seqs = append(seqs, append(append([]int32(nil), prompts[s.Prompt]...), s.Tokens...))
+		}
+		res, _ := train.New(m).Forward(seqs, train.ForwardOptions{NoEntropy: true})
+		var sum float64
+		var n int
+		for i, s := range samples {
+			for j, lp := range s.LogProbs {
+				sum += math.Abs(float64(lp - res.LogProbs[i][len(prompts[s.Prompt])-1+j]))
+				n++
+			}
+		}
+		mean := sum / float64(n)
+		t.Logf("%s: mean |delta| = %.3g over %d tokens", p, mean, n)
+		if p == Exact && mean != 0 || p != Exact && !(mean > prev) {
+			t.Errorf("%s: mean |delta| %.3g, previous precision %.3g", p, mean, prev)
+		}
+		prev = mean
+	}
+}
+
+// After warm-up, a decode step allocates nothing.
+func TestDecodeStepAllocs(t *testing.T) {
+	for _, cfg := range []model.Config{denseConfig(), moeConfig()} {
+		m := randomModel(cfg, 6)
+		e, _ := New(m, Options{Precision: Exact, Slots: 4, MaxLen: 200})
+		prompts := testPrompts(rand.New(rand.NewPCG(4, 4)), cfg.VocabSize, 3, 4, 5, 6)
+		g, err := e.newGen(prompts, 1, Sampling{Temperature: 1, TopK: 5, MaxNewTokens: 190, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.admit()
+		g.step() // prefill
+		g.step()
+		if a := testing.AllocsPerRun(20, g.step); a != 0 {
+			t.Errorf("%s: a decode step allocates %v times", cfg.Architecture, a)
+		}
+		e.Close()
+	}
+}
+
+func TestUpdateWeightsVersion(t *testing.T) {
+	m := randomModel(denseConfig(), 9)
+	e, _ := New(m, Options{Slots: 2, MaxLen: 16})
+	defer e.Close()
+	prompts := [][]int32{{1, 2, 3}}
+	sp := Sampling{Temperature: 1, MaxNewTokens: 6, Seed: 3}
+	a, _ := e.Generate(prompts, 1, sp)
+	m2 := randomModel(denseConfig(), 10)
+	if err := e.UpdateWeights(m2, 7); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := e.Generate(prompts, 1, sp)
+	if a[0].Version != 0 || b[0].Version != 7 || e.Version() != 7 {
+		t.Fatalf("versions %d, %d", a[0].Version, b[0].Version)
+	}
+	if a[0].LogProbs[0] == b[0].LogProbs[0] {
+		t.Fatal("new weights gave the same log-probability")
+	}
+	fresh, _ := New(m2, Options{Slots: 2, MaxLen: 16})
+	defer fresh.Close()
+	c, _ := fresh.Generate(prompts, 1, sp)
+	sameSamples(t, b, c)
+	if err := e.UpdateWeights(randomModel(moeConfig(), 1), 8); err == nil {
+		t.Fatal("a model of another configuration was accepted")
+	}
+}

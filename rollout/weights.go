@@ -1,0 +1,133 @@
+package rollout
+
+import (
+	"github.com/keel-rl/keel/kernels"
+	"github.com/keel-rl/keel/model"
+)
+
+// linear is one weight matrix W [out, in] (Hugging Face layout) prepared
+// for y = x·Wᵀ in the engine's precision: packed float32 for exact and
+// fp32, packed bfloat16 for bf16, e4m3 with per-channel scales for fp8.
+type linear struct {
+	out, in int
+	f32     *kernels.PackedB
+	bf      *kernels.PackedBF16B
+	prec    Precision
+}
+
+// set (re)packs w, rows·in floats of rows [out, in], in precision p.
+func (l *linear) set(p Precision, w []float32, out, in int) {
+	l.out, l.in, l.prec = out, in, p
+	switch p {
+	case Exact, FP32:
+		l.f32 = kernels.PackB(true, out, in, w, in)
+	case BF16:
+		if l.bf == nil {
+			l.bf = new(kernels.PackedBF16B)
+		}
+		l.bf.PackFloat32(w, out, in, in)
+	case FP8:
+		if l.bf == nil {
+			l.bf = new(kernels.PackedBF16B)
+		}
+		l.bf.PackE4M3(w, out, in, in)
+	}
+}
+
+// setConcat packs the row-wise concatenation of several matrices with the
+// same in (a fused gate and up projection): their outputs side by side.
+func (l *linear) setConcat(p Precision, ws [][]float32, outs []int, in int) {
+	total := 0
+	for _, o := range outs {
+		total += o
+	}
+	buf := make([]float32, 0, total*in)
+	for i, w := range ws {
+		buf = append(buf, w[:outs[i]*in]...)
+	}
+	l.set(p, buf, total, in)
+}
+
+// apply computes y = x·Wᵀ for rows rows (row strides ldx, ldy).
+func (l *linear) apply(y []float32, ldy int, x []float32, ldx, rows int) {
+	if rows == 0 {
+		return
+	}
+	switch l.prec {
+	case Exact, FP32:
+		kernels.GemmPacked(rows, x, ldx, l.f32, y, ldy, false)
+	case BF16:
+		kernels.GemmBF16F32A(rows, x, ldx, l.bf, y, ldy, false)
+	case FP8:
+		kernels.GemmE4M3F32A(rows, x, ldx, l.bf, y, ldy, false)
+	}
+}
+
+// task returns apply as a GemmBatch task where the precision allows it
+// (float32 paths), so independent expert products share the threads.
+func (l *linear) task(y []float32, ldy int, x []float32, ldx, rows int) (kernels.GemmTask, bool) {
+	if l.f32 == nil || (l.prec != Exact && l.prec != FP32) {
+		return kernels.GemmTask{}, false
+	}
+	return kernels.GemmTask{M: rows, K: l.in, A: x, LDA: ldx, PB: l.f32, C: y, LDC: ldy}, true
+}
+
+// layerWeights are one decoder layer's prepared weights.
+type layerWeights struct {
+	qkv, o         linear
+	qNorm, kNorm   []float32
+	inNorm, postNm []float32
+	gu, down       linear   // dense MLP: gate and up fused
+	router         linear   // MoE
+	experts        []expert // MoE
+}
+
+type expert struct{ gu, down linear }
+
+// weights are the whole model's prepared weights, owned by the engine (a
+// copy: the training engine goes on changing its own).
+type weights struct {
+	embed  []float32
+	norm   []float32
+	head   linear
+	layers []layerWeights
+}
+
+// load prepares m's weights in precision p, reusing w's buffers.
+func (w *weights) load(m *model.Model, p Precision) {
+	c := &m.Config
+	H := c.HiddenSize
+	hd := c.HeadDim
+	qd, kvd := c.NumAttentionHeads*hd, c.NumKeyValueHeads*hd
+	w.embed = append(w.embed[:0], m.Embed.Data...)
+	w.norm = append(w.norm[:0], m.Norm.Data...)
+	w.head.set(p, m.LMHead.Data, c.VocabSize, H)
+	if len(w.layers) != len(m.Layers) {
+		w.layers = make([]layerWeights, len(m.Layers))
+	}
+	for i := range m.Layers {
+		L, W := &m.Layers[i], &w.layers[i]
+		W.qkv.setConcat(p, [][]float32{L.Q.Data, L.K.Data, L.V.Data}, []int{qd, kvd, kvd}, H)
+		W.o.set(p, L.O.Data, H, qd)
+		W.qNorm = append(W.qNorm[:0], L.QNorm.Data...)
+		W.kNorm = append(W.kNorm[:0], L.KNorm.Data...)
+		W.inNorm = append(W.inNorm[:0], L.InputNorm.Data...)
+		W.postNm = append(W.postNm[:0], L.PostAttnNorm.Data...)
+		if c.IsMoELayer(i) {
+			I := c.MoeIntermediateSize
+			W.router.set(p, L.Router.Data, c.NumExperts, H)
+			if len(W.experts) != len(L.Experts) {
+				W.experts = make([]expert, len(L.Experts))
+			}
+			for e := range L.Experts {
+				X := &L.Experts[e]
+				W.experts[e].gu.setConcat(p, [][]float32{X.Gate.Data, X.Up.Data}, []int{I, I}, H)
+				W.experts[e].down.set(p, X.Down.Data, H, I)
+			}
+		} else {
+			I := c.IntermediateSize
+			W.gu.setConcat(p, [][]float32{L.Gate.Data, L.Up.Data}, []int{I, I}, H)
+			W.down.set(p, L.Down.Data, H, I)
+		}
+	}
+}
