@@ -1,0 +1,190 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/keel-rl/keel/internal/atomicfile"
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/rl"
+	"github.com/keel-rl/keel/rollout"
+	"github.com/keel-rl/keel/train"
+)
+
+func init() {
+	register(command{
+		name:    "probe",
+		summary: "measure the training-inference discrepancy of each rollout precision",
+		run:     runProbe,
+	})
+}
+
+const probeUsage = `usage: keel probe --model DIR --input FILE.jsonl [--precision exact,fp32,bf16,fp8] [--json FILE] [flags]
+
+The discrepancy analysis to run before RL. For each rollout precision it
+samples responses to the prompts of FILE.jsonl ({"tokens": [ids]} lines),
+recomputes their log-probabilities with the training engine (log pi_old)
+and reports (SPEC.md §5): train-infer KL estimators k1 and k3, mean and
+max |log mu - log pi_old|, the fractions of tokens with |delta| above 0.1
+and 1.0, the perplexity gap, the surrogate-validity gap (mean over
+sequences of |prod(1+d_t) - 1 - sum d_t|) and, for MoE models, the
+fraction of expert choices that differ per MoE layer. exact reports zeros.
+
+flags:
+`
+
+// probeRow is one precision's measures.
+type probeRow struct {
+	Precision       string    `json:"precision"`
+	Samples         int       `json:"samples"`
+	Tokens          int       `json:"tokens"`
+	K1              float64   `json:"k1"`
+	K3              float64   `json:"k3"`
+	MeanAbsDelta    float64   `json:"mean_abs_delta"`
+	MaxAbsDelta     float64   `json:"max_abs_delta"`
+	FracAbove01     float64   `json:"frac_abs_delta_above_0.1"`
+	FracAbove1      float64   `json:"frac_abs_delta_above_1"`
+	PPLGap          float64   `json:"ppl_gap"`
+	SurrogateGap    float64   `json:"surrogate_gap"`
+	RoutingDisagree []float64 `json:"routing_disagreement,omitempty"`
+}
+
+func runProbe(args []string) error {
+	fs := flag.NewFlagSet("probe", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), probeUsage)
+		fs.PrintDefaults()
+	}
+	dir := fs.String("model", "", "Hugging Face model directory")
+	in := fs.String("input", "", `JSONL file of {"tokens": [ids]} prompts`)
+	precs := fs.String("precision", "exact,fp32,bf16,fp8", "comma-separated rollout precisions to measure")
+	jsonOut := fs.String("json", "", "also write the measures to this JSON file")
+	var sf sampleFlags
+	sf.register(fs)
+	fs.Lookup("n").DefValue, sf.n = "4", 4
+	fs.Lookup("max-new-tokens").DefValue, sf.maxNew = "64", 64
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	case *dir == "":
+		return errors.New("--model is required")
+	case *in == "":
+		return errors.New("--input is required")
+	}
+	var modes []rollout.Precision
+	for _, s := range strings.Split(*precs, ",") {
+		p, err := rollout.ParsePrecision(s)
+		if err != nil {
+			return fmt.Errorf("--precision: %w", err)
+		}
+		modes = append(modes, p)
+	}
+	sp, err := sf.sampling()
+	if err != nil {
+		return err
+	}
+	m, err := model.Load(*dir)
+	if err != nil {
+		return err
+	}
+	prompts, err := lpReadInput(*in, &m.Config)
+	if err != nil {
+		return err
+	}
+	var rows []probeRow
+	for _, p := range modes {
+		row, err := probeMode(m, prompts, p, &sf, sp)
+		if err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		rows = append(rows, row)
+	}
+	printProbe(os.Stdout, rows)
+	if *jsonOut != "" {
+		return atomicfile.Write(*jsonOut, func(w io.Writer) error {
+			enc := json.NewEncoder(w)
+			enc.SetIndent("", "  ")
+			return enc.Encode(rows)
+		})
+	}
+	return nil
+}
+
+// probeMode samples with one precision and compares with the training
+// engine on the same tokens.
+func probeMode(m *model.Model, prompts [][]int32, p rollout.Precision, sf *sampleFlags, sp rollout.Sampling) (probeRow, error) {
+	row := probeRow{Precision: p.String()}
+	e, err := rollout.New(m, sf.engineOptions(&m.Config, prompts, p))
+	if err != nil {
+		return row, err
+	}
+	samples, err := e.Generate(prompts, sf.n, sp)
+	e.Close()
+	if err != nil {
+		return row, err
+	}
+	moe := len(m.Config.MoELayers()) > 0
+	eng := train.New(m)
+	var logMu, logPi [][]float32
+	var muRoutes, piRoutes []*model.Routes
+	const batchTokens = 8192
+	for lo := 0; lo < len(samples); {
+		hi, n := lo, 0
+		var seqs [][]int32
+		for hi < len(samples) && (hi == lo || n+len(prompts[samples[hi].Prompt])+len(samples[hi].Tokens) <= batchTokens) {
+			s := samples[hi]
+			seq := append(append([]int32(nil), prompts[s.Prompt]...), s.Tokens...)
+			seqs = append(seqs, seq)
+			n += len(seq)
+			hi++
+		}
+		res, err := eng.Forward(seqs, train.ForwardOptions{Record: moe, NoEntropy: true})
+		if err != nil {
+			return row, err
+		}
+		for i, s := range samples[lo:hi] {
+			pl := len(prompts[s.Prompt])
+			logMu = append(logMu, s.LogProbs)
+			logPi = append(logPi, res.LogProbs[i][pl-1:])
+			if moe {
+				muRoutes = append(muRoutes, s.Routes.Model())
+				piRoutes = append(piRoutes, res.Routes[i])
+			}
+		}
+		lo = hi
+	}
+	d := rl.MeasureDiscrepancy(logMu, logPi)
+	row.Samples, row.Tokens = len(samples), d.Tokens
+	row.K1, row.K3, row.MeanAbsDelta, row.MaxAbsDelta = d.K1, d.K3, d.MeanAbs, d.MaxAbs
+	row.FracAbove01, row.FracAbove1, row.PPLGap, row.SurrogateGap = d.Above01, d.Above1, d.PPLGap, d.SurrogateGap
+	if moe {
+		row.RoutingDisagree = rl.RoutingDisagreement(muRoutes, piRoutes, nil)
+	}
+	return row, nil
+}
+
+func printProbe(w io.Writer, rows []probeRow) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "precision\ttokens\tk1\tk3\tmean|Δ|\tmax|Δ|\t>0.1\t>1.0\tppl gap\tsurrogate gap\trouting differs (per MoE layer)\t")
+	for _, r := range rows {
+		var rd []string
+		for _, v := range r.RoutingDisagree {
+			rd = append(rd, fmt.Sprintf("%.4f", v))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.3g\t%.3g\t%.3g\t%.3g\t%.4f\t%.4f\t%.3g\t%.3g\t%s\t\n",
+			r.Precision, r.Tokens, r.K1, r.K3, r.MeanAbsDelta, r.MaxAbsDelta, r.FracAbove01, r.FracAbove1, r.PPLGap, r.SurrogateGap, strings.Join(rd, " "))
+	}
+	tw.Flush()
+}

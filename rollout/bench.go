@@ -1,0 +1,75 @@
+package rollout
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/keel-rl/keel/model"
+)
+
+// DecodeResult is one decode-throughput measurement.
+type DecodeResult struct {
+	Preset     string
+	Precision  Precision
+	Slots      int
+	PromptLen  int
+	NewTokens  int
+	TokensPerS float64 // generated tokens per second, prefill included in the time
+}
+
+// BenchDecode measures generation throughput on a randomly initialised
+// preset model: slots concurrent sequences (one per slot) with random
+// prompts of promptLen tokens, each sampling exactly newTokens tokens at
+// temperature 1. It runs once to warm up, then repeatedly for about d (at
+// least twice) and reports the best run.
+func BenchDecode(preset string, vocab int, p Precision, slots, promptLen, newTokens int, d time.Duration) (DecodeResult, error) {
+	res := DecodeResult{Preset: preset, Precision: p, Slots: slots, PromptLen: promptLen, NewTokens: newTokens}
+	cfg, err := model.Preset(preset, vocab)
+	if err != nil {
+		return res, err
+	}
+	m := model.New(cfg)
+	model.Init(m, 1)
+	e, err := New(m, Options{Precision: p, Slots: slots, MaxLen: promptLen + newTokens})
+	if err != nil {
+		return res, err
+	}
+	defer e.Close()
+	r := rand.New(rand.NewPCG(1, 2))
+	prompts := make([][]int32, slots)
+	for i := range prompts {
+		prompts[i] = make([]int32, promptLen)
+		for j := range prompts[i] {
+			prompts[i][j] = int32(r.IntN(vocab))
+		}
+	}
+	sp := Sampling{Temperature: 1, MaxNewTokens: newTokens, Seed: 1}
+	run := func() (float64, error) {
+		start := time.Now()
+		out, err := e.Generate(prompts, 1, sp)
+		if err != nil {
+			return 0, err
+		}
+		n := 0
+		for _, s := range out {
+			n += len(s.Tokens)
+		}
+		if n != slots*newTokens {
+			return 0, fmt.Errorf("rollout bench: %d tokens generated, want %d", n, slots*newTokens)
+		}
+		return float64(n) / time.Since(start).Seconds(), nil
+	}
+	if _, err := run(); err != nil {
+		return res, err
+	}
+	deadline := time.Now().Add(d)
+	for i := 0; i < 2 || time.Now().Before(deadline); i++ {
+		v, err := run()
+		if err != nil {
+			return res, err
+		}
+		res.TokensPerS = max(res.TokensPerS, v)
+	}
+	return res, nil
+}
