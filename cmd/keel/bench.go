@@ -12,6 +12,7 @@ import (
 
 	"github.com/keel-rl/keel/bench"
 	"github.com/keel-rl/keel/kernels"
+	"github.com/keel-rl/keel/rollout"
 )
 
 func init() {
@@ -25,6 +26,13 @@ type benchReport struct {
 	PeakGFLOPS  float64             `json:"peak_gflops_f32_1024"`
 	Train       []bench.TrainResult `json:"train"`
 	Utilisation map[string]float64  `json:"mfu"`
+	Decode      []benchDecodeRow    `json:"decode,omitempty"`
+}
+
+type benchDecodeRow struct {
+	rollout.DecodeResult
+	PrecisionName string  `json:"precision_name"`
+	VsForward     float64 `json:"vs_forward"` // decode tokens/s over the training engine's forward tokens/s
 }
 
 type benchGemmRow struct {
@@ -43,6 +51,9 @@ func runBench(args []string) error {
 	quick := fs.Bool("quick", false, "short measurements (0.3 s each): a smoke test, not a benchmark")
 	noGemm := fs.Bool("no-gemm", false, "skip the GEMM table (utilisation is then not reported)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	noDecode := fs.Bool("no-decode", false, "skip the rollout engine's decode table")
+	decodeSlots := fs.String("decode-slots", "64,256", "comma-separated concurrent sequences for the decode table")
+	decodePrec := fs.String("decode-precisions", "exact,fp32,bf16,fp8", "comma-separated rollout precisions for the decode table")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -74,6 +85,35 @@ func runBench(args []string) error {
 			rep.Utilisation[r.Preset] = r.TrainGFLOPS / rep.PeakGFLOPS
 		}
 	}
+	if !*noDecode {
+		var precs []rollout.Precision
+		for _, p := range strings.Split(*decodePrec, ",") {
+			pr, err := rollout.ParsePrecision(p)
+			if err != nil {
+				return fmt.Errorf("--decode-precisions: %w", err)
+			}
+			precs = append(precs, pr)
+		}
+		var slots []int
+		for _, f := range strings.Split(*decodeSlots, ",") {
+			var n int
+			if _, err := fmt.Sscan(strings.TrimSpace(f), &n); err != nil || n < 1 {
+				return fmt.Errorf("--decode-slots: %q is not a positive count", f)
+			}
+			slots = append(slots, n)
+		}
+		for _, tr := range rep.Train {
+			for _, n := range slots {
+				for _, p := range precs {
+					r, err := rollout.BenchDecode(tr.Preset, *vocab, p, n, 32, 96, *dur)
+					if err != nil {
+						return err
+					}
+					rep.Decode = append(rep.Decode, benchDecodeRow{DecodeResult: r, PrecisionName: p.String(), VsForward: r.TokensPerS / tr.FwdTokensPerS})
+				}
+			}
+		}
+	}
 	if *asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
@@ -96,8 +136,18 @@ func runBench(args []string) error {
 		}
 		fmt.Fprintf(w, "%s\t%d\t%d\t%.0f\t%.0f\t%.1f\t%s\t\n", r.Preset, r.Params, r.Tokens, r.FwdTokensPerS, r.TokensPerS, r.TrainGFLOPS, mfu)
 	}
+	if len(rep.Decode) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "decode model\tsequences\tprecision\tgenerated tok/s\tvs forward\t")
+		for _, d := range rep.Decode {
+			fmt.Fprintf(w, "%s\t%d\t%s\t%.0f\t%.0f%%\t\n", d.Preset, d.Slots, d.PrecisionName, d.TokensPerS, 100*d.VsForward)
+		}
+	}
 	if err := w.Flush(); err != nil {
 		return err
+	}
+	if len(rep.Decode) > 0 {
+		fmt.Println("\ndecode: 32-token prompts, 96 new tokens each at temperature 1, all sequences concurrent; tokens/s counts generated tokens (prefill time included); vs forward = over the forward tok/s above.")
 	}
 	if rep.PeakGFLOPS > 0 {
 		fmt.Printf("\nMFU: model FLOPs of a training step (3 × forward, GEMMs and attention) per second over keel's float32 GEMM at 1024³ (%.1f GFLOP/s) in this run.\n", rep.PeakGFLOPS)
