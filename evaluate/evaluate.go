@@ -74,13 +74,25 @@ func Run(e *rollout.Engine, tok *tokenizer.Tokenizer, ex []data.Example, k int, 
 	}
 	for _, s := range samples {
 		pr := &rep.Samples[s.Prompt]
-		text := tok.DecodeLenient(s.Tokens)
-		pr.Responses = append(pr.Responses, text)
+		pr.Responses = append(pr.Responses, responseText(tok, end, s.Tokens))
 		pr.Lengths = append(pr.Lengths, len(s.Tokens))
-		pr.Rewards = append(pr.Rewards, tasks.Score(pr.Example.Task, pr.Example.Answer, text))
+		pr.Rewards = append(pr.Rewards, scoreSample(tok, end, pr.Example, s.Tokens))
 	}
 	rep.summarise()
 	return rep, nil
+}
+
+// responseText decodes a response without its final stop token.
+func responseText(tok *tokenizer.Tokenizer, end int32, ids []int32) string {
+	if len(ids) > 0 && ids[len(ids)-1] == end {
+		ids = ids[:len(ids)-1] // the stop token is not part of the answer
+	}
+	return tok.DecodeLenient(ids)
+}
+
+// scoreSample is the reward of a sampled response to ex.
+func scoreSample(tok *tokenizer.Tokenizer, end int32, ex data.Example, ids []int32) float64 {
+	return tasks.Score(ex.Task, ex.Answer, responseText(tok, end, ids))
 }
 
 // summarise fills Scores from Samples: per problem, avg = mean reward over

@@ -60,3 +60,15 @@ func TestRunOnRandomModel(t *testing.T) {
 		t.Fatalf("report %+v", rep.Scores)
 	}
 }
+
+// The <|im_end|> that ends a response must not reach the verifier: a
+// response "Answer: 12<|im_end|>" is right.
+func TestStopTokenStripped(t *testing.T) {
+	tok := tokenizer.NewChar()
+	r := &Report{K: 1, Samples: []ProblemResult{{Example: data.Example{Task: "arithmetic", Answer: "12"}}}}
+	text := "Answer: 12"
+	ids := append(tok.Encode(text), tok.MustID(tokenizer.ImEnd))
+	if got := scoreSample(tok, tok.MustID(tokenizer.ImEnd), r.Samples[0].Example, ids); got != 1 {
+		t.Fatalf("reward %v for %q + <|im_end|>", got, text)
+	}
+}
