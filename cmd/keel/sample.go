@@ -14,6 +14,7 @@ import (
 	"github.com/keel-rl/keel/internal/atomicfile"
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rollout"
+	"github.com/keel-rl/keel/tokenizer"
 )
 
 func init() {
@@ -95,6 +96,7 @@ type sampleOutput struct {
 	Routes        [][][]int `json:"routes,omitempty"`
 	Finish        string    `json:"finish"`
 	Version       int64     `json:"version"`
+	Text          string    `json:"text,omitempty"` // the decoded response (with --prompt)
 }
 
 func runSample(args []string) error {
@@ -139,7 +141,13 @@ func runSample(args []string) error {
 		return err
 	}
 	var prompts [][]int32
+	var tok *tokenizer.Tokenizer
 	if *prompt != "" {
+		if tok, err = tokenizer.Load(*dir); err == nil {
+			if id, ok := tok.ID(tokenizer.ImEnd); ok {
+				sp.Stop = append(sp.Stop, id)
+			}
+		}
 		if prompts, err = textPrompts(*dir, *prompt); err != nil {
 			return err
 		}
@@ -163,6 +171,9 @@ func runSample(args []string) error {
 			if s.Routes != nil {
 				o.Routes = s.Routes.Nested()
 			}
+			if tok != nil {
+				o.Text = tok.DecodeLenient(s.Tokens)
+			}
 			if err := enc.Encode(o); err != nil {
 				return err
 			}
@@ -180,7 +191,14 @@ func runSample(args []string) error {
 }
 
 // textPrompts tokenizes a text prompt with the model directory's
-// tokenizer.
+// tokenizer, as a ChatML user turn ready for the assistant's answer.
 func textPrompts(dir, text string) ([][]int32, error) {
-	return nil, fmt.Errorf("--prompt needs a tokenizer.json in %s; give token ids with --input", dir)
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("--prompt needs a tokenizer.json in %s; give token ids with --input", dir)
+		}
+		return nil, err
+	}
+	return [][]int32{tok.Encode(tokenizer.UserPrompt(text))}, nil
 }

@@ -69,7 +69,7 @@ func TestSampleCommandErrors(t *testing.T) {
 		{[]string{"--model", dir, "--input", bad}, "bad.jsonl:2"},
 		{[]string{"--model", dir, "--input", good, "--precision", "fp16"}, "unknown precision"},
 		{[]string{"--model", dir, "--input", good, "--stop", "x"}, "--stop"},
-		{[]string{"--model", dir, "--prompt", "hello"}, "tokenizer"},
+		{[]string{"--model", dir, "--prompt", "hello"}, "needs a tokenizer.json"},
 		{[]string{"--model", dir}, "--input or --prompt"},
 	} {
 		if err := runSample(c.args); err == nil || !strings.Contains(err.Error(), c.want) {
