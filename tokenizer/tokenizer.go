@@ -36,9 +36,12 @@ const (
 type Tokenizer struct {
 	vocab    map[string]int32 // piece -> id (characters and special tokens)
 	pieces   []string         // id -> piece
-	special  []string         // special tokens, longest first
+	special  []string         // special (added) tokens, longest first
 	specials map[string]bool
+	first    [256]bool // first bytes of the special tokens
 	unk      int32
+	bpe      *bpe    // byte-level BPE (Qwen's tokenizer), or nil: characters
+	added    []int32 // ids of added tokens (byte-level BPE)
 }
 
 // NewChar returns keel's built-in character tokenizer: the special tokens
@@ -73,17 +76,21 @@ func fromPieces(pieces, special []string, unk string) (*Tokenizer, error) {
 		t.special = append(t.special, s)
 	}
 	// Longest first, so a special token that prefixes another never wins.
-	for i := 1; i < len(t.special); i++ {
-		for j := i; j > 0 && len(t.special[j]) > len(t.special[j-1]); j-- {
-			t.special[j], t.special[j-1] = t.special[j-1], t.special[j]
-		}
-	}
+	sortLongestFirst(t.special)
+	t.index()
 	id, ok := t.vocab[unk]
 	if !ok {
 		return nil, fmt.Errorf("unknown token %q is not in the vocabulary", unk)
 	}
 	t.unk = id
 	return t, nil
+}
+
+// index records the first bytes of the special tokens.
+func (t *Tokenizer) index() {
+	for _, s := range t.special {
+		t.first[s[0]] = true
+	}
 }
 
 // VocabSize is the number of ids (a model's vocab_size must be at least
@@ -105,26 +112,42 @@ func (t *Tokenizer) MustID(piece string) int32 {
 	return id
 }
 
-// Encode returns the ids of text: special tokens written in the text are
-// recognised (as Hugging Face tokenizers does by default), every other
-// character maps to its id, or to <|unk|> outside the alphabet.
+// Encode returns the ids of text: special (added) tokens written in the
+// text are recognised anywhere (as Hugging Face tokenizers does by
+// default); the rest goes through the byte-level BPE, or, for keel's
+// character tokenizer, maps character by character (<|unk|> outside the
+// alphabet). No BOS/EOS is added.
 func (t *Tokenizer) Encode(text string) []int32 {
-	ids := make([]int32, 0, len(text))
-	for len(text) > 0 {
-		if text[0] == '<' {
-			if s := t.specialAt(text); s != "" {
-				ids = append(ids, t.vocab[s])
-				text = text[len(s):]
-				continue
-			}
+	ids := make([]int32, 0, len(text)/3+1)
+	start := 0
+	for i := 0; i < len(text); i++ {
+		if !t.first[text[i]] {
+			continue
 		}
-		r, n := utf8.DecodeRuneInString(text)
+		if s := t.specialAt(text[i:]); s != "" {
+			ids = t.encodePlain(ids, text[start:i])
+			ids = append(ids, t.vocab[s])
+			i += len(s) - 1
+			start = i + 1
+		}
+	}
+	return t.encodePlain(ids, text[start:])
+}
+
+// encodePlain encodes text that holds no special token.
+func (t *Tokenizer) encodePlain(ids []int32, text string) []int32 {
+	if text == "" {
+		return ids
+	}
+	if t.bpe != nil {
+		return t.bpe.encode(ids, text)
+	}
+	for _, r := range text {
 		id, ok := t.vocab[string(r)]
 		if !ok || t.specials[string(r)] {
 			id = t.unk
 		}
 		ids = append(ids, id)
-		text = text[n:]
 	}
 	return ids
 }
@@ -139,22 +162,36 @@ func (t *Tokenizer) specialAt(text string) string {
 }
 
 // Decode returns the text of ids, special tokens included as written.
-// An id outside the vocabulary is an error.
+// An id outside the vocabulary is an error. With byte-level BPE, bytes
+// that do not form valid UTF-8 (a token sequence cut inside a character)
+// become U+FFFD.
 func (t *Tokenizer) Decode(ids []int32) (string, error) {
-	var b strings.Builder
 	for i, id := range ids {
 		if id < 0 || int(id) >= len(t.pieces) {
-			return b.String(), fmt.Errorf("tokenizer: id %d at position %d is outside the vocabulary [0, %d)", id, i, len(t.pieces))
+			return "", fmt.Errorf("tokenizer: id %d at position %d is outside the vocabulary [0, %d)", id, i, len(t.pieces))
 		}
-		b.WriteString(t.pieces[id])
 	}
-	return b.String(), nil
+	return t.DecodeLenient(ids), nil
 }
 
 // DecodeLenient is Decode that renders an id outside the vocabulary as
 // <|unk|>, for showing model output (which may hold any id below the
 // model's vocab_size).
 func (t *Tokenizer) DecodeLenient(ids []int32) string {
+	if t.bpe != nil {
+		var b []byte
+		for _, id := range ids {
+			switch {
+			case id < 0 || int(id) >= len(t.pieces):
+				b = append(b, Unknown...)
+			case t.specials[t.pieces[id]]:
+				b = append(b, t.pieces[id]...)
+			default:
+				b = t.bpe.decodeBytes(b, t.pieces[id])
+			}
+		}
+		return strings.ToValidUTF8(string(b), "\uFFFD")
+	}
 	var b strings.Builder
 	for _, id := range ids {
 		if id < 0 || int(id) >= len(t.pieces) {
@@ -211,6 +248,9 @@ type hfModel struct {
 // own token), no pre-tokenizer or normaliser, the special tokens as added
 // tokens, and the Fuse decoder (pieces concatenated).
 func (t *Tokenizer) MarshalJSON() ([]byte, error) {
+	if t.bpe != nil {
+		return nil, errors.New("tokenizer: writing byte-level BPE tokenizers is not supported (copy the original tokenizer.json)")
+	}
 	unk := t.pieces[t.unk]
 	j := hfJSON{Version: "1.0", Decoder: &hfDecoder{Type: "Fuse"},
 		Model: hfModel{Type: "BPE", UnkToken: &unk, Vocab: map[string]int32{}, Merges: []any{}}}
@@ -259,19 +299,28 @@ func Load(path string) (*Tokenizer, error) {
 // yet (byte-level BPE with merges: Qwen's own tokenizer).
 var ErrUnsupported = errors.New("unsupported tokenizer")
 
-// Parse reads a tokenizer.json: a BPE model without merges and without a
-// pre-tokenizer, normaliser or byte-level handling (keel's character
-// tokenizer).
+// Parse reads a tokenizer.json: keel's character tokenizer (a BPE model
+// without merges, pre-tokenizer or normaliser), or a byte-level BPE of the
+// Qwen family (NFC, Qwen's split pattern, ByteLevel, merges as "a b"
+// strings or pairs).
 func Parse(b []byte) (*Tokenizer, error) {
 	var j hfJSON
 	if err := json.Unmarshal(b, &j); err != nil {
 		return nil, fmt.Errorf("not a tokenizer.json: %v", err)
 	}
+	if len(j.Model.Merges) > 0 || j.PreTokenizer != nil {
+		t, err := parseBPE(b)
+		if err != nil {
+			return nil, err
+		}
+		t.index()
+		return t, nil
+	}
 	if j.Model.Type != "BPE" {
 		return nil, fmt.Errorf("%w: model type %q (keel reads BPE)", ErrUnsupported, j.Model.Type)
 	}
-	if len(j.Model.Merges) > 0 || j.PreTokenizer != nil || j.Normalizer != nil {
-		return nil, fmt.Errorf("%w: byte-level BPE with merges, a pre-tokenizer or a normaliser (only keel's character tokenizer is supported so far)", ErrUnsupported)
+	if j.Normalizer != nil {
+		return nil, fmt.Errorf("%w: a normaliser without byte-level BPE", ErrUnsupported)
 	}
 	if len(j.Model.Vocab) == 0 {
 		return nil, errors.New("model.vocab is empty")

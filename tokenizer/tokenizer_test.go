@@ -82,7 +82,7 @@ func TestParseErrors(t *testing.T) {
 		{`{"model": {"type": "WordPiece", "vocab": {"a": 0}}}`, "WordPiece"},
 		{`{"model": {"type": "BPE", "vocab": {"a": 0, "b": 0}, "unk_token": "a"}}`, "repeated"},
 		{`{"model": {"type": "BPE", "vocab": {"a": 0, "b": 5}, "unk_token": "a"}}`, "out of range"},
-		{`{"model": {"type": "BPE", "vocab": {"a": 0, "ab": 1}, "merges": ["a b"]}}`, "byte-level"},
+		{`{"model": {"type": "BPE", "vocab": {"a": 0, "ab": 1}, "merges": ["a b"]}}`, "pre_tokenizer"},
 		{`{"model": {"type": "BPE", "vocab": {}}}`, "empty"},
 		{`{"model": {"type": "BPE", "vocab": {"a": 0}, "unk_token": "z"}}`, "unknown token"},
 	} {
