@@ -155,16 +155,28 @@ func readJSONL(r io.Reader, path string) ([]Example, error) {
 	return out, nil
 }
 
-// Read reads a data set, choosing the format by extension (.jsonl or
-// .json lines).
+// Read reads a data set, choosing the format by extension: .jsonl (or
+// .json lines) or .parquet.
 func Read(path string) ([]Example, error) {
 	switch {
 	case strings.HasSuffix(path, ".jsonl"), strings.HasSuffix(path, ".json"):
 		return ReadJSONL(path)
 	case strings.HasSuffix(path, ".parquet"):
-		return nil, fmt.Errorf("%s: Parquet data sets are not supported yet; convert to JSONL", path)
+		return ReadParquet(path)
 	}
-	return nil, fmt.Errorf("%s: unknown data format (want .jsonl)", path)
+	return nil, fmt.Errorf("%s: unknown data format (want .jsonl or .parquet)", path)
+}
+
+// Write writes a data set, choosing the format by extension: .jsonl in
+// keel's layout, .parquet in verl's.
+func Write(path string, ex []Example) error {
+	switch {
+	case strings.HasSuffix(path, ".jsonl"):
+		return WriteJSONL(path, ex)
+	case strings.HasSuffix(path, ".parquet"):
+		return WriteParquet(path, ex)
+	}
+	return fmt.Errorf("%s: unknown data format (want .jsonl or .parquet)", path)
 }
 
 // WriteJSONL writes examples to path in keel's layout, crash safe.

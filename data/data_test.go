@@ -2,6 +2,7 @@ package data
 
 import (
 	"github.com/keel-rl/keel/tokenizer"
+	"github.com/parquet-go/parquet-go"
 	"os"
 	"path/filepath"
 	"strings"
@@ -57,5 +58,63 @@ func TestErrorsNameFileAndLine(t *testing.T) {
 	}
 	if _, err := Read(filepath.Join(dir, "x.csv")); err == nil || !strings.Contains(err.Error(), "unknown data format") {
 		t.Errorf("csv: %v", err)
+	}
+}
+
+func TestParquetRoundTripAndErrors(t *testing.T) {
+	dir := t.TempDir()
+	ex, err := Generate(GenSpec{Tasks: []string{"countdown", "linear"}, N: 20, Difficulties: []int{1, 3}, Styles: []string{"scratch"}, Seed: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "d.parquet")
+	if err := Write(p, ex); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Read(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(ex) {
+		t.Fatalf("%d rows, want %d", len(got), len(ex))
+	}
+	for i := range ex {
+		c := got[i].Chat()
+		if got[i].Task != ex[i].Task || got[i].Answer != ex[i].Answer || got[i].Response != ex[i].Response ||
+			got[i].Difficulty != ex[i].Difficulty || len(c) != 1 || c[0].Content != ex[i].Prompt || c[0].Role != "user" {
+			t.Fatalf("row %d: %+v, wrote %+v", i, got[i], ex[i])
+		}
+	}
+	// A plain layout and a file missing a column.
+	type plain struct {
+		Task   string `parquet:"task"`
+		Prompt string `parquet:"prompt"`
+		Answer string `parquet:"answer"`
+	}
+	pp := filepath.Join(dir, "plain.parquet")
+	if err := parquet.WriteFile(pp, []plain{{"linear", "Solve x+1=2.", "1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Read(pp); err != nil || got[0].Prompt != "Solve x+1=2." || got[0].Answer != "1" {
+		t.Fatalf("plain layout: %+v, %v", got, err)
+	}
+	type noAnswer struct {
+		Task   string `parquet:"task"`
+		Prompt string `parquet:"prompt"`
+	}
+	pn := filepath.Join(dir, "bad.parquet")
+	parquet.WriteFile(pn, []noAnswer{{"linear", "x"}})
+	if _, err := Read(pn); err == nil || !strings.Contains(err.Error(), `bad.parquet: missing column "answer"`) {
+		t.Fatalf("missing column: %v", err)
+	}
+	type emptyPrompt = plain
+	pe := filepath.Join(dir, "empty.parquet")
+	parquet.WriteFile(pe, []emptyPrompt{{"linear", "a", "1"}, {"linear", "", "1"}})
+	if _, err := Read(pe); err == nil || !strings.Contains(err.Error(), "empty.parquet: row 1: empty prompt") {
+		t.Fatalf("empty prompt: %v", err)
+	}
+	os.WriteFile(filepath.Join(dir, "junk.parquet"), []byte("not parquet"), 0o644)
+	if _, err := Read(filepath.Join(dir, "junk.parquet")); err == nil || !strings.Contains(err.Error(), "not a Parquet file") {
+		t.Fatalf("junk: %v", err)
 	}
 }

@@ -14,7 +14,7 @@ func init() {
 	register(command{name: "data", summary: "generate task data sets (keel data gen) and show them", run: runData})
 }
 
-const dataUsage = `usage: keel data gen --task NAME[,NAME...] --n N [--difficulty D] [--style S] [--seed S] --out FILE.jsonl
+const dataUsage = `usage: keel data gen --task NAME[,NAME...] --n N [--difficulty D] [--style S] [--seed S] --out FILE.jsonl|.parquet
        keel data show FILE [--n N]
 
 gen draws problems of the built-in task families (%s) with their ground
@@ -43,7 +43,7 @@ func runDataGen(args []string) error {
 	diff := fs.String("difficulty", "1-3", "difficulty: N, N-M or a comma list (1..5)")
 	style := fs.String("style", "mixed", "solution style: terse, scratch, chain, a comma list, mixed, or none")
 	seed := fs.Uint64("seed", 1, "random seed")
-	out := fs.String("out", "", "output file (.jsonl)")
+	out := fs.String("out", "", "output file: .jsonl, or .parquet in verl's layout")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -57,8 +57,8 @@ func runDataGen(args []string) error {
 		return errors.New("--task is required")
 	case *out == "":
 		return errors.New("--out is required")
-	case !strings.HasSuffix(*out, ".jsonl"):
-		return fmt.Errorf("--out %s: keel writes .jsonl data sets", *out)
+	case !strings.HasSuffix(*out, ".jsonl") && !strings.HasSuffix(*out, ".parquet"):
+		return fmt.Errorf("--out %s: keel writes .jsonl or .parquet (verl's layout) data sets", *out)
 	}
 	spec := data.GenSpec{N: *n, Seed: *seed}
 	for _, t := range strings.Split(*task, ",") {
@@ -77,7 +77,7 @@ func runDataGen(args []string) error {
 	if err != nil {
 		return err
 	}
-	return data.WriteJSONL(*out, ex)
+	return data.Write(*out, ex)
 }
 
 func runDataShow(args []string) error {

@@ -51,7 +51,7 @@ func TestDataGenErrors(t *testing.T) {
 		{[]string{"gen", "--task", "chess", "--out", out}, "unknown task"},
 		{[]string{"gen", "--task", "linear", "--difficulty", "0-2", "--out", out}, "difficulty 0"},
 		{[]string{"gen", "--task", "linear", "--style", "poem", "--out", out}, "unknown style"},
-		{[]string{"gen", "--task", "linear", "--out", "x.csv"}, ".jsonl"},
+		{[]string{"gen", "--task", "linear", "--out", "x.csv"}, ".parquet"},
 		{[]string{"frobnicate"}, "unknown subcommand"},
 	} {
 		if err := runData(c.args); err == nil || !strings.Contains(err.Error(), c.want) {
