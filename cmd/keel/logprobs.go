@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 
-	"github.com/keel-rl/keel/internal/atomicfile"
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/train"
 )
@@ -58,10 +57,7 @@ func runLogprobs(args []string) error {
 	in := fs.String("input", "", "JSONL file of {\"tokens\": [ids]} lines")
 	out := fs.String("output", "", "output JSONL file (default: standard output)")
 	batchTokens := fs.Int("batch-tokens", 8192, "tokens per forward pass (sequences are never split)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
 	switch {
@@ -82,14 +78,7 @@ func runLogprobs(args []string) error {
 	if err != nil {
 		return err
 	}
-	if *out == "" {
-		w := bufio.NewWriter(os.Stdout)
-		if err := lpScore(w, m, seqs, *batchTokens); err != nil {
-			return err
-		}
-		return w.Flush()
-	}
-	return atomicfile.Write(*out, func(w io.Writer) error { return lpScore(w, m, seqs, *batchTokens) })
+	return writeOutput(*out, func(w io.Writer) error { return lpScore(w, m, seqs, *batchTokens) })
 }
 
 // lpReadInput reads and validates every line before any work, so that a bad

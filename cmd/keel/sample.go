@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -11,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/keel-rl/keel/internal/atomicfile"
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rollout"
 	"github.com/keel-rl/keel/tokenizer"
@@ -112,10 +110,7 @@ func runSample(args []string) error {
 	prec := fs.String("precision", "exact", "exact, fp32, bf16 or fp8")
 	var sf sampleFlags
 	sf.register(fs)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
 	switch {
@@ -180,14 +175,7 @@ func runSample(args []string) error {
 		}
 		return nil
 	}
-	if *out == "" {
-		w := bufio.NewWriter(os.Stdout)
-		if err := write(w); err != nil {
-			return err
-		}
-		return w.Flush()
-	}
-	return atomicfile.Write(*out, write)
+	return writeOutput(*out, write)
 }
 
 // textPrompts tokenizes a text prompt with the model directory's

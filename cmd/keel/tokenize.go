@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 
-	"github.com/keel-rl/keel/internal/atomicfile"
 	"github.com/keel-rl/keel/tokenizer"
 )
 
@@ -50,10 +49,7 @@ func runTokenize(args []string) error {
 		}
 		rest = append(rest, args[i])
 	}
-	if err := fs.Parse(rest); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	if help, err := parseFlags(fs, rest); help || err != nil {
 		return err
 	}
 	switch {
@@ -163,14 +159,7 @@ func runTokenize(args []string) error {
 			}
 		}
 	}
-	if *out == "" {
-		w := bufio.NewWriter(os.Stdout)
-		if err := write(w); err != nil {
-			return err
-		}
-		return w.Flush()
-	}
-	return atomicfile.Write(*out, write)
+	return writeOutput(*out, write)
 }
 
 // needsValue reports whether a flag takes the next argument as its value.
