@@ -511,6 +511,7 @@ type gemmPool struct {
 type gemmJob struct {
 	p     gemmProblem
 	batch []gemmProblem
+	each  func(i int) // when set, item i is each(i) (runItems)
 	items int
 	next  atomic.Int64
 	wg    sync.WaitGroup
@@ -523,6 +524,10 @@ func (j *gemmJob) drain(buf *gemmBuf) {
 		it := int(j.next.Add(1) - 1)
 		if it >= j.items {
 			return
+		}
+		if j.each != nil {
+			j.each(it)
+			continue
 		}
 		if j.batch != nil {
 			j.batch[it].serial(buf)
@@ -551,6 +556,24 @@ func (g *gemmPool) runBatch(nw int) {
 	g.start(nw)
 	j.batch = nil
 	clear(g.batch) // drop references to the caller's slices
+	g.mu.Unlock()
+}
+
+// runItems calls each(i) for i in [0, n), spread over the pool's
+// goroutines and the caller (items claimed in order), or on the caller
+// alone when the pool is busy or one thread is allowed.
+func runItems(n int, each func(i int)) {
+	nw := min(runtime.GOMAXPROCS(0), n)
+	if nw <= 1 || !gemmWorkers.mu.TryLock() {
+		for i := 0; i < n; i++ {
+			each(i)
+		}
+		return
+	}
+	g := &gemmWorkers
+	g.job.each, g.job.items = each, n
+	g.start(nw)
+	g.job.each = nil
 	g.mu.Unlock()
 }
 

@@ -83,3 +83,57 @@ func TestGemmBatchNoAllocs(t *testing.T) {
 		t.Errorf("GemmBatch allocates %v times per call", a)
 	}
 }
+
+// TestGemmBF16BatchMatchesCalls: every product of a bf16 batch has the bits
+// of its single call, bf16 and e4m3, split or whole, one or two threads.
+func TestGemmBF16BatchMatchesCalls(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	fill := func(n int) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(r.NormFloat64())
+		}
+		return x
+	}
+	for _, ntask := range []int{2, 9} {
+		var tasks []BF16Task
+		var want [][]float32
+		for i := 0; i < ntask; i++ {
+			m, n, k := 1+r.IntN(70), 1+r.IntN(90), 1+r.IntN(130)
+			e4 := i%2 == 1
+			w := fill(n * k)
+			var pb *PackedBF16B
+			if e4 {
+				pb = PackE4M3B(w, n, k, k)
+			} else {
+				pb = PackBF16BFloat32(w, n, k, k)
+			}
+			a, c := fill(m*k), fill(m*n)
+			ref := append([]float32(nil), c...)
+			if e4 {
+				GemmE4M3F32A(m, a, k, pb, ref, n, i%3 == 0)
+			} else {
+				GemmBF16F32A(m, a, k, pb, ref, n, i%3 == 0)
+			}
+			want = append(want, ref)
+			tasks = append(tasks, BF16Task{M: m, A: a, LDA: k, B: pb, C: c, LDC: n, Accumulate: i%3 == 0, E4M3: e4})
+		}
+		for _, procs := range []int{1, 2} {
+			saved := make([][]float32, len(tasks))
+			for i := range tasks {
+				saved[i] = append([]float32(nil), tasks[i].C...)
+			}
+			prev := runtime.GOMAXPROCS(procs)
+			GemmBF16Batch(tasks)
+			runtime.GOMAXPROCS(prev)
+			for i := range tasks {
+				for j := range want[i] {
+					if tasks[i].C[j] != want[i][j] {
+						t.Fatalf("%d tasks, GOMAXPROCS %d: task %d element %d = %v, single call %v", ntask, procs, i, j, tasks[i].C[j], want[i][j])
+					}
+				}
+				copy(tasks[i].C, saved[i])
+			}
+		}
+	}
+}

@@ -81,6 +81,7 @@ type moeBuffers struct {
 	tok             []int32 // per grouped row: its step row
 	xg, gug, ag, yg []float32
 	tasks           []kernels.GemmTask
+	bfTasks         []kernels.BF16Task
 }
 
 // New builds an engine for m (whose weights it copies in its precision;
@@ -190,6 +191,7 @@ func (e *Engine) alloc() {
 		mo.row, mo.tok = make([]int32, R*k), make([]int32, R*k)
 		mo.xg, mo.gug, mo.ag, mo.yg = f(R*k*e.H), f(R*k*2*I), f(R*k*I), f(R*k*e.H)
 		mo.tasks = make([]kernels.GemmTask, 0, 2*E)
+		mo.bfTasks = make([]kernels.BF16Task, 0, 2*E)
 		e.routes = make([][]int32, len(e.moeLayers))
 		for i := range e.routes {
 			e.routes[i] = make([]int32, R*k)
@@ -398,38 +400,36 @@ func (e *Engine) moeForward(ml int, W *layerWeights) {
 		mo.tok[g] = int32(j / k)
 	}
 	e.pool.run(R*k, e.fnGather)
-	e.experts(W, func(x *expert, r0, n int) (kernels.GemmTask, bool) {
-		return x.gu.task(mo.gug[r0*2*I:], 2*I, mo.xg[r0*H:], H, n)
-	}, func(x *expert, r0, n int) {
-		x.gu.apply(mo.gug[r0*2*I:], 2*I, mo.xg[r0*H:], H, n)
-	})
+	e.experts(W, func(x *expert) *linear { return &x.gu }, mo.gug, 2*I, mo.xg, H)
 	e.pool.run(R*k, e.fnSwiGLUX)
-	e.experts(W, func(x *expert, r0, n int) (kernels.GemmTask, bool) {
-		return x.down.task(mo.yg[r0*H:], H, mo.ag[r0*I:], I, n)
-	}, func(x *expert, r0, n int) {
-		x.down.apply(mo.yg[r0*H:], H, mo.ag[r0*I:], I, n)
-	})
+	e.experts(W, func(x *expert) *linear { return &x.down }, mo.yg, H, mo.ag, I)
 	e.pool.run(R, e.fnCombine)
 }
 
-// experts runs one product per expert with rows: as one GemmBatch where
-// the precision allows, else one call each.
-func (e *Engine) experts(W *layerWeights, task func(x *expert, r0, n int) (kernels.GemmTask, bool), call func(x *expert, r0, n int)) {
+// experts runs y = x·Wᵀ for every expert with rows (grouped rows r0..r0+n
+// of x and y, row strides ldx and ldy), W chosen by which: as one
+// GemmBatch (float32 paths) or GemmBF16Batch (bf16, fp8), so the experts'
+// products share the threads whole.
+func (e *Engine) experts(W *layerWeights, which func(*expert) *linear, y []float32, ldy int, x []float32, ldx int) {
 	mo := &e.moe
 	mo.tasks = mo.tasks[:0]
-	for x := range W.experts {
-		r0, n := mo.off[x], mo.off[x+1]-mo.off[x]
+	mo.bfTasks = mo.bfTasks[:0]
+	for i := range W.experts {
+		r0, n := mo.off[i], mo.off[i+1]-mo.off[i]
 		if n == 0 {
 			continue
 		}
-		if t, ok := task(&W.experts[x], r0, n); ok {
+		l := which(&W.experts[i])
+		if t, ok := l.task(y[r0*ldy:], ldy, x[r0*ldx:], ldx, n); ok {
 			mo.tasks = append(mo.tasks, t)
 		} else {
-			call(&W.experts[x], r0, n)
+			mo.bfTasks = append(mo.bfTasks, l.bf16Task(y[r0*ldy:], ldy, x[r0*ldx:], ldx, n))
 		}
 	}
 	kernels.GemmBatch(mo.tasks)
+	kernels.GemmBF16Batch(mo.bfTasks)
 	clear(mo.tasks) // drop references
+	clear(mo.bfTasks)
 }
 
 func (e *Engine) routerRows(_, lo, hi int) {

@@ -63,13 +63,18 @@ func (l *linear) apply(y []float32, ldy int, x []float32, ldx, rows int) {
 	}
 }
 
-// task returns apply as a GemmBatch task where the precision allows it
-// (float32 paths), so independent expert products share the threads.
+// task returns apply as a GemmBatch task on the float32 paths, so that
+// independent expert products share the threads.
 func (l *linear) task(y []float32, ldy int, x []float32, ldx, rows int) (kernels.GemmTask, bool) {
 	if l.f32 == nil || (l.prec != Exact && l.prec != FP32) {
 		return kernels.GemmTask{}, false
 	}
 	return kernels.GemmTask{M: rows, K: l.in, A: x, LDA: ldx, PB: l.f32, C: y, LDC: ldy}, true
+}
+
+// bf16Task is task for the bf16 and fp8 paths (GemmBF16Batch).
+func (l *linear) bf16Task(y []float32, ldy int, x []float32, ldx, rows int) kernels.BF16Task {
+	return kernels.BF16Task{M: rows, A: x, LDA: ldx, B: l.bf, C: y, LDC: ldy, E4M3: l.prec == FP8}
 }
 
 // layerWeights are one decoder layer's prepared weights.
