@@ -167,8 +167,8 @@ func (e *Engine) alloc() {
 	e.kc = make([][]float32, c.NumHiddenLayers)
 	e.vc = make([][]float32, c.NumHiddenLayers)
 	for l := range e.kc {
-		e.kc[l] = make([]float32, S*L*e.kvd)
-		e.vc[l] = make([]float32, S*L*e.kvd)
+		e.kc[l] = bigFloats(S * L * e.kvd)
+		e.vc[l] = bigFloats(S * L * e.kvd)
 	}
 	e.slot, e.pos, e.tok = make([]int32, R), make([]int32, R), make([]int32, R)
 	f := func(n int) []float32 { return make([]float32, n) }

@@ -1,0 +1,6 @@
+//go:build !linux
+
+package rollout
+
+// bigFloats returns n zeroed float32s for the KV cache.
+func bigFloats(n int) []float32 { return make([]float32, n) }
