@@ -10,9 +10,9 @@ import (
 // buffers are mapped directly and marked for transparent huge pages: the
 // cache of a few hundred sequences spans hundreds of megabytes read in
 // scattered slices every step, where 4 KB pages cost a TLB miss per slice.
-// The mapping is never unmapped (the engine holds it for its lifetime);
-// the fallback is an ordinary slice.
-func bigFloats(n int) []float32 {
+// Mappings are recorded in *maps for freeBig (Engine.Close); the
+// fallback is an ordinary slice.
+func bigFloats(n int, maps *[][]byte) []float32 {
 	const huge = 2 << 20
 	size := n * 4
 	if size < huge {
@@ -24,5 +24,13 @@ func bigFloats(n int) []float32 {
 		return make([]float32, n)
 	}
 	_ = unix.Madvise(b, unix.MADV_HUGEPAGE)
+	*maps = append(*maps, b)
 	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), n)
+}
+
+// freeBig unmaps what bigFloats mapped.
+func freeBig(maps [][]byte) {
+	for _, b := range maps {
+		_ = unix.Munmap(b)
+	}
 }
