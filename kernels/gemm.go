@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 )
 
@@ -559,6 +560,31 @@ func (g *gemmPool) runBatch(nw int) {
 	g.mu.Unlock()
 }
 
+// gemmSpin is how long an idle helper polls for the next job before
+// parking: waking a parked goroutine takes tens of microseconds, as long
+// as a small product, so back-to-back products (a layer's, or a decode
+// step's) would otherwise run mostly on the caller alone. Polling yields
+// to other goroutines, so it does not hold a processor from them.
+const gemmSpin = 100 * time.Microsecond
+
+// next returns the next job, polling for gemmSpin before blocking.
+func (g *gemmPool) next() *gemmJob {
+	select {
+	case j := <-g.work:
+		return j
+	default:
+	}
+	for deadline := time.Now().Add(gemmSpin); time.Now().Before(deadline); {
+		select {
+		case j := <-g.work:
+			return j
+		default:
+			runtime.Gosched()
+		}
+	}
+	return <-g.work
+}
+
 // runItems calls each(i) for i in [0, n), spread over the pool's
 // goroutines and the caller (items claimed in order), or on the caller
 // alone when the pool is busy or one thread is allowed.
@@ -583,7 +609,8 @@ func (g *gemmPool) start(nw int) {
 		g.started++
 		go func() {
 			var buf gemmBuf
-			for j := range g.work {
+			for {
+				j := g.next()
 				j.drain(&buf)
 				j.wg.Done()
 			}
