@@ -45,7 +45,6 @@ type Engine struct {
 	cos, sin                         []float32
 
 	kc, vc [][]float32 // per layer: [Slots][MaxLen][kvd]
-	mapped [][]byte    // memory mapped for the cache, released by Close
 
 	// The current step's rows and activations (StepRows rows each).
 	rows                       int
@@ -136,13 +135,11 @@ func New(m *model.Model, opt Options) (*Engine, error) {
 	return e, nil
 }
 
-// Close stops the engine's worker goroutines and releases its KV cache;
-// the engine must not be used afterwards.
+// Close stops the engine's worker goroutines and drops its KV cache; the
+// engine must not be used afterwards.
 func (e *Engine) Close() {
 	e.pool.close()
 	e.kc, e.vc = nil, nil
-	freeBig(e.mapped)
-	e.mapped = nil
 }
 
 // Config returns the model configuration the engine serves.
@@ -174,8 +171,8 @@ func (e *Engine) alloc() {
 	e.kc = make([][]float32, c.NumHiddenLayers)
 	e.vc = make([][]float32, c.NumHiddenLayers)
 	for l := range e.kc {
-		e.kc[l] = bigFloats(S*L*e.kvd, &e.mapped)
-		e.vc[l] = bigFloats(S*L*e.kvd, &e.mapped)
+		e.kc[l] = make([]float32, S*L*e.kvd)
+		e.vc[l] = make([]float32, S*L*e.kvd)
 	}
 	e.slot, e.pos, e.tok = make([]int32, R), make([]int32, R), make([]int32, R)
 	f := func(n int) []float32 { return make([]float32, n) }
