@@ -131,6 +131,11 @@ func parseBPE(b []byte) (*Tokenizer, error) {
 	if size == 0 {
 		return nil, fmt.Errorf("model.vocab is empty")
 	}
+	// Ids are dense in real files (Qwen's: 151,643 pieces then 26 added
+	// tokens); a sparse id would make the id table absurdly large.
+	if limit := len(j.Model.Vocab) + len(j.AddedTokens); size > limit {
+		return nil, fmt.Errorf("ids run to %d for %d pieces and added tokens (ids must be dense)", size-1, limit)
+	}
 	t := &Tokenizer{vocab: map[string]int32{}, pieces: make([]string, size), specials: map[string]bool{}, bpe: m, unk: -1}
 	for p, id := range j.Model.Vocab {
 		if id < 0 {

@@ -134,3 +134,21 @@ func FuzzCharRoundTrip(f *testing.F) {
 		}
 	})
 }
+
+// A malformed tokenizer.json is an error, never a panic, and whatever
+// parses encodes and decodes without panicking.
+func FuzzParse(f *testing.F) {
+	b, _ := NewChar().MarshalJSON()
+	f.Add(b)
+	f.Add([]byte(`{"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]}, "pre_tokenizer": null}`))
+	f.Add([]byte(`{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [["a", "a"]]}, "added_tokens": [{"id": 5, "content": "<x>"}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		tk, err := Parse(data)
+		if err != nil {
+			return
+		}
+		ids := tk.Encode("a<x>b <|im_end|> é")
+		tk.DecodeLenient(ids)
+		tk.Decode(ids)
+	})
+}
