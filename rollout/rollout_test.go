@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"github.com/keel-rl/keel/internal/testmodel"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -10,25 +11,9 @@ import (
 	"github.com/keel-rl/keel/train"
 )
 
-// randomModel fills a model with weights of unit-scale activations (larger
+// randomModel is a model with unit-scale activations (larger weights
 // than model.Init's), so that routing and sampling are far from uniform.
-func randomModel(c model.Config, seed uint64) *model.Model {
-	m := model.New(c)
-	r := rand.New(rand.NewPCG(seed, 7))
-	for _, p := range m.Params() {
-		if len(p.Shape) == 1 {
-			for i := range p.Data {
-				p.Data[i] = float32(1 + 0.2*r.NormFloat64())
-			}
-			continue
-		}
-		sc := 1 / math.Sqrt(float64(p.Shape[1]))
-		for i := range p.Data {
-			p.Data[i] = float32(sc * r.NormFloat64())
-		}
-	}
-	return m
-}
+func randomModel(c model.Config, seed uint64) *model.Model { return testmodel.Random(c, seed) }
 
 func denseConfig() model.Config {
 	return model.Config{

@@ -1,6 +1,7 @@
 package train
 
 import (
+	"github.com/keel-rl/keel/internal/testmodel"
 	"math"
 	"math/rand/v2"
 
@@ -34,21 +35,7 @@ func engTinyConfig(moe, normTopK, tie bool) model.Config {
 // engRandomModel fills a model with seeded random weights: norms near 1,
 // linear weights with a scale that keeps activations O(1).
 func engRandomModel(c model.Config, seed uint64) *model.Model {
-	m := model.New(c)
-	r := rand.New(rand.NewPCG(seed, 7))
-	for _, p := range m.Params() {
-		if len(p.Shape) == 1 {
-			for i := range p.Data {
-				p.Data[i] = float32(1 + 0.2*r.NormFloat64())
-			}
-			continue
-		}
-		sc := 1 / math.Sqrt(float64(p.Shape[1]))
-		for i := range p.Data {
-			p.Data[i] = float32(sc * r.NormFloat64())
-		}
-	}
-	return m
+	return testmodel.Random(c, seed)
 }
 
 func engRandomSeqs(r *rand.Rand, vocab int, lens ...int) [][]int32 {
