@@ -171,8 +171,8 @@ func (e *Engine) alloc() {
 	e.kc = make([][]float32, c.NumHiddenLayers)
 	e.vc = make([][]float32, c.NumHiddenLayers)
 	for l := range e.kc {
-		e.kc[l] = make([]float32, S*L*e.kvd)
-		e.vc[l] = make([]float32, S*L*e.kvd)
+		e.kc[l] = prefault(make([]float32, S*L*e.kvd))
+		e.vc[l] = prefault(make([]float32, S*L*e.kvd))
 	}
 	e.slot, e.pos, e.tok = make([]int32, R), make([]int32, R), make([]int32, R)
 	f := func(n int) []float32 { return make([]float32, n) }
@@ -203,6 +203,16 @@ func (e *Engine) alloc() {
 	}
 	e.outRow = make([]int32, 0, R)
 	e.xo, e.lp = f(R*e.H), f(R*e.V)
+}
+
+// prefault writes every page of a fresh buffer once, so that the first
+// decode steps to reach a position do not each pay a page fault (the KV
+// cache is hundreds of megabytes that the OS maps lazily).
+func prefault(b []float32) []float32 {
+	for i := 0; i < len(b); i += 1024 {
+		b[i] = 0
+	}
+	return b
 }
 
 func (e *Engine) bind() {
