@@ -35,8 +35,9 @@ func digits(r *rand.Rand, lo, hi int) int64 {
 	return min + r.Int64N(9*min)
 }
 
-// Generate implements Task.
+// Generate implements Task; a difficulty out of range is clamped.
 func (Arithmetic) Generate(r *rand.Rand, d int) Problem {
+	d = clampDifficulty(d)
 	var p arithProblem
 	mul := d >= 3 && r.IntN(3) == 0
 	switch {
@@ -85,7 +86,10 @@ func placeValues(n int64) []int64 {
 
 // Solve implements Task.
 func (Arithmetic) Solve(pr Problem, style string) string {
-	p := pr.solve.(arithProblem)
+	p, ok := pr.solve.(arithProblem)
+	if !ok {
+		return ""
+	}
 	ans := fmt.Sprintf("Answer: %d", p.value())
 	if style == Terse {
 		return ans

@@ -36,8 +36,9 @@ type cdProblem struct {
 	expr   string // the solution, fully parenthesised
 }
 
-// Generate implements Task.
+// Generate implements Task; a difficulty out of range is clamped.
 func (Countdown) Generate(r *rand.Rand, d int) Problem {
+	d = clampDifficulty(d)
 	count := []int{3, 3, 4, 4, 5}[d-1]
 	maxN := []int{10, 25, 25, 25, 25}[d-1]
 	use := []int{2, 3, 3, 4, 4}[d-1]
@@ -139,7 +140,10 @@ func cdBuild(r *rand.Rand, nums []int64, use int) (cdProblem, bool) {
 
 // Solve implements Task.
 func (Countdown) Solve(pr Problem, style string) string {
-	p := pr.solve.(cdProblem)
+	p, ok := pr.solve.(cdProblem)
+	if !ok {
+		return ""
+	}
 	ans := "Answer: " + p.expr
 	switch style {
 	case Terse:
@@ -160,7 +164,8 @@ func (Countdown) Solve(pr Problem, style string) string {
 
 // Score implements Task: the final answer must be an expression over the
 // given numbers (each used at most once) that evaluates exactly to the
-// target. "EXPR = TARGET" is accepted too.
+// target. "EXPR = TARGET" is accepted too (with the right target). The
+// ground truth is "TARGET|n1,n2,...".
 func (Countdown) Score(answer, response string) float64 {
 	tgt, list, ok := strings.Cut(answer, "|")
 	if !ok {
@@ -182,7 +187,10 @@ func (Countdown) Score(answer, response string) float64 {
 	if !ok {
 		return 0
 	}
-	if lhs, _, found := strings.Cut(got, "="); found {
+	if lhs, rhs, found := strings.Cut(got, "="); found {
+		if v, ok := parseInt(rhs); !ok || v != target {
+			return 0
+		}
 		got = lhs
 	}
 	v, used, ok := evalExpr(got)
@@ -202,15 +210,11 @@ func (Countdown) Score(answer, response string) float64 {
 // + - * / and parentheses with exact rationals, returning the numbers it
 // used. ok is false for anything malformed, a division by zero or more
 // than 64 numbers.
+// Spaces and tabs are ignored.
 func evalExpr(s string) (v *big.Rat, used []int64, ok bool) {
-	e := &exprParser{s: strings.ReplaceAll(s, " ", "")}
-	defer func() {
-		if recover() != nil {
-			v, used, ok = nil, nil, false
-		}
-	}()
+	e := &exprParser{s: strings.Join(strings.Fields(s), "")}
 	v = e.sum(0)
-	if e.pos != len(e.s) || e.bad || len(e.used) > 64 {
+	if e.pos != len(e.s) || e.bad {
 		return nil, nil, false
 	}
 	return v, e.used, true
@@ -289,7 +293,9 @@ func (e *exprParser) atom(depth int) *big.Rat {
 	for e.pos < len(e.s) && e.s[e.pos] >= '0' && e.s[e.pos] <= '9' {
 		e.pos++
 	}
-	if e.pos == start || e.pos-start > 9 {
+	// At most 64 numbers of at most 9 digits: exact values stay small
+	// however long the response.
+	if e.pos == start || e.pos-start > 9 || len(e.used) >= 64 {
 		e.bad = true
 		return new(big.Rat)
 	}

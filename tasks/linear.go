@@ -46,8 +46,9 @@ func term(v int64, name string, first bool) string {
 	return sign + fmt.Sprint(v) + name
 }
 
-// Generate implements Task.
+// Generate implements Task; a difficulty out of range is clamped.
 func (Linear) Generate(r *rand.Rand, d int) Problem {
+	d = clampDifficulty(d)
 	rng := func(lo, hi int64) int64 { return lo + r.Int64N(hi-lo+1) }
 	nonzero := func(lo, hi int64) int64 {
 		for {
@@ -82,7 +83,10 @@ func (Linear) Generate(r *rand.Rand, d int) Problem {
 
 // Solve implements Task.
 func (Linear) Solve(pr Problem, style string) string {
-	p := pr.solve.(linProblem)
+	p, ok := pr.solve.(linProblem)
+	if !ok {
+		return ""
+	}
 	ans := fmt.Sprintf("Answer: %d", p.x)
 	if style == Terse {
 		return ans

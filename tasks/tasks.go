@@ -6,7 +6,15 @@
 //
 // The families are sized for keel's tiny models (a character tokenizer,
 // sequences of at most a few hundred tokens): prompts and solutions are
-// compact printable ASCII.
+// compact printable ASCII. Each has difficulty levels 1..5 (see the
+// family's type for what a level means):
+//
+//	arithmetic  "Compute 4821+397."          answer "5218"
+//	countdown   "Use 3 7 25 50 to make 104." answer "104|3,7,25,50"
+//	linear      "Solve 8x+4=7x-21."          answer "-25"
+//
+// Solutions end with the marked line "Answer: ..."; verifiers also accept
+// \boxed{...} and <answer>...</answer> (see FinalAnswer).
 package tasks
 
 import (
@@ -48,7 +56,9 @@ type Task interface {
 	// Generate draws a problem of the given difficulty (1..MaxDifficulty).
 	Generate(r *rand.Rand, difficulty int) Problem
 	// Solve writes a reference solution in a style, ending with the
-	// marked answer line "Answer: ...".
+	// marked answer line "Answer: ...". p must come from Generate (a
+	// Problem rebuilt from a data file carries no solution data): any
+	// other gives "".
 	Solve(p Problem, style string) string
 	// Score returns 1 if response's final answer is right for the ground
 	// truth answer, else 0. It never fails.
@@ -95,6 +105,9 @@ func Generate(t Task, r *rand.Rand, d int) (Problem, error) {
 	return t.Generate(r, d), nil
 }
 
+// clampDifficulty brings d into [1, MaxDifficulty].
+func clampDifficulty(d int) int { return max(1, min(d, MaxDifficulty)) }
+
 // CheckStyle reports an unknown style.
 func CheckStyle(s string) error {
 	for _, x := range Styles {
@@ -105,32 +118,44 @@ func CheckStyle(s string) error {
 	return fmt.Errorf("unknown style %q (want %s)", s, strings.Join(Styles, ", "))
 }
 
-// FinalAnswer extracts the final answer of a response: the content of the
-// last "Answer:" line or the last \boxed{...}, whichever comes later. ok
-// is false when the response marks no answer.
+// FinalAnswer extracts the final answer of a response. Three markers are
+// recognised, and the one that starts last in the response wins:
+//
+//   - an answer line: "Answer:" (any letter case, so "Final answer:" too),
+//     the answer being the rest of that line;
+//   - \boxed{...}, with balanced braces inside (an unclosed one is ignored);
+//   - <answer>...</answer>, as R1-style and TinyZero prompts ask for.
+//
+// Surrounding spaces and one trailing period are removed. ok is false when
+// the response marks no answer; a verifier then scores 0.
 func FinalAnswer(response string) (string, bool) {
 	ans, at := "", -1
-	if i := strings.LastIndex(response, "Answer:"); i >= 0 {
-		line := response[i+len("Answer:"):]
+	if i := lastIndexFold(response, "answer:"); i >= 0 {
+		line := response[i+len("answer:"):]
 		if j := strings.IndexByte(line, '\n'); j >= 0 {
 			line = line[:j]
 		}
+		line, _, _ = strings.Cut(line, "</answer>") // "<answer>Answer: 5</answer>"
 		ans, at = line, i
 	}
-	if i := strings.LastIndex(response, `\boxed{`); i > at {
-		rest := response[i+len(`\boxed{`):]
-		depth := 1
-		for j := 0; j < len(rest); j++ {
-			switch rest[j] {
-			case '{':
-				depth++
-			case '}':
-				depth--
-			}
-			if depth == 0 {
-				ans, at = rest[:j], i
-				break
-			}
+	// The last closed \boxed{...}; a few unclosed ones after it are skipped
+	// (bounded, so a pathological response stays linear).
+	end := len(response)
+	for try := 0; try < 8; try++ {
+		i := strings.LastIndex(response[:end], `\boxed{`)
+		if i <= at {
+			break
+		}
+		if content, ok := braced(response[i+len(`\boxed{`):]); ok {
+			ans, at = content, i
+			break
+		}
+		end = i
+	}
+	if i := strings.LastIndex(response, "<answer>"); i > at {
+		rest := response[i+len("<answer>"):]
+		if j := strings.Index(rest, "</answer>"); j >= 0 {
+			ans, at = rest[:j], i
 		}
 	}
 	if at < 0 {
@@ -141,14 +166,65 @@ func FinalAnswer(response string) (string, bool) {
 	return strings.TrimSpace(ans), true
 }
 
-// parseInt reads a whole integer answer: optional sign, digits, optional
-// thousands commas; nothing else.
+// braced returns the text before the '}' that closes an already opened
+// brace, counting nested braces; ok is false when it never closes.
+func braced(s string) (string, bool) {
+	depth := 1
+	for j := 0; j < len(s); j++ {
+		switch s[j] {
+		case '{':
+			depth++
+		case '}':
+			depth--
+			if depth == 0 {
+				return s[:j], true
+			}
+		}
+	}
+	return "", false
+}
+
+// lastIndexFold is strings.LastIndex with ASCII letters matched in any
+// case; lower must be lower-case ASCII.
+func lastIndexFold(s, lower string) int {
+	for i := len(s) - len(lower); i >= 0; i-- {
+		match := true
+		for k := 0; k < len(lower); k++ {
+			c := s[i+k]
+			if 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			if c != lower[k] {
+				match = false
+				break
+			}
+		}
+		if match {
+			return i
+		}
+	}
+	return -1
+}
+
+// parseInt reads a whole integer answer: an optional sign (a space may
+// follow it), then digits, which may be grouped in thousands by commas
+// ("12,345", not "1,2345"); nothing else. Values beyond 18 digits are
+// rejected.
 func parseInt(s string) (int64, bool) {
-	s = strings.ReplaceAll(strings.TrimSpace(s), ",", "")
+	s = strings.TrimSpace(s)
 	neg := false
 	if s != "" && (s[0] == '-' || s[0] == '+') {
 		neg = s[0] == '-'
 		s = strings.TrimSpace(s[1:])
+	}
+	if strings.Contains(s, ",") {
+		groups := strings.Split(s, ",")
+		for i, g := range groups {
+			if len(g) == 0 || len(g) > 3 || (i > 0 && len(g) != 3) {
+				return 0, false
+			}
+		}
+		s = strings.Join(groups, "")
 	}
 	if s == "" || len(s) > 18 {
 		return 0, false
@@ -181,3 +257,6 @@ func scoreInt(answer, response string) float64 {
 	}
 	return 0
 }
+
+// Score scores response against p's ground truth with p's task verifier.
+func (p Problem) Score(response string) float64 { return Score(p.Task, p.Answer, response) }
