@@ -35,3 +35,10 @@ func ChatML(msgs []Message, addGenerationPrompt bool) string {
 func UserPrompt(content string) string {
 	return ChatML([]Message{{Role: "user", Content: content}}, true)
 }
+
+// EncodeChat returns the ids of msgs in the ChatML layout (ChatML), with
+// the generation prompt if addGenerationPrompt: what Hugging Face's
+// apply_chat_template with tokenize=True gives for Qwen's ChatML.
+func (t *Tokenizer) EncodeChat(msgs []Message, addGenerationPrompt bool) []int32 {
+	return t.Encode(ChatML(msgs, addGenerationPrompt))
+}

@@ -38,7 +38,7 @@ func qwen(t testing.TB) *Tokenizer {
 			qwenErr = err
 			return
 		}
-		qwenTok, qwenErr = Parse(b)
+		qwenTok, qwenErr = Parse(b, "qwen3-tokenizer.json")
 	})
 	if qwenErr != nil {
 		t.Fatal(qwenErr)

@@ -1,11 +1,14 @@
-// Package tokenizer turns text into token ids and back. It holds keel's
-// built-in character tokenizer for the synthetic tasks, stored as a real
-// Hugging Face tokenizer.json in every model directory keel writes, so a
-// model directory describes itself, and the ChatML layout that both keel's
-// tokenizer and Qwen's use.
+// Package tokenizer turns text into token ids and back, as Hugging Face
+// tokenizers does with a tokenizer.json. It applies keel's built-in
+// character tokenizer (stored as a real tokenizer.json in every model
+// directory keel writes, so a model directory describes itself) and the
+// byte-level BPE of the Qwen family (Qwen2, Qwen2.5, Qwen3: NFC, Qwen's
+// split pattern, GPT-2's byte mapping, ranked merges, added and special
+// tokens), id for id; and it renders chats in the ChatML layout both use.
 package tokenizer
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,7 +16,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/keel-rl/keel/internal/atomicfile"
 )
@@ -29,238 +31,300 @@ const (
 	Unknown   = "<|unk|>"       // keel's character tokenizer: a character outside its alphabet
 )
 
-// Tokenizer maps text to ids and back: special tokens (matched first,
-// anywhere in the text) and then single characters. It is keel's character
-// tokenizer; its tokenizer.json is a Hugging Face BPE model without merges,
-// which Hugging Face tokenizers loads and applies the same way.
+// ErrUnsupported is wrapped by the errors for tokenizer.json files that
+// are valid but use a component keel does not apply (another model type,
+// normaliser or pre-tokenizer).
+var ErrUnsupported = errors.New("unsupported tokenizer")
+
+// Tokenizer maps text to ids and back following a Hugging Face
+// tokenizer.json: added tokens are matched first (leftmost, longest), the
+// text between them is normalised (NFC or nothing), cut into pre-tokens
+// (Qwen's split pattern, or not at all) and each pre-token's bytes or
+// characters are merged by the BPE model. A Tokenizer is safe for
+// concurrent use.
 type Tokenizer struct {
-	vocab    map[string]int32 // piece -> id (characters and special tokens)
-	pieces   []string         // id -> piece
-	special  []string         // special (added) tokens, longest first
-	specials map[string]bool
-	first    [256]bool // first bytes of the special tokens
-	unk      int32
-	bpe      *bpe    // byte-level BPE (Qwen's tokenizer), or nil: characters
-	added    []int32 // ids of added tokens (byte-level BPE)
+	pieces  []string         // id -> token: model pieces as stored, added tokens' content; "" for an unused id
+	vocab   map[string]int32 // model vocabulary
+	added   map[string]int32 // added tokens: content -> id
+	isAdded []bool           // by id
+
+	raw    matcher // added tokens matched on the raw text (normalized: false)
+	normed matcher // added tokens matched after normalisation (normalized: true)
+
+	nfc       bool // NFC normaliser
+	split     bool // Qwen's split pattern
+	byteLevel bool // GPT-2 byte mapping before the model
+	model     *bpe
+	decoder   decoderKind
+
+	prefix, suffix []int32 // the post-processor's tokens around a sequence
+
+	src []byte // the tokenizer.json this tokenizer was read from or built as
 }
 
 // NewChar returns keel's built-in character tokenizer: the special tokens
 // <|endoftext|> (0), <|im_start|> (1), <|im_end|> (2), <|unk|> (3), then
 // newline (4) and the printable ASCII characters space to tilde (5..99):
-// 100 tokens, enough for every synthetic task.
+// 100 tokens, enough for every synthetic task. Its tokenizer.json (WriteFile)
+// is a BPE model with one-character pieces and no merges, no normaliser or
+// pre-tokenizer, the four special tokens as added tokens and the Fuse
+// decoder: Hugging Face tokenizers loads it and gives the same ids.
 func NewChar() *Tokenizer {
+	j := charJSON()
+	t, err := build(j)
+	if err != nil {
+		panic(err) // the built-in table is valid; TestCharFile checks it
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(j); err != nil {
+		panic(err)
+	}
+	t.src = b.Bytes()
+	return t
+}
+
+func charJSON() *fileJSON {
 	pieces := []string{EndOfText, ImStart, ImEnd, Unknown, "\n"}
 	for c := ' '; c <= '~'; c++ {
 		pieces = append(pieces, string(c))
 	}
-	t, err := fromPieces(pieces, []string{EndOfText, ImStart, ImEnd, Unknown}, Unknown)
-	if err != nil {
-		panic(err) // the built-in table is valid
+	unk := Unknown
+	j := &fileJSON{
+		Version:       "1.0",
+		Truncation:    nullJSON,
+		Padding:       nullJSON,
+		Normalizer:    nullJSON,
+		PreTokenizer:  nullJSON,
+		PostProcessor: nullJSON,
+		Decoder:       []byte(`{"type":"Fuse"}`),
+		Model: modelJSON{Type: "BPE", UnkToken: &unk, Vocab: orderedVocab{},
+			Merges: mergesJSON{}},
 	}
-	return t
+	for id, p := range pieces {
+		j.Model.Vocab[p] = int32(id)
+		if id < 4 {
+			j.AddedTokens = append(j.AddedTokens, addedJSON{ID: int32(id), Content: p, Special: true})
+		}
+	}
+	return j
 }
 
-func fromPieces(pieces, special []string, unk string) (*Tokenizer, error) {
-	t := &Tokenizer{vocab: map[string]int32{}, pieces: pieces, specials: map[string]bool{}}
-	for i, p := range pieces {
-		if _, dup := t.vocab[p]; dup {
-			return nil, fmt.Errorf("token %q appears twice", p)
-		}
-		t.vocab[p] = int32(i)
+var nullJSON = []byte("null")
+
+// Load reads a tokenizer.json, or the one in a model directory. Errors
+// name the file, and for malformed JSON the line and column.
+func Load(path string) (*Tokenizer, error) {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		path = filepath.Join(path, FileName)
 	}
-	for _, s := range special {
-		if _, ok := t.vocab[s]; !ok {
-			return nil, fmt.Errorf("special token %q is not in the vocabulary", s)
-		}
-		t.specials[s] = true
-		t.special = append(t.special, s)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
 	}
-	// Longest first, so a special token that prefixes another never wins.
-	sortLongestFirst(t.special)
-	t.index()
-	id, ok := t.vocab[unk]
-	if !ok {
-		return nil, fmt.Errorf("unknown token %q is not in the vocabulary", unk)
+	return Parse(b, path)
+}
+
+// Parse reads a tokenizer.json; name (a file name) starts every error.
+// keel applies BPE models with no normaliser or NFC, no pre-tokenizer or
+// Qwen's Split + ByteLevel, and the ByteLevel, Fuse or no decoder; other
+// components give an error wrapping ErrUnsupported.
+func Parse(data []byte, name string) (*Tokenizer, error) {
+	var j fileJSON
+	if err := json.Unmarshal(data, &j); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, jsonError(data, err))
 	}
-	t.unk = id
+	t, err := build(&j)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	t.src = data
 	return t, nil
 }
 
-// index records the first bytes of the special tokens.
-func (t *Tokenizer) index() {
-	for _, s := range t.special {
-		t.first[s[0]] = true
-	}
-}
-
-// VocabSize is the number of ids (a model's vocab_size must be at least
-// this).
+// VocabSize is the number of ids, one more than the largest id (a model's
+// vocab_size must be at least this).
 func (t *Tokenizer) VocabSize() int { return len(t.pieces) }
 
-// ID returns the id of a piece (a character or a special token).
-func (t *Tokenizer) ID(piece string) (int32, bool) {
-	id, ok := t.vocab[piece]
+// ID returns the id of a token: an added token's content, or a model piece
+// as the vocabulary stores it (byte-level form for byte-level BPE).
+func (t *Tokenizer) ID(token string) (int32, bool) {
+	if id, ok := t.added[token]; ok {
+		return id, true
+	}
+	id, ok := t.vocab[token]
 	return id, ok
 }
 
-// MustID is ID for pieces the caller knows exist (the special tokens).
-func (t *Tokenizer) MustID(piece string) int32 {
-	id, ok := t.vocab[piece]
+// MustID is ID for tokens the caller knows exist (the special tokens of
+// its own tokenizer); it panics on a missing one.
+func (t *Tokenizer) MustID(token string) int32 {
+	id, ok := t.ID(token)
 	if !ok {
-		panic(fmt.Sprintf("tokenizer: no token %q", piece))
+		panic(fmt.Sprintf("tokenizer: no token %q", token))
 	}
 	return id
 }
 
-// Encode returns the ids of text: special (added) tokens written in the
-// text are recognised anywhere (as Hugging Face tokenizers does by
-// default); the rest goes through the byte-level BPE, or, for keel's
-// character tokenizer, maps character by character (<|unk|> outside the
-// alphabet). No BOS/EOS is added.
-func (t *Tokenizer) Encode(text string) []int32 {
-	ids := make([]int32, 0, len(text)/3+1)
-	start := 0
-	for i := 0; i < len(text); i++ {
-		if !t.first[text[i]] {
-			continue
-		}
-		if s := t.specialAt(text[i:]); s != "" {
-			ids = t.encodePlain(ids, text[start:i])
-			ids = append(ids, t.vocab[s])
-			i += len(s) - 1
-			start = i + 1
-		}
+// Token returns the token of id as ID takes it, and whether id names one.
+func (t *Tokenizer) Token(id int32) (string, bool) {
+	if id < 0 || int(id) >= len(t.pieces) || (t.pieces[id] == "" && !t.isAdded[id]) {
+		return "", false
 	}
-	return t.encodePlain(ids, text[start:])
+	return t.pieces[id], true
 }
 
-// encodePlain encodes text that holds no special token.
-func (t *Tokenizer) encodePlain(ids []int32, text string) []int32 {
-	if text == "" {
+// Special holds the ids of the tokens of the ChatML layout; -1 where the
+// tokenizer has none.
+type Special struct {
+	EndOfText int32 // <|endoftext|>: the end of a document
+	ImStart   int32 // <|im_start|>
+	ImEnd     int32 // <|im_end|>: the end of a response (generation stops here)
+	Pad       int32 // padding: <|endoftext|>, as Qwen pads
+}
+
+// Special returns the ids of the ChatML layout's tokens.
+func (t *Tokenizer) Special() Special {
+	get := func(s string) int32 {
+		if id, ok := t.ID(s); ok {
+			return id
+		}
+		return -1
+	}
+	s := Special{EndOfText: get(EndOfText), ImStart: get(ImStart), ImEnd: get(ImEnd)}
+	s.Pad = s.EndOfText
+	return s
+}
+
+// Encode returns the ids of text as Hugging Face tokenizers' encode with
+// add_special_tokens false gives them: added and special tokens written in
+// the text are recognised, and nothing is added around it.
+func (t *Tokenizer) Encode(text string) []int32 {
+	return t.encode(make([]int32, 0, len(text)/3+1), text, true)
+}
+
+// EncodeOrdinary is Encode with no added token recognised: text that spells
+// one ("<|im_end|>" in user content) is encoded as ordinary characters.
+func (t *Tokenizer) EncodeOrdinary(text string) []int32 {
+	return t.encode(make([]int32, 0, len(text)/3+1), text, false)
+}
+
+// AddSpecialTokens returns ids with the tokens the tokenizer's post-processor
+// puts around a single sequence (BOS, EOS: Hugging Face's
+// add_special_tokens); Qwen's tokenizers and keel's add none.
+func (t *Tokenizer) AddSpecialTokens(ids []int32) []int32 {
+	if len(t.prefix)+len(t.suffix) == 0 {
 		return ids
 	}
-	if t.bpe != nil {
-		return t.bpe.encode(ids, text)
+	out := make([]int32, 0, len(t.prefix)+len(ids)+len(t.suffix))
+	out = append(out, t.prefix...)
+	out = append(out, ids...)
+	return append(out, t.suffix...)
+}
+
+func (t *Tokenizer) encode(ids []int32, text string, added bool) []int32 {
+	if !added || t.raw.empty() {
+		return t.encodeNormalized(ids, text, added)
 	}
-	for _, r := range text {
-		id, ok := t.vocab[string(r)]
-		if !ok || t.specials[string(r)] {
-			id = t.unk
+	t.raw.split(text, func(s string, id int32) {
+		if id >= 0 {
+			ids = append(ids, id)
+		} else {
+			ids = t.encodeNormalized(ids, s, true)
 		}
-		ids = append(ids, id)
+	})
+	return ids
+}
+
+// encodeNormalized normalises text (a piece between raw added tokens),
+// matches the normalised added tokens in it, and encodes the rest.
+func (t *Tokenizer) encodeNormalized(ids []int32, text string, added bool) []int32 {
+	if t.nfc {
+		text = nfc(text)
+	}
+	if !added || t.normed.empty() {
+		return t.encodePlain(ids, text)
+	}
+	t.normed.split(text, func(s string, id int32) {
+		if id >= 0 {
+			ids = append(ids, id)
+		} else {
+			ids = t.encodePlain(ids, s)
+		}
+	})
+	return ids
+}
+
+// encodePlain pre-tokenizes normalised text and encodes every pre-token.
+func (t *Tokenizer) encodePlain(ids []int32, text string) []int32 {
+	if !t.split {
+		if text == "" {
+			return ids
+		}
+		return t.model.encodeWord(ids, text)
+	}
+	for len(text) > 0 {
+		n := splitQwen(text)
+		ids = t.model.encodeWord(ids, text[:n])
+		text = text[n:]
 	}
 	return ids
 }
 
-func (t *Tokenizer) specialAt(text string) string {
-	for _, s := range t.special {
-		if strings.HasPrefix(text, s) {
-			return s
-		}
-	}
-	return ""
-}
-
-// Decode returns the text of ids, special tokens included as written.
-// An id outside the vocabulary is an error. With byte-level BPE, bytes
-// that do not form valid UTF-8 (a token sequence cut inside a character)
-// become U+FFFD.
+// Decode returns the text of ids as Hugging Face tokenizers' decode with
+// skip_special_tokens false gives it: added tokens as written, byte-level
+// pieces back to their bytes, and a byte sequence that is not valid UTF-8
+// (ids cut inside a character) with U+FFFD for each maximal invalid part.
+// An id that names no token is an error.
 func (t *Tokenizer) Decode(ids []int32) (string, error) {
 	for i, id := range ids {
-		if id < 0 || int(id) >= len(t.pieces) {
-			return "", fmt.Errorf("tokenizer: id %d at position %d is outside the vocabulary [0, %d)", id, i, len(t.pieces))
+		if _, ok := t.Token(id); !ok {
+			return "", fmt.Errorf("tokenizer: id %d at position %d names no token (vocabulary size %d)", id, i, len(t.pieces))
 		}
 	}
 	return t.DecodeLenient(ids), nil
 }
 
-// DecodeLenient is Decode that renders an id outside the vocabulary as
-// <|unk|>, for showing model output (which may hold any id below the
-// model's vocab_size).
+// DecodeLenient is Decode that renders an id naming no token as <|unk|>,
+// for showing model output (which may hold any id below the model's
+// vocab_size).
 func (t *Tokenizer) DecodeLenient(ids []int32) string {
-	if t.bpe != nil {
-		var b []byte
+	switch t.decoder {
+	case decodeByteLevel:
+		b := make([]byte, 0, 4*len(ids))
 		for _, id := range ids {
-			switch {
-			case id < 0 || int(id) >= len(t.pieces):
+			if tok, ok := t.Token(id); ok {
+				b = appendByteLevel(b, tok)
+			} else {
 				b = append(b, Unknown...)
-			case t.specials[t.pieces[id]]:
-				b = append(b, t.pieces[id]...)
-			default:
-				b = t.bpe.decodeBytes(b, t.pieces[id])
 			}
 		}
-		return strings.ToValidUTF8(string(b), "\uFFFD")
-	}
-	var b strings.Builder
-	for _, id := range ids {
-		if id < 0 || int(id) >= len(t.pieces) {
-			b.WriteString(Unknown)
-			continue
+		return lossyUTF8(b)
+	default:
+		var b strings.Builder
+		for i, id := range ids {
+			if i > 0 && t.decoder == decodeNone {
+				b.WriteByte(' ') // Hugging Face joins tokens with spaces when there is no decoder
+			}
+			if tok, ok := t.Token(id); ok {
+				b.WriteString(tok)
+			} else {
+				b.WriteString(Unknown)
+			}
 		}
-		b.WriteString(t.pieces[id])
+		return b.String()
 	}
-	return b.String()
 }
 
-// hfJSON is the subset of Hugging Face's tokenizer.json that keel writes
-// and reads for its character tokenizer.
-type hfJSON struct {
-	Version       string     `json:"version"`
-	Truncation    any        `json:"truncation"`
-	Padding       any        `json:"padding"`
-	AddedTokens   []hfAdded  `json:"added_tokens"`
-	Normalizer    any        `json:"normalizer"`
-	PreTokenizer  any        `json:"pre_tokenizer"`
-	PostProcessor any        `json:"post_processor"`
-	Decoder       *hfDecoder `json:"decoder"`
-	Model         hfModel    `json:"model"`
-}
-
-type hfAdded struct {
-	ID         int32  `json:"id"`
-	Content    string `json:"content"`
-	SingleWord bool   `json:"single_word"`
-	LStrip     bool   `json:"lstrip"`
-	RStrip     bool   `json:"rstrip"`
-	Normalized bool   `json:"normalized"`
-	Special    bool   `json:"special"`
-}
-
-type hfDecoder struct {
-	Type string `json:"type"`
-}
-
-type hfModel struct {
-	Type                    string           `json:"type"`
-	Dropout                 any              `json:"dropout"`
-	UnkToken                *string          `json:"unk_token"`
-	ContinuingSubwordPrefix any              `json:"continuing_subword_prefix"`
-	EndOfWordSuffix         any              `json:"end_of_word_suffix"`
-	FuseUnk                 bool             `json:"fuse_unk"`
-	ByteFallback            bool             `json:"byte_fallback"`
-	Vocab                   map[string]int32 `json:"vocab"`
-	Merges                  []any            `json:"merges"`
-}
-
-// MarshalJSON writes the tokenizer as a Hugging Face tokenizer.json: a BPE
-// model with one-character pieces and no merges (so every character is its
-// own token), no pre-tokenizer or normaliser, the special tokens as added
-// tokens, and the Fuse decoder (pieces concatenated).
+// MarshalJSON returns the tokenizer.json: the bytes it was read from, or
+// for keel's character tokenizer the file NewChar describes.
 func (t *Tokenizer) MarshalJSON() ([]byte, error) {
-	if t.bpe != nil {
-		return nil, errors.New("tokenizer: writing byte-level BPE tokenizers is not supported (copy the original tokenizer.json)")
+	if t.src == nil {
+		return nil, errors.New("tokenizer: no tokenizer.json behind this tokenizer")
 	}
-	unk := t.pieces[t.unk]
-	j := hfJSON{Version: "1.0", Decoder: &hfDecoder{Type: "Fuse"},
-		Model: hfModel{Type: "BPE", UnkToken: &unk, Vocab: map[string]int32{}, Merges: []any{}}}
-	for id, p := range t.pieces {
-		j.Model.Vocab[p] = int32(id)
-		if t.specials[p] {
-			j.AddedTokens = append(j.AddedTokens, hfAdded{ID: int32(id), Content: p, Special: true})
-		}
-	}
-	return json.MarshalIndent(j, "", "  ")
+	return t.src, nil
 }
 
 // WriteFile writes the tokenizer.json to path (a file, or a directory to
@@ -274,84 +338,7 @@ func (t *Tokenizer) WriteFile(path string) error {
 		return err
 	}
 	return atomicfile.Write(path, func(w io.Writer) error {
-		_, err := w.Write(append(b, '\n'))
+		_, err := w.Write(b)
 		return err
 	})
-}
-
-// Load reads a tokenizer.json, or the one in a model directory.
-func Load(path string) (*Tokenizer, error) {
-	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
-		path = filepath.Join(path, FileName)
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	t, err := Parse(b)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return t, nil
-}
-
-// ErrUnsupported is returned for tokenizer.json files keel cannot apply
-// yet (byte-level BPE with merges: Qwen's own tokenizer).
-var ErrUnsupported = errors.New("unsupported tokenizer")
-
-// Parse reads a tokenizer.json: keel's character tokenizer (a BPE model
-// without merges, pre-tokenizer or normaliser), or a byte-level BPE of the
-// Qwen family (NFC, Qwen's split pattern, ByteLevel, merges as "a b"
-// strings or pairs).
-func Parse(b []byte) (*Tokenizer, error) {
-	var j hfJSON
-	if err := json.Unmarshal(b, &j); err != nil {
-		return nil, fmt.Errorf("not a tokenizer.json: %v", err)
-	}
-	if len(j.Model.Merges) > 0 || j.PreTokenizer != nil {
-		t, err := parseBPE(b)
-		if err != nil {
-			return nil, err
-		}
-		t.index()
-		return t, nil
-	}
-	if j.Model.Type != "BPE" {
-		return nil, fmt.Errorf("%w: model type %q (keel reads BPE)", ErrUnsupported, j.Model.Type)
-	}
-	if j.Normalizer != nil {
-		return nil, fmt.Errorf("%w: a normaliser without byte-level BPE", ErrUnsupported)
-	}
-	if len(j.Model.Vocab) == 0 {
-		return nil, errors.New("model.vocab is empty")
-	}
-	pieces := make([]string, len(j.Model.Vocab))
-	seen := make([]bool, len(pieces))
-	for p, id := range j.Model.Vocab {
-		if id < 0 || int(id) >= len(pieces) || seen[id] {
-			return nil, fmt.Errorf("model.vocab: id %d of %q is out of range or repeated (ids must be 0..%d)", id, p, len(pieces)-1)
-		}
-		if p != "" && utf8.RuneCountInString(p) != 1 {
-			isAdded := false
-			for _, a := range j.AddedTokens {
-				isAdded = isAdded || a.Content == p
-			}
-			if !isAdded {
-				return nil, fmt.Errorf("%w: model.vocab holds the multi-character piece %q", ErrUnsupported, p)
-			}
-		}
-		pieces[id], seen[id] = p, true
-	}
-	var special []string
-	for i, a := range j.AddedTokens {
-		if id, ok := j.Model.Vocab[a.Content]; !ok || id != a.ID {
-			return nil, fmt.Errorf("added_tokens[%d]: %q with id %d does not match model.vocab", i, a.Content, a.ID)
-		}
-		special = append(special, a.Content)
-	}
-	unk := Unknown
-	if j.Model.UnkToken != nil {
-		unk = *j.Model.UnkToken
-	}
-	return fromPieces(pieces, special, unk)
 }
