@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+
+	"github.com/keel-rl/keel/kernels"
 )
 
 // Sampling holds the settings of Generate.
@@ -88,7 +90,8 @@ type gen struct {
 	out     []Sample
 	stop    [256]bool // stop tokens below 256, for a fast check
 	stopAll []int32
-	sortBuf [][]int32 // per worker: candidate token ids for truncation
+	idBuf   [][]int32   // per worker: candidate token ids for truncation
+	pBuf    [][]float32 // per worker: probabilities of one row
 	fnSamp  func(w, lo, hi int)
 }
 
@@ -167,10 +170,12 @@ func (e *Engine) newGen(prompts [][]int32, n int, sp Sampling) (*gen, error) {
 			}
 		}
 	}
-	g.sortBuf = make([][]int32, e.pool.n)
-	if sp.truncated() {
-		for i := range g.sortBuf {
-			g.sortBuf[i] = make([]int32, e.V)
+	g.idBuf = make([][]int32, e.pool.n)
+	g.pBuf = make([][]float32, e.pool.n)
+	for i := range g.pBuf {
+		g.pBuf[i] = make([]float32, e.V)
+		if sp.truncated() {
+			g.idBuf[i] = make([]int32, e.V)
 		}
 	}
 	g.fnSamp = g.sampleRows
@@ -344,20 +349,23 @@ func (g *gen) retire(s *slotState) {
 // sampleRows draws the next token of output rows lo..hi-1.
 func (g *gen) sampleRows(w, lo, hi int) {
 	e := g.e
-	for i := range g.slots {
-		s := &g.slots[i]
-		if !s.active || s.outIdx < lo || s.outIdx >= hi {
-			continue
-		}
-		z := e.lp[s.outIdx*e.V : (s.outIdx+1)*e.V]
-		s.sampled, s.sampLP, s.sTLP = g.sampleOne(z, &s.rng, g.sortBuf[w])
+	for o := lo; o < hi; o++ {
+		s := &g.slots[e.slot[e.outRow[o]]]
+		z := e.lp[o*e.V : (o+1)*e.V]
+		s.sampled, s.sampLP, s.sTLP = g.sampleOne(z, &s.rng, g.idBuf[w], g.pBuf[w])
 	}
 }
 
 // sampleOne draws a token from the log-probabilities z (already at the
 // sampling temperature) with rng, returning it with its log-probability
-// under z and under the truncated distribution.
-func (g *gen) sampleOne(z []float32, rng *rand.PCG, buf []int32) (int32, float32, float32) {
+// under z and under the truncated distribution. ids and p are scratch of
+// len(z) (ids only needed with truncation).
+//
+// The draw is inverse-CDF: one uniform u in [0, 1) against the running
+// float64 sum of p = exp(z) in token order (in descending probability
+// over the kept set under truncation), scaled by the total, so that the
+// few ulps by which Σ exp(z) misses 1 never bias the last token.
+func (g *gen) sampleOne(z []float32, rng *rand.PCG, ids []int32, p []float32) (int32, float32, float32) {
 	if g.sp.Temperature == 0 {
 		best := 0
 		for i, v := range z {
@@ -368,37 +376,38 @@ func (g *gen) sampleOne(z []float32, rng *rand.PCG, buf []int32) (int32, float32
 		return int32(best), z[best], 0
 	}
 	u := float64(rng.Uint64()>>11) * 0x1p-53
+	p = p[:len(z)]
+	kernels.Exp(p, z)
 	if !g.sp.truncated() {
 		var total float64
-		for _, v := range z {
-			total += math.Exp(float64(v))
+		for _, v := range p {
+			total += float64(v)
 		}
 		target := u * total
 		var cum float64
 		last := 0
-		for i, v := range z {
-			p := math.Exp(float64(v))
-			if p == 0 {
+		for i, v := range p {
+			if v == 0 {
 				continue
 			}
 			last = i
-			cum += p
+			cum += float64(v)
 			if cum > target {
-				return int32(i), v, v
+				return int32(i), z[i], z[i]
 			}
 		}
 		return int32(last), z[last], z[last]
 	}
-	cand := g.candidates(z, buf)
+	cand := g.candidates(z, p, ids)
 	var kept float64
 	for _, id := range cand {
-		kept += math.Exp(float64(z[id]))
+		kept += float64(p[id])
 	}
 	target := u * kept
 	var cum float64
 	pick := cand[len(cand)-1]
 	for _, id := range cand {
-		cum += math.Exp(float64(z[id]))
+		cum += float64(p[id])
 		if cum > target {
 			pick = id
 			break
@@ -409,24 +418,15 @@ func (g *gen) sampleOne(z []float32, rng *rand.PCG, buf []int32) (int32, float32
 
 // candidates returns the truncated set in descending probability (ties:
 // lower id first): the top-k, then cut to the smallest prefix whose
-// probability reaches top-p.
-func (g *gen) candidates(z []float32, buf []int32) []int32 {
-	less := func(a, b int32) int {
-		if z[a] != z[b] {
-			if z[a] > z[b] {
-				return -1
-			}
-			return 1
-		}
-		return int(a - b)
-	}
+// probability (p = exp(z)) reaches top-p.
+func (g *gen) candidates(z, p []float32, buf []int32) []int32 {
 	var cand []int32
 	if k := g.sp.TopK; k > 0 && k < len(z) {
 		// Insertion into a sorted prefix of k: cheap for the small k used.
 		cand = buf[:0]
 		for i := range z {
 			id := int32(i)
-			if len(cand) == k && less(id, cand[k-1]) >= 0 {
+			if len(cand) == k && !before(z, id, cand[k-1]) {
 				continue
 			}
 			if len(cand) < k {
@@ -434,7 +434,7 @@ func (g *gen) candidates(z []float32, buf []int32) []int32 {
 			} else {
 				cand[k-1] = id
 			}
-			for j := len(cand) - 1; j > 0 && less(cand[j], cand[j-1]) < 0; j-- {
+			for j := len(cand) - 1; j > 0 && before(z, cand[j], cand[j-1]); j-- {
 				cand[j], cand[j-1] = cand[j-1], cand[j]
 			}
 		}
@@ -443,16 +443,56 @@ func (g *gen) candidates(z []float32, buf []int32) []int32 {
 		for i := range cand {
 			cand[i] = int32(i)
 		}
-		slices.SortFunc(cand, less)
+		sortByProb(cand, z)
 	}
-	if p := g.sp.TopP; p > 0 && p < 1 {
+	if tp := g.sp.TopP; tp > 0 && tp < 1 {
 		var cum float64
 		for i, id := range cand {
-			cum += math.Exp(float64(z[id]))
-			if cum >= p {
+			cum += float64(p[id])
+			if cum >= tp {
 				return cand[:i+1]
 			}
 		}
 	}
 	return cand
+}
+
+// before reports whether token a ranks before token b: more probable, or
+// as probable with a lower id.
+func before(z []float32, a, b int32) bool {
+	if z[a] != z[b] {
+		return z[a] > z[b]
+	}
+	return a < b
+}
+
+// sortByProb sorts ids by before (a heap sort: in place, no allocation,
+// no closure, O(n log n) in the worst case).
+func sortByProb(ids []int32, z []float32) {
+	n := len(ids)
+	// Build a heap whose root ranks last, then move roots to the end.
+	for i := n/2 - 1; i >= 0; i-- {
+		siftDown(ids, z, i, n)
+	}
+	for end := n - 1; end > 0; end-- {
+		ids[0], ids[end] = ids[end], ids[0]
+		siftDown(ids, z, 0, end)
+	}
+}
+
+func siftDown(ids []int32, z []float32, i, n int) {
+	for {
+		c := 2*i + 1
+		if c >= n {
+			return
+		}
+		if c+1 < n && before(z, ids[c], ids[c+1]) {
+			c++ // the child that ranks later
+		}
+		if !before(z, ids[i], ids[c]) {
+			return
+		}
+		ids[i], ids[c] = ids[c], ids[i]
+		i = c
+	}
 }

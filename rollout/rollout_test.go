@@ -1,12 +1,14 @@
 package rollout
 
 import (
-	"github.com/keel-rl/keel/internal/testmodel"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/keel-rl/keel/internal/testmodel"
+	"github.com/keel-rl/keel/kernels"
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/train"
 )
@@ -164,6 +166,8 @@ func TestTruncation(t *testing.T) {
 		z[i] = float32(math.Log(v))
 	}
 	buf := make([]int32, len(z))
+	pb := make([]float32, len(z))
+	kernels.Exp(pb, z)
 	cases := []struct {
 		topK int
 		topP float64
@@ -177,7 +181,7 @@ func TestTruncation(t *testing.T) {
 	}
 	for _, c := range cases {
 		g := &gen{sp: Sampling{Temperature: 1, TopK: c.topK, TopP: c.topP}}
-		got := g.candidates(z, buf)
+		got := g.candidates(z, pb, buf)
 		if len(got) != len(c.want) {
 			t.Fatalf("top-k %d top-p %v: %v, want %v", c.topK, c.topP, got, c.want)
 		}
@@ -193,7 +197,7 @@ func TestTruncation(t *testing.T) {
 	var rng rand.PCG
 	counts := map[int32]int{}
 	for i := 0; i < 2000; i++ {
-		tok, lp, tlp := g.sampleOne(z, &rng, buf)
+		tok, lp, tlp := g.sampleOne(z, &rng, buf, make([]float32, len(z)))
 		counts[tok]++
 		if tok == 3 && (math.Abs(float64(lp)-math.Log(0.3)) > 1e-6 || math.Abs(float64(tlp)-math.Log(0.3/0.7)) > 1e-6) {
 			t.Fatalf("token 3: log-probs %v, %v", lp, tlp)
@@ -201,6 +205,36 @@ func TestTruncation(t *testing.T) {
 	}
 	if len(counts) != 2 || counts[1] < 1000 || counts[1] > 1300 {
 		t.Fatalf("top-2 draws %v, want only tokens 1 and 3, about 4:3", counts)
+	}
+}
+
+// sortByProb orders by descending log-probability, ties by id, as a
+// library sort with the same order does; ties are frequent on purpose.
+func TestSortByProb(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 9))
+	for _, n := range []int{0, 1, 2, 7, 64, 301} {
+		z := make([]float32, n)
+		for i := range z {
+			z[i] = float32(r.IntN(9)) - 4
+		}
+		got := make([]int32, n)
+		for i := range got {
+			got[i] = int32(i)
+		}
+		want := slices.Clone(got)
+		slices.SortFunc(want, func(a, b int32) int {
+			if z[a] != z[b] {
+				if z[a] > z[b] {
+					return -1
+				}
+				return 1
+			}
+			return int(a - b)
+		})
+		sortByProb(got, z)
+		if !slices.Equal(got, want) {
+			t.Fatalf("n %d: %v, want %v", n, got, want)
+		}
 	}
 }
 
@@ -287,21 +321,31 @@ func TestPrecisionDiscrepancyOrder(t *testing.T) {
 	}
 }
 
-// After warm-up, a decode step allocates nothing.
+// After warm-up, a decode step allocates nothing, whatever the sampler.
 func TestDecodeStepAllocs(t *testing.T) {
+	samplers := []Sampling{
+		{Temperature: 1},
+		{Temperature: 1, TopK: 5},
+		{Temperature: 0.8, TopP: 0.9},
+		{Temperature: 0.7, TopK: 20, TopP: 0.5},
+		{Temperature: 0},
+	}
 	for _, cfg := range []model.Config{denseConfig(), moeConfig()} {
 		m := randomModel(cfg, 6)
 		e, _ := New(m, Options{Precision: Exact, Slots: 4, MaxLen: 200})
-		prompts := testPrompts(rand.New(rand.NewPCG(4, 4)), cfg.VocabSize, 3, 4, 5, 6)
-		g, err := e.newGen(prompts, 1, Sampling{Temperature: 1, TopK: 5, MaxNewTokens: 190, Seed: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		g.admit()
-		g.step() // prefill
-		g.step()
-		if a := testing.AllocsPerRun(20, g.step); a != 0 {
-			t.Errorf("%s: a decode step allocates %v times", cfg.Architecture, a)
+		for _, sp := range samplers {
+			prompts := testPrompts(rand.New(rand.NewPCG(4, 4)), cfg.VocabSize, 3, 4, 5, 6)
+			sp.MaxNewTokens, sp.Seed = 190, 1
+			g, err := e.newGen(prompts, 1, sp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g.admit()
+			g.step() // prefill
+			g.step()
+			if a := testing.AllocsPerRun(20, g.step); a != 0 {
+				t.Errorf("%s, %+v: a decode step allocates %v times", cfg.Architecture, sp, a)
+			}
 		}
 		e.Close()
 	}
