@@ -3,6 +3,7 @@ package rollout
 import (
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -351,29 +352,61 @@ func TestDecodeStepAllocs(t *testing.T) {
 	}
 }
 
+// UpdateWeights changes the outputs and their version, and leaves the
+// engine as a fresh one built on the new weights would be, in every
+// precision.
 func TestUpdateWeightsVersion(t *testing.T) {
-	m := randomModel(denseConfig(), 9)
-	e, _ := New(m, Options{Slots: 2, MaxLen: 16})
-	defer e.Close()
-	prompts := [][]int32{{1, 2, 3}}
+	prompts := [][]int32{{1, 2, 3}, {4, 5}}
 	sp := Sampling{Temperature: 1, MaxNewTokens: 6, Seed: 3}
-	a, _ := e.Generate(prompts, 1, sp)
-	m2 := randomModel(denseConfig(), 10)
-	if err := e.UpdateWeights(m2, 7); err != nil {
+	for _, p := range []Precision{Exact, FP32, BF16, FP8} {
+		m := randomModel(moeConfig(), 9)
+		e, _ := New(m, Options{Precision: p, Slots: 2, MaxLen: 16})
+		a, _ := e.Generate(prompts, 1, sp)
+		m2 := randomModel(moeConfig(), 10)
+		if err := e.UpdateWeights(m2, 7); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := e.Generate(prompts, 1, sp)
+		if a[0].Version != 0 || b[0].Version != 7 || e.Version() != 7 {
+			t.Fatalf("%s: versions %d, %d", p, a[0].Version, b[0].Version)
+		}
+		if a[0].LogProbs[0] == b[0].LogProbs[0] {
+			t.Fatalf("%s: new weights gave the same log-probability", p)
+		}
+		fresh, _ := New(m2, Options{Precision: p, Slots: 2, MaxLen: 16})
+		c, _ := fresh.Generate(prompts, 1, sp)
+		sameSamples(t, b, c)
+		fresh.Close()
+		if err := e.UpdateWeights(randomModel(denseConfig(), 1), 8); err == nil {
+			t.Fatalf("%s: a model of another configuration was accepted", p)
+		}
+		e.Close()
+	}
+}
+
+// In bf16 and fp8 the weights are re-quantised into the buffers of the
+// first load: an update allocates a small fraction of the weights' size.
+func TestUpdateWeightsInPlace(t *testing.T) {
+	cfg, err := model.Preset("tiny-moe", 64)
+	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := e.Generate(prompts, 1, sp)
-	if a[0].Version != 0 || b[0].Version != 7 || e.Version() != 7 {
-		t.Fatalf("versions %d, %d", a[0].Version, b[0].Version)
-	}
-	if a[0].LogProbs[0] == b[0].LogProbs[0] {
-		t.Fatal("new weights gave the same log-probability")
-	}
-	fresh, _ := New(m2, Options{Slots: 2, MaxLen: 16})
-	defer fresh.Close()
-	c, _ := fresh.Generate(prompts, 1, sp)
-	sameSamples(t, b, c)
-	if err := e.UpdateWeights(randomModel(moeConfig(), 1), 8); err == nil {
-		t.Fatal("a model of another configuration was accepted")
+	m := model.New(cfg)
+	model.Init(m, 1)
+	weightBytes := 4 * m.NumParams()
+	for _, p := range []Precision{BF16, FP8} {
+		e, _ := New(m, Options{Precision: p, Slots: 2, MaxLen: 16})
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		if err := e.UpdateWeights(m, 1); err != nil {
+			t.Fatal(err)
+		}
+		runtime.ReadMemStats(&after)
+		got := after.TotalAlloc - before.TotalAlloc
+		t.Logf("%s: %d bytes allocated by an update of %d bytes of weights", p, got, weightBytes)
+		if got > uint64(weightBytes/20) {
+			t.Errorf("%s: an update allocated %d bytes for %d bytes of weights", p, got, weightBytes)
+		}
+		e.Close()
 	}
 }

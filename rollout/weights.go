@@ -15,7 +15,11 @@ type linear struct {
 	prec    Precision
 }
 
-// set (re)packs w, rows·in floats of rows [out, in], in precision p.
+// set (re)packs w, rows·in floats of rows [out, in], in precision p. The
+// bf16 and fp8 forms are rewritten in place, in the storage of the first
+// load; the float32 form is a new kernels.PackedB each time, as the
+// kernels package offers no in-place repack of one (the old one is left
+// to the garbage collector).
 func (l *linear) set(p Precision, w []float32, out, in int) {
 	l.out, l.in, l.prec = out, in, p
 	switch p {
@@ -36,16 +40,15 @@ func (l *linear) set(p Precision, w []float32, out, in int) {
 
 // setConcat packs the row-wise concatenation of several matrices with the
 // same in (a fused gate and up projection): their outputs side by side.
-func (l *linear) setConcat(p Precision, ws [][]float32, outs []int, in int) {
-	total := 0
-	for _, o := range outs {
-		total += o
-	}
-	buf := make([]float32, 0, total*in)
+// scratch holds the concatenation; it is grown as needed and returned for
+// the next call.
+func (l *linear) setConcat(p Precision, ws [][]float32, outs []int, in int, scratch []float32) []float32 {
+	buf := scratch[:0]
 	for i, w := range ws {
 		buf = append(buf, w[:outs[i]*in]...)
 	}
-	l.set(p, buf, total, in)
+	l.set(p, buf, len(buf)/in, in)
+	return buf
 }
 
 // apply computes y = x·Wᵀ for rows rows (row strides ldx, ldy).
@@ -92,10 +95,11 @@ type expert struct{ gu, down linear }
 // weights are the whole model's prepared weights, owned by the engine (a
 // copy: the training engine goes on changing its own).
 type weights struct {
-	embed  []float32
-	norm   []float32
-	head   linear
-	layers []layerWeights
+	embed   []float32
+	norm    []float32
+	head    linear
+	layers  []layerWeights
+	scratch []float32 // fused matrices before packing, reused
 }
 
 // load prepares m's weights in precision p, reusing w's buffers.
@@ -112,7 +116,7 @@ func (w *weights) load(m *model.Model, p Precision) {
 	}
 	for i := range m.Layers {
 		L, W := &m.Layers[i], &w.layers[i]
-		W.qkv.setConcat(p, [][]float32{L.Q.Data, L.K.Data, L.V.Data}, []int{qd, kvd, kvd}, H)
+		w.scratch = W.qkv.setConcat(p, [][]float32{L.Q.Data, L.K.Data, L.V.Data}, []int{qd, kvd, kvd}, H, w.scratch)
 		W.o.set(p, L.O.Data, H, qd)
 		W.qNorm = append(W.qNorm[:0], L.QNorm.Data...)
 		W.kNorm = append(W.kNorm[:0], L.KNorm.Data...)
@@ -126,12 +130,12 @@ func (w *weights) load(m *model.Model, p Precision) {
 			}
 			for e := range L.Experts {
 				X := &L.Experts[e]
-				W.experts[e].gu.setConcat(p, [][]float32{X.Gate.Data, X.Up.Data}, []int{I, I}, H)
+				w.scratch = W.experts[e].gu.setConcat(p, [][]float32{X.Gate.Data, X.Up.Data}, []int{I, I}, H, w.scratch)
 				W.experts[e].down.set(p, X.Down.Data, H, I)
 			}
 		} else {
 			I := c.IntermediateSize
-			W.gu.setConcat(p, [][]float32{L.Gate.Data, L.Up.Data}, []int{I, I}, H)
+			w.scratch = W.gu.setConcat(p, [][]float32{L.Gate.Data, L.Up.Data}, []int{I, I}, H, w.scratch)
 			W.down.set(p, L.Down.Data, H, I)
 		}
 	}
