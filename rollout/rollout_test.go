@@ -50,66 +50,81 @@ func testPrompts(r *rand.Rand, vocab int, lens ...int) [][]int32 {
 // TestExactMatchesTraining is the exact mode's contract: for every sampled
 // token, log mu is the training engine's log pi on the same sequence, bit
 // for bit, and the routes are identical at every position — with
-// continuous batching (fewer slots than sequences) and chunked prefill.
+// continuous batching (fewer slots than sequences) and chunked prefill,
+// for dense and MoE models with tied and untied heads, and whatever the
+// sampler (log mu is the full softmax at temperature 1; greedy decoding
+// reports that distribution too).
 func TestExactMatchesTraining(t *testing.T) {
+	untie := func(c model.Config, tie bool) model.Config { c.TieWordEmbeddings = tie; return c }
 	for _, tc := range []struct {
 		name string
 		cfg  model.Config
-	}{{"dense", denseConfig()}, {"moe", moeConfig()}} {
-		t.Run(tc.name, func(t *testing.T) {
-			m := randomModel(tc.cfg, 3)
-			e, err := New(m, Options{Precision: Exact, Slots: 3, MaxLen: 64, StepRows: 8})
-			if err != nil {
-				t.Fatal(err)
+	}{
+		{"dense", denseConfig()}, {"dense-tied", untie(denseConfig(), true)},
+		{"moe-tied", moeConfig()}, {"moe", untie(moeConfig(), false)},
+	} {
+		for _, sp := range []Sampling{
+			{Temperature: 1, Stop: []int32{3}},
+			{Temperature: 1, TopK: 4, TopP: 0.8},
+			{Temperature: 0},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				sp.MaxNewTokens, sp.Seed = 20, 5
+				exactCheck(t, tc.cfg, sp)
+			})
+		}
+	}
+}
+
+func exactCheck(t *testing.T, cfg model.Config, sp Sampling) {
+	m := randomModel(cfg, 3)
+	e, err := New(m, Options{Precision: Exact, Slots: 3, MaxLen: 64, StepRows: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	prompts := testPrompts(rand.New(rand.NewPCG(1, 1)), cfg.VocabSize, 5, 1, 12, 7)
+	samples, err := e.Generate(prompts, 2, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(samples) != 8 {
+		t.Fatalf("%d samples, want 8", len(samples))
+	}
+	var seqs [][]int32
+	for _, s := range samples {
+		seqs = append(seqs, append(slices.Clone(prompts[s.Prompt]), s.Tokens...))
+	}
+	res, err := train.New(m).Forward(seqs, train.ForwardOptions{Record: true, NoEntropy: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range samples {
+		pl := len(prompts[s.Prompt])
+		if len(s.LogProbs) != len(s.Tokens) || len(s.Tokens) == 0 {
+			t.Fatalf("sample %d: %d tokens, %d log-probs", i, len(s.Tokens), len(s.LogProbs))
+		}
+		for j, lp := range s.LogProbs {
+			if want := res.LogProbs[i][pl-1+j]; math.Float32bits(lp) != math.Float32bits(want) {
+				t.Fatalf("sample %d token %d: log mu %v, training engine %v", i, j, lp, want)
 			}
-			defer e.Close()
-			prompts := testPrompts(rand.New(rand.NewPCG(1, 1)), tc.cfg.VocabSize, 5, 1, 12, 7)
-			samples, err := e.Generate(prompts, 2, Sampling{Temperature: 1, MaxNewTokens: 20, Seed: 5, Stop: []int32{3}})
-			if err != nil {
-				t.Fatal(err)
+		}
+		if s.Routes == nil {
+			if cfg.NumExperts > 0 {
+				t.Fatalf("sample %d: no routes", i)
 			}
-			if len(samples) != 8 {
-				t.Fatalf("%d samples, want 8", len(samples))
-			}
-			var seqs [][]int32
-			for _, s := range samples {
-				seqs = append(seqs, append(append([]int32(nil), prompts[s.Prompt]...), s.Tokens...))
-			}
-			res, err := train.New(m).Forward(seqs, train.ForwardOptions{Record: true, NoEntropy: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for i, s := range samples {
-				pl := len(prompts[s.Prompt])
-				if len(s.LogProbs) != len(s.Tokens) || len(s.Tokens) == 0 {
-					t.Fatalf("sample %d: %d tokens, %d log-probs", i, len(s.Tokens), len(s.LogProbs))
-				}
-				for j, lp := range s.LogProbs {
-					if want := res.LogProbs[i][pl-1+j]; math.Float32bits(lp) != math.Float32bits(want) {
-						t.Fatalf("sample %d token %d: log mu %v, training engine %v", i, j, lp, want)
-					}
-				}
-				if s.Routes == nil {
-					if tc.cfg.NumExperts > 0 {
-						t.Fatalf("sample %d: no routes", i)
-					}
-					continue
-				}
-				if err := s.Routes.Validate(); err != nil {
-					t.Fatal(err)
-				}
-				want := res.Routes[i]
-				if s.Routes.Tokens != len(seqs[i]) || s.Routes.Layers != want.Layers {
-					t.Fatalf("sample %d: routes shape [%d, %d], want [%d, %d]", i, s.Routes.Tokens, s.Routes.Layers, len(seqs[i]), want.Layers)
-				}
-				got := s.Routes.Model()
-				for j := range want.IDs {
-					if got.IDs[j] != want.IDs[j] {
-						t.Fatalf("sample %d: route %d differs: %d vs %d", i, j, got.IDs[j], want.IDs[j])
-					}
-				}
-			}
-		})
+			continue
+		}
+		if err := s.Routes.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		want := res.Routes[i]
+		if s.Routes.Tokens != len(seqs[i]) || s.Routes.Layers != want.Layers {
+			t.Fatalf("sample %d: routes shape [%d, %d], want [%d, %d]", i, s.Routes.Tokens, s.Routes.Layers, len(seqs[i]), want.Layers)
+		}
+		if got := s.Routes.Model(); !slices.Equal(got.IDs, want.IDs) {
+			t.Fatalf("sample %d: routes differ from the training engine's", i)
+		}
 	}
 }
 
