@@ -1,16 +1,15 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
-	"github.com/keel-rl/keel/internal/atomicfile"
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rl"
 	"github.com/keel-rl/keel/rollout"
@@ -41,18 +40,24 @@ flags:
 
 // probeRow is one precision's measures.
 type probeRow struct {
-	Precision       string    `json:"precision"`
-	Samples         int       `json:"samples"`
-	Tokens          int       `json:"tokens"`
-	K1              float64   `json:"k1"`
-	K3              float64   `json:"k3"`
-	MeanAbsDelta    float64   `json:"mean_abs_delta"`
-	MaxAbsDelta     float64   `json:"max_abs_delta"`
-	FracAbove01     float64   `json:"frac_abs_delta_above_0.1"`
-	FracAbove1      float64   `json:"frac_abs_delta_above_1"`
-	PPLGap          float64   `json:"ppl_gap"`
-	SurrogateGap    float64   `json:"surrogate_gap"`
+	Precision    string  `json:"precision"`
+	Samples      int     `json:"samples"`
+	Tokens       int     `json:"tokens"`
+	K1           float64 `json:"k1"`
+	K3           float64 `json:"k3"`
+	MeanAbsDelta float64 `json:"mean_abs_delta"`
+	MaxAbsDelta  float64 `json:"max_abs_delta"`
+	FracAbove01  float64 `json:"frac_abs_delta_above_0.1"`
+	FracAbove1   float64 `json:"frac_abs_delta_above_1"`
+	PPLGap       float64 `json:"ppl_gap"`
+	SurrogateGap float64 `json:"surrogate_gap"`
+	// RoutingDisagree is SPEC §5's routing agreement measure per MoE
+	// layer: the fraction of (position, slot) expert ids of the rollout
+	// engine that the training engine did not choose at that position.
 	RoutingDisagree []float64 `json:"routing_disagreement,omitempty"`
+	// RoutingSetDiffers is, per MoE layer, the fraction of positions whose
+	// expert set differs at all: how many tokens a replay (R3) changes.
+	RoutingSetDiffers []float64 `json:"routing_set_differs,omitempty"`
 }
 
 func runProbe(args []string) error {
@@ -69,10 +74,7 @@ func runProbe(args []string) error {
 	sf.register(fs)
 	fs.Lookup("n").DefValue, sf.n = "4", 4
 	fs.Lookup("max-new-tokens").DefValue, sf.maxNew = "64", 64
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
 	switch {
@@ -113,11 +115,7 @@ func runProbe(args []string) error {
 	}
 	printProbe(os.Stdout, rows)
 	if *jsonOut != "" {
-		return atomicfile.Write(*jsonOut, func(w io.Writer) error {
-			enc := json.NewEncoder(w)
-			enc.SetIndent("", "  ")
-			return enc.Encode(rows)
-		})
+		return writeJSONFile(*jsonOut, rows)
 	}
 	return nil
 }
@@ -171,20 +169,65 @@ func probeMode(m *model.Model, prompts [][]int32, p rollout.Precision, sf *sampl
 	row.FracAbove01, row.FracAbove1, row.PPLGap, row.SurrogateGap = d.Above01, d.Above1, d.PPLGap, d.SurrogateGap
 	if moe {
 		row.RoutingDisagree = rl.RoutingDisagreement(muRoutes, piRoutes, nil)
+		row.RoutingSetDiffers = setsDiffer(muRoutes, piRoutes)
 	}
 	return row, nil
 }
 
+// setsDiffer returns, per MoE layer, the fraction of positions at which
+// a and b (same shapes) chose different expert sets (order ignored).
+func setsDiffer(a, b []*model.Routes) []float64 {
+	if len(a) == 0 {
+		return nil
+	}
+	out := make([]float64, a[0].Layers)
+	positions := 0
+	for s := range a {
+		for t := 0; t < a[s].Tokens; t++ {
+			for l := range out {
+				if !sameSet(a[s].At(t, l), b[s].At(t, l)) {
+					out[l]++
+				}
+			}
+		}
+		positions += a[s].Tokens
+	}
+	for l := range out {
+		out[l] /= float64(max(positions, 1))
+	}
+	return out
+}
+
+// sameSet reports whether x and y (no repeats, same length) hold the
+// same ids.
+func sameSet(x, y []int32) bool {
+	for _, v := range x {
+		if !slices.Contains(y, v) {
+			return false
+		}
+	}
+	return true
+}
+
 func printProbe(w io.Writer, rows []probeRow) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "precision\ttokens\tk1\tk3\tmean|Δ|\tmax|Δ|\t>0.1\t>1.0\tppl gap\tsurrogate gap\trouting differs (per MoE layer)\t")
+	fmt.Fprintln(tw, "precision\ttokens\tk1\tk3\tmean|Δ|\tmax|Δ|\t>0.1\t>1.0\tppl gap\tsurrogate gap\texperts differ (per MoE layer)\tsets differ\t")
 	for _, r := range rows {
-		var rd []string
-		for _, v := range r.RoutingDisagree {
-			rd = append(rd, fmt.Sprintf("%.4f", v))
-		}
-		fmt.Fprintf(tw, "%s\t%d\t%.3g\t%.3g\t%.3g\t%.3g\t%.4f\t%.4f\t%.3g\t%.3g\t%s\t\n",
-			r.Precision, r.Tokens, r.K1, r.K3, r.MeanAbsDelta, r.MaxAbsDelta, r.FracAbove01, r.FracAbove1, r.PPLGap, r.SurrogateGap, strings.Join(rd, " "))
+		fmt.Fprintf(tw, "%s\t%d\t%.3g\t%.3g\t%.3g\t%.3g\t%.4f\t%.4f\t%.3g\t%.3g\t%s\t%s\t\n",
+			r.Precision, r.Tokens, r.K1, r.K3, r.MeanAbsDelta, r.MaxAbsDelta, r.FracAbove01, r.FracAbove1, r.PPLGap, r.SurrogateGap,
+			joinFloats(r.RoutingDisagree), joinFloats(r.RoutingSetDiffers))
 	}
 	tw.Flush()
+}
+
+// joinFloats prints per-layer fractions side by side ("-" for none).
+func joinFloats(v []float64) string {
+	if len(v) == 0 {
+		return "-"
+	}
+	f := make([]string, len(v))
+	for i, x := range v {
+		f[i] = fmt.Sprintf("%.4f", x)
+	}
+	return strings.Join(f, " ")
 }

@@ -77,28 +77,3 @@ func TestSampleCommandErrors(t *testing.T) {
 		}
 	}
 }
-
-// keel probe: exact reports zeros; the reduced precisions do not.
-func TestProbeCommand(t *testing.T) {
-	dir, _ := lpTestModel(t, true)
-	in := lpWrite(t, "p.jsonl", `{"tokens": [1, 2, 3]}`+"\n"+`{"tokens": [4, 5, 6, 7]}`+"\n")
-	js := filepath.Join(t.TempDir(), "probe.json")
-	if err := runProbe([]string{"--model", dir, "--input", in, "--max-new-tokens", "16", "--json", js}); err != nil {
-		t.Fatal(err)
-	}
-	b, _ := os.ReadFile(js)
-	var rows []probeRow
-	if err := json.Unmarshal(b, &rows); err != nil {
-		t.Fatal(err)
-	}
-	if len(rows) != 4 || rows[0].Precision != "exact" || rows[3].Precision != "fp8" {
-		t.Fatalf("rows %+v", rows)
-	}
-	ex := rows[0]
-	if ex.Tokens == 0 || ex.K1 != 0 || ex.K3 != 0 || ex.MaxAbsDelta != 0 || ex.SurrogateGap != 0 || ex.RoutingDisagree[0] != 0 {
-		t.Fatalf("exact is not zero: %+v", ex)
-	}
-	if fp8 := rows[3]; !(fp8.MeanAbsDelta > 0) || !(fp8.K3 > 0) {
-		t.Fatalf("fp8 shows no discrepancy: %+v", fp8)
-	}
-}
