@@ -1,7 +1,8 @@
 // Package data reads and writes keel's data sets: problems with their
 // ground-truth answers (for RL and evaluation) and, for supervised cold
-// starts, reference responses. Files are JSONL, one example per line, in
-// keel's plain layout or in the field names verl's data sets use.
+// starts, reference responses. Files are JSONL, one example per line, or
+// Parquet, in keel's plain layout (task, prompt, answer, response) or in
+// verl's (data_source, prompt as a chat list, reward_model.ground_truth).
 package data
 
 import (
@@ -12,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/keel-rl/keel/internal/atomicfile"
@@ -20,6 +22,9 @@ import (
 
 // Example is one data-set row.
 type Example struct {
+	// ID identifies the row when the file gives one ("id", or verl's
+	// extra_info.index); it may be empty.
+	ID string `json:"id,omitempty"`
 	// Task names the verifier (verl's data_source).
 	Task       string `json:"task"`
 	Difficulty int    `json:"difficulty,omitempty"`
@@ -47,18 +52,67 @@ func (e *Example) Chat() []tokenizer.Message {
 // a chat list, the answer as "answer", "ground_truth" or
 // reward_model.ground_truth, the task as "task" or "data_source".
 type rawExample struct {
+	ID          json.RawMessage `json:"id"`
 	Task        *string         `json:"task"`
 	DataSource  *string         `json:"data_source"`
-	Difficulty  int             `json:"difficulty"`
+	Difficulty  json.RawMessage `json:"difficulty"`
 	Prompt      json.RawMessage `json:"prompt"`
 	Messages    json.RawMessage `json:"messages"`
-	Answer      *string         `json:"answer"`
-	GroundTruth *string         `json:"ground_truth"`
+	Answer      json.RawMessage `json:"answer"`
+	GroundTruth json.RawMessage `json:"ground_truth"`
 	RewardModel *struct {
-		GroundTruth *string `json:"ground_truth"`
+		GroundTruth json.RawMessage `json:"ground_truth"`
 	} `json:"reward_model"`
+	ExtraInfo *struct {
+		Index json.RawMessage `json:"index"`
+	} `json:"extra_info"`
 	Response *string `json:"response"`
-	Style    string  `json:"style"`
+	Style    *string `json:"style"`
+}
+
+// rawMessage is one chat message as read, to tell a missing field from an
+// empty one.
+type rawMessage struct {
+	Role    *string `json:"role"`
+	Content *string `json:"content"`
+}
+
+// given reports whether a field is present and not null.
+func given(m json.RawMessage) bool { return len(m) > 0 && string(m) != "null" }
+
+// scalarText reads a JSON string or number as text (a number keeps its
+// literal spelling: 42 gives "42").
+func scalarText(m json.RawMessage) (string, bool) {
+	var s string
+	if json.Unmarshal(m, &s) == nil {
+		return s, true
+	}
+	var n json.Number
+	if json.Unmarshal(m, &n) == nil {
+		return n.String(), true
+	}
+	return "", false
+}
+
+// groundTruth reads a ground truth: a string, a number, or TinyZero's
+// Countdown struct {"target": T, "numbers": [n1, ...]}, which becomes
+// keel's "T|n1,n2,...".
+func groundTruth(m json.RawMessage) (string, bool) {
+	if s, ok := scalarText(m); ok {
+		return s, true
+	}
+	var cd struct {
+		Target  *json.Number  `json:"target"`
+		Numbers []json.Number `json:"numbers"`
+	}
+	if json.Unmarshal(m, &cd) != nil || cd.Target == nil || len(cd.Numbers) == 0 {
+		return "", false
+	}
+	nums := make([]string, len(cd.Numbers))
+	for i, n := range cd.Numbers {
+		nums[i] = n.String()
+	}
+	return cd.Target.String() + "|" + strings.Join(nums, ","), true
 }
 
 func (r *rawExample) example() (Example, error) {
@@ -71,45 +125,77 @@ func (r *rawExample) example() (Example, error) {
 	default:
 		return e, errors.New(`missing field "task" (or "data_source")`)
 	}
+	if e.Task == "" {
+		return e, errors.New(`field "task" (or "data_source") is empty`)
+	}
+	var answer json.RawMessage
+	name := "answer"
 	switch {
-	case r.Answer != nil:
-		e.Answer = *r.Answer
-	case r.GroundTruth != nil:
-		e.Answer = *r.GroundTruth
-	case r.RewardModel != nil && r.RewardModel.GroundTruth != nil:
-		e.Answer = *r.RewardModel.GroundTruth
+	case given(r.Answer):
+		answer = r.Answer
+	case given(r.GroundTruth):
+		answer, name = r.GroundTruth, "ground_truth"
+	case r.RewardModel != nil && given(r.RewardModel.GroundTruth):
+		answer, name = r.RewardModel.GroundTruth, "reward_model.ground_truth"
 	default:
 		return e, errors.New(`missing field "answer" (or "ground_truth", "reward_model.ground_truth")`)
 	}
+	var ok bool
+	if e.Answer, ok = groundTruth(answer); !ok {
+		return e, fmt.Errorf(`field %q: want a string or a number`, name)
+	}
 	prompt := r.Prompt
-	if len(prompt) == 0 || string(prompt) == "null" {
+	if !given(prompt) {
 		prompt = r.Messages
 	}
 	switch {
-	case len(prompt) == 0 || string(prompt) == "null":
+	case !given(prompt):
 		return e, errors.New(`missing field "prompt"`)
 	case prompt[0] == '"':
 		if err := json.Unmarshal(prompt, &e.Prompt); err != nil {
 			return e, fmt.Errorf(`field "prompt": %v`, err)
 		}
+		if e.Prompt == "" {
+			return e, errors.New(`field "prompt" is empty`)
+		}
 	case prompt[0] == '[':
-		if err := json.Unmarshal(prompt, &e.Messages); err != nil {
+		var msgs []rawMessage
+		if err := json.Unmarshal(prompt, &msgs); err != nil {
 			return e, fmt.Errorf(`field "prompt": want a string or a list of {"role", "content"}: %v`, err)
 		}
-		if len(e.Messages) == 0 {
+		if len(msgs) == 0 {
 			return e, errors.New(`field "prompt" is an empty chat`)
 		}
-		for i, m := range e.Messages {
-			if m.Role == "" {
+		for i, m := range msgs {
+			switch {
+			case m.Role == nil || *m.Role == "":
 				return e, fmt.Errorf(`field "prompt"[%d]: missing "role"`, i)
+			case m.Content == nil:
+				return e, fmt.Errorf(`field "prompt"[%d]: missing "content"`, i)
 			}
+			e.Messages = append(e.Messages, tokenizer.Message{Role: *m.Role, Content: *m.Content})
 		}
 	default:
 		return e, errors.New(`field "prompt": want a string or a list of {"role", "content"}`)
 	}
-	e.Difficulty, e.Style = r.Difficulty, r.Style
+	// Optional fields. A difficulty that is not an integer (some data sets
+	// use words) is ignored rather than refused.
+	if given(r.Difficulty) {
+		if d, ok := scalarText(r.Difficulty); ok {
+			e.Difficulty, _ = strconv.Atoi(d)
+		}
+	}
+	switch {
+	case given(r.ID):
+		e.ID, _ = scalarText(r.ID)
+	case r.ExtraInfo != nil && given(r.ExtraInfo.Index):
+		e.ID, _ = scalarText(r.ExtraInfo.Index)
+	}
 	if r.Response != nil {
 		e.Response = *r.Response
+	}
+	if r.Style != nil {
+		e.Style = *r.Style
 	}
 	return e, nil
 }
@@ -138,6 +224,9 @@ func readJSONL(r io.Reader, path string) ([]Example, error) {
 			dec := json.NewDecoder(bytes.NewReader(b))
 			if jerr := dec.Decode(&raw); jerr != nil {
 				return nil, fmt.Errorf("%s:%d: invalid JSON object: %v", path, line, jerr)
+			}
+			if rest := bytes.TrimSpace(b[dec.InputOffset():]); len(rest) > 0 {
+				return nil, fmt.Errorf("%s:%d: invalid JSON object: text after the object (one object per line)", path, line)
 			}
 			e, xerr := raw.example()
 			if xerr != nil {

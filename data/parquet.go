@@ -1,10 +1,13 @@
 package data
 
 import (
-	"bytes"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 
 	"github.com/parquet-go/parquet-go"
 
@@ -40,121 +43,21 @@ type verlExtra struct {
 	Index int64  `parquet:"index"`
 }
 
-// plainRow is the plain layout: prompt and answer strings.
-type plainRow struct {
-	Task       string `parquet:"task,optional"`
-	DataSource string `parquet:"data_source,optional"`
-	Prompt     string `parquet:"prompt"`
-	Answer     string `parquet:"answer"`
-	Response   string `parquet:"response,optional"`
-	Difficulty int64  `parquet:"difficulty,optional"`
-}
-
-// ReadParquet reads a Parquet data set in verl's layout (data_source,
-// prompt as a list of {role, content}, reward_model.ground_truth) or a
-// plain one (prompt and answer strings, task or data_source). A missing
-// column is an error naming the file and the column; a row without a
-// prompt or task names the row.
-func ReadParquet(path string) ([]Example, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	f, err := parquet.OpenFile(bytes.NewReader(b), int64(len(b)))
-	if err != nil {
-		return nil, fmt.Errorf("%s: not a Parquet file: %v", path, err)
-	}
-	schema := f.Schema()
-	has := func(col ...string) bool {
-		if len(col) == 1 { // a top-level field, leaf or group
-			for _, f := range schema.Fields() {
-				if f.Name() == col[0] {
-					return true
-				}
-			}
-			return false
-		}
-		_, ok := schema.Lookup(col...)
-		return ok
-	}
-	var out []Example
-	switch {
-	case !has("prompt"):
-		return nil, fmt.Errorf("%s: missing column \"prompt\"", path)
-	case has("prompt", "list", "element", "content"):
-		for _, c := range [][]string{{"data_source"}, {"reward_model", "ground_truth"}} {
-			if !has(c...) {
-				return nil, fmt.Errorf("%s: verl layout without column %q", path, joinPath(c))
-			}
-		}
-		rows, err := parquet.Read[verlRow](bytes.NewReader(b), int64(len(b)))
-		if err != nil {
-			return nil, fmt.Errorf("%s: %v", path, err)
-		}
-		for i, r := range rows {
-			e := Example{Task: r.DataSource, Answer: r.RewardModel.GroundTruth, Response: r.Response, Style: r.Style, Difficulty: int(r.Difficulty)}
-			for _, m := range r.Prompt {
-				e.Messages = append(e.Messages, tokenizer.Message{Role: m.Role, Content: m.Content})
-			}
-			if err := checkRow(&e); err != nil {
-				return nil, fmt.Errorf("%s: row %d: %v", path, i, err)
-			}
-			out = append(out, e)
-		}
-	default:
-		if !has("answer") {
-			return nil, fmt.Errorf("%s: missing column \"answer\" (or verl's reward_model.ground_truth with a chat prompt)", path)
-		}
-		if !has("task") && !has("data_source") {
-			return nil, fmt.Errorf("%s: missing column \"task\" (or \"data_source\")", path)
-		}
-		rows, err := parquet.Read[plainRow](bytes.NewReader(b), int64(len(b)))
-		if err != nil {
-			return nil, fmt.Errorf("%s: %v", path, err)
-		}
-		for i, r := range rows {
-			e := Example{Task: r.Task, Prompt: r.Prompt, Answer: r.Answer, Response: r.Response, Difficulty: int(r.Difficulty)}
-			if e.Task == "" {
-				e.Task = r.DataSource
-			}
-			if err := checkRow(&e); err != nil {
-				return nil, fmt.Errorf("%s: row %d: %v", path, i, err)
-			}
-			out = append(out, e)
-		}
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("%s: no examples", path)
-	}
-	return out, nil
-}
-
-func joinPath(c []string) string {
-	s := c[0]
-	for _, x := range c[1:] {
-		s += "." + x
-	}
-	return s
-}
-
-func checkRow(e *Example) error {
-	switch {
-	case e.Task == "":
-		return fmt.Errorf("empty task (data_source)")
-	case e.Prompt == "" && len(e.Messages) == 0:
-		return fmt.Errorf("empty prompt")
-	}
-	return nil
-}
-
 // WriteParquet writes examples in verl's layout (so verl can train on keel's
-// generated data), with keel's response, style and difficulty as extra
-// columns, crash safe.
+// generated data): data_source, prompt as a list of {role, content},
+// ability, reward_model {style: "rule", ground_truth}, extra_info {split,
+// index}, with keel's response, style and difficulty as extra columns,
+// crash safe. extra_info.index is the example's ID when that is an
+// integer, else its row number from 0.
 func WriteParquet(path string, ex []Example) error {
 	rows := make([]verlRow, len(ex))
 	for i, e := range ex {
+		idx := int64(i)
+		if v, err := strconv.ParseInt(e.ID, 10, 64); err == nil {
+			idx = v
+		}
 		r := verlRow{DataSource: e.Task, Ability: "math", RewardModel: verlReward{Style: "rule", GroundTruth: e.Answer},
-			ExtraInfo: verlExtra{Split: "train", Index: int64(i)}, Response: e.Response, Style: e.Style, Difficulty: int64(e.Difficulty)}
+			ExtraInfo: verlExtra{Split: "train", Index: idx}, Response: e.Response, Style: e.Style, Difficulty: int64(e.Difficulty)}
 		for _, m := range e.Chat() {
 			r.Prompt = append(r.Prompt, verlMessage{Role: m.Role, Content: m.Content})
 		}
@@ -167,4 +70,385 @@ func WriteParquet(path string, ex []Example) error {
 		}
 		return pw.Close()
 	})
+}
+
+// ReadParquet reads a Parquet data set. The columns are found by name
+// whatever else the file holds, required or optional, so files written by
+// pandas/pyarrow (either list naming), Spark or keel all read:
+//
+//   - the task: "task" or "data_source";
+//   - the prompt: "prompt" (or "messages") as a string, or as verl's list
+//     of {role, content};
+//   - the ground truth: "answer", "ground_truth" or verl's
+//     reward_model.ground_truth, a string or a number; a ground truth
+//     struct {target, numbers} (TinyZero's Countdown) becomes keel's
+//     "TARGET|n1,n2,...";
+//   - optional: "response", "style", "difficulty" (an integer; another type
+//     is ignored), and an ID from "id" or extra_info.index.
+//
+// A missing column is an error naming the file and the column; a null task,
+// prompt or ground truth names the file and the row (counted from 0, as
+// pandas and verl's extra_info.index count).
+func ReadParquet(path string) (ex []Example, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	// parquet-go trusts a file's metadata; a corrupt file must still be an
+	// error, not a crash.
+	defer func() {
+		if r := recover(); r != nil {
+			ex, err = nil, fmt.Errorf("%s: corrupt Parquet file: %v", path, r)
+		}
+	}()
+	if err := checkFooter(f, st.Size()); err != nil {
+		return nil, fmt.Errorf("%s: not a Parquet file: %v", path, err)
+	}
+	pf, err := parquet.OpenFile(f, st.Size())
+	if err != nil {
+		return nil, fmt.Errorf("%s: not a Parquet file: %v", path, err)
+	}
+	lay, err := findLayout(pf.Schema())
+	if err != nil {
+		return nil, fmt.Errorf("%s: %v", path, err)
+	}
+	byCol := make([][]parquet.Value, len(pf.Schema().Columns()))
+	buf := make([]parquet.Row, 128)
+	row := 0
+	for _, rg := range pf.RowGroups() {
+		rows := rg.Rows()
+		for {
+			n, rerr := rows.ReadRows(buf)
+			for _, r := range buf[:n] {
+				for i := range byCol {
+					byCol[i] = byCol[i][:0]
+				}
+				for _, v := range r {
+					if c := v.Column(); c >= 0 && c < len(byCol) {
+						byCol[c] = append(byCol[c], v)
+					}
+				}
+				e, err := lay.example(byCol)
+				if err != nil {
+					rows.Close()
+					return nil, fmt.Errorf("%s: row %d: %v", path, row, err)
+				}
+				ex = append(ex, e)
+				row++
+			}
+			if rerr == io.EOF {
+				break
+			}
+			if rerr != nil {
+				rows.Close()
+				return nil, fmt.Errorf("%s: row %d: %v", path, row, rerr)
+			}
+			if n == 0 {
+				break
+			}
+		}
+		if err := rows.Close(); err != nil {
+			return nil, fmt.Errorf("%s: %v", path, err)
+		}
+	}
+	if len(ex) == 0 {
+		return nil, fmt.Errorf("%s: no examples", path)
+	}
+	return ex, nil
+}
+
+// checkFooter checks a Parquet file's frame: "PAR1" at both ends and a
+// metadata length that fits in the file. parquet-go allocates the
+// metadata's claimed length before reading it, so a damaged length would
+// otherwise cost gigabytes.
+func checkFooter(r io.ReaderAt, size int64) error {
+	if size < 12 {
+		return fmt.Errorf("%d bytes, too short", size)
+	}
+	var head, tail [8]byte
+	if _, err := r.ReadAt(head[:4], 0); err != nil {
+		return err
+	}
+	if _, err := r.ReadAt(tail[:], size-8); err != nil {
+		return err
+	}
+	if string(head[:4]) != "PAR1" || string(tail[4:]) != "PAR1" {
+		return errors.New(`no "PAR1" magic at its start and end`)
+	}
+	if n := int64(binary.LittleEndian.Uint32(tail[:4])); n > size-12 {
+		return fmt.Errorf("footer claims %d bytes of metadata in a %d-byte file", n, size)
+	}
+	return nil
+}
+
+// column is one leaf column of a Parquet file.
+type column struct {
+	name   string // dotted path, for messages
+	index  int    // column index; -1: absent
+	maxDef int    // definition level of a present value
+	elem   int    // for a list leaf: the definition level of an element
+}
+
+var absent = column{index: -1}
+
+// layout says which columns hold an Example's fields.
+type layout struct {
+	task, prompt, answer      column // scalars
+	role, content             column // the prompt as a chat list
+	target, numbers           column // a {target, numbers} ground truth
+	response, style, diff, id column
+}
+
+// findLayout finds the columns of each field, by name.
+func findLayout(s *parquet.Schema) (*layout, error) {
+	leaves := map[string]column{} // dotted path -> scalar or list leaf
+	for _, p := range s.Columns() {
+		leaf, ok := s.Lookup(p...)
+		if !ok {
+			continue
+		}
+		c := column{name: strings.Join(p, "."), index: leaf.ColumnIndex, maxDef: leaf.MaxDefinitionLevel, elem: -1}
+		if leaf.MaxRepetitionLevel > 1 {
+			continue // nested lists: nothing keel reads
+		}
+		if leaf.MaxRepetitionLevel == 1 {
+			c.elem = elemLevel(s, p)
+		}
+		leaves[c.name] = c
+	}
+	scalar := func(names ...string) column {
+		for _, n := range names {
+			if c, ok := leaves[n]; ok && c.elem < 0 {
+				return c
+			}
+		}
+		return absent
+	}
+	// list finds the leaf NAME.<list>.<element>.FIELD of a list of
+	// structs (or the legacy NAME.<group>.FIELD, or a bare repeated group
+	// NAME.FIELD).
+	list := func(name, field string) column {
+		for p, c := range leaves {
+			parts := strings.Split(p, ".")
+			if c.elem >= 0 && parts[0] == name && parts[len(parts)-1] == field && len(parts) <= 4 {
+				return c
+			}
+		}
+		return absent
+	}
+	// listScalar finds the leaf of a list of scalars NAME.<list>.<element>.
+	listScalar := func(name string) column {
+		for p, c := range leaves {
+			if c.elem >= 0 && strings.HasPrefix(p, name+".") && strings.Count(p[len(name)+1:], ".") <= 1 {
+				return c
+			}
+		}
+		return absent
+	}
+	l := &layout{
+		task:     scalar("task", "data_source"),
+		prompt:   scalar("prompt", "messages"),
+		answer:   scalar("answer", "ground_truth", "reward_model.ground_truth"),
+		role:     absent,
+		content:  absent,
+		target:   absent,
+		numbers:  absent,
+		response: scalar("response"),
+		style:    scalar("style"),
+		diff:     scalar("difficulty"),
+		id:       scalar("id", "extra_info.index"),
+	}
+	if l.prompt.index < 0 {
+		for _, name := range []string{"prompt", "messages"} {
+			if l.role, l.content = list(name, "role"), list(name, "content"); l.role.index >= 0 && l.content.index >= 0 {
+				break
+			}
+		}
+	}
+	if l.answer.index < 0 {
+		l.target = scalar("reward_model.ground_truth.target")
+		l.numbers = listScalar("reward_model.ground_truth.numbers")
+	}
+	switch {
+	case l.task.index < 0:
+		return nil, errors.New(`missing column "data_source" (or "task")`)
+	case l.prompt.index < 0 && (l.role.index < 0 || l.content.index < 0):
+		return nil, errors.New(`missing column "prompt" (a string, or a list of {role, content})`)
+	case l.answer.index < 0 && (l.target.index < 0 || l.numbers.index < 0):
+		return nil, errors.New(`missing column "reward_model.ground_truth" (or "answer", "ground_truth")`)
+	}
+	return l, nil
+}
+
+// elemLevel is the definition level at which an element of the list on
+// path exists: the number of optional or repeated fields down to and
+// including the repeated one.
+func elemLevel(s *parquet.Schema, path []string) int {
+	fields, level := s.Fields(), 0
+	for _, name := range path {
+		var f parquet.Field
+		for _, x := range fields {
+			if x.Name() == name {
+				f = x
+				break
+			}
+		}
+		if f == nil {
+			return -1
+		}
+		if f.Optional() || f.Repeated() {
+			level++
+		}
+		if f.Repeated() {
+			return level
+		}
+		fields = f.Fields()
+	}
+	return -1
+}
+
+// scalar reads column c of one row: ok is false when the value is null or
+// the column is absent.
+func (c column) scalar(byCol [][]parquet.Value) (string, bool, error) {
+	if c.index < 0 || len(byCol[c.index]) == 0 {
+		return "", false, nil
+	}
+	v := byCol[c.index][0]
+	if v.IsNull() || v.DefinitionLevel() < c.maxDef {
+		return "", false, nil
+	}
+	s, err := text(v)
+	if err != nil {
+		return "", false, fmt.Errorf("column %q: %v", c.name, err)
+	}
+	return s, true, nil
+}
+
+// list reads column c, a list leaf, of one row: the elements' values, with
+// ok false for a null element. A null or empty list gives no elements.
+func (c column) list(byCol [][]parquet.Value) (vals []string, present []bool, err error) {
+	for _, v := range byCol[c.index] {
+		if v.DefinitionLevel() < c.elem {
+			continue // the list itself is null or empty
+		}
+		if v.IsNull() || v.DefinitionLevel() < c.maxDef {
+			vals, present = append(vals, ""), append(present, false)
+			continue
+		}
+		s, err := text(v)
+		if err != nil {
+			return nil, nil, fmt.Errorf("column %q: %v", c.name, err)
+		}
+		vals, present = append(vals, s), append(present, true)
+	}
+	return vals, present, nil
+}
+
+// text renders a Parquet value as a string: strings as they are, numbers
+// in decimal.
+func text(v parquet.Value) (string, error) {
+	switch v.Kind() {
+	case parquet.ByteArray, parquet.FixedLenByteArray:
+		return string(v.ByteArray()), nil
+	case parquet.Int32:
+		return strconv.FormatInt(int64(v.Int32()), 10), nil
+	case parquet.Int64:
+		return strconv.FormatInt(v.Int64(), 10), nil
+	case parquet.Float:
+		return strconv.FormatFloat(float64(v.Float()), 'g', -1, 32), nil
+	case parquet.Double:
+		return strconv.FormatFloat(v.Double(), 'g', -1, 64), nil
+	case parquet.Boolean:
+		return strconv.FormatBool(v.Boolean()), nil
+	}
+	return "", fmt.Errorf("unsupported value type %s", v.Kind())
+}
+
+// example assembles one row's Example.
+func (l *layout) example(byCol [][]parquet.Value) (Example, error) {
+	var e Example
+	var ok bool
+	var err error
+	if e.Task, ok, err = l.task.scalar(byCol); err != nil {
+		return e, err
+	} else if !ok || e.Task == "" {
+		return e, fmt.Errorf("%s is null or empty", l.task.name)
+	}
+	if l.prompt.index >= 0 {
+		if e.Prompt, ok, err = l.prompt.scalar(byCol); err != nil {
+			return e, err
+		} else if !ok || e.Prompt == "" {
+			return e, fmt.Errorf("%s is null or empty", l.prompt.name)
+		}
+	} else {
+		roles, rok, err := l.role.list(byCol)
+		if err != nil {
+			return e, err
+		}
+		contents, cok, err := l.content.list(byCol)
+		if err != nil {
+			return e, err
+		}
+		if len(roles) == 0 {
+			return e, fmt.Errorf("%s is null or an empty chat", strings.Split(l.role.name, ".")[0])
+		}
+		if len(roles) != len(contents) {
+			return e, fmt.Errorf("%s has %d roles but %d contents", strings.Split(l.role.name, ".")[0], len(roles), len(contents))
+		}
+		for i := range roles {
+			if !rok[i] || roles[i] == "" {
+				return e, fmt.Errorf("%s[%d] has no role", strings.Split(l.role.name, ".")[0], i)
+			}
+			if !cok[i] {
+				return e, fmt.Errorf("%s[%d] has no content", strings.Split(l.role.name, ".")[0], i)
+			}
+			e.Messages = append(e.Messages, tokenizer.Message{Role: roles[i], Content: contents[i]})
+		}
+	}
+	if l.answer.index >= 0 {
+		if e.Answer, ok, err = l.answer.scalar(byCol); err != nil {
+			return e, err
+		} else if !ok {
+			return e, fmt.Errorf("%s is null", l.answer.name)
+		}
+	} else {
+		t, ok, err := l.target.scalar(byCol)
+		if err != nil {
+			return e, err
+		} else if !ok {
+			return e, fmt.Errorf("%s is null", l.target.name)
+		}
+		nums, present, err := l.numbers.list(byCol)
+		if err != nil {
+			return e, err
+		}
+		for i := range nums {
+			if !present[i] {
+				return e, fmt.Errorf("%s[%d] is null", l.numbers.name, i)
+			}
+		}
+		if len(nums) == 0 {
+			return e, fmt.Errorf("%s is null or empty", l.numbers.name)
+		}
+		e.Answer = t + "|" + strings.Join(nums, ",")
+	}
+	// Optional fields: a null is simply absent.
+	if e.Response, _, err = l.response.scalar(byCol); err != nil {
+		return e, err
+	}
+	if e.Style, _, err = l.style.scalar(byCol); err != nil {
+		return e, err
+	}
+	if e.ID, _, err = l.id.scalar(byCol); err != nil {
+		return e, err
+	}
+	if d, _, err := l.diff.scalar(byCol); err == nil {
+		e.Difficulty, _ = strconv.Atoi(d)
+	}
+	return e, nil
 }
