@@ -75,6 +75,9 @@ func readComponent(raw json.RawMessage, field string) (*component, error) {
 
 // build checks a tokenizer.json and makes the tokenizer it describes.
 func build(j *fileJSON) (*Tokenizer, error) {
+	if j.Version != "" && j.Version != "1.0" {
+		return nil, fmt.Errorf("version: %q (keel reads tokenizer.json version 1.0)", j.Version)
+	}
 	t := &Tokenizer{added: map[string]int32{}}
 	if err := t.readNormalizer(j.Normalizer, "normalizer"); err != nil {
 		return nil, err
@@ -216,16 +219,10 @@ func (t *Tokenizer) readModel(m *modelJSON, added []addedJSON) error {
 		}
 		size = max(size, int(id)+1)
 	}
-	for i, a := range added {
-		if a.ID < 0 {
-			return fmt.Errorf("added_tokens[%d]: %q has the negative id %d", i, a.Content, a.ID)
-		}
-		size = max(size, int(a.ID)+1)
-	}
 	// Ids are dense in real files (Qwen's: 151,643 pieces, then 26 added
 	// tokens); a sparse id would make the id table absurdly large.
 	if limit := len(m.Vocab) + len(added); size > limit {
-		return fmt.Errorf("ids run to %d for %d model pieces and added tokens (ids must be dense)", size-1, limit)
+		return fmt.Errorf("model.vocab: ids run to %d for %d pieces (ids must be dense)", size-1, len(m.Vocab))
 	}
 	t.pieces = make([]string, size)
 	t.isAdded = make([]bool, size)
@@ -252,28 +249,59 @@ func (t *Tokenizer) readModel(m *modelJSON, added []addedJSON) error {
 }
 
 // readAdded reads added_tokens: content -> id for ID, the id table, and
-// the two matchers (raw text, normalised text).
+// the two matchers (raw text, normalised text). The ids are Hugging Face's,
+// which does not take them from the file: a token that is already in the
+// vocabulary keeps that id, a new one gets the next free id (the
+// vocabulary's size, then one more than the largest added id). They agree
+// with the file's in real files; the id field is only checked for range.
 func (t *Tokenizer) readAdded(added []addedJSON) error {
+	order := []string{} // contents, in Hugging Face's order: special tokens first
+	flags := map[string]addedJSON{}
+	for _, special := range []bool{true, false} {
+		for i, a := range added {
+			if a.Content == "" {
+				return fmt.Errorf("added_tokens[%d]: empty content", i)
+			}
+			if a.ID < 0 {
+				return fmt.Errorf("added_tokens[%d]: %q has the negative id %d", i, a.Content, a.ID)
+			}
+			if a.Special != special {
+				continue
+			}
+			if _, dup := flags[a.Content]; !dup {
+				order = append(order, a.Content)
+			}
+			flags[a.Content] = a // a repeated content keeps its last options
+		}
+	}
+	maxAdded := int32(-1)
+	for _, a := range added { // ids are given in file order
+		if _, done := t.added[a.Content]; done {
+			continue
+		}
+		id, ok := t.vocab[a.Content]
+		if !ok {
+			id = int32(len(t.vocab))
+			if maxAdded >= id {
+				id = maxAdded + 1
+			}
+			if int(id) < len(t.pieces) && t.pieces[id] != "" {
+				return fmt.Errorf("added_tokens: %q would take id %d, model.vocab's %q (model.vocab has holes)", a.Content, id, t.pieces[id])
+			}
+			for int(id) >= len(t.pieces) {
+				t.pieces = append(t.pieces, "")
+				t.isAdded = append(t.isAdded, false)
+			}
+		}
+		maxAdded = max(maxAdded, id)
+		t.added[a.Content] = id
+		t.pieces[id] = a.Content
+		t.isAdded[id] = true
+	}
 	var raw, normed []addedToken
-	for i, a := range added {
-		if a.Content == "" {
-			return fmt.Errorf("added_tokens[%d]: empty content", i)
-		}
-		if _, dup := t.added[a.Content]; dup {
-			continue // Hugging Face keeps one entry per content
-		}
-		if p := t.pieces[a.ID]; p != "" && p != a.Content && !t.isAdded[a.ID] {
-			// An added token may take a model piece's id only for the same
-			// text (Hugging Face marks the piece as added).
-			return fmt.Errorf("added_tokens[%d]: id %d of %q is model.vocab's %q", i, a.ID, a.Content, p)
-		}
-		if t.isAdded[a.ID] {
-			return fmt.Errorf("added_tokens[%d]: id %d of %q is also %q's", i, a.ID, a.Content, t.pieces[a.ID])
-		}
-		t.added[a.Content] = a.ID
-		t.pieces[a.ID] = a.Content
-		t.isAdded[a.ID] = true
-		tok := addedToken{content: a.Content, id: a.ID, singleWord: a.SingleWord, lstrip: a.LStrip, rstrip: a.RStrip}
+	for _, c := range order {
+		a := flags[c]
+		tok := addedToken{content: c, id: t.added[c], singleWord: a.SingleWord, lstrip: a.LStrip, rstrip: a.RStrip}
 		if a.Normalized {
 			if t.nfc {
 				tok.content = nfc(tok.content)

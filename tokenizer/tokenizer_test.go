@@ -143,8 +143,9 @@ func TestParseErrors(t *testing.T) {
 		{`{"post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}}, {"Sequence": {"id": "A"}}], "special_tokens": {"<s>": {"ids": [9]}}}, ` + ok + `}`, `special_tokens id 9 names no token`, false},
 		{`{"post_processor": {"type": "BertProcessing", "cls": ["a", 0], "sep": ["b", 7]}, ` + ok + `}`, `sep id 7 names no token`, false},
 		{`{"added_tokens": [{"id": 3, "content": ""}], ` + ok + `}`, "added_tokens[0]: empty content", false},
-		{`{"added_tokens": [{"id": 0, "content": "<x>"}], ` + ok + `}`, `added_tokens[0]: id 0 of "<x>" is model.vocab's "a"`, false},
-		{`{"added_tokens": [{"id": 3, "content": "<x>"}, {"id": 3, "content": "<y>"}], ` + ok + `}`, `id 3 of "<y>" is also "<x>"'s`, false},
+		{`{"added_tokens": [{"id": -3, "content": "<x>"}], ` + ok + `}`, `added_tokens[0]: "<x>" has the negative id -3`, false},
+		{`{"added_tokens": [{"id": 2, "content": "<x>"}], "model": {"type": "BPE", "vocab": {"a": 0, "b": 2}}}`, `"<x>" would take id 2, model.vocab's "b"`, false},
+		{`{"version": "2.0", ` + ok + `}`, `version: "2.0"`, false},
 		{`{` + byteLevel + `, ` + ok + `}`, "", false},
 	} {
 		_, err := Parse([]byte(c.json), "t.json")
@@ -158,6 +159,15 @@ func TestParseErrors(t *testing.T) {
 		case errors.Is(err, ErrUnsupported) != c.unsupported:
 			t.Errorf("%s: errors.Is(ErrUnsupported) = %v", c.json, !c.unsupported)
 		}
+	}
+	// Added tokens get Hugging Face's ids, whatever the file says: a
+	// vocabulary piece keeps its id, a new token takes the next one.
+	tk, err := Parse([]byte(`{"added_tokens": [{"id": 0, "content": "<x>"}, {"id": 0, "content": "b"}, {"id": 0, "content": "<y>"}], `+ok+`}`), "t.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x, b, y := tk.MustID("<x>"), tk.MustID("b"), tk.MustID("<y>"); x != 3 || b != 1 || y != 4 || tk.VocabSize() != 5 {
+		t.Errorf("<x> %d, b %d, <y> %d, size %d; want 3, 1, 4, 5", x, b, y, tk.VocabSize())
 	}
 	if _, err := Load(filepath.Join(t.TempDir(), "nothing")); err == nil {
 		t.Error("Load of a missing file succeeded")
