@@ -272,6 +272,7 @@ func Write(path string, ex []Example) error {
 func WriteJSONL(path string, ex []Example) error {
 	return atomicfile.Write(path, func(w io.Writer) error {
 		enc := json.NewEncoder(w)
+		enc.SetEscapeHTML(false) // "x=1 -> x" stays readable
 		for i := range ex {
 			if err := enc.Encode(&ex[i]); err != nil {
 				return err

@@ -386,7 +386,7 @@ func TestGeneratePinned(t *testing.T) {
 	if first := strings.SplitN(buf.String(), "\n", 2)[0]; first != `{"task":"arithmetic","difficulty":2,"prompt":"Compute 7-7.","answer":"0","response":"7-7 = 0\nAnswer: 0","style":"chain"}` {
 		t.Errorf("first example changed: %s", first)
 	}
-	if h := fmt.Sprintf("%x", sha256.Sum256(buf.Bytes())); h != "b4533f7a520a59d2298b23d2d1cf2da6f601b02602854c85a94b457c7f4e8ee8" {
+	if h := fmt.Sprintf("%x", sha256.Sum256(buf.Bytes())); h != "8eb0e192be5f8c0ad865a5b1456857432acd8e54bedec2e184042ddc211b6476" {
 		t.Errorf("generated data changed: sha256 %s", h)
 	}
 	spec.N = 30

@@ -1,9 +1,15 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"os"
+	"sort"
 	"strings"
 
 	"github.com/keel-rl/keel/data"
@@ -11,50 +17,104 @@ import (
 )
 
 func init() {
-	register(command{name: "data", summary: "generate task data sets (keel data gen) and show them", run: runData})
+	register(command{name: "data", summary: "generate task data sets, show them, score responses",
+		run: func(args []string) error { return runData(args, os.Stdout) }})
 }
 
 const dataUsage = `usage: keel data gen --task NAME[,NAME...] --n N [--difficulty D] [--style S] [--seed S] --out FILE.jsonl|.parquet
        keel data show FILE [--n N]
+       keel data score FILE [--responses FILE.jsonl]
 
-gen draws problems of the built-in task families (%s) with their ground
-truth and, unless --style none, a reference solution in a style (terse,
-scratch, chain, or mixed). Difficulty is 1..5, a range "1-3" or a list.
-The same flags give the same file, byte for byte.
+gen draws problems of the built-in task families (%s)
+with their ground truth and, unless --style none, a reference solution in
+a style: terse (the answer line only), scratch (a step-by-step
+scratchpad), chain (one line of intermediate results), a comma list, or
+mixed (one drawn per example). Tasks are used in turn; the difficulty
+(1..5, a range "1-3" or a list "1,4") is drawn per example. The same flags
+give the same file, byte for byte, and a larger --n extends a smaller one.
+.jsonl files are keel's layout (task, difficulty, prompt, answer,
+response, style); .parquet files are verl's (data_source, prompt as a chat
+list, reward_model.ground_truth, extra_info) with keel's columns added.
+
+show prints the first examples of a data set (.jsonl or .parquet, keel's
+or verl's layout).
+
+score runs each row's verifier on its response field, or on the responses
+in --responses, a JSONL file of {"response": "..."} objects: one per row,
+or k per row (all of row 0's, then row 1's, ...) for avg@k. It prints the
+accuracy overall, per task and per task and difficulty.
 `
 
-func runData(args []string) error {
+func runData(args []string, stdout io.Writer) error {
+	usage := fmt.Sprintf(dataUsage, strings.Join(tasks.Names(), ", "))
 	if len(args) == 0 {
-		return fmt.Errorf(dataUsage, strings.Join(tasks.Names(), ", "))
+		return errors.New(usage)
 	}
 	switch args[0] {
 	case "gen":
-		return runDataGen(args[1:])
+		return runDataGen(args[1:], usage)
 	case "show":
-		return runDataShow(args[1:])
+		return runDataShow(args[1:], stdout, usage)
+	case "score":
+		return runDataScore(args[1:], stdout, usage)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return nil
 	}
-	return fmt.Errorf("unknown subcommand %q\n\n"+dataUsage, args[0], strings.Join(tasks.Names(), ", "))
+	return fmt.Errorf("unknown subcommand %q\n\n%s", args[0], usage)
 }
 
-func runDataGen(args []string) error {
-	fs := flag.NewFlagSet("data gen", flag.ContinueOnError)
+// newDataFlags makes a flag set for a data subcommand whose -h prints the
+// command's usage and the set's flags.
+func newDataFlags(name, usage string) *flag.FlagSet {
+	fs := flag.NewFlagSet("data "+name, flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage+"\nflags of "+name+":\n")
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseWithPath parses flags given before or after one positional FILE.
+func parseWithPath(fs *flag.FlagSet, args []string) (path string, help bool, err error) {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		path, args = args[0], args[1:]
+	}
+	if help, err = parseFlags(fs, args); help || err != nil {
+		return "", help, err
+	}
+	rest := fs.Args()
+	if path == "" && len(rest) > 0 {
+		path, rest = rest[0], rest[1:]
+		if help, err = parseFlags(fs, rest); help || err != nil {
+			return "", help, err
+		}
+		rest = fs.Args()
+	}
+	if len(rest) > 0 {
+		return "", false, fmt.Errorf("unexpected argument %q", rest[0])
+	}
+	return path, false, nil
+}
+
+func runDataGen(args []string, usage string) error {
+	fs := newDataFlags("gen", usage)
 	task := fs.String("task", "", "task families, comma-separated: "+strings.Join(tasks.Names(), ", "))
 	n := fs.Int("n", 1000, "examples")
 	diff := fs.String("difficulty", "1-3", "difficulty: N, N-M or a comma list (1..5)")
 	style := fs.String("style", "mixed", "solution style: terse, scratch, chain, a comma list, mixed, or none")
 	seed := fs.Uint64("seed", 1, "random seed")
 	out := fs.String("out", "", "output file: .jsonl, or .parquet in verl's layout")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
 	switch {
 	case fs.NArg() > 0:
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	case *task == "":
-		return errors.New("--task is required")
+		return fmt.Errorf("--task is required (%s)", strings.Join(tasks.Names(), ", "))
+	case *n < 1:
+		return fmt.Errorf("--n %d: want at least 1", *n)
 	case *out == "":
 		return errors.New("--out is required")
 	case !strings.HasSuffix(*out, ".jsonl") && !strings.HasSuffix(*out, ".parquet"):
@@ -80,14 +140,11 @@ func runDataGen(args []string) error {
 	return data.Write(*out, ex)
 }
 
-func runDataShow(args []string) error {
-	fs := flag.NewFlagSet("data show", flag.ContinueOnError)
+func runDataShow(args []string, stdout io.Writer, usage string) error {
+	fs := newDataFlags("show", usage)
 	n := fs.Int("n", 5, "examples to show")
-	var path string
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		path, args = args[0], args[1:]
-	}
-	if err := fs.Parse(args); err != nil {
+	path, help, err := parseWithPath(fs, args)
+	if help || err != nil {
 		return err
 	}
 	if path == "" {
@@ -97,15 +154,119 @@ func runDataShow(args []string) error {
 	if err != nil {
 		return err
 	}
-	for i, e := range ex[:min(*n, len(ex))] {
-		fmt.Printf("#%d %s (difficulty %d) answer %q\n", i, e.Task, e.Difficulty, e.Answer)
+	w := bufio.NewWriter(stdout)
+	for i, e := range ex[:max(0, min(*n, len(ex)))] {
+		id := ""
+		if e.ID != "" {
+			id = " id " + e.ID
+		}
+		fmt.Fprintf(w, "#%d%s %s (difficulty %d) answer %q\n", i, id, e.Task, e.Difficulty, e.Answer)
 		for _, m := range e.Chat() {
-			fmt.Printf("  %s: %s\n", m.Role, m.Content)
+			fmt.Fprintf(w, "  %s: %s\n", m.Role, indent(m.Content))
 		}
 		if e.Response != "" {
-			fmt.Printf("  response (%s):\n    %s\n", e.Style, strings.ReplaceAll(e.Response, "\n", "\n    "))
+			fmt.Fprintf(w, "  response (%s):\n    %s\n", e.Style, indent(e.Response))
 		}
 	}
-	fmt.Printf("%d examples in %s\n", len(ex), path)
-	return nil
+	fmt.Fprintf(w, "%d examples in %s\n", len(ex), path)
+	return w.Flush()
+}
+
+func indent(s string) string { return strings.ReplaceAll(s, "\n", "\n    ") }
+
+func runDataScore(args []string, stdout io.Writer, usage string) error {
+	fs := newDataFlags("score", usage)
+	respPath := fs.String("responses", "", `JSONL of {"response": "..."}, k per row; default: the data's response field`)
+	path, help, err := parseWithPath(fs, args)
+	if help || err != nil {
+		return err
+	}
+	if path == "" {
+		return errors.New("usage: keel data score FILE [--responses FILE.jsonl]")
+	}
+	ex, err := data.Read(path)
+	if err != nil {
+		return err
+	}
+	var resp []string
+	if *respPath != "" {
+		if resp, err = readResponses(*respPath); err != nil {
+			return err
+		}
+		if len(resp)%len(ex) != 0 {
+			return fmt.Errorf("%s: %d responses for the %d rows of %s: want k per row", *respPath, len(resp), len(ex), path)
+		}
+	} else {
+		for i, e := range ex {
+			if e.Response == "" {
+				return fmt.Errorf("%s: row %d has no response (give --responses FILE)", path, i)
+			}
+			resp = append(resp, e.Response)
+		}
+	}
+	k := len(resp) / len(ex)
+	type tally struct{ right, n float64 }
+	groups := map[string]*tally{}
+	add := func(key string, r float64) {
+		t := groups[key]
+		if t == nil {
+			t = &tally{}
+			groups[key] = t
+		}
+		t.right += r
+		t.n++
+	}
+	for i, r := range resp {
+		e := ex[i/k]
+		s := tasks.Score(e.Task, e.Answer, r)
+		add("all", s)
+		add(e.Task, s)
+		add(fmt.Sprintf("%s d%d", e.Task, e.Difficulty), s)
+	}
+	keys := make([]string, 0, len(groups))
+	for key := range groups {
+		keys = append(keys, key)
+	}
+	sort.Slice(keys, func(a, b int) bool {
+		if (keys[a] == "all") != (keys[b] == "all") {
+			return keys[a] == "all"
+		}
+		return keys[a] < keys[b]
+	})
+	w := bufio.NewWriter(stdout)
+	fmt.Fprintf(w, "%d rows, %d response(s) each\n", len(ex), k)
+	for _, key := range keys {
+		t := groups[key]
+		fmt.Fprintf(w, "%-16s %6.0f/%-6.0f accuracy %.3f\n", key, t.right, t.n, t.right/t.n)
+	}
+	return w.Flush()
+}
+
+// readResponses reads a JSONL file of {"response": "..."} objects; an
+// error names the file and line.
+func readResponses(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for i, line := range bytes.Split(b, []byte("\n")) {
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		var r struct {
+			Response *string `json:"response"`
+		}
+		if err := json.Unmarshal(line, &r); err != nil {
+			return nil, fmt.Errorf("%s:%d: invalid JSON object: %v", path, i+1, err)
+		}
+		if r.Response == nil {
+			return nil, fmt.Errorf(`%s:%d: missing field "response"`, path, i+1)
+		}
+		out = append(out, *r.Response)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no responses", path)
+	}
+	return out, nil
 }

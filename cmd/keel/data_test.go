@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,32 +14,161 @@ import (
 
 func TestDataGenDeterministicAndVerifiable(t *testing.T) {
 	dir := t.TempDir()
-	a, b := filepath.Join(dir, "a.jsonl"), filepath.Join(dir, "b.jsonl")
 	args := []string{"--task", "arithmetic,countdown,linear", "--n", "60", "--difficulty", "1-5", "--style", "mixed", "--seed", "7"}
-	if err := runData(append([]string{"gen", "--out", a}, args...)); err != nil {
-		t.Fatal(err)
-	}
-	if err := runData(append([]string{"gen", "--out", b}, args...)); err != nil {
-		t.Fatal(err)
-	}
-	ba, _ := os.ReadFile(a)
-	bb, _ := os.ReadFile(b)
-	if !bytes.Equal(ba, bb) || len(ba) == 0 {
-		t.Fatal("the same flags gave different files")
-	}
-	ex, err := data.Read(a)
-	if err != nil || len(ex) != 60 {
-		t.Fatalf("%d examples, %v", len(ex), err)
-	}
-	seen := map[string]bool{}
-	for _, e := range ex {
-		seen[e.Task+e.Style] = true
-		if tasks.Score(e.Task, e.Answer, e.Response) != 1 {
-			t.Fatalf("reference solution does not verify: %+v", e)
+	for _, ext := range []string{".jsonl", ".parquet"} {
+		a, b, c := filepath.Join(dir, "a"+ext), filepath.Join(dir, "b"+ext), filepath.Join(dir, "c"+ext)
+		for _, out := range []string{a, b} {
+			if err := runData(append([]string{"gen", "--out", out}, args...), &bytes.Buffer{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := runData(append([]string{"gen", "--out", c}, append(args, "--seed", "8")...), &bytes.Buffer{}); err != nil {
+			t.Fatal(err)
+		}
+		ba, _ := os.ReadFile(a)
+		bb, _ := os.ReadFile(b)
+		bc, _ := os.ReadFile(c)
+		if !bytes.Equal(ba, bb) || len(ba) == 0 {
+			t.Fatalf("%s: the same flags gave different files", ext)
+		}
+		if bytes.Equal(ba, bc) {
+			t.Fatalf("%s: another seed gave the same file", ext)
+		}
+		ex, err := data.Read(a)
+		if err != nil || len(ex) != 60 {
+			t.Fatalf("%d examples, %v", len(ex), err)
+		}
+		seen := map[string]bool{}
+		for _, e := range ex {
+			seen[e.Task+" "+e.Style] = true
+			if tasks.Score(e.Task, e.Answer, e.Response) != 1 {
+				t.Fatalf("reference solution does not verify: %+v", e)
+			}
+		}
+		if len(seen) != 9 {
+			t.Fatalf("tasks and styles not mixed: %v", seen)
 		}
 	}
-	if len(seen) < 6 {
-		t.Fatalf("tasks and styles not mixed: %v", seen)
+	// --style none: problems only; a single style.
+	p := filepath.Join(dir, "none.jsonl")
+	if err := runData([]string{"gen", "--task", "linear", "--n", "3", "--style", "none", "--out", p}, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	if ex, err := data.Read(p); err != nil || ex[0].Response != "" || ex[0].Task != "linear" {
+		t.Fatalf("style none: %+v %v", ex, err)
+	}
+	if err := runData([]string{"gen", "--task", "countdown", "--n", "3", "--style", "terse", "--difficulty", "4", "--out", p}, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range must(data.Read(p)) {
+		if e.Style != "terse" || e.Difficulty != 4 || !strings.HasPrefix(e.Response, "Answer: ") || strings.Contains(e.Response, "\n") {
+			t.Fatalf("terse: %+v", e)
+		}
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+func TestDataShow(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "d.jsonl")
+	ex := []data.Example{
+		{Task: "arithmetic", Difficulty: 1, Prompt: "Compute 2+3.", Answer: "5", Response: "2+3 = 5\nAnswer: 5", Style: "chain"},
+		{Task: "linear", Prompt: "Solve x+1=2.", Answer: "1"},
+	}
+	if err := data.WriteJSONL(p, ex); err != nil {
+		t.Fatal(err)
+	}
+	want := "#0 arithmetic (difficulty 1) answer \"5\"\n  user: Compute 2+3.\n  response (chain):\n    2+3 = 5\n    Answer: 5\n2 examples in " + p + "\n"
+	for _, args := range [][]string{{"show", p, "--n", "1"}, {"show", "--n", "1", p}} {
+		var out bytes.Buffer
+		if err := runData(args, &out); err != nil {
+			t.Fatal(err)
+		}
+		if out.String() != want {
+			t.Fatalf("%v:\n%s\nwant\n%s", args, out.String(), want)
+		}
+	}
+	var out bytes.Buffer
+	if err := runData([]string{"show", p}, &out); err != nil || !strings.Contains(out.String(), "#1 linear (difficulty 0) answer \"1\"\n  user: Solve x+1=2.\n2 examples") {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"show"}, "usage: keel data show"},
+		{[]string{"show", p, "extra"}, `unexpected argument "extra"`},
+		{[]string{"show", filepath.Join(dir, "none.jsonl")}, "none.jsonl"},
+	} {
+		if err := runData(c.args, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: err = %v, want %q", c.args, err, c.want)
+		}
+	}
+}
+
+func TestDataScore(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "d.jsonl")
+	ex := []data.Example{
+		{Task: "arithmetic", Difficulty: 1, Prompt: "Compute 2+3.", Answer: "5", Response: "Answer: 5"},
+		{Task: "countdown", Difficulty: 2, Prompt: "Use 2 3 4 to make 14.", Answer: "14|2,3,4", Response: "Answer: 2+3*4"},
+		{Task: "countdown", Difficulty: 2, Prompt: "Use 2 3 4 to make 20.", Answer: "20|2,3,4", Response: "Answer: 2*3*4"},
+	}
+	if err := data.WriteJSONL(p, ex); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := runData([]string{"score", p}, &out); err != nil {
+		t.Fatal(err)
+	}
+	want := "3 rows, 1 response(s) each\n" +
+		"all                   2/3      accuracy 0.667\n" +
+		"arithmetic            1/1      accuracy 1.000\n" +
+		"arithmetic d1         1/1      accuracy 1.000\n" +
+		"countdown             1/2      accuracy 0.500\n" +
+		"countdown d2          1/2      accuracy 0.500\n"
+	if out.String() != want {
+		t.Fatalf("got\n%s\nwant\n%s", out.String(), want)
+	}
+	// Two responses per row from a file: avg@2.
+	rp := filepath.Join(dir, "r.jsonl")
+	var lines []string
+	for _, r := range []string{"Answer: 5", "Answer: 6", "Answer: 3*4+2", "nothing", `\boxed{(2+3)*4}`, "Answer: (2+3)*4 = 20"} {
+		b, _ := json.Marshal(map[string]string{"response": r})
+		lines = append(lines, string(b))
+	}
+	os.WriteFile(rp, []byte(strings.Join(lines, "\n")+"\n"), 0o644)
+	out.Reset()
+	if err := runData([]string{"score", p, "--responses", rp}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "3 rows, 2 response(s) each\nall                   4/6      accuracy 0.667\narithmetic            1/2      accuracy 0.500\n") {
+		t.Fatalf("avg@2:\n%s", out.String())
+	}
+	bad := filepath.Join(dir, "bad.jsonl")
+	for _, c := range []struct {
+		body, want string
+	}{
+		{lines[0] + "\n" + lines[1] + "\n", "bad.jsonl: 2 responses for the 3 rows"},
+		{lines[0] + "\n\n" + `{"text": "x"}` + "\n", `bad.jsonl:3: missing field "response"`},
+		{lines[0] + "\n" + `{"response": 5}` + "\n", "bad.jsonl:2: invalid JSON"},
+		{"\n", "bad.jsonl: no responses"},
+	} {
+		os.WriteFile(bad, []byte(c.body), 0o644)
+		if err := runData([]string{"score", p, "--responses", bad}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: err = %v, want %q", c.body, err, c.want)
+		}
+	}
+	noResp := filepath.Join(dir, "q.jsonl")
+	data.WriteJSONL(noResp, []data.Example{{Task: "linear", Prompt: "Solve x=1.", Answer: "1"}})
+	if err := runData([]string{"score", noResp}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "q.jsonl: row 0 has no response") {
+		t.Errorf("no responses: %v", err)
 	}
 }
 
@@ -49,13 +179,27 @@ func TestDataGenErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"gen", "--task", "chess", "--out", out}, "unknown task"},
+		{[]string{"gen", "--out", out}, "--task is required"},
+		{[]string{"gen", "--task", "linear"}, "--out is required"},
+		{[]string{"gen", "--task", "linear", "--n", "0", "--out", out}, "--n 0"},
 		{[]string{"gen", "--task", "linear", "--difficulty", "0-2", "--out", out}, "difficulty 0"},
+		{[]string{"gen", "--task", "linear", "--difficulty", "easy", "--out", out}, "--difficulty"},
 		{[]string{"gen", "--task", "linear", "--style", "poem", "--out", out}, "unknown style"},
 		{[]string{"gen", "--task", "linear", "--out", "x.csv"}, ".parquet"},
+		{[]string{"gen", "--task", "linear", "--out", out, "stray"}, `unexpected argument "stray"`},
+		{[]string{"gen", "--bogus"}, "bogus"},
 		{[]string{"frobnicate"}, "unknown subcommand"},
+		{nil, "usage: keel data gen"},
 	} {
-		if err := runData(c.args); err == nil || !strings.Contains(err.Error(), c.want) {
+		if err := runData(c.args, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: err = %v, want %q", c.args, err, c.want)
 		}
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Error("a failed gen left a file")
+	}
+	var help bytes.Buffer
+	if err := runData([]string{"help"}, &help); err != nil || !strings.Contains(help.String(), "keel data score") {
+		t.Errorf("help: %v %q", err, help.String())
 	}
 }
