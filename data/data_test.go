@@ -429,7 +429,7 @@ func TestGenSpecErrors(t *testing.T) {
 			t.Errorf("ParseDifficulties(%q) = %v, %v", in, d, err)
 		}
 	}
-	for _, in := range []string{"", "x", "3-1", "1-", "-2", "1,,2"} {
+	for _, in := range []string{"", "x", "3-1", "1-", "-2", "1,,2", "0", "1-6", "1-1000000000000", "4,9"} {
 		if _, err := ParseDifficulties(in); err == nil {
 			t.Errorf("ParseDifficulties(%q) accepted", in)
 		}

@@ -62,7 +62,8 @@ func Generate(s GenSpec) ([]Example, error) {
 	return out, nil
 }
 
-// ParseDifficulties reads "3", "1-3" or "1,2,5".
+// ParseDifficulties reads "3", "1-3" or "1,2,5"; every level must be in
+// [1, tasks.MaxDifficulty].
 func ParseDifficulties(s string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {
@@ -78,6 +79,11 @@ func ParseDifficulties(s string) ([]int, error) {
 				return nil, fmt.Errorf("difficulty %q: want N, N-M or a comma list", f)
 			}
 		}
+		for _, d := range []int{a, b} {
+			if d < 1 || d > tasks.MaxDifficulty {
+				return nil, fmt.Errorf("difficulty %d out of range [1, %d]", d, tasks.MaxDifficulty)
+			}
+		}
 		for d := a; d <= b; d++ {
 			out = append(out, d)
 		}
@@ -88,7 +94,7 @@ func ParseDifficulties(s string) ([]int, error) {
 // ParseStyles reads a comma list of styles, or "mixed" for all of them.
 func ParseStyles(s string) ([]string, error) {
 	if s == "mixed" || s == "all" {
-		return tasks.Styles, nil
+		return append([]string(nil), tasks.Styles...), nil
 	}
 	var out []string
 	for _, f := range strings.Split(s, ",") {
