@@ -86,7 +86,7 @@ func placeValues(n int64) []int64 {
 
 // Solve implements Task.
 func (Arithmetic) Solve(pr Problem, style string) string {
-	p, ok := pr.solve.(arithProblem)
+	p, ok := solveData(pr).(arithProblem)
 	if !ok {
 		return ""
 	}

@@ -140,7 +140,7 @@ func cdBuild(r *rand.Rand, nums []int64, use int) (cdProblem, bool) {
 
 // Solve implements Task.
 func (Countdown) Solve(pr Problem, style string) string {
-	p, ok := pr.solve.(cdProblem)
+	p, ok := solveData(pr).(cdProblem)
 	if !ok {
 		return ""
 	}

@@ -83,7 +83,7 @@ func (Linear) Generate(r *rand.Rand, d int) Problem {
 
 // Solve implements Task.
 func (Linear) Solve(pr Problem, style string) string {
-	p, ok := pr.solve.(linProblem)
+	p, ok := solveData(pr).(linProblem)
 	if !ok {
 		return ""
 	}

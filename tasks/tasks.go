@@ -56,9 +56,9 @@ type Task interface {
 	// Generate draws a problem of the given difficulty (1..MaxDifficulty).
 	Generate(r *rand.Rand, difficulty int) Problem
 	// Solve writes a reference solution in a style, ending with the
-	// marked answer line "Answer: ...". p must come from Generate (a
-	// Problem rebuilt from a data file carries no solution data): any
-	// other gives "".
+	// marked answer line "Answer: ...". A Problem that did not come from
+	// Generate or Parse is rebuilt with Parse from its Prompt and Answer;
+	// when that fails Solve gives "".
 	Solve(p Problem, style string) string
 	// Score returns 1 if response's final answer is right for the ground
 	// truth answer, else 0. It never fails.
@@ -103,6 +103,19 @@ func Generate(t Task, r *rand.Rand, d int) (Problem, error) {
 		return Problem{}, fmt.Errorf("difficulty %d out of range [1, %d]", d, MaxDifficulty)
 	}
 	return t.Generate(r, d), nil
+}
+
+// solveData returns what Solve needs of p, rebuilding it with Parse when p
+// was not generated here; nil when that fails.
+func solveData(p Problem) any {
+	if p.solve != nil {
+		return p.solve
+	}
+	q, err := Parse(p.Task, p.Prompt, p.Answer)
+	if err != nil {
+		return nil
+	}
+	return q.solve
 }
 
 // clampDifficulty brings d into [1, MaxDifficulty].
