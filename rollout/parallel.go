@@ -2,8 +2,8 @@ package rollout
 
 import (
 	"runtime"
-	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // workers is a small persistent goroutine pool for the row-parallel parts
@@ -11,29 +11,37 @@ import (
 // call when given a function value created once (a method value stored in
 // the engine), which keeps a decode step free of heap allocations.
 //
-// A loop is cut into a few chunks per worker that the workers claim in
-// order as they become free, rather than one fixed share each: on a
-// machine shared with other processes a worker that loses its processor
-// for a while no longer holds up the whole step, and uneven rows (long
-// and short attention prefixes) balance out.
+// A loop is cut into a few chunks per worker that the caller and the
+// helpers claim in order as they become free. The caller waits only for
+// chunks that a helper has claimed: a helper that has not woken yet (its
+// thread lost the processor to another process on a shared machine, or
+// it is parked) is not waited for, and finds nothing left to do when it
+// does wake. So one slow thread no longer holds up a whole decode step,
+// and uneven rows (long and short attention prefixes) balance out.
 type workers struct {
-	n    int
-	wake chan int // worker ids to start on the current loop
-	wg   sync.WaitGroup
+	n     int
+	wake  chan loop
+	state atomic.Uint64 // current loop: generation<<32 | next chunk to claim
+	done  atomic.Int64  // chunks of the current loop finished
+	gen   uint32
+}
 
-	// The current loop, set by run before the workers are woken.
-	fn           func(w, lo, hi int)
-	total, grain int
-	next         atomic.Int64
+// loop is one call of run, as handed to the helpers: by value, so a
+// helper that wakes late still reads a consistent description of the
+// loop it was woken for (and then finds its generation over).
+type loop struct {
+	fn               func(w, lo, hi int)
+	gen              uint32
+	w                int // the worker index of whoever runs it
+	n, grain, chunks int
 }
 
 func newWorkers() *workers {
-	p := &workers{n: max(1, runtime.GOMAXPROCS(0)), wake: make(chan int, 64)}
+	p := &workers{n: max(1, runtime.GOMAXPROCS(0)), wake: make(chan loop, 64)}
 	for i := 1; i < p.n; i++ {
 		go func() {
-			for w := range p.wake {
-				p.drain(w)
-				p.wg.Done()
+			for l := range p.wake {
+				p.drain(&l)
 			}
 		}()
 	}
@@ -44,9 +52,14 @@ func newWorkers() *workers {
 // average: enough to rebalance, few enough that claiming costs nothing.
 const chunksPerWorker = 4
 
-// run calls fn(w, lo, hi) on contiguous chunks covering [0, n), worker w
-// (w < p.n) running the chunks it claims one after another, and returns
-// when all are done. Results must not depend on the chunking.
+// waitSpin is how long run polls for the helpers' last chunks before it
+// sleeps between polls.
+const waitSpin = 200 * time.Microsecond
+
+// run calls fn(w, lo, hi) on contiguous chunks covering [0, n) and returns
+// when all are done. Index w (< p.n) identifies the goroutine running a
+// chunk, for per-worker scratch: no two chunks with the same w run at
+// once. Results must not depend on the chunking.
 func (p *workers) run(n int, fn func(w, lo, hi int)) {
 	if n <= 0 {
 		return
@@ -56,26 +69,47 @@ func (p *workers) run(n int, fn func(w, lo, hi int)) {
 		fn(0, 0, n)
 		return
 	}
-	p.fn, p.total, p.grain = fn, n, max(1, n/(chunksPerWorker*nw))
-	p.next.Store(0)
-	p.wg.Add(nw - 1)
+	grain := max(1, n/(chunksPerWorker*nw))
+	p.gen++
+	l := loop{fn: fn, gen: p.gen, n: n, grain: grain, chunks: (n + grain - 1) / grain}
+	p.done.Store(0)
+	p.state.Store(uint64(l.gen) << 32)
 	for w := 1; w < nw; w++ {
-		p.wake <- w
+		l.w = w
+		select {
+		case p.wake <- l:
+		default: // the helpers are far behind: do not wait for room
+		}
 	}
-	p.drain(0)
-	p.wg.Wait()
-	p.fn = nil
+	l.w = 0
+	p.drain(&l)
+	if p.done.Load() == int64(l.chunks) {
+		return
+	}
+	for start := time.Now(); p.done.Load() < int64(l.chunks); {
+		if time.Since(start) < waitSpin {
+			runtime.Gosched()
+		} else {
+			time.Sleep(10 * time.Microsecond)
+		}
+	}
 }
 
-// drain runs chunks of the current loop as worker w until none is left.
-func (p *workers) drain(w int) {
-	g := int64(p.grain)
+// drain claims and runs chunks of loop l until none is left or the pool
+// has moved on to a later loop.
+func (p *workers) drain(l *loop) {
 	for {
-		lo := int(p.next.Add(g) - g)
-		if lo >= p.total {
+		v := p.state.Load()
+		c := int(uint32(v))
+		if uint32(v>>32) != l.gen || c >= l.chunks {
 			return
 		}
-		p.fn(w, lo, min(lo+p.grain, p.total))
+		if !p.state.CompareAndSwap(v, v+1) {
+			continue
+		}
+		lo := c * l.grain
+		l.fn(l.w, lo, min(lo+l.grain, l.n))
+		p.done.Add(1)
 	}
 }
 

@@ -339,6 +339,9 @@ func TestPrecisionDiscrepancyOrder(t *testing.T) {
 
 // After warm-up, a decode step allocates nothing, whatever the sampler.
 func TestDecodeStepAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
 	samplers := []Sampling{
 		{Temperature: 1},
 		{Temperature: 1, TopK: 5},
