@@ -492,3 +492,42 @@ func FuzzReadParquet(f *testing.F) {
 		}
 	})
 }
+
+func TestAddResponses(t *testing.T) {
+	ex := []Example{
+		{Task: "arithmetic", Prompt: "Compute 12*34.", Answer: "408"},
+		{Task: "countdown", Messages: []tokenizer.Message{{Role: "system", Content: "s"}, {Role: "user", Content: "Using [3, 8, 1] make 24."}}, Answer: "24|3,8,1"},
+		{Task: "linear", Prompt: "Solve x=1.", Answer: "1", Response: "kept", Style: "mine"},
+		{Task: "linear", Prompt: "Solve 2x=3.", Answer: "1"},
+	}
+	if _, err := AddResponses(ex, []string{"chain"}, 1, false); err == nil || !strings.Contains(err.Error(), "row 3: linear problem") {
+		t.Fatalf("unsolvable row: %v", err)
+	}
+	got, err := AddResponses(ex, []string{"chain"}, 1, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"12*34 = 12*30+12*4 = 360+48 = 408\nAnswer: 408", "3*8=24\nAnswer: 3*8", "kept"}
+	if len(got) != 3 {
+		t.Fatalf("%d rows kept, want 3", len(got))
+	}
+	for i, w := range want {
+		if got[i].Response != w || (i < 2 && got[i].Style != "chain") {
+			t.Errorf("row %d: %q (%s), want %q", i, got[i].Response, got[i].Style, w)
+		}
+	}
+	if ex[0].Response != "" {
+		t.Error("AddResponses changed its input")
+	}
+	a, _ := AddResponses(ex[:2], tasks.Styles, 7, false)
+	b, _ := AddResponses(ex[:2], tasks.Styles, 7, false)
+	if !reflect.DeepEqual(a, b) {
+		t.Error("not reproducible")
+	}
+	if _, err := AddResponses(ex, []string{"poem"}, 1, true); err == nil {
+		t.Error("unknown style accepted")
+	}
+	if _, err := AddResponses([]Example{{Task: "chess", Prompt: "p", Answer: "1"}}, []string{"terse"}, 1, false); err == nil || !strings.Contains(err.Error(), "row 0: unknown task") {
+		t.Errorf("unknown task: %v", err)
+	}
+}

@@ -62,6 +62,56 @@ func Generate(s GenSpec) ([]Example, error) {
 	return out, nil
 }
 
+// AddResponses writes a reference solution into every example that has
+// none, in a style drawn per example from styles with its own random stream
+// (seed, row), so the result is reproducible. The problems are rebuilt from
+// their prompt and ground truth with tasks.Parse: a chat prompt's last user
+// message is used as the prompt (a Countdown needs only its ground truth).
+// A row that does not parse is an error naming the row (counted from 0)
+// unless skip is set, when it is dropped; the rows kept are returned.
+func AddResponses(ex []Example, styles []string, seed uint64, skip bool) ([]Example, error) {
+	if len(styles) == 0 {
+		return nil, fmt.Errorf("no styles")
+	}
+	for _, st := range styles {
+		if err := tasks.CheckStyle(st); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]Example, 0, len(ex))
+	for i, e := range ex {
+		if e.Response != "" {
+			out = append(out, e)
+			continue
+		}
+		t, err := tasks.Get(e.Task)
+		if err != nil {
+			if skip {
+				continue
+			}
+			return nil, fmt.Errorf("row %d: %v", i, err)
+		}
+		prompt := e.Prompt
+		for _, m := range e.Messages {
+			if m.Role == "user" {
+				prompt = m.Content
+			}
+		}
+		p, err := tasks.Parse(e.Task, prompt, e.Answer)
+		if err != nil {
+			if skip {
+				continue
+			}
+			return nil, fmt.Errorf("row %d: %v", i, err)
+		}
+		r := rand.New(rand.NewPCG(seed, uint64(i)))
+		e.Style = styles[r.IntN(len(styles))]
+		e.Response = t.Solve(p, e.Style)
+		out = append(out, e)
+	}
+	return out, nil
+}
+
 // ParseDifficulties reads "3", "1-3" or "1,2,5"; every level must be in
 // [1, tasks.MaxDifficulty].
 func ParseDifficulties(s string) ([]int, error) {

@@ -17,13 +17,14 @@ import (
 )
 
 func init() {
-	register(command{name: "data", summary: "generate task data sets, show them, score responses",
+	register(command{name: "data", summary: "generate task data sets, show them, score or solve them",
 		run: func(args []string) error { return runData(args, os.Stdout) }})
 }
 
 const dataUsage = `usage: keel data gen --task NAME[,NAME...] --n N [--difficulty D] [--style S] [--seed S] --out FILE.jsonl|.parquet
        keel data show FILE [--n N]
        keel data score FILE [--responses FILE.jsonl]
+       keel data solve FILE --out FILE.jsonl|.parquet [--style S] [--seed S] [--skip]
 
 gen draws problems of the built-in task families (%s)
 with their ground truth and, unless --style none, a reference solution in
@@ -43,6 +44,12 @@ score runs each row's verifier on its response field, or on the responses
 in --responses, a JSONL file of {"response": "..."} objects: one per row,
 or k per row (all of row 0's, then row 1's, ...) for avg@k. It prints the
 accuracy overall, per task and per task and difficulty.
+
+solve adds reference solutions to a data set that has none (a user's, or
+verl's: a Countdown needs only its ground truth "T|n1,n2,..." or TinyZero's
+{target, numbers}; arithmetic and linear prompts must be in keel's form),
+for supervised cold starts on the user's own problems. A row that cannot be
+solved is an error naming it, or dropped with --skip.
 `
 
 func runData(args []string, stdout io.Writer) error {
@@ -57,6 +64,8 @@ func runData(args []string, stdout io.Writer) error {
 		return runDataShow(args[1:], stdout, usage)
 	case "score":
 		return runDataScore(args[1:], stdout, usage)
+	case "solve":
+		return runDataSolve(args[1:], stdout, usage)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil
@@ -173,6 +182,46 @@ func runDataShow(args []string, stdout io.Writer, usage string) error {
 }
 
 func indent(s string) string { return strings.ReplaceAll(s, "\n", "\n    ") }
+
+func runDataSolve(args []string, stdout io.Writer, usage string) error {
+	fs := newDataFlags("solve", usage)
+	style := fs.String("style", "mixed", "solution style: terse, scratch, chain, a comma list, or mixed")
+	seed := fs.Uint64("seed", 1, "random seed (the style drawn per row)")
+	out := fs.String("out", "", "output file: .jsonl, or .parquet in verl's layout")
+	skip := fs.Bool("skip", false, "drop rows that cannot be solved instead of failing")
+	path, help, err := parseWithPath(fs, args)
+	if help || err != nil {
+		return err
+	}
+	switch {
+	case path == "":
+		return errors.New("usage: keel data solve FILE --out FILE [--style S]")
+	case *out == "":
+		return errors.New("--out is required")
+	case !strings.HasSuffix(*out, ".jsonl") && !strings.HasSuffix(*out, ".parquet"):
+		return fmt.Errorf("--out %s: keel writes .jsonl or .parquet (verl's layout) data sets", *out)
+	}
+	styles, err := data.ParseStyles(*style)
+	if err != nil {
+		return fmt.Errorf("--style: %w", err)
+	}
+	ex, err := data.Read(path)
+	if err != nil {
+		return err
+	}
+	solved, err := data.AddResponses(ex, styles, *seed, *skip)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if len(solved) == 0 {
+		return fmt.Errorf("%s: no row could be solved", path)
+	}
+	if err := data.Write(*out, solved); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%d of %d rows with reference solutions in %s\n", len(solved), len(ex), *out)
+	return nil
+}
 
 func runDataScore(args []string, stdout io.Writer, usage string) error {
 	fs := newDataFlags("score", usage)

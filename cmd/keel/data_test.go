@@ -203,3 +203,44 @@ func TestDataGenErrors(t *testing.T) {
 		t.Errorf("help: %v %q", err, help.String())
 	}
 }
+
+func TestDataSolve(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.jsonl")
+	body := `{"data_source": "countdown", "prompt": [{"role": "user", "content": "Using [3, 8, 1] make 24."}], "reward_model": {"ground_truth": {"target": 24, "numbers": [3, 8, 1]}}}
+{"task": "linear", "prompt": "Solve 2x=3.", "answer": "1"}
+{"task": "arithmetic", "prompt": "Compute 9+65.", "answer": "74"}
+`
+	os.WriteFile(in, []byte(body), 0o644)
+	out := filepath.Join(dir, "out.parquet")
+	if err := runData([]string{"solve", in, "--out", out}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "in.jsonl: row 1: linear problem") {
+		t.Fatalf("unsolvable row: %v", err)
+	}
+	var msg bytes.Buffer
+	if err := runData([]string{"solve", in, "--out", out, "--skip", "--style", "scratch"}, &msg); err != nil {
+		t.Fatal(err)
+	}
+	if msg.String() != "2 of 3 rows with reference solutions in "+out+"\n" {
+		t.Fatalf("%q", msg.String())
+	}
+	ex, err := data.Read(out)
+	if err != nil || len(ex) != 2 {
+		t.Fatalf("%+v %v", ex, err)
+	}
+	if ex[0].Response != "3*8 = 24\nAnswer: 3*8" || ex[1].Response != "add 60: 9+60 = 69\nadd 5: 69+5 = 74\nAnswer: 74" || ex[1].Style != "scratch" {
+		t.Fatalf("responses: %+v", ex)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"solve", in}, "--out is required"},
+		{[]string{"solve", "--out", out}, "usage: keel data solve"},
+		{[]string{"solve", in, "--out", filepath.Join(dir, "x.txt")}, ".parquet"},
+		{[]string{"solve", in, "--out", out, "--style", "poem"}, "unknown style"},
+	} {
+		if err := runData(c.args, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: err = %v, want %q", c.args, err, c.want)
+		}
+	}
+}
