@@ -10,7 +10,9 @@ import (
 // worked solution by place values. Difficulty: 1 adds numbers of up to two
 // digits; 2 adds or subtracts up to three digits; 3 up to four digits, or
 // multiplies two digits by one; 4 up to five digits, or two digits by two;
-// 5 up to six digits, or three digits by two.
+// 5 up to six digits, or three digits by two. Operands are drawn with a
+// uniform number of digits, so a subtraction may go below zero; the answer
+// is the exact integer.
 type Arithmetic struct{}
 
 func init() { register(Arithmetic{}) }

@@ -12,8 +12,11 @@ import (
 // parentheses, each number used at most once. Difficulty: 1 uses three
 // numbers up to 10 and a two-number solution; 2 three numbers up to 25;
 // 3 four numbers up to 25; 4 four numbers, one of them 25, 50, 75 or 100;
-// 5 five numbers. Every generated instance is solvable: it is built from
-// a random expression over the numbers, which is also the reference
+// 5 five numbers (up to 25, one of the large ones). The reference solution
+// combines 2, 3, 3, 4 and 4 of the numbers at levels 1 to 5; targets are
+// in [2, 999] and never one of the numbers. Every generated instance is
+// solvable: it is built from a random expression over the numbers (every
+// intermediate result a positive integer), which is also the reference
 // solution. The verifier evaluates the expression the model wrote (exact
 // rational arithmetic), so any correct expression scores 1.
 type Countdown struct{}

@@ -115,3 +115,25 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// What Countdown's documentation promises of each level.
+func TestCountdownLevels(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	for d := 1; d <= MaxDifficulty; d++ {
+		for i := 0; i < 100; i++ {
+			p := Countdown{}.Generate(r, d)
+			cd := p.solve.(cdProblem)
+			large := false
+			for _, n := range cd.nums {
+				large = large || n == 50 || n == 75 || n == 100 || n == 25
+				if n == cd.target || n < 1 || (n > []int64{10, 25, 25, 100, 100}[d-1]) {
+					t.Fatalf("d=%d %q: number %d", d, p.Prompt, n)
+				}
+			}
+			if len(cd.nums) != []int{3, 3, 4, 4, 5}[d-1] || len(cd.steps) != []int{1, 2, 2, 3, 3}[d-1] ||
+				cd.target < 2 || cd.target > 999 || (d >= 4 && !large) {
+				t.Fatalf("d=%d %q: %d numbers, %d steps", d, p.Prompt, len(cd.nums), len(cd.steps))
+			}
+		}
+	}
+}
