@@ -10,12 +10,15 @@ import (
 
 // DecodeResult is one decode-throughput measurement.
 type DecodeResult struct {
-	Preset     string
-	Precision  Precision
-	Slots      int
-	PromptLen  int
-	NewTokens  int
-	TokensPerS float64 // generated tokens per second, prefill included in the time
+	Preset    string
+	Precision Precision
+	Slots     int
+	// SamplesPerPrompt is how many of the Slots sequences share a prompt
+	// (1: all prompts distinct; RL samples a group of G per prompt).
+	SamplesPerPrompt int
+	PromptLen        int
+	NewTokens        int
+	TokensPerS       float64 // generated tokens per second, prefill included in the time
 }
 
 // BenchDecode measures generation throughput on a randomly initialised
@@ -24,7 +27,17 @@ type DecodeResult struct {
 // temperature 1. It warms up on short responses, then runs repeatedly for
 // about d (at least once) and reports the best run.
 func BenchDecode(preset string, vocab int, p Precision, slots, promptLen, newTokens int, d time.Duration) (DecodeResult, error) {
-	res := DecodeResult{Preset: preset, Precision: p, Slots: slots, PromptLen: promptLen, NewTokens: newTokens}
+	return BenchDecodeGroups(preset, vocab, p, slots, 1, promptLen, newTokens, d)
+}
+
+// BenchDecodeGroups is BenchDecode with the slots sequences drawn as
+// groups of group samples per prompt (slots/group distinct prompts), the
+// shape of an RL rollout: the samples of a prompt share its prefill.
+func BenchDecodeGroups(preset string, vocab int, p Precision, slots, group, promptLen, newTokens int, d time.Duration) (DecodeResult, error) {
+	res := DecodeResult{Preset: preset, Precision: p, Slots: slots, SamplesPerPrompt: group, PromptLen: promptLen, NewTokens: newTokens}
+	if group < 1 || slots%group != 0 {
+		return res, fmt.Errorf("rollout bench: %d samples per prompt do not divide %d sequences", group, slots)
+	}
 	cfg, err := model.Preset(preset, vocab)
 	if err != nil {
 		return res, err
@@ -37,7 +50,7 @@ func BenchDecode(preset string, vocab int, p Precision, slots, promptLen, newTok
 	}
 	defer e.Close()
 	r := rand.New(rand.NewPCG(1, 2))
-	prompts := make([][]int32, slots)
+	prompts := make([][]int32, slots/group)
 	for i := range prompts {
 		prompts[i] = make([]int32, promptLen)
 		for j := range prompts[i] {
@@ -47,7 +60,7 @@ func BenchDecode(preset string, vocab int, p Precision, slots, promptLen, newTok
 	sp := Sampling{Temperature: 1, MaxNewTokens: newTokens, Seed: 1}
 	run := func() (float64, error) {
 		start := time.Now()
-		out, err := e.Generate(prompts, 1, sp)
+		out, err := e.Generate(prompts, group, sp)
 		if err != nil {
 			return 0, err
 		}
@@ -63,7 +76,7 @@ func BenchDecode(preset string, vocab int, p Precision, slots, promptLen, newTok
 	// Warm up (first touch of the KV cache, code paths) on short responses.
 	warm := sp
 	warm.MaxNewTokens = min(newTokens, 8)
-	if _, err := e.Generate(prompts, 1, warm); err != nil {
+	if _, err := e.Generate(prompts, group, warm); err != nil {
 		return res, err
 	}
 	deadline := time.Now().Add(d)

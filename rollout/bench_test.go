@@ -6,24 +6,30 @@ import (
 )
 
 func TestBenchDecodeRuns(t *testing.T) {
-	r, err := BenchDecode("tiny-moe", 64, BF16, 4, 8, 6, time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
+	for _, group := range []int{1, 2} {
+		r, err := BenchDecodeGroups("tiny-moe", 64, BF16, 4, group, 8, 6, time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !(r.TokensPerS > 0) || r.SamplesPerPrompt != group {
+			t.Fatalf("group %d: %+v", group, r)
+		}
 	}
-	if !(r.TokensPerS > 0) {
-		t.Fatalf("tokens/s = %v", r.TokensPerS)
+	if _, err := BenchDecodeGroups("tiny-moe", 64, BF16, 4, 3, 8, 6, time.Millisecond); err == nil {
+		t.Fatal("3 samples per prompt accepted for 4 sequences")
 	}
 }
 
-func benchDecode(b *testing.B, preset string, p Precision, slots int) {
-	r, err := BenchDecode(preset, 128, p, slots, 32, 96, 2*time.Second)
+func benchDecode(b *testing.B, preset string, p Precision, slots, group int) {
+	r, err := BenchDecodeGroups(preset, 128, p, slots, group, 32, 96, 2*time.Second)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.ReportMetric(r.TokensPerS, "tokens/s")
 }
 
-func BenchmarkDecodeTinyMoE256Exact(b *testing.B)  { benchDecode(b, "tiny-moe", Exact, 256) }
-func BenchmarkDecodeTinyMoE256BF16(b *testing.B)   { benchDecode(b, "tiny-moe", BF16, 256) }
-func BenchmarkDecodeSmallMoE256Exact(b *testing.B) { benchDecode(b, "small-moe", Exact, 256) }
-func BenchmarkDecodeSmallMoE256BF16(b *testing.B)  { benchDecode(b, "small-moe", BF16, 256) }
+func BenchmarkDecodeTinyMoE256Exact(b *testing.B)    { benchDecode(b, "tiny-moe", Exact, 256, 1) }
+func BenchmarkDecodeTinyMoE256BF16(b *testing.B)     { benchDecode(b, "tiny-moe", BF16, 256, 1) }
+func BenchmarkDecodeTinyMoE256ExactG16(b *testing.B) { benchDecode(b, "tiny-moe", Exact, 256, 16) }
+func BenchmarkDecodeSmallMoE256Exact(b *testing.B)   { benchDecode(b, "small-moe", Exact, 256, 1) }
+func BenchmarkDecodeSmallMoE256BF16(b *testing.B)    { benchDecode(b, "small-moe", BF16, 256, 1) }

@@ -72,6 +72,7 @@ type Sample struct {
 type slotState struct {
 	active       bool
 	tail         bool // finished; its last token's routes are computed next step
+	waiting      bool // for another slot to finish computing the shared prompt
 	prompt, idx  int
 	promptLen    int
 	cached       int     // positions already in the KV cache
@@ -88,18 +89,19 @@ type slotState struct {
 
 // gen is the state of one Generate call.
 type gen struct {
-	e       *Engine
-	sp      Sampling
-	prompts [][]int32
-	n       int
-	next    int // next (prompt, sample) pair to admit, prompt-major
-	slots   []slotState
-	out     []Sample
-	stop    [256]bool // stop tokens below 256, for a fast check
-	stopAll []int32
-	idBuf   [][]int32   // per worker: candidate token ids for truncation
-	pBuf    [][]float32 // per worker: probabilities of one row
-	fnSamp  func(w, lo, hi int)
+	e          *Engine
+	sp         Sampling
+	prompts    [][]int32
+	n          int
+	next       int // next (prompt, sample) pair to admit, prompt-major
+	slots      []slotState
+	out        []Sample
+	stop       [256]bool // stop tokens below 256, for a fast check
+	stopAll    []int32
+	promptRows int         // prompt rows computed (the rest were shared)
+	idBuf      [][]int32   // per worker: candidate token ids for truncation
+	pBuf       [][]float32 // per worker: probabilities of one row
+	fnSamp     func(w, lo, hi int)
 }
 
 // Generate samples n responses for each prompt (token ids) with continuous
@@ -210,10 +212,76 @@ func (g *gen) admit() bool {
 				seq: append(s.seq[:0], g.prompts[p]...), lp: s.lp[:0], tlp: s.tlp[:0],
 				routes: s.routes, routes16: s.routes16}
 			s.rng.Seed(splitmix64(g.sp.Seed^splitmix64(uint64(p))), splitmix64(uint64(j)+0x632be59bd9b4e019))
+			g.takePrompt(i)
 		}
 		any = any || s.active
 	}
 	return any
+}
+
+// Prompt sharing. The n samples of a prompt start from the same keys and
+// values: a sequence admitted while another slot holds (or is computing)
+// its prompt copies the prompt's first len-1 positions of keys, values
+// and routes from that slot and computes only the last prompt row, whose
+// output is its own first token's distribution. Every row's arithmetic
+// depends only on its own tokens and positions (the kernels are batch
+// invariant), so the copy is bit for bit what the sequence would have
+// computed itself, in every precision; it saves the prefill of n-1 of
+// every n samples (RL samples G = 16 per prompt).
+
+// takePrompt sets up the prompt of the sequence just admitted to slot i:
+// shared from a slot that has it, waiting for one that is computing it,
+// or (no such slot) computed by slot i.
+func (g *gen) takePrompt(i int) {
+	s := &g.slots[i]
+	if s.promptLen < 2 {
+		return
+	}
+	switch d, pending := g.donor(i); {
+	case d >= 0:
+		g.share(i, d)
+	case pending:
+		s.waiting = true
+	}
+}
+
+// donor returns an active slot other than i whose cache holds the first
+// len-1 positions of slot i's prompt, or -1, with pending reporting
+// whether some slot is still computing them.
+func (g *gen) donor(i int) (d int, pending bool) {
+	s := &g.slots[i]
+	for j := range g.slots {
+		t := &g.slots[j]
+		if j == i || !t.active || t.waiting || t.prompt != s.prompt {
+			continue
+		}
+		if t.cached >= s.promptLen-1 {
+			return j, false
+		}
+		pending = true
+	}
+	return -1, pending
+}
+
+// share copies the first promptLen-1 positions of keys, values and routes
+// from slot d into slot i, which then has only its last prompt row to
+// compute.
+func (g *gen) share(i, d int) {
+	e := g.e
+	s, t := &g.slots[i], &g.slots[d]
+	m := s.promptLen - 1
+	dst, src := e.cacheRow(int32(i), 0), e.cacheRow(int32(d), 0)
+	for l := range e.kc {
+		copy(e.kc[l][dst:dst+m*e.kvd], e.kc[l][src:src+m*e.kvd])
+		copy(e.vc[l][dst:dst+m*e.kvd], e.vc[l][src:src+m*e.kvd])
+	}
+	per := len(e.moeLayers) * e.cfg.NumExpertsPerTok
+	if s.routes != nil {
+		copy(s.routes[:m*per], t.routes)
+	} else if s.routes16 != nil {
+		copy(s.routes16[:m*per], t.routes16)
+	}
+	s.cached, s.waiting = m, false
 }
 
 // step runs one forward step over every active slot (one decode row each,
@@ -242,10 +310,11 @@ func (g *gen) step() {
 	}
 	for i := range g.slots {
 		s := &g.slots[i]
-		if !s.active || s.cached >= s.promptLen {
+		if !s.active || s.waiting || s.cached >= s.promptLen {
 			continue
 		}
 		chunk := min(s.promptLen-s.cached, e.opt.StepRows-e.rows)
+		g.promptRows += chunk
 		for p := s.cached; p < s.cached+chunk; p++ {
 			add(i, p, s.seq[p])
 		}
@@ -270,6 +339,11 @@ func (g *gen) step() {
 	// Advance the cache positions, then take the sampled tokens.
 	for r := 0; r < e.rows; r++ {
 		g.slots[e.slot[r]].cached = int(e.pos[r]) + 1
+	}
+	for i := range g.slots {
+		if s := &g.slots[i]; s.active && s.waiting {
+			g.takePrompt(i) // the prompt's owner may have just computed it
+		}
 	}
 	for i := range g.slots {
 		s := &g.slots[i]

@@ -173,6 +173,40 @@ func TestReproducibleAcrossSlots(t *testing.T) {
 	}
 }
 
+// The samples of a prompt share its keys and values: the first sample
+// computes the prompt, the others only its last row, whether they are
+// admitted with it (and wait for it) or later; with one slot nothing can
+// be shared. The samples are the same either way (bit for bit, as
+// TestReproducibleAcrossSlots and TestExactMatchesTraining check).
+func TestPromptSharing(t *testing.T) {
+	m := randomModel(moeConfig(), 4)
+	prompts := testPrompts(rand.New(rand.NewPCG(5, 5)), 41, 12, 5)
+	sp := Sampling{Temperature: 1, MaxNewTokens: 4, Seed: 2}
+	for _, c := range []struct {
+		opt  Options
+		want int
+	}{
+		{Options{Slots: 6, StepRows: 8, MaxLen: 32}, 12 + 5 + 2*(1+1)}, // owner's prefill spans two steps
+		{Options{Slots: 1, MaxLen: 32}, 3 * (12 + 5)},
+	} {
+		e, err := New(m, c.opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := e.newGen(prompts, 3, sp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for g.admit() {
+			g.step()
+		}
+		e.Close()
+		if len(g.out) != 6 || g.promptRows != c.want {
+			t.Errorf("%d slots: %d samples, %d prompt rows computed, want 6 and %d", c.opt.Slots, len(g.out), g.promptRows, c.want)
+		}
+	}
+}
+
 // The truncated set and its normaliser, checked by hand on a 5-token
 // vocabulary.
 func TestTruncation(t *testing.T) {
