@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"reflect"
+	"strconv"
+	"strings"
 
 	"github.com/keel-rl/keel/kernels"
 	"github.com/keel-rl/keel/model"
@@ -55,7 +58,8 @@ type Engine struct {
 	acc                        [][]float32 // per worker: scratch of H floats (CombineExperts) or hd (online attention)
 	gu, a                      []float32   // dense MLP
 	moe                        moeBuffers
-	// Output rows: the step rows whose next-token distribution is wanted.
+	// Output rows: the step rows whose next-token distribution is wanted
+	// (at most one per slot).
 	outRow []int32
 	xo, lp []float32 // [outs, H] normed inputs of the head, [outs, V] log-probs
 	temp   float32
@@ -113,6 +117,9 @@ func New(m *model.Model, opt Options) (*Engine, error) {
 	case c.MaxPositionEmbeddings > 0 && opt.MaxLen > c.MaxPositionEmbeddings:
 		return nil, fmt.Errorf("rollout: max length %d exceeds the model's max_position_embeddings %d", opt.MaxLen, c.MaxPositionEmbeddings)
 	}
+	if err := checkCacheSize(&c, &opt); err != nil {
+		return nil, err
+	}
 	e := &Engine{cfg: c, opt: opt, pool: newWorkers()}
 	e.H, e.V, e.hd = c.HiddenSize, c.VocabSize, c.HeadDim
 	e.nh, e.nkv = c.NumAttentionHeads, c.NumKeyValueHeads
@@ -133,6 +140,36 @@ func New(m *model.Model, opt Options) (*Engine, error) {
 	e.alloc()
 	e.bind()
 	return e, nil
+}
+
+// checkCacheSize refuses a KV cache larger than the machine's memory with
+// an error that says what to lower, rather than letting the allocation
+// kill the process.
+func checkCacheSize(c *model.Config, opt *Options) error {
+	per := float64(c.NumHiddenLayers) * float64(c.NumKeyValueHeads*c.HeadDim) * 2 * 4 // K and V, float32
+	bytes := per * float64(opt.Slots) * float64(opt.MaxLen)
+	if mem, ok := physicalMemory(); ok && bytes > float64(mem) {
+		return fmt.Errorf("rollout: the KV cache would take %.1f GB (%d slots × %d positions × %d layers × %d K and V floats × 4 bytes), more than this machine's %.1f GB: lower the slots or the maximum length",
+			bytes/1e9, opt.Slots, opt.MaxLen, c.NumHiddenLayers, 2*c.NumKeyValueHeads*c.HeadDim, float64(mem)/1e9)
+	}
+	return nil
+}
+
+// physicalMemory returns the machine's memory in bytes where the system
+// says (Linux's /proc/meminfo), else false.
+func physicalMemory() (uint64, bool) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == "MemTotal:" {
+			kb, err := strconv.ParseUint(f[1], 10, 64)
+			return kb * 1024, err == nil
+		}
+	}
+	return 0, false
 }
 
 // Close stops the engine's worker goroutines and drops its KV cache; the
@@ -201,8 +238,12 @@ func (e *Engine) alloc() {
 			e.routes[i] = make([]int32, R*k)
 		}
 	}
-	e.outRow = make([]int32, 0, R)
-	e.xo, e.lp = f(R*e.H), f(R*e.V)
+	// At most one output row per slot and step (its decode row, or the
+	// row that completes its prompt): the head's buffers are sized by
+	// slots, not step rows, which matters with a real vocabulary
+	// (151,936 log-probs per row).
+	e.outRow = make([]int32, 0, S)
+	e.xo, e.lp = f(S*e.H), f(S*e.V)
 }
 
 // prefault writes every page of a fresh buffer once, so that the first

@@ -336,6 +336,34 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
+// Options the machine cannot hold are refused with an error, not a crash.
+func TestNewBadOptions(t *testing.T) {
+	m := randomModel(denseConfig(), 5)
+	for _, c := range []struct {
+		opt  Options
+		want string
+	}{
+		{Options{Slots: -1}, "slots"},
+		{Options{MaxLen: 1}, "max length"},
+		{Options{MaxLen: 300}, "max_position_embeddings"},
+		{Options{Slots: 8, StepRows: 4}, "step rows"},
+		{Options{Precision: 7}, "precision"},
+	} {
+		if _, err := New(m, c.opt); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: err = %v, want one mentioning %q", c.opt, err, c.want)
+		}
+	}
+	if _, ok := physicalMemory(); !ok {
+		t.Skip("no /proc/meminfo")
+	}
+	big := denseConfig()
+	big.MaxPositionEmbeddings = 1 << 20
+	m = model.New(big)
+	if _, err := New(m, Options{Slots: 1 << 12, MaxLen: 1 << 20}); err == nil || !strings.Contains(err.Error(), "KV cache would take") {
+		t.Errorf("a 2 TB KV cache: err = %v", err)
+	}
+}
+
 // The reduced precisions must differ from the training engine, in the
 // expected order: exact 0 < fp32 < bf16 < fp8 in mean |log mu - log pi|.
 func TestPrecisionDiscrepancyOrder(t *testing.T) {
