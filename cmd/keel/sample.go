@@ -58,6 +58,9 @@ func (s *sampleFlags) register(fs *flag.FlagSet) {
 
 func (s *sampleFlags) sampling() (rollout.Sampling, error) {
 	sp := rollout.Sampling{Temperature: s.temp, TopK: s.topK, TopP: s.topP, MaxNewTokens: s.maxNew, Seed: s.seed}
+	if s.slots < 1 {
+		return sp, fmt.Errorf("--slots = %d, want at least 1", s.slots)
+	}
 	for _, f := range strings.Split(s.stop, ",") {
 		if f = strings.TrimSpace(f); f == "" {
 			continue

@@ -69,6 +69,9 @@ func TestSampleCommandErrors(t *testing.T) {
 		{[]string{"--model", dir, "--input", bad}, "bad.jsonl:2"},
 		{[]string{"--model", dir, "--input", good, "--precision", "fp16"}, "unknown precision"},
 		{[]string{"--model", dir, "--input", good, "--stop", "x"}, "--stop"},
+		{[]string{"--model", dir, "--input", good, "--slots", "0"}, "--slots"},
+		{[]string{"--model", dir, "--input", good, "-n", "0"}, "n = 0"},
+		{[]string{"--model", dir, "--input", good, "--max-new-tokens", "0"}, "max new tokens"},
 		{[]string{"--model", dir, "--prompt", "hello"}, "needs a tokenizer.json"},
 		{[]string{"--model", dir}, "--input or --prompt"},
 	} {
