@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -13,7 +14,8 @@ import (
 // Hugging Face's BPE model does.
 type bpe struct {
 	vocab        map[string]int32
-	merges       map[uint64]uint64 // left<<32 | right -> rank<<32 | merged id
+	ranks        pairTable   // (left, right) -> rank
+	rules        []mergeRule // by rank
 	byteLevel    bool
 	byteID       [256]int32 // byte-level: the id of each byte's piece, -1 if none
 	unk          int32      // unknown character's id, -1: dropped (as Hugging Face does without unk_token)
@@ -23,25 +25,32 @@ type bpe struct {
 	mu    sync.Mutex
 	cache map[string][]int32 // pre-token -> ids
 	arena []int32            // backing store of the cached ids
+
+	scratch sync.Pool // *heapScratch
 }
 
+// mergeRule is one line of model.merges: left and right merge into id.
+type mergeRule struct{ left, right, id int32 }
+
 const (
-	noMerge      = ^uint64(0)
+	noRank       = ^uint32(0)
+	idBits       = 21      // ids and ranks below 2^21 (2,097,152) pack into one uint64
 	cacheWords   = 1 << 18 // cached pre-tokens before the cache starts over
 	cacheMaxWord = 256     // longer pre-tokens are not cached
 )
 
 // smallWord is the number of symbols up to which merges scan an array;
 // longer words use a heap (n log n, for runs of thousands of characters).
-var smallWord = 64
-
-func pairKey(a, b int32) uint64 { return uint64(uint32(a))<<32 | uint64(uint32(b)) }
+var smallWord = 48
 
 // newBPE reads the model section; byteLevel says whether pre-tokens reach
 // it as GPT-2's byte mapping.
 func newBPE(m *modelJSON, byteLevel bool) (*bpe, error) {
 	b := &bpe{vocab: m.Vocab, byteLevel: byteLevel, unk: -1, fuseUnk: m.FuseUnk,
 		ignoreMerges: m.IgnoreMerges, cache: map[string][]int32{}}
+	if len(m.Vocab) >= 1<<idBits || len(m.Merges) >= 1<<idBits {
+		return nil, fmt.Errorf("model: %w: %d pieces and %d merges (keel takes fewer than %d of each)", ErrUnsupported, len(m.Vocab), len(m.Merges), 1<<idBits)
+	}
 	if m.UnkToken != nil {
 		id, ok := m.Vocab[*m.UnkToken]
 		if !ok {
@@ -55,7 +64,8 @@ func newBPE(m *modelJSON, byteLevel bool) (*bpe, error) {
 			b.byteID[i] = id
 		}
 	}
-	b.merges = make(map[uint64]uint64, len(m.Merges))
+	b.ranks = newPairTable(len(m.Merges))
+	b.rules = make([]mergeRule, len(m.Merges))
 	for i, p := range m.Merges {
 		l, okl := m.Vocab[p[0]]
 		r, okr := m.Vocab[p[1]]
@@ -68,8 +78,9 @@ func newBPE(m *modelJSON, byteLevel bool) (*bpe, error) {
 		case !ok:
 			return nil, fmt.Errorf("model.merges[%d]: the merged %q is not in model.vocab", i, p[0]+p[1])
 		}
+		b.rules[i] = mergeRule{l, r, id}
 		// A pair listed twice keeps its last rank, as in Hugging Face.
-		b.merges[pairKey(l, r)] = uint64(i)<<32 | uint64(uint32(id))
+		b.ranks.put(l, r, uint32(i))
 	}
 	return b, nil
 }
@@ -161,27 +172,79 @@ func (m *bpe) merge(ids []int32, w string) []int32 {
 	return ids[:start+n]
 }
 
-func (m *bpe) lookup(a, b int32) uint64 {
-	if v, ok := m.merges[pairKey(a, b)]; ok {
-		return v
+func (m *bpe) lookup(a, b int32) uint32 { return m.ranks.get(a, b) }
+
+// pairTable maps a pair of ids to its merge rank: open addressing, linear
+// probing, at most half full, each slot one uint64 (left, right, rank in
+// 21 bits each), so a probe reads 8 bytes of a table of a few MB, where
+// Go's map costs about twice as much on this hot path.
+type pairTable struct {
+	slots []uint64
+	shift uint
+}
+
+const (
+	emptySlot = ^uint64(0) // no packed entry has the top bit set
+	idMask    = 1<<idBits - 1
+)
+
+func newPairTable(n int) pairTable {
+	bits := uint(4)
+	for 1<<bits < 2*n {
+		bits++
 	}
-	return noMerge
+	t := pairTable{slots: make([]uint64, 1<<bits), shift: 64 - bits}
+	for i := range t.slots {
+		t.slots[i] = emptySlot
+	}
+	return t
+}
+
+func pairKey(a, b int32) uint64 { return uint64(a)<<idBits | uint64(b) }
+
+func (t *pairTable) index(key uint64) uint64 { return (key * 0x9E3779B97F4A7C15) >> t.shift }
+
+// put sets the rank of (a, b), replacing an earlier one.
+func (t *pairTable) put(a, b int32, rank uint32) {
+	key := pairKey(a, b)
+	mask := uint64(len(t.slots) - 1)
+	for i := t.index(key); ; i = (i + 1) & mask {
+		if s := t.slots[i]; s == emptySlot || s>>idBits == key {
+			t.slots[i] = key<<idBits | uint64(rank)
+			return
+		}
+	}
+}
+
+// get returns the rank of (a, b), or noRank.
+func (t *pairTable) get(a, b int32) uint32 {
+	key := pairKey(a, b)
+	mask := uint64(len(t.slots) - 1)
+	for i := t.index(key); ; i = (i + 1) & mask {
+		s := t.slots[i]
+		if s>>idBits == key {
+			return uint32(s & idMask)
+		}
+		if s == emptySlot {
+			return noRank
+		}
+	}
 }
 
 // mergeSmall merges syms in place by scanning an array of pair ranks and
 // returns the number of symbols left.
 func (m *bpe) mergeSmall(syms []int32) int {
-	var buf [64]uint64
+	var buf [64]uint32
 	n := len(syms)
 	rank := buf[:0]
 	if n-1 > len(buf) {
-		rank = make([]uint64, 0, n-1)
+		rank = make([]uint32, 0, n-1)
 	}
 	for i := 0; i+1 < n; i++ {
 		rank = append(rank, m.lookup(syms[i], syms[i+1]))
 	}
 	for n > 1 {
-		best, at := noMerge, -1
+		best, at := noRank, -1
 		for i, r := range rank[:n-1] {
 			if r < best {
 				best, at = r, i
@@ -190,7 +253,7 @@ func (m *bpe) mergeSmall(syms []int32) int {
 		if at < 0 {
 			break
 		}
-		syms[at] = int32(uint32(best))
+		syms[at] = m.rules[best].id
 		copy(syms[at+1:n], syms[at+2:n])
 		copy(rank[at:n-1], rank[at+1:n-1])
 		n--
@@ -204,19 +267,31 @@ func (m *bpe) mergeSmall(syms []int32) int {
 	return n
 }
 
+// heapScratch is mergeHeap's working memory, pooled.
+type heapScratch struct {
+	next, prev []int32
+	heap       heapU64
+}
+
 // mergeHeap merges syms in place with a linked list and a min-heap of
-// candidate pairs (rank, left position); stale entries are skipped when
-// popped. It returns the number of symbols left.
+// candidate pairs (rank, left position); an entry whose pair has changed
+// since it was pushed is skipped when popped. It returns the number of
+// symbols left.
 func (m *bpe) mergeHeap(syms []int32) int {
 	n := len(syms)
-	next := make([]int32, n) // -1: last; -2: merged away
-	prev := make([]int32, n)
-	var h heapU64
+	sc, _ := m.scratch.Get().(*heapScratch)
+	if sc == nil {
+		sc = &heapScratch{}
+	}
+	defer m.scratch.Put(sc)
+	next, prev := slices.Grow(sc.next[:0], n)[:n], slices.Grow(sc.prev[:0], n)[:n] // next: -1 last, -2 merged away
+	sc.next, sc.prev = next, prev
+	h := sc.heap[:0]
 	for i := range n {
 		next[i], prev[i] = int32(i+1), int32(i-1)
 		if i+1 < n {
-			if v := m.lookup(syms[i], syms[i+1]); v != noMerge {
-				h = h.push(v&^0xffffffff | uint64(i))
+			if r := m.lookup(syms[i], syms[i+1]); r != noRank {
+				h = h.push(uint64(r)<<32 | uint64(i))
 			}
 		}
 	}
@@ -224,30 +299,27 @@ func (m *bpe) mergeHeap(syms []int32) int {
 	for len(h) > 0 {
 		var top uint64
 		top, h = h.pop()
-		pos := int32(uint32(top))
+		rule, pos := m.rules[top>>32], int32(uint32(top))
 		nx := next[pos]
-		if nx < 0 {
-			continue // merged away, or now the last symbol
+		if nx < 0 || syms[pos] != rule.left || syms[nx] != rule.right {
+			continue // merged away, now last, or the pair changed
 		}
-		v := m.lookup(syms[pos], syms[nx])
-		if v == noMerge || v>>32 != top>>32 {
-			continue // the pair changed since this entry was pushed
-		}
-		syms[pos] = int32(uint32(v))
+		syms[pos] = rule.id
 		nn := next[nx]
 		next[pos], next[nx] = nn, -2
 		if nn >= 0 {
 			prev[nn] = pos
-			if w := m.lookup(syms[pos], syms[nn]); w != noMerge {
-				h = h.push(w&^0xffffffff | uint64(pos))
+			if r := m.lookup(syms[pos], syms[nn]); r != noRank {
+				h = h.push(uint64(r)<<32 | uint64(pos))
 			}
 		}
 		if p := prev[pos]; p >= 0 {
-			if w := m.lookup(syms[p], syms[pos]); w != noMerge {
-				h = h.push(w&^0xffffffff | uint64(p))
+			if r := m.lookup(syms[p], syms[pos]); r != noRank {
+				h = h.push(uint64(r)<<32 | uint64(p))
 			}
 		}
 	}
+	sc.heap = h
 	k := 0
 	for i := int32(0); i >= 0; i = next[i] {
 		syms[k] = syms[i]

@@ -101,9 +101,49 @@ type mergesJSON [][2]string
 
 // UnmarshalJSON reads either form.
 func (m *mergesJSON) UnmarshalJSON(b []byte) error {
-	if bytes.Equal(bytes.TrimSpace(b), []byte("null")) {
+	b = bytes.TrimSpace(b)
+	if string(b) == "null" {
 		*m = nil
 		return nil
+	}
+	// Fast paths for a list all of one form; anything else goes through
+	// the element by element reading below, for a precise error.
+	var first byte
+	if i := bytes.IndexAny(b[min(1, len(b)):], `"[]`); i >= 0 {
+		first = b[1+i]
+	}
+	switch first {
+	case '"':
+		var ss []string
+		if json.Unmarshal(b, &ss) == nil {
+			out := make(mergesJSON, len(ss))
+			for i, s := range ss {
+				a, c, ok := strings.Cut(s, " ")
+				if !ok || strings.Contains(c, " ") {
+					return fmt.Errorf("model.merges[%d]: %q is not of the form \"a b\"", i, s)
+				}
+				out[i] = [2]string{a, c}
+			}
+			*m = out
+			return nil
+		}
+	case '[':
+		var pairs [][]string
+		if json.Unmarshal(b, &pairs) == nil {
+			out := make(mergesJSON, len(pairs))
+			ok := true
+			for i, p := range pairs {
+				if len(p) != 2 {
+					ok = false
+					break
+				}
+				out[i] = [2]string{p[0], p[1]}
+			}
+			if ok {
+				*m = out
+				return nil
+			}
+		}
 	}
 	var raw []json.RawMessage
 	if err := json.Unmarshal(b, &raw); err != nil {
@@ -118,11 +158,11 @@ func (m *mergesJSON) UnmarshalJSON(b []byte) error {
 				return fmt.Errorf("model.merges[%d]: %v", i, err)
 			}
 			// As Hugging Face: exactly one space separates the two parts.
-			parts := strings.Split(s, " ")
-			if len(parts) != 2 {
+			a, c, ok := strings.Cut(s, " ")
+			if !ok || strings.Contains(c, " ") {
 				return fmt.Errorf("model.merges[%d]: %q is not of the form \"a b\"", i, s)
 			}
-			out[i] = [2]string{parts[0], parts[1]}
+			out[i] = [2]string{a, c}
 			continue
 		}
 		var pair []string

@@ -2,7 +2,7 @@
 // official Node binding, the npm package "tokenizers", Rust inside) for
 // keel's Go tokenizer tests. CI does not run it; the goldens are committed.
 //
-//   cd tools/tokgold && npm ci && node make_goldens.js
+//   cd tools/tokgold && npm install && node make_goldens.js
 //
 // Before it, `go test ./tokenizer -run TestCharFile -update` if keel's
 // character tokenizer changed. It writes, under tokenizer/testdata:
