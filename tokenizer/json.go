@@ -203,7 +203,11 @@ func jsonError(data []byte, err error) error {
 	var typ *json.UnmarshalTypeError
 	switch {
 	case errors.As(err, &syn):
-		return fmt.Errorf("%s: invalid JSON: %v", position(data, syn.Offset), syn)
+		off := syn.Offset // just after the offending byte, or the end
+		if off > 0 && off < int64(len(data)) {
+			off--
+		}
+		return fmt.Errorf("%s: invalid JSON: %v", position(data, off), syn)
 	case errors.As(err, &typ):
 		field := typ.Field
 		if field == "" {
