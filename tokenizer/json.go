@@ -203,8 +203,8 @@ func jsonError(data []byte, err error) error {
 	var typ *json.UnmarshalTypeError
 	switch {
 	case errors.As(err, &syn):
-		off := syn.Offset // just after the offending byte, or the end
-		if off > 0 && off < int64(len(data)) {
+		off := syn.Offset // just after the offending byte, or the end of a truncated file
+		if off > 0 && !strings.Contains(syn.Error(), "unexpected end") {
 			off--
 		}
 		return fmt.Errorf("%s: invalid JSON: %v", position(data, off), syn)
