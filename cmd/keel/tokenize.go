@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/keel-rl/keel/tokenizer"
 )
@@ -17,19 +18,33 @@ func init() {
 	register(command{name: "tokenize", summary: "text to token ids and back with a tokenizer.json", run: runTokenize})
 }
 
-const tokenizeUsage = `usage: keel tokenize --tokenizer FILE|MODEL_DIR [TEXT] [--input FILE.jsonl] [--output FILE] [--decode] [--chat] [--add-special]
+const tokenizeUsage = `usage: keel tokenize --tokenizer FILE|MODEL_DIR [TEXT] [--input FILE.jsonl] [--output FILE]
+                     [--decode] [--chat [--generation-prompt=false]] [--add-special] [--ordinary]
 
 Encodes TEXT, or every {"text": ...} line of FILE.jsonl, to {"ids": [...]}
-lines; --decode reads {"ids": [...]} lines (or TEXT as a JSON list of ids)
-and writes {"text": ...}. Special and added tokens written in the text are
-recognised, as Hugging Face tokenizers does. --chat reads {"messages":
-[{"role", "content"}...]} lines (or TEXT as such a JSON list) and renders
-them in the ChatML layout with the generation prompt, writing {"text",
-"ids"}. --add-special applies the tokenizer's post-processor (Qwen's and
-keel's add nothing, as with Hugging Face's add_special_tokens).
+lines, as Hugging Face tokenizers does: special and added tokens written in
+the text are recognised (--ordinary: they are not), and no BOS/EOS is added
+(--add-special: the tokens the tokenizer's post-processor adds; none for
+Qwen's tokenizers and keel's).
+
+--decode reads {"ids": [...]} lines (or TEXT as a JSON list of ids) and
+writes {"text": ...}.
+
+--chat reads {"messages": [{"role", "content"}...]} lines (verl's "prompt"
+column name works too; or TEXT as such a JSON list), renders them in the
+ChatML layout of Qwen's and keel's tokenizers (<|im_start|>ROLE\nCONTENT<|im_end|>\n
+per message, then the generation prompt <|im_start|>assistant\n) and
+writes {"text", "ids"}.
+
+Blank input lines are skipped; a malformed line is an error naming the
+file and line. Use -- before a TEXT that starts with a dash.
 
 flags:
 `
+
+type tokenizeOpts struct {
+	decode, chat, genPrompt, addSpecial, ordinary bool
+}
 
 func runTokenize(args []string) error {
 	fs := flag.NewFlagSet("tokenize", flag.ContinueOnError)
@@ -37,100 +52,39 @@ func runTokenize(args []string) error {
 	tpath := fs.String("tokenizer", "", "tokenizer.json, or a model directory holding one")
 	in := fs.String("input", "", "JSONL input file")
 	out := fs.String("output", "", "output file (default: standard output)")
-	decode := fs.Bool("decode", false, "ids to text")
-	chat := fs.Bool("chat", false, "render chat messages in the ChatML layout first")
-	_ = fs.Bool("add-special", false, "apply the tokenizer's post-processor (adds nothing for Qwen and keel tokenizers)")
-	var text string
-	var rest []string
-	for i := 0; i < len(args); i++ { // TEXT may come before or after the flags
-		if len(args[i]) > 0 && args[i][0] != '-' && text == "" && (i == 0 || !needsValue(args[i-1])) {
-			text = args[i]
-			continue
-		}
-		rest = append(rest, args[i])
-	}
-	if help, err := parseFlags(fs, rest); help || err != nil {
+	var o tokenizeOpts
+	fs.BoolVar(&o.decode, "decode", false, "ids to text")
+	fs.BoolVar(&o.chat, "chat", false, "render chat messages in the ChatML layout, then encode")
+	fs.BoolVar(&o.genPrompt, "generation-prompt", true, "with --chat, end with the assistant's turn opened")
+	fs.BoolVar(&o.addSpecial, "add-special", false, "add the post-processor's tokens (BOS/EOS) around each sequence")
+	fs.BoolVar(&o.ordinary, "ordinary", false, "encode added and special tokens written in the text as ordinary text")
+	pos, help, err := parseInterleaved(fs, args)
+	if help || err != nil {
 		return err
 	}
 	switch {
+	case len(pos) > 1:
+		return fmt.Errorf("more than one TEXT argument (%q, %q): quote the text", pos[0], pos[1])
 	case *tpath == "":
 		return errors.New("--tokenizer is required")
-	case (text == "") == (*in == ""):
+	case (len(pos) == 1) == (*in != ""):
 		return errors.New("give TEXT or --input FILE.jsonl (one of them)")
-	case *decode && *chat:
+	case o.decode && o.chat:
 		return errors.New("--decode and --chat do not combine")
+	case o.decode && (o.addSpecial || o.ordinary):
+		return errors.New("--add-special and --ordinary are for encoding")
 	}
 	tok, err := tokenizer.Load(*tpath)
 	if err != nil {
 		return err
 	}
-	process := func(line []byte, name string) (any, error) {
-		switch {
-		case *decode:
-			var v struct {
-				IDs *[]int32 `json:"ids"`
-			}
-			if text != "" {
-				var ids []int32
-				if err := json.Unmarshal(line, &ids); err != nil {
-					return nil, fmt.Errorf("%s: want a JSON list of ids: %v", name, err)
-				}
-				v.IDs = &ids
-			} else if err := strictJSON(line, &v); err != nil {
-				return nil, fmt.Errorf("%s: %v", name, err)
-			}
-			if v.IDs == nil {
-				return nil, fmt.Errorf(`%s: missing field "ids"`, name)
-			}
-			s, err := tok.Decode(*v.IDs)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %v", name, err)
-			}
-			return map[string]string{"text": s}, nil
-		case *chat:
-			var v struct {
-				Messages *[]tokenizer.Message `json:"messages"`
-			}
-			if text != "" {
-				var msgs []tokenizer.Message
-				if err := json.Unmarshal(line, &msgs); err != nil {
-					return nil, fmt.Errorf(`%s: want a JSON list of {"role", "content"}: %v`, name, err)
-				}
-				v.Messages = &msgs
-			} else if err := strictJSON(line, &v); err != nil {
-				return nil, fmt.Errorf("%s: %v", name, err)
-			}
-			if v.Messages == nil {
-				return nil, fmt.Errorf(`%s: missing field "messages"`, name)
-			}
-			s := tokenizer.ChatML(*v.Messages, true)
-			return struct {
-				Text string  `json:"text"`
-				IDs  []int32 `json:"ids"`
-			}{s, tok.Encode(s)}, nil
-		default:
-			var v struct {
-				Text *string `json:"text"`
-			}
-			if text != "" {
-				s := string(line)
-				v.Text = &s
-			} else if err := strictJSON(line, &v); err != nil {
-				return nil, fmt.Errorf("%s: %v", name, err)
-			}
-			if v.Text == nil {
-				return nil, fmt.Errorf(`%s: missing field "text"`, name)
-			}
-			return map[string][]int32{"ids": tok.Encode(*v.Text)}, nil
-		}
-	}
-	write := func(w io.Writer) error {
+	return writeOutput(*out, func(w io.Writer) error {
 		enc := json.NewEncoder(w)
 		enc.SetEscapeHTML(false)
-		if text != "" {
-			v, err := process([]byte(text), "TEXT")
+		if len(pos) == 1 {
+			v, err := tokenizeLine(tok, &o, []byte(pos[0]), true)
 			if err != nil {
-				return err
+				return fmt.Errorf("TEXT: %v", err)
 			}
 			return enc.Encode(v)
 		}
@@ -146,9 +100,9 @@ func runTokenize(args []string) error {
 				return fmt.Errorf("%s:%d: %w", *in, n, rerr)
 			}
 			if len(bytes.TrimSpace(line)) > 0 {
-				v, err := process(line, fmt.Sprintf("%s:%d", *in, n))
+				v, err := tokenizeLine(tok, &o, line, false)
 				if err != nil {
-					return err
+					return fmt.Errorf("%s:%d: %v", *in, n, err)
 				}
 				if err := enc.Encode(v); err != nil {
 					return err
@@ -158,23 +112,136 @@ func runTokenize(args []string) error {
 				return nil
 			}
 		}
-	}
-	return writeOutput(*out, write)
+	})
 }
 
-// needsValue reports whether a flag takes the next argument as its value.
-func needsValue(arg string) bool {
-	switch arg {
-	case "--tokenizer", "-tokenizer", "--input", "-input", "--output", "-output":
-		return true
+// tokenizeLine handles one input: a JSONL line, or the TEXT argument
+// (plain text, or for --decode and --chat a JSON list).
+func tokenizeLine(tok *tokenizer.Tokenizer, o *tokenizeOpts, line []byte, arg bool) (any, error) {
+	encode := func(s string) []int32 {
+		var ids []int32
+		if o.ordinary {
+			ids = tok.EncodeOrdinary(s)
+		} else {
+			ids = tok.Encode(s)
+		}
+		if o.addSpecial {
+			ids = tok.AddSpecialTokens(ids)
+		}
+		return ids
 	}
-	return false
+	switch {
+	case o.decode:
+		var ids []int32
+		if arg {
+			if err := strictJSON(line, &ids); err != nil {
+				return nil, fmt.Errorf("want a JSON list of ids: %v", err)
+			}
+		} else {
+			var v struct {
+				IDs *[]int32 `json:"ids"`
+			}
+			if err := strictJSON(line, &v); err != nil {
+				return nil, err
+			}
+			if v.IDs == nil {
+				return nil, errors.New(`missing field "ids"`)
+			}
+			ids = *v.IDs
+		}
+		s, err := tok.Decode(ids)
+		if err != nil {
+			return nil, err
+		}
+		return struct {
+			Text string `json:"text"`
+		}{s}, nil
+	case o.chat:
+		var msgs []tokenizer.Message
+		if arg {
+			if err := strictJSON(line, &msgs); err != nil {
+				return nil, fmt.Errorf(`want a JSON list of {"role", "content"}: %v`, err)
+			}
+		} else {
+			var v struct {
+				Messages *[]tokenizer.Message `json:"messages"`
+				Prompt   *[]tokenizer.Message `json:"prompt"`
+			}
+			if err := strictJSON(line, &v); err != nil {
+				return nil, err
+			}
+			switch {
+			case v.Messages != nil:
+				msgs = *v.Messages
+			case v.Prompt != nil:
+				msgs = *v.Prompt
+			default:
+				return nil, errors.New(`missing field "messages" (or "prompt")`)
+			}
+		}
+		for i, m := range msgs {
+			if m.Role == "" {
+				return nil, fmt.Errorf("message %d has no role", i)
+			}
+		}
+		s := tokenizer.ChatML(msgs, o.genPrompt)
+		return struct {
+			Text string  `json:"text"`
+			IDs  []int32 `json:"ids"`
+		}{s, encode(s)}, nil
+	default:
+		text := string(line)
+		if !arg {
+			var v struct {
+				Text *string `json:"text"`
+			}
+			if err := strictJSON(line, &v); err != nil {
+				return nil, err
+			}
+			if v.Text == nil {
+				return nil, errors.New(`missing field "text"`)
+			}
+			text = *v.Text
+		}
+		return struct {
+			IDs []int32 `json:"ids"`
+		}{encode(text)}, nil
+	}
 }
 
-// strictJSON decodes one JSON object and rejects trailing data.
+// parseInterleaved parses flags that may come before or after the
+// positional arguments (which it returns); everything after "--" is
+// positional.
+func parseInterleaved(fs *flag.FlagSet, args []string) (pos []string, help bool, err error) {
+	var rest []string
+	for i, a := range args {
+		if a == "--" {
+			rest = args[i+1:]
+			args = args[:i]
+			break
+		}
+	}
+	for {
+		if help, err = parseFlags(fs, args); help || err != nil {
+			return nil, help, err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	return append(pos, rest...), false, nil
+}
+
+// strictJSON decodes one JSON value and rejects trailing data.
 func strictJSON(b []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	if err := dec.Decode(v); err != nil {
+		var typ *json.UnmarshalTypeError
+		if errors.As(err, &typ) && typ.Field != "" {
+			return fmt.Errorf("field %s: a JSON %s where %s was expected", typ.Field, typ.Value, strings.TrimPrefix(typ.Type.String(), "*"))
+		}
 		return fmt.Errorf("invalid JSON: %v", err)
 	}
 	if dec.More() {
