@@ -47,7 +47,8 @@ type Engine struct {
 	eps, scale                       float32
 	cos, sin                         []float32
 
-	kc, vc [][]float32 // per layer: [Slots][MaxLen][kvd]
+	kc, vc [][]float32 // per layer: [Slots][MaxLen][kvd] (exact, fp32)
+	kv16   []bf16Cache // per layer (bf16, fp8): see attn_bf16.go
 
 	// The current step's rows and activations (StepRows rows each).
 	rows                       int
@@ -55,6 +56,7 @@ type Engine struct {
 	tok                        []int32
 	x, xn, qkv, q, att, h, xn2 []float32
 	probs                      [][]float32 // per worker: attention probabilities
+	kvs                        [][]float32 // per worker: one row's keys before rounding (bf16 cache)
 	acc                        [][]float32 // per worker: scratch of H floats (CombineExperts) or hd (online attention)
 	gu, a                      []float32   // dense MLP
 	moe                        moeBuffers
@@ -146,11 +148,15 @@ func New(m *model.Model, opt Options) (*Engine, error) {
 // an error that says what to lower, rather than letting the allocation
 // kill the process.
 func checkCacheSize(c *model.Config, opt *Options) error {
-	per := float64(c.NumHiddenLayers) * float64(c.NumKeyValueHeads*c.HeadDim) * 2 * 4 // K and V, float32
+	elem := 4.0 // float32
+	if opt.Precision == BF16 || opt.Precision == FP8 {
+		elem = 2
+	}
+	per := float64(c.NumHiddenLayers) * float64(c.NumKeyValueHeads*c.HeadDim) * 2 * elem // K and V
 	bytes := per * float64(opt.Slots) * float64(opt.MaxLen)
 	if mem, ok := physicalMemory(); ok && bytes > float64(mem) {
-		return fmt.Errorf("rollout: the KV cache would take %.1f GB (%d slots × %d positions × %d layers × %d K and V floats × 4 bytes), more than this machine's %.1f GB: lower the slots or the maximum length",
-			bytes/1e9, opt.Slots, opt.MaxLen, c.NumHiddenLayers, 2*c.NumKeyValueHeads*c.HeadDim, float64(mem)/1e9)
+		return fmt.Errorf("rollout: the KV cache would take %.1f GB (%d slots × %d positions × %d layers × %d K and V values × %g bytes), more than this machine's %.1f GB: lower the slots or the maximum length",
+			bytes/1e9, opt.Slots, opt.MaxLen, c.NumHiddenLayers, 2*c.NumKeyValueHeads*c.HeadDim, elem, float64(mem)/1e9)
 	}
 	return nil
 }
@@ -176,7 +182,7 @@ func physicalMemory() (uint64, bool) {
 // engine must not be used afterwards.
 func (e *Engine) Close() {
 	e.pool.close()
-	e.kc, e.vc = nil, nil
+	e.kc, e.vc, e.kv16 = nil, nil, nil
 }
 
 // Config returns the model configuration the engine serves.
@@ -205,11 +211,19 @@ func (e *Engine) UpdateWeights(m *model.Model, version int64) error {
 func (e *Engine) alloc() {
 	c := &e.cfg
 	R, S, L := e.opt.StepRows, e.opt.Slots, e.opt.MaxLen
-	e.kc = make([][]float32, c.NumHiddenLayers)
-	e.vc = make([][]float32, c.NumHiddenLayers)
-	for l := range e.kc {
-		e.kc[l] = prefault(make([]float32, S*L*e.kvd))
-		e.vc[l] = prefault(make([]float32, S*L*e.kvd))
+	if e.bf16KV() {
+		e.kv16 = make([]bf16Cache, c.NumHiddenLayers)
+		for l := range e.kv16 {
+			e.kv16[l].k = prefault(make([]kernels.BF16, S*L*e.kvd))
+			e.kv16[l].v = prefault(make([]kernels.BF16, S*L*e.kvd))
+		}
+	} else {
+		e.kc = make([][]float32, c.NumHiddenLayers)
+		e.vc = make([][]float32, c.NumHiddenLayers)
+		for l := range e.kc {
+			e.kc[l] = prefault(make([]float32, S*L*e.kvd))
+			e.vc[l] = prefault(make([]float32, S*L*e.kvd))
+		}
 	}
 	e.slot, e.pos, e.tok = make([]int32, R), make([]int32, R), make([]int32, R)
 	f := func(n int) []float32 { return make([]float32, n) }
@@ -217,9 +231,11 @@ func (e *Engine) alloc() {
 	e.qkv, e.q, e.att = f(R*e.qkvd), f(R*e.qd), f(R*e.qd)
 	e.probs = make([][]float32, e.pool.n)
 	e.acc = make([][]float32, e.pool.n)
+	e.kvs = make([][]float32, e.pool.n)
 	for i := range e.probs {
 		e.probs[i] = f(L)
 		e.acc[i] = f(max(e.H, e.hd))
+		e.kvs[i] = f(e.kvd)
 	}
 	if c.NumExperts == 0 || len(e.moeLayers) < c.NumHiddenLayers {
 		e.gu, e.a = f(R*2*c.IntermediateSize), f(R*c.IntermediateSize)
@@ -249,12 +265,15 @@ func (e *Engine) alloc() {
 // prefault writes every page of a fresh buffer once, so that the first
 // decode steps to reach a position do not each pay a page fault (the KV
 // cache is hundreds of megabytes that the OS maps lazily).
-func prefault(b []float32) []float32 {
+func prefault[T float32 | kernels.BF16](b []T) []T {
 	for i := 0; i < len(b); i += 1024 {
 		b[i] = 0
 	}
 	return b
 }
+
+// bf16KV reports whether the KV cache is bfloat16 (bf16 and fp8 modes).
+func (e *Engine) bf16KV() bool { return e.opt.Precision == BF16 || e.opt.Precision == FP8 }
 
 func (e *Engine) bind() {
 	e.fnEmbed, e.fnNorm1, e.fnHeads, e.fnAttn = e.embedRows, e.norm1Rows, e.headRows, e.attnRows
@@ -322,9 +341,8 @@ func (e *Engine) cacheRow(slot, pos int32) int {
 // headRows applies q_norm / k_norm and RoPE per head, as the training
 // engine's headNormRope, writing q and the row's keys and values into the
 // cache.
-func (e *Engine) headRows(_, lo, hi int) {
+func (e *Engine) headRows(w, lo, hi int) {
 	W := &e.w.layers[e.cur]
-	kc, vc := e.kc[e.cur], e.vc[e.cur]
 	hd, half := e.hd, e.hd/2
 	for r := lo; r < hi; r++ {
 		p := int(e.pos[r])
@@ -335,34 +353,70 @@ func (e *Engine) headRows(_, lo, hi int) {
 			kernels.RMSNorm(q[h*hd:(h+1)*hd], raw[h*hd:(h+1)*hd], W.qNorm, e.eps)
 		}
 		kernels.RoPEHeads(q, e.nh, cs, sn)
+		var k []float32
 		c := e.cacheRow(e.slot[r], e.pos[r])
-		k := kc[c : c+e.kvd]
+		if e.bf16KV() {
+			k = e.kvs[w]
+		} else {
+			k = e.kc[e.cur][c : c+e.kvd]
+		}
 		for h := 0; h < e.nkv; h++ {
 			kernels.RMSNorm(k[h*hd:(h+1)*hd], raw[e.qd+h*hd:e.qd+(h+1)*hd], W.kNorm, e.eps)
 		}
 		kernels.RoPEHeads(k, e.nkv, cs, sn)
-		copy(vc[c:c+e.kvd], raw[e.qd+e.kvd:e.qd+2*e.kvd])
+		v := raw[e.qd+e.kvd : e.qd+2*e.kvd]
+		if e.bf16KV() {
+			e.storeBF16(e.slot[r], e.pos[r], k, v)
+		} else {
+			copy(e.vc[e.cur][c:c+e.kvd], v)
+		}
 	}
+}
+
+// storeBF16 rounds one position's keys and values into the bf16 cache of
+// the current layer.
+func (e *Engine) storeBF16(slot, pos int32, k, v []float32) {
+	kv := &e.kv16[e.cur]
+	c := e.cacheRow(slot, pos)
+	kernels.ToBF16(kv.k[c:c+e.kvd], k)
+	kernels.ToBF16(kv.v[c:c+e.kvd], v)
 }
 
 // attnRows computes attention for (row, head) items lo..hi-1 over the
 // row's cached prefix: kernels.AttendRow, as the training engine, or the
-// engine's own online-softmax kernel in fp32 mode.
+// engine's own kernels: online softmax in fp32 mode, over the bfloat16
+// cache in bf16 and fp8.
 func (e *Engine) attnRows(w, lo, hi int) {
-	kc, vc := e.kc[e.cur], e.vc[e.cur]
 	group := e.nh / e.nkv
 	for it := lo; it < hi; it++ {
 		r, h := it/e.nh, it%e.nh
-		base := e.cacheRow(e.slot[r], 0) + (h/group)*e.hd
 		n := int(e.pos[r]) + 1
 		o := r*e.qd + h*e.hd
 		out, q := e.att[o:o+e.hd], e.q[o:o+e.hd]
+		if e.bf16KV() {
+			e.attendBF16(out, q, e.slot[r], h/group, n, e.probs[w])
+			continue
+		}
+		kc, vc := e.kc[e.cur], e.vc[e.cur]
+		base := e.cacheRow(e.slot[r], 0) + (h/group)*e.hd
 		if e.opt.Precision == FP32 {
 			attendOnline(out, q, kc[base:], vc[base:], n, e.kvd, e.scale, e.probs[w], e.acc[w])
 		} else {
 			kernels.AttendRow(out, q, kc[base:], vc[base:], n, e.kvd, e.scale, e.probs[w])
 		}
 	}
+}
+
+// attendBF16 is one query head's attention over the first n positions of
+// KV head kvh of slot in the current layer's bfloat16 cache.
+func (e *Engine) attendBF16(out, q []float32, slot int32, kvh, n int, probs []float32) {
+	kv := &e.kv16[e.cur]
+	base := e.cacheRow(slot, 0) + kvh*e.hd
+	p := probs[:n]
+	dotRowsBF16(p, q, kv.k[base:], n, e.kvd, e.scale)
+	kernels.Softmax(p, p)
+	clear(out)
+	axpyRowsBF16(out, p, kv.v[base:], n, e.kvd)
 }
 
 // attendOnlineBlock is the key block of the fp32 mode's attention.

@@ -275,6 +275,11 @@ func (g *gen) share(i, d int) {
 		copy(e.kc[l][dst:dst+m*e.kvd], e.kc[l][src:src+m*e.kvd])
 		copy(e.vc[l][dst:dst+m*e.kvd], e.vc[l][src:src+m*e.kvd])
 	}
+	for l := range e.kv16 {
+		kv := &e.kv16[l]
+		copy(kv.k[dst:dst+m*e.kvd], kv.k[src:src+m*e.kvd])
+		copy(kv.v[dst:dst+m*e.kvd], kv.v[src:src+m*e.kvd])
+	}
 	per := len(e.moeLayers) * e.cfg.NumExpertsPerTok
 	if s.routes != nil {
 		copy(s.routes[:m*per], t.routes)
