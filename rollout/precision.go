@@ -26,12 +26,15 @@ const (
 	// discrepancy.
 	FP32
 	// BF16 rounds the inputs of every matrix product (weights and
-	// activations, the LM head included) to bfloat16 and accumulates in
-	// float32.
+	// activations, the LM head and the MoE router included) to bfloat16
+	// and accumulates in float32. The KV cache is bfloat16 too, as in
+	// engines serving bf16 models, with the engine's own attention kernel
+	// (float32 arithmetic on the widened keys and values).
 	BF16
 	// FP8 quantises weights to float8 e4m3 with one scale per output
 	// channel and activations with one scale per token, accumulating in
-	// float32 (on the bf16 kernel, where every e4m3 value is exact).
+	// float32 (on the bf16 kernel, where every e4m3 value is exact). The
+	// KV cache and attention are BF16's.
 	FP8
 )
 

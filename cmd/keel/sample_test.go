@@ -58,6 +58,40 @@ func TestSampleCommand(t *testing.T) {
 	}
 }
 
+// With top-k the output carries the truncated log-probabilities too, one
+// per token and never below the full ones (renormalising over fewer tokens
+// raises a probability); every precision runs.
+func TestSampleCommandTruncated(t *testing.T) {
+	dir, _ := lpTestModel(t, true)
+	in := lpWrite(t, "p.jsonl", `{"tokens": [1, 2, 3]}`+"\n")
+	for _, prec := range []string{"fp32", "bf16", "fp8"} {
+		out := filepath.Join(t.TempDir(), "s.jsonl")
+		args := []string{"--model", dir, "--input", in, "-n", "3", "--top-k", "4", "--max-new-tokens", "5", "--precision", prec, "--output", out}
+		if err := runSample(args); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := os.ReadFile(out)
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if len(lines) != 3 {
+			t.Fatalf("%s: %d lines", prec, len(lines))
+		}
+		for _, line := range lines {
+			var o sampleOutput
+			if err := json.Unmarshal([]byte(line), &o); err != nil {
+				t.Fatal(err)
+			}
+			if len(o.TruncLogProbs) != len(o.Tokens) || len(o.Routes) != 3+len(o.Tokens) {
+				t.Fatalf("%s: %+v", prec, o)
+			}
+			for j, tl := range o.TruncLogProbs {
+				if tl < o.LogProbs[j] || tl > 0 {
+					t.Fatalf("%s token %d: truncated %v, full %v", prec, j, tl, o.LogProbs[j])
+				}
+			}
+		}
+	}
+}
+
 func TestSampleCommandErrors(t *testing.T) {
 	dir, _ := lpTestModel(t, false)
 	bad := lpWrite(t, "bad.jsonl", `{"tokens": [1, 2]}`+"\n"+`{"tokens": [1, 99]}`+"\n")
