@@ -69,6 +69,8 @@ type Engine struct {
 	// routes[ml][r*k:] are the experts of step row r in MoE layer ml.
 	routes [][]int32
 
+	gs genState // Generate's slots and scratch
+
 	// The layer (and MoE layer) being computed, for the row-parallel
 	// methods below (stored as method values once, so calls allocate
 	// nothing).
@@ -140,6 +142,7 @@ func New(m *model.Model, opt Options) (*Engine, error) {
 	}
 	e.w.load(m, opt.Precision)
 	e.alloc()
+	e.allocGen()
 	e.bind()
 	return e, nil
 }
@@ -183,6 +186,7 @@ func physicalMemory() (uint64, bool) {
 func (e *Engine) Close() {
 	e.pool.close()
 	e.kc, e.vc, e.kv16 = nil, nil, nil
+	e.gs = genState{}
 }
 
 // Config returns the model configuration the engine serves.

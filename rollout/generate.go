@@ -68,7 +68,8 @@ type Sample struct {
 	Version int64
 }
 
-// slotState is one slot's sequence; its buffers are allocated once.
+// slotState is one slot's sequence; its buffers are allocated once, with
+// the engine, and reused by every Generate.
 type slotState struct {
 	active       bool
 	tail         bool // finished; its last token's routes are computed next step
@@ -85,6 +86,42 @@ type slotState struct {
 	outIdx       int // this step's output row, or -1
 	sampled      int32
 	sampLP, sTLP float32
+}
+
+// genState is what Generate works in, allocated with the engine: the
+// slots' sequences, log-probabilities and routes (MaxLen positions each)
+// and the samplers' scratch. With a real model's routes (hundreds of bytes
+// per position) this is large: allocating it per call would churn the
+// garbage collector every RL step.
+type genState struct {
+	slots []slotState
+	idBuf [][]int32   // per worker: candidate token ids for truncation
+	pBuf  [][]float32 // per worker: probabilities of one row
+}
+
+func (e *Engine) allocGen() {
+	L := e.opt.MaxLen
+	perPos := len(e.moeLayers) * e.cfg.NumExpertsPerTok
+	gs := &e.gs
+	gs.slots = make([]slotState, e.opt.Slots)
+	for i := range gs.slots {
+		s := &gs.slots[i]
+		s.seq = make([]int32, 0, L)
+		s.lp, s.tlp = make([]float32, 0, L), make([]float32, 0, L)
+		if perPos > 0 {
+			if e.cfg.NumExperts <= 256 {
+				s.routes = make([]uint8, L*perPos)
+			} else {
+				s.routes16 = make([]uint16, L*perPos)
+			}
+		}
+	}
+	gs.idBuf = make([][]int32, e.pool.n)
+	gs.pBuf = make([][]float32, e.pool.n)
+	for i := range gs.pBuf {
+		gs.idBuf[i] = make([]int32, e.V)
+		gs.pBuf[i] = make([]float32, e.V)
+	}
 }
 
 // gen is the state of one Generate call.
@@ -164,28 +201,10 @@ func (e *Engine) newGen(prompts [][]int32, n int, sp Sampling) (*gen, error) {
 			g.stopAll = append(g.stopAll, t)
 		}
 	}
-	g.slots = make([]slotState, e.opt.Slots)
-	L := e.opt.MaxLen
-	perPos := len(e.moeLayers) * e.cfg.NumExpertsPerTok
+	g.slots, g.idBuf, g.pBuf = e.gs.slots, e.gs.idBuf, e.gs.pBuf
 	for i := range g.slots {
 		s := &g.slots[i]
-		s.seq = make([]int32, 0, L)
-		s.lp, s.tlp = make([]float32, 0, L), make([]float32, 0, L)
-		if perPos > 0 {
-			if e.cfg.NumExperts <= 256 {
-				s.routes = make([]uint8, L*perPos)
-			} else {
-				s.routes16 = make([]uint16, L*perPos)
-			}
-		}
-	}
-	g.idBuf = make([][]int32, e.pool.n)
-	g.pBuf = make([][]float32, e.pool.n)
-	for i := range g.pBuf {
-		g.pBuf[i] = make([]float32, e.V)
-		if sp.truncated() {
-			g.idBuf[i] = make([]int32, e.V)
-		}
+		s.active, s.tail, s.waiting = false, false, false
 	}
 	g.fnSamp = g.sampleRows
 	return g, nil

@@ -177,6 +177,38 @@ func TestReproducibleAcrossSlots(t *testing.T) {
 	}
 }
 
+// An engine runs Generate after Generate from clean state (its slots are
+// reused): the same call gives the same samples, also after a different
+// one, and a call allocates little beyond its outputs.
+func TestGenerateReusesState(t *testing.T) {
+	cfg := moeConfig()
+	cfg.MaxPositionEmbeddings = 2000
+	m := randomModel(cfg, 7)
+	e, err := New(m, Options{Slots: 3, MaxLen: 2000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	prompts := testPrompts(rand.New(rand.NewPCG(7, 7)), 41, 4, 8)
+	sp := Sampling{Temperature: 1, MaxNewTokens: 30, Seed: 9}
+	a, _ := e.Generate(prompts, 2, sp)
+	if _, err := e.Generate(prompts[1:], 3, Sampling{Temperature: 0.5, TopK: 3, MaxNewTokens: 40, Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := e.Generate(prompts, 2, sp)
+	sameSamples(t, a, b)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	e.Generate(prompts, 2, sp)
+	runtime.ReadMemStats(&after)
+	// Outputs: 4 samples of at most 38 positions of tokens, log-probs and
+	// 2×2 route bytes, a few kilobytes; the slots' buffers (2,000
+	// positions of 16 bytes per slot) would be 96 KB.
+	if got := after.TotalAlloc - before.TotalAlloc; got > 48<<10 {
+		t.Errorf("a Generate call allocated %d bytes", got)
+	}
+}
+
 // The samples of a prompt share its keys and values: the first sample
 // computes the prompt, the others only its last row, whether they are
 // admitted with it (and wait for it) or later; with one slot nothing can
