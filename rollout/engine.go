@@ -41,11 +41,11 @@ type Engine struct {
 	pool    *workers
 
 	// Dimensions.
-	H, V, hd, nh, nkv, qd, kvd, qkvd int
-	moeLayers                        []int // model layer index of each MoE layer
-	moeIndex                         []int // per model layer: index into moeLayers, or -1
-	eps, scale                       float32
-	cos, sin                         []float32
+	hid, vocab, hd, nh, nkv, qd, kvd, qkvd int
+	moeLayers                              []int // model layer index of each MoE layer
+	moeIndex                               []int // per model layer: index into moeLayers, or -1
+	eps, scale                             float32
+	cos, sin                               []float32
 
 	kc, vc [][]float32 // per layer: [Slots][MaxLen][kvd] (exact, fp32)
 	kv16   []bf16Cache // per layer (bf16, fp8): see attn_bf16.go
@@ -125,7 +125,7 @@ func New(m *model.Model, opt Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{cfg: c, opt: opt, pool: newWorkers()}
-	e.H, e.V, e.hd = c.HiddenSize, c.VocabSize, c.HeadDim
+	e.hid, e.vocab, e.hd = c.HiddenSize, c.VocabSize, c.HeadDim
 	e.nh, e.nkv = c.NumAttentionHeads, c.NumKeyValueHeads
 	e.qd, e.kvd = e.nh*e.hd, e.nkv*e.hd
 	e.qkvd = e.qd + 2*e.kvd
@@ -231,14 +231,14 @@ func (e *Engine) alloc() {
 	}
 	e.slot, e.pos, e.tok = make([]int32, R), make([]int32, R), make([]int32, R)
 	f := func(n int) []float32 { return make([]float32, n) }
-	e.x, e.xn, e.h, e.xn2 = f(R*e.H), f(R*e.H), f(R*e.H), f(R*e.H)
+	e.x, e.xn, e.h, e.xn2 = f(R*e.hid), f(R*e.hid), f(R*e.hid), f(R*e.hid)
 	e.qkv, e.q, e.att = f(R*e.qkvd), f(R*e.qd), f(R*e.qd)
 	e.probs = make([][]float32, e.pool.n)
 	e.acc = make([][]float32, e.pool.n)
 	e.kvs = make([][]float32, e.pool.n)
 	for i := range e.probs {
 		e.probs[i] = f(L)
-		e.acc[i] = f(max(e.H, e.hd))
+		e.acc[i] = f(max(e.hid, e.hd))
 		e.kvs[i] = f(e.kvd)
 	}
 	if c.NumExperts == 0 || len(e.moeLayers) < c.NumHiddenLayers {
@@ -250,7 +250,7 @@ func (e *Engine) alloc() {
 		mo.probs, mo.gates = f(R*E), f(R*k)
 		mo.off, mo.fill = make([]int, E+1), make([]int, E)
 		mo.row, mo.tok = make([]int32, R*k), make([]int32, R*k)
-		mo.xg, mo.gug, mo.ag, mo.yg = f(R*k*e.H), f(R*k*2*I), f(R*k*I), f(R*k*e.H)
+		mo.xg, mo.gug, mo.ag, mo.yg = f(R*k*e.hid), f(R*k*2*I), f(R*k*I), f(R*k*e.hid)
 		mo.tasks = make([]kernels.GemmTask, 0, 2*E)
 		mo.bfTasks = make([]kernels.BF16Task, 0, 2*E)
 		e.routes = make([][]int32, len(e.moeLayers))
@@ -263,7 +263,7 @@ func (e *Engine) alloc() {
 	// slots, not step rows, which matters with a real vocabulary
 	// (151,936 log-probs per row).
 	e.outRow = make([]int32, 0, S)
-	e.xo, e.lp = f(S*e.H), f(S*e.V)
+	e.xo, e.lp = f(S*e.hid), f(S*e.vocab)
 }
 
 // prefault writes every page of a fresh buffer once, so that the first
@@ -298,18 +298,18 @@ func (e *Engine) forward() {
 		e.cur = l
 		W := &e.w.layers[l]
 		e.pool.run(R, e.fnNorm1)
-		W.qkv.apply(e.qkv, e.qkvd, e.xn, e.H, R)
+		W.qkv.apply(e.qkv, e.qkvd, e.xn, e.hid, R)
 		e.pool.run(R, e.fnHeads) // q/k norms, RoPE, K and V into the cache
 		e.pool.run(R*e.nh, e.fnAttn)
-		W.o.apply(e.h, e.H, e.att, e.qd, R)
+		W.o.apply(e.h, e.hid, e.att, e.qd, R)
 		e.pool.run(R, e.fnNorm2) // h += x, xn2 = RMSNorm(h)
 		if ml := e.moeIndex[l]; ml >= 0 {
 			e.moeForward(ml, W)
 		} else {
 			I := e.cfg.IntermediateSize
-			W.gu.apply(e.gu, 2*I, e.xn2, e.H, R)
+			W.gu.apply(e.gu, 2*I, e.xn2, e.hid, R)
 			e.pool.run(R, e.fnSwiGLU)
-			W.down.apply(e.x, e.H, e.a, I, R)
+			W.down.apply(e.x, e.hid, e.a, I, R)
 			e.pool.run(R, e.fnAddH) // x = mlp + h
 		}
 	}
@@ -318,12 +318,12 @@ func (e *Engine) forward() {
 		return
 	}
 	e.pool.run(outs, e.fnFinal)
-	e.w.head.apply(e.lp, e.V, e.xo, e.H, outs)
+	e.w.head.apply(e.lp, e.vocab, e.xo, e.hid, outs)
 	e.pool.run(outs, e.fnHead)
 }
 
 func (e *Engine) embedRows(_, lo, hi int) {
-	H := e.H
+	H := e.hid
 	for r := lo; r < hi; r++ {
 		t := int(e.tok[r])
 		copy(e.x[r*H:(r+1)*H], e.w.embed[t*H:(t+1)*H])
@@ -331,7 +331,7 @@ func (e *Engine) embedRows(_, lo, hi int) {
 }
 
 func (e *Engine) norm1Rows(_, lo, hi int) {
-	H, w := e.H, e.w.layers[e.cur].inNorm
+	H, w := e.hid, e.w.layers[e.cur].inNorm
 	for r := lo; r < hi; r++ {
 		kernels.RMSNorm(e.xn[r*H:(r+1)*H], e.x[r*H:(r+1)*H], w, e.eps)
 	}
@@ -462,7 +462,7 @@ func attendOnline(out, q, keys, values []float32, n, stride int, scale float32, 
 }
 
 func (e *Engine) norm2Rows(_, lo, hi int) {
-	H, w := e.H, e.w.layers[e.cur].postNm
+	H, w := e.hid, e.w.layers[e.cur].postNm
 	for r := lo; r < hi; r++ {
 		h, x := e.h[r*H:(r+1)*H], e.x[r*H:(r+1)*H]
 		for i := range h {
@@ -480,7 +480,7 @@ func (e *Engine) swigluRows(_, lo, hi int) {
 }
 
 func (e *Engine) addHRows(_, lo, hi int) {
-	H := e.H
+	H := e.hid
 	x, h := e.x[lo*H:hi*H], e.h[lo*H:hi*H]
 	for i := range x {
 		x[i] += h[i]
@@ -492,7 +492,7 @@ func (e *Engine) addHRows(_, lo, hi int) {
 // over rows grouped by expert, gated sum in slot order added to h.
 func (e *Engine) moeForward(ml int, W *layerWeights) {
 	c := &e.cfg
-	R, E, k, I, H := e.rows, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize, e.H
+	R, E, k, I, H := e.rows, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize, e.hid
 	mo := &e.moe
 	W.router.apply(mo.probs, E, e.xn2, H, R)
 	e.curML = ml // routerRows records into routes[ml]
@@ -559,7 +559,7 @@ func (e *Engine) routerRows(_, lo, hi int) {
 }
 
 func (e *Engine) gatherRows(_, lo, hi int) {
-	H := e.H
+	H := e.hid
 	for g := lo; g < hi; g++ {
 		t := int(e.moe.tok[g])
 		copy(e.moe.xg[g*H:(g+1)*H], e.xn2[t*H:(t+1)*H])
@@ -575,7 +575,7 @@ func (e *Engine) swigluExpertRows(_, lo, hi int) {
 }
 
 func (e *Engine) combineRows(w, lo, hi int) {
-	H, k := e.H, e.cfg.NumExpertsPerTok
+	H, k := e.hid, e.cfg.NumExpertsPerTok
 	mo := &e.moe
 	var ysArr [16][]float32
 	ys := ysArr[:0]
@@ -594,7 +594,7 @@ func (e *Engine) combineRows(w, lo, hi int) {
 
 // finalRows applies the final norm to the output rows, gathering them.
 func (e *Engine) finalRows(_, lo, hi int) {
-	H := e.H
+	H := e.hid
 	for o := lo; o < hi; o++ {
 		r := int(e.outRow[o])
 		kernels.RMSNorm(e.xo[o*H:(o+1)*H], e.x[r*H:(r+1)*H], e.w.norm, e.eps)
@@ -605,7 +605,7 @@ func (e *Engine) finalRows(_, lo, hi int) {
 // (logits divided by it first, unless it is 1 or 0: greedy decoding
 // reports the untempered distribution).
 func (e *Engine) headSoftmaxRows(_, lo, hi int) {
-	V := e.V
+	V := e.vocab
 	for o := lo; o < hi; o++ {
 		z := e.lp[o*V : (o+1)*V]
 		if t := e.temp; t != 1 && t != 0 {

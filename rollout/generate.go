@@ -119,8 +119,8 @@ func (e *Engine) allocGen() {
 	gs.idBuf = make([][]int32, e.pool.n)
 	gs.pBuf = make([][]float32, e.pool.n)
 	for i := range gs.pBuf {
-		gs.idBuf[i] = make([]int32, e.V)
-		gs.pBuf[i] = make([]float32, e.V)
+		gs.idBuf[i] = make([]int32, e.vocab)
+		gs.pBuf[i] = make([]float32, e.vocab)
 	}
 }
 
@@ -183,14 +183,14 @@ func (e *Engine) newGen(prompts [][]int32, n int, sp Sampling) (*gen, error) {
 			return nil, fmt.Errorf("rollout: prompt %d has %d tokens; the engine holds sequences of at most %d (prompt and at least one new token)", i, len(p), e.opt.MaxLen)
 		}
 		for j, t := range p {
-			if t < 0 || int(t) >= e.V {
-				return nil, fmt.Errorf("rollout: prompt %d, token %d: id %d outside the vocabulary [0, %d)", i, j, t, e.V)
+			if t < 0 || int(t) >= e.vocab {
+				return nil, fmt.Errorf("rollout: prompt %d, token %d: id %d outside the vocabulary [0, %d)", i, j, t, e.vocab)
 			}
 		}
 	}
 	for _, t := range sp.Stop {
-		if t < 0 || int(t) >= e.V {
-			return nil, fmt.Errorf("rollout: stop token %d outside the vocabulary [0, %d)", t, e.V)
+		if t < 0 || int(t) >= e.vocab {
+			return nil, fmt.Errorf("rollout: stop token %d outside the vocabulary [0, %d)", t, e.vocab)
 		}
 	}
 	g := &gen{e: e, sp: sp, prompts: prompts, n: n, out: make([]Sample, 0, len(prompts)*n)}
@@ -456,7 +456,7 @@ func (g *gen) sampleRows(w, lo, hi int) {
 	e := g.e
 	for o := lo; o < hi; o++ {
 		s := &g.slots[e.slot[e.outRow[o]]]
-		z := e.lp[o*e.V : (o+1)*e.V]
+		z := e.lp[o*e.vocab : (o+1)*e.vocab]
 		s.sampled, s.sampLP, s.sTLP = g.sampleOne(z, &s.rng, g.idBuf[w], g.pBuf[w])
 	}
 }
