@@ -417,6 +417,9 @@ func TestGemmBadArgs(t *testing.T) {
 }
 
 func TestGemmNoAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
 	r := rand.New(rand.NewPCG(13, 14))
 	for _, sh := range [][3]int{{1, 64, 64}, {8, 512, 512}, {200, 256, 256}} {
 		m, n, k := sh[0], sh[1], sh[2]

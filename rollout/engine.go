@@ -78,7 +78,15 @@ type Engine struct {
 	fnEmbed, fnNorm1, fnHeads, fnAttn        func(w, lo, hi int)
 	fnNorm2, fnSwiGLU, fnAddH, fnFinal       func(w, lo, hi int)
 	fnRouter, fnGather, fnSwiGLUX, fnCombine func(w, lo, hi int)
-	fnHead                                   func(w, lo, hi int)
+	fnHead, fnParts, fnExperts               func(w, lo, hi int)
+
+	// GEMMs run on the engine's pool: parts is the product being computed
+	// (see gemm), scratch each worker's packing space, and xparts each
+	// worker's expert products (run whole by one worker).
+	parts   kernels.GemmParts
+	scratch []kernels.GemmScratch
+	xparts  []kernels.GemmParts
+	curW    *layerWeights // the layer whose experts fnExperts runs
 }
 
 // moeBuffers are the MoE activations of one step (rows·k expert rows).
@@ -88,8 +96,7 @@ type moeBuffers struct {
 	row             []int32 // per (row, slot): its grouped row
 	tok             []int32 // per grouped row: its step row
 	xg, gug, ag, yg []float32
-	tasks           []kernels.GemmTask
-	bfTasks         []kernels.BF16Task
+	order           []int // active experts, most rows first
 }
 
 // New builds an engine for m (whose weights it copies in its precision;
@@ -236,6 +243,8 @@ func (e *Engine) alloc() {
 	e.probs = make([][]float32, e.pool.n)
 	e.acc = make([][]float32, e.pool.n)
 	e.kvs = make([][]float32, e.pool.n)
+	e.scratch = make([]kernels.GemmScratch, e.pool.n)
+	e.xparts = make([]kernels.GemmParts, e.pool.n)
 	for i := range e.probs {
 		e.probs[i] = f(L)
 		e.acc[i] = f(max(e.hid, e.hd))
@@ -251,8 +260,7 @@ func (e *Engine) alloc() {
 		mo.off, mo.fill = make([]int, E+1), make([]int, E)
 		mo.row, mo.tok = make([]int32, R*k), make([]int32, R*k)
 		mo.xg, mo.gug, mo.ag, mo.yg = f(R*k*e.hid), f(R*k*2*I), f(R*k*I), f(R*k*e.hid)
-		mo.tasks = make([]kernels.GemmTask, 0, 2*E)
-		mo.bfTasks = make([]kernels.BF16Task, 0, 2*E)
+		mo.order = make([]int, 0, E)
 		e.routes = make([][]int32, len(e.moeLayers))
 		for i := range e.routes {
 			e.routes[i] = make([]int32, R*k)
@@ -283,7 +291,20 @@ func (e *Engine) bind() {
 	e.fnEmbed, e.fnNorm1, e.fnHeads, e.fnAttn = e.embedRows, e.norm1Rows, e.headRows, e.attnRows
 	e.fnNorm2, e.fnSwiGLU, e.fnAddH, e.fnFinal = e.norm2Rows, e.swigluRows, e.addHRows, e.finalRows
 	e.fnRouter, e.fnGather, e.fnSwiGLUX, e.fnCombine = e.routerRows, e.gatherRows, e.swigluExpertRows, e.combineRows
-	e.fnHead = e.headSoftmaxRows
+	e.fnHead, e.fnParts, e.fnExperts = e.headSoftmaxRows, e.partRows, e.expertRows
+}
+
+// gemm computes y = x·Wᵀ for rows rows (row strides ldx, ldy) on the
+// engine's pool, the product cut into parts.
+func (e *Engine) gemm(l *linear, y []float32, ldy int, x []float32, ldx, rows int) {
+	l.parts(&e.parts, y, ldy, x, ldx, rows, e.pool.n)
+	e.pool.runGrain(e.parts.Len(), 1, e.fnParts)
+}
+
+func (e *Engine) partRows(w, lo, hi int) {
+	for i := lo; i < hi; i++ {
+		e.parts.Run(i, &e.scratch[w])
+	}
 }
 
 // forward runs the e.rows rows set up in slot, pos and tok through the
@@ -298,18 +319,18 @@ func (e *Engine) forward() {
 		e.cur = l
 		W := &e.w.layers[l]
 		e.pool.run(R, e.fnNorm1)
-		W.qkv.apply(e.qkv, e.qkvd, e.xn, e.hid, R)
+		e.gemm(&W.qkv, e.qkv, e.qkvd, e.xn, e.hid, R)
 		e.pool.run(R, e.fnHeads) // q/k norms, RoPE, K and V into the cache
 		e.pool.run(R*e.nh, e.fnAttn)
-		W.o.apply(e.h, e.hid, e.att, e.qd, R)
+		e.gemm(&W.o, e.h, e.hid, e.att, e.qd, R)
 		e.pool.run(R, e.fnNorm2) // h += x, xn2 = RMSNorm(h)
 		if ml := e.moeIndex[l]; ml >= 0 {
 			e.moeForward(ml, W)
 		} else {
 			I := e.cfg.IntermediateSize
-			W.gu.apply(e.gu, 2*I, e.xn2, e.hid, R)
+			e.gemm(&W.gu, e.gu, 2*I, e.xn2, e.hid, R)
 			e.pool.run(R, e.fnSwiGLU)
-			W.down.apply(e.x, e.hid, e.a, I, R)
+			e.gemm(&W.down, e.x, e.hid, e.a, I, R)
 			e.pool.run(R, e.fnAddH) // x = mlp + h
 		}
 	}
@@ -318,7 +339,7 @@ func (e *Engine) forward() {
 		return
 	}
 	e.pool.run(outs, e.fnFinal)
-	e.w.head.apply(e.lp, e.vocab, e.xo, e.hid, outs)
+	e.gemm(&e.w.head, e.lp, e.vocab, e.xo, e.hid, outs)
 	e.pool.run(outs, e.fnHead)
 }
 
@@ -494,7 +515,7 @@ func (e *Engine) moeForward(ml int, W *layerWeights) {
 	c := &e.cfg
 	R, E, k, I, H := e.rows, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize, e.hid
 	mo := &e.moe
-	W.router.apply(mo.probs, E, e.xn2, H, R)
+	e.gemm(&W.router, mo.probs, E, e.xn2, H, R)
 	e.curML = ml // routerRows records into routes[ml]
 	e.pool.run(R, e.fnRouter)
 	ids := e.routes[ml][:R*k]
@@ -512,37 +533,56 @@ func (e *Engine) moeForward(ml int, W *layerWeights) {
 		mo.row[j] = int32(g)
 		mo.tok[g] = int32(j / k)
 	}
-	e.pool.run(R*k, e.fnGather)
-	e.experts(W, func(x *expert) *linear { return &x.gu }, mo.gug, 2*I, mo.xg, H)
-	e.pool.run(R*k, e.fnSwiGLUX)
-	e.experts(W, func(x *expert) *linear { return &x.down }, mo.yg, H, mo.ag, I)
+	// Active experts, most rows first: when there are enough of them to
+	// keep every worker busy, each runs whole on one worker (gather, both
+	// products, SwiGLU), largest first so the short ones fill the gaps.
+	// Otherwise each product is split across the workers.
+	mo.order = mo.order[:0]
+	for x := 0; x < E; x++ {
+		if n := mo.off[x+1] - mo.off[x]; n > 0 {
+			i := len(mo.order)
+			mo.order = append(mo.order, x)
+			for ; i > 0 && mo.off[mo.order[i-1]+1]-mo.off[mo.order[i-1]] < n; i-- {
+				mo.order[i] = mo.order[i-1]
+			}
+			mo.order[i] = x
+		}
+	}
+	if len(mo.order) >= 2*e.pool.n {
+		e.curW = W
+		e.pool.runGrain(len(mo.order), 1, e.fnExperts)
+		e.curW = nil
+	} else {
+		e.pool.run(R*k, e.fnGather)
+		for _, x := range mo.order {
+			r0, n := mo.off[x], mo.off[x+1]-mo.off[x]
+			e.gemm(&W.experts[x].gu, mo.gug[r0*2*I:], 2*I, mo.xg[r0*H:], H, n)
+		}
+		e.pool.run(R*k, e.fnSwiGLUX)
+		for _, x := range mo.order {
+			r0, n := mo.off[x], mo.off[x+1]-mo.off[x]
+			e.gemm(&W.experts[x].down, mo.yg[r0*H:], H, mo.ag[r0*I:], I, n)
+		}
+	}
 	e.pool.run(R, e.fnCombine)
 }
 
-// experts runs y = x·Wᵀ for every expert with rows (grouped rows r0..r0+n
-// of x and y, row strides ldx and ldy), W chosen by which: as one
-// GemmBatch (float32 paths) or GemmBF16Batch (bf16, fp8), so the experts'
-// products share the threads whole.
-func (e *Engine) experts(W *layerWeights, which func(*expert) *linear, y []float32, ldy int, x []float32, ldx int) {
+// expertRows runs experts mo.order[lo:hi] of layer e.curW, each whole on
+// worker w: gather its rows, gate and up product, SwiGLU, down product.
+func (e *Engine) expertRows(w, lo, hi int) {
+	I, H := e.cfg.MoeIntermediateSize, e.hid
 	mo := &e.moe
-	mo.tasks = mo.tasks[:0]
-	mo.bfTasks = mo.bfTasks[:0]
-	for i := range W.experts {
-		r0, n := mo.off[i], mo.off[i+1]-mo.off[i]
-		if n == 0 {
-			continue
-		}
-		l := which(&W.experts[i])
-		if t, ok := l.task(y[r0*ldy:], ldy, x[r0*ldx:], ldx, n); ok {
-			mo.tasks = append(mo.tasks, t)
-		} else {
-			mo.bfTasks = append(mo.bfTasks, l.bf16Task(y[r0*ldy:], ldy, x[r0*ldx:], ldx, n))
-		}
+	g, s := &e.xparts[w], &e.scratch[w]
+	for _, x := range mo.order[lo:hi] {
+		r0, r1 := mo.off[x], mo.off[x+1]
+		e.gatherRows(w, r0, r1)
+		X := &e.curW.experts[x]
+		X.gu.parts(g, mo.gug[r0*2*I:], 2*I, mo.xg[r0*H:], H, r1-r0, 1)
+		g.RunAll(s)
+		e.swigluExpertRows(w, r0, r1)
+		X.down.parts(g, mo.yg[r0*H:], H, mo.ag[r0*I:], I, r1-r0, 1)
+		g.RunAll(s)
 	}
-	kernels.GemmBatch(mo.tasks)
-	kernels.GemmBF16Batch(mo.bfTasks)
-	clear(mo.tasks) // drop references
-	clear(mo.bfTasks)
 }
 
 func (e *Engine) routerRows(_, lo, hi int) {

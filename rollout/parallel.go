@@ -6,112 +6,182 @@ import (
 	"time"
 )
 
-// workers is a small persistent goroutine pool for the row-parallel parts
-// of a forward step. Unlike kernels.ParallelFor it allocates nothing per
-// call when given a function value created once (a method value stored in
-// the engine), which keeps a decode step free of heap allocations.
+// workers is the engine's own goroutine pool: every parallel part of a
+// forward step, row loops and GEMM parts alike, runs on it. A decode step
+// is a few dozen short loops back to back (tens of microseconds each on a
+// few hundred rows); handing each to a pool whose helpers sleep between
+// calls, or to several pools (the kernels package has its own for GEMMs),
+// cost more than the loops themselves: with two threads a decode step ran
+// no faster than with one. So the helpers here poll for the next loop
+// without sleeping while loops keep coming, and park only after
+// parkAfter without one (the end of a Generate call).
 //
-// A loop is cut into a few chunks per worker that the caller and the
-// helpers claim in order as they become free. The caller waits only for
-// chunks that a helper has claimed: a helper that has not woken yet (its
-// thread lost the processor to another process on a shared machine, or
-// it is parked) is not waited for, and finds nothing left to do when it
-// does wake. So one slow thread no longer holds up a whole decode step,
-// and uneven rows (long and short attention prefixes) balance out.
+// A loop is cut into chunks that the caller and the helpers claim in
+// order as they become free. The caller waits only for chunks that a
+// helper has claimed: a helper that is slow to notice a loop (its thread
+// lost the processor on a shared machine) is not waited for, and finds
+// nothing left to do. Allocates nothing per loop when given a function
+// value created once (a method value stored in the engine), which keeps a
+// decode step free of heap allocations.
 type workers struct {
-	n     int
-	wake  chan loop
-	state atomic.Uint64 // current loop: generation<<32 | next chunk to claim
-	done  atomic.Int64  // chunks of the current loop finished
-	gen   uint32
+	n int
+
+	// cur describes the current loop. run writes it before publishing
+	// the loop's generation in state, and only once every chunk of the
+	// previous loop has finished; a helper reads it only after claiming a
+	// chunk (a compare-and-swap on state), so never while it is rewritten.
+	cur loop
+	// state packs the loop's generation (bits 40-63), its chunk count
+	// (bits 20-39) and the next chunk to claim (bits 0-19).
+	state atomic.Uint64
+	done  atomic.Int64 // chunks of the current loop finished
+	gen   uint64
+
+	parked []atomic.Bool   // per helper: asleep on its wake channel
+	wake   []chan struct{} // per helper, buffered 1
+	quit   atomic.Bool
 }
 
-// loop is one call of run, as handed to the helpers: by value, so a
-// helper that wakes late still reads a consistent description of the
-// loop it was woken for (and then finds its generation over).
+// loop is one call of run.
 type loop struct {
-	fn               func(w, lo, hi int)
-	gen              uint32
-	w                int // the worker index of whoever runs it
-	n, grain, chunks int
+	fn       func(w, lo, hi int)
+	n, grain int
 }
+
+const (
+	stateChunkBits = 20
+	maxChunks      = 1<<stateChunkBits - 1
+	genMask        = 1<<24 - 1
+)
+
+// parkAfter is how long an idle helper polls for the next loop before it
+// parks. Between the steps of a Generate call the caller only does
+// bookkeeping, far shorter than this; after the call the helpers park.
+const parkAfter = 2 * time.Millisecond
 
 func newWorkers() *workers {
-	p := &workers{n: max(1, runtime.GOMAXPROCS(0)), wake: make(chan loop, 64)}
-	for i := 1; i < p.n; i++ {
-		go func() {
-			for l := range p.wake {
-				p.drain(&l)
-			}
-		}()
+	n := max(1, runtime.GOMAXPROCS(0))
+	p := &workers{n: n, parked: make([]atomic.Bool, n), wake: make([]chan struct{}, n)}
+	for w := 1; w < n; w++ {
+		p.wake[w] = make(chan struct{}, 1)
+		go p.helper(w)
 	}
 	return p
 }
 
 // chunksPerWorker is how many pieces of a loop each worker gets on
-// average: enough to rebalance, few enough that claiming costs nothing.
+// average when run chooses the grain: enough to rebalance, few enough that
+// claiming costs nothing.
 const chunksPerWorker = 4
-
-// waitSpin is how long run polls for the helpers' last chunks before it
-// sleeps between polls.
-const waitSpin = 200 * time.Microsecond
 
 // run calls fn(w, lo, hi) on contiguous chunks covering [0, n) and returns
 // when all are done. Index w (< p.n) identifies the goroutine running a
 // chunk, for per-worker scratch: no two chunks with the same w run at
 // once. Results must not depend on the chunking.
 func (p *workers) run(n int, fn func(w, lo, hi int)) {
+	p.runGrain(n, max(1, n/(chunksPerWorker*p.n)), fn)
+}
+
+// runGrain is run with chunks of grain indices (the last may be shorter).
+func (p *workers) runGrain(n, grain int, fn func(w, lo, hi int)) {
 	if n <= 0 {
 		return
 	}
-	nw := min(p.n, n)
-	if nw == 1 {
+	grain = max(grain, 1, (n+maxChunks-1)/maxChunks)
+	chunks := (n + grain - 1) / grain
+	if p.n == 1 || chunks == 1 {
 		fn(0, 0, n)
 		return
 	}
-	grain := max(1, n/(chunksPerWorker*nw))
-	p.gen++
-	l := loop{fn: fn, gen: p.gen, n: n, grain: grain, chunks: (n + grain - 1) / grain}
+	p.gen = (p.gen + 1) & genMask
+	p.cur = loop{fn: fn, n: n, grain: grain}
 	p.done.Store(0)
-	p.state.Store(uint64(l.gen) << 32)
-	for w := 1; w < nw; w++ {
-		l.w = w
-		select {
-		case p.wake <- l:
-		default: // the helpers are far behind: do not wait for room
+	p.state.Store(p.gen<<40 | uint64(chunks)<<stateChunkBits)
+	for w := 1; w < p.n; w++ {
+		if p.parked[w].CompareAndSwap(true, false) {
+			p.wake[w] <- struct{}{}
 		}
 	}
-	l.w = 0
-	p.drain(&l)
-	if p.done.Load() == int64(l.chunks) {
-		return
-	}
-	for start := time.Now(); p.done.Load() < int64(l.chunks); {
-		if time.Since(start) < waitSpin {
+	p.drain(0, p.gen)
+	for spins := 0; p.done.Load() < int64(chunks); spins++ {
+		if spins >= 64 {
 			runtime.Gosched()
-		} else {
-			time.Sleep(10 * time.Microsecond)
 		}
 	}
+	p.cur = loop{} // drop the references
 }
 
-// drain claims and runs chunks of loop l until none is left or the pool
-// has moved on to a later loop.
-func (p *workers) drain(l *loop) {
+// drain claims and runs chunks of loop gen until none is left.
+func (p *workers) drain(w int, gen uint64) {
 	for {
 		v := p.state.Load()
-		c := int(uint32(v))
-		if uint32(v>>32) != l.gen || c >= l.chunks {
+		next, chunks := int(v&maxChunks), int(v>>stateChunkBits&maxChunks)
+		if v>>40 != gen || next >= chunks {
 			return
 		}
 		if !p.state.CompareAndSwap(v, v+1) {
 			continue
 		}
-		lo := c * l.grain
-		l.fn(l.w, lo, min(lo+l.grain, l.n))
+		// A claimed chunk keeps run from returning, so cur stays this
+		// loop's until the chunk is done.
+		l := &p.cur
+		lo := next * l.grain
+		l.fn(w, lo, min(lo+l.grain, l.n))
 		p.done.Add(1)
 	}
 }
 
+// helper is helper goroutine w: it polls state for a new loop, runs its
+// share, and parks on its wake channel after parkAfter of idleness.
+func (p *workers) helper(w int) {
+	var seen uint64 // generation last drained
+	for {
+		var idleSince time.Time
+		for spins := 0; ; spins++ {
+			if p.quit.Load() {
+				return
+			}
+			if g := p.state.Load() >> 40; g != seen {
+				seen = g
+				break
+			}
+			if spins < 64 {
+				continue
+			}
+			runtime.Gosched()
+			if spins%256 != 0 {
+				continue
+			}
+			if idleSince.IsZero() {
+				idleSince = time.Now()
+				continue
+			}
+			if time.Since(idleSince) < parkAfter {
+				continue
+			}
+			// Park, unless a loop was published meanwhile (run wakes
+			// only helpers it sees parked).
+			p.parked[w].Store(true)
+			if p.state.Load()>>40 != seen || p.quit.Load() {
+				if !p.parked[w].CompareAndSwap(true, false) {
+					<-p.wake[w] // run saw us parked and sent a wake-up
+				}
+			} else {
+				<-p.wake[w]
+			}
+			idleSince = time.Time{}
+			spins = 0
+		}
+		p.drain(w, seen)
+	}
+}
+
 // close stops the pool's goroutines.
-func (p *workers) close() { close(p.wake) }
+func (p *workers) close() {
+	p.quit.Store(true)
+	for w := 1; w < p.n; w++ {
+		if p.parked[w].CompareAndSwap(true, false) {
+			p.wake[w] <- struct{}{}
+		}
+	}
+}

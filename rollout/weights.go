@@ -51,33 +51,18 @@ func (l *linear) setConcat(p Precision, ws [][]float32, outs []int, in int, scra
 	return buf
 }
 
-// apply computes y = x·Wᵀ for rows rows (row strides ldx, ldy).
-func (l *linear) apply(y []float32, ldy int, x []float32, ldx, rows int) {
-	if rows == 0 {
-		return
-	}
+// parts sets g up to compute y = x·Wᵀ for rows rows (row strides ldx
+// and ldy) in the weight's precision, cut into parts for workers
+// goroutines (1: one part, the whole product).
+func (l *linear) parts(g *kernels.GemmParts, y []float32, ldy int, x []float32, ldx, rows, workers int) {
 	switch l.prec {
 	case Exact, FP32:
-		kernels.GemmPacked(rows, x, ldx, l.f32, y, ldy, false)
+		g.Packed(rows, x, ldx, l.f32, y, ldy, false, workers)
 	case BF16:
-		kernels.GemmBF16F32A(rows, x, ldx, l.bf, y, ldy, false)
+		g.BF16F32A(rows, x, ldx, l.bf, y, ldy, false, workers)
 	case FP8:
-		kernels.GemmE4M3F32A(rows, x, ldx, l.bf, y, ldy, false)
+		g.E4M3F32A(rows, x, ldx, l.bf, y, ldy, false, workers)
 	}
-}
-
-// task returns apply as a GemmBatch task on the float32 paths, so that
-// independent expert products share the threads.
-func (l *linear) task(y []float32, ldy int, x []float32, ldx, rows int) (kernels.GemmTask, bool) {
-	if l.f32 == nil || (l.prec != Exact && l.prec != FP32) {
-		return kernels.GemmTask{}, false
-	}
-	return kernels.GemmTask{M: rows, K: l.in, A: x, LDA: ldx, PB: l.f32, C: y, LDC: ldy}, true
-}
-
-// bf16Task is task for the bf16 and fp8 paths (GemmBF16Batch).
-func (l *linear) bf16Task(y []float32, ldy int, x []float32, ldx, rows int) kernels.BF16Task {
-	return kernels.BF16Task{M: rows, A: x, LDA: ldx, B: l.bf, C: y, LDC: ldy, E4M3: l.prec == FP8}
 }
 
 // layerWeights are one decoder layer's prepared weights.
