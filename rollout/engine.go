@@ -78,7 +78,11 @@ type Engine struct {
 	fnEmbed, fnNorm1, fnHeads, fnAttn        func(w, lo, hi int)
 	fnNorm2, fnSwiGLU, fnAddH, fnFinal       func(w, lo, hi int)
 	fnRouter, fnGather, fnSwiGLUX, fnCombine func(w, lo, hi int)
-	fnHead, fnParts, fnExperts               func(w, lo, hi int)
+	fnHead, fnParts, fnExperts, fnBlock      func(w, lo, hi int)
+	blocks                                   []int // chunk bounds of the fused path (planBlocks)
+	// For tests: fuse > 0 takes the fused path whenever it can, < 0
+	// never; blockUnit replaces blockGrain.
+	fuse, blockUnit int
 
 	// GEMMs run on the engine's pool: parts is the product being computed
 	// (see gemm), scratch each worker's packing space, and xparts each
@@ -244,6 +248,7 @@ func (e *Engine) alloc() {
 	e.acc = make([][]float32, e.pool.n)
 	e.kvs = make([][]float32, e.pool.n)
 	e.scratch = make([]kernels.GemmScratch, e.pool.n)
+	e.blocks = make([]int, 0, R+1)
 	e.xparts = make([]kernels.GemmParts, e.pool.n)
 	for i := range e.probs {
 		e.probs[i] = f(L)
@@ -291,7 +296,7 @@ func (e *Engine) bind() {
 	e.fnEmbed, e.fnNorm1, e.fnHeads, e.fnAttn = e.embedRows, e.norm1Rows, e.headRows, e.attnRows
 	e.fnNorm2, e.fnSwiGLU, e.fnAddH, e.fnFinal = e.norm2Rows, e.swigluRows, e.addHRows, e.finalRows
 	e.fnRouter, e.fnGather, e.fnSwiGLUX, e.fnCombine = e.routerRows, e.gatherRows, e.swigluExpertRows, e.combineRows
-	e.fnHead, e.fnParts, e.fnExperts = e.headSoftmaxRows, e.partRows, e.expertRows
+	e.fnHead, e.fnParts, e.fnExperts, e.fnBlock = e.headSoftmaxRows, e.partRows, e.expertRows, e.blockRows
 }
 
 // gemm computes y = x·Wᵀ for rows rows (row strides ldx, ldy) on the
@@ -315,17 +320,31 @@ func (e *Engine) partRows(w, lo, hi int) {
 func (e *Engine) forward() {
 	R := e.rows
 	e.pool.run(R, e.fnEmbed)
+	fused := e.planBlocks()
 	for l := range e.w.layers {
 		e.cur = l
 		W := &e.w.layers[l]
+		ml := e.moeIndex[l]
+		if fused {
+			// Everything up to the experts is row by row: one loop over
+			// slot-aligned chunks of rows (see blockRows).
+			e.pool.runChunks(e.blocks, e.fnBlock)
+			if ml >= 0 {
+				e.moeDispatch(ml, W)
+			}
+			continue
+		}
 		e.pool.run(R, e.fnNorm1)
 		e.gemm(&W.qkv, e.qkv, e.qkvd, e.xn, e.hid, R)
 		e.pool.run(R, e.fnHeads) // q/k norms, RoPE, K and V into the cache
 		e.pool.run(R*e.nh, e.fnAttn)
 		e.gemm(&W.o, e.h, e.hid, e.att, e.qd, R)
 		e.pool.run(R, e.fnNorm2) // h += x, xn2 = RMSNorm(h)
-		if ml := e.moeIndex[l]; ml >= 0 {
-			e.moeForward(ml, W)
+		if ml >= 0 {
+			e.gemm(&W.router, e.moe.probs, e.cfg.NumExperts, e.xn2, e.hid, R)
+			e.curML = ml // routerRows records into routes[ml]
+			e.pool.run(R, e.fnRouter)
+			e.moeDispatch(ml, W)
 		} else {
 			I := e.cfg.IntermediateSize
 			e.gemm(&W.gu, e.gu, 2*I, e.xn2, e.hid, R)
@@ -508,16 +527,14 @@ func (e *Engine) addHRows(_, lo, hi int) {
 	}
 }
 
-// moeForward runs one sparse MoE block as the training engine does: router
-// softmax, top-k (recorded), gates from the full softmax, expert products
-// over rows grouped by expert, gated sum in slot order added to h.
-func (e *Engine) moeForward(ml int, W *layerWeights) {
+// moeDispatch runs the experts of one sparse MoE block, as the training
+// engine does, once the router has chosen them (routerRows: softmax,
+// top-k, recorded; gates from the full softmax): expert products over rows
+// grouped by expert, gated sum in slot order added to h.
+func (e *Engine) moeDispatch(ml int, W *layerWeights) {
 	c := &e.cfg
 	R, E, k, I, H := e.rows, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize, e.hid
 	mo := &e.moe
-	e.gemm(&W.router, mo.probs, E, e.xn2, H, R)
-	e.curML = ml // routerRows records into routes[ml]
-	e.pool.run(R, e.fnRouter)
 	ids := e.routes[ml][:R*k]
 	clear(mo.off)
 	for _, id := range ids {
@@ -567,6 +584,71 @@ func (e *Engine) moeForward(ml int, W *layerWeights) {
 	e.pool.run(R, e.fnCombine)
 }
 
+// blockGrain is the rows of a chunk in the fused path: two micro-kernel
+// tiles (14 rows each on AVX-512), so a chunk's products use whole tiles.
+const blockGrain = 28
+
+// planBlocks cuts the step's rows into chunks for blockRows, each holding
+// whole slots (a slot's rows are contiguous, in increasing position, and a
+// row attends to the keys its slot's earlier rows of this step write, so
+// they must run in order on one worker). It reports whether the fused path
+// applies: with fewer than two chunks per worker (one long prompt being
+// prefilled) the rows are better split operation by operation.
+func (e *Engine) planBlocks() bool {
+	if e.fuse < 0 {
+		return false
+	}
+	R, unit := e.rows, e.blockUnit
+	if unit == 0 {
+		unit = blockGrain
+	}
+	grain := max(unit, (R/(chunksPerWorker*e.pool.n)+unit/2)/unit*unit)
+	e.blocks = append(e.blocks[:0], 0)
+	for lo := 0; lo < R; {
+		hi := min(lo+grain, R)
+		for hi < R && e.slot[hi] == e.slot[hi-1] {
+			hi++
+		}
+		e.blocks = append(e.blocks, hi)
+		lo = hi
+	}
+	return e.fuse > 0 || e.pool.n == 1 || len(e.blocks)-1 >= 2*e.pool.n
+}
+
+// blockRows runs rows lo..hi-1 of the current layer up to its experts on
+// worker w: input norm, QKV product, q/k norms and RoPE with the keys and
+// values written to the cache, attention, output product, residual and
+// post-attention norm, then the router (MoE layers) or the whole MLP
+// (dense layers). Every product is computed for these rows alone, which
+// gives the bits of the whole-batch product (the GEMMs are batch
+// invariant), so the fused path and the operation-by-operation one agree.
+func (e *Engine) blockRows(w, lo, hi int) {
+	W := &e.w.layers[e.cur]
+	H, n := e.hid, hi-lo
+	g, s := &e.xparts[w], &e.scratch[w]
+	e.norm1Rows(w, lo, hi)
+	W.qkv.parts(g, e.qkv[lo*e.qkvd:], e.qkvd, e.xn[lo*H:], H, n, 1)
+	g.RunAll(s)
+	e.headRows(w, lo, hi)
+	e.attnRows(w, lo*e.nh, hi*e.nh)
+	W.o.parts(g, e.h[lo*H:], H, e.att[lo*e.qd:], e.qd, n, 1)
+	g.RunAll(s)
+	e.norm2Rows(w, lo, hi)
+	if ml := e.moeIndex[e.cur]; ml >= 0 {
+		W.router.parts(g, e.moe.probs[lo*e.cfg.NumExperts:], e.cfg.NumExperts, e.xn2[lo*H:], H, n, 1)
+		g.RunAll(s)
+		e.routeRows(ml, lo, hi)
+		return
+	}
+	I := e.cfg.IntermediateSize
+	W.gu.parts(g, e.gu[lo*2*I:], 2*I, e.xn2[lo*H:], H, n, 1)
+	g.RunAll(s)
+	e.swigluRows(w, lo, hi)
+	W.down.parts(g, e.x[lo*H:], H, e.a[lo*I:], I, n, 1)
+	g.RunAll(s)
+	e.addHRows(w, lo, hi)
+}
+
 // expertRows runs experts mo.order[lo:hi] of layer e.curW, each whole on
 // worker w: gather its rows, gate and up product, SwiGLU, down product.
 func (e *Engine) expertRows(w, lo, hi int) {
@@ -585,11 +667,15 @@ func (e *Engine) expertRows(w, lo, hi int) {
 	}
 }
 
-func (e *Engine) routerRows(_, lo, hi int) {
+func (e *Engine) routerRows(_, lo, hi int) { e.routeRows(e.curML, lo, hi) }
+
+// routeRows turns router logits into experts (recorded in routes[ml]) and
+// gates for rows lo..hi-1.
+func (e *Engine) routeRows(ml, lo, hi int) {
 	c := &e.cfg
 	E, k := c.NumExperts, c.NumExpertsPerTok
 	mo := &e.moe
-	ids := e.routes[e.curML]
+	ids := e.routes[ml]
 	for r := lo; r < hi; r++ {
 		p := mo.probs[r*E : (r+1)*E]
 		kernels.Softmax(p, p)

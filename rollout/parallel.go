@@ -46,6 +46,7 @@ type workers struct {
 type loop struct {
 	fn       func(w, lo, hi int)
 	n, grain int
+	bounds   []int // runChunks: chunk c is [bounds[c], bounds[c+1])
 }
 
 const (
@@ -93,8 +94,30 @@ func (p *workers) runGrain(n, grain int, fn func(w, lo, hi int)) {
 		fn(0, 0, n)
 		return
 	}
+	p.start(loop{fn: fn, n: n, grain: grain}, chunks)
+}
+
+// runChunks is run with given chunks: [bounds[c], bounds[c+1]) for c in
+// [0, len(bounds)-1), in increasing order.
+func (p *workers) runChunks(bounds []int, fn func(w, lo, hi int)) {
+	chunks := len(bounds) - 1
+	if chunks <= 0 {
+		return
+	}
+	if p.n == 1 || chunks == 1 {
+		fn(0, bounds[0], bounds[chunks])
+		return
+	}
+	if chunks > maxChunks {
+		panic("rollout: too many chunks")
+	}
+	p.start(loop{fn: fn, bounds: bounds}, chunks)
+}
+
+// start runs loop l of chunks chunks on the caller and the helpers.
+func (p *workers) start(l loop, chunks int) {
 	p.gen = (p.gen + 1) & genMask
-	p.cur = loop{fn: fn, n: n, grain: grain}
+	p.cur = l
 	p.done.Store(0)
 	p.state.Store(p.gen<<40 | uint64(chunks)<<stateChunkBits)
 	for w := 1; w < p.n; w++ {
@@ -125,8 +148,12 @@ func (p *workers) drain(w int, gen uint64) {
 		// A claimed chunk keeps run from returning, so cur stays this
 		// loop's until the chunk is done.
 		l := &p.cur
-		lo := next * l.grain
-		l.fn(w, lo, min(lo+l.grain, l.n))
+		if l.bounds != nil {
+			l.fn(w, l.bounds[next], l.bounds[next+1])
+		} else {
+			lo := next * l.grain
+			l.fn(w, lo, min(lo+l.grain, l.n))
+		}
 		p.done.Add(1)
 	}
 }

@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"runtime"
@@ -76,13 +77,29 @@ func TestExactMatchesTraining(t *testing.T) {
 	}
 }
 
+// forwardPaths are the ways a step's rows can be scheduled: fused (each
+// chunk of rows through a whole layer up to its experts) with chunks of
+// one slot or of a few tiles, and operation by operation. A test that
+// runs under each checks both paths whatever GOMAXPROCS is.
+var forwardPaths = []struct {
+	name            string
+	fuse, blockUnit int
+}{{"fused-1", 1, 1}, {"fused-28", 1, 0}, {"unfused", -1, 0}, {"auto", 0, 0}}
+
 func exactCheck(t *testing.T, cfg model.Config, sp Sampling) {
+	for _, path := range forwardPaths {
+		t.Run(path.name, func(t *testing.T) { exactCheckPath(t, cfg, sp, path.fuse, path.blockUnit) })
+	}
+}
+
+func exactCheckPath(t *testing.T, cfg model.Config, sp Sampling, fuse, blockUnit int) {
 	m := randomModel(cfg, 3)
 	e, err := New(m, Options{Precision: Exact, Slots: 3, MaxLen: 64, StepRows: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer e.Close()
+	e.fuse, e.blockUnit = fuse, blockUnit
 	prompts := testPrompts(rand.New(rand.NewPCG(1, 1)), cfg.VocabSize, 5, 1, 12, 7)
 	samples, err := e.Generate(prompts, 2, sp)
 	if err != nil {
@@ -141,6 +158,12 @@ func sameSamples(t *testing.T, a, b []Sample) {
 			if a[i].Tokens[j] != b[i].Tokens[j] || math.Float32bits(a[i].LogProbs[j]) != math.Float32bits(b[i].LogProbs[j]) {
 				t.Fatalf("sample %d token %d differs", i, j)
 			}
+		}
+		if (a[i].Routes == nil) != (b[i].Routes == nil) {
+			t.Fatalf("sample %d: routes on one side only", i)
+		}
+		if a[i].Routes != nil && !slices.Equal(a[i].Routes.Model().IDs, b[i].Routes.Model().IDs) {
+			t.Fatalf("sample %d: routes differ", i)
 		}
 	}
 }
@@ -512,8 +535,17 @@ func TestDecodeStepAllocs(t *testing.T) {
 		{Temperature: 0},
 	}
 	for _, cfg := range []model.Config{denseConfig(), moeConfig()} {
-		m := randomModel(cfg, 6)
-		e, _ := New(m, Options{Precision: Exact, Slots: 4, MaxLen: 200})
+		for _, path := range forwardPaths {
+			decodeAllocs(t, cfg, samplers, path.fuse, path.blockUnit)
+		}
+	}
+}
+
+func decodeAllocs(t *testing.T, cfg model.Config, samplers []Sampling, fuse, blockUnit int) {
+	m := randomModel(cfg, 6)
+	for _, p := range []Precision{Exact, BF16} {
+		e, _ := New(m, Options{Precision: p, Slots: 4, MaxLen: 200})
+		e.fuse, e.blockUnit = fuse, blockUnit
 		for _, sp := range samplers {
 			prompts := testPrompts(rand.New(rand.NewPCG(4, 4)), cfg.VocabSize, 3, 4, 5, 6)
 			sp.MaxNewTokens, sp.Seed = 190, 1
@@ -525,7 +557,7 @@ func TestDecodeStepAllocs(t *testing.T) {
 			g.step() // prefill
 			g.step()
 			if a := testing.AllocsPerRun(20, g.step); a != 0 {
-				t.Errorf("%s, %+v: a decode step allocates %v times", cfg.Architecture, sp, a)
+				t.Errorf("%s, %s, fuse %d, %+v: a decode step allocates %v times", cfg.Architecture, p, fuse, sp, a)
 			}
 		}
 		e.Close()
@@ -588,5 +620,42 @@ func TestUpdateWeightsInPlace(t *testing.T) {
 			t.Errorf("%s: an update allocated %d bytes for %d bytes of weights", p, got, weightBytes)
 		}
 		e.Close()
+	}
+}
+
+// TestForwardPathsAgree: in every precision, the fused and the
+// operation-by-operation paths give the same samples bit for bit (tokens,
+// log-probabilities, routes) on a batch large enough for the automatic
+// choice to fuse with several chunks per worker.
+func TestForwardPathsAgree(t *testing.T) {
+	for _, cfg := range []model.Config{denseConfig(), moeConfig()} {
+		m := randomModel(cfg, 9)
+		r := rand.New(rand.NewPCG(2, 2))
+		lens := make([]int, 40)
+		for i := range lens {
+			lens[i] = 1 + r.IntN(9)
+		}
+		prompts := testPrompts(r, cfg.VocabSize, lens...)
+		sp := Sampling{Temperature: 1, MaxNewTokens: 12, Seed: 3}
+		for _, p := range []Precision{Exact, FP32, BF16, FP8} {
+			var ref []Sample
+			for _, path := range forwardPaths {
+				e, err := New(m, Options{Precision: p, Slots: 120, MaxLen: 32})
+				if err != nil {
+					t.Fatal(err)
+				}
+				e.fuse, e.blockUnit = path.fuse, path.blockUnit
+				got, err := e.Generate(prompts, 3, sp)
+				e.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ref == nil {
+					ref = got
+					continue
+				}
+				t.Run(fmt.Sprintf("%d-experts/%s/%s", cfg.NumExperts, p, path.name), func(t *testing.T) { sameSamples(t, ref, got) })
+			}
+		}
 	}
 }
