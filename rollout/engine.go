@@ -49,6 +49,8 @@ type Engine struct {
 
 	kc, vc [][]float32 // per layer: [Slots][MaxLen][kvd] (exact, fp32)
 	kv16   []bf16Cache // per layer (bf16, fp8): see attn_bf16.go
+	// release frees the cache's storage (mapped outside the Go heap).
+	release []func()
 
 	// The current step's rows and activations (StepRows rows each).
 	rows                       int
@@ -195,9 +197,30 @@ func physicalMemory() (uint64, bool) {
 // Close stops the engine's worker goroutines and drops its KV cache; the
 // engine must not be used afterwards.
 func (e *Engine) Close() {
-	e.pool.close()
+	if e.pool != nil {
+		e.pool.close()
+		e.pool = nil
+	}
 	e.kc, e.vc, e.kv16 = nil, nil, nil
+	for _, f := range e.release {
+		f()
+	}
+	e.release = nil
 	e.gs = genState{}
+}
+
+// big32 and big16 allocate KV cache storage (see bigSlice), remembering
+// how to free it on Close.
+func (e *Engine) big32(n int) []float32 {
+	s, free := bigSlice[float32](n)
+	e.release = append(e.release, free)
+	return s
+}
+
+func (e *Engine) big16(n int) []kernels.BF16 {
+	s, free := bigSlice[kernels.BF16](n)
+	e.release = append(e.release, free)
+	return s
 }
 
 // Config returns the model configuration the engine serves.
@@ -229,15 +252,15 @@ func (e *Engine) alloc() {
 	if e.bf16KV() {
 		e.kv16 = make([]bf16Cache, c.NumHiddenLayers)
 		for l := range e.kv16 {
-			e.kv16[l].k = prefault(make([]kernels.BF16, S*L*e.kvd))
-			e.kv16[l].v = prefault(make([]kernels.BF16, S*L*e.kvd))
+			e.kv16[l].k = prefault(e.big16(S * L * e.kvd))
+			e.kv16[l].v = prefault(e.big16(S * L * e.kvd))
 		}
 	} else {
 		e.kc = make([][]float32, c.NumHiddenLayers)
 		e.vc = make([][]float32, c.NumHiddenLayers)
 		for l := range e.kc {
-			e.kc[l] = prefault(make([]float32, S*L*e.kvd))
-			e.vc[l] = prefault(make([]float32, S*L*e.kvd))
+			e.kc[l] = prefault(e.big32(S * L * e.kvd))
+			e.vc[l] = prefault(e.big32(S * L * e.kvd))
 		}
 	}
 	e.slot, e.pos, e.tok = make([]int32, R), make([]int32, R), make([]int32, R)

@@ -151,28 +151,28 @@ func (f *fwdState) moeForward(ml int, a *layerAct, L *model.Layer, out []float32
 
 // CombineExperts writes out = h + Σ_s gates[s]·ys[s] for one token, with
 // the sum accumulated in slot order in acc (scratch of len(h)): acc =
-// gates[0]·ys[0], then acc += gates[s]·ys[s] with kernels.Axpy, then
-// out = h + acc element by element. out may alias h. Exported so the
-// rollout engine combines expert outputs bit for bit as the training
-// engine does.
+// gates[0]·ys[0] (kernels.Scale), then acc += gates[s]·ys[s] with
+// kernels.Axpy, then out = h + acc element by element (kernels.Axpy with
+// alpha 1, whose fused multiply-add of an exact product rounds once, as
+// the addition does). out may alias h. Exported so the rollout engine
+// combines expert outputs bit for bit as the training engine does.
 func CombineExperts(out, h, acc, gates []float32, ys [][]float32) {
 	acc = acc[:len(h)]
-	for s, y := range ys {
-		if s == 0 {
-			g := gates[0]
-			for i := range acc {
-				acc[i] = g * y[i]
-			}
-		} else {
-			kernels.Axpy(gates[s], y, acc)
-		}
-	}
 	if len(ys) == 0 {
 		clear(acc)
 	}
-	for i := range out[:len(h)] {
-		out[i] = h[i] + acc[i]
+	for s, y := range ys {
+		if s == 0 {
+			kernels.Scale(acc, y[:len(h)], gates[0])
+		} else {
+			kernels.Axpy(gates[s], y[:len(h)], acc)
+		}
 	}
+	out = out[:len(h)]
+	if len(h) > 0 && &out[0] != &h[0] {
+		copy(out, h)
+	}
+	kernels.Axpy(1, acc, out)
 }
 
 // moeBackward backpropagates one MoE block. dout is the gradient of the
