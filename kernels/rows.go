@@ -172,6 +172,17 @@ func expSum(dst, x []float32, shift float32) float64 {
 	return expSumGo(dst, x, shift)
 }
 
+// ExpSum writes dst[i] = exp(x[i] - shift) and returns the sum of those
+// values accumulated in float64, in one pass (Softmax's inner loop, for
+// callers that normalise later, such as an online softmax). dst may alias
+// x.
+func ExpSum(dst, x []float32, shift float32) float64 {
+	if len(x) == 0 {
+		return 0
+	}
+	return expSum(dst[:len(x)], x, shift)
+}
+
 // Exp writes dst[i] = exp(x[i]) for the len(x) elements of x. dst may alias
 // x. The assembly paths use a float32 polynomial accurate to about 1 ulp,
 // with exp(-Inf) = 0, underflow to subnormals and 0, overflow to +Inf and

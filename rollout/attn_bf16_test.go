@@ -182,3 +182,34 @@ func TestBF16DotRowsKeyCountInvariant(t *testing.T) {
 		}
 	}
 }
+
+// attendOnline (the fp32 mode's attention) agrees with AttendRow to float32
+// rounding for prefixes within one block and across several (where the
+// running maximum grows and the partial sums are rescaled).
+// (TestPrecisionDiscrepancyOrder checks that fp32 differs from exact.)
+func TestAttendOnline(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 9))
+	const d, stride = 24, 40
+	for _, n := range []int{1, 5, attendOnlineBlock, attendOnlineBlock + 1, 3*attendOnlineBlock + 17} {
+		keys, values := make([]float32, n*stride), make([]float32, n*stride)
+		for i := range keys {
+			// Scores that grow along the prefix make later blocks raise
+			// the running maximum.
+			keys[i] = float32(r.NormFloat64()) + float32(i/stride)*0.01
+			values[i] = float32(r.NormFloat64())
+		}
+		q := make([]float32, d)
+		for i := range q {
+			q[i] = float32(r.NormFloat64())
+		}
+		want, got := make([]float32, d), make([]float32, d)
+		s, acc := make([]float32, max(n, attendOnlineBlock)), make([]float32, d)
+		kernels.AttendRow(want, q, keys, values, n, stride, 0.3, make([]float32, n))
+		attendOnline(got, q, keys, values, n, stride, 0.3, s, acc)
+		for i := range want {
+			if diff := math.Abs(float64(got[i] - want[i])); diff > 1e-5*(1+math.Abs(float64(want[i]))) {
+				t.Fatalf("n=%d: element %d = %v, AttendRow %v", n, i, got[i], want[i])
+			}
+		}
+	}
+}

@@ -486,14 +486,18 @@ func (e *Engine) attendBF16(out, q []float32, slot int32, kvh, n int, probs []fl
 	axpyRowsBF16(out, p, kv.v[base:], n, e.kvd)
 }
 
-// attendOnlineBlock is the key block of the fp32 mode's attention.
-const attendOnlineBlock = 32
+// attendOnlineBlock is the key block of the fp32 mode's attention: keys
+// of one block are scored, exponentiated and summed in one pass each, so
+// a prefix of up to a block is one pass of each kernel (normalised at the
+// end, as decoding kernels do), and longer ones rescale as blocks come.
+const attendOnlineBlock = 256
 
 // attendOnline is the fp32 mode's attention for one query head: a one-pass
 // softmax over blocks of keys with a running maximum, as decoding kernels
 // do, rescaling the unnormalised output when the maximum grows and
 // dividing by the float64 sum at the end. Mathematically AttendRow; the
-// rounding differs.
+// rounding differs (AttendRow normalises the probabilities before the
+// weighted sum).
 func attendOnline(out, q, keys, values []float32, n, stride int, scale float32, s, acc []float32) {
 	d := len(q)
 	acc = acc[:d]
@@ -512,13 +516,7 @@ func attendOnline(out, q, keys, values []float32, n, stride int, scale float32, 
 			}
 			m = mb
 		}
-		for j := range sc {
-			sc[j] -= m
-		}
-		kernels.Exp(sc, sc)
-		for _, v := range sc {
-			l += float64(v)
-		}
+		l += kernels.ExpSum(sc, sc, m)
 		kernels.AxpyRows(acc, sc, values[b0*stride:], nb, stride)
 	}
 	kernels.Scale(out[:d], acc, float32(1/l))
