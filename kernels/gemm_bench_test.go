@@ -64,3 +64,30 @@ func benchGemm(b *testing.B, ta, tb bool, m, n, k int) {
 	}
 	b.ReportMetric(2*float64(m*n*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 }
+
+// BenchmarkGemmExpertCold times a decode step's expert product (64 rows,
+// K 256, N 512, one goroutine) against the same weight every time (hot in
+// the caches) and against 128 different weights in turn (64 MB, read from
+// memory, as a MoE decode step reads its experts): the gap is what the
+// micro-kernels' prefetching of B has to hide.
+func BenchmarkGemmExpertCold(b *testing.B) {
+	const m, k, n = 64, 256, 512
+	for _, weights := range []int{1, 128} {
+		b.Run(fmt.Sprintf("weights%d", weights), func(b *testing.B) {
+			r := rand.New(rand.NewPCG(1, 2))
+			ws := make([]*PackedB, weights)
+			for i := range ws {
+				ws[i] = PackB(true, n, k, randMat(r, n*k), k)
+			}
+			a, c := randMat(r, m*k), make([]float32, m*n)
+			var g GemmParts
+			var s GemmScratch
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				g.Packed(m, a, k, ws[i%weights], c, n, false, 1)
+				g.RunAll(&s)
+			}
+			b.ReportMetric(float64(2*m*n*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}

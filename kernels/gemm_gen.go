@@ -100,14 +100,15 @@ func kernel(w *asm, name, vec string, vbytes, mr, nv int, strided bool) {
 		}
 	}
 	const unroll = 4
+	const gemmPrefetchK = 32
 	step := func(p int) {
 		boff := p * nr * 4
 		aoff := p * mr * 4
 		if strided {
 			aoff = 0 // AX advances by lda after every step
 		}
-		if p%2 == 0 {
-			w.f("\tPREFETCHT0 %d(BX)", boff+nr*4*8)
+		for line := 0; line < nr*4; line += 64 {
+			w.f("\tPREFETCHT0 %d(BX)", boff+line+nr*4*gemmPrefetchK)
 		}
 		for v := 0; v < nv; v++ {
 			w.f("\tVMOVUPS %d(BX), %s", boff+v*vbytes, bReg(v))
