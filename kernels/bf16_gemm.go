@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"runtime"
-	"sort"
 )
 
 // The bf16 GEMM computes C[m×n] (+)= A[m×k]·B[n×k]ᵀ, activations times
@@ -241,11 +240,6 @@ const (
 )
 
 func bf16Gemm(m, mode int, abf []BF16, af []float32, lda int, scaleA []float32, b *PackedBF16B, c []float32, ldc int, accumulate bool) {
-	bf16GemmOn(false, m, mode, abf, af, lda, scaleA, b, c, ldc, accumulate)
-}
-
-// bf16GemmOn is bf16Gemm, on the calling goroutine alone when serial.
-func bf16GemmOn(serial bool, m, mode int, abf []BF16, af []float32, lda int, scaleA []float32, b *PackedBF16B, c []float32, ldc int, accumulate bool) {
 	n, k := b.n, b.k
 	checkMatrix("GemmBF16", "c", len(c), m, n, ldc)
 	if m == 0 || n == 0 {
@@ -261,16 +255,11 @@ func bf16GemmOn(serial bool, m, mode int, abf []BF16, af []float32, lda int, sca
 	}
 	j := getBF16Job()
 	j.bf16Call = bf16Call{
-		serial: serial,
-		m:      m, n: n, k: k, kp: b.kp, mode: mode,
+		m: m, n: n, k: k, kp: b.kp, mode: mode,
 		abf: abf, af: af, lda: lda, scaleA: scaleA,
 		b: b, c: c, ldc: ldc, accumulate: accumulate,
 	}
-	if serial {
-		j.plan(1)
-	} else {
-		j.plan(runtime.GOMAXPROCS(0))
-	}
+	j.plan(runtime.GOMAXPROCS(0))
 	j.execute()
 	j.bf16Call = bf16Call{}
 	putBF16Job(j)
@@ -288,7 +277,6 @@ type bf16Job struct {
 // task a block of row tiles times a block of column panels. Tasks are
 // claimed dynamically; the result does not depend on who computes what.
 type bf16Call struct {
-	serial      bool // run on the calling goroutine only (GemmBF16Batch)
 	m, n, k, kp int
 	mode        int
 	abf         []BF16
@@ -522,55 +510,4 @@ func bf16MAC(acc float32, x, y BF16) float32 {
 		s = math.Float32frombits(bits & 0x80000000)
 	}
 	return s
-}
-
-// BF16Task is one product of GemmBF16Batch: C = A·Bᵀ (C += with
-// Accumulate) with float32 activations A rounded to bfloat16 as in
-// GemmBF16F32A, or quantised to e4m3 per row as in GemmE4M3F32A when E4M3
-// is set (B then from PackE4M3B).
-type BF16Task struct {
-	M          int
-	A          []float32
-	LDA        int
-	B          *PackedBF16B
-	C          []float32
-	LDC        int
-	Accumulate bool
-	E4M3       bool
-}
-
-// GemmBF16Batch computes independent products, each with the bits of the
-// single call, as GemmBatch does for float32: with at least two products
-// per thread, whole products go to threads (largest first), each on one
-// goroutine; otherwise one after another, each split across threads. For
-// mixture-of-experts layers in the rollout engine's bf16 and fp8 modes.
-// The tasks must write disjoint parts of C.
-func GemmBF16Batch(tasks []BF16Task) {
-	for i := range tasks {
-		t := &tasks[i]
-		checkMatrix("GemmBF16Batch", "a", len(t.A), t.M, t.B.k, t.LDA)
-	}
-	mode := func(t *BF16Task) int {
-		if t.E4M3 {
-			return bf16ModeE4M3
-		}
-		return bf16ModeRound
-	}
-	if len(tasks) < 2*runtime.GOMAXPROCS(0) {
-		for i := range tasks {
-			t := &tasks[i]
-			bf16Gemm(t.M, mode(t), nil, t.A, t.LDA, nil, t.B, t.C, t.LDC, t.Accumulate)
-		}
-		return
-	}
-	order := make([]int, len(tasks))
-	for i := range order {
-		order[i] = i
-	}
-	work := func(i int) int { return tasks[i].M * tasks[i].B.n * tasks[i].B.k }
-	sort.SliceStable(order, func(a, b int) bool { return work(order[a]) > work(order[b]) })
-	runItems(len(tasks), func(i int) {
-		t := &tasks[order[i]]
-		bf16GemmOn(true, t.M, mode(t), nil, t.A, t.LDA, nil, t.B, t.C, t.LDC, t.Accumulate)
-	})
 }

@@ -45,7 +45,7 @@ func (t *bf16Tasks) run(j *bf16Job, n int) {
 	t.done.Store(0)
 	gen := (t.state.Load()>>40 + 1) & (1<<24 - 1)
 	t.state.Store(gen<<40 | uint64(n)<<20) // publishes j's fields
-	if helpers := min(runtime.GOMAXPROCS(0), n) - 1; helpers > 0 && !j.serial {
+	if helpers := min(runtime.GOMAXPROCS(0), n) - 1; helpers > 0 {
 		bf16Pool.ensure(helpers)
 		for range helpers {
 			bf16Pool.work <- bf16Msg{j, gen}

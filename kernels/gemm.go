@@ -512,7 +512,6 @@ type gemmPool struct {
 type gemmJob struct {
 	p     gemmProblem
 	batch []gemmProblem
-	each  func(i int) // when set, item i is each(i) (runItems)
 	items int
 	next  atomic.Int64
 	wg    sync.WaitGroup
@@ -525,10 +524,6 @@ func (j *gemmJob) drain(buf *gemmBuf) {
 		it := int(j.next.Add(1) - 1)
 		if it >= j.items {
 			return
-		}
-		if j.each != nil {
-			j.each(it)
-			continue
 		}
 		if j.batch != nil {
 			j.batch[it].serial(buf)
@@ -583,24 +578,6 @@ func (g *gemmPool) next() *gemmJob {
 		}
 	}
 	return <-g.work
-}
-
-// runItems calls each(i) for i in [0, n), spread over the pool's
-// goroutines and the caller (items claimed in order), or on the caller
-// alone when the pool is busy or one thread is allowed.
-func runItems(n int, each func(i int)) {
-	nw := min(runtime.GOMAXPROCS(0), n)
-	if nw <= 1 || !gemmWorkers.mu.TryLock() {
-		for i := 0; i < n; i++ {
-			each(i)
-		}
-		return
-	}
-	g := &gemmWorkers
-	g.job.each, g.job.items = each, n
-	g.start(nw)
-	g.job.each = nil
-	g.mu.Unlock()
 }
 
 // start runs g.job on the caller and nw-1 helpers and waits for it.
