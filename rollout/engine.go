@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"reflect"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -38,7 +39,7 @@ type Engine struct {
 	opt     Options
 	w       weights
 	version int64
-	pool    *workers
+	pool    *kernels.Pool
 
 	// Dimensions.
 	hid, vocab, hd, nh, nkv, qd, kvd, qkvd int
@@ -137,7 +138,7 @@ func New(m *model.Model, opt Options) (*Engine, error) {
 	if err := checkCacheSize(&c, &opt); err != nil {
 		return nil, err
 	}
-	e := &Engine{cfg: c, opt: opt, pool: newWorkers()}
+	e := &Engine{cfg: c, opt: opt, pool: kernels.NewPool(runtime.GOMAXPROCS(0))}
 	e.hid, e.vocab, e.hd = c.HiddenSize, c.VocabSize, c.HeadDim
 	e.nh, e.nkv = c.NumAttentionHeads, c.NumKeyValueHeads
 	e.qd, e.kvd = e.nh*e.hd, e.nkv*e.hd
@@ -198,7 +199,7 @@ func physicalMemory() (uint64, bool) {
 // engine must not be used afterwards.
 func (e *Engine) Close() {
 	if e.pool != nil {
-		e.pool.close()
+		e.pool.Close()
 		e.pool = nil
 	}
 	e.kc, e.vc, e.kv16 = nil, nil, nil
@@ -267,12 +268,12 @@ func (e *Engine) alloc() {
 	f := func(n int) []float32 { return make([]float32, n) }
 	e.x, e.xn, e.h, e.xn2 = f(R*e.hid), f(R*e.hid), f(R*e.hid), f(R*e.hid)
 	e.qkv, e.q, e.att = f(R*e.qkvd), f(R*e.qd), f(R*e.qd)
-	e.probs = make([][]float32, e.pool.n)
-	e.acc = make([][]float32, e.pool.n)
-	e.kvs = make([][]float32, e.pool.n)
-	e.scratch = make([]kernels.GemmScratch, e.pool.n)
+	e.probs = make([][]float32, e.pool.Workers())
+	e.acc = make([][]float32, e.pool.Workers())
+	e.kvs = make([][]float32, e.pool.Workers())
+	e.scratch = make([]kernels.GemmScratch, e.pool.Workers())
 	e.blocks = make([]int, 0, R+1)
-	e.xparts = make([]kernels.GemmParts, e.pool.n)
+	e.xparts = make([]kernels.GemmParts, e.pool.Workers())
 	for i := range e.probs {
 		e.probs[i] = f(L)
 		e.acc[i] = f(max(e.hid, e.hd))
@@ -325,8 +326,8 @@ func (e *Engine) bind() {
 // gemm computes y = x·Wᵀ for rows rows (row strides ldx, ldy) on the
 // engine's pool, the product cut into parts.
 func (e *Engine) gemm(l *linear, y []float32, ldy int, x []float32, ldx, rows int) {
-	l.parts(&e.parts, y, ldy, x, ldx, rows, e.pool.n)
-	e.pool.runGrain(e.parts.Len(), 1, e.fnParts)
+	l.parts(&e.parts, y, ldy, x, ldx, rows, e.pool.Workers())
+	e.pool.RunGrain(e.parts.Len(), 1, e.fnParts)
 }
 
 func (e *Engine) partRows(w, lo, hi int) {
@@ -342,7 +343,7 @@ func (e *Engine) partRows(w, lo, hi int) {
 // position below a row's must already be cached or in this step.
 func (e *Engine) forward() {
 	R := e.rows
-	e.pool.run(R, e.fnEmbed)
+	e.pool.Run(R, e.fnEmbed)
 	fused := e.planBlocks()
 	for l := range e.w.layers {
 		e.cur = l
@@ -351,38 +352,38 @@ func (e *Engine) forward() {
 		if fused {
 			// Everything up to the experts is row by row: one loop over
 			// slot-aligned chunks of rows (see blockRows).
-			e.pool.runChunks(e.blocks, e.fnBlock)
+			e.pool.RunChunks(e.blocks, e.fnBlock)
 			if ml >= 0 {
 				e.moeDispatch(ml, W)
 			}
 			continue
 		}
-		e.pool.run(R, e.fnNorm1)
+		e.pool.Run(R, e.fnNorm1)
 		e.gemm(&W.qkv, e.qkv, e.qkvd, e.xn, e.hid, R)
-		e.pool.run(R, e.fnHeads) // q/k norms, RoPE, K and V into the cache
-		e.pool.run(R*e.nh, e.fnAttn)
+		e.pool.Run(R, e.fnHeads) // q/k norms, RoPE, K and V into the cache
+		e.pool.Run(R*e.nh, e.fnAttn)
 		e.gemm(&W.o, e.h, e.hid, e.att, e.qd, R)
-		e.pool.run(R, e.fnNorm2) // h += x, xn2 = RMSNorm(h)
+		e.pool.Run(R, e.fnNorm2) // h += x, xn2 = RMSNorm(h)
 		if ml >= 0 {
 			e.gemm(&W.router, e.moe.probs, e.cfg.NumExperts, e.xn2, e.hid, R)
 			e.curML = ml // routerRows records into routes[ml]
-			e.pool.run(R, e.fnRouter)
+			e.pool.Run(R, e.fnRouter)
 			e.moeDispatch(ml, W)
 		} else {
 			I := e.cfg.IntermediateSize
 			e.gemm(&W.gu, e.gu, 2*I, e.xn2, e.hid, R)
-			e.pool.run(R, e.fnSwiGLU)
+			e.pool.Run(R, e.fnSwiGLU)
 			e.gemm(&W.down, e.x, e.hid, e.a, I, R)
-			e.pool.run(R, e.fnAddH) // x = mlp + h
+			e.pool.Run(R, e.fnAddH) // x = mlp + h
 		}
 	}
 	outs := len(e.outRow)
 	if outs == 0 {
 		return
 	}
-	e.pool.run(outs, e.fnFinal)
+	e.pool.Run(outs, e.fnFinal)
 	e.gemm(&e.w.head, e.lp, e.vocab, e.xo, e.hid, outs)
-	e.pool.run(outs, e.fnHead)
+	e.pool.Run(outs, e.fnHead)
 }
 
 func (e *Engine) embedRows(_, lo, hi int) {
@@ -586,24 +587,28 @@ func (e *Engine) moeDispatch(ml int, W *layerWeights) {
 			mo.order[i] = x
 		}
 	}
-	if len(mo.order) >= 2*e.pool.n {
+	if len(mo.order) >= 2*e.pool.Workers() {
 		e.curW = W
-		e.pool.runGrain(len(mo.order), 1, e.fnExperts)
+		e.pool.RunGrain(len(mo.order), 1, e.fnExperts)
 		e.curW = nil
 	} else {
-		e.pool.run(R*k, e.fnGather)
+		e.pool.Run(R*k, e.fnGather)
 		for _, x := range mo.order {
 			r0, n := mo.off[x], mo.off[x+1]-mo.off[x]
 			e.gemm(&W.experts[x].gu, mo.gug[r0*2*I:], 2*I, mo.xg[r0*H:], H, n)
 		}
-		e.pool.run(R*k, e.fnSwiGLUX)
+		e.pool.Run(R*k, e.fnSwiGLUX)
 		for _, x := range mo.order {
 			r0, n := mo.off[x], mo.off[x+1]-mo.off[x]
 			e.gemm(&W.experts[x].down, mo.yg[r0*H:], H, mo.ag[r0*I:], I, n)
 		}
 	}
-	e.pool.run(R, e.fnCombine)
+	e.pool.Run(R, e.fnCombine)
 }
+
+// blockChunksPerWorker is how many chunks of rows the fused path aims at
+// per worker: enough to rebalance uneven attention prefixes.
+const blockChunksPerWorker = 4
 
 // blockGrain is the rows of a chunk in the fused path: two micro-kernel
 // tiles (14 rows each on AVX-512), so a chunk's products use whole tiles.
@@ -623,7 +628,7 @@ func (e *Engine) planBlocks() bool {
 	if unit == 0 {
 		unit = blockGrain
 	}
-	grain := max(unit, (R/(chunksPerWorker*e.pool.n)+unit/2)/unit*unit)
+	grain := max(unit, (R/(blockChunksPerWorker*e.pool.Workers())+unit/2)/unit*unit)
 	e.blocks = append(e.blocks[:0], 0)
 	for lo := 0; lo < R; {
 		hi := min(lo+grain, R)
@@ -633,7 +638,7 @@ func (e *Engine) planBlocks() bool {
 		e.blocks = append(e.blocks, hi)
 		lo = hi
 	}
-	return e.fuse > 0 || e.pool.n == 1 || len(e.blocks)-1 >= 2*e.pool.n
+	return e.fuse > 0 || e.pool.Workers() == 1 || len(e.blocks)-1 >= 2*e.pool.Workers()
 }
 
 // blockRows runs rows lo..hi-1 of the current layer up to its experts on

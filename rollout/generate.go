@@ -116,8 +116,8 @@ func (e *Engine) allocGen() {
 			}
 		}
 	}
-	gs.idBuf = make([][]int32, e.pool.n)
-	gs.pBuf = make([][]float32, e.pool.n)
+	gs.idBuf = make([][]int32, e.pool.Workers())
+	gs.pBuf = make([][]float32, e.pool.Workers())
 	for i := range gs.pBuf {
 		gs.idBuf[i] = make([]int32, e.vocab)
 		gs.pBuf[i] = make([]float32, e.vocab)
@@ -349,7 +349,7 @@ func (g *gen) step() {
 	}
 	e.forward()
 	g.recordRoutes()
-	e.pool.run(len(e.outRow), g.fnSamp)
+	e.pool.Run(len(e.outRow), g.fnSamp)
 	for i := range g.slots {
 		s := &g.slots[i]
 		if !s.active {

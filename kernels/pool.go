@@ -1,4 +1,4 @@
-package rollout
+package kernels
 
 import (
 	"runtime"
@@ -6,15 +6,14 @@ import (
 	"time"
 )
 
-// workers is the engine's own goroutine pool: every parallel part of a
-// forward step, row loops and GEMM parts alike, runs on it. A decode step
-// is a few dozen short loops back to back (tens of microseconds each on a
-// few hundred rows); handing each to a pool whose helpers sleep between
-// calls, or to several pools (the kernels package has its own for GEMMs),
-// cost more than the loops themselves: with two threads a decode step ran
-// no faster than with one. So the helpers here poll for the next loop
-// without sleeping while loops keep coming, and park only after
-// parkAfter without one (the end of a Generate call).
+// Pool is a set of worker goroutines for a stream of short parallel loops,
+// such as an engine's forward step: a few dozen loops back to back, tens
+// of microseconds each. Handing each loop to helpers that sleep between
+// loops, or to several pools at once, costs more than the loops themselves
+// (with two threads, the rollout engine's decode step once ran no faster
+// than with one). So a Pool's helpers poll for the next loop without
+// sleeping while loops keep coming, and park only after parkAfter without
+// one (the end of a Generate call, of a training step).
 //
 // A loop is cut into chunks that the caller and the helpers claim in
 // order as they become free. The caller waits only for chunks that a
@@ -23,14 +22,17 @@ import (
 // nothing left to do. Allocates nothing per loop when given a function
 // value created once (a method value stored in the engine), which keeps a
 // decode step free of heap allocations.
-type workers struct {
+//
+// A Pool runs one loop at a time: Run and its variants must not be called
+// concurrently, nor from inside a loop of the same Pool.
+type Pool struct {
 	n int
 
 	// cur describes the current loop. run writes it before publishing
 	// the loop's generation in state, and only once every chunk of the
 	// previous loop has finished; a helper reads it only after claiming a
 	// chunk (a compare-and-swap on state), so never while it is rewritten.
-	cur loop
+	cur poolLoop
 	// state packs the loop's generation (bits 40-63), its chunk count
 	// (bits 20-39) and the next chunk to claim (bits 0-19).
 	state atomic.Uint64
@@ -42,8 +44,8 @@ type workers struct {
 	quit   atomic.Bool
 }
 
-// loop is one call of run.
-type loop struct {
+// poolLoop is one call of Run.
+type poolLoop struct {
 	fn       func(w, lo, hi int)
 	n, grain int
 	bounds   []int // runChunks: chunk c is [bounds[c], bounds[c+1])
@@ -56,13 +58,15 @@ const (
 )
 
 // parkAfter is how long an idle helper polls for the next loop before it
-// parks. Between the steps of a Generate call the caller only does
-// bookkeeping, far shorter than this; after the call the helpers park.
+// parks. Between the steps of a rollout or a training step the caller only
+// does bookkeeping, far shorter than this; after them the helpers park.
 const parkAfter = 2 * time.Millisecond
 
-func newWorkers() *workers {
-	n := max(1, runtime.GOMAXPROCS(0))
-	p := &workers{n: n, parked: make([]atomic.Bool, n), wake: make([]chan struct{}, n)}
+// NewPool starts a pool of n workers: the calling goroutine of each loop
+// and n-1 helpers (n < 1 means 1).
+func NewPool(n int) *Pool {
+	n = max(1, n)
+	p := &Pool{n: n, parked: make([]atomic.Bool, n), wake: make([]chan struct{}, n)}
 	for w := 1; w < n; w++ {
 		p.wake[w] = make(chan struct{}, 1)
 		go p.helper(w)
@@ -75,16 +79,20 @@ func newWorkers() *workers {
 // claiming costs nothing.
 const chunksPerWorker = 4
 
-// run calls fn(w, lo, hi) on contiguous chunks covering [0, n) and returns
-// when all are done. Index w (< p.n) identifies the goroutine running a
-// chunk, for per-worker scratch: no two chunks with the same w run at
+// Workers returns the number of workers, the bound on the w passed to a
+// loop's function.
+func (p *Pool) Workers() int { return p.n }
+
+// Run calls fn(w, lo, hi) on contiguous chunks covering [0, n) and returns
+// when all are done. Index w (< Workers) identifies the goroutine running
+// a chunk, for per-worker scratch: no two chunks with the same w run at
 // once. Results must not depend on the chunking.
-func (p *workers) run(n int, fn func(w, lo, hi int)) {
-	p.runGrain(n, max(1, n/(chunksPerWorker*p.n)), fn)
+func (p *Pool) Run(n int, fn func(w, lo, hi int)) {
+	p.RunGrain(n, max(1, n/(chunksPerWorker*p.n)), fn)
 }
 
-// runGrain is run with chunks of grain indices (the last may be shorter).
-func (p *workers) runGrain(n, grain int, fn func(w, lo, hi int)) {
+// RunGrain is Run with chunks of grain indices (the last may be shorter).
+func (p *Pool) RunGrain(n, grain int, fn func(w, lo, hi int)) {
 	if n <= 0 {
 		return
 	}
@@ -94,28 +102,30 @@ func (p *workers) runGrain(n, grain int, fn func(w, lo, hi int)) {
 		fn(0, 0, n)
 		return
 	}
-	p.start(loop{fn: fn, n: n, grain: grain}, chunks)
+	p.start(poolLoop{fn: fn, n: n, grain: grain}, chunks)
 }
 
-// runChunks is run with given chunks: [bounds[c], bounds[c+1]) for c in
-// [0, len(bounds)-1), in increasing order.
-func (p *workers) runChunks(bounds []int, fn func(w, lo, hi int)) {
+// RunChunks is Run with given chunks: [bounds[c], bounds[c+1]) for c in
+// [0, len(bounds)-1), claimed in increasing order.
+func (p *Pool) RunChunks(bounds []int, fn func(w, lo, hi int)) {
 	chunks := len(bounds) - 1
 	if chunks <= 0 {
 		return
 	}
 	if p.n == 1 || chunks == 1 {
-		fn(0, bounds[0], bounds[chunks])
+		for c := 0; c < chunks; c++ {
+			fn(0, bounds[c], bounds[c+1])
+		}
 		return
 	}
 	if chunks > maxChunks {
-		panic("rollout: too many chunks")
+		panic("kernels: Pool.RunChunks: too many chunks")
 	}
-	p.start(loop{fn: fn, bounds: bounds}, chunks)
+	p.start(poolLoop{fn: fn, bounds: bounds}, chunks)
 }
 
 // start runs loop l of chunks chunks on the caller and the helpers.
-func (p *workers) start(l loop, chunks int) {
+func (p *Pool) start(l poolLoop, chunks int) {
 	p.gen = (p.gen + 1) & genMask
 	p.cur = l
 	p.done.Store(0)
@@ -131,11 +141,11 @@ func (p *workers) start(l loop, chunks int) {
 			runtime.Gosched()
 		}
 	}
-	p.cur = loop{} // drop the references
+	p.cur = poolLoop{} // drop the references
 }
 
 // drain claims and runs chunks of loop gen until none is left.
-func (p *workers) drain(w int, gen uint64) {
+func (p *Pool) drain(w int, gen uint64) {
 	for {
 		v := p.state.Load()
 		next, chunks := int(v&maxChunks), int(v>>stateChunkBits&maxChunks)
@@ -160,7 +170,7 @@ func (p *workers) drain(w int, gen uint64) {
 
 // helper is helper goroutine w: it polls state for a new loop, runs its
 // share, and parks on its wake channel after parkAfter of idleness.
-func (p *workers) helper(w int) {
+func (p *Pool) helper(w int) {
 	var seen uint64 // generation last drained
 	for {
 		var idleSince time.Time
@@ -203,8 +213,8 @@ func (p *workers) helper(w int) {
 	}
 }
 
-// close stops the pool's goroutines.
-func (p *workers) close() {
+// Close stops the pool's helpers; the pool must not be used afterwards.
+func (p *Pool) Close() {
 	p.quit.Store(true)
 	for w := 1; w < p.n; w++ {
 		if p.parked[w].CompareAndSwap(true, false) {
