@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
-	"sync/atomic"
-	"time"
 	"unsafe"
 )
 
@@ -205,15 +203,17 @@ func GemmBatch(tasks []GemmTask) {
 		gemmCheckC("GemmBatch", t.M, n, t.C, t.LDC)
 	}
 	nw := runtime.GOMAXPROCS(0)
-	if nw == 1 || len(tasks) < 2*nw || !gemmWorkers.mu.TryLock() {
+	var pool *Pool
+	if len(tasks) >= 2*nw {
+		pool = acquireShared()
+	}
+	if pool == nil {
 		for i := range tasks {
 			tasks[i].Run()
 		}
 		return
 	}
-	g := &gemmWorkers
 	ar := gemmCurrent()
-	g.batch = g.batch[:0]
 	for i := range tasks {
 		t := &tasks[i]
 		p := gemmProblem{
@@ -225,17 +225,18 @@ func GemmBatch(tasks []GemmTask) {
 			p.arch, p.pb, p.b, p.n = t.PB.arch, t.PB, nil, t.PB.n
 		}
 		if p.m > 0 && p.n > 0 {
-			g.batch = append(g.batch, p)
+			shared.batch = append(shared.batch, p)
 		}
 	}
 	// Largest first, so the last products to start are the short ones.
-	b := g.batch
+	b := shared.batch
 	for i := 1; i < len(b); i++ {
 		for j := i; j > 0 && b[j].work() > b[j-1].work(); j-- {
 			b[j], b[j-1] = b[j-1], b[j]
 		}
 	}
-	g.runBatch(min(nw, len(b)))
+	pool.RunGrain(len(b), 1, shared.fnBatch)
+	releaseShared()
 }
 
 func gemmCheckA(fn string, transA bool, m, k int, a []float32, lda int) {
@@ -282,6 +283,7 @@ func gemmCheckMat(fn, name, ldName string, rows, cols int, x []float32, ld int) 
 // gemmProblem is one product, split into work items: a grid of row ranges
 // × column ranges of C. Items are independent, so any goroutine may run any
 // item and the bits do not depend on the split.
+
 type gemmProblem struct {
 	arch           *gemmArch
 	transA, transB bool
@@ -338,9 +340,13 @@ func (p *gemmProblem) do() {
 	}
 	p.plan(nw)
 	items := p.rowItems * p.colItems
-	if nw > 1 && items > 1 && gemmWorkers.mu.TryLock() {
-		gemmWorkers.run(p, min(nw, items))
-		return
+	if nw > 1 && items > 1 {
+		if pool := acquireShared(); pool != nil {
+			shared.prob = *p
+			pool.RunGrain(items, 1, shared.fnItems)
+			releaseShared()
+			return
+		}
 	}
 	buf := gemmBufs.Get().(*gemmBuf)
 	for it := 0; it < items; it++ {
@@ -493,114 +499,6 @@ func (p *gemmProblem) runItem(item int, buf *gemmBuf) {
 			}
 		}
 	}
-}
-
-// gemmPool is a set of persistent helper goroutines, each with its own
-// packing buffers, that run the items of one product at a time alongside
-// the caller. A product that finds the pool busy runs on its caller alone.
-type gemmPool struct {
-	mu      sync.Mutex // held by the product using the pool
-	started int
-	work    chan *gemmJob
-	job     gemmJob
-	buf     gemmBuf       // the caller's buffers while it holds mu
-	batch   []gemmProblem // GemmBatch's products while it holds mu
-}
-
-// gemmJob is what the pool works on: the items of one product, or, when
-// batch is set, whole products of a batch, one per item.
-type gemmJob struct {
-	p     gemmProblem
-	batch []gemmProblem
-	items int
-	next  atomic.Int64
-	wg    sync.WaitGroup
-}
-
-var gemmWorkers = gemmPool{work: make(chan *gemmJob, 64)}
-
-func (j *gemmJob) drain(buf *gemmBuf) {
-	for {
-		it := int(j.next.Add(1) - 1)
-		if it >= j.items {
-			return
-		}
-		if j.batch != nil {
-			j.batch[it].serial(buf)
-			continue
-		}
-		j.p.runItem(it, buf)
-	}
-}
-
-// run executes p on the caller and nw-1 helpers; the caller holds g.mu.
-func (g *gemmPool) run(p *gemmProblem, nw int) {
-	j := &g.job
-	j.p = *p
-	j.items = p.rowItems * p.colItems
-	g.start(nw)
-	j.p = gemmProblem{} // drop references to the caller's slices
-	g.mu.Unlock()
-}
-
-// runBatch executes the products in g.batch, whole, on the caller and
-// nw-1 helpers; the caller holds g.mu.
-func (g *gemmPool) runBatch(nw int) {
-	j := &g.job
-	j.batch = g.batch
-	j.items = len(g.batch)
-	g.start(nw)
-	j.batch = nil
-	clear(g.batch) // drop references to the caller's slices
-	g.mu.Unlock()
-}
-
-// gemmSpin is how long an idle helper polls for the next job before
-// parking: waking a parked goroutine takes tens of microseconds, as long
-// as a small product, so back-to-back products (a layer's, or a decode
-// step's) would otherwise run mostly on the caller alone. Polling yields
-// to other goroutines, so it does not hold a processor from them.
-const gemmSpin = 100 * time.Microsecond
-
-// next returns the next job, polling for gemmSpin before blocking.
-func (g *gemmPool) next() *gemmJob {
-	select {
-	case j := <-g.work:
-		return j
-	default:
-	}
-	for deadline := time.Now().Add(gemmSpin); time.Now().Before(deadline); {
-		select {
-		case j := <-g.work:
-			return j
-		default:
-			runtime.Gosched()
-		}
-	}
-	return <-g.work
-}
-
-// start runs g.job on the caller and nw-1 helpers and waits for it.
-func (g *gemmPool) start(nw int) {
-	for g.started < nw-1 {
-		g.started++
-		go func() {
-			var buf gemmBuf
-			for {
-				j := g.next()
-				j.drain(&buf)
-				j.wg.Done()
-			}
-		}()
-	}
-	j := &g.job
-	j.next.Store(0)
-	j.wg.Add(nw - 1)
-	for i := 0; i < nw-1; i++ {
-		g.work <- j
-	}
-	j.drain(&g.buf)
-	j.wg.Wait()
 }
 
 // gemmRef is the plain triple loop: the reference the fast paths are tested

@@ -1,6 +1,8 @@
 package kernels
 
 import (
+	"math/rand/v2"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -79,6 +81,44 @@ func TestPoolWakesParkedHelpers(t *testing.T) {
 		})
 		if byHelper.Load() == 0 {
 			t.Fatalf("round %d: the parked helper ran no chunk of 64", round)
+		}
+	}
+}
+
+// ParallelFor and Gemm share one pool: a Gemm or a ParallelFor inside a
+// ParallelFor chunk (the pool is busy) still covers everything and gives
+// the same bits, and a change of GOMAXPROCS rebuilds the pool.
+func TestSharedPoolNestedAndResized(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	r := rand.New(rand.NewPCG(21, 22))
+	c := newGemmCase(r, false, true, 300, 96, 200, false)
+	want := c.full()
+	for _, procs := range []int{2, 3, 2} {
+		runtime.GOMAXPROCS(procs)
+		const n = 64
+		var hits [n]atomic.Int32
+		var bad atomic.Int32
+		ParallelFor(n, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				ParallelFor(4, func(a, b int) { hits[i].Add(int32(b - a)) })
+			}
+			if lo == 0 && sameBits(want, c.full()) >= 0 {
+				bad.Store(1)
+			}
+		})
+		if bad.Load() != 0 {
+			t.Fatalf("GOMAXPROCS %d: a Gemm nested in ParallelFor gave other bits", procs)
+		}
+		for i := range hits {
+			if h := hits[i].Load(); h != 4 {
+				t.Fatalf("GOMAXPROCS %d: inner loop %d covered %d of 4", procs, i, h)
+			}
+		}
+		if got := c.full(); sameBits(want, got) >= 0 {
+			t.Fatalf("GOMAXPROCS %d: Gemm on the shared pool gave other bits", procs)
+		}
+		if shared.pool == nil || shared.pool.Workers() != procs {
+			t.Fatalf("GOMAXPROCS %d: shared pool of %v workers", procs, shared.pool)
 		}
 	}
 }
