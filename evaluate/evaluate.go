@@ -53,11 +53,25 @@ func Prompts(tok *tokenizer.Tokenizer, ex []data.Example) [][]int32 {
 	return out
 }
 
+// CheckTasks reports the first example (row, from 0) whose task has no
+// verifier: scoring it would silently give 0 to every response.
+func CheckTasks(ex []data.Example) error {
+	for i := range ex {
+		if _, err := tasks.Get(ex[i].Task); err != nil {
+			return fmt.Errorf("row %d: %v", i, err)
+		}
+	}
+	return nil
+}
+
 // Run samples k responses per example (stopping at <|im_end|>) and scores
-// them.
+// them. Every example's task must have a verifier (CheckTasks).
 func Run(e *rollout.Engine, tok *tokenizer.Tokenizer, ex []data.Example, k int, sp rollout.Sampling) (*Report, error) {
 	if k < 1 {
 		return nil, fmt.Errorf("evaluate: k = %d, want >= 1", k)
+	}
+	if err := CheckTasks(ex); err != nil {
+		return nil, fmt.Errorf("evaluate: %v", err)
 	}
 	end, ok := tok.ID(tokenizer.ImEnd)
 	if !ok {

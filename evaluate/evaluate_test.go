@@ -1,6 +1,7 @@
 package evaluate
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/keel-rl/keel/data"
@@ -70,5 +71,22 @@ func TestStopTokenStripped(t *testing.T) {
 	ids := append(tok.Encode(text), tok.MustID(tokenizer.ImEnd))
 	if got := scoreSample(tok, tok.MustID(tokenizer.ImEnd), r.Samples[0].Example, ids); got != 1 {
 		t.Fatalf("reward %v for %q + <|im_end|>", got, text)
+	}
+}
+
+// Run refuses examples whose task has no verifier (their responses would
+// all score 0), naming the row; CheckTasks accepts the built-in tasks.
+func TestUnknownTask(t *testing.T) {
+	ok := []data.Example{{Task: "arithmetic"}, {Task: "countdown"}, {Task: "linear"}}
+	if err := CheckTasks(ok); err != nil {
+		t.Fatal(err)
+	}
+	bad := append(ok, data.Example{Task: "gsm8k"})
+	err := CheckTasks(bad)
+	if err == nil || err.Error() != `row 3: unknown task "gsm8k" (known: arithmetic, countdown, linear)` {
+		t.Fatalf("err = %v", err)
+	}
+	if _, err := Run(nil, nil, bad, 1, rollout.Sampling{}); err == nil || !strings.Contains(err.Error(), "row 3") {
+		t.Fatalf("Run: err = %v", err)
 	}
 }

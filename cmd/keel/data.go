@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/keel-rl/keel/data"
+	"github.com/keel-rl/keel/evaluate"
 	"github.com/keel-rl/keel/tasks"
 )
 
@@ -236,6 +237,9 @@ func runDataScore(args []string, stdout io.Writer, usage string) error {
 	ex, err := data.Read(path)
 	if err != nil {
 		return err
+	}
+	if err := evaluate.CheckTasks(ex); err != nil {
+		return fmt.Errorf("%s: %v", path, err)
 	}
 	var resp []string
 	if *respPath != "" {

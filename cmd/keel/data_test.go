@@ -170,6 +170,12 @@ func TestDataScore(t *testing.T) {
 	if err := runData([]string{"score", noResp}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "q.jsonl: row 0 has no response") {
 		t.Errorf("no responses: %v", err)
 	}
+	// A task without a verifier is an error, not a silent 0.
+	unknown := filepath.Join(dir, "u.jsonl")
+	data.WriteJSONL(unknown, []data.Example{ex[0], {Task: "gsm8k", Prompt: "?", Answer: "1", Response: "1"}})
+	if err := runData([]string{"score", unknown}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), `u.jsonl: row 1: unknown task "gsm8k"`) {
+		t.Errorf("unknown task: %v", err)
+	}
 }
 
 func TestDataGenErrors(t *testing.T) {

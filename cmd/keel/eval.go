@@ -20,7 +20,7 @@ func init() {
 	register(command{name: "eval", summary: "avg@k and pass@k of a model on a data set of verifiable problems", run: runEval})
 }
 
-const evalUsage = `usage: keel eval --model DIR --data FILE.jsonl [--k 8] [--json FILE] [flags]
+const evalUsage = `usage: keel eval --model DIR --data FILE.jsonl|.parquet [--k 8] [--json FILE] [flags]
 
 Samples k responses per problem (ChatML prompt, stop at <|im_end|>) with
 the rollout engine and scores each with its task's verifier. Prints
@@ -35,7 +35,7 @@ func runEval(args []string) error {
 	fs := flag.NewFlagSet("eval", flag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), evalUsage); fs.PrintDefaults() }
 	dir := fs.String("model", "", "model directory (with tokenizer.json)")
-	path := fs.String("data", "", "data set (.jsonl) with prompts and answers")
+	path := fs.String("data", "", "data set (.jsonl or .parquet, keel's or verl's layout) with prompts and answers")
 	k := fs.Int("k", 8, "samples per problem")
 	temp := fs.Float64("temperature", 1, "sampling temperature")
 	maxNew := fs.Int("max-new-tokens", 256, "longest response")
@@ -50,7 +50,7 @@ func runEval(args []string) error {
 		return err
 	}
 	if *dir == "" || *path == "" || fs.NArg() > 0 {
-		return errors.New("usage: keel eval --model DIR --data FILE.jsonl [--k 8]")
+		return errors.New("usage: keel eval --model DIR --data FILE.jsonl|.parquet [--k 8]")
 	}
 	p, err := rollout.ParsePrecision(*prec)
 	if err != nil {
@@ -67,6 +67,9 @@ func runEval(args []string) error {
 	ex, err := data.Read(*path)
 	if err != nil {
 		return err
+	}
+	if err := evaluate.CheckTasks(ex); err != nil {
+		return fmt.Errorf("%s: %v", *path, err)
 	}
 	maxLen := m.Config.MaxPositionEmbeddings
 	if maxLen <= 0 {
