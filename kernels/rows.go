@@ -449,3 +449,42 @@ func ropeGo(x []float32, heads int, cos, sin []float32) {
 		}
 	}
 }
+
+// NormRopeHeads prepares the queries or keys of one token: for each of the
+// heads consecutive head vectors of raw (hd = 2·len(cos) floats each, head
+// h at raw[h·hd:]), out's head h = RMSNorm(raw's head h, weight, eps), then
+// RoPEHeads over out's heads. With inv non-nil, inv[h] receives head h's
+// inverse root-mean-square (the backward pass needs it). The bits are
+// those of the separate calls; it exists because both engines run it per
+// token and head, on vectors short enough (head_dim 32 to 128) that the
+// calls themselves cost as much as the arithmetic.
+func NormRopeHeads(out, raw []float32, heads int, weight, cos, sin []float32, eps float32, inv []float32) {
+	hd := 2 * len(cos)
+	if heads <= 0 || hd == 0 {
+		return
+	}
+	out, raw, weight = out[:heads*hd], raw[:heads*hd], weight[:hd]
+	if inv != nil {
+		inv = inv[:heads]
+	}
+	if !useAVX512 {
+		for h := 0; h < heads; h++ {
+			v := RMSNorm(out[h*hd:(h+1)*hd], raw[h*hd:(h+1)*hd], weight, eps)
+			if inv != nil {
+				inv[h] = v
+			}
+		}
+		RoPEHeads(out, heads, cos, sin)
+		return
+	}
+	for h := 0; h < heads; h++ {
+		x := raw[h*hd : (h+1)*hd]
+		ss := dotAVX512(&x[0], &x[0], hd)
+		v := float32(1 / math.Sqrt(float64(ss/float32(hd)+eps)))
+		rmsApplyAVX512(&out[h*hd], &x[0], &weight[0], hd, v)
+		if inv != nil {
+			inv[h] = v
+		}
+	}
+	ropeAVX512(&out[0], &cos[0], &sin[:len(cos)][0], len(cos), heads)
+}

@@ -604,3 +604,42 @@ func TestExpExhaustive(t *testing.T) {
 		}
 	}
 }
+
+// NormRopeHeads gives the bits of RMSNorm per head then RoPEHeads, and the
+// same inverse RMS values, for several head sizes and counts.
+func TestNormRopeHeadsMatchesCalls(t *testing.T) { forEachPath(t, testNormRopeHeads) }
+
+func testNormRopeHeads(t *testing.T) {
+	r := rand.New(rand.NewPCG(31, 32))
+	for _, hd := range []int{2, 8, 32, 64, 128, 34} {
+		for _, heads := range []int{1, 2, 5} {
+			raw := randSlice(r, heads*hd, 3)
+			w := randSlice(r, hd, 1)
+			cos, sin := randSlice(r, hd/2, 1), randSlice(r, hd/2, 1)
+			want, wantInv := make([]float32, heads*hd), make([]float32, heads)
+			for h := 0; h < heads; h++ {
+				wantInv[h] = RMSNorm(want[h*hd:(h+1)*hd], raw[h*hd:(h+1)*hd], w, 1e-6)
+			}
+			RoPEHeads(want, heads, cos, sin)
+			got, inv := make([]float32, heads*hd), make([]float32, heads)
+			NormRopeHeads(got, raw, heads, w, cos, sin, 1e-6, inv)
+			for i := range want {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("hd=%d heads=%d: element %d = %v, want %v", hd, heads, i, got[i], want[i])
+				}
+			}
+			for h := range inv {
+				if inv[h] != wantInv[h] {
+					t.Fatalf("hd=%d heads=%d: inv[%d] = %v, want %v", hd, heads, h, inv[h], wantInv[h])
+				}
+			}
+			got2 := make([]float32, heads*hd)
+			NormRopeHeads(got2, raw, heads, w, cos, sin, 1e-6, nil)
+			for i := range got {
+				if got2[i] != got[i] {
+					t.Fatalf("hd=%d heads=%d: nil inv changes element %d", hd, heads, i)
+				}
+			}
+		}
+	}
+}

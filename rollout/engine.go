@@ -411,16 +411,12 @@ func (e *Engine) cacheRow(slot, pos int32) int {
 // cache.
 func (e *Engine) headRows(w, lo, hi int) {
 	W := &e.w.layers[e.cur]
-	hd, half := e.hd, e.hd/2
+	half := e.hd / 2
 	for r := lo; r < hi; r++ {
 		p := int(e.pos[r])
 		cs, sn := e.cos[p*half:(p+1)*half], e.sin[p*half:(p+1)*half]
 		raw := e.qkv[r*e.qkvd:]
-		q := e.q[r*e.qd : (r+1)*e.qd]
-		for h := 0; h < e.nh; h++ {
-			kernels.RMSNorm(q[h*hd:(h+1)*hd], raw[h*hd:(h+1)*hd], W.qNorm, e.eps)
-		}
-		kernels.RoPEHeads(q, e.nh, cs, sn)
+		kernels.NormRopeHeads(e.q[r*e.qd:(r+1)*e.qd], raw, e.nh, W.qNorm, cs, sn, e.eps, nil)
 		var k []float32
 		c := e.cacheRow(e.slot[r], e.pos[r])
 		if e.bf16KV() {
@@ -428,10 +424,7 @@ func (e *Engine) headRows(w, lo, hi int) {
 		} else {
 			k = e.kc[e.cur][c : c+e.kvd]
 		}
-		for h := 0; h < e.nkv; h++ {
-			kernels.RMSNorm(k[h*hd:(h+1)*hd], raw[e.qd+h*hd:e.qd+(h+1)*hd], W.kNorm, e.eps)
-		}
-		kernels.RoPEHeads(k, e.nkv, cs, sn)
+		kernels.NormRopeHeads(k, raw[e.qd:], e.nkv, W.kNorm, cs, sn, e.eps, nil)
 		v := raw[e.qd+e.kvd : e.qd+2*e.kvd]
 		if e.bf16KV() {
 			e.storeBF16(e.slot[r], e.pos[r], k, v)

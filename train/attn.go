@@ -29,11 +29,7 @@ func headNormRope(out, raw, inv, w []float32, T, nh, hd, rawStride int, pos []in
 		for t := lo; t < hi; t++ {
 			p := int(pos[t])
 			c, s := cos[p*half:(p+1)*half], sin[p*half:(p+1)*half]
-			for h := 0; h < nh; h++ {
-				o, ro := (t*nh+h)*hd, t*rawStride+h*hd
-				inv[t*nh+h] = kernels.RMSNorm(out[o:o+hd], raw[ro:ro+hd], w, eps)
-			}
-			kernels.RoPEHeads(out[t*nh*hd:], nh, c, s)
+			kernels.NormRopeHeads(out[t*nh*hd:], raw[t*rawStride:], nh, w, c, s, eps, inv[t*nh:])
 		}
 	})
 }
