@@ -54,6 +54,7 @@ func runBench(args []string) error {
 	noDecode := fs.Bool("no-decode", false, "skip the rollout engine's decode table")
 	decodeSlots := fs.String("decode-slots", "64,256", "comma-separated concurrent sequences for the decode table")
 	decodePrec := fs.String("decode-precisions", "exact,fp32,bf16,fp8", "comma-separated rollout precisions for the decode table")
+	decodeGroup := fs.Int("decode-group", 1, "samples per prompt in the decode table (RL's group size G; the samples of a prompt share its prefill)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -62,6 +63,27 @@ func runBench(args []string) error {
 	}
 	if *seqLen < 2 || *seqs < 1 {
 		return fmt.Errorf("--len must be at least 2 and --seqs at least 1")
+	}
+	var precs []rollout.Precision
+	for _, p := range strings.Split(*decodePrec, ",") {
+		pr, err := rollout.ParsePrecision(p)
+		if err != nil {
+			return fmt.Errorf("--decode-precisions: %w", err)
+		}
+		precs = append(precs, pr)
+	}
+	var slots []int
+	for _, f := range strings.Split(*decodeSlots, ",") {
+		var n int
+		if _, err := fmt.Sscan(strings.TrimSpace(f), &n); err != nil || n < 1 {
+			return fmt.Errorf("--decode-slots: %q is not a positive count", f)
+		}
+		slots = append(slots, n)
+	}
+	for _, n := range slots {
+		if *decodeGroup < 1 || n%*decodeGroup != 0 {
+			return fmt.Errorf("--decode-group %d does not divide --decode-slots %d", *decodeGroup, n)
+		}
 	}
 	rep := benchReport{CPU: kernels.Features(), Threads: runtime.GOMAXPROCS(0), Utilisation: map[string]float64{}}
 	if !*noGemm {
@@ -86,26 +108,10 @@ func runBench(args []string) error {
 		}
 	}
 	if !*noDecode {
-		var precs []rollout.Precision
-		for _, p := range strings.Split(*decodePrec, ",") {
-			pr, err := rollout.ParsePrecision(p)
-			if err != nil {
-				return fmt.Errorf("--decode-precisions: %w", err)
-			}
-			precs = append(precs, pr)
-		}
-		var slots []int
-		for _, f := range strings.Split(*decodeSlots, ",") {
-			var n int
-			if _, err := fmt.Sscan(strings.TrimSpace(f), &n); err != nil || n < 1 {
-				return fmt.Errorf("--decode-slots: %q is not a positive count", f)
-			}
-			slots = append(slots, n)
-		}
 		for _, tr := range rep.Train {
 			for _, n := range slots {
 				for _, p := range precs {
-					r, err := rollout.BenchDecode(tr.Preset, *vocab, p, n, 32, 96, *dur)
+					r, err := rollout.BenchDecodeGroups(tr.Preset, *vocab, p, n, *decodeGroup, 32, 96, *dur)
 					if err != nil {
 						return err
 					}
@@ -138,16 +144,16 @@ func runBench(args []string) error {
 	}
 	if len(rep.Decode) > 0 {
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "decode model\tsequences\tprecision\tgenerated tok/s\tvs forward\t")
+		fmt.Fprintln(w, "decode model\tsequences\tper prompt\tprecision\tgenerated tok/s\tvs forward\t")
 		for _, d := range rep.Decode {
-			fmt.Fprintf(w, "%s\t%d\t%s\t%.0f\t%.0f%%\t\n", d.Preset, d.Slots, d.PrecisionName, d.TokensPerS, 100*d.VsForward)
+			fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%.0f\t%.0f%%\t\n", d.Preset, d.Slots, d.SamplesPerPrompt, d.PrecisionName, d.TokensPerS, 100*d.VsForward)
 		}
 	}
 	if err := w.Flush(); err != nil {
 		return err
 	}
 	if len(rep.Decode) > 0 {
-		fmt.Println("\ndecode: 32-token prompts, 96 new tokens each at temperature 1, all sequences concurrent; tokens/s counts generated tokens (prefill time included); vs forward = over the forward tok/s above.")
+		fmt.Println("\ndecode: 32-token prompts, 96 new tokens each at temperature 1, all sequences concurrent, \"per prompt\" samples sharing each prompt's prefill; tokens/s counts generated tokens (prefill time included); vs forward = over the forward tok/s above.")
 	}
 	if rep.PeakGFLOPS > 0 {
 		fmt.Printf("\nMFU: model FLOPs of a training step (3 × forward, GEMMs and attention) per second over keel's float32 GEMM at 1024³ (%.1f GFLOP/s) in this run.\n", rep.PeakGFLOPS)
