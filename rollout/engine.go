@@ -452,6 +452,9 @@ func (e *Engine) attnRows(w, lo, hi int) {
 	for it := lo; it < hi; it++ {
 		r, h := it/e.nh, it%e.nh
 		n := int(e.pos[r]) + 1
+		if h == e.nh/2 && (r+1)*e.nh < hi {
+			e.prefetchKV(r + 1)
+		}
 		o := r*e.qd + h*e.hd
 		out, q := e.att[o:o+e.hd], e.q[o:o+e.hd]
 		if e.bf16KV() {
@@ -466,6 +469,23 @@ func (e *Engine) attnRows(w, lo, hi int) {
 			kernels.AttendRow(out, q, kc[base:], vc[base:], n, e.kvd, e.scale, e.probs[w])
 		}
 	}
+}
+
+// prefetchKV asks for step row r's cached keys and values (its slot's
+// prefix, every head) to be brought into the caches while the row before
+// it attends (it is called halfway through that row's heads): each row
+// reads its own slot's cache, tens of KB at a new address, which the
+// hardware prefetchers do not see coming.
+func (e *Engine) prefetchKV(r int) {
+	c, n := e.cacheRow(e.slot[r], 0), (int(e.pos[r])+1)*e.kvd
+	if e.bf16KV() {
+		kv := &e.kv16[e.cur]
+		kernels.Prefetch(kv.k[c : c+n])
+		kernels.Prefetch(kv.v[c : c+n])
+		return
+	}
+	kernels.Prefetch(e.kc[e.cur][c : c+n])
+	kernels.Prefetch(e.vc[e.cur][c : c+n])
 }
 
 // attendBF16 is one query head's attention over the first n positions of

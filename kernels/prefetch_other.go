@@ -1,0 +1,7 @@
+//go:build !amd64 || purego
+
+package kernels
+
+import "unsafe"
+
+func prefetch(p unsafe.Pointer, bytes int) {}
