@@ -28,7 +28,7 @@ import (
 type Pool struct {
 	n int
 
-	// cur describes the current loop. run writes it before publishing
+	// cur describes the current loop. start writes it before publishing
 	// the loop's generation in state, and only once every chunk of the
 	// previous loop has finished; a helper reads it only after claiming a
 	// chunk (a compare-and-swap on state), so never while it is rewritten.
@@ -48,7 +48,7 @@ type Pool struct {
 type poolLoop struct {
 	fn       func(w, lo, hi int)
 	n, grain int
-	bounds   []int // runChunks: chunk c is [bounds[c], bounds[c+1])
+	bounds   []int // RunChunks: chunk c is [bounds[c], bounds[c+1])
 }
 
 const (
@@ -75,7 +75,7 @@ func NewPool(n int) *Pool {
 }
 
 // chunksPerWorker is how many pieces of a loop each worker gets on
-// average when run chooses the grain: enough to rebalance, few enough that
+// average when Run chooses the grain: enough to rebalance, few enough that
 // claiming costs nothing.
 const chunksPerWorker = 4
 
@@ -196,12 +196,12 @@ func (p *Pool) helper(w int) {
 			if time.Since(idleSince) < parkAfter {
 				continue
 			}
-			// Park, unless a loop was published meanwhile (run wakes
+			// Park, unless a loop was published meanwhile (start wakes
 			// only helpers it sees parked).
 			p.parked[w].Store(true)
 			if p.state.Load()>>40 != seen || p.quit.Load() {
 				if !p.parked[w].CompareAndSwap(true, false) {
-					<-p.wake[w] // run saw us parked and sent a wake-up
+					<-p.wake[w] // start saw us parked and sent a wake-up
 				}
 			} else {
 				<-p.wake[w]
