@@ -239,11 +239,11 @@ const (
 	bf16ModeE4M3         // float32, quantised per row to e4m3 into a buffer
 )
 
-func bf16Gemm(m, mode int, abf []BF16, af []float32, lda int, scaleA []float32, b *PackedBF16B, c []float32, ldc int, accumulate bool) {
-	n, k := b.n, b.k
-	checkMatrix("GemmBF16", "c", len(c), m, n, ldc)
+// bf16Trivial handles an empty product (C = 0 when k is 0 and accumulate
+// is off) and reports whether there was nothing more to do.
+func bf16Trivial(m, n, k int, c []float32, ldc int, accumulate bool) bool {
 	if m == 0 || n == 0 {
-		return
+		return true
 	}
 	if k == 0 {
 		if !accumulate {
@@ -251,6 +251,15 @@ func bf16Gemm(m, mode int, abf []BF16, af []float32, lda int, scaleA []float32, 
 				clear(c[i*ldc : i*ldc+n])
 			}
 		}
+		return true
+	}
+	return false
+}
+
+func bf16Gemm(m, mode int, abf []BF16, af []float32, lda int, scaleA []float32, b *PackedBF16B, c []float32, ldc int, accumulate bool) {
+	n, k := b.n, b.k
+	checkMatrix("GemmBF16", "c", len(c), m, n, ldc)
+	if bf16Trivial(m, n, k, c, ldc, accumulate) {
 		return
 	}
 	j := getBF16Job()

@@ -73,15 +73,7 @@ func (g *GemmParts) setBF16(m, mode int, a []float32, lda int, b *PackedBF16B, c
 	g.f32 = gemmProblem{}
 	g.n = 0
 	g.bf.bf16Call = bf16Call{}
-	if m == 0 || n == 0 {
-		return
-	}
-	if k == 0 {
-		if !accumulate {
-			for i := range m {
-				clear(c[i*ldc : i*ldc+n])
-			}
-		}
+	if bf16Trivial(m, n, k, c, ldc, accumulate) {
 		return
 	}
 	// Each part prepares its own rows of A (no shared preparation phase):

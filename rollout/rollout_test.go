@@ -145,6 +145,25 @@ func exactCheckPath(t *testing.T, cfg model.Config, sp Sampling, fuse, blockUnit
 	}
 }
 
+// generate runs Generate on a fresh engine (set up further by tweak, when
+// not nil) and closes it.
+func generate(t *testing.T, m *model.Model, opt Options, tweak func(*Engine), prompts [][]int32, n int, sp Sampling) []Sample {
+	t.Helper()
+	e, err := New(m, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if tweak != nil {
+		tweak(e)
+	}
+	got, err := e.Generate(prompts, n, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
 func sameSamples(t *testing.T, a, b []Sample) {
 	t.Helper()
 	if len(a) != len(b) {
@@ -181,15 +200,7 @@ func TestReproducibleAcrossSlots(t *testing.T) {
 			var ref []Sample
 			for _, opt := range []Options{{Slots: 1, MaxLen: 32}, {Slots: 4, MaxLen: 32, StepRows: 4}, {Slots: 6, MaxLen: 32}} {
 				opt.Precision = p
-				e, err := New(m, opt)
-				if err != nil {
-					t.Fatal(err)
-				}
-				got, err := e.Generate(prompts, 3, sp)
-				e.Close()
-				if err != nil {
-					t.Fatal(err)
-				}
+				got := generate(t, m, opt, nil, prompts, 3, sp)
 				if ref == nil {
 					ref = got
 					continue
@@ -640,16 +651,9 @@ func TestForwardPathsAgree(t *testing.T) {
 		for _, p := range []Precision{Exact, FP32, BF16, FP8} {
 			var ref []Sample
 			for _, path := range forwardPaths {
-				e, err := New(m, Options{Precision: p, Slots: 120, MaxLen: 32})
-				if err != nil {
-					t.Fatal(err)
-				}
-				e.fuse, e.blockUnit = path.fuse, path.blockUnit
-				got, err := e.Generate(prompts, 3, sp)
-				e.Close()
-				if err != nil {
-					t.Fatal(err)
-				}
+				got := generate(t, m, Options{Precision: p, Slots: 120, MaxLen: 32}, func(e *Engine) {
+					e.fuse, e.blockUnit = path.fuse, path.blockUnit
+				}, prompts, 3, sp)
 				if ref == nil {
 					ref = got
 					continue
