@@ -279,7 +279,6 @@ func bf16Gemm(m, mode int, abf []BF16, af []float32, lda int, scaleA []float32, 
 // claimed dynamically; the result does not depend on who computes what.
 type bf16Job struct {
 	bf16Call
-	tasks bf16Tasks // survives across calls: helpers may still hold the job
 }
 
 // bf16Call is one GEMM call: its operands and its split into tasks, each
@@ -343,15 +342,15 @@ func (j *bf16Job) execute() {
 			chunks = min(j.tilesM, 4*runtime.GOMAXPROCS(0))
 		}
 		j.phase = 0
-		j.tasks.run(j, chunks)
+		j.run(chunks)
 		j.phase = 1
-		j.tasks.run(j, j.nbM*j.nbN)
+		j.run(j.nbM * j.nbN)
 		putBF16Scratch(s)
 		j.shared = nil
 		return
 	}
 	j.phase = 1
-	j.tasks.run(j, j.nbM*j.nbN)
+	j.run(j.nbM * j.nbN)
 }
 
 // runTask runs task t of the current phase, which has chunks tasks.

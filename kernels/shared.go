@@ -5,7 +5,8 @@ import (
 	"sync"
 )
 
-// shared is the one worker pool behind Gemm, GemmBatch and ParallelFor:
+// shared is the one worker pool behind Gemm, GemmBatch, the bf16 GEMM and
+// ParallelFor:
 // an engine's step is a stream of short row loops and products, and two
 // pools (one for each) woke and polled against each other, costing a
 // good part of the second thread. It is sized to GOMAXPROCS and rebuilt
@@ -19,12 +20,16 @@ var shared struct {
 
 	// The current call's work, read by the method values below (bound
 	// once, so calls allocate nothing).
-	prob     gemmProblem
-	batch    []gemmProblem
-	par      func(lo, hi int)
-	fnItems  func(w, lo, hi int)
-	fnBatch  func(w, lo, hi int)
-	fnParFor func(w, lo, hi int)
+	prob      gemmProblem
+	batch     []gemmProblem
+	par       func(lo, hi int)
+	bfJob     *bf16Job
+	bfChunks  int
+	bfScratch []bf16Scratch // per worker: the bf16 GEMM's prepared rows of A
+	fnItems   func(w, lo, hi int)
+	fnBatch   func(w, lo, hi int)
+	fnParFor  func(w, lo, hi int)
+	fnBF16    func(w, lo, hi int)
 }
 
 func init() {
@@ -39,6 +44,11 @@ func init() {
 		}
 	}
 	shared.fnParFor = func(_, lo, hi int) { shared.par(lo, hi) }
+	shared.fnBF16 = func(w, lo, hi int) {
+		for t := lo; t < hi; t++ {
+			shared.bfJob.runTask(t, shared.bfChunks, &shared.bfScratch[w])
+		}
+	}
 }
 
 // acquireShared locks the shared pool for the caller and returns it, or
@@ -65,5 +75,6 @@ func releaseShared() {
 	clear(shared.batch)
 	shared.batch = shared.batch[:0]
 	shared.par = nil
+	shared.bfJob = nil
 	shared.mu.Unlock()
 }
