@@ -467,9 +467,9 @@ func (g *gen) sampleRows(w, lo, hi int) {
 // len(z) (ids only needed with truncation).
 //
 // The draw is inverse-CDF: one uniform u in [0, 1) against the running
-// float64 sum of p = exp(z) in token order (in descending probability
-// over the kept set under truncation), scaled by the total, so that the
-// few ulps by which Σ exp(z) misses 1 never bias the last token.
+// float64 sum of p = exp(z) in token order (drawFull; in descending
+// probability over the kept set under truncation), scaled by the total, so
+// that the few ulps by which Σ exp(z) misses 1 never bias the last token.
 func (g *gen) sampleOne(z []float32, rng *rand.PCG, ids []int32, p []float32) (int32, float32, float32) {
 	if g.sp.Temperature == 0 {
 		best := 0
@@ -482,27 +482,11 @@ func (g *gen) sampleOne(z []float32, rng *rand.PCG, ids []int32, p []float32) (i
 	}
 	u := float64(rng.Uint64()>>11) * 0x1p-53
 	p = p[:len(z)]
-	kernels.Exp(p, z)
 	if !g.sp.truncated() {
-		var total float64
-		for _, v := range p {
-			total += float64(v)
-		}
-		target := u * total
-		var cum float64
-		last := 0
-		for i, v := range p {
-			if v == 0 {
-				continue
-			}
-			last = i
-			cum += float64(v)
-			if cum > target {
-				return int32(i), z[i], z[i]
-			}
-		}
-		return int32(last), z[last], z[last]
+		i := drawFull(z, p, u)
+		return int32(i), z[i], z[i]
 	}
+	kernels.Exp(p, z)
 	cand := g.candidates(z, p, ids)
 	var kept float64
 	for _, id := range cand {
@@ -519,6 +503,60 @@ func (g *gen) sampleOne(z []float32, rng *rand.PCG, ids []int32, p []float32) (i
 		}
 	}
 	return pick, z[pick], float32(float64(z[pick]) - math.Log(kept))
+}
+
+// drawBlock is the number of tokens whose probabilities drawFull sums in
+// one vectorised pass.
+const drawBlock = 512
+
+// drawFull returns the token at which the running sum of p = exp(z)
+// first exceeds u times the total (inverse CDF over the full distribution,
+// token order), writing p. Sums are float64: each block of drawBlock
+// tokens is exponentiated and summed in one vectorised pass (the float64
+// sum's lane order fixed by the block's length), the blocks are added in
+// order, and only the block where the draw lands is scanned token by
+// token, so a 151,936-token row costs one vector pass, not two scalar
+// ones. The result depends only on z and u. Tokens of probability 0 are
+// never drawn; if rounding leaves the target unreached, the last token of
+// non-zero probability is.
+func drawFull(z, p []float32, u float64) int {
+	nb := (len(z) + drawBlock - 1) / drawBlock
+	var sumsArr [512]float64
+	sums := sumsArr[:0]
+	if nb > len(sumsArr) {
+		sums = make([]float64, 0, nb)
+	}
+	var total float64
+	for b := 0; b < nb; b++ {
+		lo, hi := b*drawBlock, min((b+1)*drawBlock, len(z))
+		s := kernels.ExpSum(p[lo:hi], z[lo:hi], 0)
+		sums = append(sums, s)
+		total += s
+	}
+	target := u * total
+	var cum float64
+	b := 0
+	for ; b < nb && cum+sums[b] <= target; b++ {
+		cum += sums[b]
+	}
+	// Token by token from the block where the draw lands (on past it in
+	// the rare case that the block's tokens summed one by one fall short
+	// of its vectorised sum).
+	for i := b * drawBlock; i < len(p); i++ {
+		if p[i] == 0 {
+			continue
+		}
+		cum += float64(p[i])
+		if cum > target {
+			return i
+		}
+	}
+	for i := len(p) - 1; i > 0; i-- {
+		if p[i] != 0 {
+			return i
+		}
+	}
+	return 0
 }
 
 // candidates returns the truncated set in descending probability (ties:

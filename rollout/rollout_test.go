@@ -663,3 +663,59 @@ func TestForwardPathsAgree(t *testing.T) {
 		}
 	}
 }
+
+// drawFull is the inverse CDF of p = exp(z) over a real vocabulary: for
+// many u, the token it returns is where a float64 running sum in token
+// order crosses u·total (up to rounding at the boundary), tokens of
+// probability 0 are never returned, and u near 0 and 1 give the first and
+// last tokens of non-zero probability.
+func TestDrawFullInverseCDF(t *testing.T) {
+	for _, V := range []int{1, 7, drawBlock, drawBlock + 1, 151936} {
+		r := rand.New(rand.NewPCG(uint64(V), 3))
+		z := make([]float32, V)
+		var ref []float64 // running sum in token order
+		var total float64
+		first, last := -1, -1
+		for i := range z {
+			z[i] = float32(r.NormFloat64() * 3)
+			if V > 1 && i%97 == 5 {
+				z[i] = float32(math.Inf(-1)) // probability 0
+			}
+			p := float64(float32(math.Exp(float64(z[i]))))
+			if p > 0 {
+				if first < 0 {
+					first = i
+				}
+				last = i
+			}
+			total += p
+			ref = append(ref, total)
+		}
+		p := make([]float32, V)
+		for k := 0; k < 2000; k++ {
+			u := r.Float64()
+			switch k {
+			case 0:
+				u = 0
+			case 1:
+				u = math.Nextafter(1, 0)
+			}
+			i := drawFull(z, p, u)
+			if z[i] == float32(math.Inf(-1)) {
+				t.Fatalf("V=%d u=%v: drew token %d of probability 0", V, u, i)
+			}
+			target := u * total
+			lo := 0.0
+			if i > 0 {
+				lo = ref[i-1]
+			}
+			tol := 1e-9 * total
+			if !(lo-tol <= target && target <= ref[i]+tol) {
+				t.Fatalf("V=%d u=%v: token %d covers [%v, %v], target %v", V, u, i, lo, ref[i], target)
+			}
+			if k == 0 && i != first || k == 1 && i != last {
+				t.Fatalf("V=%d u=%v: token %d, want %d", V, u, i, map[int]int{0: first, 1: last}[k])
+			}
+		}
+	}
+}
