@@ -37,6 +37,12 @@ func moeConfig() model.Config {
 	}
 }
 
+// headDim and kvHeads return c with another head size or number of key
+// and value heads.
+func headDim(c model.Config, d int) model.Config { c.HeadDim = d; return c }
+
+func kvHeads(c model.Config, n int) model.Config { c.NumKeyValueHeads = n; return c }
+
 func testPrompts(r *rand.Rand, vocab int, lens ...int) [][]int32 {
 	out := make([][]int32, len(lens))
 	for i, n := range lens {
@@ -63,6 +69,8 @@ func TestExactMatchesTraining(t *testing.T) {
 	}{
 		{"dense", denseConfig()}, {"dense-tied", untie(denseConfig(), true)},
 		{"moe-tied", moeConfig()}, {"moe", untie(moeConfig(), false)},
+		{"moe-hd32", headDim(moeConfig(), 32)}, // AttendRow2's fast path
+		{"dense-1kv", kvHeads(headDim(denseConfig(), 32), 1)},
 	} {
 		for _, sp := range []Sampling{
 			{Temperature: 1, Stop: []int32{3}},
