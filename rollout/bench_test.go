@@ -33,3 +33,5 @@ func BenchmarkDecodeTinyMoE256BF16(b *testing.B)     { benchDecode(b, "tiny-moe"
 func BenchmarkDecodeTinyMoE256ExactG16(b *testing.B) { benchDecode(b, "tiny-moe", Exact, 256, 16) }
 func BenchmarkDecodeSmallMoE256Exact(b *testing.B)   { benchDecode(b, "small-moe", Exact, 256, 1) }
 func BenchmarkDecodeSmallMoE256BF16(b *testing.B)    { benchDecode(b, "small-moe", BF16, 256, 1) }
+func BenchmarkDecodeSmallMoE64Exact(b *testing.B)    { benchDecode(b, "small-moe", Exact, 64, 1) }
+func BenchmarkDecodeTinyMoE64Exact(b *testing.B)     { benchDecode(b, "tiny-moe", Exact, 64, 1) }
