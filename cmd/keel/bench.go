@@ -64,13 +64,9 @@ func runBench(args []string) error {
 	if *seqLen < 2 || *seqs < 1 {
 		return fmt.Errorf("--len must be at least 2 and --seqs at least 1")
 	}
-	var precs []rollout.Precision
-	for _, p := range strings.Split(*decodePrec, ",") {
-		pr, err := rollout.ParsePrecision(p)
-		if err != nil {
-			return fmt.Errorf("--decode-precisions: %w", err)
-		}
-		precs = append(precs, pr)
+	precs, err := parsePrecisions(*decodePrec, "--decode-precisions")
+	if err != nil {
+		return err
 	}
 	var slots []int
 	for _, f := range strings.Split(*decodeSlots, ",") {

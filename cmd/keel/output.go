@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/keel-rl/keel/internal/atomicfile"
+	"github.com/keel-rl/keel/rollout"
 )
 
 // parseFlags parses args; help reports that -h was asked for (the usage
@@ -41,4 +44,18 @@ func writeJSONFile(path string, v any) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)
 	})
+}
+
+// parsePrecisions reads a comma-separated list of rollout precisions, an
+// error naming flag.
+func parsePrecisions(list, flag string) ([]rollout.Precision, error) {
+	var out []rollout.Precision
+	for _, s := range strings.Split(list, ",") {
+		p, err := rollout.ParsePrecision(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", flag, err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }

@@ -85,13 +85,9 @@ func runProbe(args []string) error {
 	case *in == "":
 		return errors.New("--input is required")
 	}
-	var modes []rollout.Precision
-	for _, s := range strings.Split(*precs, ",") {
-		p, err := rollout.ParsePrecision(s)
-		if err != nil {
-			return fmt.Errorf("--precision: %w", err)
-		}
-		modes = append(modes, p)
+	modes, err := parsePrecisions(*precs, "--precision")
+	if err != nil {
+		return err
 	}
 	sp, err := sf.sampling()
 	if err != nil {
