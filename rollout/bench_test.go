@@ -35,3 +35,17 @@ func BenchmarkDecodeSmallMoE256Exact(b *testing.B)   { benchDecode(b, "small-moe
 func BenchmarkDecodeSmallMoE256BF16(b *testing.B)    { benchDecode(b, "small-moe", BF16, 256, 1) }
 func BenchmarkDecodeSmallMoE64Exact(b *testing.B)    { benchDecode(b, "small-moe", Exact, 64, 1) }
 func BenchmarkDecodeTinyMoE64Exact(b *testing.B)     { benchDecode(b, "tiny-moe", Exact, 64, 1) }
+
+// Decode with Qwen3's vocabulary size (151,936): the LM head and sampling
+// over a real row, 64 sequences, 32 new tokens.
+func BenchmarkDecodeTinyMoE64Vocab151936(b *testing.B) {
+	for _, p := range []Precision{Exact, BF16} {
+		b.Run(p.String(), func(b *testing.B) {
+			r, err := BenchDecodeGroups("tiny-moe", 151936, p, 64, 1, 32, 32, time.Second)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(r.TokensPerS, "tokens/s")
+		})
+	}
+}
