@@ -12,7 +12,6 @@ import (
 
 	"github.com/keel-rl/keel/kernels"
 	"github.com/keel-rl/keel/model"
-	"github.com/keel-rl/keel/train"
 )
 
 // Options size an Engine. Memory is allocated once, for these limits.
@@ -145,7 +144,7 @@ func New(m *model.Model, opt Options) (*Engine, error) {
 	e.qkvd = e.qd + 2*e.kvd
 	e.eps = float32(c.RMSNormEps)
 	e.scale = kernels.AttentionScale(e.hd)
-	e.cos, e.sin = train.RopeTables(e.hd, c.RopeTheta, opt.MaxLen)
+	e.cos, e.sin = model.RopeTables(e.hd, c.RopeTheta, opt.MaxLen)
 	e.moeIndex = make([]int, c.NumHiddenLayers)
 	for i := range e.moeIndex {
 		e.moeIndex[i] = -1
@@ -718,8 +717,8 @@ func (e *Engine) routeRows(ml, lo, hi int) {
 	for r := lo; r < hi; r++ {
 		p := mo.probs[r*E : (r+1)*E]
 		kernels.Softmax(p, p)
-		train.TopK(ids[r*k:(r+1)*k], p)
-		train.GateWeights(mo.gates[r*k:(r+1)*k], p, ids[r*k:(r+1)*k], c.NormTopKProb)
+		model.TopK(ids[r*k:(r+1)*k], p)
+		model.GateWeights(mo.gates[r*k:(r+1)*k], p, ids[r*k:(r+1)*k], c.NormTopKProb)
 	}
 }
 
@@ -753,7 +752,7 @@ func (e *Engine) combineRows(w, lo, hi int) {
 			g := int(mo.row[r*k+s])
 			ys = append(ys, mo.yg[g*H:(g+1)*H])
 		}
-		train.CombineExperts(e.x[r*H:(r+1)*H], e.h[r*H:(r+1)*H], e.acc[w], mo.gates[r*k:(r+1)*k], ys)
+		model.CombineExperts(e.x[r*H:(r+1)*H], e.h[r*H:(r+1)*H], e.acc[w], mo.gates[r*k:(r+1)*k], ys)
 	}
 }
 

@@ -1,30 +1,9 @@
 package train
 
 import (
-	"math"
-
 	"github.com/keel-rl/keel/kernels"
 	"github.com/keel-rl/keel/model"
 )
-
-// RopeTables returns the rotary-embedding tables of Hugging Face Qwen3 for
-// positions 0..n-1: cos[p·hd/2+i] = cos(p·θ^(-2i/hd)) and likewise sin,
-// computed in float64 and rounded to float32. The rollout engine must use
-// the same tables to reproduce the training engine's bits.
-func RopeTables(headDim int, theta float64, n int) (cos, sin []float32) {
-	half := headDim / 2
-	cos = make([]float32, n*half)
-	sin = make([]float32, n*half)
-	for i := 0; i < half; i++ {
-		invFreq := math.Pow(theta, -float64(2*i)/float64(headDim))
-		for p := 0; p < n; p++ {
-			a := float64(p) * invFreq
-			cos[p*half+i] = float32(math.Cos(a))
-			sin[p*half+i] = float32(math.Sin(a))
-		}
-	}
-	return cos, sin
-}
 
 // ropeCache keeps the RoPE tables for the longest sequence seen so far, and
 // the negated sines the backward pass rotates with.
@@ -44,7 +23,7 @@ func (r *ropeCache) ensure(hd int, theta float64, n int) {
 	}
 	n = max(n, 64)
 	r.hd, r.theta, r.n = hd, theta, n
-	r.cos, r.sin = RopeTables(hd, theta, n)
+	r.cos, r.sin = model.RopeTables(hd, theta, n)
 	r.neg = make([]float32, len(r.sin))
 	for i, v := range r.sin {
 		r.neg[i] = -v

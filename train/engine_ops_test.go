@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/keel-rl/keel/kernels"
+	"github.com/keel-rl/keel/model"
 )
 
 // Per-operation checks of the backward pieces against central finite
@@ -251,7 +252,7 @@ func TestGateWeightsBackward(t *testing.T) {
 		copy(p, s)
 		kernels.Softmax(p, p)
 		g := make([]float32, len(ids))
-		GateWeights(g, p, ids, norm)
+		model.GateWeights(g, p, ids, norm)
 		ds := make([]float32, E)
 		routerBackRow(ds, p, g, ids, dgt, auxG, norm)
 		s64 := toF64(s)

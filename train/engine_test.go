@@ -137,12 +137,6 @@ func TestLiveRoutingIsTopK(t *testing.T) {
 			}
 		}
 	}
-	// Ties go to the lower index.
-	ids := make([]int32, 2)
-	TopK(ids, []float32{0.1, 0.3, 0.3, 0.3})
-	if ids[0] != 1 || ids[1] != 2 {
-		t.Fatalf("topK ties: got %v, want [1 2]", ids)
-	}
 }
 
 // TestGradientsMatchFiniteDifferences checks Backward (log-prob, entropy
@@ -568,11 +562,6 @@ func TestNaNWeightsDoNotPanic(t *testing.T) {
 	}
 	if err := e.Backward(Loss{LogProb: [][]float32{{1, 1, 1}}}); err != nil {
 		t.Fatal(err)
-	}
-	ids := make([]int32, 2)
-	TopK(ids, []float32{float32(math.NaN()), 0.5, float32(math.NaN())})
-	if ids[0] != 1 || ids[1] != 0 {
-		t.Fatalf("topK with NaNs: %v, want [1 0]", ids)
 	}
 }
 

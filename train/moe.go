@@ -5,53 +5,6 @@ import (
 	"github.com/keel-rl/keel/model"
 )
 
-// TopK writes into ids the len(ids) largest entries of the router
-// probabilities p in descending order; ties go to the lower index (as a
-// stable descending sort would). It is exported so the rollout engine
-// routes exactly as the training engine does. NaNs rank
-// below every number, so a diverged router still yields k distinct experts.
-func TopK(ids []int32, p []float32) {
-	for s := range ids {
-		best := -1
-		for e, v := range p {
-			taken := false
-			for _, id := range ids[:s] {
-				if int(id) == e {
-					taken = true
-					break
-				}
-			}
-			// A NaN loses to any number (so a real probability is
-			// preferred) and ties go to the lower index.
-			if !taken && (best < 0 || v > p[best] || (p[best] != p[best] && v == v)) {
-				best = e
-			}
-		}
-		ids[s] = int32(best)
-	}
-}
-
-// GateWeights writes the gate weights of the experts ids from the full
-// router softmax p: g_i = p_i / S with S summed in slot order when norm
-// (norm_topk_prob), else g_i = p_i. Replayed experts get the same formula
-// from the live probabilities, so the router receives their gradients.
-// Exported so the rollout engine gates bit for bit as the training engine.
-func GateWeights(g []float32, p []float32, ids []int32, norm bool) {
-	if !norm {
-		for s, id := range ids {
-			g[s] = p[id]
-		}
-		return
-	}
-	var sum float32
-	for _, id := range ids {
-		sum += p[id]
-	}
-	for s, id := range ids {
-		g[s] = p[id] / sum
-	}
-}
-
 // moeForward runs one sparse MoE block: router softmax, expert choice (live
 // or replayed), expert GEMMs over tokens grouped by expert, and the gated
 // combination added to the residual h, written to out. It adds this
@@ -77,9 +30,9 @@ func (f *fwdState) moeForward(ml int, a *layerAct, L *model.Layer, out []float32
 			if r != nil {
 				copy(ids, r.At(i, ml))
 			} else {
-				TopK(ids, p)
+				model.TopK(ids, p)
 			}
-			GateWeights(mo.gates[t*k:(t+1)*k], p, ids, c.NormTopKProb)
+			model.GateWeights(mo.gates[t*k:(t+1)*k], p, ids, c.NormTopKProb)
 		}
 	}
 	// Group (token, slot) pairs by expert, tokens in order.
@@ -144,35 +97,9 @@ func (f *fwdState) moeForward(ml int, a *layerAct, L *model.Layer, out []float32
 				r := int(mo.row[t*k+s])
 				ys[s] = mo.yg[r*H : (r+1)*H]
 			}
-			CombineExperts(out[t*H:(t+1)*H], a.h[t*H:(t+1)*H], acc, mo.gates[t*k:(t+1)*k], ys)
+			model.CombineExperts(out[t*H:(t+1)*H], a.h[t*H:(t+1)*H], acc, mo.gates[t*k:(t+1)*k], ys)
 		}
 	})
-}
-
-// CombineExperts writes out = h + Σ_s gates[s]·ys[s] for one token, with
-// the sum accumulated in slot order in acc (scratch of len(h)): acc =
-// gates[0]·ys[0] (kernels.Scale), then acc += gates[s]·ys[s] with
-// kernels.Axpy, then out = h + acc element by element (kernels.Axpy with
-// alpha 1, whose fused multiply-add of an exact product rounds once, as
-// the addition does). out may alias h. Exported so the rollout engine
-// combines expert outputs bit for bit as the training engine does.
-func CombineExperts(out, h, acc, gates []float32, ys [][]float32) {
-	acc = acc[:len(h)]
-	if len(ys) == 0 {
-		clear(acc)
-	}
-	for s, y := range ys {
-		if s == 0 {
-			kernels.Scale(acc, y[:len(h)], gates[0])
-		} else {
-			kernels.Axpy(gates[s], y[:len(h)], acc)
-		}
-	}
-	out = out[:len(h)]
-	if len(h) > 0 && &out[0] != &h[0] {
-		copy(out, h)
-	}
-	kernels.Axpy(1, acc, out)
 }
 
 // moeBackward backpropagates one MoE block. dout is the gradient of the

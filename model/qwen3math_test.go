@@ -1,0 +1,113 @@
+package model
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// CombineExperts gives, bit for bit, the scalar definition: acc = g0·y0,
+// acc = fma(gs, ys, acc) for the later slots in order, out = h + acc;
+// with out separate from h and aliasing it, for widths around the vector
+// sizes and for k = 0.
+func TestCombineExpertsMatchesScalar(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{1, 7, 16, 33, 128, 130} {
+		for k := 0; k <= 4; k++ {
+			h := make([]float32, n)
+			for i := range h {
+				h[i] = float32(r.NormFloat64())
+			}
+			gates := make([]float32, k)
+			ys := make([][]float32, k)
+			for s := range ys {
+				gates[s] = float32(r.Float64())
+				ys[s] = make([]float32, n)
+				for i := range ys[s] {
+					ys[s][i] = float32(r.NormFloat64() * 10)
+				}
+			}
+			want := make([]float32, n)
+			for i := range want {
+				var acc float32
+				for s := range ys {
+					if s == 0 {
+						acc = gates[0] * ys[0][i]
+					} else {
+						acc = float32(math.FMA(float64(gates[s]), float64(ys[s][i]), float64(acc)))
+					}
+				}
+				want[i] = h[i] + acc
+			}
+			out, acc := make([]float32, n), make([]float32, n)
+			CombineExperts(out, h, acc, gates, ys)
+			hh := append([]float32(nil), h...)
+			CombineExperts(hh, hh, acc, gates, ys) // out aliasing h
+			for i := range want {
+				if math.Float32bits(out[i]) != math.Float32bits(want[i]) || math.Float32bits(hh[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("n=%d k=%d: element %d = %v / %v (aliased), want %v", n, k, i, out[i], hh[i], want[i])
+				}
+			}
+		}
+	}
+}
+
+// TopK ranks in descending order, sends ties to the lower index and ranks
+// NaNs below every number.
+func TestTopK(t *testing.T) {
+	for _, c := range []struct {
+		p    []float32
+		want []int32
+	}{
+		{[]float32{0.1, 0.5, 0.2, 0.2}, []int32{1, 2, 3}},
+		{[]float32{0.1, 0.3, 0.3, 0.3}, []int32{1, 2}},
+		{[]float32{float32(math.NaN()), 0.5, float32(math.NaN())}, []int32{1, 0}},
+		{[]float32{float32(math.NaN()), float32(math.NaN())}, []int32{0, 1}},
+	} {
+		ids := make([]int32, len(c.want))
+		TopK(ids, c.p)
+		for s := range ids {
+			if ids[s] != c.want[s] {
+				t.Fatalf("TopK(%v) = %v, want %v", c.p, ids, c.want)
+			}
+		}
+	}
+}
+
+// GateWeights gives p_i, or p_i over the slot-order sum of the chosen
+// probabilities with norm.
+func TestGateWeights(t *testing.T) {
+	p := []float32{0.1, 0.4, 0.2, 0.3}
+	ids := []int32{1, 3, 0}
+	g := make([]float32, len(ids))
+	GateWeights(g, p, ids, false)
+	for s, id := range ids {
+		if g[s] != p[id] {
+			t.Fatalf("unnormalised gates %v, want p at %v", g, ids)
+		}
+	}
+	GateWeights(g, p, ids, true)
+	sum := p[1] + p[3] + p[0]
+	for s, id := range ids {
+		if math.Float32bits(g[s]) != math.Float32bits(p[id]/sum) {
+			t.Fatalf("normalised gate %d = %v, want %v", s, g[s], p[id]/sum)
+		}
+	}
+}
+
+// RopeTables holds cos and sin of p·θ^(-2i/hd), rounded from float64.
+func TestRopeTables(t *testing.T) {
+	const hd, n, theta = 8, 5, 10000.0
+	cos, sin := RopeTables(hd, theta, n)
+	if len(cos) != n*hd/2 || len(sin) != n*hd/2 {
+		t.Fatalf("lengths %d, %d, want %d", len(cos), len(sin), n*hd/2)
+	}
+	for p := 0; p < n; p++ {
+		for i := 0; i < hd/2; i++ {
+			a := float64(p) * math.Pow(theta, -float64(2*i)/hd)
+			if cos[p*hd/2+i] != float32(math.Cos(a)) || sin[p*hd/2+i] != float32(math.Sin(a)) {
+				t.Fatalf("p=%d i=%d: %v, %v, want %v, %v", p, i, cos[p*hd/2+i], sin[p*hd/2+i], math.Cos(a), math.Sin(a))
+			}
+		}
+	}
+}
