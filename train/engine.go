@@ -17,16 +17,16 @@
 //     q/k/v may run as one GEMM over adjacent weights, which gives the same
 //     bits, as every output element is the same sum in the same order);
 //   - per q head and k head: kernels.RMSNorm over head_dim with q_norm or
-//     k_norm, then kernels.RoPE with the tables of RopeTables;
+//     k_norm, then kernels.RoPE with the tables of model.RopeTables;
 //   - per query head h: kernels.AttendRow(out, q_h, K, V, pos+1,
 //     kv_heads·head_dim, kernels.AttentionScale(head_dim), probs) over the
 //     keys and values of kv head h/(heads/kv_heads) at positions 0..pos;
 //   - h = x + out·Woᵀ (float32 add, element by element);
 //   - xn2 = kernels.RMSNorm(h, post_attention_layernorm, float32(eps));
 //   - dense MLP: x = h + kernels.SwiGLU(xn2·Wgateᵀ, xn2·Wupᵀ)·Wdownᵀ;
-//   - MoE: p = kernels.Softmax(xn2·Wrouterᵀ); the experts are TopK(p) or the
-//     replayed ones, in slot order; the gates are GateWeights(p); each
-//     expert's output is SwiGLU(xn2·Gateᵀ, xn2·Upᵀ)·Downᵀ; CombineExperts
+//   - MoE: p = kernels.Softmax(xn2·Wrouterᵀ); the experts are model.TopK(p) or the
+//     replayed ones, in slot order; the gates are model.GateWeights(p); each
+//     expert's output is SwiGLU(xn2·Gateᵀ, xn2·Upᵀ)·Downᵀ; model.CombineExperts
 //     gives x = h + ((g_0·y_0) + g_1·y_1) + ... in slot order.
 //
 // Finally xf = kernels.RMSNorm(x, norm, float32(eps)), z = xf·LMHeadᵀ,
@@ -88,6 +88,12 @@ type ForwardOptions struct {
 	Record bool
 	// NoEntropy skips the entropies, which cost a pass over the vocabulary.
 	NoEntropy bool
+	// Temperature divides the logits before the softmax (in float32, as the
+	// rollout engine divides them when it samples at that temperature), so
+	// that log pi_old and log pi_theta are the policy the rollout engine
+	// sampled from. 0 means 1 (no tempering); entropies are those of the
+	// tempered distribution, and Backward differentiates through 1/T.
+	Temperature float64
 }
 
 // Result is what one Forward computed.
@@ -290,6 +296,9 @@ func (e *Engine) validateInput(seqs [][]int32, opt ForwardOptions) error {
 				return fmt.Errorf("train: Forward: sequence %d, position %d: token %d out of vocabulary [0, %d)", s, t, tok, c.VocabSize)
 			}
 		}
+	}
+	if t := opt.Temperature; t < 0 || math.IsNaN(t) || math.IsInf(t, 0) {
+		return fmt.Errorf("train: Forward: temperature %g, want a finite value > 0 (0: none)", t)
 	}
 	if opt.Replay != nil && len(opt.Replay) != len(seqs) {
 		return fmt.Errorf("train: Forward: ForwardOptions.Replay has %d entries for %d sequences", len(opt.Replay), len(seqs))

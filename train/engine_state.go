@@ -20,6 +20,7 @@ type fwdState struct {
 	starts []int   // first packed row of each sequence
 	lens   []int   // length of each sequence
 	maxLen int
+	temp   float32         // softmax temperature of the lm_head (1: none)
 	replay []*model.Routes // per sequence, nil for live routing
 	moeIdx []int           // decoder layers with an MoE block, in order
 
@@ -115,6 +116,10 @@ func growI32(b []int32, n int) []int32 {
 func (f *fwdState) setup(m *model.Model, seqs [][]int32, opt ForwardOptions) {
 	c := m.Config
 	f.cfg = c
+	f.temp = 1
+	if opt.Temperature != 0 {
+		f.temp = float32(opt.Temperature)
+	}
 	T := 0
 	f.maxLen = 0
 	f.starts = f.starts[:0]

@@ -138,6 +138,8 @@ type gcCase struct {
 	// replay: "" live routing, "random" random expert sets, "avoid" random
 	// sets disjoint from the live top-k at every token.
 	replay string
+	// temp is the softmax temperature (0: none).
+	temp float64
 }
 
 func gcBase() model.Config {
@@ -180,8 +182,8 @@ func gcCases() []gcCase {
 
 	lens := []int{3, 9, 6}
 	cs := []gcCase{
-		{"dense-tied", denseTied, lens, ""},
-		{"dense-untied-gqa-headdim", denseGQA, []int{5, 8, 4}, ""},
+		{"dense-tied", denseTied, lens, "", 0},
+		{"dense-untied-gqa-headdim", denseGQA, []int{5, 8, 4}, "", 0},
 	}
 	for _, mc := range []struct {
 		name string
@@ -190,11 +192,13 @@ func gcCases() []gcCase {
 		{"moe-norm-topk", moeNorm}, {"moe-no-norm-tied-headdim", moeNoNorm},
 		{"moe-sparse-step-2", sparseStep}, {"moe-mlp-only-layers", mlpOnly},
 	} {
-		cs = append(cs, gcCase{mc.name + "/live", mc.cfg, lens, ""}, gcCase{mc.name + "/replay", mc.cfg, lens, "random"})
+		cs = append(cs, gcCase{mc.name + "/live", mc.cfg, lens, "", 0}, gcCase{mc.name + "/replay", mc.cfg, lens, "random", 0})
 	}
 	cs = append(cs,
-		gcCase{"moe-norm-topk/replay-never-live", moeNorm, []int{7, 4}, "avoid"},
-		gcCase{"moe-no-norm/replay-never-live", moe(false, false), []int{7, 4}, "avoid"},
+		gcCase{"moe-norm-topk/replay-never-live", moeNorm, []int{7, 4}, "avoid", 0},
+		gcCase{"moe-no-norm/replay-never-live", moe(false, false), []int{7, 4}, "avoid", 0},
+		gcCase{"dense-tied/temperature-0.7", denseTied, lens, "", 0.7},
+		gcCase{"moe-norm-topk/replay/temperature-1.3", moeNorm, lens, "random", 1.3},
 	)
 	if os.Getenv("KEEL_LONG") != "" {
 		// Larger: 4 layers, MoE at layers 1 and 3 (decoder_sparse_step 2),
@@ -204,7 +208,7 @@ func gcCases() []gcCase {
 		big.NumExperts, big.NumExpertsPerTok, big.DecoderSparseStep = 8, 3, 2
 		big.VocabSize, big.IntermediateSize = 23, 20
 		blens := []int{12, 7, 15}
-		cs = append(cs, gcCase{"long/moe-4-layers/live", big, blens, ""}, gcCase{"long/moe-4-layers/replay", big, blens, "random"})
+		cs = append(cs, gcCase{"long/moe-4-layers/live", big, blens, "", 0}, gcCase{"long/moe-4-layers/replay", big, blens, "random", 0})
 	}
 	return cs
 }
@@ -255,7 +259,7 @@ func gcRun(t *testing.T, tc gcCase, seed uint64) {
 
 	// Forward: engine (float32) vs reference (float64).
 	eng := train.New(m)
-	res, err := eng.Forward(seqs, train.ForwardOptions{Replay: replay, Record: isMoE})
+	res, err := eng.Forward(seqs, train.ForwardOptions{Replay: replay, Record: isMoE, Temperature: tc.temp})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,7 +267,7 @@ func gcRun(t *testing.T, tc gcCase, seed uint64) {
 	if frozen == nil && isMoE {
 		frozen = live.Routes
 	}
-	want, err := ref.Forward(seqs, ref64.Options{Replay: frozen, AuxMask: frozen})
+	want, err := ref.Forward(seqs, ref64.Options{Replay: frozen, AuxMask: frozen, Temperature: tc.temp})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,7 +305,7 @@ func gcRun(t *testing.T, tc gcCase, seed uint64) {
 	if err := eng.Backward(train.Loss{LogProb: c32, Entropy: e32, Aux: aux}); err != nil {
 		t.Fatal(err)
 	}
-	opt := ref64.Options{Replay: frozen, AuxMask: frozen}
+	opt := ref64.Options{Replay: frozen, AuxMask: frozen, Temperature: tc.temp}
 	loss := func() float64 {
 		out, err := ref.Forward(seqs, opt)
 		if err != nil {

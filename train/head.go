@@ -22,13 +22,20 @@ func (f *fwdState) hasNext(t int) bool {
 }
 
 // headChunk computes the log-softmax of the logits of rows c0..c0+rows-1
-// into f.logp.
+// into f.logp, the logits divided by the temperature first (in float32,
+// element by element, as the rollout engine does) unless it is 1.
 func (f *fwdState) headChunk(lm []float32, c0, rows int) {
 	H, V := f.cfg.HiddenSize, f.cfg.VocabSize
 	linear(f.logp, f.xf[c0*H:], lm, rows, H, V)
+	temp := f.temp
 	kernels.ParallelFor(rows, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			z := f.logp[r*V : (r+1)*V]
+			if temp != 1 {
+				for i := range z {
+					z[i] /= temp
+				}
+			}
 			kernels.LogSoftmax(z, z)
 		}
 	})
@@ -37,7 +44,8 @@ func (f *fwdState) headChunk(lm []float32, c0, rows int) {
 // headBackward writes the gradient of the loss w.r.t. the logits of rows
 // c0..c0+rows-1 (whose log-softmax is in f.logp) into dz. With z the
 // log-softmax and p = exp(z): d log p_y/d logit_v = δ_vy - p_v and
-// dH/d logit_v = -p_v·(z_v + H).
+// dH/d logit_v = -p_v·(z_v + H), each divided by the temperature (the
+// logits entered the softmax as logit/T).
 func (f *fwdState) headBackward(dz []float32, c0, rows int, coefLP, coefH []float32) {
 	V := f.cfg.VocabSize
 	kernels.ParallelFor(rows, func(lo, hi int) {
@@ -65,6 +73,11 @@ func (f *fwdState) headBackward(dz []float32, c0, rows int, coefLP, coefH []floa
 			}
 			if cl != 0 { // only rows with a next token have coefficients
 				d[f.tokens[t+1]] += cl
+			}
+			if temp := f.temp; temp != 1 {
+				for v := range d {
+					d[v] /= temp
+				}
 			}
 		}
 	})

@@ -98,6 +98,8 @@ type Options struct {
 	// lets finite differences step over points where the live top-k would
 	// flip. The mask carries no gradient either way.
 	AuxMask []*model.Routes
+	// Temperature divides the logits before the softmax (0 means 1).
+	Temperature float64
 }
 
 // Result is the output of Forward.
@@ -165,7 +167,11 @@ func (m *Model) Forward(seqs [][]int32, opt Options) (*Result, error) {
 		if err := checkRoutes("aux-mask", s, mask); err != nil {
 			return nil, err
 		}
-		lp, ent, routes := m.sequence(toks, replay, mask, &aux)
+		temp := opt.Temperature
+		if temp == 0 {
+			temp = 1
+		}
+		lp, ent, routes := m.sequence(toks, replay, mask, &aux, temp)
 		res.LogProbs = append(res.LogProbs, lp)
 		res.Entropy = append(res.Entropy, ent)
 		res.Routes = append(res.Routes, routes)
@@ -286,7 +292,7 @@ func topK(scores []float64, k int) []int {
 	return idx[:k]
 }
 
-func (m *Model) sequence(toks []int32, replay, mask *model.Routes, aux *auxAcc) (lp, ent []float64, routes *model.Routes) {
+func (m *Model) sequence(toks []int32, replay, mask *model.Routes, aux *auxAcc, temp float64) (lp, ent []float64, routes *model.Routes) {
 	c := &m.Config
 	h, hd := c.HiddenSize, c.HeadDim
 	nh, nkv := c.NumAttentionHeads, c.NumKeyValueHeads
@@ -424,6 +430,9 @@ func (m *Model) sequence(toks []int32, replay, mask *model.Routes, aux *auxAcc) 
 	for t := 0; t+1 < T; t++ {
 		hn := rmsnorm(x[t], m.norm, eps)
 		logits := matvec(m.head, hn)
+		for i := range logits {
+			logits[i] /= temp
+		}
 		mx := math.Inf(-1)
 		for _, v := range logits {
 			mx = math.Max(mx, v)
