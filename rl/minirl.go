@@ -68,9 +68,20 @@ func Advantages(rewards []float64, group int, kind string) ([]float64, error) {
 // own tokens under the three policies of SPEC.md §1, and its advantage.
 type Response struct {
 	Advantage float64
-	LogMu     []float32 // mu_old: the rollout engine when it sampled
-	LogPiOld  []float32 // pi_old: the training engine at theta_old
-	LogPi     []float32 // pi_theta: the training engine now
+	// TokenAdvantages, when set, gives every token its own advantage in
+	// place of Advantage (GSPO-token and per-token shaping).
+	TokenAdvantages []float64
+	LogMu           []float32 // mu_old: the rollout engine when it sampled
+	LogPiOld        []float32 // pi_old: the training engine at theta_old
+	LogPi           []float32 // pi_theta: the training engine now
+}
+
+// adv is token t's advantage.
+func (r *Response) adv(t int) float64 {
+	if r.TokenAdvantages != nil {
+		return r.TokenAdvantages[t]
+	}
+	return r.Advantage
 }
 
 // MiniRL variants (SPEC.md §3-4).
@@ -100,21 +111,110 @@ func DefaultMiniRL() MiniRL {
 	return MiniRL{Variant: MiniRLDefault, EpsLow: 0.2, EpsHigh: 0.27, ISCap: 5}
 }
 
-// Stats are the per-step measures of SPEC.md §5 that the objective sees.
+// Totals are the sizes of the whole mini-batch an objective normalises
+// by. A mini-batch is cut into micro-batches (whole responses) to bound
+// memory; each micro-batch's coefficients must be those it has inside the
+// whole mini-batch, so the normalisers come from here, not from the slice
+// passed in. The zero value means "the slice is the whole mini-batch".
+type Totals struct {
+	Responses, Tokens int
+}
+
+// of returns t, or batch's own totals when t is zero.
+func (t Totals) of(batch []Response) Totals {
+	if t.Responses > 0 {
+		return t
+	}
+	t = Totals{Responses: len(batch)}
+	for _, r := range batch {
+		t.Tokens += len(r.LogPi)
+	}
+	return t
+}
+
+// Stats are the per-token measures of SPEC.md §5 that the objective sees,
+// kept as sums and counts so that the statistics of micro-batches add up
+// (Add) to those of their mini-batch.
 type Stats struct {
-	Tokens               int
-	ISMean, ISMin, ISMax float64 // the IS weights w used (after truncation)
-	ISTruncated          float64 // fraction of tokens whose weight hit the cap
-	ESS                  float64 // effective sample size (Σw)² / (N·Σw²), in (0, 1]
-	ClipPos, ClipNeg     float64 // fraction of tokens masked with A > 0, A < 0
-	Staleness            float64 // mean |log pi_theta - log pi_old|
+	Tokens       int
+	ISSum, ISSq  float64 // Σw and Σw² of the IS weights used (after truncation)
+	ISMin, ISMax float64 // over the tokens (0 when Tokens is 0)
+	Truncated    int     // tokens whose IS weight hit the cap
+	Masked       int     // tokens zeroed by a training-inference correction (MIS, rejection)
+	ClipPos      int     // tokens clipped (masked) with A > 0
+	ClipNeg      int     // tokens clipped with A < 0
+	StaleSum     float64 // Σ|log pi_theta - log pi_old|
+	weights      int     // weights recorded into ISSum (min/max valid when > 0)
+}
+
+// Add accumulates o into s.
+func (s *Stats) Add(o Stats) {
+	if o.weights > 0 {
+		if s.weights == 0 {
+			s.ISMin, s.ISMax = o.ISMin, o.ISMax
+		} else {
+			s.ISMin, s.ISMax = math.Min(s.ISMin, o.ISMin), math.Max(s.ISMax, o.ISMax)
+		}
+		s.weights += o.weights
+	}
+	s.Tokens += o.Tokens
+	s.ISSum += o.ISSum
+	s.ISSq += o.ISSq
+	s.Truncated += o.Truncated
+	s.Masked += o.Masked
+	s.ClipPos += o.ClipPos
+	s.ClipNeg += o.ClipNeg
+	s.StaleSum += o.StaleSum
+}
+
+// weight records one token's IS weight.
+func (s *Stats) weight(w float64) {
+	if s.weights == 0 {
+		s.ISMin, s.ISMax = w, w
+	}
+	s.weights++
+	s.ISMin, s.ISMax = math.Min(s.ISMin, w), math.Max(s.ISMax, w)
+	s.ISSum += w
+	s.ISSq += w * w
+}
+
+func frac(n int, d int) float64 {
+	if d == 0 {
+		return 0
+	}
+	return float64(n) / float64(d)
+}
+
+// ISMean is the mean IS weight.
+func (s Stats) ISMean() float64 { return safeDiv(s.ISSum, float64(s.weights)) }
+
+// ESS is the effective sample size of the IS weights as a fraction of the
+// tokens, (Σw)² / (N·Σw²), in (0, 1]; 1 when every weight is equal.
+func (s Stats) ESS() float64 { return safeDiv(s.ISSum*s.ISSum, float64(s.weights)*s.ISSq) }
+
+// TruncatedFrac, MaskedFrac, ClipPosFrac and ClipNegFrac are fractions of
+// the tokens.
+func (s Stats) TruncatedFrac() float64 { return frac(s.Truncated, s.Tokens) }
+func (s Stats) MaskedFrac() float64    { return frac(s.Masked, s.Tokens) }
+func (s Stats) ClipPosFrac() float64   { return frac(s.ClipPos, s.Tokens) }
+func (s Stats) ClipNegFrac() float64   { return frac(s.ClipNeg, s.Tokens) }
+
+// Staleness is the mean |log pi_theta - log pi_old| over the tokens.
+func (s Stats) Staleness() float64 { return safeDiv(s.StaleSum, float64(s.Tokens)) }
+
+func safeDiv(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
 }
 
 // Coefficients returns, per response and token, the coefficient c with
 // which the training engine backpropagates Σ c·log pi_theta, so that
 // gradient descent on it ascends J: c = -∂J/∂log pi_theta (w is a
-// stop-gradient weight). It also returns the statistics of the step.
-func (m MiniRL) Coefficients(batch []Response) ([][]float32, Stats, error) {
+// stop-gradient weight). It also returns the statistics of the batch. tot
+// gives the mini-batch's size when batch is one micro-batch of it.
+func (m MiniRL) Coefficients(batch []Response, tot Totals) ([][]float32, Stats, error) {
 	switch m.Variant {
 	case MiniRLDefault, MiniRLNoIS, MiniRLLenNorm, MiniRLOldIS, MiniRLNoClip:
 	case "":
@@ -125,25 +225,24 @@ func (m MiniRL) Coefficients(batch []Response) ([][]float32, Stats, error) {
 	if !(m.ISCap > 0) || m.EpsLow < 0 || m.EpsHigh < 0 {
 		return nil, Stats{}, fmt.Errorf("rl: MiniRL needs ISCap > 0 and non-negative clip ranges (got %g, %g, %g)", m.ISCap, m.EpsLow, m.EpsHigh)
 	}
-	st := Stats{ISMin: math.Inf(1), ISMax: math.Inf(-1)}
+	if err := checkLengths(batch); err != nil {
+		return nil, Stats{}, err
+	}
+	var st Stats
 	coef := make([][]float32, len(batch))
-	var sumW, sumW2 float64
-	scale := 1 / float64(max(len(batch), 1))
+	scale := 1 / float64(max(tot.of(batch).Responses, 1))
 	for i, r := range batch {
 		n := len(r.LogPi)
-		if len(r.LogMu) != n || len(r.LogPiOld) != n {
-			return nil, Stats{}, fmt.Errorf("rl: response %d has %d / %d / %d log-probs (mu_old, pi_old, pi_theta)", i, len(r.LogMu), len(r.LogPiOld), n)
-		}
 		norm := scale
 		if m.Variant == MiniRLLenNorm && n > 0 {
 			norm /= float64(n)
 		}
 		c := make([]float32, n)
-		a := r.Advantage
 		for t := 0; t < n; t++ {
+			a := r.adv(t)
 			lr := float64(r.LogPi[t]) - float64(r.LogPiOld[t]) // log of the staleness ratio
 			ratio := math.Exp(lr)
-			st.Staleness += math.Abs(lr)
+			st.StaleSum += math.Abs(lr)
 			mask := 1.0
 			if m.Variant != MiniRLNoClip {
 				if a > 0 && ratio > 1+m.EpsHigh {
@@ -165,28 +264,13 @@ func (m MiniRL) Coefficients(batch []Response) ([][]float32, Stats, error) {
 			}
 			if m.Variant != MiniRLNoIS && w > m.ISCap {
 				w = m.ISCap
-				st.ISTruncated++
+				st.Truncated++
 			}
-			st.ISMin, st.ISMax = math.Min(st.ISMin, w), math.Max(st.ISMax, w)
-			sumW += w
-			sumW2 += w * w
+			st.weight(w)
 			c[t] = float32(-norm * mask * w * a)
 		}
 		st.Tokens += n
 		coef[i] = c
-	}
-	if st.Tokens > 0 {
-		n := float64(st.Tokens)
-		st.ISMean = sumW / n
-		st.ISTruncated /= n
-		st.ClipPos /= n
-		st.ClipNeg /= n
-		st.Staleness /= n
-		if sumW2 > 0 {
-			st.ESS = sumW * sumW / (n * sumW2)
-		}
-	} else {
-		st.ISMin, st.ISMax = 0, 0
 	}
 	return coef, st, nil
 }

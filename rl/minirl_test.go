@@ -58,7 +58,7 @@ func TestMiniRLHand(t *testing.T) {
 		{Advantage: 1, LogMu: lp(0.25, 0.1), LogPiOld: lp(0.4, 0.4), LogPi: lp(0.5, 0.6)},
 		{Advantage: -0.5, LogMu: lp(0.3), LogPiOld: lp(0.5), LogPi: lp(0.3)},
 	}
-	c, st, err := DefaultMiniRL().Coefficients(batch)
+	c, st, err := DefaultMiniRL().Coefficients(batch, Totals{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,39 +70,39 @@ func TestMiniRLHand(t *testing.T) {
 			}
 		}
 	}
-	if st.Tokens != 3 || math.Abs(st.ClipPos-1.0/3) > 1e-9 || math.Abs(st.ClipNeg-1.0/3) > 1e-9 ||
-		math.Abs(st.ISTruncated-1.0/3) > 1e-9 || math.Abs(st.ISMax-5) > 1e-5 || math.Abs(st.ISMin-1) > 1e-5 {
+	if st.Tokens != 3 || math.Abs(st.ClipPosFrac()-1.0/3) > 1e-9 || math.Abs(st.ClipNegFrac()-1.0/3) > 1e-9 ||
+		math.Abs(st.TruncatedFrac()-1.0/3) > 1e-9 || math.Abs(st.ISMax-5) > 1e-5 || math.Abs(st.ISMin-1) > 1e-5 {
 		t.Fatalf("stats %+v", st)
 	}
-	if ws := []float64{2, 5, 1}; math.Abs(st.ESS-(8*8)/(3*30.0)) > 1e-5 || math.Abs(st.ISMean-8.0/3) > 1e-5 {
-		t.Fatalf("ESS %v mean %v (weights %v)", st.ESS, st.ISMean, ws)
+	if ws := []float64{2, 5, 1}; math.Abs(st.ESS()-(8*8)/(3*30.0)) > 1e-5 || math.Abs(st.ISMean()-8.0/3) > 1e-5 {
+		t.Fatalf("ESS %v mean %v (weights %v)", st.ESS(), st.ISMean(), ws)
 	}
 	// Variants on the same batch.
 	noClip := DefaultMiniRL()
 	noClip.Variant = MiniRLNoClip
-	c, _, _ = noClip.Coefficients(batch)
+	c, _, _ = noClip.Coefficients(batch, Totals{})
 	if math.Abs(float64(c[0][1])+0.5*5) > 1e-5 || math.Abs(float64(c[1][0])-0.5*1*0.5) > 1e-5 {
 		t.Fatalf("no-clip: %v", c)
 	}
 	lenNorm := DefaultMiniRL()
 	lenNorm.Variant = MiniRLLenNorm
-	c, _, _ = lenNorm.Coefficients(batch)
+	c, _, _ = lenNorm.Coefficients(batch, Totals{})
 	if math.Abs(float64(c[0][0])+0.5) > 1e-5 { // divided by |y_0| = 2
 		t.Fatalf("lennorm: %v", c)
 	}
 	oldIS := DefaultMiniRL()
 	oldIS.Variant = MiniRLOldIS
-	c, _, _ = oldIS.Coefficients(batch)
+	c, _, _ = oldIS.Coefficients(batch, Totals{})
 	if math.Abs(float64(c[0][0])+0.5*1.6) > 1e-5 { // w = pi_old/mu = 0.4/0.25
 		t.Fatalf("old-is: %v", c)
 	}
 	noIS := DefaultMiniRL()
 	noIS.Variant = MiniRLNoIS
-	c, _, _ = noIS.Coefficients(batch)
+	c, _, _ = noIS.Coefficients(batch, Totals{})
 	if math.Abs(float64(c[0][0])+0.5*1.25) > 1e-5 { // w = r
 		t.Fatalf("no-is: %v", c)
 	}
-	if _, _, err := DefaultMiniRL().Coefficients([]Response{{LogMu: lp(0.5), LogPiOld: lp(0.5, 0.5), LogPi: lp(0.5)}}); err == nil {
+	if _, _, err := DefaultMiniRL().Coefficients([]Response{{LogMu: lp(0.5), LogPiOld: lp(0.5, 0.5), LogPi: lp(0.5)}}, Totals{}); err == nil {
 		t.Fatal("mismatched lengths accepted")
 	}
 }
@@ -110,8 +110,8 @@ func TestMiniRLHand(t *testing.T) {
 // On-policy (pi_theta = pi_old) the mask is 1 and w = pi_old/mu_old.
 func TestMiniRLOnPolicy(t *testing.T) {
 	b := []Response{{Advantage: 2, LogMu: lp(0.2, 0.9), LogPiOld: lp(0.3, 0.9), LogPi: lp(0.3, 0.9)}}
-	c, st, _ := DefaultMiniRL().Coefficients(b)
-	if math.Abs(float64(c[0][0])+2*1.5) > 1e-5 || math.Abs(float64(c[0][1])+2) > 1e-5 || st.ClipPos != 0 || st.Staleness != 0 {
+	c, st, _ := DefaultMiniRL().Coefficients(b, Totals{})
+	if math.Abs(float64(c[0][0])+2*1.5) > 1e-5 || math.Abs(float64(c[0][1])+2) > 1e-5 || st.ClipPos != 0 || st.StaleSum != 0 {
 		t.Fatalf("on-policy: %v %+v", c, st)
 	}
 }
@@ -143,7 +143,7 @@ func TestMiniRLStepImprovesRewardedToken(t *testing.T) {
 			lp := res.LogProbs[i][1:] // the response token's log-prob
 			batch = append(batch, Response{Advantage: adv[i], LogMu: lp, LogPiOld: lp, LogPi: lp})
 		}
-		c, _, err := DefaultMiniRL().Coefficients(batch)
+		c, _, err := DefaultMiniRL().Coefficients(batch, Totals{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,8 +8,10 @@ import (
 // Objective turns a mini-batch of responses into the per-token
 // coefficients c with which the training engine backpropagates
 // Σ c·log pi_theta: c = -∂J/∂log pi_theta, so gradient descent ascends J.
+// tot gives the sizes of the whole mini-batch when batch is one
+// micro-batch of it (the zero Totals: batch is the mini-batch).
 type Objective interface {
-	Coefficients(batch []Response) ([][]float32, Stats, error)
+	Coefficients(batch []Response, tot Totals) ([][]float32, Stats, error)
 }
 
 // Loss aggregations (SPEC.md §4): how token terms are summed and
@@ -21,14 +23,13 @@ const (
 	ConstantNorm     = "constant-normalised" // Σ / (B · budget) (Dr. GRPO)
 )
 
-// norms returns each response's multiplier of its token terms.
-func norms(batch []Response, agg string, budget int) ([]float64, error) {
+// Norms returns each response's multiplier of its token terms under an
+// aggregation, with B and T taken from tot (the whole mini-batch).
+func Norms(batch []Response, agg string, budget int, tot Totals) ([]float64, error) {
 	out := make([]float64, len(batch))
-	B := float64(max(len(batch), 1))
-	T := 0
-	for _, r := range batch {
-		T += len(r.LogPi)
-	}
+	tot = tot.of(batch)
+	B := float64(max(tot.Responses, 1))
+	T := tot.Tokens
 	for i, r := range batch {
 		switch agg {
 		case SeqSumMean:
@@ -89,7 +90,7 @@ func GSPO() PPOClip {
 func PPO() PPOClip { return PPOClip{EpsLow: 0.2, EpsHigh: 0.2, Aggregation: TokenMean} }
 
 // Coefficients implements Objective.
-func (p PPOClip) Coefficients(batch []Response) ([][]float32, Stats, error) {
+func (p PPOClip) Coefficients(batch []Response, tot Totals) ([][]float32, Stats, error) {
 	if p.EpsLow < 0 || p.EpsHigh < 0 {
 		return nil, Stats{}, fmt.Errorf("rl: clip ranges must be non-negative (got %g, %g)", p.EpsLow, p.EpsHigh)
 	}
@@ -100,7 +101,7 @@ func (p PPOClip) Coefficients(batch []Response) ([][]float32, Stats, error) {
 	if p.Sequence && agg != SeqSumMean {
 		return nil, Stats{}, fmt.Errorf("rl: a sequence-level ratio is averaged over responses (%s)", SeqSumMean)
 	}
-	nm, err := norms(batch, agg, p.Budget)
+	nm, err := Norms(batch, agg, p.Budget, tot)
 	if err != nil {
 		return nil, Stats{}, err
 	}
@@ -111,7 +112,6 @@ func (p PPOClip) Coefficients(batch []Response) ([][]float32, Stats, error) {
 	coef := make([][]float32, len(batch))
 	for i, r := range batch {
 		n := len(r.LogPi)
-		a := r.Advantage
 		c := make([]float32, n)
 		seqRatio := 0.0
 		if p.Sequence && n > 0 {
@@ -122,8 +122,9 @@ func (p PPOClip) Coefficients(batch []Response) ([][]float32, Stats, error) {
 			seqRatio = math.Exp(s / float64(n))
 		}
 		for t := 0; t < n; t++ {
+			a := r.adv(t)
 			lr := float64(r.LogPi[t]) - float64(r.LogPiOld[t])
-			st.Staleness += math.Abs(lr)
+			st.StaleSum += math.Abs(lr)
 			ratio, grad := math.Exp(lr), math.Exp(lr)
 			if p.Sequence {
 				ratio, grad = seqRatio, seqRatio/float64(n)
@@ -140,7 +141,6 @@ func (p PPOClip) Coefficients(batch []Response) ([][]float32, Stats, error) {
 		st.Tokens += n
 		coef[i] = c
 	}
-	st.finish()
 	return coef, st, nil
 }
 
@@ -152,25 +152,24 @@ type CISPO struct {
 }
 
 // Coefficients implements Objective.
-func (p CISPO) Coefficients(batch []Response) ([][]float32, Stats, error) {
+func (p CISPO) Coefficients(batch []Response, tot Totals) ([][]float32, Stats, error) {
 	if err := checkLengths(batch); err != nil {
 		return nil, Stats{}, err
 	}
-	nm, _ := norms(batch, TokenMean, 0)
+	nm, _ := Norms(batch, TokenMean, 0, tot)
 	var st Stats
 	coef := make([][]float32, len(batch))
 	for i, r := range batch {
 		c := make([]float32, len(r.LogPi))
 		for t := range c {
 			lr := float64(r.LogPi[t]) - float64(r.LogPiOld[t])
-			st.Staleness += math.Abs(lr)
+			st.StaleSum += math.Abs(lr)
 			w := math.Min(math.Max(math.Exp(lr), 1-p.EpsLow), 1+p.EpsHigh)
-			c[t] = float32(-nm[i] * w * r.Advantage)
+			c[t] = float32(-nm[i] * w * r.adv(t))
 		}
 		st.Tokens += len(c)
 		coef[i] = c
 	}
-	st.finish()
 	return coef, st, nil
 }
 
@@ -179,17 +178,15 @@ func checkLengths(batch []Response) error {
 		if len(r.LogMu) != len(r.LogPi) || len(r.LogPiOld) != len(r.LogPi) {
 			return fmt.Errorf("rl: response %d has %d / %d / %d log-probs (mu_old, pi_old, pi_theta)", i, len(r.LogMu), len(r.LogPiOld), len(r.LogPi))
 		}
+		if r.TokenAdvantages != nil && len(r.TokenAdvantages) != len(r.LogPi) {
+			return fmt.Errorf("rl: response %d has %d token advantages for %d tokens", i, len(r.TokenAdvantages), len(r.LogPi))
+		}
 	}
 	return nil
 }
 
-// finish turns the counts of Stats into fractions and means.
-func (st *Stats) finish() {
-	if st.Tokens == 0 {
-		return
-	}
-	n := float64(st.Tokens)
-	st.ClipPos /= n
-	st.ClipNeg /= n
-	st.Staleness /= n
-}
+// GSPOToken returns GSPO-token: the token ratio s_i,t = sg[s_i]·pi_theta(y_t)
+// / sg[pi_theta(y_t)], which has GSPO's value and gradient per token but
+// lets every token carry its own advantage (Response.TokenAdvantages).
+// With one advantage per response it is GSPO exactly.
+func GSPOToken() PPOClip { return GSPO() }
