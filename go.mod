@@ -9,6 +9,7 @@ require gopkg.in/yaml.v3 v3.0.1
 require (
 	github.com/parquet-go/parquet-go v0.32.0
 	golang.org/x/text v0.43.0
+	google.golang.org/protobuf v1.34.2
 )
 
 require (
@@ -19,5 +20,4 @@ require (
 	github.com/parquet-go/jsonlite v1.0.0 // indirect
 	github.com/pierrec/lz4/v4 v4.1.21 // indirect
 	github.com/twpayne/go-geom v1.6.1 // indirect
-	google.golang.org/protobuf v1.34.2 // indirect
 )
