@@ -2,7 +2,7 @@ module github.com/keel-rl/keel
 
 go 1.26.0
 
-require golang.org/x/sys v0.49.0
+require golang.org/x/sys v0.50.0
 
 require gopkg.in/yaml.v3 v3.0.1
 
@@ -20,4 +20,5 @@ require (
 	github.com/parquet-go/jsonlite v1.0.0 // indirect
 	github.com/pierrec/lz4/v4 v4.1.21 // indirect
 	github.com/twpayne/go-geom v1.6.1 // indirect
+	golang.org/x/term v0.48.0 // indirect
 )

@@ -1,0 +1,712 @@
+package rl
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/rollout"
+	"github.com/keel-rl/keel/train"
+)
+
+// Sampler is what the loop needs of a rollout engine: samples with their
+// log mu_old, routes and weight version, and a way to receive new weights.
+// *rollout.Engine satisfies it; a client of remote inference servers can.
+type Sampler interface {
+	Generate(prompts [][]int32, n int, sp rollout.Sampling) ([]rollout.Sample, error)
+	UpdateWeights(m *model.Model, version int64) error
+	Version() int64
+}
+
+// Sample is one scored response of a step: the rollout's output (prompt,
+// response, log mu_old, routes, weight version), its reward and advantage,
+// and what the training engine computed for it (log pi_old, its routes,
+// entropies). It is the one batch type between the two engines.
+type Sample struct {
+	Group    int // the prompt's index within the step
+	Prompt   *Prompt
+	Response []int32
+	// LogMu[j] is log mu_old(Response[j]) under the distribution the token
+	// was drawn from: the tempered softmax, renormalised over the top-k /
+	// top-p set when truncation is on.
+	LogMu   []float32
+	Routes  *model.Routes // the rollout's, prompt and response positions (MoE)
+	Version int64
+	Finish  string
+
+	Reward, Correct, Advantage float64
+
+	LogPiOld  []float32     // pi_old per response token
+	Entropy   []float32     // pi_old's entropy per response token
+	OldRoutes *model.Routes // the routes pi_old used
+	LogRef    []float32     // the reference model's (KL penalty only)
+}
+
+// seq returns prompt and response as one sequence.
+func (s *Sample) seq() []int32 {
+	out := make([]int32, 0, len(s.Prompt.IDs)+len(s.Response))
+	return append(append(out, s.Prompt.IDs...), s.Response...)
+}
+
+// span returns where the response's log-probs sit in the training
+// engine's per-sequence arrays: LogProbs[p-1+j] predicts Response[j].
+func (s *Sample) span() (int, int) {
+	p := len(s.Prompt.IDs)
+	return p - 1, p - 1 + len(s.Response)
+}
+
+// Scorer gives a response's reward and whether it is correct (for the
+// accuracy metrics); the loop's default runs the task's verifier.
+type Scorer func(p *Prompt, response []int32) (reward, correct float64)
+
+// Loop is the synchronous RL loop of docs/method.md §5 over a policy, its
+// training engine and a rollout Sampler.
+type Loop struct {
+	R       *Recipe
+	Policy  *model.Model
+	Optim   *train.AdamW
+	Sampler Sampler
+	Loader  *Loader
+	Score   Scorer
+	// Stop ends responses (<|im_end|>).
+	Stop []int32
+	// Reference is the frozen starting model for the KL penalty (nil
+	// without one).
+	Reference *model.Model
+
+	// Step is the number of completed global steps; the policy's weights
+	// are version Step.
+	Step int
+	// NonFinite counts consecutive skipped optimiser steps.
+	NonFinite int
+
+	eng    *train.Engine
+	refEng *train.Engine
+	obj    Objective
+	corr   Correction
+	moe    bool
+	nMoE   int
+	// separatePiOld recomputes pi_old for the first mini-batch in its own
+	// forward instead of reusing its first training forward (tests check
+	// both give the same bits).
+	separatePiOld bool
+}
+
+// ErrTooManyNonFinite stops a run whose optimiser steps keep diverging.
+var ErrTooManyNonFinite = errors.New("rl: too many consecutive non-finite steps")
+
+// Init checks the loop's parts against each other and prepares engines.
+func (l *Loop) Init() error {
+	c := &l.Policy.Config
+	l.nMoE = len(c.MoELayers())
+	l.moe = l.nMoE > 0
+	if !l.moe && l.R.Algorithm.Replay != ReplayNone {
+		return fmt.Errorf("algorithm.replay: %s needs an MoE model; %s is dense", l.R.Algorithm.Replay, c.Architecture)
+	}
+	l.eng = train.New(l.Policy)
+	if l.Reference != nil {
+		l.refEng = train.New(l.Reference)
+	}
+	l.obj = l.R.Algorithm.objective(l.R.Rollout.MaxNewTokens)
+	l.corr = l.R.Algorithm.correction()
+	if l.Optim == nil {
+		o, err := train.NewAdamW(l.Policy, l.R.adamw())
+		if err != nil {
+			return err
+		}
+		l.Optim = o
+	}
+	return nil
+}
+
+// StepResult is what one global step measured.
+type StepResult struct {
+	Metrics map[string]float64
+	Samples []*Sample
+	Skipped int // optimiser steps skipped as non-finite
+}
+
+// phase timers of a step.
+type phases struct {
+	rollout, score, old, update, push time.Duration
+}
+
+// RunStep runs one global step: rollout, scoring, advantages, pi_old, N
+// mini-batch updates and the weight push.
+func (l *Loop) RunStep() (*StepResult, error) {
+	start := time.Now()
+	r := l.R
+	var ph phases
+	step := l.Step + 1
+	m := map[string]float64{}
+
+	groups, rounds, genTokens, err := l.collect(step, &ph, m)
+	if err != nil {
+		return nil, err
+	}
+	m["rollout/rounds"] = float64(rounds)
+	var samples []*Sample
+	for _, g := range groups {
+		samples = append(samples, g...)
+	}
+	res := &StepResult{Metrics: m, Samples: samples}
+	N := r.Train.MiniBatches
+	mbs := make([][]*Sample, N)
+	for i := range N {
+		lo, hi := i*len(groups)/N, (i+1)*len(groups)/N
+		for _, g := range groups[lo:hi] {
+			mbs[i] = append(mbs[i], g...)
+		}
+	}
+
+	// pi_old for the mini-batches that are not the first (the first's
+	// is its own first training forward: same weights, same tokens, same
+	// routes, and the kernels are batch invariant, so the same bits).
+	t := time.Now()
+	first := 1
+	if l.separatePiOld {
+		first = 0
+	}
+	for i := first; i < N; i++ {
+		if err := l.piOld(mbs[i]); err != nil {
+			return nil, err
+		}
+	}
+	if l.refEng != nil {
+		if err := l.refLogProbs(samples); err != nil {
+			return nil, err
+		}
+	}
+	ph.old = time.Since(t)
+
+	t = time.Now()
+	var all Stats
+	var gradSum, gradMax, klSum float64
+	var surrSum float64
+	var surrN int
+	var stale []float64
+	var staleRoute []float64
+	var staleRouteN int
+	trainTokens := 0
+	for i, mb := range mbs {
+		st, g, kl, surr, disagree, tokens, err := l.update(i, mb, step)
+		if errors.Is(err, errNonFinite) {
+			res.Skipped++
+			l.NonFinite++
+			if l.NonFinite >= r.Guards.MaxNonFinite {
+				return nil, fmt.Errorf("%w: %d in a row (guards.max_nonfinite = %d); the last checkpoint is intact", ErrTooManyNonFinite, l.NonFinite, r.Guards.MaxNonFinite)
+			}
+			stale = append(stale, math.NaN())
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		l.NonFinite = 0
+		all.Add(st)
+		gradSum += g
+		gradMax = max(gradMax, g)
+		klSum += kl
+		surrSum += surr * float64(len(mb))
+		surrN += len(mb)
+		stale = append(stale, st.Staleness())
+		if disagree != nil {
+			if staleRoute == nil {
+				staleRoute = make([]float64, len(disagree))
+			}
+			for k, v := range disagree {
+				staleRoute[k] += v
+			}
+			staleRouteN++
+		}
+		trainTokens += tokens
+	}
+	ph.update = time.Since(t)
+
+	t = time.Now()
+	if err := l.Sampler.UpdateWeights(l.Policy, int64(step)); err != nil {
+		return nil, fmt.Errorf("weight push: %w", err)
+	}
+	ph.push = time.Since(t)
+	l.Step = step
+
+	// Metrics (docs/method.md §6).
+	updates := float64(N - res.Skipped)
+	m["train/skipped_steps"] = float64(res.Skipped)
+	if updates > 0 {
+		m["grad_norm"] = gradSum / updates
+		m["grad_norm/max"] = gradMax
+	}
+	m["lr"] = r.schedule().LR(int(l.Optim.Step))
+	m["is/mean"], m["is/min"], m["is/max"] = all.ISMean(), all.ISMin, all.ISMax
+	m["is/truncated_frac"], m["is/masked_frac"], m["is/ess"] = all.TruncatedFrac(), all.MaskedFrac(), all.ESS()
+	m["clip/pos_frac"], m["clip/neg_frac"] = all.ClipPosFrac(), all.ClipNegFrac()
+	for i, s := range stale {
+		m["staleness/mb"+itoa(i)] = s
+	}
+	if surrN > 0 {
+		m["surrogate/gap"] = surrSum / float64(surrN)
+	}
+	if staleRoute != nil {
+		var mean float64
+		for k, v := range staleRoute {
+			m["routing/old_vs_theta/l"+itoa(k)] = v / float64(staleRouteN)
+			mean += v / float64(staleRouteN)
+		}
+		m["routing/old_vs_theta"] = mean / float64(len(staleRoute))
+	}
+	if l.refEng != nil && all.Tokens > 0 {
+		m["kl_ref/k3"] = klSum / float64(all.Tokens)
+	}
+	l.discrepancyMetrics(samples, m)
+	m["time/rollout"] = ph.rollout.Seconds()
+	m["time/score"] = ph.score.Seconds()
+	m["time/old_logprobs"] = ph.old.Seconds()
+	m["time/update"] = ph.update.Seconds()
+	m["time/weight_push"] = ph.push.Seconds()
+	total := time.Since(start)
+	m["time/step"] = total.Seconds()
+	m["time/other"] = (total - ph.rollout - ph.score - ph.old - ph.update - ph.push).Seconds()
+	m["tokens_per_s/rollout"] = float64(genTokens) / ph.rollout.Seconds()
+	if d := (ph.old + ph.update).Seconds(); d > 0 {
+		m["tokens_per_s/train"] = float64(trainTokens) / d
+	}
+	return res, nil
+}
+
+// collect samples B prompts' groups (more rounds under dynamic sampling),
+// scores them and computes advantages.
+func (l *Loop) collect(step int, ph *phases, m map[string]float64) ([][]*Sample, int, int, error) {
+	r := l.R
+	B, G := r.Train.PromptsPerStep, r.Train.GroupSize
+	var groups [][]*Sample
+	var scored []*Sample // every sample scored, for the reward metrics
+	zeroVar, seen := 0, 0
+	genTokens := 0
+	rounds := 0
+	want := int64(l.Step)
+	for round := 0; ; round++ {
+		rounds++
+		prompts := l.Loader.Next(B)
+		ids := make([][]int32, len(prompts))
+		for i, p := range prompts {
+			ids[i] = p.IDs
+		}
+		sp := rollout.Sampling{
+			Temperature: r.Rollout.Temperature, TopK: r.Rollout.TopK, TopP: r.Rollout.TopP,
+			MaxNewTokens: r.Rollout.MaxNewTokens, Stop: l.Stop,
+			Seed: mix(r.Seed, uint64(step), uint64(round)),
+		}
+		t := time.Now()
+		out, err := l.Sampler.Generate(ids, G, sp)
+		ph.rollout += time.Since(t)
+		if err != nil {
+			return nil, 0, 0, fmt.Errorf("rollout: %w", err)
+		}
+		if len(out) != len(prompts)*G {
+			return nil, 0, 0, fmt.Errorf("rollout: %d samples for %d prompts x %d", len(out), len(prompts), G)
+		}
+		t = time.Now()
+		batch := make([][]*Sample, len(prompts))
+		for _, o := range out {
+			if o.Prompt < 0 || o.Prompt >= len(prompts) {
+				return nil, 0, 0, fmt.Errorf("rollout: sample for prompt %d of %d", o.Prompt, len(prompts))
+			}
+			// The synchronous loop trains only on samples of this step's
+			// weights.
+			if o.Version != want {
+				return nil, 0, 0, fmt.Errorf("rollout: a sample of prompt %d carries weight version %d, the step's weights are version %d", o.Prompt, o.Version, want)
+			}
+			s, err := l.newSample(prompts[o.Prompt], o)
+			if err != nil {
+				return nil, 0, 0, err
+			}
+			genTokens += len(o.Tokens)
+			batch[o.Prompt] = append(batch[o.Prompt], s)
+		}
+		for _, g := range batch {
+			rewards := make([]float64, len(g))
+			for j, s := range g {
+				rewards[j] = s.Reward
+			}
+			adv, err := Advantages(rewards, len(g), r.Algorithm.Advantage)
+			if err != nil {
+				return nil, 0, 0, err
+			}
+			equal := true
+			for j, s := range g {
+				s.Advantage = adv[j]
+				equal = equal && rewards[j] == rewards[0]
+			}
+			seen++
+			scored = append(scored, g...)
+			if equal {
+				zeroVar++
+				if r.Algorithm.DynamicSampling {
+					continue
+				}
+			}
+			groups = append(groups, g)
+		}
+		ph.score += time.Since(t)
+		if !r.Algorithm.DynamicSampling || len(groups) >= B || round+1 >= r.Algorithm.MaxRounds {
+			break
+		}
+	}
+	if len(groups) > B {
+		groups = groups[:B]
+	}
+	if len(groups) == 0 {
+		// Every group was dropped: keep the last round's so the step runs
+		// (a zero-gradient step, logged), never an empty update.
+		for i := 0; i < len(scored); i += G {
+			groups = append(groups, scored[i:i+G])
+			if len(groups) == B {
+				break
+			}
+		}
+	}
+	for i, g := range groups {
+		for _, s := range g {
+			s.Group = i
+		}
+	}
+	rewardMetrics(scored, m)
+	m["groups/zero_variance_frac"] = float64(zeroVar) / float64(max(seen, 1))
+	m["groups/trained"] = float64(len(groups))
+	return groups, rounds, genTokens, nil
+}
+
+// mix derives a sampling seed from the run seed, the step and the round.
+func mix(seed, step, round uint64) uint64 {
+	x := seed*0x9e3779b97f4a7c15 ^ step*0xbf58476d1ce4e5b9 ^ round*0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// newSample turns a rollout sample into a scored Sample.
+func (l *Loop) newSample(p *Prompt, o rollout.Sample) (*Sample, error) {
+	s := &Sample{Prompt: p, Response: o.Tokens, LogMu: o.LogProbs, Version: o.Version, Finish: o.Finish}
+	if o.TruncLogProbs != nil {
+		s.LogMu = o.TruncLogProbs
+	}
+	if len(s.Response) == 0 || len(s.LogMu) != len(s.Response) {
+		return nil, fmt.Errorf("rollout: a sample of prompt row %d has %d tokens and %d log-probs", p.Row, len(s.Response), len(s.LogMu))
+	}
+	if l.moe {
+		if o.Routes == nil {
+			return nil, fmt.Errorf("rollout: a sample of prompt row %d has no routes (MoE model)", p.Row)
+		}
+		if err := o.Routes.Validate(); err != nil {
+			return nil, fmt.Errorf("rollout: a sample of prompt row %d: %w", p.Row, err)
+		}
+		rt := o.Routes.Model()
+		c := &l.Policy.Config
+		if err := rt.Validate(l.nMoE, c.NumExperts, c.NumExpertsPerTok); err != nil {
+			return nil, fmt.Errorf("rollout: a sample of prompt row %d: %w", p.Row, err)
+		}
+		if rt.Tokens != len(p.IDs)+len(s.Response) {
+			return nil, fmt.Errorf("rollout: a sample of prompt row %d has routes for %d positions, prompt and response have %d", p.Row, rt.Tokens, len(p.IDs)+len(s.Response))
+		}
+		s.Routes = rt
+	}
+	s.Reward, s.Correct = l.Score(p, s.Response)
+	if b := l.R.Algorithm.OverlongBuffer; b > 0 {
+		s.Reward += OverlongPenalty(len(s.Response), l.R.Rollout.MaxNewTokens, b, l.R.Algorithm.OverlongPenalty)
+	}
+	return s, nil
+}
+
+// OverlongPenalty is DAPO's soft overlong punishment of a response of n
+// tokens under a budget of max: 0 up to max-buffer tokens, then falling
+// linearly to -penalty at max.
+func OverlongPenalty(n, max, buffer int, penalty float64) float64 {
+	if buffer <= 0 || n <= max-buffer {
+		return 0
+	}
+	return -penalty * math.Min(1, float64(n-(max-buffer))/float64(buffer))
+}
+
+// microBatches cuts samples into consecutive runs of at most budget
+// tokens (at least one sample each).
+func microBatches(samples []*Sample, budget int) [][]*Sample {
+	var out [][]*Sample
+	lo, tokens := 0, 0
+	for i, s := range samples {
+		n := len(s.Prompt.IDs) + len(s.Response)
+		if i > lo && tokens+n > budget {
+			out = append(out, samples[lo:i])
+			lo, tokens = i, 0
+		}
+		tokens += n
+	}
+	if lo < len(samples) {
+		out = append(out, samples[lo:])
+	}
+	return out
+}
+
+// forwardOpts returns the training engine's options for a micro-batch:
+// the routes to replay under R3 (the rollout's) or, for pi_theta under R2,
+// pi_old's.
+func (l *Loop) forwardOpts(mb []*Sample, theta bool) train.ForwardOptions {
+	opt := train.ForwardOptions{Record: l.moe, Temperature: l.R.Rollout.Temperature}
+	switch l.R.Algorithm.Replay {
+	case ReplayR3:
+		opt.Replay = make([]*model.Routes, len(mb))
+		for i, s := range mb {
+			opt.Replay[i] = s.Routes
+		}
+	case ReplayR2:
+		if theta && mb[0].OldRoutes != nil {
+			opt.Replay = make([]*model.Routes, len(mb))
+			for i, s := range mb {
+				opt.Replay[i] = s.OldRoutes
+			}
+		}
+	}
+	return opt
+}
+
+func seqs(mb []*Sample) [][]int32 {
+	out := make([][]int32, len(mb))
+	for i, s := range mb {
+		out[i] = s.seq()
+	}
+	return out
+}
+
+// setPiOld stores a forward's log-probs, entropies and routes as pi_old.
+func setPiOld(mb []*Sample, res *train.Result) {
+	for i, s := range mb {
+		a, b := s.span()
+		s.LogPiOld = slices.Clone(res.LogProbs[i][a:b])
+		if res.Entropy != nil {
+			s.Entropy = slices.Clone(res.Entropy[i][a:b])
+		}
+		if res.Routes != nil {
+			s.OldRoutes = res.Routes[i]
+		}
+	}
+}
+
+// piOld recomputes log pi_old of samples with the training engine.
+func (l *Loop) piOld(samples []*Sample) error {
+	for _, mb := range microBatches(samples, l.R.Train.MicroBatchTokens) {
+		res, err := l.eng.Forward(seqs(mb), l.forwardOpts(mb, false))
+		if err != nil {
+			return fmt.Errorf("pi_old: %w", err)
+		}
+		setPiOld(mb, res)
+	}
+	return nil
+}
+
+// refLogProbs computes the reference model's log-probs (KL penalty).
+func (l *Loop) refLogProbs(samples []*Sample) error {
+	for _, mb := range microBatches(samples, l.R.Train.MicroBatchTokens) {
+		res, err := l.refEng.Forward(seqs(mb), train.ForwardOptions{NoEntropy: true, Temperature: l.R.Rollout.Temperature})
+		if err != nil {
+			return fmt.Errorf("reference: %w", err)
+		}
+		for i, s := range mb {
+			a, b := s.span()
+			s.LogRef = slices.Clone(res.LogProbs[i][a:b])
+		}
+	}
+	return nil
+}
+
+var errNonFinite = errors.New("non-finite loss or gradient")
+
+// update runs mini-batch i: forward, coefficients and backward over its
+// micro-batches, then one AdamW step. It returns the objective's
+// statistics, the gradient norm, Σ k3 to the reference, the mean surrogate
+// gap of pi_theta against mu_old, the routing disagreement of pi_theta
+// against pi_old per MoE layer (live routing only) and the tokens run.
+func (l *Loop) update(i int, mb []*Sample, step int) (Stats, float64, float64, float64, []float64, int, error) {
+	r := l.R
+	tot := Totals{Responses: len(mb)}
+	for _, s := range mb {
+		tot.Tokens += len(s.Response)
+	}
+	l.eng.ZeroGrad()
+	var st Stats
+	var klSum float64
+	var logMu, logPi [][]float32
+	var oldR, thetaR []*model.Routes
+	tokens := 0
+	agg := r.Algorithm.aggregation()
+	for _, micro := range microBatches(mb, r.Train.MicroBatchTokens) {
+		fresh := i == 0 && !l.separatePiOld
+		opt := l.forwardOpts(micro, !fresh)
+		opt.NoEntropy = !fresh && r.Algorithm.EntropyCoef == 0
+		res, err := l.eng.Forward(seqs(micro), opt)
+		if err != nil {
+			return Stats{}, 0, 0, 0, nil, 0, fmt.Errorf("mini-batch %d: %w", i, err)
+		}
+		if fresh {
+			setPiOld(micro, res)
+		}
+		batch := make([]Response, len(micro))
+		for k, s := range micro {
+			a, b := s.span()
+			batch[k] = Response{Advantage: s.Advantage, LogMu: s.LogMu, LogPiOld: s.LogPiOld, LogPi: res.LogProbs[k][a:b]}
+			tokens += len(s.Prompt.IDs) + len(s.Response)
+			logMu = append(logMu, s.LogMu)
+			logPi = append(logPi, batch[k].LogPi)
+			if l.moe && r.Algorithm.Replay == ReplayNone && !fresh && res.Routes != nil {
+				oldR = append(oldR, s.OldRoutes)
+				thetaR = append(thetaR, res.Routes[k])
+			}
+		}
+		coef, mst, err := l.obj.Coefficients(batch, tot)
+		if err != nil {
+			return Stats{}, 0, 0, 0, nil, 0, err
+		}
+		if err := l.corr.Apply(batch, coef, &mst); err != nil {
+			return Stats{}, 0, 0, 0, nil, 0, err
+		}
+		norm, err := Norms(batch, agg, r.Rollout.MaxNewTokens, tot)
+		if err != nil {
+			return Stats{}, 0, 0, 0, nil, 0, err
+		}
+		if l.refEng != nil && r.Algorithm.KLCoef > 0 {
+			ref := make([][]float32, len(micro))
+			for k, s := range micro {
+				ref[k] = s.LogRef
+			}
+			kl, err := KLPenalty(batch, ref, norm, r.Algorithm.KLCoef, coef)
+			if err != nil {
+				return Stats{}, 0, 0, 0, nil, 0, err
+			}
+			klSum += kl
+		}
+		st.Add(mst)
+		loss := train.Loss{LogProb: make([][]float32, len(micro)), Aux: r.Train.AuxLoss}
+		if r.Algorithm.EntropyCoef > 0 {
+			loss.Entropy = make([][]float32, len(micro))
+		}
+		for k, s := range micro {
+			a, _ := s.span()
+			n := len(s.Prompt.IDs) + len(s.Response) - 1
+			loss.LogProb[k] = make([]float32, n)
+			for j, c := range coef[k] {
+				if math.IsNaN(float64(c)) || math.IsInf(float64(c), 0) {
+					return Stats{}, 0, 0, 0, nil, 0, errNonFinite
+				}
+				loss.LogProb[k][a+j] = c
+			}
+			if loss.Entropy != nil {
+				loss.Entropy[k] = make([]float32, n)
+				for j := range s.Response {
+					loss.Entropy[k][a+j] = float32(-r.Algorithm.EntropyCoef * norm[k])
+				}
+			}
+		}
+		if math.IsNaN(res.AuxLoss) || math.IsInf(res.AuxLoss, 0) {
+			return Stats{}, 0, 0, 0, nil, 0, errNonFinite
+		}
+		if err := l.eng.Backward(loss); err != nil {
+			return Stats{}, 0, 0, 0, nil, 0, fmt.Errorf("mini-batch %d: %w", i, err)
+		}
+	}
+	gn := train.GradNorm(l.eng.Grad.Arena)
+	if math.IsNaN(gn) || math.IsInf(gn, 0) {
+		return Stats{}, 0, 0, 0, nil, 0, errNonFinite
+	}
+	lr := r.schedule().LR(int(l.Optim.Step) + 1)
+	if err := l.Optim.UpdateScaled(l.Policy.Arena, l.eng.Grad.Arena, lr, train.ClipCoef(gn, r.Train.ClipNorm)); err != nil {
+		return Stats{}, 0, 0, 0, nil, 0, err
+	}
+	surr := MeasureDiscrepancy(logMu, logPi).SurrogateGap
+	var dis []float64
+	if len(thetaR) > 0 {
+		dis = RoutingDisagreement(oldR, thetaR, nil)
+	}
+	return st, gn, klSum, surr, dis, tokens, nil
+}
+
+// rewardMetrics records reward, accuracy (overall and per task) and length
+// statistics over every scored sample of the step.
+func rewardMetrics(samples []*Sample, m map[string]float64) {
+	if len(samples) == 0 {
+		return
+	}
+	var sum, sq, acc, lenSum, lenMax, truncated float64
+	perTask := map[string][2]float64{}
+	for _, s := range samples {
+		sum += s.Reward
+		sq += s.Reward * s.Reward
+		acc += s.Correct
+		n := float64(len(s.Response))
+		lenSum += n
+		lenMax = max(lenMax, n)
+		if s.Finish == "length" {
+			truncated++
+		}
+		t := perTask[s.Prompt.Example.Task]
+		perTask[s.Prompt.Example.Task] = [2]float64{t[0] + s.Correct, t[1] + 1}
+	}
+	n := float64(len(samples))
+	mean := sum / n
+	m["reward/mean"] = mean
+	m["reward/std"] = math.Sqrt(math.Max(0, sq/n-mean*mean))
+	m["accuracy"] = acc / n
+	tasks := make([]string, 0, len(perTask))
+	for t := range perTask {
+		tasks = append(tasks, t)
+	}
+	sort.Strings(tasks)
+	for _, t := range tasks {
+		v := perTask[t]
+		m["accuracy/"+t] = v[0] / v[1]
+	}
+	m["response_length/mean"] = lenSum / n
+	m["response_length/max"] = lenMax
+	m["response/truncated_frac"] = truncated / n
+}
+
+// discrepancyMetrics records pi_old against mu_old (train-infer KL, |Δ log
+// p|, perplexity gap, surrogate gap), the entropy and the rollout-vs-pi_old
+// routing disagreement per MoE layer.
+func (l *Loop) discrepancyMetrics(samples []*Sample, m map[string]float64) {
+	logMu := make([][]float32, len(samples))
+	logOld := make([][]float32, len(samples))
+	var ent float64
+	var entN int
+	for i, s := range samples {
+		logMu[i], logOld[i] = s.LogMu, s.LogPiOld
+		for _, e := range s.Entropy {
+			ent += float64(e)
+			entN++
+		}
+	}
+	d := MeasureDiscrepancy(logMu, logOld)
+	m["train_infer/k1"], m["train_infer/k3"] = d.K1, d.K3
+	m["train_infer/abs_diff_mean"], m["train_infer/abs_diff_max"] = d.MeanAbs, d.MaxAbs
+	m["train_infer/ppl_gap"], m["train_infer/surrogate_gap"] = d.PPLGap, d.SurrogateGap
+	if entN > 0 {
+		m["entropy"] = ent / float64(entN)
+	}
+	if l.moe && l.R.Algorithm.Replay != ReplayR3 {
+		a := make([]*model.Routes, len(samples))
+		b := make([]*model.Routes, len(samples))
+		for i, s := range samples {
+			a[i], b[i] = s.Routes, s.OldRoutes
+		}
+		dis := RoutingDisagreement(a, b, nil)
+		var mean float64
+		for k, v := range dis {
+			m["routing/infer_vs_old/l"+itoa(k)] = v
+			mean += v
+		}
+		if len(dis) > 0 {
+			m["routing/infer_vs_old"] = mean / float64(len(dis))
+		}
+	}
+}

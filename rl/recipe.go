@@ -1,0 +1,648 @@
+package rl
+
+import (
+	"bytes"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/keel-rl/keel/rollout"
+	"github.com/keel-rl/keel/train"
+)
+
+// Recipe is an RL run as a YAML file describes it (README: "RL recipes"
+// documents every key). Parsing is strict: an unknown key, a wrong type or
+// an incompatible combination is an error naming the key.
+type Recipe struct {
+	// Name names the run; Out defaults to runs/NAME.
+	Name string `yaml:"name"`
+	Out  string `yaml:"out"`
+	// Seed fixes the data order, every sample and so the whole run.
+	Seed      uint64          `yaml:"seed"`
+	Model     RLModel         `yaml:"model"`
+	Data      RLData          `yaml:"data"`
+	Rollout   RolloutSettings `yaml:"rollout"`
+	Algorithm Algorithm       `yaml:"algorithm"`
+	Train     TrainSettings   `yaml:"train"`
+	Eval      RLEval          `yaml:"eval"`
+	Log       RLLog           `yaml:"log"`
+	Guards    Guards          `yaml:"guards"`
+}
+
+// RLModel is the policy's starting point: a Hugging Face model directory
+// (config.json, safetensors, tokenizer.json).
+type RLModel struct {
+	Path string `yaml:"path"`
+}
+
+// RLData is the prompt set: a file (JSONL or Parquet, keel's or verl's
+// layout) or problems generated from the built-in task families.
+type RLData struct {
+	File       string   `yaml:"file"`
+	Tasks      []string `yaml:"tasks"`      // generate: task families
+	N          int      `yaml:"n"`          // generate: problems
+	Difficulty string   `yaml:"difficulty"` // generate: levels, e.g. "1-4"
+}
+
+// RolloutSettings configure the rollout engine and its sampling.
+type RolloutSettings struct {
+	// Precision is the discrepancy dial: exact, fp32, bf16 or fp8.
+	Precision    string  `yaml:"precision"`
+	Temperature  float64 `yaml:"temperature"`
+	TopK         int     `yaml:"top_k"`
+	TopP         float64 `yaml:"top_p"`
+	MaxNewTokens int     `yaml:"max_new_tokens"`
+	Slots        int     `yaml:"slots"` // sequences decoded at once
+}
+
+// Algorithm is the objective, its corrections and Routing Replay.
+type Algorithm struct {
+	// Objective: minirl, minirl-no-is, minirl-lennorm, minirl-old-is,
+	// no-clip, grpo, dr-grpo, dapo, cispo, gspo, gspo-token or ppo.
+	Objective string `yaml:"objective"`
+	// Advantage: group-mean, group-mean-std or rloo (default: the
+	// objective's own).
+	Advantage string `yaml:"advantage"`
+	// Aggregation: seq-sum-mean, token-mean, seq-mean-token-mean or
+	// constant-normalised (default: the objective's own; minirl
+	// variants fix theirs).
+	Aggregation string   `yaml:"aggregation"`
+	EpsLow      *float64 `yaml:"eps_low"`  // default: the objective's
+	EpsHigh     *float64 `yaml:"eps_high"` // default: the objective's
+	ISCap       float64  `yaml:"is_cap"`   // MiniRL's C (default 5)
+	// Correction is the training-inference correction: none, token-tis,
+	// token-mis, seq-tis, seq-mis or geo-mask, with its thresholds.
+	Correction     string  `yaml:"correction"`
+	CorrectionCap  float64 `yaml:"correction_cap"`  // default 2 (verl's)
+	CorrectionLow  float64 `yaml:"correction_low"`  // geo-mask, default 0.999
+	CorrectionHigh float64 `yaml:"correction_high"` // geo-mask, default 1.001
+	// Replay is Routing Replay: none, r2 or r3 (MoE models only).
+	Replay string `yaml:"replay"`
+	// KLCoef weighs a k3 KL penalty to the starting model (0: none).
+	KLCoef float64 `yaml:"kl_coef"`
+	// EntropyCoef weighs an entropy bonus (0: none).
+	EntropyCoef float64 `yaml:"entropy_coef"`
+	// DynamicSampling drops groups whose rewards are all equal (DAPO) and
+	// samples further prompts, up to MaxRounds batches, to refill the step.
+	DynamicSampling bool `yaml:"dynamic_sampling"`
+	MaxRounds       int  `yaml:"max_rounds"`
+	// OverlongBuffer > 0 enables DAPO's soft overlong penalty over the last
+	// OverlongBuffer tokens of the budget (reaching -OverlongPenalty).
+	OverlongBuffer  int     `yaml:"overlong_buffer"`
+	OverlongPenalty float64 `yaml:"overlong_penalty"`
+}
+
+// TrainSettings size a step and configure the optimiser.
+type TrainSettings struct {
+	Steps int `yaml:"steps"` // global steps
+	// PromptsPerStep (B) prompts, GroupSize (G) samples each, split into
+	// MiniBatches (N) optimiser steps with groups kept whole.
+	PromptsPerStep int `yaml:"prompts_per_step"`
+	GroupSize      int `yaml:"group_size"`
+	MiniBatches    int `yaml:"mini_batches"`
+	// MicroBatchTokens bounds the tokens of one forward/backward.
+	MicroBatchTokens int     `yaml:"micro_batch_tokens"`
+	LR               float64 `yaml:"lr"`
+	Warmup           int     `yaml:"warmup"` // optimiser steps
+	Schedule         string  `yaml:"schedule"`
+	MinLR            float64 `yaml:"min_lr"`
+	WeightDecay      float64 `yaml:"weight_decay"`
+	Beta1            float64 `yaml:"beta1"`
+	Beta2            float64 `yaml:"beta2"`
+	ClipNorm         float64 `yaml:"clip_norm"`
+	AuxLoss          float64 `yaml:"aux_loss"` // MoE load-balancing coefficient
+}
+
+// RLEval is the held-out evaluation: avg@k before training, every Every
+// steps and at the end.
+type RLEval struct {
+	File         string `yaml:"file"`
+	N            int    `yaml:"n"` // first N rows (0: all)
+	K            int    `yaml:"k"`
+	Every        int    `yaml:"every"` // 0: before and after only
+	MaxNewTokens int    `yaml:"max_new_tokens"`
+	Precision    string `yaml:"precision"` // the evaluating engine's (default exact)
+	Skip         bool   `yaml:"skip"`
+}
+
+// RLLog controls what the run writes.
+type RLLog struct {
+	SamplesEvery    int  `yaml:"samples_every"`    // samples/step-N.jsonl every N steps
+	CheckpointEvery int  `yaml:"checkpoint_every"` // steps
+	Keep            int  `yaml:"keep"`             // checkpoints kept
+	TensorBoard     bool `yaml:"tensorboard"`
+}
+
+// Guards stop or flag a run going wrong.
+type Guards struct {
+	// MaxNonFinite consecutive steps with a NaN or Inf loss or gradient
+	// stop the run (each such step is skipped and logged).
+	MaxNonFinite int `yaml:"max_nonfinite"`
+	// KLMax and ISMax > 0: when the train-infer KL (k3) or the largest IS
+	// weight of a step exceeds them, Action ("warn" or "stop") is taken.
+	KLMax  float64 `yaml:"kl_max"`
+	ISMax  float64 `yaml:"is_max"`
+	Action string  `yaml:"action"`
+}
+
+// Quickstart is the built-in recipe `keel rl` runs without arguments.
+//
+//go:embed quickstart.yaml
+var Quickstart []byte
+
+// ReadRecipe reads a recipe file strictly and applies overrides
+// ("key.path=value", YAML values) before the defaults and checks.
+func ReadRecipe(path string, overrides []string) (*Recipe, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	r, err := ParseRecipe(b, overrides)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return r, nil
+}
+
+// ParseRecipe parses recipe YAML, applies overrides, fills defaults and
+// checks the result.
+func ParseRecipe(b []byte, overrides []string) (*Recipe, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return nil, errors.New(strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	if doc.Kind == 0 {
+		doc = yaml.Node{Kind: yaml.DocumentNode, Content: []*yaml.Node{{Kind: yaml.MappingNode, Tag: "!!map"}}}
+	}
+	for _, o := range overrides {
+		if err := setKey(&doc, o); err != nil {
+			return nil, err
+		}
+	}
+	var buf bytes.Buffer
+	if err := yaml.NewEncoder(&buf).Encode(&doc); err != nil {
+		return nil, err
+	}
+	var r Recipe
+	dec := yaml.NewDecoder(&buf)
+	dec.KnownFields(true)
+	if err := dec.Decode(&r); err != nil && !errors.Is(err, io.EOF) {
+		return nil, errors.New(strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	if err := r.fill(); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// setKey applies one "a.b.c=value" override to a YAML document, creating
+// missing mappings; the value is parsed as YAML (so 3, 0.5, true, [a, b]
+// and strings all work). Unknown keys are caught by the strict decode.
+func setKey(doc *yaml.Node, kv string) error {
+	key, val, ok := strings.Cut(kv, "=")
+	if !ok || key == "" {
+		return fmt.Errorf("--set %q: want key=value", kv)
+	}
+	var v yaml.Node
+	if err := yaml.Unmarshal([]byte(val), &v); err != nil {
+		return fmt.Errorf("--set %s: value: %v", key, err)
+	}
+	value := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!null", Value: ""}
+	if v.Kind == yaml.DocumentNode && len(v.Content) == 1 {
+		value = v.Content[0]
+	}
+	node := doc.Content[0]
+	parts := strings.Split(key, ".")
+	for i, p := range parts {
+		if node.Kind != yaml.MappingNode {
+			return fmt.Errorf("--set %s: %s is not a mapping", key, strings.Join(parts[:i], "."))
+		}
+		var next *yaml.Node
+		for j := 0; j+1 < len(node.Content); j += 2 {
+			if node.Content[j].Value == p {
+				next = node.Content[j+1]
+				if i == len(parts)-1 {
+					node.Content[j+1] = value
+				}
+				break
+			}
+		}
+		if i == len(parts)-1 {
+			if next == nil {
+				node.Content = append(node.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: p}, value)
+			}
+			return nil
+		}
+		if next == nil || next.Kind != yaml.MappingNode {
+			next = &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
+			found := false
+			for j := 0; j+1 < len(node.Content); j += 2 {
+				if node.Content[j].Value == p {
+					node.Content[j+1] = next
+					found = true
+				}
+			}
+			if !found {
+				node.Content = append(node.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: p}, next)
+			}
+		}
+		node = next
+	}
+	return nil
+}
+
+// Objective names.
+const (
+	ObjMiniRL    = "minirl"
+	ObjGRPO      = "grpo"
+	ObjDrGRPO    = "dr-grpo"
+	ObjDAPO      = "dapo"
+	ObjCISPO     = "cispo"
+	ObjGSPO      = "gspo"
+	ObjGSPOToken = "gspo-token"
+	ObjPPO       = "ppo"
+)
+
+// Replay modes.
+const (
+	ReplayNone = "none"
+	ReplayR2   = "r2"
+	ReplayR3   = "r3"
+)
+
+func isMiniRL(name string) bool {
+	switch name {
+	case MiniRLDefault, MiniRLNoIS, MiniRLLenNorm, MiniRLOldIS, MiniRLNoClip:
+		return true
+	}
+	return false
+}
+
+// fill sets defaults and checks every setting, naming the key at fault.
+func (r *Recipe) fill() error {
+	bad := func(key string, format string, a ...any) error {
+		return fmt.Errorf("%s: %s", key, fmt.Sprintf(format, a...))
+	}
+	if r.Name == "" {
+		r.Name = "rl"
+	}
+	if r.Out == "" {
+		r.Out = "runs/" + r.Name
+	}
+	if r.Seed == 0 {
+		r.Seed = 1
+	}
+	if r.Model.Path == "" {
+		return bad("model.path", "a model directory is required")
+	}
+	d := &r.Data
+	switch {
+	case d.File != "" && len(d.Tasks) > 0:
+		return bad("data", "give file or tasks, not both")
+	case d.File == "" && len(d.Tasks) == 0:
+		return bad("data", "give file (JSONL or Parquet) or tasks to generate problems")
+	}
+	if len(d.Tasks) > 0 {
+		if d.N == 0 {
+			d.N = 20000
+		}
+		if d.N < 0 {
+			return bad("data.n", "%d, want > 0", d.N)
+		}
+		if d.Difficulty == "" {
+			d.Difficulty = "1-4"
+		}
+	}
+
+	ro := &r.Rollout
+	if ro.Precision == "" {
+		ro.Precision = "exact"
+	}
+	if _, err := rollout.ParsePrecision(ro.Precision); err != nil {
+		return bad("rollout.precision", "%v", err)
+	}
+	if ro.Temperature == 0 {
+		ro.Temperature = 1
+	}
+	if !(ro.Temperature > 0) || math.IsInf(ro.Temperature, 0) {
+		return bad("rollout.temperature", "%g, want a finite value > 0 (RL samples; greedy decoding has no policy gradient)", ro.Temperature)
+	}
+	if ro.TopK < 0 {
+		return bad("rollout.top_k", "%d, want >= 0 (0: off)", ro.TopK)
+	}
+	if ro.TopP < 0 || ro.TopP > 1 {
+		return bad("rollout.top_p", "%g, want within [0, 1] (0 or 1: off)", ro.TopP)
+	}
+	if ro.MaxNewTokens == 0 {
+		ro.MaxNewTokens = 256
+	}
+	if ro.MaxNewTokens < 1 {
+		return bad("rollout.max_new_tokens", "%d, want >= 1", ro.MaxNewTokens)
+	}
+	if ro.Slots == 0 {
+		ro.Slots = 256
+	}
+	if ro.Slots < 1 {
+		return bad("rollout.slots", "%d, want >= 1", ro.Slots)
+	}
+
+	a := &r.Algorithm
+	if a.Objective == "" {
+		a.Objective = MiniRLDefault
+	}
+	defLow, defHigh := 0.2, 0.27
+	defAdv := GroupMean
+	switch a.Objective {
+	case MiniRLDefault, MiniRLNoIS, MiniRLLenNorm, MiniRLOldIS, MiniRLNoClip:
+		if a.Aggregation != "" {
+			return bad("algorithm.aggregation", "MiniRL fixes its own (a response's token sum, mean over responses; minirl-lennorm divides by the length): leave it unset")
+		}
+	case ObjGRPO:
+		defLow, defHigh, defAdv = 0.2, 0.2, GroupMeanStd
+	case ObjDrGRPO, ObjPPO:
+		defLow, defHigh = 0.2, 0.2
+	case ObjDAPO:
+		defLow, defHigh = 0.2, 0.28
+	case ObjCISPO:
+		defLow, defHigh = 0.2, 0.28
+	case ObjGSPO, ObjGSPOToken:
+		defLow, defHigh = 3e-4, 4e-4
+	default:
+		return bad("algorithm.objective", "unknown %q (want minirl, minirl-no-is, minirl-lennorm, minirl-old-is, no-clip, grpo, dr-grpo, dapo, cispo, gspo, gspo-token or ppo)", a.Objective)
+	}
+	if a.EpsLow == nil {
+		a.EpsLow = &defLow
+	}
+	if a.EpsHigh == nil {
+		a.EpsHigh = &defHigh
+	}
+	if !(*a.EpsLow >= 0 && *a.EpsLow < 1) {
+		return bad("algorithm.eps_low", "%g, want within [0, 1)", *a.EpsLow)
+	}
+	if !(*a.EpsHigh >= 0) || math.IsInf(*a.EpsHigh, 0) {
+		return bad("algorithm.eps_high", "%g, want a finite value >= 0", *a.EpsHigh)
+	}
+	if a.Advantage == "" {
+		a.Advantage = defAdv
+	}
+	switch a.Advantage {
+	case GroupMean, GroupMeanStd, RLOO:
+	default:
+		return bad("algorithm.advantage", "unknown %q (want %s, %s or %s)", a.Advantage, GroupMean, GroupMeanStd, RLOO)
+	}
+	if a.Aggregation != "" {
+		if _, err := Norms(nil, a.Aggregation, 1, Totals{}); err != nil {
+			return bad("algorithm.aggregation", "unknown %q (want %s, %s, %s or %s)", a.Aggregation, SeqSumMean, TokenMean, SeqMeanTokenMean, ConstantNorm)
+		}
+		if a.Objective == ObjCISPO || a.Objective == ObjGSPO || a.Objective == ObjGSPOToken {
+			return bad("algorithm.aggregation", "%s fixes its own aggregation: leave it unset", a.Objective)
+		}
+	}
+	if a.ISCap == 0 {
+		a.ISCap = 5
+	}
+	if !(a.ISCap > 0) || math.IsInf(a.ISCap, 0) {
+		return bad("algorithm.is_cap", "%g, want a finite value > 0", a.ISCap)
+	}
+	if a.Correction == "" {
+		a.Correction = CorrectionNone
+	}
+	if a.CorrectionCap == 0 {
+		a.CorrectionCap = 2
+	}
+	if a.CorrectionLow == 0 {
+		a.CorrectionLow = 0.999
+	}
+	if a.CorrectionHigh == 0 {
+		a.CorrectionHigh = 1.001
+	}
+	if err := a.correction().Validate(); err != nil {
+		return bad("algorithm.correction", "%v", err)
+	}
+	if a.Correction != CorrectionNone && isMiniRL(a.Objective) && a.Objective != MiniRLNoIS {
+		return bad("algorithm.correction", "%s already corrects the training-inference discrepancy with its own IS weight; use objective minirl-no-is to pair MiniRL's clipping with %s", a.Objective, a.Correction)
+	}
+	if a.Replay == "" {
+		a.Replay = ReplayNone
+	}
+	switch a.Replay {
+	case ReplayNone, ReplayR2, ReplayR3:
+	default:
+		return bad("algorithm.replay", "unknown %q (want none, r2 or r3)", a.Replay)
+	}
+	if !(a.KLCoef >= 0) || math.IsInf(a.KLCoef, 0) {
+		return bad("algorithm.kl_coef", "%g, want a finite value >= 0", a.KLCoef)
+	}
+	if !(a.EntropyCoef >= 0) || math.IsInf(a.EntropyCoef, 0) {
+		return bad("algorithm.entropy_coef", "%g, want a finite value >= 0", a.EntropyCoef)
+	}
+	if a.MaxRounds == 0 {
+		a.MaxRounds = 3
+	}
+	if a.MaxRounds < 1 {
+		return bad("algorithm.max_rounds", "%d, want >= 1", a.MaxRounds)
+	}
+	if a.OverlongBuffer < 0 || a.OverlongBuffer >= ro.MaxNewTokens && a.OverlongBuffer > 0 {
+		return bad("algorithm.overlong_buffer", "%d, want within [0, rollout.max_new_tokens = %d)", a.OverlongBuffer, ro.MaxNewTokens)
+	}
+	if a.OverlongPenalty == 0 {
+		a.OverlongPenalty = 1
+	}
+
+	t := &r.Train
+	if t.Steps == 0 {
+		t.Steps = 100
+	}
+	if t.Steps < 1 {
+		return bad("train.steps", "%d, want >= 1", t.Steps)
+	}
+	if t.PromptsPerStep == 0 {
+		t.PromptsPerStep = 32
+	}
+	if t.GroupSize == 0 {
+		t.GroupSize = 8
+	}
+	if t.MiniBatches == 0 {
+		t.MiniBatches = 1
+	}
+	if t.PromptsPerStep < 1 {
+		return bad("train.prompts_per_step", "%d, want >= 1", t.PromptsPerStep)
+	}
+	if t.GroupSize < 2 {
+		return bad("train.group_size", "%d, want >= 2 (advantages compare a prompt's samples)", t.GroupSize)
+	}
+	if t.MiniBatches < 1 || t.PromptsPerStep%t.MiniBatches != 0 {
+		return bad("train.mini_batches", "%d must divide train.prompts_per_step = %d (groups stay whole)", t.MiniBatches, t.PromptsPerStep)
+	}
+	if t.MicroBatchTokens == 0 {
+		t.MicroBatchTokens = 16384
+	}
+	if t.MicroBatchTokens < 1 {
+		return bad("train.micro_batch_tokens", "%d, want >= 1", t.MicroBatchTokens)
+	}
+	if t.LR == 0 {
+		t.LR = 1e-5
+	}
+	if t.Schedule == "" {
+		t.Schedule = train.ScheduleConstant
+	}
+	if t.Beta1 == 0 {
+		t.Beta1 = 0.9
+	}
+	if t.Beta2 == 0 {
+		t.Beta2 = 0.999
+	}
+	if t.ClipNorm == 0 {
+		t.ClipNorm = 1
+	}
+	if err := r.schedule().Validate(); err != nil {
+		return bad("train", "%v", err)
+	}
+	if err := r.adamw().Validate(); err != nil {
+		return bad("train", "%v", err)
+	}
+	if !(t.AuxLoss >= 0) || math.IsInf(t.AuxLoss, 0) {
+		return bad("train.aux_loss", "%g, want a finite value >= 0", t.AuxLoss)
+	}
+
+	e := &r.Eval
+	if !e.Skip {
+		if e.File == "" {
+			return bad("eval.file", "a held-out data set is required (or eval.skip: true)")
+		}
+		if e.K == 0 {
+			e.K = 4
+		}
+		if e.K < 1 {
+			return bad("eval.k", "%d, want >= 1", e.K)
+		}
+		if e.N < 0 {
+			return bad("eval.n", "%d, want >= 0 (0: every row)", e.N)
+		}
+		if e.Every < 0 {
+			return bad("eval.every", "%d, want >= 0", e.Every)
+		}
+		if e.MaxNewTokens == 0 {
+			e.MaxNewTokens = ro.MaxNewTokens
+		}
+		if e.Precision == "" {
+			e.Precision = "exact"
+		}
+		if _, err := rollout.ParsePrecision(e.Precision); err != nil {
+			return bad("eval.precision", "%v", err)
+		}
+	}
+	l := &r.Log
+	if l.SamplesEvery == 0 {
+		l.SamplesEvery = 10
+	}
+	if l.CheckpointEvery == 0 {
+		l.CheckpointEvery = 20
+	}
+	if l.Keep == 0 {
+		l.Keep = 2
+	}
+	if l.SamplesEvery < 0 || l.CheckpointEvery < 0 || l.Keep < 0 {
+		return bad("log", "samples_every, checkpoint_every and keep must be >= 0")
+	}
+	g := &r.Guards
+	if g.MaxNonFinite == 0 {
+		g.MaxNonFinite = 3
+	}
+	if g.MaxNonFinite < 1 {
+		return bad("guards.max_nonfinite", "%d, want >= 1", g.MaxNonFinite)
+	}
+	if g.Action == "" {
+		g.Action = "warn"
+	}
+	if g.Action != "warn" && g.Action != "stop" {
+		return bad("guards.action", "%q, want warn or stop", g.Action)
+	}
+	if g.KLMax < 0 || g.ISMax < 0 {
+		return bad("guards", "kl_max and is_max must be >= 0 (0: off)")
+	}
+	return nil
+}
+
+func (a *Algorithm) correction() Correction {
+	return Correction{Mode: a.Correction, Cap: a.CorrectionCap, Low: a.CorrectionLow, High: a.CorrectionHigh}
+}
+
+// objective builds the recipe's objective; budget is the generation
+// budget (Dr. GRPO's constant).
+func (a *Algorithm) objective(budget int) Objective {
+	lo, hi := *a.EpsLow, *a.EpsHigh
+	if isMiniRL(a.Objective) {
+		return MiniRL{Variant: a.Objective, EpsLow: lo, EpsHigh: hi, ISCap: a.ISCap}
+	}
+	var p PPOClip
+	switch a.Objective {
+	case ObjCISPO:
+		return CISPO{EpsLow: lo, EpsHigh: hi}
+	case ObjGRPO:
+		p = GRPO()
+	case ObjDrGRPO:
+		p = DrGRPO(budget)
+	case ObjDAPO:
+		p = DAPO()
+	case ObjGSPO:
+		p = GSPO()
+	case ObjGSPOToken:
+		p = GSPOToken()
+	case ObjPPO:
+		p = PPO()
+	}
+	p.EpsLow, p.EpsHigh = lo, hi
+	if a.Aggregation != "" {
+		p.Aggregation = a.Aggregation
+		if a.Aggregation == ConstantNorm {
+			p.Budget = budget
+		}
+	}
+	return p
+}
+
+// aggregation is the per-response multiplier rule of the objective, for
+// the KL and entropy terms.
+func (a *Algorithm) aggregation() string {
+	switch {
+	case a.Objective == MiniRLLenNorm:
+		return SeqMeanTokenMean
+	case isMiniRL(a.Objective):
+		return SeqSumMean
+	case a.Objective == ObjCISPO:
+		return TokenMean
+	}
+	p, _ := a.objective(1).(PPOClip)
+	if p.Aggregation == "" {
+		return TokenMean
+	}
+	return p.Aggregation
+}
+
+func (r *Recipe) schedule() train.Schedule {
+	t := &r.Train
+	total := t.Steps * t.MiniBatches
+	return train.Schedule{Kind: t.Schedule, PeakLR: t.LR, WarmupSteps: t.Warmup, TotalSteps: total, MinLR: t.MinLR}
+}
+
+func (r *Recipe) adamw() train.AdamWConfig {
+	t := &r.Train
+	return train.AdamWConfig{Beta1: t.Beta1, Beta2: t.Beta2, Eps: 1e-8, WeightDecay: t.WeightDecay}
+}
+
+// YAML returns the resolved recipe (every default filled) as YAML.
+func (r *Recipe) YAML() []byte {
+	b, _ := yaml.Marshal(r)
+	return b
+}
+
+// itoa is strconv.Itoa, short for metric names.
+func itoa(i int) string { return strconv.Itoa(i) }
