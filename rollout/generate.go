@@ -40,23 +40,18 @@ type Sample struct {
 	Index  int     // sample number within the prompt, 0..n-1
 	Tokens []int32 // the response (a stop token included)
 	// LogProbs[t] is log mu(Tokens[t]): the log-probability under the full
-	// softmax at the sampling temperature. This is the one the RL code
-	// must use as log mu_old in IS ratios against the training engine's
-	// log pi_old, which is a full softmax too: like with like. At
-	// temperature 1 the two are the same function of the logits (and
-	// bit-identical in exact precision). At another temperature T the
-	// logits are divided by T (in float32, before the log-softmax), so
-	// log mu is the tempered policy's: it matches pi_old only if the
-	// training engine tempers its logits the same way, which it does not
-	// (keel's RL loop samples at T = 1). Greedy decoding (T = 0) reports
-	// the untempered distribution, bit-identical to pi_old in exact mode.
+	// softmax at the sampling temperature (logits divided by T in float32
+	// before the log-softmax). The training engine tempers its logits the
+	// same way (train.ForwardOptions.Temperature), so this is the
+	// counterpart of its log pi_old: bit-identical in exact precision at
+	// any temperature. Greedy decoding (T = 0) reports the untempered
+	// distribution.
 	LogProbs []float32
 	// TruncLogProbs[t] is the log-probability under the distribution the
 	// token was actually drawn from, renormalised over the top-k / top-p
-	// set; nil when truncation is off. It is the right denominator only
-	// if the training side truncates its distribution the same way, which
-	// keel's training engine does not: it is reported for analysis (how
-	// far truncation moves the behaviour policy), not for IS weights.
+	// set; nil when truncation is off. It is log mu_old for the RL loop's
+	// IS weights when truncation is on (the behaviour policy is the
+	// truncated one); the gap to LogProbs measures what truncation does.
 	TruncLogProbs []float32
 	// Routes are the experts chosen at every position of prompt and
 	// response (MoE models only; nil for dense ones).
