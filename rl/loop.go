@@ -559,7 +559,7 @@ func (l *Loop) update(i int, mb []*Sample, step int) (Stats, float64, float64, f
 			tokens += len(s.Prompt.IDs) + len(s.Response)
 			logMu = append(logMu, s.LogMu)
 			logPi = append(logPi, batch[k].LogPi)
-			if l.moe && r.Algorithm.Replay == ReplayNone && !fresh && res.Routes != nil {
+			if l.moe && r.Algorithm.Replay == ReplayNone && i > 0 && res.Routes != nil {
 				oldR = append(oldR, s.OldRoutes)
 				thetaR = append(thetaR, res.Routes[k])
 			}
