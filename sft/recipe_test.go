@@ -2,6 +2,7 @@ package sft
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -102,5 +103,23 @@ log: {every: 1, checkpoint_every: 2}
 	}
 	if _, err := os.Stat(filepath.Join(b.Out, "model", "tokenizer.json")); err != nil {
 		t.Fatal("no tokenizer.json in the model directory")
+	}
+}
+
+// Two runs on one directory would interleave their checkpoints and logs:
+// the second refuses to start and names the holder.
+func TestRunRefusesALockedDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "busy")
+	l, err := run.Lock(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock()
+	r, err := ParseRecipe([]byte("out: " + dir + "\nmodel: {preset: tiny-dense}\ndata:\n  generate: {tasks: [linear], n: 10}\ntrain: {steps: 2}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Run(context.Background(), r, nil); !errors.Is(err, run.ErrLocked) || !strings.Contains(err.Error(), "process") {
+		t.Fatalf("run on a locked directory: %v", err)
 	}
 }

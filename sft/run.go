@@ -46,9 +46,11 @@ type loopState struct {
 // line per logging step (nil: none).
 func Run(ctx context.Context, r *Recipe, progress io.Writer) (*RunResult, error) {
 	start := time.Now()
-	if err := os.MkdirAll(r.Out, 0o755); err != nil {
+	lock, err := run.Lock(r.Out) // two runs on one directory would interleave
+	if err != nil {
 		return nil, err
 	}
+	defer lock.Unlock()
 	if err := writeRecipe(filepath.Join(r.Out, "recipe.yaml"), r); err != nil {
 		return nil, err
 	}
