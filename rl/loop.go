@@ -94,6 +94,9 @@ type Loop struct {
 	// forward instead of reusing its first training forward (tests check
 	// both give the same bits).
 	separatePiOld bool
+	// engineTime accumulates the time spent inside the training engine
+	// (forward, backward, gradient norm, AdamW) during a step.
+	engineTime time.Duration
 }
 
 // ErrTooManyNonFinite stops a run whose optimiser steps keep diverging.
@@ -141,6 +144,7 @@ func (l *Loop) RunStep() (*StepResult, error) {
 	start := time.Now()
 	r := l.R
 	var ph phases
+	l.engineTime = 0
 	step := l.Step + 1
 	m := map[string]float64{}
 
@@ -271,6 +275,10 @@ func (l *Loop) RunStep() (*StepResult, error) {
 	total := time.Since(start)
 	m["time/step"] = total.Seconds()
 	m["time/other"] = (total - ph.rollout - ph.score - ph.old - ph.update - ph.push).Seconds()
+	// What the loop itself costs: everything but the two engines and the
+	// weight push (scoring, coefficients, metrics, bookkeeping).
+	m["time/train_engine"] = l.engineTime.Seconds()
+	m["time/loop_overhead"] = (total - ph.rollout - l.engineTime - ph.push).Seconds()
 	m["tokens_per_s/rollout"] = float64(genTokens) / ph.rollout.Seconds()
 	if d := (ph.old + ph.update).Seconds(); d > 0 {
 		m["tokens_per_s/train"] = float64(trainTokens) / d
@@ -497,7 +505,9 @@ func setPiOld(mb []*Sample, res *train.Result) {
 // piOld recomputes log pi_old of samples with the training engine.
 func (l *Loop) piOld(samples []*Sample) error {
 	for _, mb := range microBatches(samples, l.R.Train.MicroBatchTokens) {
+		t := time.Now()
 		res, err := l.eng.Forward(seqs(mb), l.forwardOpts(mb, false))
+		l.engineTime += time.Since(t)
 		if err != nil {
 			return fmt.Errorf("pi_old: %w", err)
 		}
@@ -509,7 +519,9 @@ func (l *Loop) piOld(samples []*Sample) error {
 // refLogProbs computes the reference model's log-probs (KL penalty).
 func (l *Loop) refLogProbs(samples []*Sample) error {
 	for _, mb := range microBatches(samples, l.R.Train.MicroBatchTokens) {
+		t := time.Now()
 		res, err := l.refEng.Forward(seqs(mb), train.ForwardOptions{NoEntropy: true, Temperature: l.R.Rollout.Temperature})
+		l.engineTime += time.Since(t)
 		if err != nil {
 			return fmt.Errorf("reference: %w", err)
 		}
@@ -545,7 +557,10 @@ func (l *Loop) update(i int, mb []*Sample, step int) (Stats, float64, float64, f
 		fresh := i == 0 && !l.separatePiOld
 		opt := l.forwardOpts(micro, !fresh)
 		opt.NoEntropy = !fresh && r.Algorithm.EntropyCoef == 0
-		res, err := l.eng.Forward(seqs(micro), opt)
+		sq := seqs(micro)
+		t := time.Now()
+		res, err := l.eng.Forward(sq, opt)
+		l.engineTime += time.Since(t)
 		if err != nil {
 			return Stats{}, 0, 0, 0, nil, 0, fmt.Errorf("mini-batch %d: %w", i, err)
 		}
@@ -611,16 +626,24 @@ func (l *Loop) update(i int, mb []*Sample, step int) (Stats, float64, float64, f
 		if math.IsNaN(res.AuxLoss) || math.IsInf(res.AuxLoss, 0) {
 			return Stats{}, 0, 0, 0, nil, 0, errNonFinite
 		}
-		if err := l.eng.Backward(loss); err != nil {
+		t = time.Now()
+		err = l.eng.Backward(loss)
+		l.engineTime += time.Since(t)
+		if err != nil {
 			return Stats{}, 0, 0, 0, nil, 0, fmt.Errorf("mini-batch %d: %w", i, err)
 		}
 	}
+	t := time.Now()
 	gn := train.GradNorm(l.eng.Grad.Arena)
+	l.engineTime += time.Since(t)
 	if math.IsNaN(gn) || math.IsInf(gn, 0) {
 		return Stats{}, 0, 0, 0, nil, 0, errNonFinite
 	}
 	lr := r.schedule().LR(int(l.Optim.Step) + 1)
-	if err := l.Optim.UpdateScaled(l.Policy.Arena, l.eng.Grad.Arena, lr, train.ClipCoef(gn, r.Train.ClipNorm)); err != nil {
+	t = time.Now()
+	err := l.Optim.UpdateScaled(l.Policy.Arena, l.eng.Grad.Arena, lr, train.ClipCoef(gn, r.Train.ClipNorm))
+	l.engineTime += time.Since(t)
+	if err != nil {
 		return Stats{}, 0, 0, 0, nil, 0, err
 	}
 	surr := MeasureDiscrepancy(logMu, logPi).SurrogateGap

@@ -46,9 +46,9 @@ type RLModel struct {
 // layout) or problems generated from the built-in task families.
 type RLData struct {
 	File       string   `yaml:"file"`
-	Tasks      []string `yaml:"tasks"`      // generate: task families
-	N          int      `yaml:"n"`          // generate: problems
-	Difficulty string   `yaml:"difficulty"` // generate: levels, e.g. "1-4"
+	Tasks      []string `yaml:"tasks,omitempty"` // generate: task families
+	N          int      `yaml:"n"`               // generate: problems
+	Difficulty string   `yaml:"difficulty"`      // generate: levels, e.g. "1-4"
 }
 
 // RolloutSettings configure the rollout engine and its sampling.
@@ -174,32 +174,48 @@ func ReadRecipe(path string, overrides []string) (*Recipe, error) {
 // ParseRecipe parses recipe YAML, applies overrides, fills defaults and
 // checks the result.
 func ParseRecipe(b []byte, overrides []string) (*Recipe, error) {
-	var doc yaml.Node
-	if err := yaml.Unmarshal(b, &doc); err != nil {
-		return nil, errors.New(strings.TrimPrefix(err.Error(), "yaml: "))
-	}
-	if doc.Kind == 0 {
-		doc = yaml.Node{Kind: yaml.DocumentNode, Content: []*yaml.Node{{Kind: yaml.MappingNode, Tag: "!!map"}}}
-	}
-	for _, o := range overrides {
-		if err := setKey(&doc, o); err != nil {
-			return nil, err
-		}
-	}
-	var buf bytes.Buffer
-	if err := yaml.NewEncoder(&buf).Encode(&doc); err != nil {
+	var r Recipe
+	// The file alone first, so that errors give its own line numbers.
+	if err := strictDecode(b, &r); err != nil {
 		return nil, err
 	}
-	var r Recipe
-	dec := yaml.NewDecoder(&buf)
-	dec.KnownFields(true)
-	if err := dec.Decode(&r); err != nil && !errors.Is(err, io.EOF) {
-		return nil, errors.New(strings.TrimPrefix(err.Error(), "yaml: "))
+	if len(overrides) > 0 {
+		var doc yaml.Node
+		if err := yaml.Unmarshal(b, &doc); err != nil {
+			return nil, errors.New(strings.TrimPrefix(err.Error(), "yaml: "))
+		}
+		if doc.Kind == 0 {
+			doc = yaml.Node{Kind: yaml.DocumentNode, Content: []*yaml.Node{{Kind: yaml.MappingNode, Tag: "!!map"}}}
+		}
+		for _, o := range overrides {
+			if err := setKey(&doc, o); err != nil {
+				return nil, err
+			}
+		}
+		var buf bytes.Buffer
+		if err := yaml.NewEncoder(&buf).Encode(&doc); err != nil {
+			return nil, err
+		}
+		r = Recipe{}
+		if err := strictDecode(buf.Bytes(), &r); err != nil {
+			return nil, fmt.Errorf("with --set %s: %w", strings.Join(overrides, " "), err)
+		}
 	}
 	if err := r.fill(); err != nil {
 		return nil, err
 	}
 	return &r, nil
+}
+
+// strictDecode decodes recipe YAML, refusing unknown keys; an empty
+// document leaves r as it is.
+func strictDecode(b []byte, r *Recipe) error {
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(r); err != nil && !errors.Is(err, io.EOF) {
+		return errors.New(strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	return nil
 }
 
 // setKey applies one "a.b.c=value" override to a YAML document, creating
@@ -239,6 +255,9 @@ func setKey(doc *yaml.Node, kv string) error {
 				node.Content = append(node.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: p}, value)
 			}
 			return nil
+		}
+		if next != nil && next.Kind != yaml.MappingNode && next.Tag != "!!null" {
+			return fmt.Errorf("--set %s: %s is not a mapping", key, strings.Join(parts[:i+1], "."))
 		}
 		if next == nil || next.Kind != yaml.MappingNode {
 			next = &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
@@ -398,7 +417,9 @@ func (r *Recipe) fill() error {
 		return bad("algorithm.advantage", "unknown %q (want %s, %s or %s)", a.Advantage, GroupMean, GroupMeanStd, RLOO)
 	}
 	if a.Aggregation != "" {
-		if _, err := Norms(nil, a.Aggregation, 1, Totals{}); err != nil {
+		switch a.Aggregation {
+		case SeqSumMean, TokenMean, SeqMeanTokenMean, ConstantNorm:
+		default:
 			return bad("algorithm.aggregation", "unknown %q (want %s, %s, %s or %s)", a.Aggregation, SeqSumMean, TokenMean, SeqMeanTokenMean, ConstantNorm)
 		}
 		if a.Objective == ObjCISPO || a.Objective == ObjGSPO || a.Objective == ObjGSPOToken {

@@ -20,13 +20,14 @@ func init() {
 }
 
 type benchReport struct {
-	CPU         string              `json:"cpu_path"`
-	Threads     int                 `json:"threads"`
-	Gemm        []benchGemmRow      `json:"gemm"`
-	PeakGFLOPS  float64             `json:"peak_gflops_f32_1024"`
-	Train       []bench.TrainResult `json:"train"`
-	Utilisation map[string]float64  `json:"mfu"`
-	Decode      []benchDecodeRow    `json:"decode,omitempty"`
+	CPU         string               `json:"cpu_path"`
+	Threads     int                  `json:"threads"`
+	Gemm        []benchGemmRow       `json:"gemm"`
+	PeakGFLOPS  float64              `json:"peak_gflops_f32_1024"`
+	Train       []bench.TrainResult  `json:"train"`
+	Utilisation map[string]float64   `json:"mfu"`
+	Decode      []benchDecodeRow     `json:"decode,omitempty"`
+	RL          []bench.RLStepResult `json:"rl_step,omitempty"`
 }
 
 type benchDecodeRow struct {
@@ -55,6 +56,8 @@ func runBench(args []string) error {
 	decodeSlots := fs.String("decode-slots", "64,256", "comma-separated concurrent sequences for the decode table")
 	decodePrec := fs.String("decode-precisions", "exact,fp32,bf16,fp8", "comma-separated rollout precisions for the decode table")
 	decodeGroup := fs.Int("decode-group", 1, "samples per prompt in the decode table (RL's group size G; the samples of a prompt share its prefill)")
+	noRL := fs.Bool("no-rl", false, "skip the RL-step table")
+	rlPrec := fs.String("rl-precision", "fp8", "rollout precision of the RL-step table")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -116,6 +119,23 @@ func runBench(args []string) error {
 			}
 		}
 	}
+	if !*noRL {
+		ps, err := parsePrecisions(*rlPrec, "--rl-precision")
+		if err != nil {
+			return err
+		}
+		steps := 3
+		if *quick {
+			steps = 1
+		}
+		for _, tr := range rep.Train {
+			r, err := bench.RLStep(tr.Preset, *vocab, ps[0], 32, 8, 96, steps)
+			if err != nil {
+				return err
+			}
+			rep.RL = append(rep.RL, r)
+		}
+	}
 	if *asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
@@ -145,8 +165,19 @@ func runBench(args []string) error {
 			fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%.0f\t%.0f%%\t\n", d.Preset, d.Slots, d.SamplesPerPrompt, d.PrecisionName, d.TokensPerS, 100*d.VsForward)
 		}
 	}
+	if len(rep.RL) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "RL step\tprecision\tstep s\trollout\tscoring\tpi_old\tupdates\tweight push\tother\tloop overhead\t")
+		for _, r := range rep.RL {
+			pc := func(v float64) string { return fmt.Sprintf("%.1f%%", 100*v/r.Step) }
+			fmt.Fprintf(w, "%s\t%s\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Preset, r.Precision, r.Step, pc(r.Rollout), pc(r.Score), pc(r.PiOld), pc(r.Update), pc(r.Push), pc(r.Other), pc(r.LoopOverhead))
+		}
+	}
 	if err := w.Flush(); err != nil {
 		return err
+	}
+	if len(rep.RL) > 0 {
+		fmt.Println("\nRL step: MiniRL, 32 random 32-token prompts x 8 samples of up to 96 tokens, one mini-batch, a synthetic reward; phases as shares of the step; loop overhead = the step less the two engines and the weight push (scoring, coefficients, metrics).")
 	}
 	if len(rep.Decode) > 0 {
 		fmt.Println("\ndecode: 32-token prompts, 96 new tokens each at temperature 1, all sequences concurrent, \"per prompt\" samples sharing each prompt's prefill; tokens/s counts generated tokens (prefill time included); vs forward = over the forward tok/s above.")
