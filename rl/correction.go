@@ -5,7 +5,7 @@ import (
 	"math"
 )
 
-// Training-inference correction modes (SPEC.md §4). Each reweighs or masks
+// Training-inference correction modes (docs/method.md §4). Each reweighs or masks
 // the tokens of a response by the discrepancy ratio rho_t = pi_old(y_t) /
 // mu_old(y_t) (the same weights in the two engines), on top of any
 // objective. MiniRL's own IS weight (min(pi_theta/mu_old, C)) already is a

@@ -1,7 +1,8 @@
-// Package rl holds the reinforcement-learning side of keel: the measures of
-// SPEC.md §5 that say whether the token-level surrogate is valid, and (as
-// the RL loop lands) advantages, objectives and corrections. Everything
-// here is a pure function over arrays, tested on hand-computed values.
+// Package rl is keel's reinforcement learning (docs/method.md): advantages,
+// objectives, training-inference corrections and the measures that say
+// whether the token-level surrogate is valid — pure functions over arrays,
+// tested on hand-computed values — and the RL loop that runs them over the
+// two engines (Loop, Run), with its recipes, checkpoints and metrics.
 package rl
 
 import (
@@ -12,7 +13,7 @@ import (
 
 // Discrepancy summarises log mu_old (the rollout engine's log-probabilities
 // of the sampled tokens) against log pi_old (the training engine's, same
-// weights, same tokens), SPEC.md §5.
+// weights, same tokens), docs/method.md §6.
 type Discrepancy struct {
 	Sequences, Tokens int
 	// K1 = mean_t (log mu - log pi_old) and K3 = mean_t (exp(l) - l - 1)

@@ -5,7 +5,7 @@ import (
 	"math"
 )
 
-// Advantage estimators (SPEC.md §3-4): how the rewards of a group of G
+// Advantage estimators (docs/method.md §3-4): how the rewards of a group of G
 // responses to one prompt become per-response advantages.
 const (
 	// GroupMean is MiniRL's: A_i = R_i - mean_j R_j, no division by the
@@ -65,7 +65,7 @@ func Advantages(rewards []float64, group int, kind string) ([]float64, error) {
 }
 
 // Response is one sampled response's per-token log-probabilities of its
-// own tokens under the three policies of SPEC.md §1, and its advantage.
+// own tokens under the three policies of docs/method.md §1, and its advantage.
 type Response struct {
 	Advantage float64
 	// TokenAdvantages, when set, gives every token its own advantage in
@@ -84,7 +84,7 @@ func (r *Response) adv(t int) float64 {
 	return r.Advantage
 }
 
-// MiniRL variants (SPEC.md §3-4).
+// MiniRL variants (docs/method.md §3-4).
 const (
 	MiniRLDefault = "minirl"         // w = min(sg[pi_theta/mu_old], C), clipping mask
 	MiniRLNoIS    = "minirl-no-is"   // w = pi_theta/pi_old: no training-inference correction
@@ -132,7 +132,7 @@ func (t Totals) of(batch []Response) Totals {
 	return t
 }
 
-// Stats are the per-token measures of SPEC.md §5 that the objective sees,
+// Stats are the per-token measures of docs/method.md §6 that the objective sees,
 // kept as sums and counts so that the statistics of micro-batches add up
 // (Add) to those of their mini-batch.
 type Stats struct {

@@ -14,7 +14,7 @@ type Objective interface {
 	Coefficients(batch []Response, tot Totals) ([][]float32, Stats, error)
 }
 
-// Loss aggregations (SPEC.md §4): how token terms are summed and
+// Loss aggregations (docs/method.md §4): how token terms are summed and
 // normalised across a mini-batch of B responses with T tokens in all.
 const (
 	SeqSumMean       = "seq-sum-mean"        // Σ_t per response, mean over responses (MiniRL)

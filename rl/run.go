@@ -44,6 +44,9 @@ type Result struct {
 	Resumed  int // the step resumed from (0: fresh)
 	Recipe   *Recipe
 	LastStep map[string]float64
+	// Decontaminated counts training prompts dropped for being in the
+	// held-out set.
+	Decontaminated int
 }
 
 // loopState is what a checkpoint saves besides model and optimiser.
@@ -171,6 +174,15 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 		if r.Eval.N > 0 && r.Eval.N < len(evalSet) {
 			evalSet = evalSet[:r.Eval.N]
 		}
+		// Held out means held out: training prompts that are also
+		// evaluation prompts (small problems recur) are dropped.
+		var dropped int
+		if prompts, dropped = decontaminate(prompts, evalSet); len(prompts) == 0 {
+			return nil, fmt.Errorf("data: every training prompt is also in eval.file %s", r.Eval.File)
+		}
+		res.Decontaminated = dropped
+		loop.Loader = NewLoader(prompts, r.Seed)
+		loop.Loader.Seek(st.Loader)
 		ep, _ := rollout.ParsePrecision(r.Eval.Precision)
 		evLen := r.Eval.MaxNewTokens
 		for _, p := range evaluate.Prompts(tok, evalSet) {
@@ -248,7 +260,7 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 			return nil, err
 		}
 		res.Before = rep
-		m := map[string]float64{}
+		m := map[string]float64{"data/prompts": float64(len(prompts)), "data/decontaminated": float64(res.Decontaminated)}
 		evalMetrics(rep, m)
 		if err := write(0, m); err != nil {
 			return nil, err
@@ -341,6 +353,26 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 		return nil, err
 	}
 	return res, nil
+}
+
+// decontaminate drops the prompts whose chat text is that of an
+// evaluation example.
+func decontaminate(prompts []Prompt, eval []data.Example) ([]Prompt, int) {
+	held := map[string]bool{}
+	for i := range eval {
+		held[chatKey(eval[i].Chat())] = true
+	}
+	out := prompts[:0:0]
+	for _, p := range prompts {
+		if !held[chatKey(p.Example.Chat())] {
+			out = append(out, p)
+		}
+	}
+	return out, len(prompts) - len(out)
+}
+
+func chatKey(msgs []tokenizer.Message) string {
+	return tokenizer.ChatML(msgs, true)
 }
 
 // guardMessage says which guard threshold a step passed ("" if none).

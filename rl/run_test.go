@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keel-rl/keel/data"
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/run"
 )
@@ -244,4 +245,14 @@ func denseModelDir(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+func TestDecontaminate(t *testing.T) {
+	ps := []Prompt{{Row: 0}, {Row: 1}, {Row: 2}}
+	ps[0].Example.Prompt, ps[1].Example.Prompt, ps[2].Example.Prompt = "Compute 1+1.", "Compute 2+2.", "Compute 3+3."
+	eval := []data.Example{{Prompt: "Compute 2+2."}, {Prompt: "Compute 9+9."}}
+	out, n := decontaminate(ps, eval)
+	if n != 1 || len(out) != 2 || out[0].Row != 0 || out[1].Row != 2 {
+		t.Fatalf("kept %+v, dropped %d", out, n)
+	}
 }

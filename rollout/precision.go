@@ -1,9 +1,10 @@
 // Package rollout is keel's inference engine: batched KV-cache sampling
 // with continuous batching, per-token log-probabilities, MoE routes and a
 // numeric precision that can be dialled from exactly the training engine's
-// arithmetic to float8 weights and activations (DESIGN.md, "Two engines,
-// on purpose"). It shares kernels with the training engine but not code
-// paths: the discrepancy between the two is the object of study.
+// arithmetic to float8 weights and activations (docs/method.md §1: the
+// training-inference discrepancy). It shares kernels with the training
+// engine but not code paths: the discrepancy between the two is the object
+// of study.
 package rollout
 
 import (

@@ -8,7 +8,7 @@ import (
 // Schedule kinds.
 const (
 	// ScheduleConstant warms up linearly, then holds PeakLR: keel's default,
-	// as SPEC.md §3 prescribes.
+	// as docs/method.md §3 prescribes.
 	ScheduleConstant = "constant"
 	// ScheduleCosine warms up linearly, then decays from PeakLR to MinLR
 	// along a half cosine, reaching MinLR at TotalSteps and staying there.

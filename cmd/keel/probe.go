@@ -29,7 +29,7 @@ const probeUsage = `usage: keel probe --model DIR --input FILE.jsonl [--precisio
 The discrepancy analysis to run before RL. For each rollout precision it
 samples responses to the prompts of FILE.jsonl ({"tokens": [ids]} lines),
 recomputes their log-probabilities with the training engine (log pi_old)
-and reports (SPEC.md §5): train-infer KL estimators k1 and k3, mean and
+and reports (docs/method.md §6): train-infer KL estimators k1 and k3, mean and
 max |log mu - log pi_old|, the fractions of tokens with |delta| above 0.1
 and 1.0, the perplexity gap, the surrogate-validity gap (mean over
 sequences of |prod(1+d_t) - 1 - sum d_t|) and, for MoE models, the

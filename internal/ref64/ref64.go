@@ -15,7 +15,7 @@
 // top-k when norm_topk_prob; SwiGLU experts down(silu(gate x)·up x); pre-norm
 // residual layout; final norm; tied or untied head.
 //
-// Routing Replay (SPEC.md §2): a forced expert set I keeps its gates computed
+// Routing Replay (docs/method.md §2): a forced expert set I keeps its gates computed
 // from the live router scores restricted to I, g_i = exp(s_i)/Σ_{j∈I} exp(s_j)
 // when norm_topk_prob, else the full-softmax probability p_i.
 //
