@@ -6,14 +6,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rl"
 	"github.com/keel-rl/keel/rollout"
-	"github.com/keel-rl/keel/train"
 )
 
 func init() {
@@ -117,92 +115,24 @@ func runProbe(args []string) error {
 }
 
 // probeMode samples with one precision and compares with the training
-// engine on the same tokens.
+// engine on the same tokens (rl.Probe).
 func probeMode(m *model.Model, prompts [][]int32, p rollout.Precision, sf *sampleFlags, sp rollout.Sampling) (probeRow, error) {
 	row := probeRow{Precision: p.String()}
 	e, err := rollout.New(m, sf.engineOptions(&m.Config, prompts, p))
 	if err != nil {
 		return row, err
 	}
-	samples, err := e.Generate(prompts, sf.n, sp)
-	e.Close()
+	defer e.Close()
+	r, err := rl.Probe(m, e, prompts, sf.n, sp, 8192)
 	if err != nil {
 		return row, err
 	}
-	moe := len(m.Config.MoELayers()) > 0
-	eng := train.New(m)
-	var logMu, logPi [][]float32
-	var muRoutes, piRoutes []*model.Routes
-	const batchTokens = 8192
-	for lo := 0; lo < len(samples); {
-		hi, n := lo, 0
-		var seqs [][]int32
-		for hi < len(samples) && (hi == lo || n+len(prompts[samples[hi].Prompt])+len(samples[hi].Tokens) <= batchTokens) {
-			s := samples[hi]
-			seq := append(append([]int32(nil), prompts[s.Prompt]...), s.Tokens...)
-			seqs = append(seqs, seq)
-			n += len(seq)
-			hi++
-		}
-		res, err := eng.Forward(seqs, train.ForwardOptions{Record: moe, NoEntropy: true})
-		if err != nil {
-			return row, err
-		}
-		for i, s := range samples[lo:hi] {
-			pl := len(prompts[s.Prompt])
-			logMu = append(logMu, s.LogProbs)
-			logPi = append(logPi, res.LogProbs[i][pl-1:])
-			if moe {
-				muRoutes = append(muRoutes, s.Routes.Model())
-				piRoutes = append(piRoutes, res.Routes[i])
-			}
-		}
-		lo = hi
-	}
-	d := rl.MeasureDiscrepancy(logMu, logPi)
-	row.Samples, row.Tokens = len(samples), d.Tokens
+	d := r.Discrepancy
+	row.Samples, row.Tokens = r.Samples, d.Tokens
 	row.K1, row.K3, row.MeanAbsDelta, row.MaxAbsDelta = d.K1, d.K3, d.MeanAbs, d.MaxAbs
 	row.FracAbove01, row.FracAbove1, row.PPLGap, row.SurrogateGap = d.Above01, d.Above1, d.PPLGap, d.SurrogateGap
-	if moe {
-		row.RoutingDisagree = rl.RoutingDisagreement(muRoutes, piRoutes, nil)
-		row.RoutingSetDiffers = setsDiffer(muRoutes, piRoutes)
-	}
+	row.RoutingDisagree, row.RoutingSetDiffers = r.RoutingDisagree, r.RoutingSetDiffers
 	return row, nil
-}
-
-// setsDiffer returns, per MoE layer, the fraction of positions at which
-// a and b (same shapes) chose different expert sets (order ignored).
-func setsDiffer(a, b []*model.Routes) []float64 {
-	if len(a) == 0 {
-		return nil
-	}
-	out := make([]float64, a[0].Layers)
-	positions := 0
-	for s := range a {
-		for t := 0; t < a[s].Tokens; t++ {
-			for l := range out {
-				if !sameSet(a[s].At(t, l), b[s].At(t, l)) {
-					out[l]++
-				}
-			}
-		}
-		positions += a[s].Tokens
-	}
-	for l := range out {
-		out[l] /= float64(max(positions, 1))
-	}
-	return out
-}
-
-// sameSet reports whether x and y (no repeats, same length) hold the
-// same ids.
-func sameSet(x, y []int32) bool {
-	for _, v := range x {
-		if !slices.Contains(y, v) {
-			return false
-		}
-	}
-	return true
 }
 
 func printProbe(w io.Writer, rows []probeRow) {

@@ -6,8 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/keel-rl/keel/model"
 )
 
 // keel probe: exact reports zeros everywhere; the reduced precisions do
@@ -55,19 +53,5 @@ func TestProbeCommandErrors(t *testing.T) {
 		if err := runProbe(c.args); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: err = %v, want one mentioning %q", c.args, err, c.want)
 		}
-	}
-}
-
-// setsDiffer counts positions whose expert sets differ, order ignored:
-// hand-made routes of 3 positions in 2 layers, top-2.
-func TestSetsDiffer(t *testing.T) {
-	// IDs are position-major: (t·Layers + l)·K + slot.
-	a := &model.Routes{Tokens: 3, Layers: 2, K: 2, IDs: []int32{
-		0, 1 /* t0 l0 */, 2, 3 /* t0 l1 */, 1, 0 /* t1 l0 */, 2, 3 /* t1 l1 */, 4, 5 /* t2 l0 */, 6, 7 /* t2 l1 */}}
-	b := &model.Routes{Tokens: 3, Layers: 2, K: 2, IDs: []int32{
-		1, 0 /* same set */, 2, 4 /* differs */, 1, 0 /* same */, 3, 5 /* differs */, 4, 5 /* same */, 7, 6 /* same set */}}
-	got := setsDiffer([]*model.Routes{a}, []*model.Routes{b})
-	if len(got) != 2 || got[0] != 0 || got[1] != 2.0/3 {
-		t.Fatalf("sets differ %v, want [0 0.667]", got)
 	}
 }
