@@ -633,16 +633,13 @@ func (l *Loop) update(i int, mb []*Sample, step int) (Stats, float64, float64, f
 			return Stats{}, 0, 0, 0, nil, 0, fmt.Errorf("mini-batch %d: %w", i, err)
 		}
 	}
+	lr := r.schedule().LR(int(l.Optim.Step) + 1)
 	t := time.Now()
-	gn := train.GradNorm(l.eng.Grad.Arena)
+	gn, err := l.Optim.ClippedStep(l.Policy.Arena, l.eng.Grad.Arena, lr, r.Train.ClipNorm)
 	l.engineTime += time.Since(t)
-	if math.IsNaN(gn) || math.IsInf(gn, 0) {
+	if errors.Is(err, train.ErrNonFinite) {
 		return Stats{}, 0, 0, 0, nil, 0, errNonFinite
 	}
-	lr := r.schedule().LR(int(l.Optim.Step) + 1)
-	t = time.Now()
-	err := l.Optim.UpdateScaled(l.Policy.Arena, l.eng.Grad.Arena, lr, train.ClipCoef(gn, r.Train.ClipNorm))
-	l.engineTime += time.Since(t)
 	if err != nil {
 		return Stats{}, 0, 0, 0, nil, 0, err
 	}

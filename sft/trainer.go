@@ -1,7 +1,6 @@
 package sft
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -106,7 +105,7 @@ type Trainer struct {
 
 // ErrNonFinite reports a step whose gradient norm was NaN or infinite; the
 // weights are left as they were.
-var ErrNonFinite = errors.New("sft: non-finite gradient norm, step skipped")
+var ErrNonFinite = train.ErrNonFinite
 
 // NewTrainer returns a trainer for m over data. optim may be nil (fresh
 // AdamW state) or restored from a checkpoint.
@@ -168,11 +167,8 @@ func (t *Trainer) Step() (Stats, error) {
 	for _, s := range seqs {
 		st.Tokens += len(s)
 	}
-	st.GradNorm = train.GradNorm(t.eng.Grad.Arena)
-	if math.IsNaN(st.GradNorm) || math.IsInf(st.GradNorm, 0) {
-		return st, ErrNonFinite
-	}
-	if err := t.Optim.UpdateScaled(t.Model.Arena, t.eng.Grad.Arena, st.LR, train.ClipCoef(st.GradNorm, t.cfg.ClipNorm)); err != nil {
+	st.GradNorm, err = t.Optim.ClippedStep(t.Model.Arena, t.eng.Grad.Arena, st.LR, t.cfg.ClipNorm)
+	if err != nil {
 		return st, err
 	}
 	st.Duration = time.Since(start)

@@ -1,6 +1,7 @@
 package train
 
 import (
+	"errors"
 	"fmt"
 	"math"
 
@@ -158,6 +159,22 @@ func (o *AdamW) UpdateScaled(params, grads []float32, lr, gradScale float64) err
 		}
 	})
 	return nil
+}
+
+// ErrNonFinite reports a gradient whose norm is NaN or infinite:
+// ClippedStep then leaves the weights and the optimiser state as they were.
+var ErrNonFinite = errors.New("non-finite gradient norm, step skipped")
+
+// ClippedStep ends an optimiser step the way every keel trainer (SFT and
+// RL) does: it takes the global gradient norm (returned, before clipping),
+// skips the step with ErrNonFinite when the norm is not finite, and else
+// applies AdamW at lr to the gradient clipped to maxNorm (0: no clipping).
+func (o *AdamW) ClippedStep(params, grads []float32, lr, maxNorm float64) (float64, error) {
+	norm := GradNorm(grads)
+	if math.IsNaN(norm) || math.IsInf(norm, 0) {
+		return norm, ErrNonFinite
+	}
+	return norm, o.UpdateScaled(params, grads, lr, ClipCoef(norm, maxNorm))
 }
 
 func chunksLen(cs []adamChunk) int {

@@ -1,6 +1,7 @@
 package train
 
 import (
+	"errors"
 	"math"
 	"runtime"
 	"strings"
@@ -238,5 +239,40 @@ func TestUpdateScaledEqualsClipThenUpdate(t *testing.T) {
 	}
 	if ClipCoef(math.Inf(1), 1) != 1 || ClipCoef(1, 0) != 1 || ClipCoef(0.5, 1) != 1 {
 		t.Error("ClipCoef: want 1 for infinite norm, disabled clipping and small norm")
+	}
+}
+
+// ClippedStep skips a non-finite gradient without touching weights or
+// state, and otherwise is AdamW on the clipped gradient.
+func TestClippedStep(t *testing.T) {
+	cfg := DefaultAdamWConfig()
+	params := []float32{1, -2, 3}
+	grads := []float32{3, 4, 0} // norm 5
+	o1 := &AdamW{Config: cfg, M: make([]float32, 3), V: make([]float32, 3), chunks: []adamChunk{{off: 0, n: 3, decay: true}}}
+	o2 := &AdamW{Config: cfg, M: make([]float32, 3), V: make([]float32, 3), chunks: []adamChunk{{off: 0, n: 3, decay: true}}}
+	p1, p2 := append([]float32(nil), params...), append([]float32(nil), params...)
+	norm, err := o1.ClippedStep(p1, grads, 0.1, 1)
+	if err != nil || norm != 5 {
+		t.Fatalf("norm %v, err %v", norm, err)
+	}
+	if err := o2.UpdateScaled(p2, grads, 0.1, ClipCoef(5, 1)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range p1 {
+		if p1[i] != p2[i] || o1.M[i] != o2.M[i] || o1.V[i] != o2.V[i] {
+			t.Fatalf("ClippedStep %v, UpdateScaled with ClipCoef %v", p1, p2)
+		}
+	}
+	before := append([]float32(nil), p1...)
+	if _, err := o1.ClippedStep(p1, []float32{1, float32(math.NaN()), 0}, 0.1, 1); !errors.Is(err, ErrNonFinite) {
+		t.Fatalf("NaN gradient: %v", err)
+	}
+	if o1.Step != 1 {
+		t.Fatalf("a skipped step advanced the optimiser to step %d", o1.Step)
+	}
+	for i := range p1 {
+		if p1[i] != before[i] {
+			t.Fatal("a skipped step changed the weights")
+		}
 	}
 }
