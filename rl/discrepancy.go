@@ -91,6 +91,7 @@ func RoutingDisagreement(a, b []*model.Routes, n []int) []float64 {
 	layers, k := a[0].Layers, a[0].K
 	diff := make([]float64, layers)
 	var count float64
+	ra, rb := make([]int32, k), make([]int32, k)
 	for s := range a {
 		T := a[s].Tokens
 		if n != nil {
@@ -98,7 +99,7 @@ func RoutingDisagreement(a, b []*model.Routes, n []int) []float64 {
 		}
 		for t := 0; t < T; t++ {
 			for l := 0; l < layers; l++ {
-				ra, rb := a[s].At(t, l), b[s].At(t, l)
+				ra, rb = a[s].Slots(ra, t, l), b[s].Slots(rb, t, l)
 				for _, x := range ra {
 					found := false
 					for _, y := range rb {

@@ -47,8 +47,8 @@ func TestMeasureDiscrepancyHand(t *testing.T) {
 }
 
 func TestRoutingDisagreement(t *testing.T) {
-	a := &model.Routes{Tokens: 2, Layers: 2, K: 2, IDs: []int32{0, 1, 2, 3, 4, 5, 6, 7}}
-	b := &model.Routes{Tokens: 2, Layers: 2, K: 2, IDs: []int32{1, 0, 2, 9, 4, 5, 7, 8}}
+	a := &model.Routes{Tokens: 2, Layers: 2, K: 2, Experts: 10, IDs8: []uint8{0, 1, 2, 3, 4, 5, 6, 7}}
+	b := &model.Routes{Tokens: 2, Layers: 2, K: 2, Experts: 10, IDs8: []uint8{1, 0, 2, 9, 4, 5, 7, 8}}
 	// Layer 0: position 0 same set {0,1}; position 1 {4,5} same: 0 of 4.
 	// Layer 1: position 0 {2,3} vs {2,9}: 1; position 1 {6,7} vs {7,8}: 1. 2 of 4.
 	got := RoutingDisagreement([]*model.Routes{a}, []*model.Routes{b}, nil)
@@ -64,10 +64,10 @@ func TestRoutingDisagreement(t *testing.T) {
 // SetsDiffer counts positions whose expert sets differ, order ignored:
 // hand-made routes of 3 positions in 2 layers, top-2.
 func TestSetsDiffer(t *testing.T) {
-	// IDs are position-major: (t·Layers + l)·K + slot.
-	a := &model.Routes{Tokens: 3, Layers: 2, K: 2, IDs: []int32{
+	// IDs8 are position-major: (t·Layers + l)·K + slot.
+	a := &model.Routes{Tokens: 3, Layers: 2, K: 2, Experts: 8, IDs8: []uint8{
 		0, 1 /* t0 l0 */, 2, 3 /* t0 l1 */, 1, 0 /* t1 l0 */, 2, 3 /* t1 l1 */, 4, 5 /* t2 l0 */, 6, 7 /* t2 l1 */}}
-	b := &model.Routes{Tokens: 3, Layers: 2, K: 2, IDs: []int32{
+	b := &model.Routes{Tokens: 3, Layers: 2, K: 2, Experts: 8, IDs8: []uint8{
 		1, 0 /* same set */, 2, 4 /* differs */, 1, 0 /* same */, 3, 5 /* differs */, 4, 5 /* same */, 7, 6 /* same set */}}
 	got := SetsDiffer([]*model.Routes{a}, []*model.Routes{b})
 	if len(got) != 2 || got[0] != 0 || got[1] != 2.0/3 {

@@ -409,10 +409,10 @@ func (l *Loop) newSample(p *Prompt, o rollout.Sample) (*Sample, error) {
 		if o.Routes == nil {
 			return nil, fmt.Errorf("rollout: a sample of prompt row %d has no routes (MoE model)", p.Row)
 		}
-		if err := o.Routes.Validate(); err != nil {
+		rt := o.Routes
+		if err := rt.Check(); err != nil {
 			return nil, fmt.Errorf("rollout: a sample of prompt row %d: %w", p.Row, err)
 		}
-		rt := o.Routes.Model()
 		c := &l.Policy.Config
 		if err := rt.Validate(l.nMoE, c.NumExperts, c.NumExpertsPerTok); err != nil {
 			return nil, fmt.Errorf("rollout: a sample of prompt row %d: %w", p.Row, err)

@@ -383,11 +383,18 @@ func TestRouteAlignment(t *testing.T) {
 	}
 	base := slices.Clone(res.LogProbs[0])
 	const p = 2
-	rt := &model.Routes{Tokens: res.Routes[0].Tokens, Layers: res.Routes[0].Layers, K: res.Routes[0].K, IDs: slices.Clone(res.Routes[0].IDs)}
-	ids := rt.At(p, 0)
-	for e := int32(0); e < 6; e++ { // replace slot 0 by an expert the live router did not pick
-		if e != ids[0] && e != ids[1] {
-			ids[0] = e
+	live := res.Routes[0]
+	rt := model.NewRoutes(live.Tokens, live.Layers, live.K, live.Experts)
+	for t := 0; t < live.Tokens; t++ {
+		for l := 0; l < live.Layers; l++ {
+			for s := 0; s < live.K; s++ {
+				rt.Set(t, l, s, live.At(t, l, s))
+			}
+		}
+	}
+	for e := 0; e < 6; e++ { // replace slot 0 by an expert the live router did not pick
+		if e != rt.At(p, 0, 0) && e != rt.At(p, 0, 1) {
+			rt.Set(p, 0, 0, e)
 			break
 		}
 	}

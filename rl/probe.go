@@ -40,7 +40,7 @@ func Probe(m *model.Model, s Sampler, prompts [][]int32, n int, sp rollout.Sampl
 			if o.Routes == nil {
 				return nil, fmt.Errorf("rollout: sample %d has no routes (MoE model)", i)
 			}
-			samples[i].Routes = o.Routes.Model()
+			samples[i].Routes = o.Routes
 		}
 	}
 	l := &Loop{
@@ -76,10 +76,11 @@ func SetsDiffer(a, b []*model.Routes) []float64 {
 	}
 	out := make([]float64, a[0].Layers)
 	positions := 0
+	var x, y []int32
 	for s := range a {
 		for t := 0; t < a[s].Tokens; t++ {
 			for l := range out {
-				x, y := a[s].At(t, l), b[s].At(t, l)
+				x, y = a[s].Slots(x, t, l), b[s].Slots(y, t, l)
 				for _, v := range x {
 					if !slices.Contains(y, v) {
 						out[l]++

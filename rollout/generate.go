@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/keel-rl/keel/kernels"
+	"github.com/keel-rl/keel/model"
 )
 
 // Sampling holds the settings of Generate.
@@ -54,8 +55,9 @@ type Sample struct {
 	// truncated one); the gap to LogProbs measures what truncation does.
 	TruncLogProbs []float32
 	// Routes are the experts chosen at every position of prompt and
-	// response (MoE models only; nil for dense ones).
-	Routes *Routes
+	// response (MoE models only; nil for dense ones), compactly (8-bit ids
+	// for models of at most 256 experts, else 16-bit).
+	Routes *model.Routes
 	// Finish is "stop" (a stop token) or "length" (MaxNewTokens or the
 	// engine's MaxLen reached).
 	Finish string
@@ -434,7 +436,7 @@ func (g *gen) retire(s *slotState) {
 	}
 	if nl := len(e.moeLayers); nl > 0 {
 		k := e.cfg.NumExpertsPerTok
-		r := &Routes{Tokens: len(s.seq), Layers: nl, K: k, Experts: e.cfg.NumExperts}
+		r := &model.Routes{Tokens: len(s.seq), Layers: nl, K: k, Experts: e.cfg.NumExperts}
 		if s.routes != nil {
 			r.IDs8 = slices.Clone(s.routes[:len(s.seq)*nl*k])
 		} else {

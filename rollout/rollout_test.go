@@ -140,14 +140,14 @@ func exactCheckPath(t *testing.T, cfg model.Config, sp Sampling, fuse, blockUnit
 			}
 			continue
 		}
-		if err := s.Routes.Validate(); err != nil {
+		if err := s.Routes.Check(); err != nil {
 			t.Fatal(err)
 		}
 		want := res.Routes[i]
 		if s.Routes.Tokens != len(seqs[i]) || s.Routes.Layers != want.Layers {
 			t.Fatalf("sample %d: routes shape [%d, %d], want [%d, %d]", i, s.Routes.Tokens, s.Routes.Layers, len(seqs[i]), want.Layers)
 		}
-		if got := s.Routes.Model(); !slices.Equal(got.IDs, want.IDs) {
+		if !s.Routes.Equal(want) {
 			t.Fatalf("sample %d: routes differ from the training engine's", i)
 		}
 	}
@@ -189,7 +189,7 @@ func sameSamples(t *testing.T, a, b []Sample) {
 		if (a[i].Routes == nil) != (b[i].Routes == nil) {
 			t.Fatalf("sample %d: routes on one side only", i)
 		}
-		if a[i].Routes != nil && !slices.Equal(a[i].Routes.Model().IDs, b[i].Routes.Model().IDs) {
+		if a[i].Routes != nil && !a[i].Routes.Equal(b[i].Routes) {
 			t.Fatalf("sample %d: routes differ", i)
 		}
 	}

@@ -113,11 +113,8 @@ func TestBatchInvarianceAcrossBatches(t *testing.T) {
 					break
 				}
 			}
-			for i, id := range res.Routes[got].IDs {
-				if id != all.Routes[s].IDs[i] {
-					t.Errorf("sequence %d: routes differ between batches at id %d", s, i)
-					break
-				}
+			if !res.Routes[got].Equal(all.Routes[s]) {
+				t.Errorf("sequence %d: routes differ between batches", s)
 			}
 		}
 	}

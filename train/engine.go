@@ -338,11 +338,11 @@ func (e *Engine) result(f *fwdState, opt ForwardOptions) *Result {
 		nl, k := len(f.moeIdx), f.cfg.NumExpertsPerTok
 		r.Routes = make([]*model.Routes, len(f.lens))
 		for s, n := range f.lens {
-			rt := model.NewRoutes(n, nl, k)
+			rt := model.NewRoutes(n, nl, k, f.cfg.NumExperts)
 			for i := 0; i < n; i++ {
 				t := f.starts[s] + i
 				for l, li := range f.moeIdx {
-					copy(rt.At(i, l), f.layers[li].moe.ids[t*k:(t+1)*k])
+					rt.SetSlots(i, l, f.layers[li].moe.ids[t*k:(t+1)*k])
 				}
 			}
 			r.Routes[s] = rt

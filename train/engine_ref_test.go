@@ -214,7 +214,7 @@ func (rm *refModel) run(seqs [][]int32, routes []*model.Routes, lc, le [][]float
 				var y []float64
 				if L.Router != nil {
 					p := refSoftmax(refLin(xn2, rm.p(L.Router), E))
-					ids := routes[s].At(t, ml)
+					ids := routes[s].Slots(nil, t, ml)
 					var S float64
 					for _, id := range ids {
 						S += p[id]

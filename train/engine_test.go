@@ -28,12 +28,12 @@ var engCases = []engCase{
 // engRandomRoutes draws valid routes: k distinct experts per token and layer.
 func engRandomRoutes(r *rand.Rand, c model.Config, n int) *model.Routes {
 	nl, E, k := len(c.MoELayers()), c.NumExperts, c.NumExpertsPerTok
-	rt := model.NewRoutes(n, nl, k)
+	rt := model.NewRoutes(n, nl, k, E)
 	for t := 0; t < n; t++ {
 		for l := 0; l < nl; l++ {
 			perm := r.Perm(E)
 			for s := 0; s < k; s++ {
-				rt.At(t, l)[s] = int32(perm[s])
+				rt.Set(t, l, s, perm[s])
 			}
 		}
 	}
@@ -75,7 +75,7 @@ func TestForwardMatchesReference(t *testing.T) {
 			routes := res.Routes
 			if tc.replay {
 				for s := range routes {
-					if !equalI32(routes[s].IDs, opt.Replay[s].IDs) {
+					if !routes[s].Equal(opt.Replay[s]) {
 						t.Fatalf("seq %d: recorded routes differ from the replayed ones", s)
 					}
 				}
@@ -121,7 +121,7 @@ func TestLiveRoutingIsTopK(t *testing.T) {
 	a := &e.fw.layers[0]
 	for tk := 0; tk < 12; tk++ {
 		p := a.moe.probs[tk*c.NumExperts : (tk+1)*c.NumExperts]
-		ids := res.Routes[0].At(tk, 0)
+		ids := res.Routes[0].Slots(nil, tk, 0)
 		for s := 1; s < len(ids); s++ {
 			if p[ids[s]] > p[ids[s-1]] {
 				t.Fatalf("token %d: routes %v not in descending probability %v", tk, ids, p)
@@ -209,12 +209,12 @@ func TestRouterGradientUnderReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Replay the experts the live router ranked lowest.
-	rt := model.NewRoutes(8, 1, 2)
+	rt := model.NewRoutes(8, 1, 2, c.NumExperts)
 	for tk := 0; tk < 8; tk++ {
 		n := 0
 		for ex := 0; ex < c.NumExperts && n < 2; ex++ {
-			if ex != int(live.Routes[0].At(tk, 0)[0]) && ex != int(live.Routes[0].At(tk, 0)[1]) {
-				rt.At(tk, 0)[n] = int32(ex)
+			if ex != live.Routes[0].At(tk, 0, 0) && ex != live.Routes[0].At(tk, 0, 1) {
+				rt.Set(tk, 0, n, ex)
 				n++
 			}
 		}
@@ -270,7 +270,7 @@ func TestBatchInvariance(t *testing.T) {
 			if !equalF32(alone.LogProbs[0], all.LogProbs[s]) || !equalF32(alone.Entropy[0], all.Entropy[s]) {
 				t.Errorf("moe=%v seq %d: log-probs or entropies differ alone and in the batch", moe, s)
 			}
-			if moe && !equalI32(alone.Routes[0].IDs, all.Routes[s].IDs) {
+			if moe && !alone.Routes[0].Equal(all.Routes[s]) {
 				t.Errorf("seq %d: routes differ alone and in the batch", s)
 			}
 		}
@@ -363,7 +363,7 @@ func TestForwardErrors(t *testing.T) {
 	m := engRandomModel(c, 61)
 	e := New(m)
 	good := []int32{1, 2, 3}
-	badRoutes := model.NewRoutes(3, 1, 2) // expert 0 twice
+	badRoutes := model.NewRoutes(3, 1, 2, c.NumExperts) // expert 0 twice
 	wrongTokens := engRandomRoutes(rand.New(rand.NewPCG(1, 1)), c, 4)
 	cases := []struct {
 		name string
@@ -379,7 +379,7 @@ func TestForwardErrors(t *testing.T) {
 		{"replay count", [][]int32{good}, ForwardOptions{Replay: []*model.Routes{nil, nil}}, "Replay has 2 entries"},
 		{"replay duplicate", [][]int32{good}, ForwardOptions{Replay: []*model.Routes{badRoutes}}, "chosen twice"},
 		{"replay tokens", [][]int32{good}, ForwardOptions{Replay: []*model.Routes{wrongTokens}}, "covers 4 tokens"},
-		{"replay shape", [][]int32{good}, ForwardOptions{Replay: []*model.Routes{model.NewRoutes(3, 2, 2)}}, "does not match"},
+		{"replay shape", [][]int32{good}, ForwardOptions{Replay: []*model.Routes{model.NewRoutes(3, 2, 2, c.NumExperts)}}, "does not match"},
 	}
 	for _, tc := range cases {
 		_, err := e.Forward(tc.seqs, tc.opt)
@@ -391,7 +391,7 @@ func TestForwardErrors(t *testing.T) {
 		t.Errorf("Backward after failed Forward: %v", err)
 	}
 	dense := New(engRandomModel(engTinyConfig(false, false, false), 1))
-	if _, err := dense.Forward([][]int32{good}, ForwardOptions{Replay: []*model.Routes{model.NewRoutes(3, 1, 2)}}); err == nil {
+	if _, err := dense.Forward([][]int32{good}, ForwardOptions{Replay: []*model.Routes{model.NewRoutes(3, 1, 2, c.NumExperts)}}); err == nil {
 		t.Error("dense model accepted replay routes")
 	}
 	bc := c
@@ -440,6 +440,17 @@ func equalF32(a, b []float32) bool {
 		}
 	}
 	return true
+}
+
+// routeIDs returns all of r's expert ids in its layout, (t·Layers + l)·K + s.
+func routeIDs(r *model.Routes) []int32 {
+	out := make([]int32, 0, r.Tokens*r.Layers*r.K)
+	for t := 0; t < r.Tokens; t++ {
+		for l := 0; l < r.Layers; l++ {
+			out = append(out, r.Slots(nil, t, l)...)
+		}
+	}
+	return out
 }
 
 func equalI32(a, b []int32) bool {
@@ -586,7 +597,7 @@ func TestPrefixInvariance(t *testing.T) {
 			if !equalF32(pre.LogProbs[0], full.LogProbs[0][:n-1]) || !equalF32(pre.Entropy[0], full.Entropy[0][:n-1]) {
 				t.Errorf("moe=%v prefix %d: log-probs differ from the full sequence's", moe, n)
 			}
-			if moe && !equalI32(pre.Routes[0].IDs, full.Routes[0].IDs[:len(pre.Routes[0].IDs)]) {
+			if moe && !equalI32(routeIDs(pre.Routes[0]), routeIDs(full.Routes[0])[:n*full.Routes[0].Layers*full.Routes[0].K]) {
 				t.Errorf("prefix %d: routes differ from the full sequence's", n)
 			}
 		}

@@ -27,11 +27,11 @@ type goldenCase struct {
 	Differ    *float64      `json:"replay_differs_from_live"`
 }
 
-func nestedRoutes(r [][][]int32, layers, k int) *model.Routes {
-	out := model.NewRoutes(len(r), layers, k)
+func nestedRoutes(r [][][]int32, layers, k, experts int) *model.Routes {
+	out := model.NewRoutes(len(r), layers, k, experts)
 	for t := range r {
 		for l := range r[t] {
-			copy(out.At(t, l), r[t][l])
+			out.SetSlots(t, l, r[t][l])
 		}
 	}
 	return out
@@ -76,7 +76,7 @@ func checkGolden(t *testing.T, dir, cpath string) {
 			t.Fatalf("replayed routes should differ from the live ones on a good share of tokens (%v)", gc.Differ)
 		}
 		for _, r := range gc.Replay {
-			opt.Replay = append(opt.Replay, nestedRoutes(r, layers, c.NumExpertsPerTok))
+			opt.Replay = append(opt.Replay, nestedRoutes(r, layers, c.NumExpertsPerTok, c.NumExperts))
 		}
 	}
 	e := New(m)
@@ -96,10 +96,11 @@ func checkGolden(t *testing.T, dir, cpath string) {
 			}
 		}
 		if layers > 0 {
-			want := nestedRoutes(gc.Routes[s], layers, c.NumExpertsPerTok)
-			for j := range want.IDs {
-				if res.Routes[s].IDs[j] != want.IDs[j] {
-					t.Errorf("seq %d: route %d is %d, reference %d", s, j, res.Routes[s].IDs[j], want.IDs[j])
+			want := routeIDs(nestedRoutes(gc.Routes[s], layers, c.NumExpertsPerTok, c.NumExperts))
+			got := routeIDs(res.Routes[s])
+			for j := range want {
+				if got[j] != want[j] {
+					t.Errorf("seq %d: route %d is %d, reference %d", s, j, got[j], want[j])
 					break
 				}
 			}

@@ -63,21 +63,32 @@ func gcSeqs(r *rand.Rand, vocab int, lens []int) [][]int32 {
 // random order. If avoid is set, experts of avoid's set at the same place
 // are not drawn (which needs E >= 2k).
 func gcRandomRoutes(r *rand.Rand, tokens, layers, experts, k int, avoid *model.Routes) *model.Routes {
-	rt := model.NewRoutes(tokens, layers, k)
+	rt := model.NewRoutes(tokens, layers, k, experts)
 	for t := range tokens {
 		for l := range layers {
 			var pool []int32
 			for e := range experts {
-				if avoid != nil && gcContains(avoid.At(t, l), int32(e)) {
+				if avoid != nil && gcContains(avoid.Slots(nil, t, l), int32(e)) {
 					continue
 				}
 				pool = append(pool, int32(e))
 			}
 			r.Shuffle(len(pool), func(i, j int) { pool[i], pool[j] = pool[j], pool[i] })
-			copy(rt.At(t, l), pool[:k])
+			rt.SetSlots(t, l, pool[:k])
 		}
 	}
 	return rt
+}
+
+// gcRouteIDs returns all of r's expert ids in its layout, (t·Layers + l)·K + s.
+func gcRouteIDs(r *model.Routes) []int32 {
+	var out []int32
+	for t := range r.Tokens {
+		for l := range r.Layers {
+			out = append(out, r.Slots(nil, t, l)...)
+		}
+	}
+	return out
 }
 
 func gcContains(ids []int32, id int32) bool {
@@ -245,7 +256,7 @@ func gcRun(t *testing.T, tc gcCase, seed uint64) {
 			for i := range len(seq) {
 				for l := range len(cfg.MoELayers()) {
 					total++
-					if !gcSameSet(rt.At(i, l), live.Routes[s].At(i, l)) {
+					if !gcSameSet(rt.Slots(nil, i, l), live.Routes[s].Slots(nil, i, l)) {
 						differ++
 					}
 				}
@@ -379,14 +390,15 @@ func gcCheckRoutes(t *testing.T, got, want []*model.Routes, replayed bool) {
 		t.Fatalf("engine recorded routes for %d sequences, want %d", len(got), len(want))
 	}
 	for s := range want {
-		if got[s] == nil || len(got[s].IDs) != len(want[s].IDs) {
+		if got[s] == nil || got[s].Tokens != want[s].Tokens || got[s].Layers != want[s].Layers || got[s].K != want[s].K {
 			t.Fatalf("sequence %d: recorded routes %v, want shape of %v", s, got[s], want[s])
 		}
-		for i := range want[s].IDs {
-			if got[s].IDs[i] != want[s].IDs[i] {
+		gotIDs, wantIDs := gcRouteIDs(got[s]), gcRouteIDs(want[s])
+		for i := range wantIDs {
+			if gotIDs[i] != wantIDs[i] {
 				k, nl := want[s].K, want[s].Layers
 				t.Errorf("sequence %d token %d MoE layer %d: recorded experts %v, want %v (replayed: %v)",
-					s, i/(k*nl), i/k%nl, got[s].At(i/(k*nl), i/k%nl), want[s].At(i/(k*nl), i/k%nl), replayed)
+					s, i/(k*nl), i/k%nl, got[s].Slots(nil, i/(k*nl), i/k%nl), want[s].Slots(nil, i/(k*nl), i/k%nl), replayed)
 				break
 			}
 		}
@@ -404,7 +416,7 @@ func gcCheckRouterGrad(t *testing.T, m *model.Model, grad *model.Model, replay [
 		used := make([]bool, cfg.NumExperts)
 		for _, rt := range replay {
 			for tok := range rt.Tokens {
-				for _, e := range rt.At(tok, l) {
+				for _, e := range rt.Slots(nil, tok, l) {
 					used[e] = true
 				}
 			}

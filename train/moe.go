@@ -28,7 +28,7 @@ func (f *fwdState) moeForward(ml int, a *layerAct, L *model.Layer, out []float32
 			t := st + i
 			ids, p := mo.ids[t*k:(t+1)*k], mo.probs[t*E:(t+1)*E]
 			if r != nil {
-				copy(ids, r.At(i, ml))
+				r.Slots(ids, i, ml)
 			} else {
 				model.TopK(ids, p)
 			}

@@ -31,8 +31,8 @@ type lpInput struct {
 // position pos in the layer-th MoE layer (decoder layers that are MoE, in
 // order), in descending router probability.
 type lpOutput struct {
-	LogProbs []float32   `json:"logprobs"`
-	Routes   [][][]int32 `json:"routes,omitempty"`
+	LogProbs []float32 `json:"logprobs"`
+	Routes   [][][]int `json:"routes,omitempty"`
 }
 
 const lpUsage = `usage: keel logprobs --model DIR --input FILE.jsonl [--output FILE] [--batch-tokens N]
@@ -160,14 +160,7 @@ func lpScore(w io.Writer, m *model.Model, seqs [][]int32, batchTokens int) error
 		for s := range res.LogProbs {
 			o := lpOutput{LogProbs: res.LogProbs[s]}
 			if moe {
-				rt := res.Routes[s]
-				o.Routes = make([][][]int32, rt.Tokens)
-				for t := range o.Routes {
-					o.Routes[t] = make([][]int32, rt.Layers)
-					for l := range o.Routes[t] {
-						o.Routes[t][l] = rt.At(t, l)
-					}
-				}
+				o.Routes = res.Routes[s].Nested()
 			}
 			if err := enc.Encode(o); err != nil {
 				return err

@@ -110,7 +110,7 @@ func TestLogprobsCommand(t *testing.T) {
 				if len(o.Routes[pos]) != 1 {
 					t.Fatalf("line %d position %d: routes for %d layers, want 1 MoE layer", s+1, pos, len(o.Routes[pos]))
 				}
-				w := want.Routes[s].At(pos, 0)
+				w := want.Routes[s].Slots(nil, pos, 0)
 				for j := range w {
 					if o.Routes[pos][0][j] != w[j] {
 						t.Errorf("line %d position %d: routes %v, reference (descending probability) %v", s+1, pos, o.Routes[pos][0], w)

@@ -50,7 +50,7 @@ func TestSampleCommand(t *testing.T) {
 		}
 		for p := range seq {
 			for s, id := range o.Routes[p][0] {
-				if int32(id) != res.Routes[0].At(p, 0)[s] {
+				if id != res.Routes[0].At(p, 0, s) {
 					t.Fatalf("line %d position %d: routes differ", i, p)
 				}
 			}

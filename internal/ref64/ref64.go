@@ -302,7 +302,7 @@ func (m *Model) sequence(toks []int32, replay, mask *model.Routes, aux *auxAcc, 
 	moeLayers := c.MoELayers()
 	k := c.NumExpertsPerTok
 	if len(moeLayers) > 0 {
-		routes = model.NewRoutes(T, len(moeLayers), k)
+		routes = model.NewRoutes(T, len(moeLayers), k, c.NumExperts)
 	}
 
 	x := make([][]float64, T)
@@ -379,8 +379,8 @@ func (m *Model) sequence(toks []int32, replay, mask *model.Routes, aux *auxAcc, 
 				aux.prob[e] += p[e]
 			}
 			if mask != nil {
-				for _, e := range mask.At(t, moeIdx) {
-					aux.count[e]++
+				for j := 0; j < k; j++ {
+					aux.count[mask.At(t, moeIdx, j)]++
 				}
 			} else {
 				for _, e := range live {
@@ -389,8 +389,8 @@ func (m *Model) sequence(toks []int32, replay, mask *model.Routes, aux *auxAcc, 
 			}
 			chosen := make([]int, k)
 			if replay != nil {
-				for j, e := range replay.At(t, moeIdx) {
-					chosen[j] = int(e)
+				for j := range chosen {
+					chosen[j] = replay.At(t, moeIdx, j)
 				}
 			} else {
 				copy(chosen, live)
@@ -416,7 +416,7 @@ func (m *Model) sequence(toks []int32, replay, mask *model.Routes, aux *auxAcc, 
 				}
 			}
 			for j, e := range chosen {
-				routes.At(t, moeIdx)[j] = int32(e)
+				routes.Set(t, moeIdx, j, e)
 				ex := &l.experts[e]
 				y := swiglu(ex.gate, ex.up, ex.down, hn)
 				for i := range y {

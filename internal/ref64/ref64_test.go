@@ -2,6 +2,7 @@ package ref64
 
 import (
 	"math"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -185,11 +186,8 @@ func TestMoEHandComputed(t *testing.T) {
 		lp, h := want([]int{0, 1})
 		near(t, "live logp", res.LogProbs[0][0], lp)
 		near(t, "live entropy", res.Entropy[0][0], h)
-		wantRoutes := []int32{0, 1, 1, 2}
-		for i, id := range res.Routes[0].IDs {
-			if id != wantRoutes[i] {
-				t.Fatalf("live routes %v, want %v", res.Routes[0].IDs, wantRoutes)
-			}
+		if got, want := res.Routes[0].Nested(), [][][]int{{{0, 1}}, {{1, 2}}}; !reflect.DeepEqual(got, want) {
+			t.Fatalf("live routes %v, want %v", got, want)
 		}
 		// Aux: rows = 2 tokens; counts (1, 2, 1).
 		count := []float64{1, 2, 1}
@@ -200,8 +198,8 @@ func TestMoEHandComputed(t *testing.T) {
 		near(t, "aux loss", res.AuxLoss, 3*aux)
 
 		// Replay token 0 onto {2, 0}: expert 2 is not in the live top-2.
-		rt := model.NewRoutes(2, 1, 2)
-		copy(rt.IDs, []int32{2, 0, 1, 2})
+		rt := model.NewRoutes(2, 1, 2, 3)
+		copy(rt.IDs8, []uint8{2, 0, 1, 2})
 		res, err = r.Forward([][]int32{{0, 1}}, Options{Replay: []*model.Routes{rt}})
 		if err != nil {
 			t.Fatal(err)
@@ -282,12 +280,12 @@ func TestForwardErrors(t *testing.T) {
 	if _, err := r.Forward([][]int32{{0, 3}}, Options{}); err == nil || !strings.Contains(err.Error(), "token 3") {
 		t.Errorf("out-of-range token: err = %v", err)
 	}
-	rt := model.NewRoutes(2, 1, 2)
-	copy(rt.IDs, []int32{0, 0, 1, 2})
+	rt := model.NewRoutes(2, 1, 2, 3)
+	copy(rt.IDs8, []uint8{0, 0, 1, 2})
 	if _, err := r.Forward([][]int32{{0, 1}}, Options{Replay: []*model.Routes{rt}}); err == nil {
 		t.Error("duplicate replayed expert accepted")
 	}
-	if _, err := r.Forward([][]int32{{0, 1, 2}}, Options{Replay: []*model.Routes{model.NewRoutes(2, 1, 2)}}); err == nil {
+	if _, err := r.Forward([][]int32{{0, 1, 2}}, Options{Replay: []*model.Routes{model.NewRoutes(2, 1, 2, 3)}}); err == nil {
 		t.Error("routes of the wrong length accepted")
 	}
 }
