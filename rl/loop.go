@@ -167,16 +167,22 @@ func (l *Loop) RunStep() (*StepResult, error) {
 		}
 	}
 
-	// pi_old for the mini-batches that are not the first (the first's
-	// is its own first training forward: same weights, same tokens, same
-	// routes, and the kernels are batch invariant, so the same bits).
+	// pi_old for the mini-batches that are not the first. The first's is
+	// its own first training forward (same weights, tokens and routes; the
+	// kernels are batch invariant, so the same bits) for the samples it
+	// trains on, and a forward here for those it does not (see trains).
 	t := time.Now()
-	first := 1
-	if l.separatePiOld {
-		first = 0
-	}
-	for i := first; i < N; i++ {
-		if err := l.piOld(mbs[i]); err != nil {
+	for i := range N {
+		todo := mbs[i]
+		if i == 0 && !l.separatePiOld {
+			todo = nil
+			for _, s := range mbs[0] {
+				if !l.trains(s) {
+					todo = append(todo, s)
+				}
+			}
+		}
+		if err := l.piOld(todo); err != nil {
 			return nil, err
 		}
 	}
@@ -535,16 +541,31 @@ func (l *Loop) refLogProbs(samples []*Sample) error {
 
 var errNonFinite = errors.New("non-finite loss or gradient")
 
-// update runs mini-batch i: forward, coefficients and backward over its
-// micro-batches, then one AdamW step. It returns the objective's
+// trains reports whether s can contribute to the gradient: a non-zero
+// advantage, or a term that does not depend on it (KL, entropy, the MoE
+// auxiliary loss). The others' coefficients are all zero, so the update
+// skips their forward and backward (their pi_old, for the metrics, is a
+// forward only); the objective still normalises by the whole mini-batch.
+func (l *Loop) trains(s *Sample) bool {
+	a := &l.R.Algorithm
+	return s.Advantage != 0 || a.KLCoef > 0 || a.EntropyCoef > 0 || l.R.Train.AuxLoss > 0
+}
+
+// update runs mini-batch i: forward, coefficients and backward over the
+// micro-batches of its samples that train (see trains), then one AdamW
+// step; the statistics are over those samples. It returns the objective's
 // statistics, the gradient norm, Σ k3 to the reference, the mean surrogate
 // gap of pi_theta against mu_old, the routing disagreement of pi_theta
 // against pi_old per MoE layer (live routing only) and the tokens run.
 func (l *Loop) update(i int, mb []*Sample, step int) (Stats, float64, float64, float64, []float64, int, error) {
 	r := l.R
 	tot := Totals{Responses: len(mb)}
+	var active []*Sample
 	for _, s := range mb {
 		tot.Tokens += len(s.Response)
+		if l.trains(s) {
+			active = append(active, s)
+		}
 	}
 	l.eng.ZeroGrad()
 	var st Stats
@@ -553,7 +574,7 @@ func (l *Loop) update(i int, mb []*Sample, step int) (Stats, float64, float64, f
 	var oldR, thetaR []*model.Routes
 	tokens := 0
 	agg := r.Algorithm.aggregation()
-	for _, micro := range microBatches(mb, r.Train.MicroBatchTokens) {
+	for _, micro := range microBatches(active, r.Train.MicroBatchTokens) {
 		fresh := i == 0 && !l.separatePiOld
 		opt := l.forwardOpts(micro, !fresh)
 		opt.NoEntropy = !fresh && r.Algorithm.EntropyCoef == 0
