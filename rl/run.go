@@ -59,7 +59,7 @@ type loopState struct {
 // Files of a run directory.
 const (
 	RecipeFile  = "recipe.yaml"
-	MetricsFile = "metrics.jsonl"
+	MetricsFile = run.MetricsFile
 )
 
 // ErrRunExists is returned when a fresh run would overwrite one.
@@ -71,27 +71,19 @@ var ErrRunExists = errors.New("run directory holds a run")
 // the current step with a checkpoint.
 func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, error) {
 	start := time.Now()
-	lock, err := run.Lock(r.Out)
+	sess, err := run.OpenSession(r.Out)
 	if err != nil {
 		return nil, err
 	}
-	defer lock.Unlock()
-	ckDir := filepath.Join(r.Out, "checkpoints")
-	ck, err := run.LoadLatest(ckDir)
+	defer sess.Close()
+	ck := sess.Resumed
 	switch {
-	case err == nil:
-		if !resume {
-			return nil, fmt.Errorf("%s: %w (checkpoint at step %d): resume it with keel rl --resume %s, or choose another name", r.Out, ErrRunExists, ck.Step, r.Out)
+	case ck != nil && !resume:
+		return nil, fmt.Errorf("%s: %w (checkpoint at step %d): resume it with keel rl --resume %s, or choose another name", r.Out, ErrRunExists, ck.Step, r.Out)
+	case ck == nil && !resume:
+		if _, err := os.Stat(filepath.Join(r.Out, MetricsFile)); err == nil {
+			return nil, fmt.Errorf("%s: %w (a metrics log without a checkpoint): delete it or choose another name", r.Out, ErrRunExists)
 		}
-	case errors.Is(err, run.ErrNoCheckpoint):
-		ck = nil
-		if !resume {
-			if _, err := os.Stat(filepath.Join(r.Out, MetricsFile)); err == nil {
-				return nil, fmt.Errorf("%s: %w (a metrics log without a checkpoint): delete it or choose another name", r.Out, ErrRunExists)
-			}
-		}
-	default:
-		return nil, err
 	}
 	if err := atomicfile.Write(filepath.Join(r.Out, RecipeFile), func(w io.Writer) error {
 		_, err := w.Write(r.YAML())
@@ -109,10 +101,8 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 	res := &Result{Dir: r.Out, ModelDir: filepath.Join(r.Out, "model"), Recipe: r}
 	if ck != nil {
 		policy = ck.Model
-		if ck.State != nil {
-			if err := json.Unmarshal(ck.State, &st); err != nil {
-				return nil, fmt.Errorf("%s: checkpoint state: %w", ckDir, err)
-			}
+		if err := sess.State(&st); err != nil {
+			return nil, err
 		}
 		res.Resumed = ck.Step
 	} else if policy, err = model.Load(r.Model.Path); err != nil {
@@ -211,17 +201,13 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 		return rep, nil
 	}
 
-	metricsPath := filepath.Join(r.Out, MetricsFile)
-	keep := res.Resumed
-	if ck == nil {
-		keep = -1
-		os.Remove(metricsPath) // a fresh run (a crash before the first checkpoint leaves nothing to keep)
-	}
-	metrics, err := run.OpenMetrics(metricsPath, keep)
+	// A fresh run starts an empty log (a crash before the first
+	// checkpoint leaves nothing to keep); a resumed one is cut back to its
+	// checkpoint.
+	metrics, err := sess.OpenMetrics(true)
 	if err != nil {
 		return nil, err
 	}
-	defer metrics.Close()
 	var tb *run.EventWriter
 	if r.Log.TensorBoard {
 		if tb, err = run.OpenEvents(filepath.Join(r.Out, "tensorboard")); err != nil {
@@ -269,18 +255,13 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 
 	elapsed0 := st.Elapsed
 	checkpoint := func() error {
-		b, _ := json.Marshal(loopState{Loader: loop.Loader.State(), NonFinite: loop.NonFinite,
-			Elapsed: elapsed0 + time.Since(start).Seconds()})
-		if err := metrics.Sync(); err != nil {
-			return err
-		}
 		if tb != nil {
 			if err := tb.Flush(); err != nil {
 				return err
 			}
 		}
-		_, err := run.SaveCheckpoint(ckDir, &run.Checkpoint{Step: loop.Step, Model: policy, Optim: loop.Optim, State: b}, r.Log.Keep)
-		return err
+		return sess.Save(loop.Step, policy, loop.Optim, loopState{Loader: loop.Loader.State(), NonFinite: loop.NonFinite,
+			Elapsed: elapsed0 + time.Since(start).Seconds()}, r.Log.Keep)
 	}
 	total := r.Train.Steps
 	for loop.Step < total {

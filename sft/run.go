@@ -46,11 +46,11 @@ type loopState struct {
 // line per logging step (nil: none).
 func Run(ctx context.Context, r *Recipe, progress io.Writer) (*RunResult, error) {
 	start := time.Now()
-	lock, err := run.Lock(r.Out) // two runs on one directory would interleave
+	sess, err := run.OpenSession(r.Out) // locked: two runs on one directory would interleave
 	if err != nil {
 		return nil, err
 	}
-	defer lock.Unlock()
+	defer sess.Close()
 	if err := writeRecipe(filepath.Join(r.Out, "recipe.yaml"), r); err != nil {
 		return nil, err
 	}
@@ -58,23 +58,14 @@ func Run(ctx context.Context, r *Recipe, progress io.Writer) (*RunResult, error)
 	if err != nil {
 		return nil, err
 	}
-	ckDir := filepath.Join(r.Out, "checkpoints")
 	var m *model.Model
 	var st loopState
-	ck, err := run.LoadLatest(ckDir)
-	switch {
-	case err == nil:
+	if ck := sess.Resumed; ck != nil {
 		m = ck.Model
-		if ck.State != nil {
-			if err := json.Unmarshal(ck.State, &st); err != nil {
-				return nil, fmt.Errorf("%s: checkpoint state: %w", ckDir, err)
-			}
-		}
-	case errors.Is(err, run.ErrNoCheckpoint):
-		if m, err = newModel(r); err != nil {
+		if err := sess.State(&st); err != nil {
 			return nil, err
 		}
-	default:
+	} else if m, err = newModel(r); err != nil {
 		return nil, err
 	}
 	if m.Config.VocabSize < tok.VocabSize() {
@@ -85,8 +76,8 @@ func Run(ctx context.Context, r *Recipe, progress io.Writer) (*RunResult, error)
 		return nil, err
 	}
 	var optim *train.AdamW
-	if ck != nil {
-		optim = ck.Optim
+	if sess.Resumed != nil {
+		optim = sess.Resumed.Optim
 	}
 	tr, err := NewTrainer(m, examples, r.Train, optim)
 	if err != nil {
@@ -94,19 +85,13 @@ func Run(ctx context.Context, r *Recipe, progress io.Writer) (*RunResult, error)
 	}
 	tr.Batches.Seek(st.Position)
 	startStep := int(tr.Optim.Step)
-	metrics, err := run.OpenMetrics(filepath.Join(r.Out, "metrics.jsonl"), startStep)
+	metrics, err := sess.OpenMetrics(true)
 	if err != nil {
 		return nil, err
 	}
-	defer metrics.Close()
 	res := &RunResult{ModelDir: filepath.Join(r.Out, "model")}
 	checkpoint := func() error {
-		b, _ := json.Marshal(loopState{Position: tr.Batches.Position(), Elapsed: st.Elapsed + time.Since(start).Seconds()})
-		if err := metrics.Sync(); err != nil {
-			return err
-		}
-		_, err := run.SaveCheckpoint(ckDir, &run.Checkpoint{Step: int(tr.Optim.Step), Model: m, Optim: tr.Optim, State: b}, r.Log.Keep)
-		return err
+		return sess.Save(int(tr.Optim.Step), m, tr.Optim, loopState{Position: tr.Batches.Position(), Elapsed: st.Elapsed + time.Since(start).Seconds()}, r.Log.Keep)
 	}
 	var window struct {
 		loss, aux, gnorm float64
