@@ -203,7 +203,7 @@ func (l *Loop) RunStep() (*StepResult, error) {
 	var staleRouteN int
 	trainTokens := 0
 	for i, mb := range mbs {
-		st, g, kl, surr, disagree, tokens, err := l.update(i, mb, step)
+		mr, err := l.update(i, mb)
 		if errors.Is(err, errNonFinite) {
 			res.Skipped++
 			l.NonFinite++
@@ -217,23 +217,23 @@ func (l *Loop) RunStep() (*StepResult, error) {
 			return nil, err
 		}
 		l.NonFinite = 0
-		all.Add(st)
-		gradSum += g
-		gradMax = max(gradMax, g)
-		klSum += kl
-		surrSum += surr * float64(len(mb))
-		surrN += len(mb)
-		stale = append(stale, st.Staleness())
-		if disagree != nil {
+		all.Add(mr.stats)
+		gradSum += mr.gradNorm
+		gradMax = max(gradMax, mr.gradNorm)
+		klSum += mr.klSum
+		surrSum += mr.surrogate * float64(mr.trained)
+		surrN += mr.trained
+		stale = append(stale, mr.stats.Staleness())
+		if mr.disagree != nil {
 			if staleRoute == nil {
-				staleRoute = make([]float64, len(disagree))
+				staleRoute = make([]float64, len(mr.disagree))
 			}
-			for k, v := range disagree {
+			for k, v := range mr.disagree {
 				staleRoute[k] += v
 			}
 			staleRouteN++
 		}
-		trainTokens += tokens
+		trainTokens += mr.tokens
 	}
 	ph.update = time.Since(t)
 
@@ -553,11 +553,8 @@ func (l *Loop) trains(s *Sample) bool {
 
 // update runs mini-batch i: forward, coefficients and backward over the
 // micro-batches of its samples that train (see trains), then one AdamW
-// step; the statistics are over those samples. It returns the objective's
-// statistics, the gradient norm, Σ k3 to the reference, the mean surrogate
-// gap of pi_theta against mu_old, the routing disagreement of pi_theta
-// against pi_old per MoE layer (live routing only) and the tokens run.
-func (l *Loop) update(i int, mb []*Sample, step int) (Stats, float64, float64, float64, []float64, int, error) {
+// step; the statistics are over those samples.
+func (l *Loop) update(i int, mb []*Sample) (*mbResult, error) {
 	r := l.R
 	tot := Totals{Responses: len(mb)}
 	var active []*Sample
@@ -583,7 +580,7 @@ func (l *Loop) update(i int, mb []*Sample, step int) (Stats, float64, float64, f
 		res, err := l.eng.Forward(sq, opt)
 		l.engineTime += time.Since(t)
 		if err != nil {
-			return Stats{}, 0, 0, 0, nil, 0, fmt.Errorf("mini-batch %d: %w", i, err)
+			return nil, fmt.Errorf("mini-batch %d: %w", i, err)
 		}
 		if fresh {
 			setPiOld(micro, res)
@@ -602,14 +599,14 @@ func (l *Loop) update(i int, mb []*Sample, step int) (Stats, float64, float64, f
 		}
 		coef, mst, err := l.obj.Coefficients(batch, tot)
 		if err != nil {
-			return Stats{}, 0, 0, 0, nil, 0, err
+			return nil, err
 		}
 		if err := l.corr.Apply(batch, coef, &mst); err != nil {
-			return Stats{}, 0, 0, 0, nil, 0, err
+			return nil, err
 		}
 		norm, err := Norms(batch, agg, r.Rollout.MaxNewTokens, tot)
 		if err != nil {
-			return Stats{}, 0, 0, 0, nil, 0, err
+			return nil, err
 		}
 		if l.refEng != nil && r.Algorithm.KLCoef > 0 {
 			ref := make([][]float32, len(micro))
@@ -618,7 +615,7 @@ func (l *Loop) update(i int, mb []*Sample, step int) (Stats, float64, float64, f
 			}
 			kl, err := KLPenalty(batch, ref, norm, r.Algorithm.KLCoef, coef)
 			if err != nil {
-				return Stats{}, 0, 0, 0, nil, 0, err
+				return nil, err
 			}
 			klSum += kl
 		}
@@ -633,7 +630,7 @@ func (l *Loop) update(i int, mb []*Sample, step int) (Stats, float64, float64, f
 			loss.LogProb[k] = make([]float32, n)
 			for j, c := range coef[k] {
 				if math.IsNaN(float64(c)) || math.IsInf(float64(c), 0) {
-					return Stats{}, 0, 0, 0, nil, 0, errNonFinite
+					return nil, errNonFinite
 				}
 				loss.LogProb[k][a+j] = c
 			}
@@ -645,13 +642,13 @@ func (l *Loop) update(i int, mb []*Sample, step int) (Stats, float64, float64, f
 			}
 		}
 		if math.IsNaN(res.AuxLoss) || math.IsInf(res.AuxLoss, 0) {
-			return Stats{}, 0, 0, 0, nil, 0, errNonFinite
+			return nil, errNonFinite
 		}
 		t = time.Now()
 		err = l.eng.Backward(loss)
 		l.engineTime += time.Since(t)
 		if err != nil {
-			return Stats{}, 0, 0, 0, nil, 0, fmt.Errorf("mini-batch %d: %w", i, err)
+			return nil, fmt.Errorf("mini-batch %d: %w", i, err)
 		}
 	}
 	lr := r.schedule().LR(int(l.Optim.Step) + 1)
@@ -659,17 +656,28 @@ func (l *Loop) update(i int, mb []*Sample, step int) (Stats, float64, float64, f
 	gn, err := l.Optim.ClippedStep(l.Policy.Arena, l.eng.Grad.Arena, lr, r.Train.ClipNorm)
 	l.engineTime += time.Since(t)
 	if errors.Is(err, train.ErrNonFinite) {
-		return Stats{}, 0, 0, 0, nil, 0, errNonFinite
+		return nil, errNonFinite
 	}
 	if err != nil {
-		return Stats{}, 0, 0, 0, nil, 0, err
+		return nil, err
 	}
 	surr := MeasureDiscrepancy(logMu, logPi).SurrogateGap
 	var dis []float64
 	if len(thetaR) > 0 {
 		dis = RoutingDisagreement(oldR, thetaR, nil)
 	}
-	return st, gn, klSum, surr, dis, tokens, nil
+	return &mbResult{stats: st, gradNorm: gn, klSum: klSum, surrogate: surr, trained: len(logMu), disagree: dis, tokens: tokens}, nil
+}
+
+// mbResult is what one mini-batch update measured.
+type mbResult struct {
+	stats     Stats
+	gradNorm  float64   // before clipping
+	klSum     float64   // Σ k3 to the reference
+	surrogate float64   // mean surrogate gap of pi_theta against mu_old
+	trained   int       // responses trained on
+	disagree  []float64 // pi_old vs pi_theta routing disagreement per MoE layer (live routing)
+	tokens    int       // tokens through the training engine
 }
 
 // rewardMetrics records reward, accuracy (overall and per task) and length
