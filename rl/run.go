@@ -13,6 +13,7 @@ import (
 	"github.com/keel-rl/keel/data"
 	"github.com/keel-rl/keel/evaluate"
 	"github.com/keel-rl/keel/internal/atomicfile"
+	"github.com/keel-rl/keel/internal/builtin"
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rollout"
 	"github.com/keel-rl/keel/run"
@@ -92,7 +93,19 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 		return nil, err
 	}
 
-	tok, err := tokenizer.Load(filepath.Join(r.Model.Path, tokenizer.FileName))
+	// The built-in model and held-out set come from the binary when the
+	// working directory is not a checkout of the repository.
+	modelPath, err := builtin.Resolve(r.Model.Path, "")
+	if err != nil {
+		return nil, fmt.Errorf("model.path: %w", err)
+	}
+	evalFile := r.Eval.File
+	if !r.Eval.Skip {
+		if evalFile, err = builtin.Resolve(evalFile, ""); err != nil {
+			return nil, fmt.Errorf("eval.file: %w", err)
+		}
+	}
+	tok, err := tokenizer.Load(filepath.Join(modelPath, tokenizer.FileName))
 	if err != nil {
 		return nil, fmt.Errorf("model.path: %w", err)
 	}
@@ -105,7 +118,7 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 			return nil, err
 		}
 		res.Resumed = ck.Step
-	} else if policy, err = model.Load(r.Model.Path); err != nil {
+	} else if policy, err = model.Load(modelPath); err != nil {
 		return nil, fmt.Errorf("model.path: %w", err)
 	}
 	if tok.VocabSize() > policy.Config.VocabSize {
@@ -144,7 +157,7 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 	}
 	loop.Loader.Seek(st.Loader)
 	if r.Algorithm.KLCoef > 0 {
-		if loop.Reference, err = model.Load(r.Model.Path); err != nil {
+		if loop.Reference, err = model.Load(modelPath); err != nil {
 			return nil, fmt.Errorf("model.path (reference): %w", err)
 		}
 	}
@@ -155,7 +168,7 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 	var evalSet []data.Example
 	var evalEng *rollout.Engine
 	if !r.Eval.Skip {
-		if evalSet, err = data.Read(r.Eval.File); err != nil {
+		if evalSet, err = data.Read(evalFile); err != nil {
 			return nil, fmt.Errorf("eval.file: %w", err)
 		}
 		if err := evaluate.CheckTasks(evalSet); err != nil {
