@@ -503,7 +503,7 @@ func (r *Recipe) fill() error {
 		return bad("train.mini_batches", "%d must divide train.prompts_per_step = %d (groups stay whole)", t.MiniBatches, t.PromptsPerStep)
 	}
 	if t.MicroBatchTokens == 0 {
-		t.MicroBatchTokens = 16384
+		t.MicroBatchTokens = 4096
 	}
 	if t.MicroBatchTokens < 1 {
 		return bad("train.micro_batch_tokens", "%d, want >= 1", t.MicroBatchTokens)

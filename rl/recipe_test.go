@@ -73,7 +73,7 @@ func TestQuickstartRecipe(t *testing.T) {
 		{"train.prompts_per_step", r.Train.PromptsPerStep, 32},
 		{"train.group_size", r.Train.GroupSize, 8},
 		{"train.mini_batches", r.Train.MiniBatches, 1},
-		{"train.micro_batch_tokens", r.Train.MicroBatchTokens, 16384},
+		{"train.micro_batch_tokens", r.Train.MicroBatchTokens, 4096},
 		{"train.lr", r.Train.LR, 1e-4},
 		{"train.warmup", r.Train.Warmup, 5},
 		{"train.schedule", r.Train.Schedule, train.ScheduleConstant},
@@ -118,7 +118,7 @@ func TestRecipeDefaults(t *testing.T) {
 		r.Algorithm.Objective, r.Algorithm.Correction, r.Algorithm.MaxRounds, r.Algorithm.OverlongPenalty, r.Eval.K,
 		r.Train.Steps, r.Train.PromptsPerStep, r.Train.GroupSize, r.Train.MiniBatches, r.Train.MicroBatchTokens, r.Train.LR, r.Train.Schedule,
 		r.Log.SamplesEvery, r.Log.CheckpointEvery, r.Log.Keep, r.Guards.MaxNonFinite, r.Guards.Action)
-	want := "rl runs/rl 1 | 20000 1-4 | exact 1 256 256 | minirl none 3 1 0 | 100 32 8 1 16384 1e-05 constant | 10 20 2 3 warn"
+	want := "rl runs/rl 1 | 20000 1-4 | exact 1 256 256 | minirl none 3 1 0 | 100 32 8 1 4096 1e-05 constant | 10 20 2 3 warn"
 	if got != want {
 		t.Errorf("defaults\n got %s\nwant %s", got, want)
 	}
