@@ -523,6 +523,9 @@ func (r *Recipe) fill() error {
 	if t.ClipNorm == 0 {
 		t.ClipNorm = 1
 	}
+	if t.Schedule == train.ScheduleCosine && t.Warmup >= t.Steps*t.MiniBatches {
+		return bad("train.warmup", "%d optimiser steps, must be below train.steps x train.mini_batches = %d with a cosine schedule", t.Warmup, t.Steps*t.MiniBatches)
+	}
 	if err := r.schedule().Validate(); err != nil {
 		return bad("train", "%v", err)
 	}

@@ -76,7 +76,8 @@ func TestQuickstartRecipe(t *testing.T) {
 		{"train.micro_batch_tokens", r.Train.MicroBatchTokens, 4096},
 		{"train.lr", r.Train.LR, 1e-4},
 		{"train.warmup", r.Train.Warmup, 5},
-		{"train.schedule", r.Train.Schedule, train.ScheduleConstant},
+		{"train.schedule", r.Train.Schedule, train.ScheduleCosine},
+		{"train.min_lr", r.Train.MinLR, 1e-5},
 		{"train.beta1", r.Train.Beta1, 0.9},
 		{"train.beta2", r.Train.Beta2, 0.999},
 		{"train.clip_norm", r.Train.ClipNorm, 1.0},
@@ -140,7 +141,10 @@ func TestReadRecipe(t *testing.T) {
 	if err := os.WriteFile(path, Quickstart, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r, err := ReadRecipe(path, []string{"train.steps=3"})
+	if _, err := ReadRecipe(path, []string{"train.steps=3"}); err == nil || !strings.Contains(err.Error(), "train.warmup") {
+		t.Fatalf("3 steps under a 5-step warm-up: %v", err)
+	}
+	r, err := ReadRecipe(path, []string{"train.steps=3", "train.warmup=1"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ import (
 func runRecipe(t *testing.T, dir string, sets ...string) *Recipe {
 	t.Helper()
 	base := []string{"out=" + dir, "model.path=../models/tiny-moe-base", "data.n=200", "rollout.max_new_tokens=48",
-		"train.steps=5", "train.prompts_per_step=4", "train.group_size=4", "train.lr=3.0e-4",
+		"train.steps=5", "train.warmup=1", "train.prompts_per_step=4", "train.group_size=4", "train.lr=3.0e-4",
 		"eval.file=../recipes/heldout-d2-4.jsonl", "eval.n=6", "eval.k=2", "eval.every=2",
 		"log.checkpoint_every=2", "log.samples_every=2", "log.tensorboard=true"}
 	r, err := ParseRecipe(Quickstart, append(base, sets...))
