@@ -1,15 +1,12 @@
 package rl
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -142,64 +139,6 @@ func TestRunDirectoryLocked(t *testing.T) {
 	if !errors.Is(err, run.ErrLocked) || !strings.Contains(err.Error(), "process") {
 		t.Fatalf("run on a locked directory: %v", err)
 	}
-}
-
-// The child of TestRunKill9 runs until step 3 and kills itself with
-// SIGKILL after that step's metrics record is written, before any
-// checkpoint of step 3 or later.
-func TestRunKill9Helper(t *testing.T) {
-	dir := os.Getenv("KEEL_RL_KILL_DIR")
-	if dir == "" {
-		t.Skip("helper process for TestRunKill9")
-	}
-	Run(context.Background(), runRecipe(t, dir), false, Progress{Step: func(step, _ int, _ map[string]float64, _ time.Duration) {
-		if step == 3 {
-			syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		}
-	}})
-	t.Fatal("not killed")
-}
-
-// kill -9 in the middle of a run loses the steps since the last
-// checkpoint, and the resumed run equals one that never stopped: no torn
-// or duplicated metrics line.
-func TestRunKill9(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs a child process")
-	}
-	tmp := t.TempDir()
-	killed := filepath.Join(tmp, "killed")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestRunKill9Helper$")
-	cmd.Env = append(os.Environ(), "KEEL_RL_KILL_DIR="+killed)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-		t.Fatalf("child: %v\n%s", err, out.String())
-	}
-	recs, err := run.ReadMetrics(filepath.Join(killed, MetricsFile))
-	if err != nil || len(recs) != 4 { // steps 0 (evaluation) to 3
-		t.Fatalf("metrics after the kill: %d records, %v", len(recs), err)
-	}
-	r, err := ReadRecipe(filepath.Join(killed, RecipeFile), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := Run(context.Background(), r, true, Progress{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Resumed != 2 {
-		t.Fatalf("resumed from step %d, want the checkpoint of step 2", res.Resumed)
-	}
-	straight := filepath.Join(tmp, "straight")
-	if _, err := Run(context.Background(), runRecipe(t, straight), false, Progress{}); err != nil {
-		t.Fatal(err)
-	}
-	w1, m1 := readRun(t, straight)
-	w2, m2 := readRun(t, killed)
-	sameFiles(t, "killed at 3 and resumed", w1, w2, m1, m2)
 }
 
 // Bad input is a clear error naming the setting or the row.
