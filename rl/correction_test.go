@@ -111,3 +111,24 @@ func TestTokenAdvantages(t *testing.T) {
 		t.Fatal("token advantages of the wrong length accepted")
 	}
 }
+
+// minirl-no-is records no IS weight of its own (r is a staleness ratio):
+// with a correction, the IS statistics are the correction's weights.
+func TestNoISWithCorrectionStats(t *testing.T) {
+	b := []Response{{Advantage: 1, LogMu: lp(0.2, 0.1), LogPiOld: lp(0.4, 0.8), LogPi: lp(0.5, 0.8)}}
+	o := DefaultMiniRL()
+	o.Variant = MiniRLNoIS
+	c, st, err := o.Coefficients(b, Totals{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.HasWeights() {
+		t.Fatal("minirl-no-is recorded IS weights")
+	}
+	if err := (Correction{Mode: TokenTIS, Cap: 5}).Apply(b, c, &st); err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(st.ISMean()-3.5) > 1e-5 || math.Abs(st.ISMax-5) > 1e-5 { // weights 2 and 5
+		t.Fatalf("IS mean %v max %v, want 3.5 and 5", st.ISMean(), st.ISMax)
+	}
+}

@@ -95,8 +95,10 @@ type Loop struct {
 	// both give the same bits).
 	separatePiOld bool
 	// engineTime accumulates the time spent inside the training engine
-	// (forward, backward, gradient norm, AdamW) during a step.
+	// (forward, backward, gradient norm, AdamW) during a step, and
+	// oldTokens the tokens of its pi_old-only forwards.
 	engineTime time.Duration
+	oldTokens  int
 }
 
 // ErrTooManyNonFinite stops a run whose optimiser steps keep diverging.
@@ -144,7 +146,7 @@ func (l *Loop) RunStep() (*StepResult, error) {
 	start := time.Now()
 	r := l.R
 	var ph phases
-	l.engineTime = 0
+	l.engineTime, l.oldTokens = 0, 0
 	step := l.Step + 1
 	m := map[string]float64{}
 
@@ -202,7 +204,12 @@ func (l *Loop) RunStep() (*StepResult, error) {
 	var staleRoute []float64
 	var staleRouteN int
 	trainTokens := 0
+	updates := 0
 	for i, mb := range mbs {
+		if len(mb) == 0 {
+			continue // fewer groups than mini-batches (dynamic sampling): no empty steps
+		}
+		updates++
 		mr, err := l.update(i, mb)
 		if errors.Is(err, errNonFinite) {
 			res.Skipped++
@@ -245,15 +252,16 @@ func (l *Loop) RunStep() (*StepResult, error) {
 	l.Step = step
 
 	// Metrics (docs/method.md §6).
-	updates := float64(N - res.Skipped)
 	m["train/skipped_steps"] = float64(res.Skipped)
-	if updates > 0 {
-		m["grad_norm"] = gradSum / updates
+	if done := float64(updates - res.Skipped); done > 0 {
+		m["grad_norm"] = gradSum / done
 		m["grad_norm/max"] = gradMax
 	}
 	m["lr"] = r.schedule().LR(int(l.Optim.Step))
-	m["is/mean"], m["is/min"], m["is/max"] = all.ISMean(), all.ISMin, all.ISMax
-	m["is/truncated_frac"], m["is/masked_frac"], m["is/ess"] = all.TruncatedFrac(), all.MaskedFrac(), all.ESS()
+	if all.HasWeights() {
+		m["is/mean"], m["is/min"], m["is/max"] = all.ISMean(), all.ISMin, all.ISMax
+		m["is/truncated_frac"], m["is/masked_frac"], m["is/ess"] = all.TruncatedFrac(), all.MaskedFrac(), all.ESS()
+	}
 	m["clip/pos_frac"], m["clip/neg_frac"] = all.ClipPosFrac(), all.ClipNegFrac()
 	for i, s := range stale {
 		m["staleness/mb"+itoa(i)] = s
@@ -287,7 +295,7 @@ func (l *Loop) RunStep() (*StepResult, error) {
 	m["time/loop_overhead"] = (total - ph.rollout - l.engineTime - ph.push).Seconds()
 	m["tokens_per_s/rollout"] = float64(genTokens) / ph.rollout.Seconds()
 	if d := (ph.old + ph.update).Seconds(); d > 0 {
-		m["tokens_per_s/train"] = float64(trainTokens) / d
+		m["tokens_per_s/train"] = float64(trainTokens+l.oldTokens) / d
 	}
 	return res, nil
 }
@@ -325,11 +333,20 @@ func (l *Loop) collect(step int, ph *phases, m map[string]float64) ([][]*Sample,
 			return nil, 0, 0, fmt.Errorf("rollout: %d samples for %d prompts x %d", len(out), len(prompts), G)
 		}
 		t = time.Now()
-		batch := make([][]*Sample, len(prompts))
+		count := make([]int, len(prompts))
 		for _, o := range out {
 			if o.Prompt < 0 || o.Prompt >= len(prompts) {
 				return nil, 0, 0, fmt.Errorf("rollout: sample for prompt %d of %d", o.Prompt, len(prompts))
 			}
+			count[o.Prompt]++
+		}
+		for p, n := range count {
+			if n != G {
+				return nil, 0, 0, fmt.Errorf("rollout: %d samples for prompt %d, want %d", n, p, G)
+			}
+		}
+		batch := make([][]*Sample, len(prompts))
+		for _, o := range out {
 			// The synchronous loop trains only on samples of this step's
 			// weights.
 			if o.Version != want {
@@ -375,7 +392,7 @@ func (l *Loop) collect(step int, ph *phases, m map[string]float64) ([][]*Sample,
 		groups = groups[:B]
 	}
 	if len(groups) == 0 {
-		// Every group was dropped: keep the last round's so the step runs
+		// Every group was dropped: keep the first B scored ones so the step runs
 		// (a zero-gradient step, logged), never an empty update.
 		for i := 0; i < len(scored); i += G {
 			groups = append(groups, scored[i:i+G])
@@ -512,10 +529,14 @@ func setPiOld(mb []*Sample, res *train.Result) {
 func (l *Loop) piOld(samples []*Sample) error {
 	for _, mb := range microBatches(samples, l.R.Train.MicroBatchTokens) {
 		t := time.Now()
-		res, err := l.eng.Forward(seqs(mb), l.forwardOpts(mb, false))
+		sq := seqs(mb)
+		res, err := l.eng.Forward(sq, l.forwardOpts(mb, false))
 		l.engineTime += time.Since(t)
 		if err != nil {
 			return fmt.Errorf("pi_old: %w", err)
+		}
+		for _, q := range sq {
+			l.oldTokens += len(q)
 		}
 		setPiOld(mb, res)
 	}
@@ -565,6 +586,26 @@ func (l *Loop) update(i int, mb []*Sample) (*mbResult, error) {
 		}
 	}
 	l.eng.ZeroGrad()
+	// nonFinite abandons the update; the first mini-batch's samples not
+	// yet run still need their pi_old (a forward only) for the metrics.
+	nonFinite := func() (*mbResult, error) {
+		if i == 0 && !l.separatePiOld {
+			var rest []*Sample
+			for _, s := range active {
+				if s.LogPiOld == nil {
+					rest = append(rest, s)
+				}
+			}
+			if err := l.piOld(rest); err != nil {
+				return nil, err
+			}
+		}
+		return nil, errNonFinite
+	}
+	activeTokens := 0
+	for _, s := range active {
+		activeTokens += len(s.Prompt.IDs) + len(s.Response)
+	}
 	var st Stats
 	var klSum float64
 	var logMu, logPi [][]float32
@@ -620,7 +661,14 @@ func (l *Loop) update(i int, mb []*Sample) (*mbResult, error) {
 			klSum += kl
 		}
 		st.Add(mst)
-		loss := train.Loss{LogProb: make([][]float32, len(micro)), Aux: r.Train.AuxLoss}
+		// The auxiliary loss of a forward is a mean over its tokens: weigh
+		// each micro-batch's by its share of the mini-batch's tokens, so
+		// the cut into micro-batches does not scale it.
+		microTokens := 0
+		for _, s := range micro {
+			microTokens += len(s.Prompt.IDs) + len(s.Response)
+		}
+		loss := train.Loss{LogProb: make([][]float32, len(micro)), Aux: r.Train.AuxLoss * float64(microTokens) / float64(activeTokens)}
 		if r.Algorithm.EntropyCoef > 0 {
 			loss.Entropy = make([][]float32, len(micro))
 		}
@@ -630,7 +678,7 @@ func (l *Loop) update(i int, mb []*Sample) (*mbResult, error) {
 			loss.LogProb[k] = make([]float32, n)
 			for j, c := range coef[k] {
 				if math.IsNaN(float64(c)) || math.IsInf(float64(c), 0) {
-					return nil, errNonFinite
+					return nonFinite()
 				}
 				loss.LogProb[k][a+j] = c
 			}
@@ -642,7 +690,7 @@ func (l *Loop) update(i int, mb []*Sample) (*mbResult, error) {
 			}
 		}
 		if math.IsNaN(res.AuxLoss) || math.IsInf(res.AuxLoss, 0) {
-			return nil, errNonFinite
+			return nonFinite()
 		}
 		t = time.Now()
 		err = l.eng.Backward(loss)
@@ -739,6 +787,7 @@ func (l *Loop) discrepancyMetrics(samples []*Sample, m map[string]float64) {
 	m["train_infer/k1"], m["train_infer/k3"] = d.K1, d.K3
 	m["train_infer/abs_diff_mean"], m["train_infer/abs_diff_max"] = d.MeanAbs, d.MaxAbs
 	m["train_infer/ppl_gap"], m["train_infer/surrogate_gap"] = d.PPLGap, d.SurrogateGap
+	m["train_infer/frac_above_0.1"], m["train_infer/frac_above_1"] = d.Above01, d.Above1
 	if entN > 0 {
 		m["entropy"] = ent / float64(entN)
 	}

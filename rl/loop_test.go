@@ -265,6 +265,7 @@ func TestRolloutOutputChecked(t *testing.T) {
 			r.IDs8 = r.IDs8[:r.Tokens*r.Layers*r.K]
 		}},
 		{"log-probs too short", "log-probs", func(s []rollout.Sample) { s[2].LogProbs = s[2].LogProbs[1:] }},
+		{"groups of the wrong size", "samples for prompt 0", func(s []rollout.Sample) { s[0].Prompt = 1 }},
 	}
 	for _, tc := range cases {
 		l := testLoop(t, testRecipe(t), true)
@@ -303,7 +304,9 @@ func (n *noPush) Generate(p [][]int32, k int, sp rollout.Sampling) ([]rollout.Sa
 // A NaN in the policy makes every update non-finite: each is skipped and
 // logged, and the run stops after guards.max_nonfinite in a row.
 func TestNonFiniteStepsSkippedThenStop(t *testing.T) {
-	l := testLoop(t, testRecipe(t, "guards.max_nonfinite=2"), true)
+	// Micro-batches of 20 tokens: the first mini-batch's pi_old comes from
+	// several forwards, and those after the NaN must still run.
+	l := testLoop(t, testRecipe(t, "guards.max_nonfinite=2", "train.micro_batch_tokens=20"), true)
 	l.Sampler = &noPush{Sampler: l.Sampler}
 	l.Policy.Norm.Data[0] = float32(math.NaN())
 	before := slices.Clone(l.Policy.Arena)
@@ -410,5 +413,55 @@ func TestRouteAlignment(t *testing.T) {
 		if i == p && !changed {
 			t.Fatalf("a route at position %d left log p(y_%d) unchanged", p, p+1)
 		}
+	}
+}
+
+// The MoE auxiliary loss does not grow with the number of micro-batches:
+// each micro-batch's is weighed by its share of the tokens. (Its value
+// per micro-batch is a product of means, so the two gradients are close,
+// not equal.)
+func TestAuxLossIndependentOfMicroBatches(t *testing.T) {
+	flat := func(*Prompt, []int32) (float64, float64) { return 1, 1 } // only the auxiliary term trains
+	a := testLoop(t, testRecipe(t, "train.aux_loss=0.01"), true)
+	b := testLoop(t, testRecipe(t, "train.aux_loss=0.01", "train.micro_batch_tokens=20"), true)
+	a.Score, b.Score = flat, flat
+	ma, err := a.RunStep()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, err := b.RunStep()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ga, gb := ma.Metrics["grad_norm"], mb.Metrics["grad_norm"]
+	if !(ga > 0) || gb > 1.5*ga || gb < ga/1.5 {
+		t.Fatalf("auxiliary-loss gradient norm %.3g in one micro-batch, %.3g in micro-batches of 20 tokens", ga, gb)
+	}
+}
+
+// Fewer surviving groups than mini-batches take no empty optimiser steps.
+func TestNoEmptyMiniBatches(t *testing.T) {
+	l := testLoop(t, testRecipe(t, "algorithm.dynamic_sampling=true", "algorithm.max_rounds=1", "train.mini_batches=4"), true)
+	var first *Prompt
+	n := 0
+	l.Score = func(p *Prompt, r []int32) (float64, float64) {
+		if first == nil {
+			first = p
+		}
+		if p != first {
+			return 1, 1 // every group but the first prompt's has equal rewards
+		}
+		n++
+		return float64(n % 2), 0 // the first prompt's alternate
+	}
+	res, err := l.RunStep()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if trained := res.Metrics["groups/trained"]; trained != 1 {
+		t.Fatalf("%v groups survived, want the first prompt's alone", trained)
+	}
+	if got := int(l.Optim.Step); got != int(res.Metrics["groups/trained"]) {
+		t.Fatalf("%d optimiser steps for %v groups in 4 mini-batches", got, res.Metrics["groups/trained"])
 	}
 }

@@ -185,6 +185,10 @@ func frac(n int, d int) float64 {
 	return float64(n) / float64(d)
 }
 
+// HasWeights reports whether any IS weight was recorded (objectives and
+// corrections without one record none).
+func (s Stats) HasWeights() bool { return s.weights > 0 }
+
 // ISMean is the mean IS weight.
 func (s Stats) ISMean() float64 { return safeDiv(s.ISSum, float64(s.weights)) }
 
@@ -266,7 +270,9 @@ func (m MiniRL) Coefficients(batch []Response, tot Totals) ([][]float32, Stats, 
 				w = m.ISCap
 				st.Truncated++
 			}
-			st.weight(w)
+			if m.Variant != MiniRLNoIS { // r is a staleness ratio, not an IS correction
+				st.weight(w)
+			}
 			c[t] = float32(-norm * mask * w * a)
 		}
 		st.Tokens += n

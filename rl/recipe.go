@@ -387,12 +387,10 @@ func (r *Recipe) fill() error {
 		defLow, defHigh, defAdv = 0.2, 0.2, GroupMeanStd
 	case ObjDrGRPO, ObjPPO:
 		defLow, defHigh = 0.2, 0.2
-	case ObjDAPO:
-		defLow, defHigh = 0.2, 0.28
-	case ObjCISPO:
-		defLow, defHigh = 0.2, 0.28
+	case ObjDAPO, ObjCISPO:
+		defLow, defHigh, defAdv = 0.2, 0.28, GroupMeanStd
 	case ObjGSPO, ObjGSPOToken:
-		defLow, defHigh = 3e-4, 4e-4
+		defLow, defHigh, defAdv = 3e-4, 4e-4, GroupMeanStd
 	default:
 		return bad("algorithm.objective", "unknown %q (want minirl, minirl-no-is, minirl-lennorm, minirl-old-is, no-clip, grpo, dr-grpo, dapo, cispo, gspo, gspo-token or ppo)", a.Objective)
 	}

@@ -416,10 +416,10 @@ func TestRecipeObjectiveDefaults(t *testing.T) {
 		{MiniRLNoClip, 0.2, 0.27, GroupMean},
 		{ObjGRPO, 0.2, 0.2, GroupMeanStd},
 		{ObjDrGRPO, 0.2, 0.2, GroupMean},
-		{ObjDAPO, 0.2, 0.28, GroupMean},
-		{ObjCISPO, 0.2, 0.28, GroupMean},
-		{ObjGSPO, 3e-4, 4e-4, GroupMean},
-		{ObjGSPOToken, 3e-4, 4e-4, GroupMean},
+		{ObjDAPO, 0.2, 0.28, GroupMeanStd},
+		{ObjCISPO, 0.2, 0.28, GroupMeanStd},
+		{ObjGSPO, 3e-4, 4e-4, GroupMeanStd},
+		{ObjGSPOToken, 3e-4, 4e-4, GroupMeanStd},
 		{ObjPPO, 0.2, 0.2, GroupMean},
 	} {
 		r := parseRecipeOK(t, recipeBase, "algorithm.objective="+tc.objective)

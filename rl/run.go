@@ -77,14 +77,15 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 		return nil, err
 	}
 	defer sess.Close()
+	// A run with a checkpoint is resumed, never overwritten; one that
+	// stopped before its first checkpoint has nothing to keep and starts
+	// afresh (its metrics log is discarded).
 	ck := sess.Resumed
-	switch {
-	case ck != nil && !resume:
+	if ck == nil && resume {
+		return nil, fmt.Errorf("%s has no checkpoint to resume: start it afresh with keel rl --recipe %s", r.Out, filepath.Join(r.Out, RecipeFile))
+	}
+	if ck != nil && !resume {
 		return nil, fmt.Errorf("%s: %w (checkpoint at step %d): resume it with keel rl --resume %s, or choose another name", r.Out, ErrRunExists, ck.Step, r.Out)
-	case ck == nil && !resume:
-		if _, err := os.Stat(filepath.Join(r.Out, MetricsFile)); err == nil {
-			return nil, fmt.Errorf("%s: %w (a metrics log without a checkpoint): delete it or choose another name", r.Out, ErrRunExists)
-		}
 	}
 	if err := atomicfile.Write(filepath.Join(r.Out, RecipeFile), func(w io.Writer) error {
 		_, err := w.Write(r.YAML())
@@ -267,7 +268,9 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 	}
 
 	elapsed0 := st.Elapsed
+	saved := res.Resumed // the newest checkpoint's step (0: none)
 	checkpoint := func() error {
+		saved = loop.Step
 		if tb != nil {
 			if err := tb.Flush(); err != nil {
 				return err
@@ -285,7 +288,10 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 		sr, err := loop.RunStep()
 		if err != nil {
 			// Whatever failed, the last checkpoint stands; say so.
-			return nil, fmt.Errorf("step %d: %w (the run resumes from its last checkpoint: keel rl --resume %s)", loop.Step+1, err, r.Out)
+			if saved > 0 {
+				return nil, fmt.Errorf("step %d: %w (the run resumes from its checkpoint of step %d: keel rl --resume %s)", loop.Step+1, err, saved, r.Out)
+			}
+			return nil, fmt.Errorf("step %d: %w (no checkpoint yet: the same command starts the run afresh)", loop.Step+1, err)
 		}
 		step := loop.Step
 		m := sr.Metrics
