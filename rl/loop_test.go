@@ -465,3 +465,16 @@ func TestNoEmptyMiniBatches(t *testing.T) {
 		t.Fatalf("%d optimiser steps for %v groups in 4 mini-batches", got, res.Metrics["groups/trained"])
 	}
 }
+
+// A dense model runs the same loop (no routes, no routing metrics).
+func TestDenseModelLoop(t *testing.T) {
+	_, ms := runSteps(t, testLoop(t, testRecipe(t, "train.mini_batches=2", "rollout.precision=bf16"), false), 2)
+	for k := range ms[1] {
+		if strings.HasPrefix(k, "routing/") {
+			t.Fatalf("a dense model logged %s", k)
+		}
+	}
+	if !(ms[1]["train_infer/abs_diff_max"] > 0) || ms[1]["grad_norm"] == 0 {
+		t.Fatalf("bf16 rollout on a dense model: max |Δ| %v, grad norm %v", ms[1]["train_infer/abs_diff_max"], ms[1]["grad_norm"])
+	}
+}

@@ -328,6 +328,9 @@ func (r *Recipe) fill() error {
 	case d.File == "" && len(d.Tasks) == 0:
 		return bad("data", "give file (JSONL or Parquet) or tasks to generate problems")
 	}
+	if d.File != "" && (d.N != 0 || d.Difficulty != "") {
+		return bad("data", "n and difficulty apply to generated problems (data.tasks), not to data.file")
+	}
 	if len(d.Tasks) > 0 {
 		if d.N == 0 {
 			d.N = 20000

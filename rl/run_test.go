@@ -152,8 +152,8 @@ func TestRunBadInput(t *testing.T) {
 		sets []string
 		want string
 	}{
-		{[]string{"data.tasks=null", "data.file=" + noVerifier}, "row 1"},
-		{[]string{"data.tasks=null", "data.file=" + long}, "row 0"},
+		{[]string{"data.tasks=null", "data.n=0", "data.difficulty=", "data.file=" + noVerifier}, "row 1"},
+		{[]string{"data.tasks=null", "data.n=0", "data.difficulty=", "data.file=" + long}, "row 0"},
 		{[]string{"algorithm.replay=r3", "model.path=" + denseModelDir(t)}, "algorithm.replay"},
 		{[]string{"eval.file=" + noVerifier}, "eval.file"},
 	}
