@@ -194,6 +194,13 @@ func LoadLatest(root string) (*Checkpoint, error) {
 	return Load(filepath.Join(root, steps[len(steps)-1]))
 }
 
+// HasCheckpoint reports whether root holds a complete checkpoint, without
+// loading it.
+func HasCheckpoint(root string) bool {
+	steps, err := completeSteps(root)
+	return err == nil && len(steps) > 0
+}
+
 // Load reads one checkpoint directory written by SaveCheckpoint.
 func Load(dir string) (*Checkpoint, error) {
 	if !complete(dir) {
