@@ -522,3 +522,16 @@ func TestRecipeObjectiveBuilder(t *testing.T) {
 		}
 	}
 }
+
+// Every recipe shipped under recipes/paper parses.
+func TestPaperRecipesParse(t *testing.T) {
+	files, err := filepath.Glob("../recipes/paper/*/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no recipes under recipes/paper (%v)", err)
+	}
+	for _, f := range files {
+		if _, err := ReadRecipe(f, nil); err != nil {
+			t.Error(err)
+		}
+	}
+}
