@@ -1,0 +1,79 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/keel-rl/keel/internal/atomicfile"
+	"github.com/keel-rl/keel/report"
+)
+
+func init() {
+	register(command{name: "report", summary: "an HTML page of charts over RL runs (arms x seeds)", run: runReport})
+}
+
+const reportUsage = `usage: keel report RUN_DIR... [--out FILE.html] [--title T]
+
+Writes one self-contained HTML page (inline SVG, no network) with a chart
+per measure — training reward, held-out avg@k, entropy, train-infer KL,
+routing disagreement, staleness, surrogate validity — against gradient
+steps, one curve per arm: runs named NAME-sSEED (as keel sweep names them)
+are the seeds of arm NAME, drawn as their mean with their spread. A
+directory holding run directories (a sweep's --out) stands for them all.
+`
+
+func runReport(args []string) error {
+	fs := flag.NewFlagSet("report", flag.ContinueOnError)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), reportUsage); fs.PrintDefaults() }
+	out := fs.String("out", "report.html", "the HTML file to write")
+	title := fs.String("title", "keel runs", "page title")
+	var dirs []string
+	rest := args
+	for {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil
+			}
+			return err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		dirs = append(dirs, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
+	if len(dirs) == 0 {
+		return errors.New("usage: keel report RUN_DIR... (see keel report -h)")
+	}
+	var runs []string
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "metrics.jsonl")); err == nil {
+			runs = append(runs, d)
+			continue
+		}
+		m, _ := filepath.Glob(filepath.Join(d, "*", "metrics.jsonl"))
+		if len(m) == 0 {
+			return fmt.Errorf("%s: neither a run directory (no metrics.jsonl) nor a directory of runs", d)
+		}
+		for _, f := range m {
+			runs = append(runs, filepath.Dir(f))
+		}
+	}
+	rs, err := report.Load(runs)
+	if err != nil {
+		return err
+	}
+	page := report.HTML(*title, rs, report.Standard(rs))
+	if err := atomicfile.Write(*out, func(w io.Writer) error {
+		_, err := w.Write(page)
+		return err
+	}); err != nil {
+		return err
+	}
+	fmt.Printf("%d runs -> %s\n", len(rs), *out)
+	return nil
+}

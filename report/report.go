@@ -1,0 +1,284 @@
+// Package report turns RL runs into one self-contained HTML page: a chart
+// per measure (training reward, entropy, train-infer KL, held-out avg@k,
+// routing disagreement, staleness, surrogate validity) against gradient
+// steps, one curve per arm with the mean over its seeds and their spread
+// as a band. Charts are inline SVG; the page needs no network.
+package report
+
+import (
+	"fmt"
+	"html"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+
+	"github.com/keel-rl/keel/rl"
+	"github.com/keel-rl/keel/run"
+)
+
+// Run is one run directory's metrics.
+type Run struct {
+	Dir   string
+	Arm   string // the run's name without its -sSEED suffix
+	Steps []Point
+	// GradPerStep is the optimiser steps per global step (mini-batches).
+	GradPerStep int
+}
+
+// Point is one metrics record: its step and numeric fields.
+type Point struct {
+	Step   int
+	Values map[string]float64
+}
+
+var seedSuffix = regexp.MustCompile(`-s\d+$`)
+
+// Load reads run directories (metrics.jsonl and recipe.yaml).
+func Load(dirs []string) ([]Run, error) {
+	var out []Run
+	for _, d := range dirs {
+		recs, err := run.ReadMetrics(filepath.Join(d, run.MetricsFile))
+		if err != nil {
+			return nil, err
+		}
+		r := Run{Dir: d, Arm: seedSuffix.ReplaceAllString(filepath.Base(filepath.Clean(d)), ""), GradPerStep: 1}
+		if rec, err := rl.ReadRecipe(filepath.Join(d, rl.RecipeFile), []string{"out=" + d}); err == nil {
+			r.GradPerStep = rec.Train.MiniBatches
+		} else if !os.IsNotExist(err) {
+			return nil, err
+		}
+		for _, m := range recs {
+			s, ok := m["step"].(float64)
+			if !ok {
+				continue
+			}
+			p := Point{Step: int(s), Values: map[string]float64{}}
+			for k, v := range m {
+				if f, ok := v.(float64); ok {
+					p.Values[k] = f
+				}
+			}
+			r.Steps = append(r.Steps, p)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// Series is one arm's curve: the mean over its runs at each x, and the
+// lowest and highest run there.
+type Series struct {
+	Name         string
+	X, Y, Lo, Hi []float64
+	Runs         int
+}
+
+// Chart is one measure against gradient steps.
+type Chart struct {
+	Title, Metric string
+	LogY          bool
+	Series        []Series
+}
+
+// value extracts a measure from a record: a metric name, or "staleness"
+// for the mean of the staleness/mbI entries.
+func value(p Point, metric string) (float64, bool) {
+	if metric == "staleness" {
+		var sum float64
+		n := 0
+		for k, v := range p.Values {
+			if strings.HasPrefix(k, "staleness/mb") && !math.IsNaN(v) {
+				sum += v
+				n++
+			}
+		}
+		return sum / float64(max(n, 1)), n > 0
+	}
+	v, ok := p.Values[metric]
+	return v, ok
+}
+
+// Build makes the chart of one measure over runs grouped by arm. Only the
+// x values every run of an arm has are drawn.
+func Build(runs []Run, title, metric string, logY bool) Chart {
+	c := Chart{Title: title, Metric: metric, LogY: logY}
+	arms := map[string][]Run{}
+	var names []string
+	for _, r := range runs {
+		if _, ok := arms[r.Arm]; !ok {
+			names = append(names, r.Arm)
+		}
+		arms[r.Arm] = append(arms[r.Arm], r)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		group := arms[name]
+		byX := map[float64][]float64{}
+		for _, r := range group {
+			for _, p := range r.Steps {
+				v, ok := value(p, metric)
+				if !ok || math.IsNaN(v) || (logY && !(v > 0)) {
+					continue
+				}
+				x := float64(p.Step * r.GradPerStep)
+				byX[x] = append(byX[x], v)
+			}
+		}
+		s := Series{Name: name, Runs: len(group)}
+		var xs []float64
+		for x, vs := range byX {
+			if len(vs) == len(group) {
+				xs = append(xs, x)
+			}
+		}
+		sort.Float64s(xs)
+		for _, x := range xs {
+			vs := byX[x]
+			lo, hi, sum := math.Inf(1), math.Inf(-1), 0.0
+			for _, v := range vs {
+				lo, hi, sum = math.Min(lo, v), math.Max(hi, v), sum+v
+			}
+			s.X, s.Y, s.Lo, s.Hi = append(s.X, x), append(s.Y, sum/float64(len(vs))), append(s.Lo, lo), append(s.Hi, hi)
+		}
+		if len(s.X) > 0 {
+			c.Series = append(c.Series, s)
+		}
+	}
+	return c
+}
+
+// palette holds the curves' colours (colour-blind safe, Okabe-Ito).
+var palette = []string{"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"}
+
+// SVG draws the chart, w by h pixels: axes with ticks, a band of the
+// spread and a line of the mean per series, and a legend.
+func (c Chart) SVG(w, h int) string {
+	const left, right, top, bottom = 60, 160, 30, 40
+	pw, ph := float64(w-left-right), float64(h-top-bottom)
+	xmin, xmax, ymin, ymax := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
+	for _, s := range c.Series {
+		for i := range s.X {
+			xmin, xmax = math.Min(xmin, s.X[i]), math.Max(xmax, s.X[i])
+			ymin, ymax = math.Min(ymin, s.Lo[i]), math.Max(ymax, s.Hi[i])
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="11">`, w, h, w, h)
+	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`, w, h)
+	fmt.Fprintf(&b, `<text x="%d" y="18" font-size="13" font-weight="bold">%s</text>`, left, html.EscapeString(c.Title))
+	if len(c.Series) == 0 {
+		fmt.Fprintf(&b, `<text x="%d" y="%d">no data for %s</text></svg>`, left, top+20, html.EscapeString(c.Metric))
+		return b.String()
+	}
+	ty := func(v float64) float64 { return v }
+	if c.LogY {
+		ty = math.Log10
+	}
+	y0, y1 := ty(ymin), ty(ymax)
+	if y1 == y0 {
+		y0, y1 = y0-1, y1+1
+	}
+	if xmax == xmin {
+		xmin, xmax = xmin-1, xmax+1
+	}
+	px := func(x float64) float64 { return float64(left) + (x-xmin)/(xmax-xmin)*pw }
+	py := func(y float64) float64 { return float64(top) + (1-(ty(y)-y0)/(y1-y0))*ph }
+	// Axes and ticks.
+	fmt.Fprintf(&b, `<path d="M%d %d V%d H%d" stroke="#444" fill="none"/>`, left, top, top+int(ph), left+int(pw))
+	for i := 0; i <= 4; i++ {
+		fx := xmin + (xmax-xmin)*float64(i)/4
+		x := px(fx)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`, x, top+int(ph)+15, tick(fx))
+		t := y0 + (y1-y0)*float64(i)/4
+		v := t
+		if c.LogY {
+			v = math.Pow(10, t)
+		}
+		y := float64(top) + (1-float64(i)/4)*ph
+		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`, left-5, y+4, tick(v))
+		fmt.Fprintf(&b, `<path d="M%d %.1f H%d" stroke="#ddd"/>`, left, y, left+int(pw))
+	}
+	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">gradient steps</text>`, float64(left)+pw/2, h-5)
+	for i, s := range c.Series {
+		col := palette[i%len(palette)]
+		if s.Runs > 1 {
+			var band strings.Builder
+			for j := range s.X {
+				fmt.Fprintf(&band, "%.1f,%.1f ", px(s.X[j]), py(s.Hi[j]))
+			}
+			for j := len(s.X) - 1; j >= 0; j-- {
+				fmt.Fprintf(&band, "%.1f,%.1f ", px(s.X[j]), py(s.Lo[j]))
+			}
+			fmt.Fprintf(&b, `<polygon class="band" points="%s" fill="%s" fill-opacity="0.15" stroke="none"/>`, strings.TrimSpace(band.String()), col)
+		}
+		var line strings.Builder
+		for j := range s.X {
+			fmt.Fprintf(&line, "%.1f,%.1f ", px(s.X[j]), py(s.Y[j]))
+		}
+		fmt.Fprintf(&b, `<polyline class="mean" data-series="%s" points="%s" fill="none" stroke="%s" stroke-width="1.5"/>`, html.EscapeString(s.Name), strings.TrimSpace(line.String()), col)
+		ly := top + 14*i
+		fmt.Fprintf(&b, `<path d="M%d %d h16" stroke="%s" stroke-width="2"/><text x="%d" y="%d">%s (%d)</text>`,
+			w-right+10, ly+10, col, w-right+30, ly+14, html.EscapeString(s.Name), s.Runs)
+	}
+	b.WriteString(`</svg>`)
+	return b.String()
+}
+
+// tick formats an axis value compactly.
+func tick(v float64) string {
+	a := math.Abs(v)
+	switch {
+	case v == 0:
+		return "0"
+	case a >= 1e4 || a < 1e-2:
+		return fmt.Sprintf("%.0e", v)
+	case a >= 100:
+		return fmt.Sprintf("%.0f", v)
+	default:
+		return fmt.Sprintf("%.3g", v)
+	}
+}
+
+// Standard lists the charts of a report: the measures the paper's figures
+// show, then the stability measures.
+func Standard(runs []Run) []Chart {
+	k := "eval/avg@8"
+	for _, r := range runs {
+		for _, p := range r.Steps {
+			for key := range p.Values {
+				if strings.HasPrefix(key, "eval/avg@") && strings.Count(key, "/") == 1 {
+					k = key
+				}
+			}
+		}
+	}
+	return []Chart{
+		Build(runs, "training reward", "reward/mean", false),
+		Build(runs, "held-out "+strings.TrimPrefix(k, "eval/"), k, false),
+		Build(runs, "entropy", "entropy", false),
+		Build(runs, "train-infer KL (k3, log scale)", "train_infer/k3", true),
+		Build(runs, "routing disagreement, rollout vs pi_old", "routing/infer_vs_old", false),
+		Build(runs, "staleness |log pi_theta - log pi_old|", "staleness", false),
+		Build(runs, "surrogate-validity gap (pi_theta vs mu_old)", "surrogate/gap", true),
+	}
+}
+
+// HTML renders charts into one self-contained page.
+func HTML(title string, runs []Run, charts []Chart) []byte {
+	var b strings.Builder
+	fmt.Fprintf(&b, "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>%s</title>", html.EscapeString(title))
+	b.WriteString(`<style>body{font-family:sans-serif;margin:20px;max-width:1400px}figure{display:inline-block;margin:8px}</style></head><body>`)
+	fmt.Fprintf(&b, "<h1>%s</h1><p>%d runs:", html.EscapeString(title), len(runs))
+	for _, r := range runs {
+		fmt.Fprintf(&b, " <code>%s</code>", html.EscapeString(r.Dir))
+	}
+	b.WriteString(". Lines: the mean over an arm's seeds; bands: their lowest and highest.</p>\n")
+	for _, c := range charts {
+		fmt.Fprintf(&b, "<figure id=\"%s\">%s</figure>\n", html.EscapeString(c.Metric), c.SVG(640, 300))
+	}
+	b.WriteString("</body></html>\n")
+	return []byte(b.String())
+}

@@ -1,0 +1,132 @@
+package report
+
+import (
+	"encoding/json"
+	"encoding/xml"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func writeRun(t *testing.T, dir string, recs []map[string]any) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, r := range recs {
+		j, _ := json.Marshal(r)
+		b.Write(j)
+		b.WriteByte('\n')
+	}
+	if err := os.WriteFile(filepath.Join(dir, "metrics.jsonl"), []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Two seeds of arm a and one of arm b: the mean and spread per step, arms
+// grouped by name without the seed suffix.
+func TestBuildMeanAndSpread(t *testing.T) {
+	root := t.TempDir()
+	writeRun(t, filepath.Join(root, "a-s1"), []map[string]any{{"step": 1, "reward/mean": 0.2, "staleness/mb0": 0.0, "staleness/mb1": 0.2}, {"step": 2, "reward/mean": 0.4}})
+	writeRun(t, filepath.Join(root, "a-s2"), []map[string]any{{"step": 1, "reward/mean": 0.4, "staleness/mb0": 0.0, "staleness/mb1": 0.4}})
+	writeRun(t, filepath.Join(root, "b-s1"), []map[string]any{{"step": 1, "reward/mean": 0.9, "train_infer/k3": 0.0}, {"step": 2, "train_infer/k3": 1e-3}})
+	runs, err := Load([]string{filepath.Join(root, "a-s1"), filepath.Join(root, "a-s2"), filepath.Join(root, "b-s1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := Build(runs, "reward", "reward/mean", false)
+	if len(c.Series) != 2 || c.Series[0].Name != "a" || c.Series[1].Name != "b" {
+		t.Fatalf("series %+v", c.Series)
+	}
+	a := c.Series[0]
+	// Step 2 exists in one seed of a only: not drawn.
+	if len(a.X) != 1 || a.X[0] != 1 || math.Abs(a.Y[0]-0.3) > 1e-12 || a.Lo[0] != 0.2 || a.Hi[0] != 0.4 || a.Runs != 2 {
+		t.Fatalf("arm a: %+v", a)
+	}
+	st := Build(runs, "staleness", "staleness", false).Series[0]
+	if math.Abs(st.Y[0]-0.15) > 1e-12 { // mean over mini-batches (0.1, 0.2), then over seeds
+		t.Fatalf("staleness %+v", st)
+	}
+	kl := Build(runs, "k3", "train_infer/k3", true)
+	if len(kl.Series) != 1 || len(kl.Series[0].X) != 1 || kl.Series[0].X[0] != 2 {
+		t.Fatalf("log chart keeps only positive values: %+v", kl.Series)
+	}
+}
+
+// The x axis counts gradient steps: global steps times mini-batches.
+func TestGradientSteps(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "off-s1")
+	writeRun(t, dir, []map[string]any{{"step": 3, "reward/mean": 0.5}})
+	recipe := "model: {path: m}\ndata: {tasks: [linear]}\neval: {skip: true}\ntrain: {prompts_per_step: 8, mini_batches: 4}\n"
+	if err := os.WriteFile(filepath.Join(dir, "recipe.yaml"), []byte(recipe), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runs, err := Load([]string{dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x := Build(runs, "r", "reward/mean", false).Series[0].X[0]; x != 12 {
+		t.Fatalf("step 3 of 4 mini-batches at x = %v, want 12", x)
+	}
+}
+
+type svgDoc struct {
+	Polylines []struct {
+		Series string `xml:"data-series,attr"`
+		Points string `xml:"points,attr"`
+	} `xml:"polyline"`
+	Polygons []struct {
+		Points string `xml:"points,attr"`
+	} `xml:"polygon"`
+}
+
+// The SVG is well-formed XML with one mean line per arm (a point per x,
+// left to right) and a spread band for arms of several runs.
+func TestSVG(t *testing.T) {
+	c := Chart{Title: "t <&>", Metric: "m", Series: []Series{
+		{Name: "a", X: []float64{0, 10, 20}, Y: []float64{1, 2, 3}, Lo: []float64{0.5, 1.5, 2.5}, Hi: []float64{1.5, 2.5, 3.5}, Runs: 3},
+		{Name: "b", X: []float64{0, 20}, Y: []float64{3, 1}, Lo: []float64{3, 1}, Hi: []float64{3, 1}, Runs: 1},
+	}}
+	var doc svgDoc
+	if err := xml.Unmarshal([]byte(c.SVG(640, 300)), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Polylines) != 2 || len(doc.Polygons) != 1 {
+		t.Fatalf("%d lines and %d bands, want 2 and 1", len(doc.Polylines), len(doc.Polygons))
+	}
+	pts := strings.Fields(doc.Polylines[0].Points)
+	if len(pts) != 3 {
+		t.Fatalf("line a has %d points", len(pts))
+	}
+	var prevX, prevY float64
+	for i, p := range pts {
+		var x, y float64
+		if _, err := fmtSscan(p, &x, &y); err != nil {
+			t.Fatal(err)
+		}
+		if i > 0 && !(x > prevX && y < prevY) { // rising values go up the page
+			t.Fatalf("point %d (%v, %v) after (%v, %v)", i, x, y, prevX, prevY)
+		}
+		prevX, prevY = x, y
+	}
+	page := string(HTML("report", nil, []Chart{c}))
+	if strings.Contains(strings.ReplaceAll(page, `xmlns="http://www.w3.org/2000/svg"`, ""), "http") {
+		t.Fatal("the page refers to the network")
+	}
+}
+
+func fmtSscan(p string, x, y *float64) (int, error) {
+	xs, ys, _ := strings.Cut(p, ",")
+	var err error
+	if *x, err = strconv.ParseFloat(xs, 64); err != nil {
+		return 0, err
+	}
+	if *y, err = strconv.ParseFloat(ys, 64); err != nil {
+		return 1, err
+	}
+	return 2, nil
+}
