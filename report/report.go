@@ -191,6 +191,9 @@ func (c Chart) SVG(w, h int) string {
 	for i := 0; i <= 4; i++ {
 		fx := xmin + (xmax-xmin)*float64(i)/4
 		x := px(fx)
+		if xmax-xmin >= 8 {
+			fx = math.Round(fx)
+		}
 		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`, x, top+int(ph)+15, tick(fx))
 		t := y0 + (y1-y0)*float64(i)/4
 		v := t
@@ -242,9 +245,39 @@ func tick(v float64) string {
 	}
 }
 
+// Smooth replaces every series' values by their trailing mean over window
+// points (1: unchanged), so that per-step curves read as trends.
+func (c Chart) Smooth(window int) Chart {
+	if window <= 1 {
+		return c
+	}
+	out := c
+	out.Series = make([]Series, len(c.Series))
+	for i, s := range c.Series {
+		t := s
+		t.Y, t.Lo, t.Hi = trailing(s.Y, window), trailing(s.Lo, window), trailing(s.Hi, window)
+		out.Series[i] = t
+	}
+	return out
+}
+
+func trailing(v []float64, w int) []float64 {
+	out := make([]float64, len(v))
+	var sum float64
+	for i, x := range v {
+		sum += x
+		if i >= w {
+			sum -= v[i-w]
+		}
+		out[i] = sum / float64(min(i+1, w))
+	}
+	return out
+}
+
 // Standard lists the charts of a report: the measures the paper's figures
-// show, then the stability measures.
-func Standard(runs []Run) []Chart {
+// show, then the stability measures; per-step measures are smoothed over
+// smooth steps (held-out scores are not).
+func Standard(runs []Run, smooth int) []Chart {
 	k := "eval/avg@8"
 	for _, r := range runs {
 		for _, p := range r.Steps {
@@ -256,13 +289,13 @@ func Standard(runs []Run) []Chart {
 		}
 	}
 	return []Chart{
-		Build(runs, "training reward", "reward/mean", false),
+		Build(runs, "training reward", "reward/mean", false).Smooth(smooth),
 		Build(runs, "held-out "+strings.TrimPrefix(k, "eval/"), k, false),
-		Build(runs, "entropy", "entropy", false),
-		Build(runs, "train-infer KL (k3, log scale)", "train_infer/k3", true),
-		Build(runs, "routing disagreement, rollout vs pi_old", "routing/infer_vs_old", false),
-		Build(runs, "staleness |log pi_theta - log pi_old|", "staleness", false),
-		Build(runs, "surrogate-validity gap (pi_theta vs mu_old)", "surrogate/gap", true),
+		Build(runs, "entropy", "entropy", false).Smooth(smooth),
+		Build(runs, "train-infer KL (k3, log scale)", "train_infer/k3", true).Smooth(smooth),
+		Build(runs, "routing disagreement, rollout vs pi_old", "routing/infer_vs_old", false).Smooth(smooth),
+		Build(runs, "staleness |log pi_theta - log pi_old|", "staleness", false).Smooth(smooth),
+		Build(runs, "surrogate-validity gap (pi_theta vs mu_old)", "surrogate/gap", true).Smooth(smooth),
 	}
 }
 

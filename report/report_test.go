@@ -130,3 +130,16 @@ func fmtSscan(p string, x, y *float64) (int, error) {
 	}
 	return 2, nil
 }
+
+func TestSmooth(t *testing.T) {
+	c := Chart{Series: []Series{{X: []float64{1, 2, 3, 4}, Y: []float64{0, 2, 4, 6}, Lo: []float64{0, 2, 4, 6}, Hi: []float64{0, 2, 4, 6}}}}
+	got := c.Smooth(2).Series[0].Y
+	for i, w := range []float64{0, 1, 3, 5} {
+		if got[i] != w {
+			t.Fatalf("smoothed %v, want [0 1 3 5]", got)
+		}
+	}
+	if c.Series[0].Y[1] != 2 {
+		t.Fatal("Smooth changed its receiver")
+	}
+}

@@ -31,6 +31,7 @@ func runReport(args []string) error {
 	fs.Usage = func() { fmt.Fprint(fs.Output(), reportUsage); fs.PrintDefaults() }
 	out := fs.String("out", "report.html", "the HTML file to write")
 	title := fs.String("title", "keel runs", "page title")
+	smooth := fs.Int("smooth", 10, "trailing mean over this many steps for per-step measures (1: none)")
 	var dirs []string
 	rest := args
 	for {
@@ -67,7 +68,7 @@ func runReport(args []string) error {
 	if err != nil {
 		return err
 	}
-	page := report.HTML(*title, rs, report.Standard(rs))
+	page := report.HTML(*title, rs, report.Standard(rs, *smooth))
 	if err := atomicfile.Write(*out, func(w io.Writer) error {
 		_, err := w.Write(page)
 		return err
