@@ -8,6 +8,8 @@ require gopkg.in/yaml.v3 v3.0.1
 
 require (
 	github.com/parquet-go/parquet-go v0.32.0
+	golang.org/x/image v0.47.0
+	golang.org/x/term v0.48.0
 	golang.org/x/text v0.43.0
 	google.golang.org/protobuf v1.34.2
 )
@@ -20,5 +22,4 @@ require (
 	github.com/parquet-go/jsonlite v1.0.0 // indirect
 	github.com/pierrec/lz4/v4 v4.1.21 // indirect
 	github.com/twpayne/go-geom v1.6.1 // indirect
-	golang.org/x/term v0.48.0 // indirect
 )

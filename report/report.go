@@ -153,11 +153,20 @@ func Build(runs []Run, title, metric string, logY bool) Chart {
 // palette holds the curves' colours (colour-blind safe, Okabe-Ito).
 var palette = []string{"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"}
 
-// SVG draws the chart, w by h pixels: axes with ticks, a band of the
-// spread and a line of the mean per series, and a legend.
-func (c Chart) SVG(w, h int) string {
-	const left, right, top, bottom = 60, 160, 30, 40
-	pw, ph := float64(w-left-right), float64(h-top-bottom)
+// Margins of a chart's plot area, in pixels.
+const marginLeft, marginRight, marginTop, marginBottom = 60, 160, 30, 40
+
+// geom maps data to pixels for a chart of w by h pixels.
+type geom struct {
+	w, h               int
+	pw, ph             float64
+	xmin, xmax, y0, y1 float64 // y0, y1 on the transformed (log) scale
+	logY               bool
+}
+
+// geometry returns the chart's mapping, false when it has no data.
+func (c Chart) geometry(w, h int) (geom, bool) {
+	g := geom{w: w, h: h, pw: float64(w - marginLeft - marginRight), ph: float64(h - marginTop - marginBottom), logY: c.LogY}
 	xmin, xmax, ymin, ymax := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
 	for _, s := range c.Series {
 		for i := range s.X {
@@ -165,66 +174,86 @@ func (c Chart) SVG(w, h int) string {
 			ymin, ymax = math.Min(ymin, s.Lo[i]), math.Max(ymax, s.Hi[i])
 		}
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="11">`, w, h, w, h)
-	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`, w, h)
-	fmt.Fprintf(&b, `<text x="%d" y="18" font-size="13" font-weight="bold">%s</text>`, left, html.EscapeString(c.Title))
-	if len(c.Series) == 0 {
-		fmt.Fprintf(&b, `<text x="%d" y="%d">no data for %s</text></svg>`, left, top+20, html.EscapeString(c.Metric))
-		return b.String()
+	if len(c.Series) == 0 || math.IsInf(xmin, 0) {
+		return g, false
 	}
-	ty := func(v float64) float64 { return v }
-	if c.LogY {
-		ty = math.Log10
-	}
-	y0, y1 := ty(ymin), ty(ymax)
-	if y1 == y0 {
-		y0, y1 = y0-1, y1+1
+	g.y0, g.y1 = g.ty(ymin), g.ty(ymax)
+	if g.y1 == g.y0 {
+		g.y0, g.y1 = g.y0-1, g.y1+1
 	}
 	if xmax == xmin {
 		xmin, xmax = xmin-1, xmax+1
 	}
-	px := func(x float64) float64 { return float64(left) + (x-xmin)/(xmax-xmin)*pw }
-	py := func(y float64) float64 { return float64(top) + (1-(ty(y)-y0)/(y1-y0))*ph }
-	// Axes and ticks.
-	fmt.Fprintf(&b, `<path d="M%d %d V%d H%d" stroke="#444" fill="none"/>`, left, top, top+int(ph), left+int(pw))
-	for i := 0; i <= 4; i++ {
-		fx := xmin + (xmax-xmin)*float64(i)/4
-		x := px(fx)
-		if xmax-xmin >= 8 {
-			fx = math.Round(fx)
-		}
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`, x, top+int(ph)+15, tick(fx))
-		t := y0 + (y1-y0)*float64(i)/4
-		v := t
-		if c.LogY {
-			v = math.Pow(10, t)
-		}
-		y := float64(top) + (1-float64(i)/4)*ph
-		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`, left-5, y+4, tick(v))
-		fmt.Fprintf(&b, `<path d="M%d %.1f H%d" stroke="#ddd"/>`, left, y, left+int(pw))
+	g.xmin, g.xmax = xmin, xmax
+	return g, true
+}
+
+func (g geom) ty(v float64) float64 {
+	if g.logY {
+		return math.Log10(v)
 	}
-	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">gradient steps</text>`, float64(left)+pw/2, h-5)
+	return v
+}
+
+func (g geom) px(x float64) float64 { return marginLeft + (x-g.xmin)/(g.xmax-g.xmin)*g.pw }
+func (g geom) py(y float64) float64 { return marginTop + (1-(g.ty(y)-g.y0)/(g.y1-g.y0))*g.ph }
+
+// tick i of 4 on each axis: the x value and its pixel, the y value and
+// its pixel.
+func (g geom) tick(i int) (fx, x, fy, y float64) {
+	fx = g.xmin + (g.xmax-g.xmin)*float64(i)/4
+	if g.xmax-g.xmin >= 8 {
+		fx = math.Round(fx)
+	}
+	t := g.y0 + (g.y1-g.y0)*float64(i)/4
+	fy = t
+	if g.logY {
+		fy = math.Pow(10, t)
+	}
+	return fx, g.px(fx), fy, marginTop + (1-float64(i)/4)*g.ph
+}
+
+// SVG draws the chart, w by h pixels: axes with ticks, a band of the
+// spread and a line of the mean per series, and a legend.
+func (c Chart) SVG(w, h int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="11">`, w, h, w, h)
+	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`, w, h)
+	fmt.Fprintf(&b, `<text x="%d" y="18" font-size="13" font-weight="bold">%s</text>`, marginLeft, html.EscapeString(c.Title))
+	g, ok := c.geometry(w, h)
+	if !ok {
+		fmt.Fprintf(&b, `<text x="%d" y="%d">no data for %s</text></svg>`, marginLeft, marginTop+20, html.EscapeString(c.Metric))
+		return b.String()
+	}
+	left, top := marginLeft, marginTop
+	fmt.Fprintf(&b, `<path d="M%d %d V%d H%d" stroke="#444" fill="none"/>`, left, top, top+int(g.ph), left+int(g.pw))
+	for i := 0; i <= 4; i++ {
+		fx, x, fy, y := g.tick(i)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`, x, top+int(g.ph)+15, tick(fx))
+		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`, left-5, y+4, tick(fy))
+		fmt.Fprintf(&b, `<path d="M%d %.1f H%d" stroke="#ddd"/>`, left, y, left+int(g.pw))
+	}
+	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">gradient steps</text>`, float64(left)+g.pw/2, h-5)
 	for i, s := range c.Series {
 		col := palette[i%len(palette)]
 		if s.Runs > 1 {
 			var band strings.Builder
 			for j := range s.X {
-				fmt.Fprintf(&band, "%.1f,%.1f ", px(s.X[j]), py(s.Hi[j]))
+				fmt.Fprintf(&band, "%.1f,%.1f ", g.px(s.X[j]), g.py(s.Hi[j]))
 			}
 			for j := len(s.X) - 1; j >= 0; j-- {
-				fmt.Fprintf(&band, "%.1f,%.1f ", px(s.X[j]), py(s.Lo[j]))
+				fmt.Fprintf(&band, "%.1f,%.1f ", g.px(s.X[j]), g.py(s.Lo[j]))
 			}
 			fmt.Fprintf(&b, `<polygon class="band" points="%s" fill="%s" fill-opacity="0.15" stroke="none"/>`, strings.TrimSpace(band.String()), col)
 		}
 		var line strings.Builder
 		for j := range s.X {
-			fmt.Fprintf(&line, "%.1f,%.1f ", px(s.X[j]), py(s.Y[j]))
+			fmt.Fprintf(&line, "%.1f,%.1f ", g.px(s.X[j]), g.py(s.Y[j]))
 		}
 		fmt.Fprintf(&b, `<polyline class="mean" data-series="%s" points="%s" fill="none" stroke="%s" stroke-width="1.5"/>`, html.EscapeString(s.Name), strings.TrimSpace(line.String()), col)
 		ly := top + 14*i
 		fmt.Fprintf(&b, `<path d="M%d %d h16" stroke="%s" stroke-width="2"/><text x="%d" y="%d">%s (%d)</text>`,
-			w-right+10, ly+10, col, w-right+30, ly+14, html.EscapeString(s.Name), s.Runs)
+			w-marginRight+10, ly+10, col, w-marginRight+30, ly+14, html.EscapeString(s.Name), s.Runs)
 	}
 	b.WriteString(`</svg>`)
 	return b.String()

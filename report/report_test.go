@@ -1,8 +1,10 @@
 package report
 
 import (
+	"bytes"
 	"encoding/json"
 	"encoding/xml"
+	"image/png"
 	"math"
 	"os"
 	"path/filepath"
@@ -141,5 +143,45 @@ func TestSmooth(t *testing.T) {
 	}
 	if c.Series[0].Y[1] != 2 {
 		t.Fatal("Smooth changed its receiver")
+	}
+}
+
+// The PNG is the chart's picture: decodable, of the asked size, with the
+// series' colour on its mean line and white away from it.
+func TestPNG(t *testing.T) {
+	c := Chart{Title: "t", Metric: "m", Series: []Series{
+		{Name: "a", X: []float64{0, 10}, Y: []float64{1, 1}, Lo: []float64{1, 1}, Hi: []float64{1, 1}, Runs: 1},
+		{Name: "b", X: []float64{0, 10}, Y: []float64{0, 0}, Lo: []float64{0, 0}, Hi: []float64{0, 0}, Runs: 1},
+	}}
+	b, err := c.PNG(640, 300)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img.Bounds().Dx() != 640 || img.Bounds().Dy() != 300 {
+		t.Fatalf("size %v", img.Bounds())
+	}
+	g, _ := c.geometry(640, 300)
+	want := hexColor(palette[0])
+	// The line is anti-aliased: the most covered of the rows around it
+	// carries the colour, within the blend of a partly covered pixel.
+	best := 1 << 30
+	var got [3]int
+	for y := int(g.py(1)) - 1; y <= int(g.py(1))+1; y++ {
+		r, gr, bl, _ := img.At(int(g.px(5)), y).RGBA()
+		if sum := int(r>>8) + int(gr>>8) + int(bl>>8); sum < best {
+			best, got = sum, [3]int{int(r >> 8), int(gr >> 8), int(bl >> 8)}
+		}
+	}
+	for i, w := range []uint8{want.R, want.G, want.B} {
+		if d := got[i] - int(w); d > 0x40 || d < -0x40 {
+			t.Fatalf("pixel on series a's line is %02x%02x%02x, want about %v", got[0], got[1], got[2], palette[0])
+		}
+	}
+	if r, g2, b2, _ := img.At(int(g.px(5)), int(g.py(0.4))).RGBA(); r>>8 != 0xff || g2>>8 != 0xff || b2>>8 != 0xff {
+		t.Fatal("a pixel between the lines is not white")
 	}
 }

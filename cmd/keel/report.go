@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/keel-rl/keel/internal/atomicfile"
 	"github.com/keel-rl/keel/report"
@@ -24,6 +25,7 @@ routing disagreement, staleness, surrogate validity — against gradient
 steps, one curve per arm: runs named NAME-sSEED (as keel sweep names them)
 are the seeds of arm NAME, drawn as their mean with their spread. A
 directory holding run directories (a sweep's --out) stands for them all.
+A PNG of each chart goes to OUT-charts/ (OUT without .html).
 `
 
 func runReport(args []string) error {
@@ -68,13 +70,32 @@ func runReport(args []string) error {
 	if err != nil {
 		return err
 	}
-	page := report.HTML(*title, rs, report.Standard(rs, *smooth))
+	charts := report.Standard(rs, *smooth)
+	page := report.HTML(*title, rs, charts)
 	if err := atomicfile.Write(*out, func(w io.Writer) error {
 		_, err := w.Write(page)
 		return err
 	}); err != nil {
 		return err
 	}
-	fmt.Printf("%d runs -> %s\n", len(rs), *out)
+	// A PNG of each chart beside the page: OUT without .html, then -charts/.
+	pngDir := strings.TrimSuffix(*out, filepath.Ext(*out)) + "-charts"
+	if err := os.MkdirAll(pngDir, 0o755); err != nil {
+		return err
+	}
+	for i, c := range charts {
+		b, err := c.PNG(800, 360)
+		if err != nil {
+			return err
+		}
+		name := fmt.Sprintf("%02d-%s.png", i+1, strings.NewReplacer("/", "-", "@", "at").Replace(c.Metric))
+		if err := atomicfile.Write(filepath.Join(pngDir, name), func(w io.Writer) error {
+			_, err := w.Write(b)
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("%d runs -> %s (charts as PNG in %s)\n", len(rs), *out, pngDir)
 	return nil
 }
