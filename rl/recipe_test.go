@@ -2,6 +2,7 @@ package rl
 
 import (
 	"fmt"
+	"github.com/keel-rl/keel/sft"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -523,13 +524,20 @@ func TestRecipeObjectiveBuilder(t *testing.T) {
 	}
 }
 
-// Every recipe shipped under recipes/paper parses.
+// Every recipe shipped under recipes/paper parses: RL recipes, and the
+// supervised ones of the *-sft directories.
 func TestPaperRecipesParse(t *testing.T) {
 	files, err := filepath.Glob("../recipes/paper/*/*.yaml")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no recipes under recipes/paper (%v)", err)
 	}
 	for _, f := range files {
+		if strings.HasSuffix(filepath.Dir(f), "-sft") {
+			if _, err := sft.ReadRecipe(f); err != nil {
+				t.Error(err)
+			}
+			continue
+		}
 		if _, err := ReadRecipe(f, nil); err != nil {
 			t.Error(err)
 		}
