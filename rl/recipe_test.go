@@ -2,7 +2,6 @@ package rl
 
 import (
 	"fmt"
-	"github.com/keel-rl/keel/sft"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -10,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/keel-rl/keel/sft"
 	"github.com/keel-rl/keel/train"
 )
 
