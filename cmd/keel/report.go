@@ -34,20 +34,9 @@ func runReport(args []string) error {
 	out := fs.String("out", "report.html", "the HTML file to write")
 	title := fs.String("title", "keel runs", "page title")
 	smooth := fs.Int("smooth", 10, "trailing mean over this many steps for per-step measures (1: none)")
-	var dirs []string
-	rest := args
-	for {
-		if err := fs.Parse(rest); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil
-			}
-			return err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		dirs = append(dirs, fs.Arg(0))
-		rest = fs.Args()[1:]
+	dirs, help, err := parseInterleaved(fs, args)
+	if help || err != nil {
+		return err
 	}
 	if len(dirs) == 0 {
 		return errors.New("usage: keel report RUN_DIR... (see keel report -h)")

@@ -37,21 +37,9 @@ func runSweep(args []string) error {
 	out := fs.String("out", "runs/sweep", "directory of the runs")
 	var sets multiFlag
 	fs.Var(&sets, "set", "override a key in every recipe (repeatable)")
-	// Flags may follow the recipes: parse what comes after them too.
-	var paths []string
-	rest := args
-	for {
-		if err := fs.Parse(rest); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil
-			}
-			return err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		paths = append(paths, fs.Arg(0))
-		rest = fs.Args()[1:]
+	paths, help, err := parseInterleaved(fs, args)
+	if help || err != nil {
+		return err
 	}
 	if len(paths) == 0 {
 		return errors.New("usage: keel sweep DIR|RECIPE... (see keel sweep -h)")
