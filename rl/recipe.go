@@ -309,15 +309,9 @@ func (r *Recipe) fill() error {
 	bad := func(key string, format string, a ...any) error {
 		return fmt.Errorf("%s: %s", key, fmt.Sprintf(format, a...))
 	}
-	if r.Name == "" {
-		r.Name = "rl"
-	}
-	if r.Out == "" {
-		r.Out = "runs/" + r.Name
-	}
-	if r.Seed == 0 {
-		r.Seed = 1
-	}
+	orDefault(&r.Name, "rl")
+	orDefault(&r.Out, "runs/"+r.Name)
+	orDefault(&r.Seed, 1)
 	if r.Model.Path == "" {
 		return bad("model.path", "a model directory is required")
 	}
@@ -332,27 +326,19 @@ func (r *Recipe) fill() error {
 		return bad("data", "n and difficulty apply to generated problems (data.tasks), not to data.file")
 	}
 	if len(d.Tasks) > 0 {
-		if d.N == 0 {
-			d.N = 20000
-		}
+		orDefault(&d.N, 20000)
 		if d.N < 0 {
 			return bad("data.n", "%d, want > 0", d.N)
 		}
-		if d.Difficulty == "" {
-			d.Difficulty = "1-4"
-		}
+		orDefault(&d.Difficulty, "1-4")
 	}
 
 	ro := &r.Rollout
-	if ro.Precision == "" {
-		ro.Precision = "exact"
-	}
+	orDefault(&ro.Precision, "exact")
 	if _, err := rollout.ParsePrecision(ro.Precision); err != nil {
 		return bad("rollout.precision", "%v", err)
 	}
-	if ro.Temperature == 0 {
-		ro.Temperature = 1
-	}
+	orDefault(&ro.Temperature, 1)
 	if !(ro.Temperature > 0) || math.IsInf(ro.Temperature, 0) {
 		return bad("rollout.temperature", "%g, want a finite value > 0 (RL samples; greedy decoding has no policy gradient)", ro.Temperature)
 	}
@@ -362,23 +348,17 @@ func (r *Recipe) fill() error {
 	if ro.TopP < 0 || ro.TopP > 1 {
 		return bad("rollout.top_p", "%g, want within [0, 1] (0 or 1: off)", ro.TopP)
 	}
-	if ro.MaxNewTokens == 0 {
-		ro.MaxNewTokens = 256
-	}
+	orDefault(&ro.MaxNewTokens, 256)
 	if ro.MaxNewTokens < 1 {
 		return bad("rollout.max_new_tokens", "%d, want >= 1", ro.MaxNewTokens)
 	}
-	if ro.Slots == 0 {
-		ro.Slots = 256
-	}
+	orDefault(&ro.Slots, 256)
 	if ro.Slots < 1 {
 		return bad("rollout.slots", "%d, want >= 1", ro.Slots)
 	}
 
 	a := &r.Algorithm
-	if a.Objective == "" {
-		a.Objective = MiniRLDefault
-	}
+	orDefault(&a.Objective, MiniRLDefault)
 	defLow, defHigh := 0.2, 0.27
 	defAdv := GroupMean
 	switch a.Objective {
@@ -409,9 +389,7 @@ func (r *Recipe) fill() error {
 	if !(*a.EpsHigh >= 0) || math.IsInf(*a.EpsHigh, 0) {
 		return bad("algorithm.eps_high", "%g, want a finite value >= 0", *a.EpsHigh)
 	}
-	if a.Advantage == "" {
-		a.Advantage = defAdv
-	}
+	orDefault(&a.Advantage, defAdv)
 	switch a.Advantage {
 	case GroupMean, GroupMeanStd, RLOO:
 	default:
@@ -427,33 +405,21 @@ func (r *Recipe) fill() error {
 			return bad("algorithm.aggregation", "%s fixes its own aggregation: leave it unset", a.Objective)
 		}
 	}
-	if a.ISCap == 0 {
-		a.ISCap = 5
-	}
+	orDefault(&a.ISCap, 5)
 	if !(a.ISCap > 0) || math.IsInf(a.ISCap, 0) {
 		return bad("algorithm.is_cap", "%g, want a finite value > 0", a.ISCap)
 	}
-	if a.Correction == "" {
-		a.Correction = CorrectionNone
-	}
-	if a.CorrectionCap == 0 {
-		a.CorrectionCap = 2
-	}
-	if a.CorrectionLow == 0 {
-		a.CorrectionLow = 0.999
-	}
-	if a.CorrectionHigh == 0 {
-		a.CorrectionHigh = 1.001
-	}
+	orDefault(&a.Correction, CorrectionNone)
+	orDefault(&a.CorrectionCap, 2)
+	orDefault(&a.CorrectionLow, 0.999)
+	orDefault(&a.CorrectionHigh, 1.001)
 	if err := a.correction().Validate(); err != nil {
 		return bad("algorithm.correction", "%v", err)
 	}
 	if a.Correction != CorrectionNone && isMiniRL(a.Objective) && a.Objective != MiniRLNoIS {
 		return bad("algorithm.correction", "%s already corrects the training-inference discrepancy with its own IS weight; use objective minirl-no-is to pair MiniRL's clipping with %s", a.Objective, a.Correction)
 	}
-	if a.Replay == "" {
-		a.Replay = ReplayNone
-	}
+	orDefault(&a.Replay, ReplayNone)
 	switch a.Replay {
 	case ReplayNone, ReplayR2, ReplayR3:
 	default:
@@ -465,35 +431,23 @@ func (r *Recipe) fill() error {
 	if !(a.EntropyCoef >= 0) || math.IsInf(a.EntropyCoef, 0) {
 		return bad("algorithm.entropy_coef", "%g, want a finite value >= 0", a.EntropyCoef)
 	}
-	if a.MaxRounds == 0 {
-		a.MaxRounds = 3
-	}
+	orDefault(&a.MaxRounds, 3)
 	if a.MaxRounds < 1 {
 		return bad("algorithm.max_rounds", "%d, want >= 1", a.MaxRounds)
 	}
 	if a.OverlongBuffer < 0 || a.OverlongBuffer >= ro.MaxNewTokens && a.OverlongBuffer > 0 {
 		return bad("algorithm.overlong_buffer", "%d, want within [0, rollout.max_new_tokens = %d)", a.OverlongBuffer, ro.MaxNewTokens)
 	}
-	if a.OverlongPenalty == 0 {
-		a.OverlongPenalty = 1
-	}
+	orDefault(&a.OverlongPenalty, 1)
 
 	t := &r.Train
-	if t.Steps == 0 {
-		t.Steps = 100
-	}
+	orDefault(&t.Steps, 100)
 	if t.Steps < 1 {
 		return bad("train.steps", "%d, want >= 1", t.Steps)
 	}
-	if t.PromptsPerStep == 0 {
-		t.PromptsPerStep = 32
-	}
-	if t.GroupSize == 0 {
-		t.GroupSize = 8
-	}
-	if t.MiniBatches == 0 {
-		t.MiniBatches = 1
-	}
+	orDefault(&t.PromptsPerStep, 32)
+	orDefault(&t.GroupSize, 8)
+	orDefault(&t.MiniBatches, 1)
 	if t.PromptsPerStep < 1 {
 		return bad("train.prompts_per_step", "%d, want >= 1", t.PromptsPerStep)
 	}
@@ -503,27 +457,15 @@ func (r *Recipe) fill() error {
 	if t.MiniBatches < 1 || t.PromptsPerStep%t.MiniBatches != 0 {
 		return bad("train.mini_batches", "%d must divide train.prompts_per_step = %d (groups stay whole)", t.MiniBatches, t.PromptsPerStep)
 	}
-	if t.MicroBatchTokens == 0 {
-		t.MicroBatchTokens = 4096
-	}
+	orDefault(&t.MicroBatchTokens, 4096)
 	if t.MicroBatchTokens < 1 {
 		return bad("train.micro_batch_tokens", "%d, want >= 1", t.MicroBatchTokens)
 	}
-	if t.LR == 0 {
-		t.LR = 1e-5
-	}
-	if t.Schedule == "" {
-		t.Schedule = train.ScheduleConstant
-	}
-	if t.Beta1 == 0 {
-		t.Beta1 = 0.9
-	}
-	if t.Beta2 == 0 {
-		t.Beta2 = 0.999
-	}
-	if t.ClipNorm == 0 {
-		t.ClipNorm = 1
-	}
+	orDefault(&t.LR, 1e-5)
+	orDefault(&t.Schedule, train.ScheduleConstant)
+	orDefault(&t.Beta1, 0.9)
+	orDefault(&t.Beta2, 0.999)
+	orDefault(&t.ClipNorm, 1)
 	if t.Schedule == train.ScheduleCosine && t.Warmup >= t.Steps*t.MiniBatches {
 		return bad("train.warmup", "%d optimiser steps, must be below train.steps x train.mini_batches = %d with a cosine schedule", t.Warmup, t.Steps*t.MiniBatches)
 	}
@@ -542,9 +484,7 @@ func (r *Recipe) fill() error {
 		if e.File == "" {
 			return bad("eval.file", "a held-out data set is required (or eval.skip: true)")
 		}
-		if e.K == 0 {
-			e.K = 4
-		}
+		orDefault(&e.K, 4)
 		if e.K < 1 {
 			return bad("eval.k", "%d, want >= 1", e.K)
 		}
@@ -554,39 +494,25 @@ func (r *Recipe) fill() error {
 		if e.Every < 0 {
 			return bad("eval.every", "%d, want >= 0", e.Every)
 		}
-		if e.MaxNewTokens == 0 {
-			e.MaxNewTokens = ro.MaxNewTokens
-		}
-		if e.Precision == "" {
-			e.Precision = "exact"
-		}
+		orDefault(&e.MaxNewTokens, ro.MaxNewTokens)
+		orDefault(&e.Precision, "exact")
 		if _, err := rollout.ParsePrecision(e.Precision); err != nil {
 			return bad("eval.precision", "%v", err)
 		}
 	}
 	l := &r.Log
-	if l.SamplesEvery == 0 {
-		l.SamplesEvery = 10
-	}
-	if l.CheckpointEvery == 0 {
-		l.CheckpointEvery = 20
-	}
-	if l.Keep == 0 {
-		l.Keep = 2
-	}
+	orDefault(&l.SamplesEvery, 10)
+	orDefault(&l.CheckpointEvery, 20)
+	orDefault(&l.Keep, 2)
 	if l.SamplesEvery < 0 || l.CheckpointEvery < 0 || l.Keep < 0 {
 		return bad("log", "samples_every, checkpoint_every and keep must be >= 0")
 	}
 	g := &r.Guards
-	if g.MaxNonFinite == 0 {
-		g.MaxNonFinite = 3
-	}
+	orDefault(&g.MaxNonFinite, 3)
 	if g.MaxNonFinite < 1 {
 		return bad("guards.max_nonfinite", "%d, want >= 1", g.MaxNonFinite)
 	}
-	if g.Action == "" {
-		g.Action = "warn"
-	}
+	orDefault(&g.Action, "warn")
 	if g.Action != "warn" && g.Action != "stop" {
 		return bad("guards.action", "%q, want warn or stop", g.Action)
 	}
@@ -671,3 +597,12 @@ func (r *Recipe) YAML() []byte {
 
 // itoa is strconv.Itoa, short for metric names.
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// orDefault sets *p to v when it holds its type's zero value (unset in the
+// recipe).
+func orDefault[T comparable](p *T, v T) {
+	var zero T
+	if *p == zero {
+		*p = v
+	}
+}
