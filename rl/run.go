@@ -134,6 +134,25 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 	if err != nil {
 		return nil, err
 	}
+	var evalSet []data.Example
+	if !r.Eval.Skip {
+		if evalSet, err = data.Read(evalFile); err != nil {
+			return nil, fmt.Errorf("eval.file: %w", err)
+		}
+		if err := evaluate.CheckTasks(evalSet); err != nil {
+			return nil, fmt.Errorf("eval.file: %s: %w", r.Eval.File, err)
+		}
+		if r.Eval.N > 0 && r.Eval.N < len(evalSet) {
+			evalSet = evalSet[:r.Eval.N]
+		}
+		// Held out means held out: training prompts that are also
+		// evaluation prompts (small problems recur) are dropped.
+		var dropped int
+		if prompts, dropped = decontaminate(prompts, evalSet); len(prompts) == 0 {
+			return nil, fmt.Errorf("data: every training prompt is also in eval.file %s", r.Eval.File)
+		}
+		res.Decontaminated = dropped
+	}
 	longest := 0
 	for _, p := range prompts {
 		longest = max(longest, len(p.IDs))
@@ -166,27 +185,8 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 		return nil, err
 	}
 
-	var evalSet []data.Example
 	var evalEng *rollout.Engine
 	if !r.Eval.Skip {
-		if evalSet, err = data.Read(evalFile); err != nil {
-			return nil, fmt.Errorf("eval.file: %w", err)
-		}
-		if err := evaluate.CheckTasks(evalSet); err != nil {
-			return nil, fmt.Errorf("eval.file: %s: %w", r.Eval.File, err)
-		}
-		if r.Eval.N > 0 && r.Eval.N < len(evalSet) {
-			evalSet = evalSet[:r.Eval.N]
-		}
-		// Held out means held out: training prompts that are also
-		// evaluation prompts (small problems recur) are dropped.
-		var dropped int
-		if prompts, dropped = decontaminate(prompts, evalSet); len(prompts) == 0 {
-			return nil, fmt.Errorf("data: every training prompt is also in eval.file %s", r.Eval.File)
-		}
-		res.Decontaminated = dropped
-		loop.Loader = NewLoader(prompts, r.Seed)
-		loop.Loader.Seek(st.Loader)
 		ep, _ := rollout.ParsePrecision(r.Eval.Precision)
 		evLen := r.Eval.MaxNewTokens
 		for _, p := range evaluate.Prompts(tok, evalSet) {
