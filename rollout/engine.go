@@ -112,7 +112,7 @@ func New(m *model.Model, opt Options) (*Engine, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	if opt.Precision < Exact || opt.Precision > FP8 {
+	if opt.Precision < Exact || opt.Precision > FP4 {
 		return nil, fmt.Errorf("rollout: unknown precision %d", opt.Precision)
 	}
 	if opt.Slots == 0 {
@@ -165,7 +165,7 @@ func New(m *model.Model, opt Options) (*Engine, error) {
 // kill the process.
 func checkCacheSize(c *model.Config, opt *Options) error {
 	elem := 4.0 // float32
-	if opt.Precision == BF16 || opt.Precision == FP8 {
+	if opt.Precision >= BF16 {
 		elem = 2
 	}
 	per := float64(c.NumHiddenLayers) * float64(c.NumKeyValueHeads*c.HeadDim) * 2 * elem // K and V
@@ -312,8 +312,8 @@ func prefault[T float32 | kernels.BF16](b []T) []T {
 	return b
 }
 
-// bf16KV reports whether the KV cache is bfloat16 (bf16 and fp8 modes).
-func (e *Engine) bf16KV() bool { return e.opt.Precision == BF16 || e.opt.Precision == FP8 }
+// bf16KV reports whether the KV cache is bfloat16 (bf16, fp8 and fp4).
+func (e *Engine) bf16KV() bool { return e.opt.Precision >= BF16 }
 
 func (e *Engine) bind() {
 	e.fnEmbed, e.fnNorm1, e.fnHeads, e.fnAttn = e.embedRows, e.norm1Rows, e.headRows, e.attnRows

@@ -37,9 +37,16 @@ const (
 	// float32 (on the bf16 kernel, where every e4m3 value is exact). The
 	// KV cache and attention are BF16's.
 	FP8
+	// FP4 is a stress setting beyond what the paper ran: weights in
+	// NVFP4's form (float4 e2m1 values with an e4m3 scale per block of 16
+	// inputs, kernels.PackNVFP4), activations, KV cache and attention as
+	// in FP8. Its train-infer discrepancy is several times FP8's, which
+	// makes the effects of the IS correction and of routing replay
+	// visible on models small enough for this machine (REPRODUCTION.md).
+	FP4
 )
 
-var precisionNames = [...]string{"exact", "fp32", "bf16", "fp8"}
+var precisionNames = [...]string{"exact", "fp32", "bf16", "fp8", "fp4"}
 
 // String returns the precision's name as recipes and flags spell it.
 func (p Precision) String() string {
@@ -49,12 +56,12 @@ func (p Precision) String() string {
 	return precisionNames[p]
 }
 
-// ParsePrecision reads a precision name: exact, fp32, bf16 or fp8.
+// ParsePrecision reads a precision name: exact, fp32, bf16, fp8 or fp4.
 func ParsePrecision(s string) (Precision, error) {
 	for i, n := range precisionNames {
 		if strings.EqualFold(strings.TrimSpace(s), n) {
 			return Precision(i), nil
 		}
 	}
-	return 0, fmt.Errorf("unknown precision %q (want exact, fp32, bf16 or fp8)", s)
+	return 0, fmt.Errorf("unknown precision %q (want exact, fp32, bf16, fp8 or fp4)", s)
 }

@@ -204,7 +204,7 @@ func TestReproducibleAcrossSlots(t *testing.T) {
 		m := randomModel(cfg, 4)
 		prompts := testPrompts(rand.New(rand.NewPCG(2, 2)), cfg.VocabSize, 3, 9, 4)
 		sp := Sampling{Temperature: 0.9, TopP: 0.95, MaxNewTokens: 12, Seed: 11}
-		for _, p := range []Precision{Exact, FP32, BF16, FP8} {
+		for _, p := range []Precision{Exact, FP32, BF16, FP8, FP4} {
 			var ref []Sample
 			for _, opt := range []Options{{Slots: 1, MaxLen: 32}, {Slots: 4, MaxLen: 32, StepRows: 4}, {Slots: 6, MaxLen: 32}} {
 				opt.Precision = p
@@ -507,12 +507,12 @@ func TestNewBadOptions(t *testing.T) {
 }
 
 // The reduced precisions must differ from the training engine, in the
-// expected order: exact 0 < fp32 < bf16 < fp8 in mean |log mu - log pi|.
+// expected order: exact 0 < fp32 < bf16 < fp8 < fp4 in mean |log mu - log pi|.
 func TestPrecisionDiscrepancyOrder(t *testing.T) {
 	m := randomModel(moeConfig(), 8)
 	prompts := testPrompts(rand.New(rand.NewPCG(3, 3)), 41, 6, 6, 6, 6)
 	var prev float64 = -1
-	for _, p := range []Precision{Exact, FP32, BF16, FP8} {
+	for _, p := range []Precision{Exact, FP32, BF16, FP8, FP4} {
 		e, _ := New(m, Options{Precision: p, Slots: 8, MaxLen: 40})
 		samples, err := e.Generate(prompts, 4, Sampling{Temperature: 1, MaxNewTokens: 24, Seed: 2})
 		e.Close()
@@ -589,7 +589,7 @@ func decodeAllocs(t *testing.T, cfg model.Config, samplers []Sampling, fuse, blo
 func TestUpdateWeightsVersion(t *testing.T) {
 	prompts := [][]int32{{1, 2, 3}, {4, 5}}
 	sp := Sampling{Temperature: 1, MaxNewTokens: 6, Seed: 3}
-	for _, p := range []Precision{Exact, FP32, BF16, FP8} {
+	for _, p := range []Precision{Exact, FP32, BF16, FP8, FP4} {
 		m := randomModel(moeConfig(), 9)
 		e, _ := New(m, Options{Precision: p, Slots: 2, MaxLen: 16})
 		a, _ := e.Generate(prompts, 1, sp)
@@ -625,7 +625,7 @@ func TestUpdateWeightsInPlace(t *testing.T) {
 	m := model.New(cfg)
 	model.Init(m, 1)
 	weightBytes := 4 * m.NumParams()
-	for _, p := range []Precision{BF16, FP8} {
+	for _, p := range []Precision{BF16, FP8, FP4} {
 		e, _ := New(m, Options{Precision: p, Slots: 2, MaxLen: 16})
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
@@ -656,7 +656,7 @@ func TestForwardPathsAgree(t *testing.T) {
 		}
 		prompts := testPrompts(r, cfg.VocabSize, lens...)
 		sp := Sampling{Temperature: 1, MaxNewTokens: 12, Seed: 3}
-		for _, p := range []Precision{Exact, FP32, BF16, FP8} {
+		for _, p := range []Precision{Exact, FP32, BF16, FP8, FP4} {
 			var ref []Sample
 			for _, path := range forwardPaths {
 				got := generate(t, m, Options{Precision: p, Slots: 120, MaxLen: 32}, func(e *Engine) {

@@ -7,7 +7,8 @@ import (
 
 // linear is one weight matrix W [out, in] (Hugging Face layout) prepared
 // for y = x·Wᵀ in the engine's precision: packed float32 for exact and
-// fp32, packed bfloat16 for bf16, e4m3 with per-channel scales for fp8.
+// fp32, packed bfloat16 for bf16, e4m3 with per-channel scales for fp8,
+// NVFP4-style blocks for fp4.
 type linear struct {
 	out, in int
 	f32     *kernels.PackedB
@@ -35,6 +36,11 @@ func (l *linear) set(p Precision, w []float32, out, in int) {
 			l.bf = new(kernels.PackedBF16B)
 		}
 		l.bf.PackE4M3(w, out, in, in)
+	case FP4:
+		if l.bf == nil {
+			l.bf = new(kernels.PackedBF16B)
+		}
+		l.bf.PackNVFP4(w, out, in, in)
 	}
 }
 
@@ -60,7 +66,7 @@ func (l *linear) parts(g *kernels.GemmParts, y []float32, ldy int, x []float32, 
 		g.Packed(rows, x, ldx, l.f32, y, ldy, false, workers)
 	case BF16:
 		g.BF16F32A(rows, x, ldx, l.bf, y, ldy, false, workers)
-	case FP8:
+	case FP8, FP4:
 		g.E4M3F32A(rows, x, ldx, l.bf, y, ldy, false, workers)
 	}
 }
