@@ -41,6 +41,21 @@ func runReport(args []string) error {
 	if len(dirs) == 0 {
 		return errors.New("usage: keel report RUN_DIR... (see keel report -h)")
 	}
+	runs, err := runDirs(dirs)
+	if err != nil {
+		return err
+	}
+	n, pngDir, err := writeReport(*title, runs, *out, *smooth)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%d runs -> %s (charts as PNG in %s)\n", n, *out, pngDir)
+	return nil
+}
+
+// runDirs expands the arguments of keel report: run directories, and
+// directories of runs (a sweep's --out) standing for the runs inside.
+func runDirs(dirs []string) ([]string, error) {
 	var runs []string
 	for _, d := range dirs {
 		if _, err := os.Stat(filepath.Join(d, "metrics.jsonl")); err == nil {
@@ -49,42 +64,47 @@ func runReport(args []string) error {
 		}
 		m, _ := filepath.Glob(filepath.Join(d, "*", "metrics.jsonl"))
 		if len(m) == 0 {
-			return fmt.Errorf("%s: neither a run directory (no metrics.jsonl) nor a directory of runs", d)
+			return nil, fmt.Errorf("%s: neither a run directory (no metrics.jsonl) nor a directory of runs", d)
 		}
 		for _, f := range m {
 			runs = append(runs, filepath.Dir(f))
 		}
 	}
+	return runs, nil
+}
+
+// writeReport writes the page of charts over runs to out and a PNG of each
+// chart to OUT-charts/, returning the number of runs and that directory.
+func writeReport(title string, runs []string, out string, smooth int) (int, string, error) {
 	rs, err := report.Load(runs)
 	if err != nil {
-		return err
+		return 0, "", err
 	}
-	charts := report.Standard(rs, *smooth)
-	page := report.HTML(*title, rs, charts)
-	if err := atomicfile.Write(*out, func(w io.Writer) error {
+	charts := report.Standard(rs, smooth)
+	page := report.HTML(title, rs, charts)
+	if err := atomicfile.Write(out, func(w io.Writer) error {
 		_, err := w.Write(page)
 		return err
 	}); err != nil {
-		return err
+		return 0, "", err
 	}
 	// A PNG of each chart beside the page: OUT without .html, then -charts/.
-	pngDir := strings.TrimSuffix(*out, filepath.Ext(*out)) + "-charts"
+	pngDir := strings.TrimSuffix(out, filepath.Ext(out)) + "-charts"
 	if err := os.MkdirAll(pngDir, 0o755); err != nil {
-		return err
+		return 0, "", err
 	}
 	for i, c := range charts {
 		b, err := c.PNG(800, 360)
 		if err != nil {
-			return err
+			return 0, "", err
 		}
 		name := fmt.Sprintf("%02d-%s.png", i+1, strings.NewReplacer("/", "-", "@", "at").Replace(c.Metric))
 		if err := atomicfile.Write(filepath.Join(pngDir, name), func(w io.Writer) error {
 			_, err := w.Write(b)
 			return err
 		}); err != nil {
-			return err
+			return 0, "", err
 		}
 	}
-	fmt.Printf("%d runs -> %s (charts as PNG in %s)\n", len(rs), *out, pngDir)
-	return nil
+	return len(rs), pngDir, nil
 }

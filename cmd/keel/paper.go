@@ -1,0 +1,225 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/keel-rl/keel/rl"
+	"github.com/keel-rl/keel/sft"
+)
+
+func init() {
+	register(command{name: "paper", summary: "reproduce the paper's findings in miniature (the whole suite, or --quick)", run: runPaper})
+}
+
+const paperUsage = `usage: keel paper [--quick] [--out DIR] [--jobs J] [--only GRID,...]
+
+Runs the reproduction suite of REPRODUCTION.md: every grid of
+recipes/paper/ over its seeds (as keel sweep does, in OUT/GRID/NAME-sSEED),
+the cold-start models first (keel sft), then one report per grid
+(OUT/GRID.html, PNGs in OUT/GRID-charts/). Finished runs are skipped and
+interrupted ones resume, so the same command continues a stopped suite.
+--quick runs only the on-policy comparison that carries the paper's main
+finding, at one seed.
+`
+
+// stressPrecision is the named rollout stress setting of the suite's
+// stressed grids (REPRODUCTION.md): NVFP4-style weights, whose train-infer
+// discrepancy is about 9 times fp8's on tiny-moe-base.
+const stressPrecision = "fp4"
+
+// paperGrid is one sweep of the suite and its report.
+type paperGrid struct {
+	Name  string   // runs in OUT/NAME, report OUT/NAME.html
+	Paths []string // recipes, or directories of recipes
+	Seeds []uint64
+	Sets  []string
+	// SFT recipes run first, each into OUT/NAME-sft-<its out's base>; the
+	// RL recipe's model.path is set to that run's model/ (one recipe then).
+	SFT string
+}
+
+// paperSuite lists the suite's grids; quick keeps the on-policy
+// comparison of the main finding at one seed.
+func paperSuite(quick bool) []paperGrid {
+	stress := "rollout.precision=" + stressPrecision
+	seeds := []uint64{1, 2, 3}
+	if quick {
+		return []paperGrid{{Name: "quick-onpolicy-" + stressPrecision, Paths: []string{
+			"recipes/paper/onpolicy/minirl.yaml", "recipes/paper/onpolicy/minirl-no-is.yaml", "recipes/paper/onpolicy/minirl-r3.yaml"},
+			Seeds: []uint64{1}, Sets: []string{stress}}}
+	}
+	g := []paperGrid{
+		{Name: "onpolicy-" + stressPrecision, Paths: []string{"recipes/paper/onpolicy"}, Seeds: seeds, Sets: []string{stress}},
+		{Name: "onpolicy-fp8", Paths: []string{"recipes/paper/onpolicy"}, Seeds: []uint64{1}},
+		{Name: "onpolicy-exact", Paths: []string{"recipes/paper/onpolicy/minirl.yaml", "recipes/paper/onpolicy/minirl-no-is.yaml"},
+			Seeds: []uint64{1}, Sets: []string{"rollout.precision=exact"}},
+	}
+	for _, n := range []int{2, 4, 8} {
+		g = append(g, paperGrid{Name: fmt.Sprintf("offpolicy-n%d-%s", n, stressPrecision),
+			Paths: []string{fmt.Sprintf("recipes/paper/offpolicy-n%d", n)}, Seeds: []uint64{1}, Sets: []string{stress}})
+	}
+	for _, style := range []string{"terse", "scratch", "chain"} {
+		g = append(g, paperGrid{Name: "coldstart-" + style,
+			Paths: []string{"recipes/paper/coldstart/from-" + style + ".yaml"}, Seeds: []uint64{1},
+			SFT: "recipes/paper/coldstart-sft/sft-" + style + ".yaml"})
+	}
+	return g
+}
+
+func runPaper(args []string) error {
+	fs := flag.NewFlagSet("paper", flag.ContinueOnError)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), paperUsage); fs.PrintDefaults() }
+	quick := fs.Bool("quick", false, "only the main on-policy comparison, one seed (under 30 minutes here)")
+	out := fs.String("out", "runs/paper", "directory of the suite's runs and reports")
+	jobs := fs.Int("jobs", 2, "runs at a time (they share the machine's cores)")
+	only := fs.String("only", "", "comma-separated grid names to run (default: all)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("keel paper takes no arguments (got %q); see keel paper -h", fs.Args())
+	}
+	if *jobs < 1 {
+		return fmt.Errorf("--jobs %d, want >= 1", *jobs)
+	}
+	suite, err := selectGrids(paperSuite(*quick), *only)
+	if err != nil {
+		return err
+	}
+	plans, err := planSuite(suite, *out)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	start := time.Now()
+	total := 0
+	for _, p := range plans {
+		total += len(p.runs)
+	}
+	fmt.Printf("keel paper: %d grids, %d RL runs in %s, %d at a time\n", len(plans), total, *out, *jobs)
+	for _, p := range plans {
+		if p.grid.SFT != "" {
+			err := runSuiteSFT(ctx, p)
+			if errors.Is(err, context.Canceled) {
+				fmt.Println("stopped; the same command continues the suite")
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+		}
+		fmt.Printf("== %s (%s elapsed)\n", p.grid.Name, time.Since(start).Round(time.Second))
+		err := rl.Sweep(ctx, p.runs, *jobs, func(e rl.SweepEvent) { fmt.Println(sweepLine(e)) })
+		if errors.Is(err, context.Canceled) {
+			fmt.Println("stopped; the same command continues the suite")
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		dirs := make([]string, len(p.runs))
+		for i, r := range p.runs {
+			dirs[i] = r.Dir
+		}
+		page := filepath.Join(*out, p.grid.Name+".html")
+		if _, _, err := writeReport("keel paper: "+p.grid.Name, dirs, page, 10); err != nil {
+			return err
+		}
+		fmt.Printf("report -> %s\n", page)
+	}
+	fmt.Printf("suite done in %s\n", time.Since(start).Round(time.Second))
+	return nil
+}
+
+// selectGrids keeps the grids named in only (comma-separated; empty: all).
+func selectGrids(suite []paperGrid, only string) ([]paperGrid, error) {
+	if strings.TrimSpace(only) == "" {
+		return suite, nil
+	}
+	var out []paperGrid
+	for _, name := range strings.Split(only, ",") {
+		name = strings.TrimSpace(name)
+		found := false
+		for _, g := range suite {
+			if g.Name == name {
+				out, found = append(out, g), true
+			}
+		}
+		if !found {
+			var names []string
+			for _, g := range suite {
+				names = append(names, g.Name)
+			}
+			return nil, fmt.Errorf("--only: no grid %q (grids: %s)", name, strings.Join(names, ", "))
+		}
+	}
+	return out, nil
+}
+
+// suitePlan is a grid with its runs resolved and checked.
+type suitePlan struct {
+	grid   paperGrid
+	runs   []rl.SweepRun
+	sftOut string // the cold-start SFT run directory, if any
+}
+
+// planSuite resolves every grid's runs before anything runs, so a bad
+// recipe stops the suite at once rather than an hour in.
+func planSuite(suite []paperGrid, out string) ([]suitePlan, error) {
+	var plans []suitePlan
+	for _, g := range suite {
+		p := suitePlan{grid: g}
+		sets := g.Sets
+		if g.SFT != "" {
+			r, err := sft.ReadRecipe(g.SFT)
+			if err != nil {
+				return nil, err
+			}
+			p.sftOut = filepath.Join(out, "sft-"+strings.TrimPrefix(filepath.Base(r.Out), "coldstart-sft-"))
+			sets = append(append([]string(nil), sets...), "model.path="+filepath.Join(p.sftOut, "model"))
+		}
+		runs, err := rl.Grid(g.Paths, g.Seeds, filepath.Join(out, g.Name), sets)
+		if err != nil {
+			return nil, fmt.Errorf("grid %s: %w", g.Name, err)
+		}
+		p.runs = runs
+		plans = append(plans, p)
+	}
+	return plans, nil
+}
+
+// runSuiteSFT trains a grid's cold-start model unless it is there.
+func runSuiteSFT(ctx context.Context, p suitePlan) error {
+	if _, err := os.Stat(filepath.Join(p.sftOut, "model", "config.json")); err == nil {
+		fmt.Printf("[sft] %s finished before: skipped\n", p.sftOut)
+		return nil
+	}
+	r, err := sft.ReadRecipe(p.grid.SFT)
+	if err != nil {
+		return err
+	}
+	r.Out = p.sftOut
+	fmt.Printf("[sft] %s started (%s)\n", p.sftOut, p.grid.SFT)
+	res, err := sft.Run(ctx, r, nil)
+	if err != nil {
+		return fmt.Errorf("%s: %w", p.grid.SFT, err)
+	}
+	if res.Stopped {
+		return context.Canceled
+	}
+	fmt.Printf("[sft] %s done in %s, final loss %.4f\n", p.sftOut, res.Elapsed.Round(time.Second), res.FinalLoss)
+	return nil
+}

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/keel-rl/keel/rl"
+)
+
+// Every grid of the suite resolves against the repository's recipes, run
+// directories never collide, cold-start grids train from their own SFT
+// model, and --quick is the one-seed on-policy comparison.
+func TestPaperSuitePlans(t *testing.T) {
+	wd, _ := os.Getwd()
+	defer os.Chdir(wd)
+	if err := os.Chdir("../.."); err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	plans, err := planSuite(paperSuite(false), out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirs := map[string]bool{}
+	total := 0
+	for _, p := range plans {
+		for _, r := range p.runs {
+			if dirs[r.Dir] {
+				t.Errorf("run directory %s twice", r.Dir)
+			}
+			dirs[r.Dir] = true
+			total++
+			rec, err := rl.ReadRecipe(r.Recipe, r.Sets)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(p.grid.Name, stressPrecision) && rec.Rollout.Precision != stressPrecision {
+				t.Errorf("%s: precision %s in a stressed grid", r.Dir, rec.Rollout.Precision)
+			}
+			if p.grid.SFT != "" && rec.Model.Path != filepath.Join(p.sftOut, "model") {
+				t.Errorf("%s: model %s, want the grid's SFT model under %s", r.Dir, rec.Model.Path, p.sftOut)
+			}
+		}
+	}
+	if total < 40 {
+		t.Errorf("the suite has %d RL runs", total)
+	}
+	quick, err := planSuite(paperSuite(true), out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(quick) != 1 || len(quick[0].runs) != 3 {
+		t.Fatalf("--quick: %d grids", len(quick))
+	}
+	if _, err := selectGrids(paperSuite(false), "onpolicy-fp8, nope"); err == nil || !strings.Contains(err.Error(), `"nope"`) {
+		t.Errorf("--only with an unknown grid: %v", err)
+	}
+	if g, err := selectGrids(paperSuite(false), "onpolicy-fp8"); err != nil || len(g) != 1 {
+		t.Errorf("--only onpolicy-fp8: %v, %v", g, err)
+	}
+}
