@@ -22,7 +22,7 @@ func init() {
 	})
 }
 
-const probeUsage = `usage: keel probe --model DIR --input FILE.jsonl [--precision exact,fp32,bf16,fp8] [--json FILE] [flags]
+const probeUsage = `usage: keel probe --model DIR --input FILE.jsonl [--precision exact,fp32,bf16,fp8,fp4] [--json FILE] [flags]
 
 The discrepancy analysis to run before RL. For each rollout precision it
 samples responses to the prompts of FILE.jsonl ({"tokens": [ids]} lines),
@@ -66,7 +66,7 @@ func runProbe(args []string) error {
 	}
 	dir := fs.String("model", "", "Hugging Face model directory")
 	in := fs.String("input", "", `JSONL file of {"tokens": [ids]} prompts`)
-	precs := fs.String("precision", "exact,fp32,bf16,fp8", "comma-separated rollout precisions to measure")
+	precs := fs.String("precision", "exact,fp32,bf16,fp8,fp4", "comma-separated rollout precisions to measure")
 	jsonOut := fs.String("json", "", "also write the measures to this JSON file")
 	var sf sampleFlags
 	sf.register(fs)

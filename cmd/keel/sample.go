@@ -110,7 +110,7 @@ func runSample(args []string) error {
 	in := fs.String("input", "", `JSONL file of {"tokens": [ids]} prompts`)
 	prompt := fs.String("prompt", "", "a prompt as text (needs the model directory's tokenizer.json)")
 	out := fs.String("output", "", "output JSONL file (default: standard output)")
-	prec := fs.String("precision", "exact", "exact, fp32, bf16 or fp8")
+	prec := fs.String("precision", "exact", "exact, fp32, bf16, fp8 or fp4")
 	var sf sampleFlags
 	sf.register(fs)
 	if help, err := parseFlags(fs, args); help || err != nil {
