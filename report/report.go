@@ -332,12 +332,14 @@ func Standard(runs []Run, smooth int) []Chart {
 func HTML(title string, runs []Run, charts []Chart) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>%s</title>", html.EscapeString(title))
-	b.WriteString(`<style>body{font-family:sans-serif;margin:20px;max-width:1400px}figure{display:inline-block;margin:8px}</style></head><body>`)
+	b.WriteString(`<style>body{font-family:sans-serif;margin:20px;max-width:1400px}figure{display:inline-block;margin:8px}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>`)
 	fmt.Fprintf(&b, "<h1>%s</h1><p>%d runs:", html.EscapeString(title), len(runs))
 	for _, r := range runs {
 		fmt.Fprintf(&b, " <code>%s</code>", html.EscapeString(r.Dir))
 	}
 	b.WriteString(". Lines: the mean over an arm's seeds; bands: their lowest and highest.</p>\n")
+	b.WriteString("<p>Each arm over its seeds: mean [lowest, highest].</p>\n")
+	b.WriteString(summaryHTML(Summarize(runs)))
 	for _, c := range charts {
 		fmt.Fprintf(&b, "<figure id=\"%s\">%s</figure>\n", html.EscapeString(c.Metric), c.SVG(640, 300))
 	}

@@ -23,7 +23,8 @@ Writes one self-contained HTML page (inline SVG, no network) with a chart
 per measure — training reward, held-out avg@k, entropy, train-infer KL,
 routing disagreement, staleness, surrogate validity — against gradient
 steps, one curve per arm: runs named NAME-sSEED (as keel sweep names them)
-are the seeds of arm NAME, drawn as their mean with their spread. A
+are the seeds of arm NAME, drawn as their mean with their spread; a table
+(on the page and printed here, in Markdown) sums each arm up. A
 directory holding run directories (a sweep's --out) stands for them all.
 A PNG of each chart goes to OUT-charts/ (OUT without .html).
 `
@@ -75,11 +76,13 @@ func runDirs(dirs []string) ([]string, error) {
 
 // writeReport writes the page of charts over runs to out and a PNG of each
 // chart to OUT-charts/, returning the number of runs and that directory.
+// It prints each arm's summary as a Markdown table.
 func writeReport(title string, runs []string, out string, smooth int) (int, string, error) {
 	rs, err := report.Load(runs)
 	if err != nil {
 		return 0, "", err
 	}
+	fmt.Print(report.Markdown(report.Summarize(rs)))
 	charts := report.Standard(rs, smooth)
 	page := report.HTML(title, rs, charts)
 	if err := atomicfile.Write(out, func(w io.Writer) error {
