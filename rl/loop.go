@@ -22,6 +22,14 @@ type Sampler interface {
 	Version() int64
 }
 
+// SamplerMetrics is implemented by a Sampler with measures of its own (a
+// fleet of remote servers: servers alive, requests retried, the phases of
+// a weight push); the loop records them with every step's metrics, so that
+// metrics.jsonl shows a fleet losing servers.
+type SamplerMetrics interface {
+	Metrics() map[string]float64
+}
+
 // Sample is one scored response of a step: the rollout's output (prompt,
 // response, log mu_old, routes, weight version), its reward and advantage,
 // and what the training engine computed for it (log pi_old, its routes,
@@ -281,6 +289,11 @@ func (l *Loop) RunStep() (*StepResult, error) {
 		m["kl_ref/k3"] = klSum / float64(all.Tokens)
 	}
 	l.discrepancyMetrics(samples, m)
+	if sm, ok := l.Sampler.(SamplerMetrics); ok {
+		for k, v := range sm.Metrics() {
+			m[k] = v
+		}
+	}
 	m["time/rollout"] = ph.rollout.Seconds()
 	m["time/score"] = ph.score.Seconds()
 	m["time/old_logprobs"] = ph.old.Seconds()

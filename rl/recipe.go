@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -53,14 +55,46 @@ type RLData struct {
 
 // RolloutSettings configure the rollout engine and its sampling.
 type RolloutSettings struct {
-	// Precision is the discrepancy dial: exact, fp32, bf16 or fp8.
-	Precision    string  `yaml:"precision"`
+	// Precision is the discrepancy dial: exact, fp32, bf16, fp8 or fp4.(the
+	// in-process engine's; remote servers run their own, so it stays unset
+	// with Servers).
+	Precision    string  `yaml:"precision,omitempty"`
 	Temperature  float64 `yaml:"temperature"`
 	TopK         int     `yaml:"top_k"`
 	TopP         float64 `yaml:"top_p"`
 	MaxNewTokens int     `yaml:"max_new_tokens"`
 	Slots        int     `yaml:"slots"` // sequences decoded at once
+
+	// Servers moves rollout to a fleet of inference servers (base URLs,
+	// like http://10.0.0.5:30000) so that generation can run on other
+	// machines' accelerators; empty: the in-process engine. The remaining
+	// fields configure that fleet (see RemoteSampler); the API key, a
+	// secret, comes from the environment (APIKeyEnv), never from the
+	// recipe, which is saved to the run directory.
+	Servers []string `yaml:"servers,omitempty"`
+	// ServerKind is the servers' protocol: keel (keel serve), sglang
+	// (SGLang's native API) or vllm (vLLM's OpenAI-compatible API).
+	ServerKind string `yaml:"server_kind,omitempty"`
+	// WeightsDir is where each step's weights are written for the servers
+	// to load: a path every server can read under the same name.
+	WeightsDir string `yaml:"weights_dir,omitempty"`
+	// RequestTimeout bounds one HTTP request, seconds.
+	RequestTimeout float64 `yaml:"request_timeout,omitempty"`
+	// MaxConcurrency bounds the requests (prompts) in flight per server.
+	MaxConcurrency int `yaml:"max_concurrency,omitempty"`
 }
+
+// Server kinds (rollout.server_kind).
+const (
+	ServerKeel   = "keel"
+	ServerSGLang = "sglang"
+	ServerVLLM   = "vllm"
+)
+
+// APIKeyEnv names the environment variable holding the inference servers'
+// API key (sent as a bearer token); it is kept out of recipes because the
+// resolved recipe is written to the run directory.
+const APIKeyEnv = "KEEL_API_KEY"
 
 // Algorithm is the objective, its corrections and Routing Replay.
 type Algorithm struct {
@@ -334,9 +368,18 @@ func (r *Recipe) fill() error {
 	}
 
 	ro := &r.Rollout
-	orDefault(&ro.Precision, "exact")
-	if _, err := rollout.ParsePrecision(ro.Precision); err != nil {
-		return bad("rollout.precision", "%v", err)
+	if len(ro.Servers) > 0 {
+		if err := ro.fillRemote(r.Out); err != nil {
+			return err
+		}
+	} else {
+		if ro.ServerKind != "" || ro.WeightsDir != "" || ro.RequestTimeout != 0 || ro.MaxConcurrency != 0 {
+			return bad("rollout", "server_kind, weights_dir, request_timeout and max_concurrency configure remote rollout: give rollout.servers too, or leave them unset")
+		}
+		orDefault(&ro.Precision, "exact")
+		if _, err := rollout.ParsePrecision(ro.Precision); err != nil {
+			return bad("rollout.precision", "%v", err)
+		}
 	}
 	orDefault(&ro.Temperature, 1)
 	if !(ro.Temperature > 0) || math.IsInf(ro.Temperature, 0) {
@@ -518,6 +561,47 @@ func (r *Recipe) fill() error {
 	}
 	if g.KLMax < 0 || g.ISMax < 0 {
 		return bad("guards", "kl_max and is_max must be >= 0 (0: off)")
+	}
+	return nil
+}
+
+// fillRemote checks and completes the settings of remote rollout
+// (rollout.servers set); out is the run directory, home of the default
+// weights directory.
+func (ro *RolloutSettings) fillRemote(out string) error {
+	bad := func(key string, format string, a ...any) error {
+		return fmt.Errorf("%s: %s", key, fmt.Sprintf(format, a...))
+	}
+	if ro.Precision != "" {
+		return bad("rollout.precision", "%q sets the in-process engine's precision; with rollout.servers every server runs its own: leave it unset", ro.Precision)
+	}
+	seen := map[string]bool{}
+	for i, s := range ro.Servers {
+		u, err := url.Parse(s)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+			return bad("rollout.servers", "entry %d, %q: want an http or https base URL such as http://10.0.0.5:30000 (no query, fragment or credentials: the API key comes from %s)", i, s, APIKeyEnv)
+		}
+		s = strings.TrimRight(s, "/")
+		if seen[s] {
+			return bad("rollout.servers", "%s is listed twice", s)
+		}
+		seen[s] = true
+		ro.Servers[i] = s
+	}
+	orDefault(&ro.ServerKind, ServerKeel)
+	switch ro.ServerKind {
+	case ServerKeel, ServerSGLang, ServerVLLM:
+	default:
+		return bad("rollout.server_kind", "unknown %q (want %s, %s or %s)", ro.ServerKind, ServerKeel, ServerSGLang, ServerVLLM)
+	}
+	orDefault(&ro.WeightsDir, filepath.Join(out, "rollout-weights"))
+	orDefault(&ro.RequestTimeout, 600)
+	if !(ro.RequestTimeout > 0) || math.IsInf(ro.RequestTimeout, 0) {
+		return bad("rollout.request_timeout", "%g, want a finite number of seconds > 0", ro.RequestTimeout)
+	}
+	orDefault(&ro.MaxConcurrency, 64)
+	if ro.MaxConcurrency < 1 {
+		return bad("rollout.max_concurrency", "%d, want >= 1 request per server", ro.MaxConcurrency)
 	}
 	return nil
 }

@@ -161,16 +161,32 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 	if maxPos > 0 {
 		maxLen = min(maxLen, maxPos)
 	}
-	prec, _ := rollout.ParsePrecision(r.Rollout.Precision)
-	eng, err := rollout.New(policy, rollout.Options{Precision: prec, Slots: r.Rollout.Slots, MaxLen: maxLen})
-	if err != nil {
+	var sampler Sampler
+	if ro := &r.Rollout; len(ro.Servers) > 0 {
+		// Remote rollout: the servers run their own precision; each step's
+		// weights reach them through ro.WeightsDir.
+		rs, err := NewRemoteSampler(RemoteOptions{Servers: ro.Servers, Kind: ro.ServerKind, WeightsDir: ro.WeightsDir,
+			RequestTimeout: time.Duration(ro.RequestTimeout * float64(time.Second)), MaxConcurrency: ro.MaxConcurrency,
+			APIKey: os.Getenv(APIKeyEnv), Config: policy.Config, MaxLen: maxLen, Events: pr.Warn,
+			WriteFiles: func(dir string) error { return tok.WriteFile(filepath.Join(dir, tokenizer.FileName)) }})
+		if err != nil {
+			return nil, fmt.Errorf("rollout.servers: %w", err)
+		}
+		defer rs.Close()
+		sampler = rs
+	} else {
+		prec, _ := rollout.ParsePrecision(ro.Precision)
+		eng, err := rollout.New(policy, rollout.Options{Precision: prec, Slots: ro.Slots, MaxLen: maxLen})
+		if err != nil {
+			return nil, err
+		}
+		defer eng.Close()
+		sampler = eng
+	}
+	if err := sampler.UpdateWeights(policy, int64(res.Resumed)); err != nil {
 		return nil, err
 	}
-	defer eng.Close()
-	if err := eng.UpdateWeights(policy, int64(res.Resumed)); err != nil {
-		return nil, err
-	}
-	loop := &Loop{R: r, Policy: policy, Sampler: eng, Loader: NewLoader(prompts, r.Seed), Stop: []int32{end},
+	loop := &Loop{R: r, Policy: policy, Sampler: sampler, Loader: NewLoader(prompts, r.Seed), Stop: []int32{end},
 		Score: VerifierScorer(tok, end), Step: res.Resumed, NonFinite: st.NonFinite}
 	if ck != nil {
 		loop.Optim = ck.Optim

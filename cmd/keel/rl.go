@@ -92,8 +92,12 @@ func runRL(args []string) error {
 	defer stop()
 
 	live := !*quiet && term.IsTerminal(int(os.Stderr.Fd()))
+	ro := r.Rollout.Precision
+	if n := len(r.Rollout.Servers); n > 0 {
+		ro = fmt.Sprintf("remote (%d %s server(s))", n, r.Rollout.ServerKind)
+	}
 	fmt.Printf("keel rl: %s, %s rollout, %d steps of %d prompts x %d samples in %d mini-batch(es), replay %s -> %s\n",
-		r.Algorithm.Objective, r.Rollout.Precision, r.Train.Steps, r.Train.PromptsPerStep, r.Train.GroupSize,
+		r.Algorithm.Objective, ro, r.Train.Steps, r.Train.PromptsPerStep, r.Train.GroupSize,
 		r.Train.MiniBatches, r.Algorithm.Replay, r.Out)
 	pr := rl.Progress{
 		Eval: func(step int, rep *evaluate.Report) {

@@ -1,0 +1,567 @@
+package rl
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/rollout"
+)
+
+// The wire formats of remote rollout (see the comment above RemoteOptions
+// for the sources they were matched against).
+
+// sglSampling is SGLang's sampling_params. Every setting is sent, the
+// neutral ones included, because SGLang fills unsent ones from the
+// model's generation_config.json (--sampling-defaults model).
+type sglSampling struct {
+	Temperature       float64 `json:"temperature"`
+	TopP              float64 `json:"top_p"`
+	TopK              int     `json:"top_k"` // -1: off
+	MinP              float64 `json:"min_p"`
+	RepetitionPenalty float64 `json:"repetition_penalty"`
+	FrequencyPenalty  float64 `json:"frequency_penalty"`
+	PresencePenalty   float64 `json:"presence_penalty"`
+	MaxNewTokens      int     `json:"max_new_tokens"`
+	StopTokenIDs      []int32 `json:"stop_token_ids,omitempty"`
+	// NoStopTrim keeps a matched stop in the text (the ids keep it anyway).
+	NoStopTrim   bool   `json:"no_stop_trim"`
+	N            int    `json:"n,omitempty"`
+	SamplingSeed uint64 `json:"sampling_seed"`
+}
+
+// sglRequest is the body of SGLang's POST /generate.
+type sglRequest struct {
+	// InputIDs is one prompt (kind keel: its n samples in one request) or
+	// the prompt n times (kind sglang: one seed per sample).
+	InputIDs       any  `json:"input_ids"`
+	SamplingParams any  `json:"sampling_params"`
+	ReturnLogprob  bool `json:"return_logprob"`
+	// ReturnSamplingMask asks for the log-probs under the truncated
+	// distribution (top-k / top-p), output_token_sampling_logprobs.
+	ReturnSamplingMask  bool `json:"return_sampling_mask,omitempty"`
+	ReturnRoutedExperts bool `json:"return_routed_experts,omitempty"`
+	Stream              bool `json:"stream"`
+}
+
+// sglOutput is one answer of SGLang's /generate (one sample).
+type sglOutput struct {
+	OutputIDs []int64  `json:"output_ids"`
+	MetaInfo  *sglMeta `json:"meta_info"`
+}
+
+type sglMeta struct {
+	FinishReason     json.RawMessage `json:"finish_reason"`
+	PromptTokens     *int64          `json:"prompt_tokens"`
+	CompletionTokens *int64          `json:"completion_tokens"`
+	WeightVersion    json.RawMessage `json:"weight_version"`
+	WeightVersions   []struct {
+		Version string `json:"version"`
+	} `json:"weight_versions"`
+	// OutputTokenLogprobs holds [logprob, token_id, text or null] per
+	// output token.
+	OutputTokenLogprobs         [][]json.RawMessage `json:"output_token_logprobs"`
+	OutputTokenSamplingLogprobs []json.RawMessage   `json:"output_token_sampling_logprobs"`
+	RoutedExperts               *string             `json:"routed_experts"`
+}
+
+// sglParams is the sampling parameters of one request.
+func (j *job) sglParams(n int, seed uint64) sglSampling {
+	p := sglSampling{Temperature: j.sp.Temperature, TopP: j.sp.TopP, TopK: j.sp.TopK, RepetitionPenalty: 1,
+		MaxNewTokens: j.maxNew, StopTokenIDs: j.sp.Stop, NoStopTrim: true, SamplingSeed: seed}
+	if p.TopK == 0 {
+		p.TopK = -1
+	}
+	if p.TopP == 0 {
+		p.TopP = 1
+	}
+	if n > 1 {
+		p.N = n
+	}
+	return p
+}
+
+// sampleSeed is kind sglang's seed of sample k of a prompt: SGLang's
+// seeded sampler hashes (seed, position, token) only, so the n samples of
+// one seed would all be the same. It stays below 2^31 (older SGLang
+// builds hold seeds in int32).
+func sampleSeed(promptSeed uint64, k int) uint64 {
+	return splitmix(promptSeed^splitmix(uint64(k)+0x632be59bd9b4e019)) & (1<<31 - 1)
+}
+
+// sglGenerate runs one prompt's request on an SGLang-protocol server.
+func (r *RemoteSampler) sglGenerate(ctx context.Context, s *server, j job) ([]rollout.Sample, error) {
+	req := sglRequest{ReturnLogprob: true, ReturnSamplingMask: truncated(&j.sp),
+		ReturnRoutedExperts: len(r.moeLayers) > 0}
+	if r.opt.Kind == ServerKeel {
+		// keel serve: sample k of n draws from the stream (sampling_seed,
+		// k), as in one local Generate call.
+		req.InputIDs, req.SamplingParams = j.ids, j.sglParams(j.n, j.seed)
+	} else {
+		ids := make([][]int32, j.n)
+		ps := make([]sglSampling, j.n)
+		for k := range ids {
+			ids[k], ps[k] = j.ids, j.sglParams(1, sampleSeed(j.seed, k))
+		}
+		req.InputIDs, req.SamplingParams = ids, ps
+	}
+	body, err := r.do(ctx, s, http.MethodPost, "/generate", req)
+	if err != nil {
+		return nil, err
+	}
+	return r.decodeSGL(s.url, body, j)
+}
+
+// decodeSGL reads and checks the answer of a /generate request: n outputs
+// (an object when n = 1, else a list), each a sample of j's prompt under
+// j's weight version.
+func (r *RemoteSampler) decodeSGL(url string, body []byte, j job) ([]rollout.Sample, error) {
+	bad := func(field string, format string, a ...any) error {
+		return &ServerError{Server: url, Op: "POST /generate", Field: field, Err: fmt.Errorf(format, a...)}
+	}
+	var outs []sglOutput
+	trimmed := bytes.TrimSpace(body)
+	var err error
+	if len(trimmed) > 0 && trimmed[0] == '{' {
+		outs = make([]sglOutput, 1)
+		err = json.Unmarshal(trimmed, &outs[0])
+	} else {
+		err = json.Unmarshal(trimmed, &outs)
+	}
+	if err != nil {
+		return nil, jsonErr(bad, err)
+	}
+	if len(outs) != j.n {
+		return nil, bad("body", "%d outputs, want %d (one per sample)", len(outs), j.n)
+	}
+	list := j.n > 1 || (len(trimmed) > 0 && trimmed[0] == '[')
+	samples := make([]rollout.Sample, j.n)
+	for k := range outs {
+		prefix := ""
+		if list {
+			prefix = "[" + strconv.Itoa(k) + "]."
+		}
+		smp, err := r.sglSample(&outs[k], j, func(field string, format string, a ...any) error {
+			return bad(prefix+field, format, a...)
+		})
+		if err != nil {
+			return nil, err
+		}
+		samples[k] = smp
+	}
+	return samples, nil
+}
+
+// sglSample checks one output and turns it into a sample.
+func (r *RemoteSampler) sglSample(o *sglOutput, j job, bad func(field, format string, a ...any) error) (rollout.Sample, error) {
+	var smp rollout.Sample
+	ids, err := r.outputIDs(o.OutputIDs, j, "output_ids", bad)
+	if err != nil {
+		return smp, err
+	}
+	m := o.MetaInfo
+	if m == nil {
+		return smp, bad("meta_info", "missing")
+	}
+	// The weights that sampled it: a stale server is an error, never a
+	// sample to train on.
+	want := strconv.FormatInt(j.version, 10)
+	var got string
+	if len(m.WeightVersion) == 0 || json.Unmarshal(m.WeightVersion, &got) != nil {
+		return smp, bad("meta_info.weight_version", "missing or not a string (%s): the server cannot say which weights sampled this", snippet(m.WeightVersion))
+	}
+	if got != want {
+		return smp, bad("meta_info.weight_version", "%q, want %q: the server does not hold this step's weights", got, want)
+	}
+	if len(m.WeightVersions) > 1 {
+		return smp, bad("meta_info.weight_versions", "%d versions sampled this response: weights changed during the request", len(m.WeightVersions))
+	}
+	if smp.Finish, err = sglFinish(m.FinishReason, bad); err != nil {
+		return smp, err
+	}
+	if m.PromptTokens != nil && *m.PromptTokens != int64(len(j.ids)) {
+		return smp, bad("meta_info.prompt_tokens", "%d, the prompt sent has %d tokens", *m.PromptTokens, len(j.ids))
+	}
+	if m.CompletionTokens != nil && *m.CompletionTokens != int64(len(ids)) {
+		return smp, bad("meta_info.completion_tokens", "%d, output_ids holds %d", *m.CompletionTokens, len(ids))
+	}
+	if len(m.OutputTokenLogprobs) != len(ids) {
+		return smp, bad("meta_info.output_token_logprobs", "%d entries for %d output tokens", len(m.OutputTokenLogprobs), len(ids))
+	}
+	lp := make([]float32, len(ids))
+	for t, e := range m.OutputTokenLogprobs {
+		if len(e) < 2 {
+			return smp, bad("meta_info.output_token_logprobs", "entry %d has %d elements, want [logprob, token_id, text]", t, len(e))
+		}
+		if lp[t], err = parseLogProb(e[0]); err != nil {
+			return smp, bad("meta_info.output_token_logprobs", "entry %d: logprob %v", t, err)
+		}
+		var id int64
+		if err := json.Unmarshal(e[1], &id); err != nil || id != int64(ids[t]) {
+			return smp, bad("meta_info.output_token_logprobs", "entry %d is for token %s, output_ids[%d] is %d", t, snippet(e[1]), t, ids[t])
+		}
+	}
+	smp.Tokens, smp.LogProbs, smp.Version = ids, lp, j.version
+	if truncated(&j.sp) {
+		// Under truncation log mu is the truncated distribution's.
+		tl := m.OutputTokenSamplingLogprobs
+		if len(tl) != len(ids) {
+			return smp, bad("meta_info.output_token_sampling_logprobs", "%d entries for %d output tokens (top-k / top-p sampling needs the log-probs under the truncated distribution: a server with return_sampling_mask)", len(tl), len(ids))
+		}
+		smp.TruncLogProbs = make([]float32, len(ids))
+		for t, e := range tl {
+			if smp.TruncLogProbs[t], err = parseLogProb(e); err != nil {
+				return smp, bad("meta_info.output_token_sampling_logprobs", "entry %d: %v", t, err)
+			}
+		}
+	}
+	if len(r.moeLayers) > 0 {
+		if m.RoutedExperts == nil {
+			return smp, bad("meta_info.routed_experts", "missing: an MoE policy needs the rollout's routes (launch SGLang with --enable-return-routed-experts)")
+		}
+		rt, err := decodeRoutes(*m.RoutedExperts, &r.opt.Config, r.moeLayers, len(j.ids)+len(ids))
+		if err != nil {
+			return smp, bad("meta_info.routed_experts", "%v", err)
+		}
+		smp.Routes = rt
+	}
+	return smp, nil
+}
+
+// outputIDs checks a response's token ids: present, within the request's
+// budget and the vocabulary.
+func (r *RemoteSampler) outputIDs(raw []int64, j job, field string, bad func(field, format string, a ...any) error) ([]int32, error) {
+	if len(raw) == 0 {
+		return nil, bad(field, "missing or empty")
+	}
+	if len(raw) > j.maxNew {
+		return nil, bad(field, "%d tokens, more than the %d asked for", len(raw), j.maxNew)
+	}
+	vocab := r.opt.Config.VocabSize
+	ids := make([]int32, len(raw))
+	for t, id := range raw {
+		if id < 0 || id >= int64(vocab) {
+			return nil, bad(field, "token %d: id %d outside the vocabulary [0, %d)", t, id, vocab)
+		}
+		ids[t] = int32(id)
+	}
+	return ids, nil
+}
+
+// sglFinish maps meta_info.finish_reason ({"type": ...}, or a bare string)
+// to the engine's "stop" / "length". An aborted request is transient: the
+// server was paused or shed it.
+func sglFinish(raw json.RawMessage, bad func(field, format string, a ...any) error) (string, error) {
+	var typ string
+	var obj struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	}
+	if json.Unmarshal(raw, &obj) == nil && obj.Type != "" {
+		typ = obj.Type
+	} else if json.Unmarshal(raw, &typ) != nil || typ == "" {
+		return "", bad("meta_info.finish_reason", "%s, want {\"type\": \"stop\" or \"length\"}: the request did not finish", snippet(raw))
+	}
+	switch typ {
+	case "stop", "length":
+		return typ, nil
+	case "abort":
+		err := bad("meta_info.finish_reason", "aborted: %s", obj.Message).(*ServerError)
+		err.Transient = true
+		return "", err
+	}
+	return "", bad("meta_info.finish_reason", "unknown type %q", typ)
+}
+
+// decodeRoutes reads SGLang's routed_experts (base64 of little-endian
+// int32 ids, C order [positions][num_hidden_layers][k]) as the routes of
+// the MoE layers at every one of T positions (prompt and response). SGLang
+// sends T-1 positions (the last token is sampled, never fed through the
+// model): the last position then repeats the one before it. No
+// log-probability of the loss depends on the last position's routes (its
+// output predicts no trained token), so R3 is unaffected; only the routing
+// measures see the copy. keel serve sends all T.
+func decodeRoutes(b64 string, c *model.Config, moeLayers []int, T int) (*model.Routes, error) {
+	data, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil {
+		return nil, fmt.Errorf("not base64: %v", err)
+	}
+	L, K, E := c.NumHiddenLayers, c.NumExpertsPerTok, c.NumExperts
+	row := L * K * 4
+	if len(data)%row != 0 {
+		return nil, fmt.Errorf("%d bytes are not whole positions of %d layers x %d experts as int32 (%d bytes each)", len(data), L, K, row)
+	}
+	rows := len(data) / row
+	if rows != T && rows != T-1 {
+		return nil, fmt.Errorf("%d positions of [%d layers x %d experts], want %d (prompt and response) or %d (all but the last)", rows, L, K, T, T-1)
+	}
+	if rows == 0 {
+		return nil, errors.New("no positions")
+	}
+	rt := model.NewRoutes(T, len(moeLayers), K, E)
+	for t := 0; t < rows; t++ {
+		for ml, li := range moeLayers {
+			for s := 0; s < K; s++ {
+				id := int32(binary.LittleEndian.Uint32(data[((t*L+li)*K+s)*4:]))
+				if id < 0 || int(id) >= E {
+					return nil, fmt.Errorf("position %d, layer %d, slot %d: expert %d outside [0, %d)", t, li, s, id, E)
+				}
+				rt.Set(t, ml, s, int(id))
+			}
+		}
+	}
+	if rows == T-1 {
+		buf := make([]int32, K)
+		for ml := range moeLayers {
+			rt.SetSlots(T-1, ml, rt.Slots(buf, T-2, ml))
+		}
+	}
+	if err := rt.Check(); err != nil {
+		return nil, err
+	}
+	return rt, nil
+}
+
+// jsonErr turns a decoding error into a ServerError naming the field when
+// JSON says which.
+func jsonErr(bad func(field, format string, a ...any) error, err error) error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && te.Field != "" {
+		return bad(te.Field, "%v", err)
+	}
+	return bad("body", "malformed JSON: %v", err)
+}
+
+// sglPush has an SGLang-protocol server load dir as version: pause,
+// update_weights_from_disk, continue (even after a failed update, so the
+// server is not left paused), then get_model_info must report the version.
+func (r *RemoteSampler) sglPush(ctx context.Context, s *server, dir string, version int64) error {
+	ver := strconv.FormatInt(version, 10)
+	if _, err := r.do(ctx, s, http.MethodPost, "/pause_generation", map[string]any{"mode": "abort"}); err != nil {
+		return err
+	}
+	body, err := r.do(ctx, s, http.MethodPost, "/update_weights_from_disk",
+		map[string]any{"model_path": dir, "weight_version": ver, "flush_cache": true})
+	if err == nil {
+		var res struct {
+			Success *bool  `json:"success"`
+			Message string `json:"message"`
+		}
+		if e := json.Unmarshal(body, &res); e != nil || res.Success == nil || !*res.Success {
+			err = &ServerError{Server: s.url, Op: "POST /update_weights_from_disk", Field: "success",
+				Err: fmt.Errorf("the server did not load %s: %s", dir, snippet(body))}
+		}
+	}
+	_, cerr := r.do(ctx, s, http.MethodPost, "/continue_generation", map[string]any{})
+	if err != nil {
+		return err
+	}
+	if cerr != nil {
+		return cerr
+	}
+	body, err = r.do(ctx, s, http.MethodGet, "/get_model_info", nil)
+	if err != nil {
+		return err
+	}
+	var info struct {
+		WeightVersion json.RawMessage `json:"weight_version"`
+	}
+	var got string
+	if json.Unmarshal(body, &info) != nil || json.Unmarshal(info.WeightVersion, &got) != nil || got != ver {
+		return &ServerError{Server: s.url, Op: "GET /get_model_info", Field: "weight_version",
+			Err: fmt.Errorf("%s after loading version %s from %s", snippet(info.WeightVersion), ver, dir)}
+	}
+	return nil
+}
+
+// vllmRequest is the body of vLLM's POST /v1/completions. Every sampling
+// setting is sent because vLLM fills unsent ones from the model's
+// generation_config.json.
+type vllmRequest struct {
+	Model             string  `json:"model"`
+	Prompt            []int32 `json:"prompt"`
+	N                 int     `json:"n"`
+	MaxTokens         int     `json:"max_tokens"`
+	Temperature       float64 `json:"temperature"`
+	TopP              float64 `json:"top_p"`
+	TopK              int     `json:"top_k"` // -1: off
+	MinP              float64 `json:"min_p"`
+	RepetitionPenalty float64 `json:"repetition_penalty"`
+	FrequencyPenalty  float64 `json:"frequency_penalty"`
+	PresencePenalty   float64 `json:"presence_penalty"`
+	// Seed: vLLM gives sample j of n the seed Seed + j.
+	Seed uint64 `json:"seed"`
+	// Logprobs 0: the sampled token's log-prob, no alternatives.
+	Logprobs               int     `json:"logprobs"`
+	ReturnTokensAsTokenIDs bool    `json:"return_tokens_as_token_ids"`
+	ReturnTokenIDs         bool    `json:"return_token_ids"`
+	StopTokenIDs           []int32 `json:"stop_token_ids,omitempty"`
+	SkipSpecialTokens      bool    `json:"skip_special_tokens"`
+	Stream                 bool    `json:"stream"`
+}
+
+type vllmResponse struct {
+	Choices []struct {
+		Index    *int `json:"index"`
+		Logprobs *struct {
+			Tokens        []string          `json:"tokens"`
+			TokenLogprobs []json.RawMessage `json:"token_logprobs"`
+		} `json:"logprobs"`
+		FinishReason *string `json:"finish_reason"`
+		TokenIDs     []int64 `json:"token_ids"`
+	} `json:"choices"`
+}
+
+// vllmProbe learns the served model's name (GET /v1/models).
+func (r *RemoteSampler) vllmProbe(ctx context.Context, s *server) error {
+	body, err := r.do(ctx, s, http.MethodGet, "/v1/models", nil)
+	if err != nil {
+		return err
+	}
+	var res struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(body, &res); err != nil || len(res.Data) == 0 || res.Data[0].ID == "" {
+		return &ServerError{Server: s.url, Op: "GET /v1/models", Field: "data", Err: fmt.Errorf("no served model: %s", snippet(body))}
+	}
+	r.mu.Lock()
+	s.model = res.Data[0].ID
+	r.mu.Unlock()
+	return nil
+}
+
+// vllmGenerate runs one prompt's request on a vLLM server.
+func (r *RemoteSampler) vllmGenerate(ctx context.Context, s *server, j job) ([]rollout.Sample, error) {
+	r.mu.Lock()
+	name := s.model
+	r.mu.Unlock()
+	req := vllmRequest{Model: name, Prompt: j.ids, N: j.n, MaxTokens: j.maxNew, Temperature: j.sp.Temperature,
+		TopP: j.sp.TopP, TopK: j.sp.TopK, RepetitionPenalty: 1, Seed: j.seed & (1<<62 - 1),
+		ReturnTokensAsTokenIDs: true, ReturnTokenIDs: true, StopTokenIDs: j.sp.Stop}
+	if req.TopK == 0 {
+		req.TopK = -1
+	}
+	if req.TopP == 0 {
+		req.TopP = 1
+	}
+	body, err := r.do(ctx, s, http.MethodPost, "/v1/completions", req)
+	if err != nil {
+		return nil, err
+	}
+	return r.decodeVLLM(s.url, body, j)
+}
+
+// decodeVLLM reads and checks a completions answer: n choices, each a
+// sample of j's prompt. vLLM reports no weight version: the samples carry
+// the version the fleet was last given. Its one log-prob per token is the
+// sampled distribution's only under --logprobs-mode processed_logprobs
+// (after temperature and top-k / top-p), which keel cannot check.
+func (r *RemoteSampler) decodeVLLM(url string, body []byte, j job) ([]rollout.Sample, error) {
+	bad := func(field string, format string, a ...any) error {
+		return &ServerError{Server: url, Op: "POST /v1/completions", Field: field, Err: fmt.Errorf(format, a...)}
+	}
+	var res vllmResponse
+	if err := json.Unmarshal(body, &res); err != nil {
+		return nil, jsonErr(bad, err)
+	}
+	if len(res.Choices) != j.n {
+		return nil, bad("choices", "%d choices, want %d (one per sample)", len(res.Choices), j.n)
+	}
+	samples := make([]rollout.Sample, j.n)
+	seen := make([]bool, j.n)
+	for c, ch := range res.Choices {
+		f := "choices[" + strconv.Itoa(c) + "]."
+		if ch.Index == nil || *ch.Index < 0 || *ch.Index >= j.n || seen[*ch.Index] {
+			return nil, bad(f+"index", "missing, out of [0, %d) or repeated", j.n)
+		}
+		k := *ch.Index
+		seen[k] = true
+		lp := ch.Logprobs
+		if lp == nil {
+			return nil, bad(f+"logprobs", "missing")
+		}
+		raw := make([]int64, len(lp.Tokens))
+		for t, tok := range lp.Tokens {
+			id, err := strconv.ParseInt(strings.TrimPrefix(tok, "token_id:"), 10, 64)
+			if err != nil || !strings.HasPrefix(tok, "token_id:") {
+				return nil, bad(f+"logprobs.tokens", "entry %d, %q: want \"token_id:N\" (return_tokens_as_token_ids)", t, tok)
+			}
+			raw[t] = id
+		}
+		if ch.TokenIDs != nil && !slices.Equal(ch.TokenIDs, raw) {
+			return nil, bad(f+"token_ids", "differ from logprobs.tokens")
+		}
+		ids, err := r.outputIDs(raw, j, f+"logprobs.tokens", bad)
+		if err != nil {
+			return nil, err
+		}
+		if len(lp.TokenLogprobs) != len(ids) {
+			return nil, bad(f+"logprobs.token_logprobs", "%d entries for %d tokens", len(lp.TokenLogprobs), len(ids))
+		}
+		vals := make([]float32, len(ids))
+		for t, e := range lp.TokenLogprobs {
+			if vals[t], err = parseLogProb(e); err != nil {
+				return nil, bad(f+"logprobs.token_logprobs", "entry %d: %v", t, err)
+			}
+		}
+		smp := rollout.Sample{Tokens: ids, LogProbs: vals, Version: j.version}
+		if truncated(&j.sp) {
+			smp.TruncLogProbs = vals
+		}
+		if ch.FinishReason == nil {
+			return nil, bad(f+"finish_reason", "missing: the request did not finish")
+		}
+		switch *ch.FinishReason {
+		case "stop", "length":
+			smp.Finish = *ch.FinishReason
+		case "abort":
+			err := bad(f+"finish_reason", "aborted").(*ServerError)
+			err.Transient = true
+			return nil, err
+		default:
+			return nil, bad(f+"finish_reason", "unknown %q", *ch.FinishReason)
+		}
+		samples[k] = smp
+	}
+	return samples, nil
+}
+
+// vllmPush has a vLLM server (VLLM_SERVER_DEV_MODE=1) load dir: pause,
+// point the workers' model_config at dir and reload the weights from it
+// (collective_rpc update_config, reload_weights), drop the prefix cache,
+// resume (even after a failure, so the server is not left paused).
+func (r *RemoteSampler) vllmPush(ctx context.Context, s *server, dir string) error {
+	if _, err := r.do(ctx, s, http.MethodPost, "/pause", nil); err != nil {
+		return err
+	}
+	var err error
+	steps := []struct {
+		path string
+		body any
+	}{
+		{"/collective_rpc", map[string]any{"method": "update_config", "args": []any{map[string]any{"model_config": map[string]any{"model": dir}}}}},
+		{"/collective_rpc", map[string]any{"method": "reload_weights"}},
+		{"/reset_prefix_cache", nil},
+	}
+	for _, st := range steps {
+		if _, err = r.do(ctx, s, http.MethodPost, st.path, st.body); err != nil {
+			break
+		}
+	}
+	_, rerr := r.do(ctx, s, http.MethodPost, "/resume", nil)
+	if err != nil {
+		return err
+	}
+	return rerr
+}
