@@ -32,7 +32,8 @@ type Options struct {
 
 // Engine is the rollout engine: a private copy of the weights in its
 // precision, a KV cache for Slots sequences and the buffers of one forward
-// step, all allocated by New. It is not safe for concurrent use.
+// step, all allocated by New. It is not safe for concurrent use (a
+// Scheduler serves concurrent requests on one).
 type Engine struct {
 	cfg     model.Config
 	opt     Options
@@ -63,10 +64,10 @@ type Engine struct {
 	gu, a                      []float32   // dense MLP
 	moe                        moeBuffers
 	// Output rows: the step rows whose next-token distribution is wanted
-	// (at most one per slot).
-	outRow []int32
-	xo, lp []float32 // [outs, H] normed inputs of the head, [outs, V] log-probs
-	temp   float32
+	// (at most one per slot), each at its own sequence's temperature.
+	outRow  []int32
+	outTemp []float32
+	xo, lp  []float32 // [outs, H] normed inputs of the head, [outs, V] log-probs
 
 	// routes[ml][r*k:] are the experts of step row r in MoE layer ml.
 	routes [][]int32
@@ -238,11 +239,23 @@ func (e *Engine) Version() int64 { return e.version }
 // version, which every later sample carries. m must have the engine's
 // configuration.
 func (e *Engine) UpdateWeights(m *model.Model, version int64) error {
-	if !reflect.DeepEqual(m.Config, e.cfg) {
-		return errors.New("rollout: UpdateWeights: the model's configuration differs from the engine's")
+	if err := e.checkModel(m); err != nil {
+		return err
 	}
 	e.w.load(m, e.opt.Precision)
 	e.version = version
+	return nil
+}
+
+// checkModel refuses a model UpdateWeights cannot load. It reads only what
+// New set, so any goroutine may call it.
+func (e *Engine) checkModel(m *model.Model) error {
+	if m == nil {
+		return errors.New("rollout: UpdateWeights: no model")
+	}
+	if !reflect.DeepEqual(m.Config, e.cfg) {
+		return errors.New("rollout: UpdateWeights: the model's configuration differs from the engine's")
+	}
 	return nil
 }
 
@@ -298,7 +311,7 @@ func (e *Engine) alloc() {
 	// row that completes its prompt): the head's buffers are sized by
 	// slots, not step rows, which matters with a real vocabulary
 	// (151,936 log-probs per row).
-	e.outRow = make([]int32, 0, S)
+	e.outRow, e.outTemp = make([]int32, 0, S), make([]float32, 0, S)
 	e.xo, e.lp = f(S*e.hid), f(S*e.vocab)
 }
 
@@ -337,9 +350,10 @@ func (e *Engine) partRows(w, lo, hi int) {
 
 // forward runs the e.rows rows set up in slot, pos and tok through the
 // model: their keys and values go into the cache at (slot, pos), and the
-// log-softmax at temperature e.temp of the rows listed in outRow is left
-// in lp. Rows of one slot must be in increasing position, and every
-// position below a row's must already be cached or in this step.
+// log-softmax of the rows listed in outRow, each at its temperature in
+// outTemp, is left in lp. Rows of one slot must be in increasing
+// position, and every position below a row's must already be cached or
+// in this step.
 func (e *Engine) forward() {
 	R := e.rows
 	e.pool.Run(R, e.fnEmbed)
@@ -765,14 +779,14 @@ func (e *Engine) finalRows(_, lo, hi int) {
 	}
 }
 
-// headSoftmaxRows turns logits into log-probabilities at the temperature
-// (logits divided by it first, unless it is 1 or 0: greedy decoding
-// reports the untempered distribution).
+// headSoftmaxRows turns logits into log-probabilities at each output
+// row's temperature (logits divided by it first, unless it is 1 or 0:
+// greedy decoding reports the untempered distribution).
 func (e *Engine) headSoftmaxRows(_, lo, hi int) {
 	V := e.vocab
 	for o := lo; o < hi; o++ {
 		z := e.lp[o*V : (o+1)*V]
-		if t := e.temp; t != 1 && t != 0 {
+		if t := e.outTemp[o]; t != 1 && t != 0 {
 			for i := range z {
 				z[i] /= t
 			}

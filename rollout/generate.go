@@ -10,7 +10,8 @@ import (
 	"github.com/keel-rl/keel/model"
 )
 
-// Sampling holds the settings of Generate.
+// Sampling holds the settings of Generate (for all its sequences) and of
+// a Scheduler's Request (for its own).
 type Sampling struct {
 	// Temperature divides the logits before the softmax; 0 is greedy
 	// decoding (the most probable token, lowest id on ties).
@@ -37,7 +38,7 @@ func (s *Sampling) truncated() bool {
 
 // Sample is one generated response.
 type Sample struct {
-	Prompt int     // index of the prompt in Generate's input
+	Prompt int     // index of the prompt in Generate's input (0 for a Request)
 	Index  int     // sample number within the prompt, 0..n-1
 	Tokens []int32 // the response (a stop token included)
 	// LogProbs[t] is log mu(Tokens[t]): the log-probability under the full
@@ -66,12 +67,13 @@ type Sample struct {
 }
 
 // slotState is one slot's sequence; its buffers are allocated once, with
-// the engine, and reused by every Generate.
+// the engine, and reused by every Generate (and every Request).
 type slotState struct {
 	active       bool
-	tail         bool // finished; its last token's routes are computed next step
-	waiting      bool // for another slot to finish computing the shared prompt
-	prompt, idx  int
+	tail         bool   // finished; its last token's routes are computed next step
+	waiting      bool   // for another slot to finish computing the shared prompt
+	grp          *group // the prompt (and settings) the sequence samples
+	idx          int    // its sample number within grp
 	promptLen    int
 	cached       int     // positions already in the KV cache
 	seq          []int32 // prompt, then response
@@ -85,11 +87,11 @@ type slotState struct {
 	sampLP, sTLP float32
 }
 
-// genState is what Generate works in, allocated with the engine: the
-// slots' sequences, log-probabilities and routes (MaxLen positions each)
-// and the samplers' scratch. With a real model's routes (hundreds of bytes
-// per position) this is large: allocating it per call would churn the
-// garbage collector every RL step.
+// genState is what Generate (or a Scheduler) works in, allocated with
+// the engine: the slots' sequences, log-probabilities and routes (MaxLen
+// positions each) and the samplers' scratch. With a real model's routes
+// (hundreds of bytes per position) this is large: allocating it per call
+// would churn the garbage collector every RL step.
 type genState struct {
 	slots []slotState
 	idBuf [][]int32   // per worker: candidate token ids for truncation
@@ -121,21 +123,58 @@ func (e *Engine) allocGen() {
 	}
 }
 
-// gen is the state of one Generate call.
+// gen drives the engine's slots: it admits the samples of queued groups as
+// slots free up, runs forward steps over every running sequence whatever
+// its group, and retires finished sequences into their groups. Generate
+// runs one over a fixed queue; a Scheduler keeps one for its lifetime and
+// queues requests as they arrive.
 type gen struct {
-	e          *Engine
-	sp         Sampling
-	prompts    [][]int32
-	n          int
-	next       int // next (prompt, sample) pair to admit, prompt-major
+	e *Engine
+	// queue holds the groups with samples not yet admitted, in order: only
+	// the head can have some of its samples admitted already.
+	queue      []*group
+	hold       bool // admit no sample of a group not yet started (a weight update waits)
 	slots      []slotState
-	out        []Sample
-	stop       [256]bool // stop tokens below 256, for a fast check
-	stopAll    []int32
+	out        []Sample    // Generate's samples, prompt-major (its groups' out point into it)
 	promptRows int         // prompt rows computed (the rest were shared)
+	sampled    int         // tokens sampled
 	idBuf      [][]int32   // per worker: candidate token ids for truncation
 	pBuf       [][]float32 // per worker: probabilities of one row
 	fnSamp     func(w, lo, hi int)
+}
+
+// group is the n samples of one prompt with one policy: a prompt of a
+// Generate call or a Scheduler's Request. The samples of a group share its
+// prompt's prefill; two groups never do, even on equal prompts.
+type group struct {
+	prompt  []int32
+	index   int // Sample.Prompt, and the prompt index of the random streams
+	n       int
+	pol     *policy
+	onToken func(index int, token int32, logProb, truncLogProb float32)
+	next    int      // samples admitted so far
+	left    int      // samples not finished
+	out     []Sample // by sample index
+}
+
+// policy is a group's sampling settings, with the stop set laid out for
+// the per-token check. Groups of one Generate call share one.
+type policy struct {
+	sp      Sampling
+	stop    [256]bool // stop tokens below 256, for a fast check
+	stopAll []int32
+}
+
+func newPolicy(sp Sampling) *policy {
+	pl := &policy{sp: sp}
+	for _, t := range sp.Stop {
+		if t < 256 {
+			pl.stop[t] = true
+		} else {
+			pl.stopAll = append(pl.stopAll, t)
+		}
+	}
+	return pl
 }
 
 // Generate samples n responses for each prompt (token ids) with continuous
@@ -150,61 +189,81 @@ func (e *Engine) Generate(prompts [][]int32, n int, sp Sampling) ([]Sample, erro
 	for g.admit() {
 		g.step()
 	}
-	slices.SortFunc(g.out, func(a, b Sample) int {
-		if a.Prompt != b.Prompt {
-			return a.Prompt - b.Prompt
-		}
-		return a.Index - b.Index
-	})
 	return g.out, nil
 }
 
 func (e *Engine) newGen(prompts [][]int32, n int, sp Sampling) (*gen, error) {
-	if n < 1 {
-		return nil, fmt.Errorf("rollout: n = %d samples per prompt, want >= 1", n)
-	}
-	if sp.MaxNewTokens < 1 {
-		return nil, fmt.Errorf("rollout: max new tokens = %d, want >= 1", sp.MaxNewTokens)
-	}
-	if !(sp.Temperature >= 0) || math.IsInf(sp.Temperature, 0) {
-		return nil, fmt.Errorf("rollout: temperature %g, want a finite value >= 0", sp.Temperature)
-	}
-	if sp.TopK < 0 || !(sp.TopP >= 0 && sp.TopP <= 1) {
-		return nil, fmt.Errorf("rollout: top-k %d / top-p %g out of range (top-k >= 0, 0 <= top-p <= 1)", sp.TopK, sp.TopP)
+	if err := e.checkSampling(n, sp); err != nil {
+		return nil, err
 	}
 	for i, p := range prompts {
-		if len(p) == 0 {
-			return nil, fmt.Errorf("rollout: prompt %d is empty", i)
+		if err := e.checkPrompt(i, p); err != nil {
+			return nil, err
 		}
-		if len(p) >= e.opt.MaxLen {
-			return nil, fmt.Errorf("rollout: prompt %d has %d tokens; the engine holds sequences of at most %d (prompt and at least one new token)", i, len(p), e.opt.MaxLen)
-		}
-		for j, t := range p {
-			if t < 0 || int(t) >= e.vocab {
-				return nil, fmt.Errorf("rollout: prompt %d, token %d: id %d outside the vocabulary [0, %d)", i, j, t, e.vocab)
-			}
-		}
+	}
+	g := e.slotsGen()
+	pol := newPolicy(sp)
+	g.out = make([]Sample, len(prompts)*n)
+	groups := make([]group, len(prompts))
+	g.queue = make([]*group, len(prompts))
+	for i, p := range prompts {
+		groups[i] = group{prompt: p, index: i, n: n, pol: pol, left: n, out: g.out[i*n : (i+1)*n : (i+1)*n]}
+		g.queue[i] = &groups[i]
+	}
+	return g, nil
+}
+
+// checkSampling validates n samples per prompt with settings sp, for
+// Generate and for a Scheduler's Request.
+func (e *Engine) checkSampling(n int, sp Sampling) error {
+	if n < 1 {
+		return fmt.Errorf("rollout: n = %d samples per prompt, want >= 1", n)
+	}
+	if sp.MaxNewTokens < 1 {
+		return fmt.Errorf("rollout: max new tokens = %d, want >= 1", sp.MaxNewTokens)
+	}
+	if !(sp.Temperature >= 0) || math.IsInf(sp.Temperature, 0) {
+		return fmt.Errorf("rollout: temperature %g, want a finite value >= 0", sp.Temperature)
+	}
+	if sp.TopK < 0 || !(sp.TopP >= 0 && sp.TopP <= 1) {
+		return fmt.Errorf("rollout: top-k %d / top-p %g out of range (top-k >= 0, 0 <= top-p <= 1)", sp.TopK, sp.TopP)
 	}
 	for _, t := range sp.Stop {
 		if t < 0 || int(t) >= e.vocab {
-			return nil, fmt.Errorf("rollout: stop token %d outside the vocabulary [0, %d)", t, e.vocab)
+			return fmt.Errorf("rollout: stop token %d outside the vocabulary [0, %d)", t, e.vocab)
 		}
 	}
-	g := &gen{e: e, sp: sp, prompts: prompts, n: n, out: make([]Sample, 0, len(prompts)*n)}
-	for _, t := range sp.Stop {
-		if t < 256 {
-			g.stop[t] = true
-		} else {
-			g.stopAll = append(g.stopAll, t)
+	return nil
+}
+
+// checkPrompt validates prompt i: non-empty, ids in the vocabulary, room
+// for at least one new token. It reads only what New set, so any
+// goroutine may call it.
+func (e *Engine) checkPrompt(i int, p []int32) error {
+	if len(p) == 0 {
+		return fmt.Errorf("rollout: prompt %d is empty", i)
+	}
+	if len(p) >= e.opt.MaxLen {
+		return fmt.Errorf("rollout: prompt %d has %d tokens; the engine holds sequences of at most %d (prompt and at least one new token)", i, len(p), e.opt.MaxLen)
+	}
+	for j, t := range p {
+		if t < 0 || int(t) >= e.vocab {
+			return fmt.Errorf("rollout: prompt %d, token %d: id %d outside the vocabulary [0, %d)", i, j, t, e.vocab)
 		}
 	}
-	g.slots, g.idBuf, g.pBuf = e.gs.slots, e.gs.idBuf, e.gs.pBuf
+	return nil
+}
+
+// slotsGen returns a gen over the engine's slots, all free, with an empty
+// queue.
+func (e *Engine) slotsGen() *gen {
+	g := &gen{e: e, slots: e.gs.slots, idBuf: e.gs.idBuf, pBuf: e.gs.pBuf}
 	for i := range g.slots {
 		s := &g.slots[i]
-		s.active, s.tail, s.waiting = false, false, false
+		s.active, s.tail, s.waiting, s.grp = false, false, false, nil
 	}
 	g.fnSamp = g.sampleRows
-	return g, nil
+	return g
 }
 
 // splitmix64 scrambles seeds into well-separated stream keys.
@@ -216,23 +275,72 @@ func splitmix64(x uint64) uint64 {
 }
 
 // admit fills free slots from the queue and reports whether any slot is
-// active.
+// active. Sample j of a group draws from the random stream of (its
+// policy's seed, the group's prompt index, j), whatever slot it gets.
 func (g *gen) admit() bool {
 	any := false
 	for i := range g.slots {
 		s := &g.slots[i]
-		if !s.active && g.next < len(g.prompts)*g.n {
-			p, j := g.next/g.n, g.next%g.n
-			g.next++
-			*s = slotState{active: true, prompt: p, idx: j, promptLen: len(g.prompts[p]),
-				seq: append(s.seq[:0], g.prompts[p]...), lp: s.lp[:0], tlp: s.tlp[:0],
+		if !s.active && g.admissible() {
+			q := g.queue[0]
+			j := q.next
+			q.next++
+			if q.next == q.n {
+				g.queue[0] = nil
+				g.queue = g.queue[1:]
+			}
+			*s = slotState{active: true, grp: q, idx: j, promptLen: len(q.prompt),
+				seq: append(s.seq[:0], q.prompt...), lp: s.lp[:0], tlp: s.tlp[:0],
 				routes: s.routes, routes16: s.routes16}
-			s.rng.Seed(splitmix64(g.sp.Seed^splitmix64(uint64(p))), splitmix64(uint64(j)+0x632be59bd9b4e019))
+			s.rng.Seed(splitmix64(q.pol.sp.Seed^splitmix64(uint64(q.index))), splitmix64(uint64(j)+0x632be59bd9b4e019))
 			g.takePrompt(i)
 		}
 		any = any || s.active
 	}
 	return any
+}
+
+// admissible reports whether the queue has a sample that admit may start.
+func (g *gen) admissible() bool {
+	return len(g.queue) > 0 && !(g.hold && g.queue[0].next == 0)
+}
+
+// busy reports whether a step has work: a running sequence, or one admit
+// may start.
+func (g *gen) busy() bool {
+	return g.admissible() || g.running() > 0
+}
+
+// running returns the number of active slots.
+func (g *gen) running() int {
+	n := 0
+	for i := range g.slots {
+		if g.slots[i].active {
+			n++
+		}
+	}
+	return n
+}
+
+// drained reports whether no sequence is running and no group has started
+// (the queue's head has no sample admitted): no sample is in flight.
+func (g *gen) drained() bool {
+	return g.running() == 0 && (len(g.queue) == 0 || g.queue[0].next == 0)
+}
+
+// drop ends group q where it stands: its running sequences are freed
+// (their slots are admitted into at the next step) and its samples not yet
+// admitted never will be. Only q's slots are touched: no other group
+// shares its prompt.
+func (g *gen) drop(q *group) {
+	for i := range g.slots {
+		if s := &g.slots[i]; s.active && s.grp == q {
+			s.active, s.tail, s.waiting, s.grp = false, false, false, nil
+		}
+	}
+	if i := slices.Index(g.queue, q); i >= 0 {
+		g.queue = slices.Delete(g.queue, i, i+1)
+	}
 }
 
 // Prompt sharing. The n samples of a prompt start from the same keys and
@@ -268,7 +376,7 @@ func (g *gen) donor(i int) (d int, pending bool) {
 	s := &g.slots[i]
 	for j := range g.slots {
 		t := &g.slots[j]
-		if j == i || !t.active || t.waiting || t.prompt != s.prompt {
+		if j == i || !t.active || t.waiting || t.grp != s.grp {
 			continue
 		}
 		if t.cached >= s.promptLen-1 {
@@ -307,13 +415,12 @@ func (g *gen) share(i, d int) {
 
 // step runs one forward step over every active slot (one decode row each,
 // then prompt rows to prefill within the step's row budget), samples the
-// next token of every slot whose distribution it produced, and retires
-// finished sequences.
+// next token of every slot whose distribution it produced, each with its
+// group's settings, and retires finished sequences.
 func (g *gen) step() {
 	e := g.e
 	e.rows = 0
-	e.outRow = e.outRow[:0]
-	e.temp = float32(g.sp.Temperature)
+	e.outRow, e.outTemp = e.outRow[:0], e.outTemp[:0]
 	add := func(slot, pos int, tok int32) {
 		e.slot[e.rows], e.pos[e.rows], e.tok[e.rows] = int32(slot), int32(pos), tok
 		e.rows++
@@ -324,8 +431,7 @@ func (g *gen) step() {
 		if s.active && s.cached >= s.promptLen { // decoding, or the tail row
 			add(i, s.cached, s.seq[s.cached])
 			if !s.tail {
-				s.outIdx = len(e.outRow)
-				e.outRow = append(e.outRow, int32(e.rows-1))
+				g.output(s)
 			}
 		}
 	}
@@ -340,8 +446,7 @@ func (g *gen) step() {
 			add(i, p, s.seq[p])
 		}
 		if s.cached+chunk == s.promptLen {
-			s.outIdx = len(e.outRow)
-			e.outRow = append(e.outRow, int32(e.rows-1))
+			g.output(s)
 		}
 	}
 	e.forward()
@@ -371,15 +476,22 @@ func (g *gen) step() {
 		if !s.active || s.outIdx < 0 {
 			continue
 		}
+		pol := s.grp.pol
 		s.seq = append(s.seq, s.sampled)
 		s.lp = append(s.lp, s.sampLP)
-		if g.sp.truncated() {
+		var tlp float32
+		if pol.sp.truncated() {
 			s.tlp = append(s.tlp, s.sTLP)
+			tlp = s.sTLP
+		}
+		g.sampled++
+		if f := s.grp.onToken; f != nil {
+			f(s.idx, s.sampled, s.sampLP, tlp)
 		}
 		switch {
-		case g.isStop(s.sampled):
+		case pol.isStop(s.sampled):
 			s.finish = "stop"
-		case len(s.seq)-s.promptLen >= g.sp.MaxNewTokens || len(s.seq) >= e.opt.MaxLen:
+		case len(s.seq)-s.promptLen >= pol.sp.MaxNewTokens || len(s.seq) >= e.opt.MaxLen:
 			s.finish = "length"
 		default:
 			continue
@@ -392,11 +504,20 @@ func (g *gen) step() {
 	}
 }
 
-func (g *gen) isStop(t int32) bool {
+// output makes the step's last row slot s's output row, to be tempered
+// at its group's temperature.
+func (g *gen) output(s *slotState) {
+	e := g.e
+	s.outIdx = len(e.outRow)
+	e.outRow = append(e.outRow, int32(e.rows-1))
+	e.outTemp = append(e.outTemp, float32(s.grp.pol.sp.Temperature))
+}
+
+func (pl *policy) isStop(t int32) bool {
 	if t < 256 {
-		return g.stop[t]
+		return pl.stop[t]
 	}
-	return slices.Contains(g.stopAll, t)
+	return slices.Contains(pl.stopAll, t)
 }
 
 // recordRoutes copies the step's routes into the slots' route buffers.
@@ -423,15 +544,17 @@ func (g *gen) recordRoutes() {
 	}
 }
 
-// retire turns a finished slot into a Sample and frees the slot.
+// retire turns a finished slot into its group's Sample and frees the
+// slot.
 func (g *gen) retire(s *slotState) {
 	e := g.e
+	q := s.grp
 	smp := Sample{
-		Prompt: s.prompt, Index: s.idx, Finish: s.finish, Version: e.version,
+		Prompt: q.index, Index: s.idx, Finish: s.finish, Version: e.version,
 		Tokens:   slices.Clone(s.seq[s.promptLen:]),
 		LogProbs: slices.Clone(s.lp),
 	}
-	if g.sp.truncated() {
+	if q.pol.sp.truncated() {
 		smp.TruncLogProbs = slices.Clone(s.tlp)
 	}
 	if nl := len(e.moeLayers); nl > 0 {
@@ -444,8 +567,9 @@ func (g *gen) retire(s *slotState) {
 		}
 		smp.Routes = r
 	}
-	g.out = append(g.out, smp)
-	s.active, s.tail = false, false
+	q.out[s.idx] = smp
+	q.left--
+	s.active, s.tail, s.grp = false, false, nil
 }
 
 // sampleRows draws the next token of output rows lo..hi-1.
@@ -454,7 +578,7 @@ func (g *gen) sampleRows(w, lo, hi int) {
 	for o := lo; o < hi; o++ {
 		s := &g.slots[e.slot[e.outRow[o]]]
 		z := e.lp[o*e.vocab : (o+1)*e.vocab]
-		s.sampled, s.sampLP, s.sTLP = g.sampleOne(z, &s.rng, g.idBuf[w], g.pBuf[w])
+		s.sampled, s.sampLP, s.sTLP = s.grp.pol.sampleOne(z, &s.rng, g.idBuf[w], g.pBuf[w])
 	}
 }
 
@@ -467,8 +591,8 @@ func (g *gen) sampleRows(w, lo, hi int) {
 // float64 sum of p = exp(z) in token order (drawFull; in descending
 // probability over the kept set under truncation), scaled by the total, so
 // that the few ulps by which Σ exp(z) misses 1 never bias the last token.
-func (g *gen) sampleOne(z []float32, rng *rand.PCG, ids []int32, p []float32) (int32, float32, float32) {
-	if g.sp.Temperature == 0 {
+func (pl *policy) sampleOne(z []float32, rng *rand.PCG, ids []int32, p []float32) (int32, float32, float32) {
+	if pl.sp.Temperature == 0 {
 		best := 0
 		for i, v := range z {
 			if v > z[best] {
@@ -479,12 +603,12 @@ func (g *gen) sampleOne(z []float32, rng *rand.PCG, ids []int32, p []float32) (i
 	}
 	u := float64(rng.Uint64()>>11) * 0x1p-53
 	p = p[:len(z)]
-	if !g.sp.truncated() {
+	if !pl.sp.truncated() {
 		i := drawFull(z, p, u)
 		return int32(i), z[i], z[i]
 	}
 	kernels.Exp(p, z)
-	cand := g.candidates(z, p, ids)
+	cand := pl.candidates(z, p, ids)
 	var kept float64
 	for _, id := range cand {
 		kept += float64(p[id])
@@ -559,9 +683,9 @@ func drawFull(z, p []float32, u float64) int {
 // candidates returns the truncated set in descending probability (ties:
 // lower id first): the top-k, then cut to the smallest prefix whose
 // probability (p = exp(z)) reaches top-p.
-func (g *gen) candidates(z, p []float32, buf []int32) []int32 {
+func (pl *policy) candidates(z, p []float32, buf []int32) []int32 {
 	var cand []int32
-	if k := g.sp.TopK; k > 0 && k < len(z) {
+	if k := pl.sp.TopK; k > 0 && k < len(z) {
 		// Insertion into a sorted prefix of k: cheap for the small k used.
 		cand = buf[:0]
 		for i := range z {
@@ -585,7 +709,7 @@ func (g *gen) candidates(z, p []float32, buf []int32) []int32 {
 		}
 		sortByProb(cand, z)
 	}
-	if tp := g.sp.TopP; tp > 0 && tp < 1 {
+	if tp := pl.sp.TopP; tp > 0 && tp < 1 {
 		var cum float64
 		for i, id := range cand {
 			cum += float64(p[id])

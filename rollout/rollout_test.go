@@ -311,7 +311,7 @@ func TestTruncation(t *testing.T) {
 		{0, 0.99, []int32{1, 3, 4, 0, 2}},
 	}
 	for _, c := range cases {
-		g := &gen{sp: Sampling{Temperature: 1, TopK: c.topK, TopP: c.topP}}
+		g := &policy{sp: Sampling{Temperature: 1, TopK: c.topK, TopP: c.topP}}
 		got := g.candidates(z, pb, buf)
 		if len(got) != len(c.want) {
 			t.Fatalf("top-k %d top-p %v: %v, want %v", c.topK, c.topP, got, c.want)
@@ -324,7 +324,7 @@ func TestTruncation(t *testing.T) {
 	}
 	// Top-2 keeps tokens 1 and 3 (mass 0.7): the truncated log-probability
 	// of token 3 is log(0.3/0.7), its full one log 0.3.
-	g := &gen{sp: Sampling{Temperature: 1, TopK: 2}}
+	g := &policy{sp: Sampling{Temperature: 1, TopK: 2}}
 	var rng rand.PCG
 	counts := map[int32]int{}
 	for i := 0; i < 2000; i++ {
@@ -379,7 +379,7 @@ func TestSampleFullDistribution(t *testing.T) {
 	for i, v := range p {
 		z[i] = float32(math.Log(v))
 	}
-	g := &gen{sp: Sampling{Temperature: 1}}
+	g := &policy{sp: Sampling{Temperature: 1}}
 	rng := rand.NewPCG(1, 2)
 	buf := make([]float32, len(z))
 	counts := make([]int, len(p))
@@ -402,7 +402,7 @@ func TestSampleFullDistribution(t *testing.T) {
 // Stop tokens at any id end a response, those above 255 included (they
 // take the slower path).
 func TestStopTokenSet(t *testing.T) {
-	g := &gen{}
+	g := &policy{}
 	for _, id := range []int32{5, 280, 0} {
 		if id < 256 {
 			g.stop[id] = true
