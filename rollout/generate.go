@@ -25,6 +25,11 @@ type Sampling struct {
 	MaxNewTokens int
 	// Stop tokens end a response; the stop token is part of it.
 	Stop []int32
+	// TopLogProbs > 0 also reports, at every position, the TopLogProbs most
+	// probable tokens with their log-probabilities under the full softmax
+	// at the sampling temperature (Sample.TopLogProbs): what OpenAI's
+	// logprobs / top_logprobs answer. At most MaxTopLogProbs.
+	TopLogProbs int
 	// Seed fixes the samples: sequence (prompt i, sample j) draws from its
 	// own random stream derived from (Seed, i, j), so results do not depend
 	// on the slot count or on which sequences share a batch.
@@ -55,6 +60,10 @@ type Sample struct {
 	// IS weights when truncation is on (the behaviour policy is the
 	// truncated one); the gap to LogProbs measures what truncation does.
 	TruncLogProbs []float32
+	// TopLogProbs[t] are the Sampling.TopLogProbs most probable tokens at
+	// response position t, most probable first (ties: lower id first);
+	// nil unless asked for.
+	TopLogProbs [][]TokenLogProb
 	// Routes are the experts chosen at every position of prompt and
 	// response (MoE models only; nil for dense ones), compactly (8-bit ids
 	// for models of at most 256 experts, else 16-bit).
@@ -64,6 +73,26 @@ type Sample struct {
 	Finish string
 	// Version is the weight version that generated the sample.
 	Version int64
+}
+
+// MaxTopLogProbs bounds Sampling.TopLogProbs (OpenAI's limit).
+const MaxTopLogProbs = 20
+
+// TokenLogProb is a token and its log-probability.
+type TokenLogProb struct {
+	Token   int32
+	LogProb float32
+}
+
+// Token is one sampled token as a Request's OnToken hears of it: the
+// token, its LogProbs and TruncLogProbs entries (0 when truncation is
+// off) and, when asked for, its position's most probable tokens (valid
+// during the call only: copy them to keep them).
+type Token struct {
+	ID           int32
+	LogProb      float32
+	TruncLogProb float32
+	Top          []TokenLogProb
 }
 
 // slotState is one slot's sequence; its buffers are allocated once, with
@@ -85,6 +114,8 @@ type slotState struct {
 	outIdx       int // this step's output row, or -1
 	sampled      int32
 	sampLP, sTLP float32
+	top          []TokenLogProb // TopLogProbs per response position, flat
+	stepTop      [MaxTopLogProbs]TokenLogProb
 }
 
 // genState is what Generate (or a Scheduler) works in, allocated with
@@ -151,7 +182,7 @@ type group struct {
 	index   int // Sample.Prompt, and the prompt index of the random streams
 	n       int
 	pol     *policy
-	onToken func(index int, token int32, logProb, truncLogProb float32)
+	onToken func(index int, t Token)
 	next    int      // samples admitted so far
 	left    int      // samples not finished
 	out     []Sample // by sample index
@@ -228,6 +259,9 @@ func (e *Engine) checkSampling(n int, sp Sampling) error {
 	if sp.TopK < 0 || !(sp.TopP >= 0 && sp.TopP <= 1) {
 		return fmt.Errorf("rollout: top-k %d / top-p %g out of range (top-k >= 0, 0 <= top-p <= 1)", sp.TopK, sp.TopP)
 	}
+	if sp.TopLogProbs < 0 || sp.TopLogProbs > MaxTopLogProbs || sp.TopLogProbs > e.vocab {
+		return fmt.Errorf("rollout: top log-probs %d, want 0 to %d", sp.TopLogProbs, min(MaxTopLogProbs, e.vocab))
+	}
 	for _, t := range sp.Stop {
 		if t < 0 || int(t) >= e.vocab {
 			return fmt.Errorf("rollout: stop token %d outside the vocabulary [0, %d)", t, e.vocab)
@@ -290,7 +324,7 @@ func (g *gen) admit() bool {
 				g.queue = g.queue[1:]
 			}
 			*s = slotState{active: true, grp: q, idx: j, promptLen: len(q.prompt),
-				seq: append(s.seq[:0], q.prompt...), lp: s.lp[:0], tlp: s.tlp[:0],
+				seq: append(s.seq[:0], q.prompt...), lp: s.lp[:0], tlp: s.tlp[:0], top: s.top[:0],
 				routes: s.routes, routes16: s.routes16}
 			s.rng.Seed(splitmix64(q.pol.sp.Seed^splitmix64(uint64(q.index))), splitmix64(uint64(j)+0x632be59bd9b4e019))
 			g.takePrompt(i)
@@ -484,9 +518,14 @@ func (g *gen) step() {
 			s.tlp = append(s.tlp, s.sTLP)
 			tlp = s.sTLP
 		}
+		var top []TokenLogProb
+		if n := pol.sp.TopLogProbs; n > 0 {
+			s.top = append(s.top, s.stepTop[:n]...)
+			top = s.top[len(s.top)-n:]
+		}
 		g.sampled++
 		if f := s.grp.onToken; f != nil {
-			f(s.idx, s.sampled, s.sampLP, tlp)
+			f(s.idx, Token{ID: s.sampled, LogProb: s.sampLP, TruncLogProb: tlp, Top: top})
 		}
 		switch {
 		case pol.isStop(s.sampled):
@@ -557,6 +596,13 @@ func (g *gen) retire(s *slotState) {
 	if q.pol.sp.truncated() {
 		smp.TruncLogProbs = slices.Clone(s.tlp)
 	}
+	if n := q.pol.sp.TopLogProbs; n > 0 {
+		flat := slices.Clone(s.top)
+		smp.TopLogProbs = make([][]TokenLogProb, len(flat)/n)
+		for t := range smp.TopLogProbs {
+			smp.TopLogProbs[t] = flat[t*n : (t+1)*n : (t+1)*n]
+		}
+	}
 	if nl := len(e.moeLayers); nl > 0 {
 		k := e.cfg.NumExpertsPerTok
 		r := &model.Routes{Tokens: len(s.seq), Layers: nl, K: k, Experts: e.cfg.NumExperts}
@@ -579,6 +625,30 @@ func (g *gen) sampleRows(w, lo, hi int) {
 		s := &g.slots[e.slot[e.outRow[o]]]
 		z := e.lp[o*e.vocab : (o+1)*e.vocab]
 		s.sampled, s.sampLP, s.sTLP = s.grp.pol.sampleOne(z, &s.rng, g.idBuf[w], g.pBuf[w])
+		if n := s.grp.pol.sp.TopLogProbs; n > 0 {
+			topTokens(s.stepTop[:n], z)
+		}
+	}
+}
+
+// topTokens fills top with the len(top) largest entries of z, largest
+// first, the lower id first among equal values: one pass with an
+// insertion into a short sorted list.
+func topTokens(top []TokenLogProb, z []float32) {
+	n := 0
+	for i, v := range z {
+		if n == len(top) && !(v > top[n-1].LogProb) {
+			continue
+		}
+		j := min(n, len(top)-1)
+		for j > 0 && v > top[j-1].LogProb {
+			top[j] = top[j-1]
+			j--
+		}
+		top[j] = TokenLogProb{Token: int32(i), LogProb: v}
+		if n < len(top) {
+			n++
+		}
 	}
 }
 

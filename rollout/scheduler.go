@@ -19,12 +19,12 @@ type Request struct {
 	// gives, whatever it shares the engine with.
 	Sampling Sampling
 	// OnToken, if non-nil, is called on the scheduler's goroutine after each
-	// token is sampled for sample `index` (0..N-1), with the token and its
-	// LogProbs entry (and TruncLogProbs entry, 0 when truncation is off).
+	// token is sampled for sample `index` (0..N-1), with the token, its
+	// LogProbs and TruncLogProbs entries and its top alternatives.
 	// It must return quickly (it runs inside the decode loop) and must not
 	// call the Scheduler's blocking methods (Do, Pause, UpdateWeights,
 	// Close), which wait for that loop. It is not called after Do returns.
-	OnToken func(index int, token int32, logProb, truncLogProb float32)
+	OnToken func(index int, t Token)
 }
 
 // SchedulerStats is a snapshot of a Scheduler for metrics.

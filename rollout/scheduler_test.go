@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -146,8 +147,8 @@ func serve(t *testing.T, s *Scheduler, reqs []Request) ([][]Sample, int) {
 	for i := range reqs {
 		streams[i] = newStreamed(reqs[i].N)
 		st, first := streams[i], true
-		reqs[i].OnToken = func(j int, tok int32, lp, tlp float32) {
-			st.onToken(j, tok, lp, tlp)
+		reqs[i].OnToken = func(j int, tk Token) {
+			st.onToken(j, tk.ID, tk.LogProb, tk.TruncLogProb)
 			// OnToken runs inside the step: the engine's output rows are
 			// this step's.
 			if e := s.e; slices.Min(e.outTemp) != slices.Max(e.outTemp) && lastMixed != s.stats.Steps {
@@ -257,8 +258,8 @@ func TestSchedulerCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	st := newStreamed(2)
 	reached, release := make(chan struct{}), make(chan struct{})
-	long.OnToken = func(i int, tok int32, lp, tlp float32) {
-		st.onToken(i, tok, lp, tlp)
+	long.OnToken = func(i int, tk Token) {
+		st.onToken(i, tk.ID, tk.LogProb, tk.TruncLogProb)
 		if i == 0 && len(st.tok[0]) == 3 {
 			close(reached)
 			<-release
@@ -352,7 +353,7 @@ func TestSchedulerPause(t *testing.T) {
 	// sampled in holds until Pause has been called).
 	third, paused := make(chan struct{}), make(chan struct{})
 	n := 0
-	reqs[0].OnToken = func(i int, _ int32, _, _ float32) {
+	reqs[0].OnToken = func(i int, _ Token) {
 		if n++; n == 3 {
 			close(third)
 			<-paused
@@ -414,7 +415,7 @@ func TestSchedulerUpdateWeights(t *testing.T) {
 		var gotB []Sample
 		var wg sync.WaitGroup
 		first := true
-		a.OnToken = func(int, int32, float32, float32) {
+		a.OnToken = func(int, Token) {
 			if !first {
 				return
 			}
@@ -552,7 +553,7 @@ func TestSchedulerBadRequests(t *testing.T) {
 	var err error
 	var wg sync.WaitGroup
 	started, first := make(chan struct{}), true
-	good.OnToken = func(i int, _ int32, _, _ float32) {
+	good.OnToken = func(i int, _ Token) {
 		if first {
 			first = false
 			close(started)
@@ -641,5 +642,65 @@ func TestSchedulerCloseAndIdle(t *testing.T) {
 	// The engine is the caller's again.
 	if _, err := e.Generate([][]int32{r.Prompt}, 1, r.Sampling); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// topTokens keeps the largest entries, largest first, lower ids first
+// among equals: against a full sort, with many ties.
+func TestTopTokens(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 8))
+	for trial := range 200 {
+		z := make([]float32, 1+r.IntN(60))
+		for i := range z {
+			z[i] = float32(r.IntN(12)) - 6 // ties
+		}
+		n := 1 + r.IntN(min(len(z), MaxTopLogProbs))
+		top := make([]TokenLogProb, n)
+		topTokens(top, z)
+		ids := make([]int, len(z))
+		for i := range ids {
+			ids[i] = i
+		}
+		sort.SliceStable(ids, func(a, b int) bool { return z[ids[a]] > z[ids[b]] })
+		for k := range n {
+			if top[k].Token != int32(ids[k]) || top[k].LogProb != z[ids[k]] {
+				t.Fatalf("trial %d: top %v, want ids %v of %v", trial, top, ids[:n], z)
+			}
+		}
+	}
+}
+
+// Asking for the top log-probs changes no sample; they are the most
+// probable tokens (greedy picks the first), and streamed ones match.
+func TestTopLogProbs(t *testing.T) {
+	m := randomModel(moeConfig(), 4)
+	prompts := testPrompts(rand.New(rand.NewPCG(1, 1)), 41, 3, 5)
+	for _, temp := range []float64{0, 0.9} {
+		sp := Sampling{Temperature: temp, MaxNewTokens: 10, Seed: 3}
+		plain := generate(t, m, Options{Slots: 4, MaxLen: 32}, nil, prompts, 2, sp)
+		sp.TopLogProbs = 4
+		with := generate(t, m, Options{Slots: 4, MaxLen: 32}, nil, prompts, 2, sp)
+		for i := range plain {
+			p, w := plain[i], with[i]
+			if !slices.Equal(p.Tokens, w.Tokens) || !slices.Equal(p.LogProbs, w.LogProbs) || p.TopLogProbs != nil {
+				t.Fatalf("T=%g sample %d: top log-probs changed the sample", temp, i)
+			}
+			if len(w.TopLogProbs) != len(w.Tokens) {
+				t.Fatalf("T=%g sample %d: %d top lists for %d tokens", temp, i, len(w.TopLogProbs), len(w.Tokens))
+			}
+			for j, top := range w.TopLogProbs {
+				if len(top) != 4 || top[0].LogProb < w.LogProbs[j] || !sort.SliceIsSorted(top, func(a, b int) bool { return top[a].LogProb > top[b].LogProb }) {
+					t.Fatalf("T=%g sample %d token %d: top %v, sampled %v", temp, i, j, top, w.LogProbs[j])
+				}
+				if temp == 0 && top[0].Token != w.Tokens[j] {
+					t.Fatalf("greedy sample %d token %d: %d, top %v", i, j, w.Tokens[j], top)
+				}
+			}
+		}
+	}
+	e, _ := New(m, Options{Slots: 4, MaxLen: 32})
+	defer e.Close()
+	if _, err := e.Generate(prompts, 1, Sampling{Temperature: 1, MaxNewTokens: 2, TopLogProbs: MaxTopLogProbs + 1}); err == nil {
+		t.Error("TopLogProbs beyond the maximum was accepted")
 	}
 }

@@ -1,0 +1,648 @@
+package serve
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/rollout"
+	"github.com/keel-rl/keel/tokenizer"
+	"github.com/keel-rl/keel/train"
+)
+
+const testMaxLen = 64
+
+func testModel(t *testing.T, seed uint64) *model.Model {
+	t.Helper()
+	cfg, err := model.Preset("tiny-moe", 128)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := model.New(cfg)
+	model.Init(m, seed)
+	return m
+}
+
+// testServer serves a random tiny MoE model in exact precision.
+type testServer struct {
+	*httptest.Server
+	m     *model.Model
+	srv   *Server
+	tok   *tokenizer.Tokenizer
+	sched *rollout.Scheduler
+}
+
+func newTestServer(t *testing.T, opt Options) *testServer {
+	t.Helper()
+	m := testModel(t, 1)
+	e, err := rollout.New(m, rollout.Options{Precision: rollout.Exact, Slots: 8, MaxLen: testMaxLen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sched := rollout.NewScheduler(e)
+	tok := tokenizer.NewChar()
+	if opt.Name == "" {
+		opt.Name = "tiny"
+	}
+	srv := New(sched, tok, m.Config, testMaxLen, opt)
+	ts := &testServer{Server: httptest.NewServer(srv.Handler()), m: m, srv: srv, tok: tok, sched: sched}
+	t.Cleanup(func() {
+		ts.Close()
+		srv.Close()
+		e.Close()
+	})
+	return ts
+}
+
+// post sends a JSON body and decodes the answer into out (when non-nil),
+// returning the status.
+func (ts *testServer) post(t *testing.T, path string, body any, out any) int {
+	t.Helper()
+	var b []byte
+	switch v := body.(type) {
+	case string:
+		b = []byte(v)
+	default:
+		b, _ = json.Marshal(v)
+	}
+	resp, err := http.Post(ts.URL+path, "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			t.Fatalf("%s: %v in %s", path, err, raw)
+		}
+	}
+	return resp.StatusCode
+}
+
+// reference samples prompt n times on a fresh engine of m, as a request
+// with this seed must give.
+func reference(t *testing.T, m *model.Model, prompt []int32, n int, sp rollout.Sampling) []rollout.Sample {
+	t.Helper()
+	e, err := rollout.New(m, rollout.Options{Precision: rollout.Exact, Slots: 8, MaxLen: testMaxLen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	out, err := e.Generate([][]int32{prompt}, n, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+type sglTestAnswer struct {
+	Text      string  `json:"text"`
+	OutputIDs []int32 `json:"output_ids"`
+	MetaInfo  struct {
+		FinishReason        map[string]any `json:"finish_reason"`
+		PromptTokens        int            `json:"prompt_tokens"`
+		CompletionTokens    int            `json:"completion_tokens"`
+		WeightVersion       string         `json:"weight_version"`
+		OutputTokenLogprobs [][3]any       `json:"output_token_logprobs"`
+		RoutedExperts       string         `json:"routed_experts"`
+	} `json:"meta_info"`
+}
+
+// /generate answers with exactly the engine's samples: tokens, log-probs
+// (as float32), routes of every position, finish reasons and version,
+// whether one request or sixteen concurrent ones arrive.
+func TestGenerateMatchesEngine(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	stops := ts.srv.stops
+	var wg sync.WaitGroup
+	for c := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			prompt := []int32{1, 5 + int32(c), 40, 41, 42, 4}
+			seed := uint64(100 + c)
+			temp := 0.7 + 0.1*float64(c%4)
+			var got []sglTestAnswer
+			code := ts.post(t, "/generate", map[string]any{"input_ids": prompt, "return_logprob": true, "return_routed_experts": true,
+				"sampling_params": map[string]any{"n": 3, "sampling_seed": seed, "temperature": temp, "max_new_tokens": 20, "top_k": -1}}, &got)
+			if code != 200 || len(got) != 3 {
+				t.Errorf("request %d: status %d, %d answers", c, code, len(got))
+				return
+			}
+			ref := reference(t, ts.m, prompt, 3, rollout.Sampling{Temperature: temp, MaxNewTokens: 20, Seed: seed, Stop: stops})
+			for k, a := range got {
+				r := ref[k]
+				if !slices.Equal(a.OutputIDs, r.Tokens) {
+					t.Errorf("request %d sample %d: ids %v, engine %v", c, k, a.OutputIDs, r.Tokens)
+					continue
+				}
+				for j, e := range a.MetaInfo.OutputTokenLogprobs {
+					if lp := float32(e[0].(float64)); lp != r.LogProbs[j] || int32(e[1].(float64)) != r.Tokens[j] {
+						t.Errorf("request %d sample %d token %d: %v, engine %v", c, k, j, e, r.LogProbs[j])
+					}
+				}
+				if a.MetaInfo.WeightVersion != "0" || a.MetaInfo.PromptTokens != len(prompt) || a.MetaInfo.CompletionTokens != len(r.Tokens) {
+					t.Errorf("request %d sample %d: meta %+v", c, k, a.MetaInfo)
+				}
+				if want := map[string]string{"stop": "stop", "length": "length"}[r.Finish]; a.MetaInfo.FinishReason["type"] != want {
+					t.Errorf("request %d sample %d: finish %v, engine %s", c, k, a.MetaInfo.FinishReason, r.Finish)
+				}
+				checkRoutes(t, a.MetaInfo.RoutedExperts, r.Routes, &ts.m.Config)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func checkRoutes(t *testing.T, b64 string, want *model.Routes, c *model.Config) {
+	t.Helper()
+	data, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	L, K := c.NumHiddenLayers, c.NumExpertsPerTok
+	if len(data) != want.Tokens*L*K*4 {
+		t.Fatalf("routed_experts: %d bytes for %d positions", len(data), want.Tokens)
+	}
+	for p := range want.Tokens {
+		for l := range L {
+			for k := range K {
+				if got := int(binary.LittleEndian.Uint32(data[((p*L+l)*K+k)*4:])); got != want.At(p, l, k) {
+					t.Fatalf("position %d layer %d slot %d: expert %d, engine %d", p, l, k, got, want.At(p, l, k))
+				}
+			}
+		}
+	}
+}
+
+// The SGLang request that keel's RL client sends for kind sglang (the
+// fixture in rl/testdata, matched against SGLang's source) is accepted:
+// a batch of prompts with one sampling_params each, every field of it.
+func TestGenerateSGLangFixture(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	raw, err := os.ReadFile("../rl/testdata/sglang_generate_request.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var req map[string]any
+	if err := json.Unmarshal(raw, &req); err != nil {
+		t.Fatal(err)
+	}
+	// Its ids are Qwen's; the test model's vocabulary is 128.
+	req["input_ids"] = [][]int32{{1, 50, 51, 4}, {1, 50, 51, 4}}
+	for _, p := range req["sampling_params"].([]any) {
+		p.(map[string]any)["stop_token_ids"] = []int{2}
+	}
+	var answer []map[string]any
+	if code := ts.post(t, "/generate", req, &answer); code != 200 || len(answer) != 2 {
+		t.Fatalf("status %d, %d answers", code, len(answer))
+	}
+	var fixture []map[string]any
+	raw, _ = os.ReadFile("../rl/testdata/sglang_generate_response.json")
+	json.Unmarshal(raw, &fixture)
+	for _, key := range []string{"text", "output_ids", "meta_info"} {
+		if _, ok := answer[0][key]; !ok {
+			t.Errorf("answer lacks %s", key)
+		}
+	}
+	for key := range fixture[0]["meta_info"].(map[string]any) {
+		switch key {
+		case "id", "finish_reason", "prompt_tokens", "completion_tokens", "weight_version", "output_token_logprobs", "routed_experts":
+			if _, ok := answer[0]["meta_info"].(map[string]any)[key]; !ok && key != "routed_experts" {
+				t.Errorf("meta_info lacks %s", key)
+			}
+		}
+	}
+}
+
+type openAIError struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+	} `json:"error"`
+}
+
+// Bad requests answer 400 (or 401, 404, 413) with an OpenAI-style error
+// naming the field, and nothing reaches the engine.
+func TestBadRequests(t *testing.T) {
+	ts := newTestServer(t, Options{MaxBodyBytes: 4096})
+	long := make([]int32, testMaxLen)
+	cases := []struct {
+		path  string
+		body  any
+		code  int
+		param string
+	}{
+		{"/v1/completions", `{"prompt": "hi"`, 400, ""},
+		{"/v1/completions", `{"prompt": "hi", "bogus": 1}`, 400, "bogus"},
+		{"/v1/completions", map[string]any{"prompt": []int{1, 500}}, 400, "prompt"},
+		{"/v1/completions", map[string]any{"prompt": long}, 400, "prompt"},
+		{"/v1/completions", map[string]any{"prompt": "hi", "n": 1000}, 400, "n"},
+		{"/v1/completions", map[string]any{"prompt": "hi", "max_tokens": 1000}, 400, "max_tokens"},
+		{"/v1/completions", map[string]any{"prompt": "hi", "temperature": -1}, 400, "temperature"},
+		{"/v1/completions", map[string]any{"prompt": "hi", "logprobs": 50}, 400, "logprobs"},
+		{"/v1/completions", map[string]any{"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens"},
+		{"/v1/completions", map[string]any{"prompt": "hi", "model": "gpt-9"}, 404, "model"},
+		{"/v1/completions", map[string]any{"prompt": strings.Repeat("x", 5000)}, 413, ""},
+		{"/v1/chat/completions", map[string]any{"messages": []any{}}, 400, "messages"},
+		{"/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "wizard", "content": "hi"}}}, 400, "messages[0].role"},
+		{"/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "hi"}}, "top_logprobs": 2}, 400, "top_logprobs"},
+		{"/generate", map[string]any{"input_ids": []int{1, -3}}, 400, "input_ids"},
+		{"/generate", map[string]any{"input_ids": []int{1, 2}, "sampling_params": map[string]any{"top_q": 1}}, 400, "sampling_params"},
+		{"/generate", map[string]any{"input_ids": []int{1, 2}, "sampling_params": map[string]any{"min_p": 0.1}}, 400, "sampling_params.min_p"},
+		{"/generate", map[string]any{"input_ids": [][]int{{1, 2}}, "sampling_params": []any{map[string]any{}, map[string]any{}}}, 400, "sampling_params"},
+		{"/generate", map[string]any{}, 400, "input_ids"},
+		{"/update_weights_from_disk", map[string]any{"model_path": "/nonexistent", "weight_version": "x"}, 400, "weight_version"},
+	}
+	for _, c := range cases {
+		var e openAIError
+		code := ts.post(t, c.path, c.body, &e)
+		param := ""
+		if e.Error.Param != nil {
+			param = *e.Error.Param
+		}
+		if code != c.code || param != c.param || e.Error.Message == "" {
+			t.Errorf("%s %v: %d %q %q, want %d naming %q", c.path, c.body, code, param, e.Error.Message, c.code, c.param)
+		}
+	}
+	if st := ts.sched.Stats(); st.Steps != 0 {
+		t.Errorf("bad requests ran %d forward steps", st.Steps)
+	}
+}
+
+// With an API key, requests without it (or with another) get 401; with
+// it they pass.
+func TestAPIKey(t *testing.T) {
+	ts := newTestServer(t, Options{APIKey: "s3cret"})
+	for _, h := range []string{"", "Bearer wrong", "s3cret"} {
+		req, _ := http.NewRequest("GET", ts.URL+"/v1/models", nil)
+		if h != "" {
+			req.Header.Set("Authorization", h)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 401 {
+			t.Errorf("Authorization %q: %d", h, resp.StatusCode)
+		}
+	}
+	req, _ := http.NewRequest("GET", ts.URL+"/v1/models", nil)
+	req.Header.Set("Authorization", "Bearer s3cret")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct {
+		Data []struct{ ID string } `json:"data"`
+	}
+	json.NewDecoder(resp.Body).Decode(&list)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || len(list.Data) != 1 || list.Data[0].ID != "tiny" {
+		t.Errorf("with the key: %d %+v", resp.StatusCode, list)
+	}
+}
+
+type completionAnswer struct {
+	Choices []struct {
+		Index    int    `json:"index"`
+		Text     string `json:"text"`
+		Logprobs *struct {
+			Tokens        []string             `json:"tokens"`
+			TokenLogprobs []float32            `json:"token_logprobs"`
+			TopLogprobs   []map[string]float32 `json:"top_logprobs"`
+		} `json:"logprobs"`
+		FinishReason string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage usage `json:"usage"`
+}
+
+// Completions with log-probs: the text and log-probs are the engine's,
+// and the top alternatives are the training engine's most probable tokens
+// at the sampling temperature (exact precision: the same numbers).
+func TestCompletionsLogprobs(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	var a completionAnswer
+	// Token ids as names (vLLM's return_tokens_as_token_ids): the model's
+	// 128 ids outnumber the tokenizer's 100 pieces.
+	body := map[string]any{"prompt": "12+", "n": 2, "max_tokens": 12, "temperature": 0.8, "seed": 7, "logprobs": 3, "ignore_eos": true,
+		"return_tokens_as_token_ids": true}
+	if code := ts.post(t, "/v1/completions", body, &a); code != 200 || len(a.Choices) != 2 {
+		t.Fatalf("status %d, %+v", code, a)
+	}
+	prompt := ts.tok.Encode("12+")
+	ref := reference(t, ts.m, prompt, 2, rollout.Sampling{Temperature: 0.8, MaxNewTokens: 12, Seed: 7})
+	if a.Usage.PromptTokens != len(prompt) || a.Usage.CompletionTokens != 24 {
+		t.Errorf("usage %+v", a.Usage)
+	}
+	for k, c := range a.Choices {
+		r := ref[k]
+		if c.Logprobs.Tokens[0] != fmt.Sprintf("token_id:%d", r.Tokens[0]) {
+			t.Errorf("choice %d: tokens %v", k, c.Logprobs.Tokens)
+		}
+		if c.Text != ts.tok.DecodeLenient(r.Tokens) || c.FinishReason != "length" {
+			t.Errorf("choice %d: %q %s, engine %q", k, c.Text, c.FinishReason, ts.tok.DecodeLenient(r.Tokens))
+		}
+		if !slices.Equal(c.Logprobs.TokenLogprobs, r.LogProbs) {
+			t.Errorf("choice %d: log-probs %v, engine %v", k, c.Logprobs.TokenLogprobs, r.LogProbs)
+		}
+		// The top 3 at each position: the training engine's log-probability
+		// of every token of the vocabulary after the response so far.
+		eng := train.New(ts.m)
+		for j := range r.Tokens {
+			prefix := append(slices.Clone(prompt), r.Tokens[:j]...)
+			seqs := make([][]int32, ts.m.Config.VocabSize)
+			for v := range seqs {
+				seqs[v] = append(slices.Clone(prefix), int32(v))
+			}
+			res, err := eng.Forward(seqs, train.ForwardOptions{Temperature: 0.8, NoEntropy: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			row := make([]float32, len(seqs))
+			ids := make([]int, len(seqs))
+			for v := range seqs {
+				row[v], ids[v] = res.LogProbs[v][len(prefix)-1], v
+			}
+			sort.SliceStable(ids, func(x, y int) bool { return row[ids[x]] > row[ids[y]] })
+			top := c.Logprobs.TopLogprobs[j]
+			if len(top) != 3 {
+				t.Fatalf("choice %d token %d: %d alternatives", k, j, len(top))
+			}
+			for _, id := range ids[:3] {
+				got, ok := top[fmt.Sprintf("token_id:%d", id)]
+				if !ok || math.Abs(float64(got-row[id])) > 1e-6 {
+					t.Errorf("choice %d token %d: alternative %d: %v, %v; training engine %v", k, j, id, got, ok, row[id])
+				}
+			}
+		}
+	}
+}
+
+// readSSE collects a stream's data events up to [DONE].
+func readSSE(t *testing.T, resp *http.Response) []map[string]any {
+	t.Helper()
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Fatalf("Content-Type %q", ct)
+	}
+	var events []map[string]any
+	sc := bufio.NewScanner(resp.Body)
+	done := false
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" {
+			continue
+		}
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok {
+			t.Fatalf("not an SSE data line: %q", line)
+		}
+		if data == "[DONE]" {
+			done = true
+			break
+		}
+		var ev map[string]any
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			t.Fatalf("event %q: %v", data, err)
+		}
+		events = append(events, ev)
+	}
+	if !done {
+		t.Fatal("the stream did not end with [DONE]")
+	}
+	return events
+}
+
+func postStream(t *testing.T, url string, body any) *http.Response {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// A streamed completion and a streamed chat carry, chunk by chunk, the
+// text the same request gives without streaming, and end with [DONE]; a
+// stop string cuts the text before it, streamed or not.
+func TestStreaming(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	for _, stop := range []any{nil, "e"} {
+		body := map[string]any{"prompt": "ab", "n": 2, "max_tokens": 20, "seed": 3, "ignore_eos": true, "stop": stop}
+		var whole completionAnswer
+		ts.post(t, "/v1/completions", body, &whole)
+		body["stream"] = true
+		body["stream_options"] = map[string]any{"include_usage": true}
+		texts := map[int]string{}
+		finish := map[int]string{}
+		var gotUsage bool
+		for _, ev := range readSSE(t, postStream(t, ts.URL+"/v1/completions", body)) {
+			if u, ok := ev["usage"]; ok && u != nil {
+				gotUsage = true
+			}
+			for _, c := range ev["choices"].([]any) {
+				ch := c.(map[string]any)
+				i := int(ch["index"].(float64))
+				texts[i] += ch["text"].(string)
+				if f, ok := ch["finish_reason"].(string); ok {
+					finish[i] = f
+				}
+			}
+		}
+		for i, c := range whole.Choices {
+			if texts[i] != c.Text || finish[i] != c.FinishReason {
+				t.Errorf("stop %v, choice %d: streamed %q (%s), whole %q (%s)", stop, i, texts[i], finish[i], c.Text, c.FinishReason)
+			}
+			if stop != nil && strings.Contains(c.Text, "e") {
+				t.Errorf("choice %d: %q holds the stop string", i, c.Text)
+			}
+		}
+		if !gotUsage {
+			t.Error("no usage chunk with include_usage")
+		}
+	}
+	chat := map[string]any{"messages": []any{map[string]any{"role": "user", "content": "Compute 2+2."}}, "max_tokens": 16, "seed": 5, "logprobs": true, "top_logprobs": 2}
+	var whole struct {
+		Choices []struct {
+			Message struct {
+				Role, Content string
+			} `json:"message"`
+			Logprobs struct {
+				Content []struct {
+					Token       string           `json:"token"`
+					TopLogprobs []map[string]any `json:"top_logprobs"`
+				} `json:"content"`
+			} `json:"logprobs"`
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	if code := ts.post(t, "/v1/chat/completions", chat, &whole); code != 200 || len(whole.Choices) != 1 || whole.Choices[0].Message.Role != "assistant" {
+		t.Fatalf("chat: %d %+v", code, whole)
+	}
+	if lc := whole.Choices[0].Logprobs.Content; len(lc) == 0 || len(lc[0].TopLogprobs) != 2 {
+		t.Errorf("chat logprobs %+v", lc)
+	}
+	chat["stream"] = true
+	var text, role string
+	for _, ev := range readSSE(t, postStream(t, ts.URL+"/v1/chat/completions", chat)) {
+		if ev["object"] != "chat.completion.chunk" {
+			t.Errorf("object %v", ev["object"])
+		}
+		for _, c := range ev["choices"].([]any) {
+			d := c.(map[string]any)["delta"].(map[string]any)
+			if r, ok := d["role"].(string); ok {
+				role = r
+			}
+			if s, ok := d["content"].(string); ok {
+				text += s
+			}
+		}
+	}
+	if role != "assistant" || text != whole.Choices[0].Message.Content {
+		t.Errorf("streamed chat %q (%s), whole %q", text, role, whole.Choices[0].Message.Content)
+	}
+}
+
+// The weight-sync sequence of an RL step: pause, update from a directory
+// with a version, continue. The server then reports the version, and
+// samples are those of a fresh engine on the new weights.
+func TestUpdateWeightsFromDisk(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	m2 := testModel(t, 2)
+	dir := filepath.Join(t.TempDir(), "v5")
+	if err := model.Save(dir, m2, "float32"); err != nil {
+		t.Fatal(err)
+	}
+	var ok map[string]any
+	for _, step := range []struct {
+		path string
+		body any
+	}{
+		{"/pause_generation", map[string]any{"mode": "in_place"}},
+		{"/update_weights_from_disk", map[string]any{"model_path": dir, "weight_version": "5", "flush_cache": true}},
+		{"/continue_generation", map[string]any{}},
+	} {
+		if code := ts.post(t, step.path, step.body, &ok); code != 200 || ok["success"] != true {
+			t.Fatalf("%s: %d %v", step.path, code, ok)
+		}
+	}
+	resp, err := http.Get(ts.URL + "/get_model_info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info map[string]any
+	json.NewDecoder(resp.Body).Decode(&info)
+	resp.Body.Close()
+	if info["weight_version"] != "5" || info["model_path"] != dir {
+		t.Errorf("model info %v", info)
+	}
+	var a sglTestAnswer
+	ts.post(t, "/generate", map[string]any{"input_ids": []int{1, 60, 61}, "return_logprob": true,
+		"sampling_params": map[string]any{"sampling_seed": 9, "max_new_tokens": 10, "ignore_eos": true}}, &a)
+	ref := reference(t, m2, []int32{1, 60, 61}, 1, rollout.Sampling{Temperature: 1, MaxNewTokens: 10, Seed: 9})
+	if !slices.Equal(a.OutputIDs, ref[0].Tokens) || a.MetaInfo.WeightVersion != "5" {
+		t.Errorf("after the update: %v (version %s), fresh engine %v", a.OutputIDs, a.MetaInfo.WeightVersion, ref[0].Tokens)
+	}
+	// A model of another shape is refused, the served one kept.
+	other, _ := model.Preset("tiny-dense", 128)
+	om := model.New(other)
+	model.Init(om, 3)
+	odir := filepath.Join(t.TempDir(), "other")
+	if err := model.Save(odir, om, "float32"); err != nil {
+		t.Fatal(err)
+	}
+	if code := ts.post(t, "/update_weights_from_disk", map[string]any{"model_path": odir}, &ok); code != 400 || ok["success"] != false {
+		t.Errorf("another shape: %d %v", code, ok)
+	}
+}
+
+// /metrics speaks Prometheus' text format with the server's measures.
+func TestMetrics(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	ts.post(t, "/generate", map[string]any{"input_ids": []int{1, 2, 3}, "sampling_params": map[string]any{"max_new_tokens": 4}}, nil)
+	resp, err := http.Get(ts.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`keel:requests_total{code="200",route="/generate"} 1`, "keel:generation_tokens_total", "keel:num_requests_waiting 0",
+		"keel:request_latency_seconds_bucket", "keel:batch_rows", "keel:weight_version 0", "keel:prompt_tokens_total 3"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+// pause_generation in SGLang's default mode aborts the requests in flight
+// (they answer finish_reason abort, to be sent again); in place, it keeps
+// them, and a weight update must wait for continue_generation.
+func TestPauseAbort(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	dir := filepath.Join(t.TempDir(), "v1")
+	if err := model.Save(dir, testModel(t, 2), "float32"); err != nil {
+		t.Fatal(err)
+	}
+	started := func() {
+		for ts.sched.Stats().Running == 0 {
+			runtime.Gosched()
+		}
+	}
+	for _, mode := range []string{"in_place", "abort"} {
+		answer := make(chan map[string]any, 1)
+		go func() {
+			var a map[string]any
+			ts.post(t, "/generate", map[string]any{"input_ids": []int{1, 2, 3}, "sampling_params": map[string]any{"max_new_tokens": 60, "ignore_eos": true}}, &a)
+			answer <- a
+		}()
+		started()
+		var ok map[string]any
+		body := map[string]any{"mode": mode}
+		if mode == "abort" {
+			body = map[string]any{} // SGLang's default
+		}
+		if code := ts.post(t, "/pause_generation", body, &ok); code != 200 {
+			t.Fatalf("pause %s: %d %v", mode, code, ok)
+		}
+		code := ts.post(t, "/update_weights_from_disk", map[string]any{"model_path": dir, "weight_version": "1"}, &ok)
+		if mode == "in_place" {
+			if code != 409 {
+				t.Errorf("update while paused in place with a request in flight: %d %v", code, ok)
+			}
+			ts.post(t, "/continue_generation", nil, nil)
+			a := <-answer
+			if fr := a["meta_info"].(map[string]any)["finish_reason"].(map[string]any); fr["type"] != "length" {
+				t.Errorf("in place: finish %v", fr)
+			}
+			continue
+		}
+		if code != 200 {
+			t.Errorf("update after an abort: %d %v", code, ok)
+		}
+		a := <-answer
+		if fr := a["meta_info"].(map[string]any)["finish_reason"].(map[string]any); fr["type"] != "abort" {
+			t.Errorf("abort: finish %v", fr)
+		}
+		ts.post(t, "/continue_generation", nil, nil)
+	}
+}

@@ -1,0 +1,545 @@
+package serve
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"reflect"
+	"strconv"
+	"time"
+
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/rollout"
+)
+
+// SGLang's native API, as RL frameworks (slime, verl, AReaL) drive it. The
+// fields follow SGLang's GenerateReqInput and its answers (the sources are
+// listed in rl/remote.go, whose client speaks the same protocol):
+//
+//   - POST /generate: input_ids (one prompt, or a batch) or text,
+//     sampling_params (one object, or one per prompt) with temperature,
+//     top_p, top_k (-1: off), min_p (0 only), the penalties (neutral only),
+//     max_new_tokens, stop_token_ids, no_stop_trim, n and sampling_seed;
+//     return_logprob, return_sampling_mask, return_routed_experts, stream
+//     (false only). Each answer: text, output_ids, meta_info {id,
+//     finish_reason {type, matched | length}, prompt_tokens,
+//     completion_tokens, cached_tokens, weight_version,
+//     output_token_logprobs [[logprob, id, null]...],
+//     output_token_sampling_logprobs, routed_experts}. One prompt with n = 1
+//     answers an object, otherwise a list, prompt-major.
+//   - routed_experts: base64 of little-endian int32 expert ids of shape
+//     [positions, num_hidden_layers, num_experts_per_tok]. SGLang gives the
+//     positions of prompt and response but the last; keel gives all of
+//     them (the last is the one a training forward also routes), which
+//     SGLang-protocol clients that slice by length read alike.
+//   - Sample k of a request with n samples and sampling_seed S is sample k
+//     of keel's Generate([prompt], n, Seed S): what keel's RL client relies
+//     on to reproduce a local run over any number of servers.
+
+type sglParams struct {
+	Temperature       *float64 `json:"temperature"`
+	TopP              *float64 `json:"top_p"`
+	TopK              *int     `json:"top_k"`
+	MinP              *float64 `json:"min_p"`
+	RepetitionPenalty *float64 `json:"repetition_penalty"`
+	FrequencyPenalty  *float64 `json:"frequency_penalty"`
+	PresencePenalty   *float64 `json:"presence_penalty"`
+	MaxNewTokens      *int     `json:"max_new_tokens"`
+	StopTokenIDs      []int32  `json:"stop_token_ids"`
+	Stop              any      `json:"stop"`
+	NoStopTrim        bool     `json:"no_stop_trim"`
+	IgnoreEOS         bool     `json:"ignore_eos"`
+	SkipSpecialTokens *bool    `json:"skip_special_tokens"`
+	N                 *int     `json:"n"`
+	SamplingSeed      *uint64  `json:"sampling_seed"`
+}
+
+type sglGenerateRequest struct {
+	Text                any             `json:"text"`
+	InputIDs            json.RawMessage `json:"input_ids"`
+	SamplingParams      json.RawMessage `json:"sampling_params"`
+	ReturnLogprob       bool            `json:"return_logprob"`
+	ReturnSamplingMask  bool            `json:"return_sampling_mask"`
+	ReturnRoutedExperts bool            `json:"return_routed_experts"`
+	ReturnTextInLogprob bool            `json:"return_text_in_logprobs"`
+	LogprobStartLen     *int            `json:"logprob_start_len"`
+	TopLogprobsNum      *int            `json:"top_logprobs_num"`
+	Stream              bool            `json:"stream"`
+	RID                 any             `json:"rid"`
+}
+
+// sglAnswer is one /generate answer.
+type sglAnswer struct {
+	Text      string         `json:"text"`
+	OutputIDs []int32        `json:"output_ids"`
+	MetaInfo  map[string]any `json:"meta_info"`
+}
+
+func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
+	var req sglGenerateRequest
+	if err := decode(r, &req); err != nil {
+		fail(w, err)
+		return
+	}
+	if req.Stream {
+		fail(w, badRequest("stream", "stream: streaming /generate is not supported; use /v1/completions with stream"))
+		return
+	}
+	if req.TopLogprobsNum != nil && *req.TopLogprobsNum != 0 {
+		fail(w, badRequest("top_logprobs_num", "top_logprobs_num: not supported on /generate (use /v1/completions logprobs)"))
+		return
+	}
+	if req.LogprobStartLen != nil && *req.LogprobStartLen != -1 {
+		fail(w, badRequest("logprob_start_len", "logprob_start_len: only -1 (no prompt log-probabilities) is supported"))
+		return
+	}
+	prompts, batch, err := s.sglPrompts(&req)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	params, err := sglParamList(req.SamplingParams, len(prompts))
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	var jobs []genJob
+	for i, p := range prompts {
+		field := "input_ids"
+		if batch {
+			field = fmt.Sprintf("input_ids[%d]", i)
+		}
+		if err := s.checkIDs(field, p); err != nil {
+			fail(w, err)
+			return
+		}
+		sp, n, err := s.sglSampling(params[i], len(p), batch, i)
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		jobs = append(jobs, genJob{prompt: p, n: n, sp: sp})
+	}
+	g := s.newGeneration(jobs, nil, 0)
+	start := time.Now()
+	err = g.run(r.Context(), nil)
+	if errors.Is(err, errAborted) {
+		// As SGLang answers requests aborted by pause_generation: every
+		// choice with finish_reason abort (the client sends them again).
+		var answers []map[string]any
+		for range g.choices {
+			answers = append(answers, map[string]any{"text": "", "output_ids": []int32{}, "meta_info": map[string]any{
+				"id": newID(""), "finish_reason": map[string]any{"type": "abort", "message": errAborted.Error()},
+				"weight_version": strconv.FormatInt(s.sched.Version(), 10)}})
+		}
+		if !batch && len(answers) == 1 {
+			writeJSON(w, http.StatusOK, answers[0])
+		} else {
+			writeJSON(w, http.StatusOK, answers)
+		}
+		return
+	}
+	if err != nil {
+		fail(w, genError(err))
+		return
+	}
+	latency := time.Since(start).Seconds()
+	var answers []sglAnswer
+	for _, c := range g.choices {
+		answers = append(answers, s.sglAnswerOf(&req, jobs[c.job], c, latency))
+	}
+	if !batch && len(answers) == 1 {
+		writeJSON(w, http.StatusOK, answers[0])
+		return
+	}
+	writeJSON(w, http.StatusOK, answers)
+}
+
+// sglPrompts reads input_ids (one list, or a list of lists) or text (a
+// string or a list of strings), reporting whether it was a batch.
+func (s *Server) sglPrompts(req *sglGenerateRequest) ([][]int32, bool, error) {
+	hasIDs := len(req.InputIDs) > 0 && string(req.InputIDs) != "null"
+	if hasIDs == (req.Text != nil) {
+		return nil, false, badRequest("input_ids", "exactly one of input_ids and text is required")
+	}
+	if req.Text != nil {
+		switch t := req.Text.(type) {
+		case string:
+			return [][]int32{s.tok.Encode(t)}, false, nil
+		case []any:
+			out := make([][]int32, len(t))
+			for i, v := range t {
+				str, ok := v.(string)
+				if !ok {
+					return nil, false, badRequest("text", "text[%d]: want a string", i)
+				}
+				out[i] = s.tok.Encode(str)
+			}
+			if len(out) == 0 {
+				return nil, false, badRequest("text", "text: an empty batch")
+			}
+			return out, true, nil
+		}
+		return nil, false, badRequest("text", "text: want a string or a list of strings")
+	}
+	var one []int64
+	if err := json.Unmarshal(req.InputIDs, &one); err == nil {
+		p, err := toIDs("input_ids", one)
+		return [][]int32{p}, false, err
+	}
+	var many [][]int64
+	if err := json.Unmarshal(req.InputIDs, &many); err != nil || len(many) == 0 {
+		return nil, false, badRequest("input_ids", "input_ids: want a list of token ids or a non-empty list of such lists")
+	}
+	out := make([][]int32, len(many))
+	for i, l := range many {
+		p, err := toIDs(fmt.Sprintf("input_ids[%d]", i), l)
+		if err != nil {
+			return nil, false, err
+		}
+		out[i] = p
+	}
+	return out, true, nil
+}
+
+// sglParamList reads sampling_params: absent, one object for every
+// prompt, or one per prompt.
+func sglParamList(raw json.RawMessage, n int) ([]sglParams, error) {
+	out := make([]sglParams, n)
+	if len(raw) == 0 || string(raw) == "null" {
+		return out, nil
+	}
+	strict := func(b []byte, v any) error {
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		return dec.Decode(v)
+	}
+	var one sglParams
+	if err := strict(raw, &one); err == nil {
+		for i := range out {
+			out[i] = one
+		}
+		return out, nil
+	} else if raw[0] == '{' {
+		return nil, paramErr("sampling_params", err)
+	}
+	var list []json.RawMessage
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, badRequest("sampling_params", "sampling_params: want an object or a list of objects")
+	}
+	if len(list) != n {
+		return nil, badRequest("sampling_params", "sampling_params: %d entries for %d prompts", len(list), n)
+	}
+	for i, b := range list {
+		if err := strict(b, &out[i]); err != nil {
+			return nil, paramErr(fmt.Sprintf("sampling_params[%d]", i), err)
+		}
+	}
+	return out, nil
+}
+
+func paramErr(field string, err error) error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return badRequest(field+"."+te.Field, "%s.%s: a JSON %s where %s was expected", field, te.Field, te.Value, te.Type)
+	}
+	return badRequest(field, "%s: %v", field, err)
+}
+
+// sglSampling checks one prompt's sampling_params and makes the engine's.
+func (s *Server) sglSampling(p sglParams, promptLen int, batch bool, i int) (rollout.Sampling, int, error) {
+	field := "sampling_params"
+	if batch {
+		field = fmt.Sprintf("sampling_params[%d]", i)
+	}
+	f := func(name string) string { return field + "." + name }
+	sp := rollout.Sampling{Temperature: 1, MaxNewTokens: min(128, s.maxLen-promptLen)}
+	if p.Temperature != nil {
+		if t := *p.Temperature; !(t >= 0) || t > 100 {
+			return sp, 0, badRequest(f("temperature"), "%s = %g, want >= 0", f("temperature"), t)
+		}
+		sp.Temperature = *p.Temperature
+	}
+	if p.TopP != nil {
+		if v := *p.TopP; !(v > 0 && v <= 1) {
+			return sp, 0, badRequest(f("top_p"), "%s = %g, want a value in (0, 1]", f("top_p"), v)
+		}
+		sp.TopP = *p.TopP
+	}
+	if p.TopK != nil {
+		k := *p.TopK
+		if k < -1 || k == 0 || k > s.cfg.VocabSize && k != 1<<30 {
+			return sp, 0, badRequest(f("top_k"), "%s = %d, want -1 (off) or 1 to %d", f("top_k"), k, s.cfg.VocabSize)
+		}
+		if k > 0 && k <= s.cfg.VocabSize {
+			sp.TopK = k
+		}
+	}
+	neutral := map[string]struct {
+		v    *float64
+		want float64
+	}{"min_p": {p.MinP, 0}, "repetition_penalty": {p.RepetitionPenalty, 1}, "frequency_penalty": {p.FrequencyPenalty, 0}, "presence_penalty": {p.PresencePenalty, 0}}
+	for name, x := range neutral {
+		if x.v != nil && *x.v != x.want {
+			return sp, 0, badRequest(f(name), "%s = %g: only %g (off) is supported", f(name), *x.v, x.want)
+		}
+	}
+	if p.Stop != nil && !reflect.ValueOf(p.Stop).IsZero() {
+		if l, ok := p.Stop.([]any); !ok || len(l) > 0 {
+			return sp, 0, badRequest(f("stop"), "%s: stop strings are not supported on /generate; use stop_token_ids", f("stop"))
+		}
+	}
+	if p.MaxNewTokens != nil {
+		n, err := s.maxNew(f("max_new_tokens"), p.MaxNewTokens, promptLen, 0)
+		if err != nil {
+			return sp, 0, err
+		}
+		sp.MaxNewTokens = n
+	}
+	if sp.MaxNewTokens < 1 {
+		return sp, 0, badRequest(f("max_new_tokens"), "the prompt's %d tokens fill this server's context of %d", promptLen, s.maxLen)
+	}
+	if !p.IgnoreEOS {
+		sp.Stop = append(sp.Stop, s.stops...)
+	}
+	for j, id := range p.StopTokenIDs {
+		if id < 0 || int(id) >= s.cfg.VocabSize {
+			return sp, 0, badRequest(f("stop_token_ids"), "%s[%d]: id %d outside the vocabulary [0, %d)", f("stop_token_ids"), j, id, s.cfg.VocabSize)
+		}
+		sp.Stop = append(sp.Stop, id)
+	}
+	n := 1
+	if p.N != nil {
+		n = *p.N
+	}
+	if err := s.checkN(f("n"), n); err != nil {
+		return sp, 0, err
+	}
+	if p.SamplingSeed != nil {
+		sp.Seed = *p.SamplingSeed
+	} else {
+		sp.Seed = uint64(time.Now().UnixNano())
+	}
+	return sp, n, nil
+}
+
+// sglAnswerOf renders one choice as SGLang answers it.
+func (s *Server) sglAnswerOf(req *sglGenerateRequest, jb genJob, c *choice, latency float64) sglAnswer {
+	meta := map[string]any{
+		"id":                newID(""),
+		"prompt_tokens":     len(jb.prompt),
+		"completion_tokens": len(c.ids),
+		"cached_tokens":     0,
+		"weight_version":    strconv.FormatInt(c.version, 10),
+		"e2e_latency":       latency,
+	}
+	switch c.finish {
+	case "stop":
+		fr := map[string]any{"type": "stop"}
+		if n := len(c.ids); n > 0 {
+			fr["matched"] = c.ids[n-1]
+		}
+		meta["finish_reason"] = fr
+	default:
+		meta["finish_reason"] = map[string]any{"type": "length", "length": len(c.ids)}
+	}
+	if req.ReturnLogprob {
+		lps := make([][3]any, len(c.ids))
+		for t, id := range c.ids {
+			var text any
+			if req.ReturnTextInLogprob {
+				text = s.tok.DecodeLenient([]int32{id})
+			}
+			lps[t] = [3]any{c.lps[t], id, text}
+		}
+		meta["output_token_logprobs"] = lps
+		meta["input_token_logprobs"] = [][3]any{}
+		if req.ReturnSamplingMask && c.tlps != nil {
+			meta["output_token_sampling_logprobs"] = c.tlps
+		}
+	}
+	if req.ReturnRoutedExperts && c.routes != nil {
+		meta["routed_experts"] = encodeRoutes(c.routes, &s.cfg)
+	}
+	text := s.tok.DecodeLenient(c.ids)
+	return sglAnswer{Text: text, OutputIDs: c.ids, MetaInfo: meta}
+}
+
+// encodeRoutes writes routes as SGLang's routed_experts: base64 of
+// little-endian int32 ids, [positions, num_hidden_layers, top-k], zeros
+// at layers without experts.
+func encodeRoutes(rt *model.Routes, c *model.Config) string {
+	L, K := c.NumHiddenLayers, c.NumExpertsPerTok
+	var moe []int
+	for l := range L {
+		if c.IsMoELayer(l) {
+			moe = append(moe, l)
+		}
+	}
+	T := rt.Tokens
+	buf := make([]byte, T*L*K*4)
+	slots := make([]int32, K)
+	for t := range T {
+		for ml, l := range moe {
+			for k, e := range rt.Slots(slots, t, ml) {
+				binary.LittleEndian.PutUint32(buf[((t*L+l)*K+k)*4:], uint32(e))
+			}
+		}
+	}
+	return base64.StdEncoding.EncodeToString(buf)
+}
+
+type updateRequest struct {
+	ModelPath         string `json:"model_path"`
+	LoadFormat        string `json:"load_format"`
+	WeightVersion     any    `json:"weight_version"`
+	FlushCache        *bool  `json:"flush_cache"`
+	AbortAllRequests  bool   `json:"abort_all_requests"`
+	IsAsync           bool   `json:"is_async"`
+	TorchEmptyCache   bool   `json:"torch_empty_cache"`
+	KeepPauseState    bool   `json:"keep_pause"`
+	RecaptureCudaGrph bool   `json:"recapture_cuda_graph"`
+}
+
+func (s *Server) updateWeightsFromDisk(w http.ResponseWriter, r *http.Request) {
+	var req updateRequest
+	if err := decode(r, &req); err != nil {
+		fail(w, err)
+		return
+	}
+	if req.ModelPath == "" {
+		fail(w, badRequest("model_path", "model_path is required"))
+		return
+	}
+	version := s.sched.Version() + 1
+	switch v := req.WeightVersion.(type) {
+	case nil:
+	case string:
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			fail(w, badRequest("weight_version", "weight_version %q: keel's versions are integers", v))
+			return
+		}
+		version = n
+	case float64:
+		if v != float64(int64(v)) {
+			fail(w, badRequest("weight_version", "weight_version %v: keel's versions are integers", v))
+			return
+		}
+		version = int64(v)
+	default:
+		fail(w, badRequest("weight_version", "weight_version: want a string"))
+		return
+	}
+	s.updateLock.Lock()
+	defer s.updateLock.Unlock()
+	s.mu.Lock()
+	paused := s.paused
+	s.mu.Unlock()
+	if st := s.sched.Stats(); paused && st.Running > 0 {
+		// The scheduler finishes running sequences on the old weights
+		// first, which a pause forbids.
+		fail(w, &apiError{status: http.StatusConflict, param: "model_path", msg: fmt.Sprintf("%d sequences are paused in flight: pause with mode abort, or continue generation, before updating the weights", st.Running)})
+		return
+	}
+	start := time.Now()
+	m, err := s.opt.Load(req.ModelPath)
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]any{"success": false, "message": fmt.Sprintf("model_path: %v", err)})
+		return
+	}
+	if !reflect.DeepEqual(m.Config, s.cfg) {
+		writeJSON(w, http.StatusBadRequest, map[string]any{"success": false, "message": fmt.Sprintf("model_path %s: its configuration differs from the served model's", req.ModelPath)})
+		return
+	}
+	if err := s.sched.UpdateWeights(m, version); err != nil {
+		writeJSON(w, http.StatusInternalServerError, map[string]any{"success": false, "message": err.Error()})
+		return
+	}
+	s.mu.Lock()
+	s.modelPath = req.ModelPath
+	s.mu.Unlock()
+	s.metrics.weightUpdate(time.Since(start))
+	writeJSON(w, http.StatusOK, map[string]any{"success": true, "message": fmt.Sprintf("loaded %s as weight version %d in %.3fs", req.ModelPath, version, time.Since(start).Seconds()), "num_paused_requests": 0})
+}
+
+func orAbort(mode string) string {
+	if mode == "" {
+		return "abort"
+	}
+	return mode
+}
+
+type pauseRequest struct {
+	Mode string `json:"mode"`
+}
+
+func (s *Server) pauseGeneration(w http.ResponseWriter, r *http.Request) {
+	var req pauseRequest
+	if r.ContentLength != 0 {
+		if err := decode(r, &req); err != nil {
+			fail(w, err)
+			return
+		}
+	}
+	switch req.Mode {
+	case "", "in_place", "retract", "abort":
+	default:
+		fail(w, badRequest("mode", "mode %q: want abort, retract or in_place", req.Mode))
+		return
+	}
+	s.mu.Lock()
+	already := s.paused
+	s.paused = true
+	s.mu.Unlock()
+	if !already {
+		s.sched.Pause()
+	}
+	aborted := 0
+	if req.Mode == "" || req.Mode == "abort" {
+		aborted = s.abortAll()
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"success": true, "message": fmt.Sprintf("generation paused (mode %s), %d requests aborted", orAbort(req.Mode), aborted)})
+}
+
+func (s *Server) continueGeneration(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	was := s.paused
+	s.paused = false
+	s.mu.Unlock()
+	if was {
+		s.sched.Continue()
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"success": true, "message": "generation continued"})
+}
+
+func (s *Server) modelInfo(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{
+		"model_path":                 s.currentModelPath(),
+		"tokenizer_path":             s.currentModelPath(),
+		"is_generation":              true,
+		"preferred_sampling_params":  nil,
+		"weight_version":             strconv.FormatInt(s.sched.Version(), 10),
+		"has_image_understanding":    false,
+		"has_audio_understanding":    false,
+		"model_type":                 modelType(s.cfg),
+		"architectures":              []string{s.cfg.Architecture},
+		"served_model_name":          s.opt.Name,
+		"max_total_num_tokens":       s.maxLen,
+		"num_hidden_layers":          s.cfg.NumHiddenLayers,
+		"num_experts_per_tok":        s.cfg.NumExpertsPerTok,
+		"return_routed_experts_each": "position",
+	})
+}
+
+// modelType is Hugging Face's model_type of the served architecture.
+func modelType(c model.Config) string {
+	if c.Architecture == model.ArchQwen3MoE {
+		return "qwen3_moe"
+	}
+	return "qwen3"
+}
