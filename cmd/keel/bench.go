@@ -28,6 +28,7 @@ type benchReport struct {
 	Utilisation map[string]float64   `json:"mfu"`
 	Decode      []benchDecodeRow     `json:"decode,omitempty"`
 	RL          []bench.RLStepResult `json:"rl_step,omitempty"`
+	Serve       []bench.ServeResult  `json:"serve,omitempty"`
 }
 
 type benchDecodeRow struct {
@@ -58,6 +59,9 @@ func runBench(args []string) error {
 	decodeGroup := fs.Int("decode-group", 1, "samples per prompt in the decode table (RL's group size G; the samples of a prompt share its prefill)")
 	noRL := fs.Bool("no-rl", false, "skip the RL-step table")
 	rlPrec := fs.String("rl-precision", "fp8", "rollout precision of the RL-step table")
+	noServe := fs.Bool("no-serve", false, "skip the keel serve table")
+	servePrec := fs.String("serve-precision", "fp8", "rollout precision of the keel serve table")
+	serveClients := fs.Int("serve-clients", 64, "concurrent requests in the keel serve table")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -136,6 +140,19 @@ func runBench(args []string) error {
 			rep.RL = append(rep.RL, r)
 		}
 	}
+	if !*noServe {
+		ps, err := parsePrecisions(*servePrec, "--serve-precision")
+		if err != nil {
+			return err
+		}
+		for _, tr := range rep.Train {
+			r, err := bench.Serve(tr.Preset, *vocab, ps[0], *serveClients, 32, 96, 2**dur)
+			if err != nil {
+				return err
+			}
+			rep.Serve = append(rep.Serve, r)
+		}
+	}
 	if *asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
@@ -173,8 +190,20 @@ func runBench(args []string) error {
 			fmt.Fprintf(w, "%s\t%s\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Preset, r.Precision, r.Step, pc(r.Rollout), pc(r.Score), pc(r.PiOld), pc(r.Update), pc(r.Push), pc(r.Other), pc(r.LoopOverhead))
 		}
 	}
+	if len(rep.Serve) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "keel serve	precision	clients	engine tok/s	/generate tok/s	vs engine	p50 s	p99 s	streamed tok/s	vs engine	p50 s	p99 s	failed	weight write s	weight load s	")
+		for _, r := range rep.Serve {
+			fmt.Fprintf(w, "%s	%s	%d	%.0f	%.0f	%.0f%%	%.3f	%.3f	%.0f	%.0f%%	%.3f	%.3f	%d/%d	%.3f	%.3f	\n", r.Preset, r.Precision, r.Clients,
+				r.EngineTokensPerS, r.GenerateTokensPerS, 100*r.GenerateTokensPerS/r.EngineTokensPerS, r.GenerateP50, r.GenerateP99,
+				r.StreamTokensPerS, 100*r.StreamTokensPerS/r.EngineTokensPerS, r.StreamP50, r.StreamP99, r.Failed, r.Requests, r.WeightWrite, r.WeightLoad)
+		}
+	}
 	if err := w.Flush(); err != nil {
 		return err
+	}
+	if len(rep.Serve) > 0 {
+		fmt.Println("\nkeel serve: a preset with random weights served on loopback; rounds of CLIENTS concurrent requests (32-token prompts, 96 new tokens, one sample each) as POST /generate and as streamed /v1/completions, alternated with the same batch on an in-process engine; tok/s = generated tokens per second of a round, best round; latencies over all requests; then one weight sync: the model written as a Hugging Face directory (float32) and loaded with /update_weights_from_disk.")
 	}
 	if len(rep.RL) > 0 {
 		fmt.Println("\nRL step: MiniRL, 32 random 32-token prompts x 8 samples of up to 96 tokens, one mini-batch, a synthetic reward; phases as shares of the step; loop overhead = the step less the two engines and the weight push (scoring, coefficients, metrics).")
