@@ -34,7 +34,12 @@ type sglSampling struct {
 	MaxNewTokens      int     `json:"max_new_tokens"`
 	StopTokenIDs      []int32 `json:"stop_token_ids,omitempty"`
 	// NoStopTrim keeps a matched stop in the text (the ids keep it anyway).
-	NoStopTrim   bool   `json:"no_stop_trim"`
+	NoStopTrim bool `json:"no_stop_trim"`
+	// IgnoreEOS (kind keel only): stop at StopTokenIDs alone, as the local
+	// engine does; without it keel serve also stops at the model's end
+	// tokens (<|endoftext|> besides <|im_end|>). SGLang's ignore_eos would
+	// turn stop_token_ids off as well, so kind sglang never sends it.
+	IgnoreEOS    bool   `json:"ignore_eos,omitempty"`
 	N            int    `json:"n,omitempty"`
 	SamplingSeed uint64 `json:"sampling_seed"`
 }
@@ -105,7 +110,9 @@ func (r *RemoteSampler) sglGenerate(ctx context.Context, s *server, j job) ([]ro
 	if r.opt.Kind == ServerKeel {
 		// keel serve: sample k of n draws from the stream (sampling_seed,
 		// k), as in one local Generate call.
-		req.InputIDs, req.SamplingParams = j.ids, j.sglParams(j.n, j.seed)
+		p := j.sglParams(j.n, j.seed)
+		p.IgnoreEOS = true
+		req.InputIDs, req.SamplingParams = j.ids, p
 	} else {
 		ids := make([][]int32, j.n)
 		ps := make([]sglSampling, j.n)

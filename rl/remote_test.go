@@ -60,6 +60,10 @@ type fakeParams struct {
 	NoStopTrim        bool    `json:"no_stop_trim"`
 	N                 int     `json:"n"`
 	SamplingSeed      uint64  `json:"sampling_seed"`
+	// IgnoreEOS: keel serve stops at the model's end tokens unless told
+	// (kind keel must send it); SGLang's turns stop_token_ids off too
+	// (kind sglang must not).
+	IgnoreEOS bool `json:"ignore_eos"`
 }
 
 func (p *fakeParams) sampling() rollout.Sampling {
@@ -250,11 +254,19 @@ func (f *fakeServer) generate(w http.ResponseWriter, body []byte) {
 	var ps []fakeParams
 	switch {
 	case json.Unmarshal(req.InputIDs, &single) == nil && strictJSON(req.SamplingParams, &p1) == nil:
+		if !p1.IgnoreEOS {
+			writeJSON(w, 400, map[string]any{"error": "kind keel without ignore_eos: keel serve would stop at <|endoftext|> too"})
+			return
+		}
 		jobs = []one{{single, max(p1.N, 1), p1}}
 	case json.Unmarshal(req.InputIDs, &batch) == nil && strictJSON(req.SamplingParams, &ps) == nil && len(batch) == len(ps):
 		for k := range batch {
 			if ps[k].N > 1 {
 				writeJSON(w, 400, map[string]any{"error": "n with a batch"})
+				return
+			}
+			if ps[k].IgnoreEOS {
+				writeJSON(w, 400, map[string]any{"error": "ignore_eos: SGLang would ignore stop_token_ids"})
 				return
 			}
 			jobs = append(jobs, one{batch[k], 1, ps[k]})

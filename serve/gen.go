@@ -37,6 +37,11 @@ type choice struct {
 	stopped  bool // cut at a stop string
 	nText    int  // tokens whose text is part of text
 	finished bool
+	// Streamed log-probabilities: of tokens [0, lpSent), whose text was
+	// sent; lpOff is the completions text_offset of token lpSent.
+	lpSent int
+	lpOff  int
+	echoed bool // completions' echo: the prompt was sent
 }
 
 // tokEvent is one sampled token, from the scheduler's goroutine.
@@ -284,4 +289,17 @@ func (g *generation) streamable(c *choice) string {
 		return ""
 	}
 	return t[c.sent:end]
+}
+
+// streamableLP is the range [lo, hi) of c's tokens whose log-probabilities
+// can be streamed now: those not yet streamed whose text was all sent (a
+// token held back as a possible start of a stop string comes with its
+// text, a token cut by a stop string never comes). It marks them sent.
+func (g *generation) streamableLP(c *choice) (lo, hi int) {
+	lo, hi = c.lpSent, c.nText
+	for hi > lo && len(g.s.tok.DecodeLenient(c.ids[:hi])) > c.sent {
+		hi--
+	}
+	c.lpSent = hi
+	return lo, hi
 }

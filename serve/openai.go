@@ -244,8 +244,8 @@ type usage struct {
 }
 
 // completionLP is the logprobs object of tokens ids[lo:hi] of c, text
-// offsets counted from base.
-func (s *Server) completionLP(c *choice, lo, hi, base int, asIDs bool) *completionLogprobs {
+// offsets counted from base, and the offset after them.
+func (s *Server) completionLP(c *choice, lo, hi, base int, asIDs bool) (*completionLogprobs, int) {
 	lp := &completionLogprobs{Tokens: []string{}, TokenLogprobs: []float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
 	off := base
 	for t := lo; t < hi && t < c.nText; t++ {
@@ -262,7 +262,7 @@ func (s *Server) completionLP(c *choice, lo, hi, base int, asIDs bool) *completi
 		}
 		lp.TopLogprobs = append(lp.TopLogprobs, m)
 	}
-	return lp
+	return lp, off
 }
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
@@ -315,22 +315,31 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	g := s.newGeneration(jobs, stops, topN)
 	id, created := newID("cmpl-"), time.Now().Unix()
 	wantLP := req.Logprobs != nil
+	// echo is the prompt's text for a choice's first chunk (once, even
+	// when its first tokens are held back), with echo.
 	echo := func(c *choice) string {
-		if req.Echo && c.sent == 0 {
+		if req.Echo && !c.echoed {
+			c.echoed = true
 			return s.tok.DecodeLenient(jobs[c.job].prompt)
 		}
 		return ""
 	}
 	if req.Stream {
 		sse := newSSE(w)
+		// Log-probs go with the text of their tokens (streamableLP).
+		streamLP := func(c *choice, ch *completionChoice) {
+			if !wantLP {
+				return
+			}
+			if lo, hi := g.streamableLP(c); hi > lo {
+				ch.Logprobs, c.lpOff = s.completionLP(c, lo, hi, c.lpOff, req.TokensAsIDs)
+			}
+		}
 		err := g.run(r.Context(), func(c *choice, ev tokEvent) {
-			before := c.sent
 			delta := g.streamable(c)
 			ch := completionChoice{Index: s.choiceIndex(g, c), Text: echo(c) + delta}
 			c.sent += len(delta)
-			if wantLP {
-				ch.Logprobs = s.completionLP(c, len(c.lps)-1, len(c.lps), before, req.TokensAsIDs)
-			}
+			streamLP(c, &ch)
 			if c.stopped {
 				ch.FinishReason = ptr("stop")
 			}
@@ -349,6 +358,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 			}
 			ch := completionChoice{Index: s.choiceIndex(g, c), Text: echo(c) + c.text[min(c.sent, len(c.text)):], FinishReason: ptr(c.finish)}
 			c.sent = len(c.text)
+			streamLP(c, &ch)
 			sse.send(map[string]any{"id": id, "object": "text_completion", "created": created, "model": s.opt.Name, "choices": []completionChoice{ch}})
 		}
 		if req.StreamOpts != nil && req.StreamOpts.IncludeUsage {
@@ -365,7 +375,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	for i, c := range g.choices {
 		out[i] = completionChoice{Index: i, Text: echo(c) + c.text, FinishReason: ptr(c.finish)}
 		if wantLP {
-			out[i].Logprobs = s.completionLP(c, 0, len(c.lps), 0, req.TokensAsIDs)
+			out[i].Logprobs, _ = s.completionLP(c, 0, len(c.lps), 0, req.TokensAsIDs)
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": "text_completion", "created": created,
@@ -550,6 +560,15 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		for i := range n {
 			sse.send(chunk(chatDelta{Index: i, Delta: map[string]any{"role": "assistant", "content": ""}}))
 		}
+		// Log-probs go with the text of their tokens (streamableLP).
+		streamLP := func(c *choice, ch *chatDelta) {
+			if !req.Logprobs {
+				return
+			}
+			if lo, hi := g.streamableLP(c); hi > lo {
+				ch.Logprobs = s.chatLP(c, lo, hi, req.TokensAsIDs)
+			}
+		}
 		err := g.run(r.Context(), func(c *choice, ev tokEvent) {
 			delta := g.streamable(c)
 			c.sent += len(delta)
@@ -557,9 +576,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 			if delta != "" {
 				ch.Delta["content"] = delta
 			}
-			if req.Logprobs {
-				ch.Logprobs = s.chatLP(c, len(c.lps)-1, len(c.lps), req.TokensAsIDs)
-			}
+			streamLP(c, &ch)
 			if c.stopped {
 				ch.FinishReason = ptr("stop")
 			}
@@ -580,6 +597,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 				ch.Delta["content"] = rest
 			}
 			c.sent = len(c.text)
+			streamLP(c, &ch)
 			sse.send(chunk(ch))
 		}
 		if req.StreamOpts != nil && req.StreamOpts.IncludeUsage {

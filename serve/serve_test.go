@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -329,6 +330,7 @@ type completionAnswer struct {
 			Tokens        []string             `json:"tokens"`
 			TokenLogprobs []float32            `json:"token_logprobs"`
 			TopLogprobs   []map[string]float32 `json:"top_logprobs"`
+			TextOffset    []int                `json:"text_offset"`
 		} `json:"logprobs"`
 		FinishReason string `json:"finish_reason"`
 	} `json:"choices"`
@@ -520,6 +522,168 @@ func TestStreaming(t *testing.T) {
 	}
 	if role != "assistant" || text != whole.Choices[0].Message.Content {
 		t.Errorf("streamed chat %q (%s), whole %q", text, role, whole.Choices[0].Message.Content)
+	}
+}
+
+// Streamed log-probs are those of the streamed text, token for token, as
+// without streaming: a token held back as a possible start of a stop
+// string comes with its text (at the end of a stream too), tokens cut by
+// a stop string never come, and none comes twice. (Found by the openai
+// npm package's check, tools/openai-check: a stop string of two
+// characters streamed the token before the cut twice and the cut token.)
+func TestStreamedLogprobsFollowText(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	base := map[string]any{"prompt": "ab", "n": 2, "max_tokens": 24, "seed": 11, "ignore_eos": true, "logprobs": 2}
+	var plain completionAnswer
+	ts.post(t, "/v1/completions", base, &plain)
+	text := []rune(plain.Choices[0].Text)
+	if len(text) < 8 {
+		t.Fatalf("text %q too short", string(text))
+	}
+	// A stop string met mid-text, and one whose first character ends the
+	// text but which is never met (its token is held back to the end).
+	mid := string(text[len(text)/2 : len(text)/2+2])
+	held := string(text[len(text)-1:]) + "\u2603"
+	for _, stop := range []any{nil, mid, held} {
+		body := maps.Clone(base)
+		body["stop"] = stop
+		var whole completionAnswer
+		if code := ts.post(t, "/v1/completions", body, &whole); code != 200 || len(whole.Choices) != 2 {
+			t.Fatalf("stop %q: status %d %+v", stop, code, whole)
+		}
+		body["stream"] = true
+		type streamed struct {
+			text string
+			toks []string
+			lps  []float32
+			offs []int
+		}
+		got := map[int]*streamed{}
+		for _, ev := range readSSE(t, postStream(t, ts.URL+"/v1/completions", body)) {
+			for _, c := range ev["choices"].([]any) {
+				ch := c.(map[string]any)
+				i := int(ch["index"].(float64))
+				if got[i] == nil {
+					got[i] = &streamed{}
+				}
+				s := got[i]
+				s.text += ch["text"].(string)
+				if lp, ok := ch["logprobs"].(map[string]any); ok {
+					for k, tok := range lp["tokens"].([]any) {
+						s.toks = append(s.toks, tok.(string))
+						s.lps = append(s.lps, float32(lp["token_logprobs"].([]any)[k].(float64)))
+						s.offs = append(s.offs, int(lp["text_offset"].([]any)[k].(float64)))
+					}
+				}
+			}
+		}
+		for i, c := range whole.Choices {
+			s := got[i]
+			if s == nil {
+				t.Fatalf("stop %q: choice %d not streamed", stop, i)
+			}
+			// (A stop string within a token's text cuts the text there and
+			// leaves the token out.)
+			if !strings.HasPrefix(c.Text, strings.Join(c.Logprobs.Tokens, "")) {
+				t.Errorf("stop %q, choice %d: tokens %q are not the start of %q", stop, i, c.Logprobs.Tokens, c.Text)
+			}
+			if s.text != c.Text || !slices.Equal(s.toks, c.Logprobs.Tokens) || !slices.Equal(s.lps, c.Logprobs.TokenLogprobs) || !slices.Equal(s.offs, c.Logprobs.TextOffset) {
+				t.Errorf("stop %q, choice %d: streamed %q tokens %q offsets %v; whole %q tokens %q offsets %v",
+					stop, i, s.text, s.toks, s.offs, c.Text, c.Logprobs.Tokens, c.Logprobs.TextOffset)
+			}
+		}
+	}
+	// Chat, with the mid-text stop of its own answer.
+	chat := map[string]any{"messages": []any{map[string]any{"role": "user", "content": "Compute 2+2."}}, "max_tokens": 24, "seed": 5,
+		"ignore_eos": true, "logprobs": true, "top_logprobs": 2}
+	type chatAnswer struct {
+		Choices []struct {
+			Message struct {
+				Content string `json:"content"`
+			} `json:"message"`
+			Logprobs struct {
+				Content []struct {
+					Token   string  `json:"token"`
+					Logprob float32 `json:"logprob"`
+				} `json:"content"`
+			} `json:"logprobs"`
+		} `json:"choices"`
+	}
+	var first chatAnswer
+	ts.post(t, "/v1/chat/completions", chat, &first)
+	ctext := []rune(first.Choices[0].Message.Content)
+	if len(ctext) < 8 {
+		t.Fatalf("chat text %q too short", string(ctext))
+	}
+	for _, stop := range []any{nil, string(ctext[len(ctext)/2 : len(ctext)/2+2]), string(ctext[len(ctext)-1:]) + "\u2603"} {
+		body := maps.Clone(chat)
+		body["stop"] = stop
+		var whole chatAnswer
+		if code := ts.post(t, "/v1/chat/completions", body, &whole); code != 200 || len(whole.Choices) != 1 {
+			t.Fatalf("chat stop %q: status %d %+v", stop, code, whole)
+		}
+		var want []string
+		var wantLP []float32
+		for _, e := range whole.Choices[0].Logprobs.Content {
+			want, wantLP = append(want, e.Token), append(wantLP, e.Logprob)
+		}
+		body["stream"] = true
+		var text string
+		var toks []string
+		var lps []float32
+		for _, ev := range readSSE(t, postStream(t, ts.URL+"/v1/chat/completions", body)) {
+			for _, c := range ev["choices"].([]any) {
+				ch := c.(map[string]any)
+				if s, ok := ch["delta"].(map[string]any)["content"].(string); ok {
+					text += s
+				}
+				if lp, ok := ch["logprobs"].(map[string]any); ok {
+					for _, e := range lp["content"].([]any) {
+						toks = append(toks, e.(map[string]any)["token"].(string))
+						lps = append(lps, float32(e.(map[string]any)["logprob"].(float64)))
+					}
+				}
+			}
+		}
+		c := whole.Choices[0]
+		if !strings.HasPrefix(c.Message.Content, strings.Join(want, "")) {
+			t.Errorf("chat stop %q: tokens %q are not the start of %q", stop, want, c.Message.Content)
+		}
+		if text != c.Message.Content || !slices.Equal(toks, want) || !slices.Equal(lps, wantLP) {
+			t.Errorf("chat stop %q: streamed %q tokens %q; whole %q tokens %q", stop, text, toks, c.Message.Content, want)
+		}
+	}
+}
+
+// A streamed completion with echo sends the prompt once, also when its
+// first token is held back as a possible start of a stop string. (Found
+// with the openai npm package's check: the prompt came again with every
+// chunk until the first text was sent.)
+func TestStreamedEchoOnce(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	body := map[string]any{"prompt": "ab", "max_tokens": 8, "seed": 4, "ignore_eos": true, "logprobs": 0}
+	var first completionAnswer
+	ts.post(t, "/v1/completions", body, &first)
+	if len(first.Choices) != 1 || len(first.Choices[0].Logprobs.Tokens) == 0 {
+		t.Fatalf("%+v", first)
+	}
+	delete(body, "logprobs")
+	body["echo"] = true
+	body["stop"] = first.Choices[0].Logprobs.Tokens[0] + "\u2603" // holds the first token back
+	var whole completionAnswer
+	ts.post(t, "/v1/completions", body, &whole)
+	if want := "ab" + first.Choices[0].Text; len(whole.Choices) != 1 || whole.Choices[0].Text != want {
+		t.Fatalf("echo: %+v, want %q", whole, want)
+	}
+	body["stream"] = true
+	var text string
+	for _, ev := range readSSE(t, postStream(t, ts.URL+"/v1/completions", body)) {
+		for _, c := range ev["choices"].([]any) {
+			text += c.(map[string]any)["text"].(string)
+		}
+	}
+	if text != whole.Choices[0].Text {
+		t.Errorf("streamed with echo %q, whole %q", text, whole.Choices[0].Text)
 	}
 }
 

@@ -22,7 +22,7 @@ func TestProbeCommand(t *testing.T) {
 	if err := json.Unmarshal(b, &rows); err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 4 || rows[0].Precision != "exact" || rows[3].Precision != "fp8" {
+	if len(rows) != 5 || rows[0].Precision != "exact" || rows[3].Precision != "fp8" || rows[4].Precision != "fp4" {
 		t.Fatalf("rows %+v", rows)
 	}
 	ex := rows[0]
@@ -44,7 +44,7 @@ func TestProbeCommandErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--model", dir, "--input", good, "--precision", "exact,fp4"}, "unknown precision"},
+		{[]string{"--model", dir, "--input", good, "--precision", "exact,fp6"}, "unknown precision"},
 		{[]string{"--model", dir}, "--input is required"},
 		{[]string{"--input", good}, "--model is required"},
 		{[]string{"--model", dir, "--input", bad}, "bad.jsonl:2"},
