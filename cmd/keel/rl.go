@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -24,7 +25,7 @@ func init() {
 }
 
 const rlUsage = `usage: keel rl [--recipe FILE.yaml] [--set key=value ...] [--name NAME]
-       keel rl --resume RUN_DIR
+       keel rl --resume RUN_DIR [--servers URL,...]
 
 Runs RL (MiniRL and its neighbours, Routing Replay, on- and off-policy) as
 the recipe describes; README "RL recipes" lists every key. Without
@@ -36,6 +37,9 @@ The run directory (runs/NAME, or the recipe's out) receives recipe.yaml
 (resolved), metrics.jsonl, tensorboard/, samples/, checkpoints/ and, at the
 end, model/ (a Hugging Face model directory with tokenizer.json). Ctrl-C
 stops after the current step with a checkpoint; --resume continues it.
+A run whose rollout is remote can resume on other servers (--servers):
+where the samples come from, not what is trained, may change between a
+stop and its resumption.
 `
 
 type multiFlag []string
@@ -50,6 +54,7 @@ func runRL(args []string) error {
 	name := fs.String("name", "", "run name: the run directory is runs/NAME")
 	resume := fs.String("resume", "", "continue the run in this directory from its last checkpoint")
 	quiet := fs.Bool("quiet", false, "no progress line")
+	servers := fs.String("servers", "", "comma-separated rollout server URLs (rollout.servers; with --resume, replacing the run's)")
 	var sets multiFlag
 	fs.Var(&sets, "set", "override a recipe key: --set train.steps=10 (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -68,10 +73,24 @@ func runRL(args []string) error {
 		if *path != "" || *name != "" || len(sets) > 0 {
 			return errors.New("--resume takes the run's own recipe: give no --recipe, --name or --set")
 		}
-		if r, err = rl.ReadRecipe(filepath.Join(*resume, rl.RecipeFile), []string{"out=" + *resume}); err != nil {
+		over := []string{"out=" + *resume}
+		if *servers != "" {
+			saved, err := rl.ReadRecipe(filepath.Join(*resume, rl.RecipeFile), over)
+			if err != nil {
+				return err
+			}
+			if len(saved.Rollout.Servers) == 0 {
+				return fmt.Errorf("--servers: the run in %s samples with its in-process engine; its rollout cannot move to servers", *resume)
+			}
+			over = append(over, serversOverride(*servers))
+		}
+		if r, err = rl.ReadRecipe(filepath.Join(*resume, rl.RecipeFile), over); err != nil {
 			return err
 		}
 	case *path != "":
+		if *servers != "" {
+			sets = append(sets, serversOverride(*servers))
+		}
 		if *name != "" {
 			sets = append([]string{"name=" + *name, "out=runs/" + *name}, sets...)
 		}
@@ -79,6 +98,9 @@ func runRL(args []string) error {
 			return err
 		}
 	default:
+		if *servers != "" {
+			sets = append(sets, serversOverride(*servers), "rollout.precision=")
+		}
 		if *name != "" {
 			sets = append([]string{"name=" + *name, "out=runs/" + *name}, sets...)
 		} else {
@@ -162,4 +184,15 @@ func freshRunDir(base string) string {
 		}
 		dir = fmt.Sprintf("%s-%d", base, i)
 	}
+}
+
+// serversOverride is the recipe override of --servers URL,URL.
+func serversOverride(list string) string {
+	var urls []string
+	for _, u := range strings.Split(list, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			urls = append(urls, strconv.Quote(u))
+		}
+	}
+	return "rollout.servers=[" + strings.Join(urls, ", ") + "]"
 }

@@ -38,6 +38,9 @@ func TestRLCommand(t *testing.T) {
 	if err := runRL([]string{"--resume", "runs/short", "--set", "train.steps=3"}); err == nil || !strings.Contains(err.Error(), "--resume") {
 		t.Fatalf("--resume with --set: %v", err)
 	}
+	if err := runRL([]string{"--resume", "runs/short", "--servers", "http://127.0.0.1:1"}); err == nil || !strings.Contains(err.Error(), "in-process engine") {
+		t.Fatalf("--resume --servers on a local run: %v", err)
+	}
 	if err := runRL([]string{"--resume", "runs/nothing"}); err == nil {
 		t.Fatal("--resume of a directory without a run succeeded")
 	}

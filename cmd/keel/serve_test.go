@@ -19,6 +19,7 @@ import (
 	"reflect"
 	"regexp"
 	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -576,30 +577,23 @@ func TestServeRLKill(t *testing.T) {
 		t.Fatal("a checkpoint of the failed step 3")
 	}
 
-	// Servers back. The saved recipe names the servers' URLs and
-	// `keel rl --resume` takes no --set: with new URLs, only rl.Run on
-	// the saved recipe with rollout.servers overridden can resume (a copy
-	// of the run directory here)...
+	// Servers back, at new addresses: keel rl --resume --servers moves the
+	// run to them (a copy of the run directory here)...
 	a2, b2 := startServe(t, md), startServe(t, md)
 	copyDir := filepath.Join(t.TempDir(), "resumed-new-urls")
 	if err := os.CopyFS(copyDir, os.DirFS(dir)); err != nil {
 		t.Fatal(err)
 	}
-	rr, err := rl.ReadRecipe(filepath.Join(copyDir, rl.RecipeFile), append([]string{"out=" + copyDir}, remoteSets(copyDir, a2.url, b2.url)...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := rl.Run(context.Background(), rr, true, rl.Progress{Warn: warn})
-	if err != nil {
+	if err := runRL([]string{"--resume", copyDir, "--quiet", "--servers", a2.url + "," + b2.url}); err != nil {
 		t.Fatalf("resume with new server URLs: %v", err)
 	}
-	if res.Resumed != 2 {
-		t.Fatalf("resumed from step %d, want 2", res.Resumed)
+	if saved, err := rl.ReadRecipe(filepath.Join(copyDir, rl.RecipeFile), nil); err != nil || !slices.Equal(saved.Rollout.Servers, []string{a2.url, b2.url}) {
+		t.Fatalf("the resumed run's recipe: %v, %v", saved, err)
 	}
 	sameRun(t, "killed, resumed on new URLs", local, copyDir)
 
 	// ... while servers back at the recipe's addresses (the proxies now
-	// forward to the new processes) resume with keel rl --resume itself.
+	// forward to the new processes) resume with plain keel rl --resume.
 	pa.retarget(a2)
 	pb.retarget(b2)
 	if err := runRL([]string{"--resume", dir, "--quiet"}); err != nil {
