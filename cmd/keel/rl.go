@@ -89,7 +89,8 @@ func runRL(args []string) error {
 		}
 	case *path != "":
 		if *servers != "" {
-			sets = append(sets, serversOverride(*servers))
+			// The servers run their own precision.
+			sets = append(sets, serversOverride(*servers), "rollout.precision=")
 		}
 		if *name != "" {
 			sets = append([]string{"name=" + *name, "out=runs/" + *name}, sets...)
