@@ -64,6 +64,8 @@ type generation struct {
 	stopIDs  map[int32]bool
 	topN     int
 	choices  []*choice
+	// idle, if set, is called when no token is waiting (a stream flushes).
+	idle func()
 }
 
 func (s *Server) newGeneration(jobs []genJob, stopStrs []string, topN int) *generation {
@@ -143,6 +145,9 @@ func (g *generation) run(ctx context.Context, onToken func(c *choice, ev tokEven
 		select {
 		case ev := <-events:
 			handle(ev)
+			if g.idle != nil && len(events) == 0 {
+				g.idle()
+			}
 		case r := <-results:
 			left--
 			// OnToken is not called after Do returns: the job's events

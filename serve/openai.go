@@ -326,6 +326,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.Stream {
 		sse := newSSE(w)
+		g.idle = sse.flush
 		// Log-probs go with the text of their tokens (streamableLP).
 		streamLP := func(c *choice, ch *completionChoice) {
 			if !wantLP {
@@ -560,6 +561,8 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		for i := range n {
 			sse.send(chunk(chatDelta{Index: i, Delta: map[string]any{"role": "assistant", "content": ""}}))
 		}
+		sse.flush()
+		g.idle = sse.flush
 		// Log-probs go with the text of their tokens (streamableLP).
 		streamLP := func(c *choice, ch *chatDelta) {
 			if !req.Logprobs {
@@ -626,6 +629,7 @@ type sse struct {
 	w       http.ResponseWriter
 	f       http.Flusher
 	started bool
+	dirty   bool // written since the last flush
 }
 
 func newSSE(w http.ResponseWriter) *sse {
@@ -644,13 +648,22 @@ func (e *sse) start() {
 	e.w.WriteHeader(http.StatusOK)
 }
 
+// send writes one event; flush sends what was written. Generation calls
+// flush when no further token is waiting, so that a burst of tokens (64
+// streams advancing in one forward step) costs one write each, not one
+// per token.
 func (e *sse) send(v any) {
 	e.start()
 	b, _ := json.Marshal(v)
 	fmt.Fprintf(e.w, "data: %s\n\n", b)
-	if e.f != nil {
+	e.dirty = true
+}
+
+func (e *sse) flush() {
+	if e.dirty && e.f != nil {
 		e.f.Flush()
 	}
+	e.dirty = false
 }
 
 // fail ends a stream with an error: as a status before anything was
@@ -670,7 +683,6 @@ func (e *sse) fail(err error) {
 func (e *sse) done() {
 	e.start()
 	fmt.Fprint(e.w, "data: [DONE]\n\n")
-	if e.f != nil {
-		e.f.Flush()
-	}
+	e.dirty = true
+	e.flush()
 }

@@ -14,12 +14,12 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rollout"
@@ -767,46 +767,65 @@ func TestPauseAbort(t *testing.T) {
 	if err := model.Save(dir, testModel(t, 2), "float32"); err != nil {
 		t.Fatal(err)
 	}
-	started := func() {
-		for ts.sched.Stats().Running == 0 {
-			runtime.Gosched()
-		}
+	// finish is the first sample's finish reason (n = 8: a list).
+	finish := func(a []map[string]any) any {
+		return a[0]["meta_info"].(map[string]any)["finish_reason"].(map[string]any)["type"]
 	}
 	for _, mode := range []string{"in_place", "abort"} {
-		answer := make(chan map[string]any, 1)
-		go func() {
-			var a map[string]any
-			ts.post(t, "/generate", map[string]any{"input_ids": []int{1, 2, 3}, "sampling_params": map[string]any{"max_new_tokens": 60, "ignore_eos": true}}, &a)
-			answer <- a
-		}()
-		started()
-		var ok map[string]any
-		body := map[string]any{"mode": mode}
-		if mode == "abort" {
-			body = map[string]any{} // SGLang's default
-		}
-		if code := ts.post(t, "/pause_generation", body, &ok); code != 200 {
-			t.Fatalf("pause %s: %d %v", mode, code, ok)
-		}
-		code := ts.post(t, "/update_weights_from_disk", map[string]any{"model_path": dir, "weight_version": "1"}, &ok)
-		if mode == "in_place" {
-			if code != 409 {
-				t.Errorf("update while paused in place with a request in flight: %d %v", code, ok)
+		// A request must be caught in flight by the pause: on a busy
+		// machine it may finish first, and then the scenario is tried
+		// again.
+		for attempt := 0; ; attempt++ {
+			if attempt == 50 {
+				t.Fatalf("%s: no request was caught in flight in 50 attempts", mode)
+			}
+			answer := make(chan []map[string]any, 1)
+			go func() {
+				var a []map[string]any
+				ts.post(t, "/generate", map[string]any{"input_ids": []int{1, 2, 3}, "sampling_params": map[string]any{"n": 8, "max_new_tokens": 60, "ignore_eos": true}}, &a)
+				answer <- a
+			}()
+			deadline := time.Now().Add(10 * time.Second)
+			for ts.sched.Stats().Running == 0 && len(answer) == 0 && time.Now().Before(deadline) {
+				time.Sleep(100 * time.Microsecond)
+			}
+			var ok map[string]any
+			body := map[string]any{"mode": mode}
+			if mode == "abort" {
+				body = map[string]any{} // SGLang's default
+			}
+			if code := ts.post(t, "/pause_generation", body, &ok); code != 200 {
+				t.Fatalf("pause %s: %d %v", mode, code, ok)
+			}
+			if mode == "in_place" && ts.sched.Stats().Running == 0 {
+				// Finished before the pause (no step runs while paused, so
+				// this is settled): try again.
+				ts.post(t, "/continue_generation", nil, nil)
+				<-answer
+				continue
+			}
+			code := ts.post(t, "/update_weights_from_disk", map[string]any{"model_path": dir, "weight_version": "1"}, &ok)
+			if mode == "in_place" {
+				if code != 409 {
+					t.Errorf("update while paused in place with a request in flight: %d %v", code, ok)
+				}
+				ts.post(t, "/continue_generation", nil, nil)
+				if f := finish(<-answer); f != "length" {
+					t.Errorf("in place: finish %v", f)
+				}
+				break
+			}
+			if code != 200 {
+				t.Errorf("update after an abort: %d %v", code, ok)
 			}
 			ts.post(t, "/continue_generation", nil, nil)
 			a := <-answer
-			if fr := a["meta_info"].(map[string]any)["finish_reason"].(map[string]any); fr["type"] != "length" {
-				t.Errorf("in place: finish %v", fr)
+			if f := finish(a); f == "length" {
+				continue // finished before the pause
+			} else if f != "abort" {
+				t.Errorf("abort: finish %v", f)
 			}
-			continue
+			break
 		}
-		if code != 200 {
-			t.Errorf("update after an abort: %d %v", code, ok)
-		}
-		a := <-answer
-		if fr := a["meta_info"].(map[string]any)["finish_reason"].(map[string]any); fr["type"] != "abort" {
-			t.Errorf("abort: finish %v", fr)
-		}
-		ts.post(t, "/continue_generation", nil, nil)
 	}
 }
