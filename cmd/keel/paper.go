@@ -67,6 +67,11 @@ func paperSuite(quick bool) []paperGrid {
 		g = append(g, paperGrid{Name: fmt.Sprintf("offpolicy-n%d-%s", n, stressPrecision),
 			Paths: []string{fmt.Sprintf("recipes/paper/offpolicy-n%d", n)}, Seeds: []uint64{1}, Sets: []string{stress}})
 	}
+	// The off-policy grid's instabilities need the policy to move away
+	// from pi_old within a step: the same N = 8 grid at ten times the
+	// learning rate (REPRODUCTION.md, finding 2).
+	g = append(g, paperGrid{Name: "offpolicy-n8-" + stressPrecision + "-lr1e-3", Paths: []string{"recipes/paper/offpolicy-n8"},
+		Seeds: []uint64{1}, Sets: []string{stress, "train.lr=1.0e-3", "train.min_lr=1.0e-4"}})
 	for _, style := range []string{"terse", "scratch", "chain"} {
 		g = append(g, paperGrid{Name: "coldstart-" + style,
 			Paths: []string{"recipes/paper/coldstart/from-" + style + ".yaml"}, Seeds: []uint64{1},
