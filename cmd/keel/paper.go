@@ -68,10 +68,14 @@ func paperSuite(quick bool) []paperGrid {
 			Paths: []string{fmt.Sprintf("recipes/paper/offpolicy-n%d", n)}, Seeds: []uint64{1}, Sets: []string{stress}})
 	}
 	// The off-policy grid's instabilities need the policy to move away
-	// from pi_old within a step: the same N = 8 grid at ten times the
-	// learning rate (REPRODUCTION.md, finding 2).
-	g = append(g, paperGrid{Name: "offpolicy-n8-" + stressPrecision + "-lr1e-3", Paths: []string{"recipes/paper/offpolicy-n8"},
-		Seeds: []uint64{1}, Sets: []string{stress, "train.lr=1.0e-3", "train.min_lr=1.0e-4"}})
+	// from pi_old within a step: the same N = 8 grid at three and ten
+	// times the learning rate (REPRODUCTION.md, finding 2).
+	n8 := func(arm string) string { return "recipes/paper/offpolicy-n8/" + arm + ".yaml" }
+	g = append(g,
+		paperGrid{Name: "offpolicy-n8-" + stressPrecision + "-lr3e-4", Paths: []string{n8("no-clip"), n8("clip"), n8("r2"), n8("r3")},
+			Seeds: []uint64{1}, Sets: []string{stress, "train.lr=3.0e-4", "train.min_lr=3.0e-5"}},
+		paperGrid{Name: "offpolicy-n8-" + stressPrecision + "-lr1e-3", Paths: []string{"recipes/paper/offpolicy-n8"},
+			Seeds: []uint64{1}, Sets: []string{stress, "train.lr=1.0e-3", "train.min_lr=1.0e-4"}})
 	for _, style := range []string{"terse", "scratch", "chain"} {
 		g = append(g, paperGrid{Name: "coldstart-" + style,
 			Paths: []string{"recipes/paper/coldstart/from-" + style + ".yaml"}, Seeds: []uint64{1},
