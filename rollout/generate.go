@@ -78,6 +78,13 @@ type Sample struct {
 // MaxTopLogProbs bounds Sampling.TopLogProbs (OpenAI's limit).
 const MaxTopLogProbs = 20
 
+// MinTemperature is the smallest positive Sampling.Temperature. The
+// logits are divided by the temperature in float32: below this the
+// quotients overflow to infinities (NaN log-probabilities), and below
+// float32's range the temperature itself rounds to 0. Greedy decoding is
+// Temperature 0.
+const MinTemperature = 1e-5
+
 // TokenLogProb is a token and its log-probability.
 type TokenLogProb struct {
 	Token   int32
@@ -255,6 +262,9 @@ func (e *Engine) checkSampling(n int, sp Sampling) error {
 	}
 	if !(sp.Temperature >= 0) || math.IsInf(sp.Temperature, 0) {
 		return fmt.Errorf("rollout: temperature %g, want a finite value >= 0", sp.Temperature)
+	}
+	if sp.Temperature > 0 && sp.Temperature < MinTemperature {
+		return fmt.Errorf("rollout: temperature %g is too small to sample with (at least %g; use 0 for greedy decoding)", sp.Temperature, MinTemperature)
 	}
 	if sp.TopK < 0 || !(sp.TopP >= 0 && sp.TopP <= 1) {
 		return fmt.Errorf("rollout: top-k %d / top-p %g out of range (top-k >= 0, 0 <= top-p <= 1)", sp.TopK, sp.TopP)

@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -725,5 +726,37 @@ func TestDrawFullInverseCDF(t *testing.T) {
 				t.Fatalf("V=%d u=%v: token %d, want %d", V, u, i, map[int]int{0: first, 1: last}[k])
 			}
 		}
+	}
+}
+
+// A positive temperature below MinTemperature is refused, by Generate and
+// by a Scheduler's Do, with an error naming it and pointing to greedy
+// decoding: divided by it in float32 the logits overflow to infinities
+// (NaN log-probabilities), and below float32's range it rounds to 0.
+func TestTinyTemperatureRefused(t *testing.T) {
+	m := randomModel(denseConfig(), 5)
+	e, _ := New(m, Options{Slots: 2, MaxLen: 8})
+	defer e.Close()
+	for _, temp := range []float64{1e-300, 1e-40, MinTemperature / 2} {
+		sp := Sampling{Temperature: temp, MaxNewTokens: 2}
+		if _, err := e.Generate([][]int32{{1}}, 1, sp); err == nil || !strings.Contains(err.Error(), "temperature") || !strings.Contains(err.Error(), "use 0 for greedy") {
+			t.Errorf("Generate, temperature %g: err = %v", temp, err)
+		}
+	}
+	for _, temp := range []float64{0, MinTemperature, 1} {
+		out, err := e.Generate([][]int32{{1}}, 1, Sampling{Temperature: temp, MaxNewTokens: 2})
+		if err != nil {
+			t.Fatalf("temperature %g: %v", temp, err)
+		}
+		for _, lp := range out[0].LogProbs {
+			if math.IsNaN(float64(lp)) || math.IsInf(float64(lp), 0) {
+				t.Errorf("temperature %g: log-prob %v", temp, lp)
+			}
+		}
+	}
+	s := NewScheduler(e)
+	defer s.Close()
+	if _, err := s.Do(context.Background(), Request{Prompt: []int32{1}, N: 1, Sampling: Sampling{Temperature: 1e-40, MaxNewTokens: 2}}); err == nil || !strings.Contains(err.Error(), "use 0 for greedy") {
+		t.Errorf("Do, temperature 1e-40: err = %v", err)
 	}
 }

@@ -80,7 +80,8 @@ type weightUpdate struct {
 	done    chan struct{}
 }
 
-var errClosed = errors.New("rollout: scheduler closed")
+// ErrClosed is Do's and UpdateWeights' error after Close.
+var ErrClosed = errors.New("rollout: scheduler closed")
 
 // NewScheduler starts the loop goroutine that owns e from now on (nothing
 // else may call e's methods until Close). Generate must not run on e
@@ -115,7 +116,7 @@ func (s *Scheduler) Do(ctx context.Context, r Request) ([]Sample, error) {
 	s.mu.Lock()
 	err := ctx.Err()
 	if s.closed {
-		err = errClosed
+		err = ErrClosed
 	}
 	if err != nil {
 		s.mu.Unlock()
@@ -182,7 +183,7 @@ func (s *Scheduler) UpdateWeights(m *model.Model, version int64) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return errClosed
+		return ErrClosed
 	}
 	s.updates = append(s.updates, u)
 	s.wake.Broadcast()
@@ -211,7 +212,7 @@ func (s *Scheduler) Stats() SchedulerStats {
 
 // Close stops the loop after the requests already accepted finish (a
 // paused scheduler continues for them), then gives the engine back to the
-// caller; Do and UpdateWeights after Close return an error. Close may be
+// caller; Do and UpdateWeights after Close return ErrClosed. Close may be
 // called more than once.
 func (s *Scheduler) Close() {
 	s.mu.Lock()

@@ -4,8 +4,9 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sort"
 	"strings"
-	"unicode/utf8"
+	"sync"
 
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rollout"
@@ -30,13 +31,22 @@ type choice struct {
 	finish     string
 	routes     *model.Routes
 	version    int64
-	// Text state: the text of ids (stop token excluded, cut at a stop
-	// string), and how much of it was already streamed.
+	// Text state: the text of ids[:nText] (a stop token excluded, cut at
+	// a stop string), and how much of it was already streamed. A request
+	// that streams or has stop strings builds it token by token
+	// (extendText); any other gets it decoded once, when finished.
 	text     string
 	sent     int
 	stopped  bool // cut at a stop string
 	nText    int  // tokens whose text is part of text
 	finished bool
+	// Built token by token: buf holds text; ends[k] is the length of
+	// text once token k's is part of it; tokens from nText on wait for
+	// the rest of a UTF-8 character, and ids[prefix:nText] are the tokens
+	// added last, decoded again with the next ones (see extendText).
+	buf    strings.Builder
+	ends   []int
+	prefix int
 	// Streamed log-probabilities: of tokens [0, lpSent), whose text was
 	// sent; lpOff is the completions text_offset of token lpSent.
 	lpSent int
@@ -53,6 +63,37 @@ type tokEvent struct {
 	top    []rollout.TokenLogProb
 }
 
+// tokenQueue carries tokens from the scheduler's goroutine (OnToken,
+// which must never block) to the handler's: a slice that grows with the
+// tokens not yet taken, and a signal that some are waiting. Its memory
+// follows the tokens produced, not the budget a request asks for.
+type tokenQueue struct {
+	mu     sync.Mutex
+	events []tokEvent
+	ready  chan struct{} // capacity 1: tokens are waiting
+}
+
+func (q *tokenQueue) push(ev tokEvent) {
+	q.mu.Lock()
+	q.events = append(q.events, ev)
+	q.mu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	default: // already signalled
+	}
+}
+
+// take returns the waiting tokens, keeping spare (the slice take returned
+// before, now handled) to queue the next ones in.
+func (q *tokenQueue) take(spare []tokEvent) []tokEvent {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	evs := q.events
+	clear(spare)
+	q.events = spare[:0]
+	return evs
+}
+
 // generation runs jobs on the scheduler at once, applies stop strings,
 // and calls onToken (may be nil) on the handler's goroutine after each
 // token with the choice it changed. It returns the choices in job-major
@@ -61,19 +102,22 @@ type generation struct {
 	s        *Server
 	jobs     []genJob
 	stopStrs []string
-	stopIDs  map[int32]bool
+	maxStop  int // bytes of the longest stop string
 	topN     int
 	choices  []*choice
+	// tokens: the choices follow the tokens as they come (a stream, or
+	// stop strings to find); else the engine's samples are taken whole.
+	tokens bool
 	// idle, if set, is called when no token is waiting (a stream flushes).
 	idle func()
 }
 
 func (s *Server) newGeneration(jobs []genJob, stopStrs []string, topN int) *generation {
-	g := &generation{s: s, jobs: jobs, stopStrs: stopStrs, topN: topN, stopIDs: map[int32]bool{}}
+	g := &generation{s: s, jobs: jobs, stopStrs: stopStrs, topN: topN}
+	for _, st := range stopStrs {
+		g.maxStop = max(g.maxStop, len(st))
+	}
 	for j, jb := range jobs {
-		for _, id := range jb.sp.Stop {
-			g.stopIDs[id] = true
-		}
 		for i := range jb.n {
 			g.choices = append(g.choices, &choice{job: j, index: i})
 		}
@@ -90,11 +134,8 @@ func (g *generation) run(ctx context.Context, onToken func(c *choice, ev tokEven
 	defer cancelAll()
 	unregister := g.s.register(cancelCause)
 	defer unregister()
-	total := 0
-	for _, jb := range g.jobs {
-		total += jb.n * jb.sp.MaxNewTokens
-	}
-	events := make(chan tokEvent, total+1) // never full: OnToken must not block
+	g.tokens = onToken != nil || len(g.stopStrs) > 0
+	q := &tokenQueue{ready: make(chan struct{}, 1)}
 	type result struct {
 		job     int
 		samples []rollout.Sample
@@ -112,10 +153,12 @@ func (g *generation) run(ctx context.Context, onToken func(c *choice, ev tokEven
 		base := first[j]
 		sp := jb.sp
 		sp.TopLogProbs = g.topN
-		req := rollout.Request{Prompt: jb.prompt, N: jb.n, Sampling: sp,
-			OnToken: func(index int, t rollout.Token) {
-				events <- tokEvent{choice: base + index, tok: t.ID, lp: t.LogProb, tlp: t.TruncLogProb, top: slices.Clone(t.Top)}
-			}}
+		req := rollout.Request{Prompt: jb.prompt, N: jb.n, Sampling: sp}
+		if g.tokens {
+			req.OnToken = func(index int, t rollout.Token) {
+				q.push(tokEvent{choice: base + index, tok: t.ID, lp: t.LogProb, tlp: t.TruncLogProb, top: slices.Clone(t.Top)})
+			}
+		}
 		go func() {
 			smp, err := g.s.sched.Do(jctx, req)
 			results <- result{job: j, samples: smp, err: err}
@@ -140,26 +183,26 @@ func (g *generation) run(ctx context.Context, onToken func(c *choice, ev tokEven
 			cancels[c.job]() // every sample of the job is done: free the slots
 		}
 	}
+	var batch []tokEvent
+	drain := func() {
+		batch = q.take(batch)
+		for _, ev := range batch {
+			handle(ev)
+		}
+	}
 	var firstErr error
 	for left := len(g.jobs); left > 0; {
 		select {
-		case ev := <-events:
-			handle(ev)
-			if g.idle != nil && len(events) == 0 {
+		case <-q.ready:
+			drain()
+			if g.idle != nil {
 				g.idle()
 			}
 		case r := <-results:
 			left--
-			// OnToken is not called after Do returns: the job's events
+			// OnToken is not called after Do returns: the job's tokens
 			// are all queued.
-			for drained := false; !drained; {
-				select {
-				case ev := <-events:
-					handle(ev)
-				default:
-					drained = true
-				}
-			}
+			drain()
 			if r.err != nil {
 				if g.allStopped(r.job, first[r.job]) && ctx.Err() == nil {
 					continue // cancelled by us: every sample hit a stop string
@@ -175,15 +218,20 @@ func (g *generation) run(ctx context.Context, onToken func(c *choice, ev tokEven
 			}
 		}
 	}
-	if firstErr != nil && errors.Is(context.Cause(ctx), errAborted) {
-		return errAborted
+	if cause := context.Cause(ctx); firstErr != nil && (cause == errAborted || cause == errShutdown) {
+		return cause
 	}
 	return firstErr
 }
 
-// errAborted ends the generations in flight when pause_generation asks
-// for mode abort (SGLang's default).
-var errAborted = errors.New("aborted by pause_generation")
+var (
+	// errAborted ends the generations in flight when pause_generation
+	// asks for mode abort (SGLang's default), or when a paused server
+	// shuts down (Drain).
+	errAborted = errors.New("aborted by pause_generation")
+	// errShutdown ends them when a shutdown's drain timed out (Abort).
+	errShutdown = errors.New("the server is shutting down")
+)
 
 // register records a generation's cancel function for aborts, returning
 // its removal.
@@ -203,12 +251,12 @@ func (s *Server) register(cancel context.CancelCauseFunc) func() {
 	}
 }
 
-// abortAll cancels every generation in flight with errAborted.
-func (s *Server) abortAll() int {
+// abortAll cancels every generation in flight with cause.
+func (s *Server) abortAll(cause error) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, c := range s.inflight {
-		c(errAborted)
+		c(cause)
 	}
 	return len(s.inflight)
 }
@@ -222,38 +270,80 @@ func (g *generation) allStopped(job, first int) bool {
 	return true
 }
 
-// updateText recomputes c's text after a new token: a stop token adds no
-// text; a stop string cuts the text before it and stops the choice.
-func (g *generation) updateText(c *choice) {
-	ids := c.ids
-	if n := len(ids); n > 0 && g.stopIDs[ids[n-1]] {
-		ids = ids[:n-1]
+// textIDs is how many of c's tokens have text: all but a final stop
+// token of its job (the engine ends a sample at its first).
+func (g *generation) textIDs(c *choice) int {
+	n := len(c.ids)
+	if n > 0 && slices.Contains(g.jobs[c.job].sp.Stop, c.ids[n-1]) {
+		n--
 	}
-	text := g.s.tok.DecodeLenient(ids)
-	c.nText = len(ids)
-	if len(g.stopStrs) > 0 {
-		cut := -1
-		for _, st := range g.stopStrs {
-			if i := strings.Index(text, st); i >= 0 && (cut < 0 || i < cut) {
-				cut = i
-			}
+	return n
+}
+
+// updateText adds c's new token to its text; a stop string cuts the text
+// before it and stops the choice.
+func (g *generation) updateText(c *choice) { g.extendText(c, false) }
+
+// extendText adds the text of c's tokens from nText on, with work that
+// does not grow with the text (the old way decoded every id and searched
+// the whole text at every token: quadratic).
+//
+// It decodes only the new tokens and those added last (ids[prefix:]), so
+// that decoders that join tokens (with spaces, or bytes into characters)
+// render the boundary as decoding every id does, and keeps the new part.
+// While that ends inside a UTF-8 character (U+FFFD), the tokens wait for
+// the rest of it, unless final (the sample is done: the text ends as
+// decoding every id ends it). A new stop string match ends in the new
+// part, so only the last len(longest stop)-1 bytes before it are searched
+// with it.
+func (g *generation) extendText(c *choice, final bool) {
+	end := g.textIDs(c)
+	if end <= c.nText {
+		return
+	}
+	dec := g.s.tok.DecodeLenient
+	head, all := dec(c.ids[c.prefix:c.nText]), dec(c.ids[c.prefix:end])
+	if !final && strings.HasSuffix(all, "\uFFFD") {
+		return
+	}
+	old := c.buf.Len()
+	c.buf.WriteString(all[min(len(head), len(all)):])
+	c.text = c.buf.String()
+	for k := c.nText + 1; k <= end; k++ {
+		e := len(c.text)
+		if k < end {
+			// Tokens that waited for the rest of a character end where
+			// decoding up to them does (with U+FFFD): rare, and few.
+			e = min(e, old+len(dec(c.ids[c.prefix:k]))-len(head))
 		}
-		if cut >= 0 {
-			text = text[:cut]
-			// Keep the tokens whose text lies wholly before the cut.
-			k := len(ids)
-			for k > 0 && len(g.s.tok.DecodeLenient(ids[:k])) > cut {
-				k--
-			}
-			c.ids, c.lps, c.tlps = c.ids[:k], c.lps[:k], c.tlps[:k]
-			if c.top != nil {
-				c.top = c.top[:k]
-			}
-			c.nText = k
-			c.stopped, c.finished, c.finish = true, true, "stop"
+		if n := len(c.ends); n > 0 {
+			e = max(e, c.ends[n-1])
+		}
+		c.ends = append(c.ends, e)
+	}
+	c.prefix, c.nText = c.nText, end
+	if len(g.stopStrs) == 0 {
+		return
+	}
+	from := max(0, old-(g.maxStop-1))
+	cut := -1
+	for _, st := range g.stopStrs {
+		if i := strings.Index(c.text[from:], st); i >= 0 && (cut < 0 || from+i < cut) {
+			cut = from + i
 		}
 	}
-	c.text = text
+	if cut < 0 {
+		return
+	}
+	c.text = c.text[:cut]
+	// Keep the tokens whose text lies wholly before the cut.
+	k := sort.SearchInts(c.ends, cut+1)
+	c.ids, c.lps, c.tlps = c.ids[:k], c.lps[:k], c.tlps[:k]
+	if c.top != nil {
+		c.top = c.top[:k]
+	}
+	c.ends, c.nText = c.ends[:k], k
+	c.stopped, c.finished, c.finish = true, true, "stop"
 }
 
 // finish takes the engine's sample for c unless a stop string ended it.
@@ -262,26 +352,30 @@ func (g *generation) finish(c *choice, smp rollout.Sample) {
 	if c.stopped {
 		return
 	}
+	// Following tokens, c already holds these (every token was handled
+	// before Do returned).
 	c.ids, c.lps, c.tlps = smp.Tokens, smp.LogProbs, smp.TruncLogProbs
 	if smp.TopLogProbs != nil {
 		c.top = smp.TopLogProbs
 	}
 	c.finish, c.finished = smp.Finish, true
-	g.updateText(c)
+	if g.tokens {
+		g.extendText(c, true) // a character left incomplete at the end
+		return
+	}
+	c.nText = g.textIDs(c)
+	c.text = g.s.tok.DecodeLenient(c.ids[:c.nText])
 }
 
 // streamable is the part of c's text that can be sent now: all of it
-// once finished, else up to an incomplete UTF-8 character or a possible
-// start of a stop string.
+// once finished, else up to a possible start of a stop string. (Text
+// holds only complete characters until the choice is finished.)
 func (g *generation) streamable(c *choice) string {
 	t := c.text
 	if c.finished {
 		return t[c.sent:]
 	}
 	end := len(t)
-	if strings.HasSuffix(t, string(utf8.RuneError)) {
-		end -= len(string(utf8.RuneError))
-	}
 	for _, st := range g.stopStrs {
 		for k := min(len(st)-1, end); k > 0; k-- {
 			if strings.HasSuffix(t[:end], st[:k]) {
@@ -302,7 +396,7 @@ func (g *generation) streamable(c *choice) string {
 // text, a token cut by a stop string never comes). It marks them sent.
 func (g *generation) streamableLP(c *choice) (lo, hi int) {
 	lo, hi = c.lpSent, c.nText
-	for hi > lo && len(g.s.tok.DecodeLenient(c.ids[:hi])) > c.sent {
+	for hi > lo && c.ends[hi-1] > c.sent {
 		hi--
 	}
 	c.lpSent = hi

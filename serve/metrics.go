@@ -44,7 +44,7 @@ func newMetrics(sched *rollout.Scheduler) *metrics {
 			stat(func(s rollout.SchedulerStats) float64 { return float64(s.Steps) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "keel:num_requests_waiting", Help: "Requests queued, none of their samples started."},
 			stat(func(s rollout.SchedulerStats) float64 { return float64(s.Waiting) })),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "keel:num_requests_running", Help: "Sequences decoding in the engine's slots."},
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "keel:num_sequences_running", Help: "Sequences decoding in the engine's slots (a request of n samples is n)."},
 			stat(func(s rollout.SchedulerStats) float64 { return float64(s.Running) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "keel:batch_rows", Help: "Token rows of the last forward step (decode rows plus prefill rows)."},
 			stat(func(s rollout.SchedulerStats) float64 { return float64(s.LastStepRows) })),

@@ -17,12 +17,11 @@ import (
 	"github.com/keel-rl/keel/tokenizer"
 )
 
-// maxTopLogProbs bounds the alternatives per token (OpenAI's limit).
-const maxTopLogProbs = 20
-
 // samplingFields are the sampling settings OpenAI's two endpoints share,
 // with vLLM's extras (top_k, stop_token_ids, ignore_eos,
-// return_tokens_as_token_ids).
+// return_tokens_as_token_ids). Unknown fields are 400s; logit_bias is
+// known but accepted only empty (it would change the distribution
+// sampled from).
 type samplingFields struct {
 	Model       string          `json:"model"`
 	N           *int            `json:"n"`
@@ -37,10 +36,11 @@ type samplingFields struct {
 	StreamOpts  *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
-	User             string   `json:"user"`
-	FrequencyPenalty *float64 `json:"frequency_penalty"`
-	PresencePenalty  *float64 `json:"presence_penalty"`
-	TokensAsIDs      bool     `json:"return_tokens_as_token_ids"`
+	User             string             `json:"user"`
+	FrequencyPenalty *float64           `json:"frequency_penalty"`
+	PresencePenalty  *float64           `json:"presence_penalty"`
+	TokensAsIDs      bool               `json:"return_tokens_as_token_ids"`
+	LogitBias        map[string]float64 `json:"logit_bias"`
 }
 
 type completionRequest struct {
@@ -49,6 +49,7 @@ type completionRequest struct {
 	MaxTokens *int            `json:"max_tokens"`
 	Logprobs  *int            `json:"logprobs"`
 	Echo      bool            `json:"echo"`
+	BestOf    *int            `json:"best_of"` // accepted only equal to n: every sample is returned
 }
 
 type chatRequest struct {
@@ -87,6 +88,9 @@ func (s *Server) sampling(f *samplingFields, maxNew int) (rollout.Sampling, []st
 		if !(t >= 0 && t <= 2) {
 			return sp, nil, 0, badRequest("temperature", "temperature = %g, want 0 to 2", t)
 		}
+		if t > 0 && t < rollout.MinTemperature {
+			return sp, nil, 0, badRequest("temperature", "temperature = %g: too small to sample with (at least %g); use 0 for greedy decoding", t, rollout.MinTemperature)
+		}
 		sp.Temperature = t
 	}
 	if f.TopP != nil {
@@ -107,6 +111,9 @@ func (s *Server) sampling(f *samplingFields, maxNew int) (rollout.Sampling, []st
 		if v != nil && *v != 0 {
 			return sp, nil, 0, badRequest(name, "%s is not supported (only 0)", name)
 		}
+	}
+	if len(f.LogitBias) > 0 {
+		return sp, nil, 0, badRequest("logit_bias", "logit_bias is not supported (only empty)")
 	}
 	if f.Seed != nil {
 		sp.Seed = uint64(*f.Seed)
@@ -278,8 +285,8 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	topN := 0
 	if req.Logprobs != nil {
-		if *req.Logprobs < 0 || *req.Logprobs > maxTopLogProbs {
-			fail(w, badRequest("logprobs", "logprobs = %d, want 0 to %d", *req.Logprobs, maxTopLogProbs))
+		if *req.Logprobs < 0 || *req.Logprobs > rollout.MaxTopLogProbs {
+			fail(w, badRequest("logprobs", "logprobs = %d, want 0 to %d", *req.Logprobs, rollout.MaxTopLogProbs))
 			return
 		}
 		topN = *req.Logprobs
@@ -288,8 +295,20 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	sp, stops, n, err := s.sampling(&req.samplingFields, 0)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	if req.BestOf != nil && *req.BestOf != n {
+		fail(w, badRequest("best_of", "best_of = %d: only best_of = n (%d) is supported (every sample is returned)", *req.BestOf, n))
+		return
+	}
+	if err := s.checkSamples("prompt", len(prompts)*n); err != nil {
+		fail(w, err)
+		return
+	}
 	var jobs []genJob
-	var stops []string
 	for i, p := range prompts {
 		field := "prompt"
 		if len(prompts) > 1 {
@@ -304,13 +323,11 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 			fail(w, err)
 			return
 		}
-		sp, st, n, err := s.sampling(&req.samplingFields, maxNew)
-		if err != nil {
-			fail(w, err)
-			return
-		}
-		stops = st
-		jobs = append(jobs, genJob{prompt: p, n: n, sp: sp})
+		// Prompt i draws from PromptSeed(seed, i), as in one Generate
+		// call of every prompt: prompts do not share a random stream.
+		psp := sp
+		psp.MaxNewTokens, psp.Seed = maxNew, rollout.PromptSeed(sp.Seed, i)
+		jobs = append(jobs, genJob{prompt: p, n: n, sp: psp})
 	}
 	g := s.newGeneration(jobs, stops, topN)
 	id, created := newID("cmpl-"), time.Now().Unix()
@@ -404,16 +421,20 @@ func (g *generation) usage() usage {
 	return u
 }
 
-// genError maps an engine error to an answer: a cancelled client needs
-// none, the rest are the server's.
-func genError(err error) error {
-	if errors.Is(err, errAborted) {
+// genError maps a generation's error to an answer: 503 for a request
+// aborted, or refused by a closed scheduler (send it again, elsewhere);
+// 499 for a cancelled client (which needs none); 400 for the rest, which
+// are the engine's checks of the request (Do's only other errors).
+func genError(err error) *apiError {
+	switch {
+	case errors.Is(err, errAborted):
 		return &apiError{status: http.StatusServiceUnavailable, msg: "the request was aborted by pause_generation (a weight update); send it again"}
-	}
-	if err == context.Canceled || err == context.DeadlineExceeded {
+	case errors.Is(err, errShutdown), errors.Is(err, rollout.ErrClosed):
+		return &apiError{status: http.StatusServiceUnavailable, msg: "the server is shutting down; send the request to another"}
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return &apiError{status: 499, msg: "request cancelled"}
 	}
-	return &apiError{status: http.StatusInternalServerError, msg: err.Error()}
+	return &apiError{status: http.StatusBadRequest, msg: err.Error()}
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -545,8 +566,8 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 			fail(w, badRequest("top_logprobs", "top_logprobs needs logprobs: true"))
 			return
 		}
-		if *req.TopLogprobs < 0 || *req.TopLogprobs > maxTopLogProbs {
-			fail(w, badRequest("top_logprobs", "top_logprobs = %d, want 0 to %d", *req.TopLogprobs, maxTopLogProbs))
+		if *req.TopLogprobs < 0 || *req.TopLogprobs > rollout.MaxTopLogProbs {
+			fail(w, badRequest("top_logprobs", "top_logprobs = %d, want 0 to %d", *req.TopLogprobs, rollout.MaxTopLogProbs))
 			return
 		}
 		topN = *req.TopLogprobs
@@ -624,17 +645,33 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		"model": s.opt.Name, "choices": out, "usage": g.usage()})
 }
 
+// sseWriteTimeout bounds each write of a stream: a client that stops
+// reading (its receive window full) fails the write, which cancels the
+// request's context and so its generation, instead of holding the handler
+// and its engine slots forever.
+const sseWriteTimeout = 60 * time.Second
+
 // sse writes server-sent events, as OpenAI streams.
 type sse struct {
-	w       http.ResponseWriter
-	f       http.Flusher
-	started bool
-	dirty   bool // written since the last flush
+	w        http.ResponseWriter
+	rc       *http.ResponseController
+	started  bool
+	dirty    bool      // written since the last flush
+	deadline time.Time // when the write deadline was last pushed ahead
 }
 
 func newSSE(w http.ResponseWriter) *sse {
-	f, _ := w.(http.Flusher)
-	return &sse{w: w, f: f}
+	return &sse{w: w, rc: http.NewResponseController(w)}
+}
+
+// alive pushes the write deadline sseWriteTimeout ahead before a write
+// (the stream may have waited long, paused, since the last). Tokens come
+// in bursts: once a second is enough.
+func (e *sse) alive() {
+	if now := time.Now(); now.Sub(e.deadline) >= time.Second {
+		e.rc.SetWriteDeadline(now.Add(sseWriteTimeout)) // ErrNotSupported without a connection: nothing to bound
+		e.deadline = now
+	}
 }
 
 func (e *sse) start() {
@@ -653,15 +690,20 @@ func (e *sse) start() {
 // streams advancing in one forward step) costs one write each, not one
 // per token.
 func (e *sse) send(v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		b = encodeError(err) // an error event, never an empty one
+	}
 	e.start()
-	b, _ := json.Marshal(v)
+	e.alive()
 	fmt.Fprintf(e.w, "data: %s\n\n", b)
 	e.dirty = true
 }
 
 func (e *sse) flush() {
-	if e.dirty && e.f != nil {
-		e.f.Flush()
+	if e.dirty {
+		e.alive()
+		e.rc.Flush()
 	}
 	e.dirty = false
 }
@@ -669,19 +711,20 @@ func (e *sse) flush() {
 // fail ends a stream with an error: as a status before anything was
 // sent, else as an error event.
 func (e *sse) fail(err error) {
-	err = genError(err)
+	ae := genError(err)
 	if !e.started {
-		fail(e.w, err)
+		fail(e.w, ae)
 		return
 	}
 	var b errorBody
-	b.Error.Message, b.Error.Type, b.Error.Code = err.Error(), "server_error", http.StatusInternalServerError
+	b.Error.Message, b.Error.Type, b.Error.Code = ae.msg, errorType(ae.status), ae.status
 	e.send(b)
 	e.done()
 }
 
 func (e *sse) done() {
 	e.start()
+	e.alive()
 	fmt.Fprint(e.w, "data: [DONE]\n\n")
 	e.dirty = true
 	e.flush()

@@ -3,6 +3,7 @@ package serve
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
@@ -10,10 +11,12 @@ import (
 	"io"
 	"maps"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -751,10 +754,15 @@ func TestMetrics(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, want := range []string{`keel:requests_total{code="200",route="/generate"} 1`, "keel:generation_tokens_total", "keel:num_requests_waiting 0",
-		"keel:request_latency_seconds_bucket", "keel:batch_rows", "keel:weight_version 0", "keel:prompt_tokens_total 3"} {
+		"keel:request_latency_seconds_bucket", "keel:batch_rows", "keel:weight_version 0", "keel:prompt_tokens_total 3",
+		"keel:num_sequences_running 0"} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+	// It counts sequences, not requests (a request of n samples is n).
+	if strings.Contains(string(b), "keel:num_requests_running") {
+		t.Error("/metrics still names running sequences keel:num_requests_running")
 	}
 }
 
@@ -826,6 +834,604 @@ func TestPauseAbort(t *testing.T) {
 				t.Errorf("abort: finish %v", f)
 			}
 			break
+		}
+	}
+}
+
+// newTestServerOf serves m on an engine of engineLen tokens per sequence,
+// the server told sequences hold serverLen (the engine caps generation at
+// its own length: a server length beyond it lets a test ask for budgets
+// no test engine could hold).
+func newTestServerOf(t *testing.T, m *model.Model, engineLen, serverLen int, opt Options) *testServer {
+	t.Helper()
+	e, err := rollout.New(m, rollout.Options{Precision: rollout.Exact, Slots: 8, MaxLen: engineLen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sched := rollout.NewScheduler(e)
+	tok := tokenizer.NewChar()
+	if opt.Name == "" {
+		opt.Name = "tiny"
+	}
+	srv := New(sched, tok, m.Config, serverLen, opt)
+	ts := &testServer{Server: httptest.NewServer(srv.Handler()), m: m, srv: srv, tok: tok, sched: sched}
+	t.Cleanup(func() {
+		ts.Close()
+		srv.Close()
+		e.Close()
+	})
+	return ts
+}
+
+// call runs one request through the handler in process (no connection:
+// fast enough to race requests against each other), with a JSON body.
+func (ts *testServer) call(method, path, body string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	rec := httptest.NewRecorder()
+	ts.srv.Handler().ServeHTTP(rec, req)
+	return rec
+}
+
+// generateWithin posts a short /generate and fails the test unless it is
+// answered 200 within d (a scheduler left paused never answers).
+func (ts *testServer) generateWithin(t *testing.T, d time.Duration) {
+	t.Helper()
+	done := make(chan int, 1)
+	go func() {
+		done <- ts.call("POST", "/generate", `{"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}`).Code
+	}()
+	select {
+	case code := <-done:
+		if code != 200 {
+			t.Fatalf("/generate: %d", code)
+		}
+	case <-time.After(d):
+		t.Fatalf("/generate not answered in %s: the scheduler was left paused", d)
+	}
+}
+
+// pause_generation and continue_generation racing each other leave the
+// scheduler as the server's flag says: after a last continue, requests
+// are served. Two pauses at once both return only once no forward step
+// runs. (The flag used to change under one lock and the scheduler after
+// it: a continue in between left the scheduler paused for good.)
+func TestPauseContinueRace(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 2000 {
+				ts.call("POST", "/pause_generation", `{"mode": "in_place"}`)
+			}
+		})
+		wg.Go(func() {
+			for range 2000 {
+				ts.call("POST", "/continue_generation", `{}`)
+			}
+		})
+	}
+	wg.Wait()
+	ts.call("POST", "/continue_generation", `{}`)
+	ts.generateWithin(t, 10*time.Second)
+
+	// Concurrent pauses while a request decodes: once both have
+	// returned, no step runs.
+	for attempt := range 50 {
+		answer := make(chan int, 1)
+		go func() {
+			answer <- ts.call("POST", "/generate", `{"input_ids": [1, 2, 3], "sampling_params": {"n": 8, "max_new_tokens": 60, "ignore_eos": true}}`).Code
+		}()
+		for ts.sched.Stats().Steps == 0 && len(answer) == 0 {
+			time.Sleep(50 * time.Microsecond)
+		}
+		// Each pause notes the steps taken when it returns: none may
+		// follow.
+		var pw sync.WaitGroup
+		var at [2]int64
+		for i := range at {
+			pw.Go(func() {
+				ts.call("POST", "/pause_generation", `{"mode": "in_place"}`)
+				at[i] = ts.sched.Stats().Steps
+			})
+		}
+		pw.Wait()
+		time.Sleep(2 * time.Millisecond)
+		if now := ts.sched.Stats().Steps; now != at[0] || now != at[1] {
+			t.Fatalf("attempt %d: %d and %d forward steps after the two pauses returned", attempt, now-at[0], now-at[1])
+		}
+		ts.call("POST", "/continue_generation", `{}`)
+		if code := <-answer; code != 200 {
+			t.Fatalf("attempt %d: /generate %d", attempt, code)
+		}
+	}
+}
+
+// A request's memory grows with the tokens it produces, not with the
+// budget it asks for: 4 samples of up to 500,000 tokens each (the engine
+// stops them at its 64) allocate no queue for two million tokens. (The
+// token queue was pre-sized as n x max_new_tokens: a small body could ask
+// for gigabytes.)
+func TestRequestMemoryFollowsTokens(t *testing.T) {
+	ts := newTestServerOf(t, testModel(t, 1), testMaxLen, 1<<20, Options{})
+	body := `{"input_ids": [1, 2, 3], "sampling_params": {"n": 4, "max_new_tokens": 500000, "ignore_eos": true}}`
+	for _, stream := range []bool{false, true} {
+		path, b := "/generate", body
+		if stream {
+			path, b = "/v1/completions", `{"prompt": [1, 2, 3], "n": 4, "max_tokens": 500000, "ignore_eos": true, "stream": true}`
+		}
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		rec := ts.call("POST", path, b)
+		runtime.ReadMemStats(&after)
+		if rec.Code != 200 {
+			t.Fatalf("%s: %d %s", path, rec.Code, rec.Body)
+		}
+		if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 16<<20 {
+			t.Errorf("%s: %d MiB allocated for 4 x 61 tokens", path, alloc>>20)
+		}
+	}
+}
+
+// The samples of one request, over all its prompts, are bounded by
+// MaxN: a small body cannot queue thousands of sequences. The error
+// names the batch's field.
+func TestRequestSamplesBounded(t *testing.T) {
+	ts := newTestServer(t, Options{MaxN: 8})
+	cases := []struct {
+		path, body string
+		param      string
+	}{
+		{"/generate", `{"input_ids": [[1, 2], [1, 3], [1, 4]], "sampling_params": {"n": 3, "max_new_tokens": 1}}`, "input_ids"},
+		{"/generate", `{"text": ["a", "b", "c"], "sampling_params": {"n": 3, "max_new_tokens": 1}}`, "text"},
+		{"/generate", `{"input_ids": [[1], [1], [1], [1], [1], [1], [1], [1], [1]], "sampling_params": {"max_new_tokens": 1}}`, "input_ids"},
+		{"/generate", `{"input_ids": [1, 2], "sampling_params": {"n": 9, "max_new_tokens": 1}}`, "sampling_params.n"},
+		{"/v1/completions", `{"prompt": ["a", "b", "c"], "n": 3, "max_tokens": 1}`, "prompt"},
+		{"/v1/completions", `{"prompt": "a", "n": 9, "max_tokens": 1}`, "n"},
+	}
+	for _, c := range cases {
+		var e openAIError
+		code := ts.post(t, c.path, c.body, &e)
+		if code != 400 || e.Error.Param == nil || *e.Error.Param != c.param {
+			t.Errorf("%s %s: %d %+v, want 400 naming %s", c.path, c.body, code, e.Error, c.param)
+		}
+	}
+	if st := ts.sched.Stats(); st.Steps != 0 {
+		t.Errorf("refused requests ran %d forward steps", st.Steps)
+	}
+	var ok []sglTestAnswer
+	if code := ts.post(t, "/generate", `{"input_ids": [[1, 2], [1, 3]], "sampling_params": {"n": 4, "max_new_tokens": 1}}`, &ok); code != 200 || len(ok) != 8 {
+		t.Errorf("2 prompts x 4 samples (the bound): %d, %d answers", code, len(ok))
+	}
+}
+
+// A positive temperature too small for float32 sampling is refused,
+// naming the field. (1e-40 gave infinite logits, NaN log-probs and a 200
+// with an empty body; 1e-300 rounded to 0 and sampled as if 1.)
+func TestTinyTemperature(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	for _, temp := range []float64{1e-40, 1e-300, rollout.MinTemperature / 2} {
+		var e openAIError
+		if code := ts.post(t, "/v1/completions", map[string]any{"prompt": "ab", "max_tokens": 4, "temperature": temp}, &e); code != 400 ||
+			e.Error.Param == nil || *e.Error.Param != "temperature" || !strings.Contains(e.Error.Message, "use 0 for greedy") {
+			t.Errorf("completions, temperature %g: %d %+v", temp, code, e.Error)
+		}
+		e = openAIError{}
+		if code := ts.post(t, "/generate", map[string]any{"input_ids": []int{1, 2}, "sampling_params": map[string]any{"temperature": temp}}, &e); code != 400 ||
+			e.Error.Param == nil || *e.Error.Param != "sampling_params.temperature" {
+			t.Errorf("/generate, temperature %g: %d %+v", temp, code, e.Error)
+		}
+	}
+	var a completionAnswer
+	if code := ts.post(t, "/v1/completions", map[string]any{"prompt": "ab", "max_tokens": 4, "temperature": rollout.MinTemperature}, &a); code != 200 {
+		t.Errorf("temperature %g: %d", rollout.MinTemperature, code)
+	}
+}
+
+// An answer that cannot be encoded is a 500 with an error body, not a 200
+// with an empty one; a stream sends an error event, never an empty data
+// line.
+func TestEncodeFailure(t *testing.T) {
+	rec := httptest.NewRecorder()
+	writeJSON(rec, http.StatusOK, map[string]any{"x": math.NaN()})
+	var e openAIError
+	if err := json.Unmarshal(rec.Body.Bytes(), &e); rec.Code != 500 || err != nil || e.Error.Message == "" {
+		t.Errorf("writeJSON of a NaN: %d %q", rec.Code, rec.Body)
+	}
+	rec = httptest.NewRecorder()
+	s := newSSE(rec)
+	s.send(map[string]any{"x": math.NaN()})
+	s.done()
+	out := rec.Body.String()
+	if strings.Contains(out, "data: \n") || !strings.Contains(out, `"error"`) || !strings.HasSuffix(out, "data: [DONE]\n\n") {
+		t.Errorf("stream with an event that cannot be encoded: %q", out)
+	}
+}
+
+// Stop-string work per token is bounded by the new text and the longest
+// stop string, not by the text so far: 4000 tokens cost about what 4000
+// one-token steps do. (Every token decoded all ids and searched all the
+// text again: quadratic.)
+func TestTextWorkIncremental(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	g := ts.srv.newGeneration([]genJob{{prompt: []int32{1}, n: 1, sp: rollout.Sampling{MaxNewTokens: 4000}}}, []string{"\u2603", "never"}, 0)
+	c := g.choices[0]
+	const N = 4000
+	var want []int32
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for i := range N {
+		id := int32(5 + i%90)
+		want = append(want, id)
+		c.ids, c.lps, c.tlps = append(c.ids, id), append(c.lps, 0), append(c.tlps, 0)
+		g.updateText(c)
+	}
+	runtime.ReadMemStats(&after)
+	if c.text != ts.tok.DecodeLenient(want) || c.stopped {
+		t.Fatalf("text %q (stopped %v), want %q", c.text, c.stopped, ts.tok.DecodeLenient(want))
+	}
+	if per := (after.TotalAlloc - before.TotalAlloc) / N; per > 512 {
+		t.Errorf("%d bytes allocated per token over %d tokens", per, N)
+	}
+}
+
+// /generate's text leaves out the stop token that ended it, as SGLang's
+// does, unless no_stop_trim; output_ids keep it either way.
+func TestGenerateStopTrim(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	greedy := map[string]any{"temperature": 0, "max_new_tokens": 1, "ignore_eos": true}
+	var first sglTestAnswer
+	if code := ts.post(t, "/generate", map[string]any{"input_ids": []int{1, 40, 41}, "sampling_params": greedy}, &first); code != 200 || len(first.OutputIDs) != 1 {
+		t.Fatalf("%d %+v", code, first)
+	}
+	stop := first.OutputIDs[0]
+	for _, keep := range []bool{false, true} {
+		var a sglTestAnswer
+		ts.post(t, "/generate", map[string]any{"input_ids": []int{1, 40, 41}, "sampling_params": map[string]any{
+			"temperature": 0, "max_new_tokens": 4, "stop_token_ids": []int32{stop}, "no_stop_trim": keep}}, &a)
+		want := ""
+		if keep {
+			want = ts.tok.DecodeLenient([]int32{stop})
+		}
+		if !slices.Equal(a.OutputIDs, []int32{stop}) || a.MetaInfo.FinishReason["type"] != "stop" || a.Text != want {
+			t.Errorf("no_stop_trim %v: text %q ids %v finish %v; want text %q", keep, a.Text, a.OutputIDs, a.MetaInfo.FinishReason, want)
+		}
+	}
+}
+
+// Errors from the engine answer by their kind: 400 for a request the
+// engine refuses (more top log-probs than a 16-token vocabulary has),
+// 503 once the scheduler is closed.
+func TestEngineErrorStatus(t *testing.T) {
+	cfg, err := model.Preset("tiny-moe", 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := model.New(cfg)
+	model.Init(m, 1)
+	ts := newTestServerOf(t, m, testMaxLen, testMaxLen, Options{})
+	var e openAIError
+	if code := ts.post(t, "/v1/completions", map[string]any{"prompt": []int{1, 5}, "max_tokens": 2, "logprobs": 20}, &e); code != 400 ||
+		e.Error.Type != "invalid_request_error" || !strings.Contains(e.Error.Message, "top log-probs") {
+		t.Errorf("logprobs 20 of a 16-token vocabulary: %d %+v", code, e.Error)
+	}
+	ts.sched.Close()
+	for _, path := range []string{"/generate", "/v1/completions"} {
+		e = openAIError{}
+		body := map[string]any{"input_ids": []int{1, 5}, "prompt": []int{1, 5}}
+		delete(body, map[string]string{"/generate": "prompt", "/v1/completions": "input_ids"}[path])
+		if code := ts.post(t, path, body, &e); code != 503 {
+			t.Errorf("%s after the scheduler closed: %d %+v", path, code, e.Error)
+		}
+	}
+}
+
+// A known route asked with another method answers 405 with Allow; an
+// unknown route 404, both with OpenAI's error body.
+func TestMethodNotAllowed(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	for _, c := range []struct {
+		method, path string
+		code         int
+		allow        string
+	}{
+		{"GET", "/generate", 405, "POST"},
+		{"POST", "/v1/models", 405, "GET, HEAD"},
+		{"DELETE", "/v1/chat/completions", 405, "POST"},
+		{"GET", "/nope", 404, ""},
+	} {
+		req, _ := http.NewRequest(c.method, ts.URL+c.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e openAIError
+		json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if resp.StatusCode != c.code || resp.Header.Get("Allow") != c.allow || e.Error.Message == "" {
+			t.Errorf("%s %s: %d Allow %q %+v, want %d Allow %q", c.method, c.path, resp.StatusCode, resp.Header.Get("Allow"), e.Error, c.code, c.allow)
+		}
+	}
+}
+
+// Requests a browser could send from another site are refused: a
+// cross-origin POST (403), a POST body that is not JSON (415); a body
+// that is JSON, or none at all, passes, chunked or not.
+func TestCrossOriginAndContentType(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	do := func(path, ctype string, header map[string]string, body io.Reader) (int, openAIError) {
+		req, _ := http.NewRequest("POST", ts.URL+path, body)
+		if ctype != "" {
+			req.Header.Set("Content-Type", ctype)
+		}
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var e openAIError
+		json.NewDecoder(resp.Body).Decode(&e)
+		return resp.StatusCode, e
+	}
+	gen := `{"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}}`
+	for _, c := range []struct {
+		name, ctype string
+		header      map[string]string
+		code        int
+	}{
+		{"cross-site fetch", "application/json", map[string]string{"Sec-Fetch-Site": "cross-site"}, 403},
+		{"foreign origin", "application/json", map[string]string{"Origin": "https://evil.example"}, 403},
+		{"text/plain", "text/plain", nil, 415},
+		{"form", "application/x-www-form-urlencoded", nil, 415},
+		{"no content type", "", nil, 415},
+		{"JSON with a charset", "application/json; charset=utf-8", nil, 200},
+		{"same origin", "application/json", map[string]string{"Sec-Fetch-Site": "same-origin"}, 200},
+	} {
+		code, e := do("/generate", c.ctype, c.header, strings.NewReader(gen))
+		if code != c.code || (code != 200 && e.Error.Message == "") {
+			t.Errorf("%s: %d %+v, want %d", c.name, code, e.Error, c.code)
+		}
+	}
+	// pause_generation with no body: none, empty, or empty and chunked.
+	for _, body := range []io.Reader{nil, strings.NewReader(""), io.MultiReader()} {
+		if code, e := do("/pause_generation", "", nil, body); code != 200 {
+			t.Errorf("pause_generation with body %T: %d %+v", body, code, e.Error)
+		}
+		ts.post(t, "/continue_generation", `{}`, nil)
+	}
+}
+
+// Updates without a weight_version number themselves in the order they
+// run: two at once get versions 1 and 2. (The default was read before
+// waiting for the update before it: both took 1.)
+func TestUpdateDefaultVersions(t *testing.T) {
+	release := make(chan struct{})
+	var loads sync.WaitGroup
+	loads.Add(1)
+	first := true
+	var mu sync.Mutex
+	ts := newTestServer(t, Options{Load: func(dir string) (*model.Model, error) {
+		mu.Lock()
+		wait := first
+		first = false
+		mu.Unlock()
+		if wait {
+			loads.Done()
+			<-release // the first update holds the lock while the second arrives
+		}
+		return testModel(t, 2), nil
+	}})
+	var wg sync.WaitGroup
+	wg.Go(func() { ts.post(t, "/update_weights_from_disk", `{"model_path": "a"}`, nil) })
+	loads.Wait()
+	wg.Go(func() { ts.post(t, "/update_weights_from_disk", `{"model_path": "b"}`, nil) })
+	time.Sleep(100 * time.Millisecond) // the second reaches the lock
+	close(release)
+	wg.Wait()
+	if v := ts.sched.Version(); v != 2 {
+		t.Errorf("after two updates without a version: version %d, want 2", v)
+	}
+}
+
+// Several prompts in one seeded completions request draw prompt i's
+// samples from PromptSeed(seed, i): what one Generate call of all the
+// prompts gives, not the same random stream for every prompt.
+func TestCompletionsPromptSeeds(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	var a completionAnswer
+	body := map[string]any{"prompt": []string{"ab", "ab", "cd"}, "n": 2, "max_tokens": 8, "seed": 21, "ignore_eos": true, "logprobs": 0}
+	if code := ts.post(t, "/v1/completions", body, &a); code != 200 || len(a.Choices) != 6 {
+		t.Fatalf("%d %+v", code, a)
+	}
+	p := [][]int32{ts.tok.Encode("ab"), ts.tok.Encode("ab"), ts.tok.Encode("cd")}
+	e, err := rollout.New(ts.m, rollout.Options{Precision: rollout.Exact, Slots: 8, MaxLen: testMaxLen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ref, err := e.Generate(p, 2, rollout.Sampling{Temperature: 1, MaxNewTokens: 8, Seed: 21})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range a.Choices {
+		if c.Text != ts.tok.DecodeLenient(ref[i].Tokens) || !slices.Equal(c.Logprobs.TokenLogprobs, ref[i].LogProbs) {
+			t.Errorf("choice %d: %q, Generate's prompt %d sample %d %q", i, c.Text, ref[i].Prompt, ref[i].Index, ts.tok.DecodeLenient(ref[i].Tokens))
+		}
+	}
+	if a.Choices[0].Text == a.Choices[2].Text && a.Choices[1].Text == a.Choices[3].Text {
+		t.Errorf("two prompts drew the same samples: %q %q", a.Choices[0].Text, a.Choices[1].Text)
+	}
+}
+
+// OpenAI's logit_bias and best_of are accepted when they change nothing
+// (empty, or best_of = n), and refused naming them otherwise.
+func TestNeutralOpenAIFields(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	for _, c := range []struct {
+		path, body string
+		code       int
+		param      string
+	}{
+		{"/v1/completions", `{"prompt": "a", "max_tokens": 1, "logit_bias": {}, "best_of": 1}`, 200, ""},
+		{"/v1/completions", `{"prompt": "a", "max_tokens": 1, "n": 2, "logit_bias": null, "best_of": 2}`, 200, ""},
+		{"/v1/completions", `{"prompt": "a", "max_tokens": 1, "best_of": null}`, 200, ""},
+		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "a"}], "max_tokens": 1, "logit_bias": {}}`, 200, ""},
+		{"/v1/completions", `{"prompt": "a", "max_tokens": 1, "logit_bias": {"5": 10}}`, 400, "logit_bias"},
+		{"/v1/completions", `{"prompt": "a", "max_tokens": 1, "best_of": 3}`, 400, "best_of"},
+		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "a"}], "max_tokens": 1, "logit_bias": {"5": -100}}`, 400, "logit_bias"},
+		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "a"}], "max_tokens": 1, "best_of": 1}`, 400, "best_of"},
+	} {
+		var e openAIError
+		code := ts.post(t, c.path, c.body, &e)
+		param := ""
+		if e.Error.Param != nil {
+			param = *e.Error.Param
+		}
+		if code != c.code || param != c.param {
+			t.Errorf("%s %s: %d %q %q, want %d naming %q", c.path, c.body, code, param, e.Error.Message, c.code, c.param)
+		}
+	}
+}
+
+// A stream pushes its connection's write deadline ahead as it writes, so
+// that a client that stops reading fails the write (ending the handler
+// and its generation) instead of holding it forever.
+func TestStreamWriteDeadline(t *testing.T) {
+	w := &deadlineWriter{ResponseRecorder: httptest.NewRecorder()}
+	s := newSSE(w)
+	s.send(map[string]any{"a": 1})
+	s.flush()
+	if len(w.deadlines) == 0 {
+		t.Fatal("no write deadline set")
+	}
+	for _, d := range w.deadlines {
+		if ahead := time.Until(d); ahead < sseWriteTimeout-5*time.Second || ahead > sseWriteTimeout {
+			t.Errorf("write deadline %s ahead, want about %s", ahead, sseWriteTimeout)
+		}
+	}
+}
+
+// deadlineWriter records the write deadlines http.ResponseController
+// sets.
+type deadlineWriter struct {
+	*httptest.ResponseRecorder
+	deadlines []time.Time
+}
+
+func (w *deadlineWriter) SetWriteDeadline(t time.Time) error {
+	w.deadlines = append(w.deadlines, t)
+	return nil
+}
+
+// The text built token by token is the text of every id decoded at once,
+// for each kind of decoder: tokens concatenated (keel's character
+// tokenizer), joined with spaces (no decoder), and Qwen's byte-level
+// pieces, whose tokens may end inside a UTF-8 character. Cut at a stop
+// string, it is what decoding every id at every token and cutting at the
+// first match gave.
+func TestIncrementalTextMatchesDecode(t *testing.T) {
+	char := tokenizer.NewChar()
+	raw, err := char.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var j map[string]any
+	json.Unmarshal(raw, &j)
+	j["decoder"] = nil
+	raw, _ = json.Marshal(j)
+	spaced, err := tokenizer.Parse(raw, "char-no-decoder")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open("../tokenizer/testdata/qwen3-tokenizer.json.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	z, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err = io.ReadAll(z)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qwen, err := tokenizer.Parse(raw, "qwen3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Qwen's pieces of one byte: characters of two and more bytes cut
+	// across tokens.
+	var byteIDs []int32
+	for _, r := range "\u00e9\u4e16\U0001f642" {
+		for _, b := range []byte(string(r)) {
+			byteIDs = append(byteIDs, qwen.Encode(string([]byte{b}))...)
+		}
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, tc := range []struct {
+		name string
+		tok  *tokenizer.Tokenizer
+		ids  func() int32
+	}{
+		{"concatenated", char, func() int32 { return int32(4 + rng.IntN(96)) }},
+		{"spaces", spaced, func() int32 { return int32(4 + rng.IntN(96)) }},
+		{"byte-level", qwen, func() int32 {
+			if rng.IntN(2) == 0 {
+				return byteIDs[rng.IntN(len(byteIDs))]
+			}
+			return int32(rng.IntN(qwen.VocabSize()))
+		}},
+	} {
+		srv := &Server{tok: tc.tok}
+		for trial := range 200 {
+			ids := make([]int32, 1+rng.IntN(40))
+			for i := range ids {
+				ids[i] = tc.ids()
+			}
+			full := tc.tok.DecodeLenient(ids)
+			// A stop string of one to three characters from the text, or
+			// none. (Not of U+FFFD: bytes still waiting for the rest of
+			// their character are not searched.)
+			var stops []string
+			if rs := []rune(full); trial%2 == 1 && len(rs) > 0 {
+				i := rng.IntN(len(rs))
+				if st := string(rs[i:min(len(rs), i+1+rng.IntN(3))]); !strings.Contains(st, "\uFFFD") {
+					stops = []string{st}
+				}
+			}
+			g := srv.newGeneration([]genJob{{n: 1}}, stops, 0)
+			c := g.choices[0]
+			for _, id := range ids {
+				if c.stopped {
+					break
+				}
+				c.ids, c.lps, c.tlps = append(c.ids, id), append(c.lps, 0), append(c.tlps, 0)
+				g.updateText(c)
+			}
+			if !c.stopped {
+				g.extendText(c, true)
+			}
+			// What decoding every id at every token gives.
+			want, keep := full, len(ids)
+			for n := 1; n <= len(ids) && len(stops) > 0; n++ {
+				text := tc.tok.DecodeLenient(ids[:n])
+				if i := strings.Index(text, stops[0]); i >= 0 {
+					want, keep = text[:i], n
+					for keep > 0 && len(tc.tok.DecodeLenient(ids[:keep])) > i {
+						keep--
+					}
+					break
+				}
+			}
+			if c.text != want || c.nText != keep || len(c.ids) != keep && c.stopped {
+				t.Fatalf("%s, ids %v, stop %q: text %q (%d tokens), want %q (%d)", tc.name, ids, stops, c.text, c.nText, want, keep)
+			}
 		}
 	}
 }

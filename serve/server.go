@@ -8,11 +8,14 @@
 package serve
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"mime"
 	"net/http"
 	"strings"
 	"sync"
@@ -34,7 +37,8 @@ type Options struct {
 	APIKey string
 	// MaxBodyBytes bounds a request body (default 8 MiB).
 	MaxBodyBytes int64
-	// MaxN bounds the samples of one request (default 64).
+	// MaxN bounds the samples of one request, every prompt's n together
+	// (default 64): a small body must not queue unbounded work.
 	MaxN int
 	// Load reads a model directory for /update_weights_from_disk (default
 	// model.Load).
@@ -51,13 +55,23 @@ type Server struct {
 	stops   []int32 // the model's end tokens: <|im_end|>, <|endoftext|>
 	metrics *metrics
 	mux     *http.ServeMux
+	allow   map[string][]string // methods of each route's path, for 405s
 	started time.Time
 
-	mu         sync.Mutex
-	modelPath  string // the directory last loaded
-	paused     bool
-	inflight   map[int64]context.CancelCauseFunc // generations, for aborts
-	nextGen    int64
+	mu        sync.Mutex
+	modelPath string                            // the directory last loaded
+	inflight  map[int64]context.CancelCauseFunc // generations, for aborts
+	nextGen   int64
+
+	// pauseMu is held across every change of paused and the scheduler's
+	// Pause or Continue that goes with it, so that the two always agree
+	// (a continue_generation cannot slip in between) and a pause returns
+	// only once the scheduler is paused, whichever request set the flag.
+	// It is not mu: register takes mu, and Pause waits for a forward
+	// step.
+	pauseMu sync.Mutex
+	paused  bool
+
 	updateLock sync.Mutex // one weight update at a time
 }
 
@@ -89,20 +103,59 @@ func New(sched *rollout.Scheduler, tok *tokenizer.Tokenizer, cfg model.Config, m
 	return s
 }
 
-// Handler returns the server's HTTP handler: every route behind the API
-// key check, with request counting and latency.
+// Handler returns the server's HTTP handler: every route behind the
+// cross-origin check, the API key check and the JSON body check, with
+// request counting and latency.
+//
+// The server often runs without a key on a developer's machine, where any
+// web page the developer opens could send it requests. Browsers mark
+// cross-origin requests (Sec-Fetch-Site, Origin), which are refused; and
+// the bodies a page may POST elsewhere without the browser asking the
+// server first (text/plain, forms, no type) are refused by requiring
+// application/json, which only a preflighted request can carry.
 func (s *Server) Handler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusForbidden, "permission_error", "", "cross-origin request refused: this server does not serve web pages of other origins")
+	}))
+	return cop.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.opt.APIKey != "" && !s.authorized(r) {
 			writeError(w, http.StatusUnauthorized, "authentication_error", "", "a valid API key is required: send it as 'Authorization: Bearer KEY'")
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, s.opt.MaxBodyBytes)
+		if err := jsonBody(r); err != nil {
+			fail(w, err)
+			return
+		}
 		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
 		start := time.Now()
 		s.mux.ServeHTTP(rec, r)
 		s.metrics.observe(r.URL.Path, rec.code, time.Since(start))
-	})
+	}))
+}
+
+// jsonBody refuses a POST whose body is not declared application/json
+// (see Handler); a POST with no body passes whatever its type, as
+// pause_generation and continue_generation are often sent.
+func jsonBody(r *http.Request) error {
+	if r.Method != http.MethodPost {
+		return nil
+	}
+	ct := r.Header.Get("Content-Type")
+	if mt, _, err := mime.ParseMediaType(ct); err == nil && mt == "application/json" {
+		return nil
+	}
+	if r.ContentLength < 0 {
+		// Chunked: empty only if it ends before its first byte.
+		var one [1]byte
+		if n, _ := io.ReadFull(r.Body, one[:]); n == 0 {
+			return nil
+		}
+	} else if r.ContentLength == 0 {
+		return nil
+	}
+	return &apiError{status: http.StatusUnsupportedMediaType, msg: fmt.Sprintf("Content-Type %q: send the request body as JSON, with Content-Type: application/json", ct)}
 }
 
 // authorized compares the bearer token with the key in constant time.
@@ -116,28 +169,50 @@ func (s *Server) authorized(r *http.Request) bool {
 }
 
 func (s *Server) routes() {
-	s.mux.HandleFunc("GET /v1/models", s.listModels)
-	s.mux.HandleFunc("POST /v1/completions", s.completions)
-	s.mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
-	s.mux.HandleFunc("POST /generate", s.generate)
-	s.mux.HandleFunc("POST /update_weights_from_disk", s.updateWeightsFromDisk)
-	s.mux.HandleFunc("POST /pause_generation", s.pauseGeneration)
-	s.mux.HandleFunc("POST /continue_generation", s.continueGeneration)
-	s.mux.HandleFunc("GET /get_model_info", s.modelInfo)
-	s.mux.HandleFunc("GET /health", s.health)
-	s.mux.HandleFunc("GET /health_generate", s.health)
-	s.mux.Handle("GET /metrics", s.metrics.handler())
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "not_found_error", "", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
-	})
+	s.allow = map[string][]string{}
+	handle := func(method, path string, h http.Handler) {
+		s.mux.Handle(method+" "+path, h)
+		s.allow[path] = append(s.allow[path], method)
+		if method == http.MethodGet {
+			s.allow[path] = append(s.allow[path], http.MethodHead) // the mux serves HEAD with GET
+		}
+	}
+	handle("GET", "/v1/models", http.HandlerFunc(s.listModels))
+	handle("POST", "/v1/completions", http.HandlerFunc(s.completions))
+	handle("POST", "/v1/chat/completions", http.HandlerFunc(s.chatCompletions))
+	handle("POST", "/generate", http.HandlerFunc(s.generate))
+	handle("POST", "/update_weights_from_disk", http.HandlerFunc(s.updateWeightsFromDisk))
+	handle("POST", "/pause_generation", http.HandlerFunc(s.pauseGeneration))
+	handle("POST", "/continue_generation", http.HandlerFunc(s.continueGeneration))
+	handle("GET", "/get_model_info", http.HandlerFunc(s.modelInfo))
+	handle("GET", "/health", http.HandlerFunc(s.health))
+	handle("GET", "/health_generate", http.HandlerFunc(s.health))
+	handle("GET", "/metrics", s.metrics.handler())
+	s.mux.HandleFunc("/", s.noRoute)
+}
+
+// noRoute answers a request no route takes, with OpenAI's error body: 405
+// with Allow for a known path asked with another method (the mux would
+// say so itself, but this catch-all matches every method first), else
+// 404.
+func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
+	if methods := s.allow[r.URL.Path]; methods != nil {
+		w.Header().Set("Allow", strings.Join(methods, ", "))
+		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "", fmt.Sprintf("%s %s: method not allowed (%s)", r.Method, r.URL.Path, strings.Join(methods, ", ")))
+		return
+	}
+	writeError(w, http.StatusNotFound, "not_found_error", "", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
 }
 
 // statusRecorder remembers the status code for the metrics, and passes
-// Flush through for server-sent events.
+// Flush through for server-sent events (and, with Unwrap, write deadlines
+// through http.ResponseController).
 type statusRecorder struct {
 	http.ResponseWriter
 	code int
 }
+
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 func (r *statusRecorder) WriteHeader(code int) {
 	r.code = code
@@ -174,6 +249,15 @@ type errorBody struct {
 	} `json:"error"`
 }
 
+// errorType is OpenAI's error type of a status: the client's fault or
+// the server's.
+func errorType(status int) string {
+	if status >= 500 {
+		return "server_error"
+	}
+	return "invalid_request_error"
+}
+
 func writeError(w http.ResponseWriter, status int, typ, param, msg string) {
 	var b errorBody
 	b.Error.Message, b.Error.Type, b.Error.Code = msg, typ, status
@@ -184,17 +268,14 @@ func writeError(w http.ResponseWriter, status int, typ, param, msg string) {
 }
 
 // fail answers err: its own status and field for an apiError, 413 for an
-// oversized body, 503 when the scheduler is closed, else 500.
+// oversized body, else 500. (genError turns the engine's errors into
+// apiErrors: 400 for a request it refuses, 503 once it is closed.)
 func fail(w http.ResponseWriter, err error) {
 	var ae *apiError
 	var mb *http.MaxBytesError
 	switch {
 	case errors.As(err, &ae):
-		typ := "invalid_request_error"
-		if ae.status >= 500 {
-			typ = "server_error"
-		}
-		writeError(w, ae.status, typ, ae.param, ae.msg)
+		writeError(w, ae.status, errorType(ae.status), ae.param, ae.msg)
 	case errors.As(err, &mb):
 		writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "", fmt.Sprintf("request body larger than %d bytes", mb.Limit))
 	default:
@@ -202,10 +283,25 @@ func fail(w http.ResponseWriter, err error) {
 	}
 }
 
+// writeJSON answers v as JSON. It encodes v before writing the status, so
+// that a value JSON cannot hold (a NaN) answers 500 with an error body,
+// not 200 with an empty one.
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, encodeError(err)
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(v)
+	w.Write(append(b, '\n'))
+}
+
+// encodeError is the error body for an answer that could not be encoded.
+func encodeError(err error) []byte {
+	var e errorBody
+	e.Error.Message, e.Error.Type, e.Error.Code = fmt.Sprintf("encoding the answer: %v", err), "server_error", http.StatusInternalServerError
+	b, _ := json.Marshal(e) // strings and an int: always encodes
+	return b
 }
 
 // decode reads a JSON body strictly: unknown fields and trailing data are
@@ -233,6 +329,20 @@ func decode(r *http.Request, v any) error {
 		return badRequest("", "malformed JSON body: data after the request object")
 	}
 	return nil
+}
+
+// decodeOptional is decode for a body that may be absent or empty,
+// chunked or not (SGLang's pause_generation takes either).
+func decodeOptional(r *http.Request, v any) error {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return err
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return decode(r, v)
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
@@ -293,7 +403,7 @@ func (s *Server) maxNew(field string, want *int, promptLen, dflt int) (int, erro
 	return *want, nil
 }
 
-// checkN bounds the samples of a request.
+// checkN bounds the samples of a prompt.
 func (s *Server) checkN(field string, n int) error {
 	if n < 1 || n > s.opt.MaxN {
 		return badRequest(field, "%s = %d, want 1 to %d", field, n, s.opt.MaxN)
@@ -301,15 +411,65 @@ func (s *Server) checkN(field string, n int) error {
 	return nil
 }
 
+// checkSamples bounds the samples of a whole request, over all its
+// prompts (named by field), by MaxN.
+func (s *Server) checkSamples(field string, samples int) error {
+	if samples > s.opt.MaxN {
+		return badRequest(field, "%s: the request asks for %d samples over its prompts; this server takes at most %d per request", field, samples, s.opt.MaxN)
+	}
+	return nil
+}
+
+// pause pauses the scheduler unless it is already (see pauseMu).
+func (s *Server) pause() {
+	s.pauseMu.Lock()
+	defer s.pauseMu.Unlock()
+	if !s.paused {
+		s.sched.Pause()
+		s.paused = true
+	}
+}
+
+// resume ends a pause, if any (see pauseMu).
+func (s *Server) resume() {
+	s.pauseMu.Lock()
+	defer s.pauseMu.Unlock()
+	if s.paused {
+		s.sched.Continue()
+		s.paused = false
+	}
+}
+
+// isPaused reports whether pause_generation paused the server.
+func (s *Server) isPaused() bool {
+	s.pauseMu.Lock()
+	defer s.pauseMu.Unlock()
+	return s.paused
+}
+
+// Drain readies the server for a shutdown that waits for the requests in
+// flight: a pause would hold them until a continue_generation that will
+// not come, so a paused server aborts them (/generate answers
+// finish_reason abort, the OpenAI routes 503: clients send them again,
+// to another server) and continues generation for any that follow.
+func (s *Server) Drain() {
+	s.pauseMu.Lock()
+	defer s.pauseMu.Unlock()
+	if s.paused {
+		s.abortAll(errAborted)
+		s.sched.Continue()
+		s.paused = false
+	}
+}
+
+// Abort cancels every generation in flight, for a shutdown whose drain
+// timed out: their handlers return at once, and Close need not wait for
+// them to finish. It returns how many it cancelled.
+func (s *Server) Abort() int { return s.abortAll(errShutdown) }
+
 // Close ends a paused generation (requests in flight must finish) and
 // closes the scheduler once they have.
 func (s *Server) Close() {
-	s.mu.Lock()
-	was := s.paused
-	s.paused = false
-	s.mu.Unlock()
-	if was {
-		s.sched.Continue()
-	}
+	s.resume()
 	s.sched.Close()
 }

@@ -102,12 +102,22 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
+	batchField := "input_ids"
+	if req.Text != nil {
+		batchField = "text"
+	}
+	// Bound the samples before reading one sampling_params per prompt.
+	if err := s.checkSamples(batchField, len(prompts)); err != nil {
+		fail(w, err)
+		return
+	}
 	params, err := sglParamList(req.SamplingParams, len(prompts))
 	if err != nil {
 		fail(w, err)
 		return
 	}
 	var jobs []genJob
+	samples := 0
 	for i, p := range prompts {
 		field := "input_ids"
 		if batch {
@@ -122,18 +132,23 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
 			fail(w, err)
 			return
 		}
+		samples += n
+		if err := s.checkSamples(batchField, samples); err != nil {
+			fail(w, err)
+			return
+		}
 		jobs = append(jobs, genJob{prompt: p, n: n, sp: sp})
 	}
 	g := s.newGeneration(jobs, nil, 0)
 	start := time.Now()
 	err = g.run(r.Context(), nil)
-	if errors.Is(err, errAborted) {
+	if errors.Is(err, errAborted) || errors.Is(err, errShutdown) {
 		// As SGLang answers requests aborted by pause_generation: every
 		// choice with finish_reason abort (the client sends them again).
 		var answers []map[string]any
 		for range g.choices {
 			answers = append(answers, map[string]any{"text": "", "output_ids": []int32{}, "meta_info": map[string]any{
-				"id": newID(""), "finish_reason": map[string]any{"type": "abort", "message": errAborted.Error()},
+				"id": newID(""), "finish_reason": map[string]any{"type": "abort", "message": err.Error()},
 				"weight_version": strconv.FormatInt(s.sched.Version(), 10)}})
 		}
 		if !batch && len(answers) == 1 {
@@ -150,7 +165,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
 	latency := time.Since(start).Seconds()
 	var answers []sglAnswer
 	for _, c := range g.choices {
-		answers = append(answers, s.sglAnswerOf(&req, jobs[c.job], c, latency))
+		answers = append(answers, s.sglAnswerOf(&req, jobs[c.job], params[c.job].NoStopTrim, c, latency))
 	}
 	if !batch && len(answers) == 1 {
 		writeJSON(w, http.StatusOK, answers[0])
@@ -261,6 +276,8 @@ func (s *Server) sglSampling(p sglParams, promptLen int, batch bool, i int) (rol
 	if p.Temperature != nil {
 		if t := *p.Temperature; !(t >= 0) || t > 100 {
 			return sp, 0, badRequest(f("temperature"), "%s = %g, want >= 0", f("temperature"), t)
+		} else if t > 0 && t < rollout.MinTemperature {
+			return sp, 0, badRequest(f("temperature"), "%s = %g: too small to sample with (at least %g); use 0 for greedy decoding", f("temperature"), t, rollout.MinTemperature)
 		}
 		sp.Temperature = *p.Temperature
 	}
@@ -327,8 +344,9 @@ func (s *Server) sglSampling(p sglParams, promptLen int, batch bool, i int) (rol
 	return sp, n, nil
 }
 
-// sglAnswerOf renders one choice as SGLang answers it.
-func (s *Server) sglAnswerOf(req *sglGenerateRequest, jb genJob, c *choice, latency float64) sglAnswer {
+// sglAnswerOf renders one choice as SGLang answers it: its text without
+// the stop token that ended it unless noStopTrim (output_ids keep it).
+func (s *Server) sglAnswerOf(req *sglGenerateRequest, jb genJob, noStopTrim bool, c *choice, latency float64) sglAnswer {
 	meta := map[string]any{
 		"id":                newID(""),
 		"prompt_tokens":     len(jb.prompt),
@@ -365,7 +383,10 @@ func (s *Server) sglAnswerOf(req *sglGenerateRequest, jb genJob, c *choice, late
 	if req.ReturnRoutedExperts && c.routes != nil {
 		meta["routed_experts"] = encodeRoutes(c.routes, &s.cfg)
 	}
-	text := s.tok.DecodeLenient(c.ids)
+	text := c.text
+	if noStopTrim {
+		text = s.tok.DecodeLenient(c.ids)
+	}
 	return sglAnswer{Text: text, OutputIDs: c.ids, MetaInfo: meta}
 }
 
@@ -415,9 +436,11 @@ func (s *Server) updateWeightsFromDisk(w http.ResponseWriter, r *http.Request) {
 		fail(w, badRequest("model_path", "model_path is required"))
 		return
 	}
-	version := s.sched.Version() + 1
+	var version int64
+	given := true
 	switch v := req.WeightVersion.(type) {
 	case nil:
+		given = false // the next after the served one
 	case string:
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
@@ -437,10 +460,11 @@ func (s *Server) updateWeightsFromDisk(w http.ResponseWriter, r *http.Request) {
 	}
 	s.updateLock.Lock()
 	defer s.updateLock.Unlock()
-	s.mu.Lock()
-	paused := s.paused
-	s.mu.Unlock()
-	if st := s.sched.Stats(); paused && st.Running > 0 {
+	if !given {
+		// Read under the lock: an update before this one may be loading.
+		version = s.sched.Version() + 1
+	}
+	if st := s.sched.Stats(); s.isPaused() && st.Running > 0 {
 		// The scheduler finishes running sequences on the old weights
 		// first, which a pause forbids.
 		fail(w, &apiError{status: http.StatusConflict, param: "model_path", msg: fmt.Sprintf("%d sequences are paused in flight: pause with mode abort, or continue generation, before updating the weights", st.Running)})
@@ -480,11 +504,9 @@ type pauseRequest struct {
 
 func (s *Server) pauseGeneration(w http.ResponseWriter, r *http.Request) {
 	var req pauseRequest
-	if r.ContentLength != 0 {
-		if err := decode(r, &req); err != nil {
-			fail(w, err)
-			return
-		}
+	if err := decodeOptional(r, &req); err != nil {
+		fail(w, err)
+		return
 	}
 	switch req.Mode {
 	case "", "in_place", "retract", "abort":
@@ -492,28 +514,16 @@ func (s *Server) pauseGeneration(w http.ResponseWriter, r *http.Request) {
 		fail(w, badRequest("mode", "mode %q: want abort, retract or in_place", req.Mode))
 		return
 	}
-	s.mu.Lock()
-	already := s.paused
-	s.paused = true
-	s.mu.Unlock()
-	if !already {
-		s.sched.Pause()
-	}
+	s.pause()
 	aborted := 0
 	if req.Mode == "" || req.Mode == "abort" {
-		aborted = s.abortAll()
+		aborted = s.abortAll(errAborted)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"success": true, "message": fmt.Sprintf("generation paused (mode %s), %d requests aborted", orAbort(req.Mode), aborted)})
 }
 
 func (s *Server) continueGeneration(w http.ResponseWriter, r *http.Request) {
-	s.mu.Lock()
-	was := s.paused
-	s.paused = false
-	s.mu.Unlock()
-	if was {
-		s.sched.Continue()
-	}
+	s.resume()
 	writeJSON(w, http.StatusOK, map[string]any{"success": true, "message": "generation continued"})
 }
 

@@ -35,7 +35,9 @@ that arrive together are decoded together. Protocols:
 It binds 127.0.0.1 unless --addr says otherwise. With an API key (--api-key,
 or KEEL_API_KEY so that it does not show in a process list) every request
 needs it as "Authorization: Bearer KEY". SIGTERM or Ctrl-C stops accepting
-requests, lets those in flight finish, then exits.
+requests, lets those in flight finish (a server paused by pause_generation
+aborts them instead: they would wait for a continue that will not come),
+then exits; requests still running after --drain-timeout are cancelled.
 `
 
 func runServe(args []string) error {
@@ -48,7 +50,7 @@ func runServe(args []string) error {
 	name := fs.String("served-model-name", "", "the model's name for clients (default: the directory's name)")
 	slots := fs.Int("slots", 64, "sequences decoded at once")
 	maxLen := fs.Int("max-len", 0, "tokens of prompt and response per sequence (default: the model's max_position_embeddings)")
-	maxN := fs.Int("max-n", 64, "samples one request may ask for")
+	maxN := fs.Int("max-n", 64, "samples one request may ask for, over all its prompts")
 	drain := fs.Duration("drain-timeout", 2*time.Minute, "how long SIGTERM waits for requests in flight")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
@@ -60,6 +62,8 @@ func runServe(args []string) error {
 		return errors.New("--model is required")
 	case *slots < 1:
 		return fmt.Errorf("--slots %d, want >= 1", *slots)
+	case *maxN < 1:
+		return fmt.Errorf("--max-n %d, want >= 1", *maxN)
 	}
 	p, err := rollout.ParsePrecision(*prec)
 	if err != nil {
@@ -97,7 +101,14 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
+	// A client that stalls while sending a request, or keeps an idle
+	// connection, cannot hold it for long (the server clears the read
+	// deadline once a body is read: a long generation is not cut).
+	// Streams bound each write themselves; an answer that is not
+	// streamed may take as long as its generation does, so there is no
+	// WriteTimeout.
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second, ReadTimeout: 2 * time.Minute,
+		IdleTimeout: 2 * time.Minute}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)
@@ -111,13 +122,28 @@ func runServe(args []string) error {
 	}
 	stop()
 	fmt.Println("keel serve: draining requests in flight")
-	sctx, cancel := context.WithTimeout(context.Background(), *drain)
-	defer cancel()
-	err = hs.Shutdown(sctx)
-	srv.Close()
-	if err != nil {
-		return fmt.Errorf("drain: %w", err)
+	if err := shutdown(hs, srv, *drain); err != nil {
+		return err
 	}
 	fmt.Println("keel serve: stopped")
 	return nil
+}
+
+// shutdown stops hs and srv within about drain: it ends a pause (aborting
+// the requests it holds), lets the requests in flight finish for up to
+// drain, then closes the connections left and cancels their generations,
+// so that closing the scheduler does not wait for them to run to their
+// end.
+func shutdown(hs *http.Server, srv *serve.Server, drain time.Duration) error {
+	srv.Drain()
+	ctx, cancel := context.WithTimeout(context.Background(), drain)
+	defer cancel()
+	err := hs.Shutdown(ctx)
+	if err != nil {
+		hs.Close()
+		n := srv.Abort()
+		err = fmt.Errorf("drain: requests still running after %s (%d generations cancelled): %w", drain, n, err)
+	}
+	srv.Close()
+	return err
 }

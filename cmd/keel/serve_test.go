@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
@@ -18,17 +19,21 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
-	"sort"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/keel-rl/keel/internal/testmodel"
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rl"
+	"github.com/keel-rl/keel/rollout"
 	"github.com/keel-rl/keel/run"
+	"github.com/keel-rl/keel/serve"
+	"github.com/keel-rl/keel/tokenizer"
 )
 
 // RL over real `keel serve` processes on loopback: the test binary runs
@@ -113,11 +118,13 @@ func (b *lockedBuffer) String() string {
 	return b.buf.String()
 }
 
-// startServe starts `keel serve --precision exact` on a free loopback port
-// and waits until it listens; the process is killed when the test ends.
-func startServe(t *testing.T, modelDir string) *keelServer {
+// startServe starts `keel serve --precision exact` (with extra flags) on a
+// free loopback port and waits until it listens; the process is killed
+// when the test ends.
+func startServe(t *testing.T, modelDir string, extra ...string) *keelServer {
 	t.Helper()
-	cmd := exec.Command(keelExe, "serve", "--model", modelDir, "--precision", "exact", "--addr", "127.0.0.1:0", "--slots", "32")
+	args := append([]string{"serve", "--model", modelDir, "--precision", "exact", "--addr", "127.0.0.1:0", "--slots", "32"}, extra...)
+	cmd := exec.Command(keelExe, args...)
 	cmd.Env = append(os.Environ(), asKeelEnv+"=1")
 	ready := make(chan string, 1)
 	out := &lockedBuffer{ready: ready}
@@ -603,5 +610,118 @@ func TestServeRLKill(t *testing.T) {
 	all, _ = readMetrics(t, dir)
 	if s := all[len(all)-1]; s["step"] != 3.0 || s["rollout/servers_alive"] != 2.0 {
 		t.Errorf("the resumed step 3: %v", s)
+	}
+}
+
+// --max-n below 1 is refused before anything is loaded.
+func TestServeMaxNFlag(t *testing.T) {
+	for _, v := range []string{"0", "-3"} {
+		if err := runServe([]string{"--model", "/nonexistent", "--max-n", v}); err == nil || !strings.Contains(err.Error(), "--max-n") {
+			t.Errorf("--max-n %s: %v", v, err)
+		}
+	}
+}
+
+// SIGTERM while paused in place, a request waiting in flight: the server
+// aborts it (the client gets finish_reason abort, to send it again
+// elsewhere) and exits 0 at once, rather than waiting out the drain
+// timeout for a continue_generation that will not come and exiting 1.
+func TestServeShutdownPausedInPlace(t *testing.T) {
+	md := filepath.Join(t.TempDir(), "model")
+	if err := serveTestModel(md); err != nil {
+		t.Fatal(err)
+	}
+	s := startServe(t, md, "--drain-timeout", "60s")
+	post := func(path, body string) (int, []byte) {
+		resp, err := http.Post(s.url+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			return 0, []byte(err.Error())
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	if code, b := post("/pause_generation", `{"mode": "in_place"}`); code != 200 {
+		t.Fatalf("pause: %d %s", code, b)
+	}
+	type answer struct {
+		code int
+		body []byte
+	}
+	answers := make(chan answer, 1)
+	go func() {
+		code, b := post("/generate", `{"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 8}}`)
+		answers <- answer{code, b}
+	}()
+	// The request is in flight once the server counts it waiting.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		resp, err := http.Get(s.url + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(b), "keel:num_requests_waiting 1") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the request never queued:\n%s", b)
+		}
+	}
+	start := time.Now()
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("keel serve still running 20 s after SIGTERM (paused in place, a request in flight):\n%s", s.out)
+	}
+	if code := s.cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(s.out.String(), "keel serve: stopped") {
+		t.Errorf("exit status %d after %s:\n%s", code, time.Since(start), s.out)
+	}
+	a := <-answers
+	if a.code != 200 || !strings.Contains(string(a.body), `"abort"`) {
+		t.Errorf("the request in flight: %d %s, want finish_reason abort", a.code, a.body)
+	}
+}
+
+// A request still running when the drain times out does not hold the
+// shutdown: its connection is closed, generations are cancelled, and
+// shutdown returns the drain's error at once.
+func TestServeShutdownTimeout(t *testing.T) {
+	md := filepath.Join(t.TempDir(), "model")
+	if err := serveTestModel(md); err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Load(md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := rollout.New(m, rollout.Options{Precision: rollout.Exact, Slots: 4, MaxLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	srv := serve.New(rollout.NewScheduler(e), tokenizer.NewChar(), m.Config, 64, serve.Options{})
+	mux := http.NewServeMux()
+	mux.Handle("/", srv.Handler())
+	started := make(chan struct{})
+	mux.HandleFunc("/stuck", func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-r.Context().Done() // until its connection is closed
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: mux}
+	go hs.Serve(ln)
+	go http.Get("http://" + ln.Addr().String() + "/stuck")
+	<-started
+	start := time.Now()
+	err = shutdown(hs, srv, 100*time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "drain") || time.Since(start) > 10*time.Second {
+		t.Errorf("shutdown with a request stuck: %v after %s", err, time.Since(start))
 	}
 }
