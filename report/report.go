@@ -105,15 +105,7 @@ func value(p Point, metric string) (float64, bool) {
 // x values every run of an arm has are drawn.
 func Build(runs []Run, title, metric string, logY bool) Chart {
 	c := Chart{Title: title, Metric: metric, LogY: logY}
-	arms := map[string][]Run{}
-	var names []string
-	for _, r := range runs {
-		if _, ok := arms[r.Arm]; !ok {
-			names = append(names, r.Arm)
-		}
-		arms[r.Arm] = append(arms[r.Arm], r)
-	}
-	sort.Strings(names)
+	names, arms := byArm(runs)
 	for _, name := range names {
 		group := arms[name]
 		byX := map[float64][]float64{}
@@ -148,6 +140,20 @@ func Build(runs []Run, title, metric string, logY bool) Chart {
 		}
 	}
 	return c
+}
+
+// byArm groups runs by arm, returning the arms' names in order.
+func byArm(runs []Run) ([]string, map[string][]Run) {
+	arms := map[string][]Run{}
+	var names []string
+	for _, r := range runs {
+		if _, ok := arms[r.Arm]; !ok {
+			names = append(names, r.Arm)
+		}
+		arms[r.Arm] = append(arms[r.Arm], r)
+	}
+	sort.Strings(names)
+	return names, arms
 }
 
 // palette holds the curves' colours (colour-blind safe, Okabe-Ito).

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"html"
 	"math"
-	"sort"
 	"strings"
 )
 
@@ -58,15 +57,7 @@ var SummaryColumns = []string{"arm", "seeds", "held-out start", "held-out final"
 
 // Summarize computes each arm's Summary, arms in name order.
 func Summarize(runs []Run) []Summary {
-	arms := map[string][]Run{}
-	var names []string
-	for _, r := range runs {
-		if _, ok := arms[r.Arm]; !ok {
-			names = append(names, r.Arm)
-		}
-		arms[r.Arm] = append(arms[r.Arm], r)
-	}
-	sort.Strings(names)
+	names, arms := byArm(runs)
 	var out []Summary
 	for _, name := range names {
 		group := arms[name]
