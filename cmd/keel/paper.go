@@ -76,6 +76,13 @@ func paperSuite(quick bool) []paperGrid {
 			Seeds: []uint64{1}, Sets: []string{stress, "train.lr=3.0e-4", "train.min_lr=3.0e-5"}},
 		paperGrid{Name: "offpolicy-n8-" + stressPrecision + "-lr1e-3", Paths: []string{"recipes/paper/offpolicy-n8"},
 			Seeds: []uint64{1}, Sets: []string{stress, "train.lr=1.0e-3", "train.min_lr=1.0e-4"}})
+	// The same search for the on-policy finding: without the IS correction
+	// nothing collapses at lr 1e-4, so MiniRL with and without it (and
+	// with R3) at three times the learning rate.
+	op := func(arm string) string { return "recipes/paper/onpolicy/" + arm + ".yaml" }
+	g = append(g, paperGrid{Name: "onpolicy-" + stressPrecision + "-lr3e-4",
+		Paths: []string{op("minirl"), op("minirl-no-is"), op("minirl-r3"), op("minirl-no-is-r3")},
+		Seeds: []uint64{1}, Sets: []string{stress, "train.lr=3.0e-4", "train.min_lr=3.0e-5"}})
 	for _, style := range []string{"terse", "scratch", "chain"} {
 		g = append(g, paperGrid{Name: "coldstart-" + style,
 			Paths: []string{"recipes/paper/coldstart/from-" + style + ".yaml"}, Seeds: []uint64{1},
