@@ -88,6 +88,14 @@ func paperSuite(quick bool) []paperGrid {
 			Paths: []string{"recipes/paper/coldstart/from-" + style + ".yaml"}, Seeds: []uint64{1},
 			SFT: "recipes/paper/coldstart-sft/sft-" + style + ".yaml"})
 	}
+	// "Prolonged" RL from the same three models: four times the steps
+	// (the models are trained once, in OUT/sft-STYLE).
+	for _, style := range []string{"terse", "scratch", "chain"} {
+		g = append(g, paperGrid{Name: "coldstart-" + style + "-long",
+			Paths: []string{"recipes/paper/coldstart/from-" + style + ".yaml"}, Seeds: []uint64{1},
+			Sets: []string{"train.steps=704", "eval.every=50"},
+			SFT:  "recipes/paper/coldstart-sft/sft-" + style + ".yaml"})
+	}
 	return g
 }
 
