@@ -59,8 +59,8 @@ func (c Chart) PNG(w, h int) ([]byte, error) {
 		}
 		stroke(img, line, 1.5, col)
 		ly := float64(marginTop + 14*i)
-		stroke(img, [][2]float64{{float64(w - marginRight + 10), ly + 10}, {float64(w - marginRight + 26), ly + 10}}, 2, col)
-		text(img, w-marginRight+30, int(ly)+14, s.Name+" ("+strconv.Itoa(s.Runs)+")", color.Black)
+		stroke(img, [][2]float64{{float64(w - g.right + 10), ly + 10}, {float64(w - g.right + 26), ly + 10}}, 2, col)
+		text(img, w-g.right+30, int(ly)+14, legendLabel(s), color.Black)
 	}
 	return encode(img)
 }

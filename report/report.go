@@ -159,12 +159,26 @@ func byArm(runs []Run) ([]string, map[string][]Run) {
 // palette holds the curves' colours (colour-blind safe, Okabe-Ito).
 var palette = []string{"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"}
 
-// Margins of a chart's plot area, in pixels.
+// Margins of a chart's plot area, in pixels; the right one grows with the
+// longest legend entry (about 7 pixels a character) so names are not cut.
 const marginLeft, marginRight, marginTop, marginBottom = 60, 160, 30, 40
+
+// legendWidth is the right margin the chart's legend needs.
+func (c Chart) legendWidth() int {
+	w := marginRight
+	for _, s := range c.Series {
+		w = max(w, 40+7*len(legendLabel(s)))
+	}
+	return w
+}
+
+// legendLabel is a series' legend entry: its name and how many runs it holds.
+func legendLabel(s Series) string { return fmt.Sprintf("%s (%d)", s.Name, s.Runs) }
 
 // geom maps data to pixels for a chart of w by h pixels.
 type geom struct {
 	w, h               int
+	right              int // the right margin (legend)
 	pw, ph             float64
 	xmin, xmax, y0, y1 float64 // y0, y1 on the transformed (log) scale
 	logY               bool
@@ -172,7 +186,8 @@ type geom struct {
 
 // geometry returns the chart's mapping, false when it has no data.
 func (c Chart) geometry(w, h int) (geom, bool) {
-	g := geom{w: w, h: h, pw: float64(w - marginLeft - marginRight), ph: float64(h - marginTop - marginBottom), logY: c.LogY}
+	right := c.legendWidth()
+	g := geom{w: w, h: h, right: right, pw: float64(w - marginLeft - right), ph: float64(h - marginTop - marginBottom), logY: c.LogY}
 	xmin, xmax, ymin, ymax := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
 	for _, s := range c.Series {
 		for i := range s.X {
@@ -258,8 +273,8 @@ func (c Chart) SVG(w, h int) string {
 		}
 		fmt.Fprintf(&b, `<polyline class="mean" data-series="%s" points="%s" fill="none" stroke="%s" stroke-width="1.5"/>`, html.EscapeString(s.Name), strings.TrimSpace(line.String()), col)
 		ly := top + 14*i
-		fmt.Fprintf(&b, `<path d="M%d %d h16" stroke="%s" stroke-width="2"/><text x="%d" y="%d">%s (%d)</text>`,
-			w-marginRight+10, ly+10, col, w-marginRight+30, ly+14, html.EscapeString(s.Name), s.Runs)
+		fmt.Fprintf(&b, `<path d="M%d %d h16" stroke="%s" stroke-width="2"/><text x="%d" y="%d">%s</text>`,
+			w-g.right+10, ly+10, col, w-g.right+30, ly+14, html.EscapeString(legendLabel(s)))
 	}
 	b.WriteString(`</svg>`)
 	return b.String()

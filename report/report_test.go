@@ -185,3 +185,26 @@ func TestPNG(t *testing.T) {
 		t.Fatal("a pixel between the lines is not white")
 	}
 }
+
+// TestLegendFits checks that a long arm name widens the legend margin so
+// that its entry (about 7 pixels a character) ends inside the chart.
+func TestLegendFits(t *testing.T) {
+	one := []float64{1}
+	short := Chart{Series: []Series{{Name: "a", Runs: 1, X: one, Y: one, Lo: one, Hi: one}}}
+	if got := short.legendWidth(); got != marginRight {
+		t.Errorf("short names: legend width %d, want the default %d", got, marginRight)
+	}
+	long := Chart{Series: []Series{{Name: "minirl-lennorm-r3-with-a-long-name", Runs: 3, X: one, Y: one, Lo: one, Hi: one}}}
+	const w = 800
+	g, ok := long.geometry(w, 300)
+	if !ok {
+		t.Fatal("no geometry")
+	}
+	label := legendLabel(long.Series[0])
+	if end := w - g.right + 30 + 7*len(label); end > w {
+		t.Errorf("legend entry %q ends at x=%d, past the chart's width %d", label, end, w)
+	}
+	if g.pw != float64(w-marginLeft-g.right) {
+		t.Errorf("plot width %v does not leave room for the legend (%d)", g.pw, g.right)
+	}
+}
