@@ -56,31 +56,7 @@ func runEval(args []string) error {
 	if err != nil {
 		return fmt.Errorf("--precision: %w", err)
 	}
-	m, err := model.Load(*dir)
-	if err != nil {
-		return err
-	}
-	tok, err := tokenizer.Load(*dir)
-	if err != nil {
-		return err
-	}
-	ex, err := data.Read(*path)
-	if err != nil {
-		return err
-	}
-	if err := evaluate.CheckTasks(ex); err != nil {
-		return fmt.Errorf("%s: %v", *path, err)
-	}
-	maxLen := m.Config.MaxPositionEmbeddings
-	if maxLen <= 0 {
-		maxLen = 2048
-	}
-	e, err := rollout.New(m, rollout.Options{Precision: p, Slots: 64, MaxLen: min(maxLen, 4096)})
-	if err != nil {
-		return err
-	}
-	defer e.Close()
-	rep, err := evaluate.Run(e, tok, ex, *k, rollout.Sampling{Temperature: *temp, MaxNewTokens: *maxNew, Seed: *seed})
+	rep, err := evalModel(*dir, *path, p, *k, rollout.Sampling{Temperature: *temp, MaxNewTokens: *maxNew, Seed: *seed})
 	if err != nil {
 		return err
 	}
@@ -99,4 +75,35 @@ func runEval(args []string) error {
 		})
 	}
 	return nil
+}
+
+// evalModel samples k responses per problem of the data set at path from
+// the model in dir, with the rollout engine at precision prec, and scores
+// them (keel eval, and keel paper's cross-evaluations).
+func evalModel(dir, path string, prec rollout.Precision, k int, s rollout.Sampling) (*evaluate.Report, error) {
+	m, err := model.Load(dir)
+	if err != nil {
+		return nil, err
+	}
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		return nil, err
+	}
+	ex, err := data.Read(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := evaluate.CheckTasks(ex); err != nil {
+		return nil, fmt.Errorf("%s: %v", path, err)
+	}
+	maxLen := m.Config.MaxPositionEmbeddings
+	if maxLen <= 0 {
+		maxLen = 2048
+	}
+	e, err := rollout.New(m, rollout.Options{Precision: prec, Slots: 64, MaxLen: min(maxLen, 4096)})
+	if err != nil {
+		return nil, err
+	}
+	defer e.Close()
+	return evaluate.Run(e, tok, ex, k, s)
 }

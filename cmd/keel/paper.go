@@ -25,7 +25,10 @@ const paperUsage = `usage: keel paper [--quick] [--out DIR] [--jobs J] [--only G
 Runs the reproduction suite of REPRODUCTION.md: every grid of
 recipes/paper/ over its seeds (as keel sweep does, in OUT/GRID/NAME-sSEED),
 the cold-start models first (keel sft), then one report per grid
-(OUT/GRID.html, PNGs in OUT/GRID-charts/). Finished runs are skipped and
+(OUT/GRID.html, PNGs in OUT/GRID-charts/). After the on-policy grid, the
+final models of MiniRL and MiniRL without IS (and the base model) are
+scored under the exact engine and under the rollout's precision with one
+seed for all (OUT/GRID-crosseval/table.md). Finished runs are skipped and
 interrupted ones resume, so the same command continues a stopped suite.
 --quick runs only the on-policy comparison that carries the paper's main
 finding, at one seed.
@@ -45,6 +48,11 @@ type paperGrid struct {
 	// SFT recipes run first, each into OUT/NAME-sft-<its out's base>; the
 	// RL recipe's model.path is set to that run's model/ (one recipe then).
 	SFT string
+	// CrossEval names arms whose final models (and the base model) are
+	// scored again after the grid, under the exact engine and under the
+	// rollout's precision with one seed for all: what separates MiniRL
+	// from MiniRL without its IS correction (REPRODUCTION.md, finding 1).
+	CrossEval []string
 }
 
 // paperSuite lists the suite's grids; quick keeps the on-policy
@@ -55,10 +63,11 @@ func paperSuite(quick bool) []paperGrid {
 	if quick {
 		return []paperGrid{{Name: "quick-onpolicy-" + stressPrecision, Paths: []string{
 			"recipes/paper/onpolicy/minirl.yaml", "recipes/paper/onpolicy/minirl-no-is.yaml", "recipes/paper/onpolicy/minirl-r3.yaml"},
-			Seeds: []uint64{1}, Sets: []string{stress}}}
+			Seeds: []uint64{1}, Sets: []string{stress}, CrossEval: []string{"minirl", "minirl-no-is"}}}
 	}
 	g := []paperGrid{
-		{Name: "onpolicy-" + stressPrecision, Paths: []string{"recipes/paper/onpolicy"}, Seeds: seeds, Sets: []string{stress}},
+		{Name: "onpolicy-" + stressPrecision, Paths: []string{"recipes/paper/onpolicy"}, Seeds: seeds, Sets: []string{stress},
+			CrossEval: []string{"minirl", "minirl-no-is"}},
 		{Name: "onpolicy-fp8", Paths: []string{"recipes/paper/onpolicy"}, Seeds: []uint64{1}},
 		{Name: "onpolicy-exact", Paths: []string{"recipes/paper/onpolicy/minirl.yaml", "recipes/paper/onpolicy/minirl-no-is.yaml"},
 			Seeds: []uint64{1}, Sets: []string{"rollout.precision=exact"}},
@@ -163,6 +172,16 @@ func runPaper(args []string) error {
 			return err
 		}
 		fmt.Printf("report -> %s\n", page)
+		if len(p.grid.CrossEval) > 0 {
+			err := crossEval(ctx, p, *out)
+			if errors.Is(err, context.Canceled) {
+				fmt.Println("stopped; the same command continues the suite")
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+		}
 	}
 	fmt.Printf("suite done in %s\n", time.Since(start).Round(time.Second))
 	return nil

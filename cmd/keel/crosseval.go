@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/keel-rl/keel/evaluate"
+	"github.com/keel-rl/keel/internal/atomicfile"
+	"github.com/keel-rl/keel/internal/builtin"
+	"github.com/keel-rl/keel/rl"
+	"github.com/keel-rl/keel/rollout"
+)
+
+// crossEvalSeed is the sampling seed of every cross-evaluation: the
+// models of a comparison are scored on the same random numbers, so their
+// difference is not the evaluations' own noise.
+const crossEvalSeed = 7
+
+// crossScore is one model's held-out avg@k under one engine.
+type crossScore struct {
+	arm       string // "base" for the grid's starting model
+	precision string
+	avg       float64
+}
+
+// crossEval scores the final models of the grid's CrossEval arms, and the
+// model they started from, under the exact engine and under the rollout's
+// precision (each report kept in OUT/GRID-crosseval/, so a stopped suite
+// does not redo them), then prints a Markdown table and writes it to
+// OUT/GRID-crosseval/table.md.
+func crossEval(ctx context.Context, p suitePlan, out string) error {
+	dir := filepath.Join(out, p.grid.Name+"-crosseval")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var scores []crossScore
+	var precisions []string
+	k := 0
+	for _, run := range p.runs {
+		arm := strings.TrimSuffix(filepath.Base(run.Dir), fmt.Sprintf("-s%d", run.Seed))
+		if !slices.Contains(p.grid.CrossEval, arm) {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(run.Dir, "model", "config.json")); err != nil {
+			fmt.Printf("[cross-eval] %s has no final model: skipped\n", run.Dir)
+			continue
+		}
+		rec, err := rl.ReadRecipe(filepath.Join(run.Dir, "recipe.yaml"), nil)
+		if err != nil {
+			return err
+		}
+		if rec.Eval.Skip {
+			return fmt.Errorf("%s: cross-evaluation needs eval.file", run.Dir)
+		}
+		precisions, k = []string{"exact", rec.Rollout.Precision}, rec.Eval.K
+		if len(scores) == 0 { // the base model, once
+			base, err := builtin.Resolve(rec.Model.Path, "")
+			if err != nil {
+				return fmt.Errorf("%s: model.path: %w", run.Dir, err)
+			}
+			s, err := crossScores(ctx, base, "base", filepath.Join(dir, "base"), rec, precisions)
+			if err != nil {
+				return err
+			}
+			scores = append(scores, s...)
+		}
+		s, err := crossScores(ctx, filepath.Join(run.Dir, "model"), arm, filepath.Join(dir, filepath.Base(run.Dir)), rec, precisions)
+		if err != nil {
+			return err
+		}
+		scores = append(scores, s...)
+	}
+	if len(scores) == 0 {
+		return nil
+	}
+	table := crossTable(scores, precisions, append([]string{"base"}, p.grid.CrossEval...))
+	fmt.Printf("cross-evaluation (held-out avg@%d, seed %d for every model):\n%s", k, crossEvalSeed, table)
+	return atomicfile.Write(filepath.Join(dir, "table.md"), func(w io.Writer) error {
+		_, err := io.WriteString(w, table)
+		return err
+	})
+}
+
+// crossScores evaluates one model under each precision, reusing the
+// report in PREFIX-PRECISION.json when an earlier suite wrote it.
+func crossScores(ctx context.Context, model, arm, prefix string, rec *rl.Recipe, precisions []string) ([]crossScore, error) {
+	var out []crossScore
+	for _, prec := range precisions {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		file := prefix + "-" + prec + ".json"
+		var rep evaluate.Report
+		b, err := os.ReadFile(file)
+		switch {
+		case err == nil:
+			if err := json.Unmarshal(b, &rep); err != nil || len(rep.Scores) == 0 {
+				return nil, fmt.Errorf("%s: not a keel eval report (delete it to evaluate again): %v", file, err)
+			}
+		case errors.Is(err, os.ErrNotExist):
+			p, err := rollout.ParsePrecision(prec)
+			if err != nil {
+				return nil, err
+			}
+			evalFile, err := builtin.Resolve(rec.Eval.File, "")
+			if err != nil {
+				return nil, fmt.Errorf("eval.file: %w", err)
+			}
+			fmt.Printf("[cross-eval] %s under %s\n", model, prec)
+			r, err := evalModel(model, evalFile, p, rec.Eval.K, rollout.Sampling{
+				Temperature: rec.Rollout.Temperature, MaxNewTokens: rec.Eval.MaxNewTokens, Seed: crossEvalSeed})
+			if err != nil {
+				return nil, fmt.Errorf("cross-evaluating %s: %w", model, err)
+			}
+			r.Samples = nil // the scores are what the table needs
+			if err := atomicfile.Write(file, func(w io.Writer) error { return json.NewEncoder(w).Encode(r) }); err != nil {
+				return nil, err
+			}
+			rep = *r
+		default:
+			return nil, err
+		}
+		out = append(out, crossScore{arm: arm, precision: prec, avg: rep.Overall().AvgAtK})
+	}
+	return out, nil
+}
+
+// crossTable sums the scores up per arm (mean and [lowest, highest] over
+// its seeds) under each precision, and the change from the first
+// precision to the second, in points.
+func crossTable(scores []crossScore, precisions []string, arms []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "| model | seeds | %s | %s | %s - %s (points) |\n|---|---:|---:|---:|---:|\n",
+		precisions[0], precisions[1], precisions[1], precisions[0])
+	for _, arm := range arms {
+		var by [2][]float64
+		for _, s := range scores {
+			for i, p := range precisions {
+				if s.arm == arm && s.precision == p {
+					by[i] = append(by[i], s.avg)
+				}
+			}
+		}
+		if len(by[0]) == 0 {
+			continue
+		}
+		m0, m1 := mean(by[0]), mean(by[1])
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %+.1f |\n", arm, len(by[0]), spread(by[0]), spread(by[1]), 100*(m1-m0))
+	}
+	return b.String()
+}
+
+func mean(v []float64) float64 {
+	var s float64
+	for _, x := range v {
+		s += x
+	}
+	return s / float64(len(v))
+}
+
+// spread is "mean [lowest, highest]", or the value alone for one.
+func spread(v []float64) string {
+	if len(v) == 0 {
+		return "-"
+	}
+	if len(v) == 1 {
+		return fmt.Sprintf("%.3f", v[0])
+	}
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, x := range v {
+		lo, hi = min(lo, x), max(hi, x)
+	}
+	return fmt.Sprintf("%.3f [%.3f, %.3f]", mean(v), lo, hi)
+}

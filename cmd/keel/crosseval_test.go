@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/keel-rl/keel/evaluate"
+	"github.com/keel-rl/keel/rl"
+	"github.com/keel-rl/keel/rollout"
+)
+
+// The cross-evaluation scores the chosen arms' final models and the base
+// model under the exact engine and the rollout's precision, each exactly
+// as keel eval would with the fixed seed, skips the other arms, and reuses
+// the reports a stopped suite left.
+func TestCrossEval(t *testing.T) {
+	wd, _ := os.Getwd()
+	defer os.Chdir(wd)
+	if err := os.Chdir("../.."); err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	evalFile := filepath.Join(out, "heldout.jsonl")
+	lines, err := os.ReadFile("recipes/heldout-d2-4.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := strings.SplitAfterN(string(lines), "\n", 5)[:4]
+	if err := os.WriteFile(evalFile, []byte(strings.Join(first, "")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	recipe := `name: x
+model:
+  path: models/tiny-moe-base
+data:
+  tasks: [arithmetic]
+  n: 10
+rollout:
+  precision: fp8
+  max_new_tokens: 12
+eval:
+  file: ` + evalFile + `
+  k: 2
+`
+	var runs []rl.SweepRun
+	for _, name := range []string{"a-s1", "a-s2", "b-s1"} {
+		dir := filepath.Join(out, "g", name)
+		if err := os.MkdirAll(filepath.Join(dir, "model"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{"config.json", "model.safetensors", "tokenizer.json"} {
+			b, err := os.ReadFile(filepath.Join("models/tiny-moe-base", f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "model", f), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dir, "recipe.yaml"), []byte(recipe), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		runs = append(runs, rl.SweepRun{Dir: dir, Seed: uint64(name[len(name)-1] - '0')})
+	}
+	plan := suitePlan{grid: paperGrid{Name: "g", CrossEval: []string{"a"}}, runs: runs}
+	if err := crossEval(context.Background(), plan, out); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(out, "g-crosseval")
+	for _, f := range []string{"base-exact", "base-fp8", "a-s1-exact", "a-s1-fp8", "a-s2-exact", "a-s2-fp8"} {
+		if _, err := os.Stat(filepath.Join(dir, f+".json")); err != nil {
+			t.Errorf("missing report: %v", err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "b-s1-exact.json")); err == nil {
+		t.Error("arm b is not in CrossEval but was evaluated")
+	}
+	// Each score is keel eval's with the fixed seed.
+	for _, prec := range []string{"exact", "fp8"} {
+		p, _ := rollout.ParsePrecision(prec)
+		want, err := evalModel("models/tiny-moe-base", evalFile, p, 2, rollout.Sampling{Temperature: 1, MaxNewTokens: 12, Seed: crossEvalSeed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := readReport(t, filepath.Join(dir, "a-s1-"+prec+".json"))
+		if got.Overall() != want.Overall() {
+			t.Errorf("%s: cross-eval %+v, keel eval %+v", prec, got.Overall(), want.Overall())
+		}
+	}
+	// A second pass reuses the reports: plant known scores and read them back.
+	for _, f := range []string{"base-exact", "base-fp8", "a-s1-exact", "a-s1-fp8", "a-s2-exact", "a-s2-fp8"} {
+		avg := map[string]float64{"base-exact": 0.5, "base-fp8": 0.25, "a-s1-exact": 0.5, "a-s1-fp8": 0.625, "a-s2-exact": 0.75, "a-s2-fp8": 0.625}[f]
+		b, _ := json.Marshal(evaluate.Report{Scores: []evaluate.Score{{Group: "all", AvgAtK: avg}}})
+		if err := os.WriteFile(filepath.Join(dir, f+".json"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := crossEval(context.Background(), plan, out); err != nil {
+		t.Fatal(err)
+	}
+	table, err := os.ReadFile(filepath.Join(dir, "table.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range []string{"| base | 1 | 0.500 | 0.250 | -25.0 |", "| a | 2 | 0.625 [0.500, 0.750] | 0.625 [0.625, 0.625] | +0.0 |"} {
+		if !strings.Contains(string(table), row) {
+			t.Errorf("table lacks %q:\n%s", row, table)
+		}
+	}
+	if strings.Contains(string(table), "| b |") {
+		t.Errorf("table has arm b:\n%s", table)
+	}
+}
+
+func readReport(t *testing.T, file string) evaluate.Report {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r evaluate.Report
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
