@@ -53,6 +53,10 @@ type paperGrid struct {
 	// rollout's precision with one seed for all: what separates MiniRL
 	// from MiniRL without its IS correction (REPRODUCTION.md, finding 1).
 	CrossEval []string
+	// MorePaths are arms of the grid also run at MoreSeeds: a comparison
+	// whose difference is small gets three seeds without tripling the grid.
+	MorePaths []string
+	MoreSeeds []uint64
 }
 
 // paperSuite lists the suite's grids; quick keeps the on-policy
@@ -73,8 +77,14 @@ func paperSuite(quick bool) []paperGrid {
 			Seeds: []uint64{1}, Sets: []string{"rollout.precision=exact"}},
 	}
 	for _, n := range []int{2, 4, 8} {
-		g = append(g, paperGrid{Name: fmt.Sprintf("offpolicy-n%d-%s", n, stressPrecision),
-			Paths: []string{fmt.Sprintf("recipes/paper/offpolicy-n%d", n)}, Seeds: []uint64{1}, Sets: []string{stress}})
+		grid := paperGrid{Name: fmt.Sprintf("offpolicy-n%d-%s", n, stressPrecision),
+			Paths: []string{fmt.Sprintf("recipes/paper/offpolicy-n%d", n)}, Seeds: []uint64{1}, Sets: []string{stress}}
+		if n > 2 {
+			// R2 against R3, the paper's claim at N = 4 and 8, over three seeds.
+			grid.MorePaths = []string{fmt.Sprintf("recipes/paper/offpolicy-n%d/r2.yaml", n), fmt.Sprintf("recipes/paper/offpolicy-n%d/r3.yaml", n)}
+			grid.MoreSeeds = []uint64{2, 3}
+		}
+		g = append(g, grid)
 	}
 	// The off-policy grid's instabilities need the policy to move away
 	// from pi_old within a step: the same N = 8 grid at three and ten
@@ -237,6 +247,13 @@ func planSuite(suite []paperGrid, out string) ([]suitePlan, error) {
 		runs, err := rl.Grid(g.Paths, g.Seeds, filepath.Join(out, g.Name), sets)
 		if err != nil {
 			return nil, fmt.Errorf("grid %s: %w", g.Name, err)
+		}
+		if len(g.MorePaths) > 0 {
+			more, err := rl.Grid(g.MorePaths, g.MoreSeeds, filepath.Join(out, g.Name), sets)
+			if err != nil {
+				return nil, fmt.Errorf("grid %s: %w", g.Name, err)
+			}
+			runs = append(runs, more...)
 		}
 		p.runs = runs
 		plans = append(plans, p)

@@ -44,6 +44,15 @@ func TestPaperSuitePlans(t *testing.T) {
 			}
 		}
 	}
+	// R2 and R3 at N = 4 and 8 have three seeds; the other arms one.
+	for _, d := range []string{"offpolicy-n4-fp4/r2-s3", "offpolicy-n8-fp4/r3-s2", "offpolicy-n8-fp4/clip-s1"} {
+		if !dirs[filepath.Join(out, d)] {
+			t.Errorf("no run %s", d)
+		}
+	}
+	if dirs[filepath.Join(out, "offpolicy-n8-fp4/clip-s2")] || dirs[filepath.Join(out, "offpolicy-n2-fp4/r2-s2")] {
+		t.Error("extra seeds beyond R2 and R3 at N = 4, 8")
+	}
 	if total < 40 {
 		t.Errorf("the suite has %d RL runs", total)
 	}
