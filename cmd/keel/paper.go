@@ -101,7 +101,9 @@ func paperSuite(quick bool) []paperGrid {
 	op := func(arm string) string { return "recipes/paper/onpolicy/" + arm + ".yaml" }
 	g = append(g, paperGrid{Name: "onpolicy-" + stressPrecision + "-lr3e-4",
 		Paths: []string{op("minirl"), op("minirl-no-is"), op("minirl-r3"), op("minirl-no-is-r3")},
-		Seeds: []uint64{1}, Sets: []string{stress, "train.lr=3.0e-4", "train.min_lr=3.0e-5"}})
+		Seeds: []uint64{1}, Sets: []string{stress, "train.lr=3.0e-4", "train.min_lr=3.0e-5"},
+		MorePaths: []string{op("minirl"), op("minirl-no-is")}, MoreSeeds: []uint64{2, 3},
+		CrossEval: []string{"minirl", "minirl-no-is"}})
 	for _, style := range []string{"terse", "scratch", "chain"} {
 		g = append(g, paperGrid{Name: "coldstart-" + style,
 			Paths: []string{"recipes/paper/coldstart/from-" + style + ".yaml"}, Seeds: []uint64{1},
