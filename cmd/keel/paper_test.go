@@ -63,6 +63,15 @@ func TestPaperSuitePlans(t *testing.T) {
 	if len(quick) != 1 || len(quick[0].runs) != 3 {
 		t.Fatalf("--quick: %d grids", len(quick))
 	}
+	for _, r := range quick[0].runs {
+		rec, err := rl.ReadRecipe(r.Recipe, r.Sets)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Train.LR != 3e-4 || rec.Rollout.Precision != stressPrecision || r.Seed != 1 {
+			t.Errorf("--quick run %s: lr %g, precision %s, seed %d", r.Dir, rec.Train.LR, rec.Rollout.Precision, r.Seed)
+		}
+	}
 	if _, err := selectGrids(paperSuite(false), "onpolicy-fp8, nope"); err == nil || !strings.Contains(err.Error(), `"nope"`) {
 		t.Errorf("--only with an unknown grid: %v", err)
 	}
