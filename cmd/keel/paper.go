@@ -97,7 +97,8 @@ func paperSuite(quick bool) []paperGrid {
 	n8 := func(arm string) string { return "recipes/paper/offpolicy-n8/" + arm + ".yaml" }
 	g = append(g,
 		paperGrid{Name: "offpolicy-n8-" + stressPrecision + "-lr3e-4", Paths: []string{n8("no-clip"), n8("clip"), n8("r2"), n8("r3")},
-			Seeds: []uint64{1}, Sets: []string{stress, "train.lr=3.0e-4", "train.min_lr=3.0e-5"}},
+			Seeds: []uint64{1}, Sets: append([]string{stress}, lr3...),
+			MorePaths: []string{n8("no-clip"), n8("clip")}, MoreSeeds: []uint64{2, 3}},
 		paperGrid{Name: "offpolicy-n8-" + stressPrecision + "-lr1e-3", Paths: []string{"recipes/paper/offpolicy-n8"},
 			Seeds: []uint64{1}, Sets: []string{stress, "train.lr=1.0e-3", "train.min_lr=1.0e-4"}})
 	// The same search for the on-policy finding: without the IS correction
