@@ -25,7 +25,7 @@ const paperUsage = `usage: keel paper [--quick] [--out DIR] [--jobs J] [--only G
 Runs the reproduction suite of REPRODUCTION.md: every grid of
 recipes/paper/ over its seeds (as keel sweep does, in OUT/GRID/NAME-sSEED),
 the cold-start models first (keel sft), then one report per grid
-(OUT/GRID.html, PNGs in OUT/GRID-charts/). After the on-policy grid, the
+(OUT/GRID.html, PNGs in OUT/GRID-charts/). After the on-policy fp4 grids, the
 final models of MiniRL and MiniRL without IS (and the base model) are
 scored under the exact engine and under the rollout's precision with one
 seed for all (OUT/GRID-crosseval/table.md). Finished runs are skipped and
