@@ -152,8 +152,11 @@ func crossTable(scores []crossScore, precisions []string, arms []string) string 
 		if len(by[0]) == 0 {
 			continue
 		}
-		m0, m1 := mean(by[0]), mean(by[1])
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %+.1f |\n", arm, len(by[0]), spread(by[0]), spread(by[1]), 100*(m1-m0))
+		d := 100 * (mean(by[1]) - mean(by[0]))
+		if math.Abs(d) < 0.05 {
+			d = 0 // no "-0.0"
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %+.1f |\n", arm, len(by[0]), spread(by[0]), spread(by[1]), d)
 	}
 	return b.String()
 }
