@@ -32,7 +32,7 @@ seed for all (OUT/GRID-crosseval/table.md). Finished runs are skipped and
 interrupted ones resume, so the same command continues a stopped suite.
 --quick runs only the on-policy comparison that carries the paper's main
 finding (MiniRL with and without its IS correction, and with R3, at three
-times the recipes' learning rate), at one seed: about a quarter of an hour.
+times the recipes' learning rate), at one seed: about 10 minutes here.
 `
 
 // stressPrecision is the named rollout stress setting of the suite's
@@ -128,7 +128,7 @@ func paperSuite(quick bool) []paperGrid {
 func runPaper(args []string) error {
 	fs := flag.NewFlagSet("paper", flag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), paperUsage); fs.PrintDefaults() }
-	quick := fs.Bool("quick", false, "only the main on-policy comparison, one seed (under 30 minutes here)")
+	quick := fs.Bool("quick", false, "only the main on-policy comparison, one seed (about 10 minutes here)")
 	out := fs.String("out", "runs/paper", "directory of the suite's runs and reports")
 	jobs := fs.Int("jobs", 2, "runs at a time (they share the machine's cores)")
 	only := fs.String("only", "", "comma-separated grid names to run (default: all)")
