@@ -163,13 +163,15 @@ var palette = []string{"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#
 // longest legend entry (about 7 pixels a character) so names are not cut.
 const marginLeft, marginRight, marginTop, marginBottom = 60, 160, 30, 40
 
-// legendWidth is the right margin the chart's legend needs.
-func (c Chart) legendWidth() int {
-	w := marginRight
+// legendWidth is the right margin the chart's legend needs on a chart w
+// pixels wide: at most half of it, so the plot keeps room (a longer name
+// is cut at the edge).
+func (c Chart) legendWidth(w int) int {
+	r := marginRight
 	for _, s := range c.Series {
-		w = max(w, 40+7*len(legendLabel(s)))
+		r = max(r, 40+7*len(legendLabel(s)))
 	}
-	return w
+	return min(r, max(marginRight, w/2))
 }
 
 // legendLabel is a series' legend entry: its name and how many runs it holds.
@@ -186,7 +188,7 @@ type geom struct {
 
 // geometry returns the chart's mapping, false when it has no data.
 func (c Chart) geometry(w, h int) (geom, bool) {
-	right := c.legendWidth()
+	right := c.legendWidth(w)
 	g := geom{w: w, h: h, right: right, pw: float64(w - marginLeft - right), ph: float64(h - marginTop - marginBottom), logY: c.LogY}
 	xmin, xmax, ymin, ymax := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
 	for _, s := range c.Series {

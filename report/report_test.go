@@ -187,24 +187,26 @@ func TestPNG(t *testing.T) {
 }
 
 // TestLegendFits checks that a long arm name widens the legend margin so
-// that its entry (about 7 pixels a character) ends inside the chart.
+// that its entry (about 7 pixels a character) ends inside the chart, and
+// that a very long one cannot take more than half the chart.
 func TestLegendFits(t *testing.T) {
 	one := []float64{1}
-	short := Chart{Series: []Series{{Name: "a", Runs: 1, X: one, Y: one, Lo: one, Hi: one}}}
-	if got := short.legendWidth(); got != marginRight {
+	series := func(name string) Chart {
+		return Chart{Series: []Series{{Name: name, Runs: 3, X: one, Y: one, Lo: one, Hi: one}}}
+	}
+	if got := series("a").legendWidth(800); got != marginRight {
 		t.Errorf("short names: legend width %d, want the default %d", got, marginRight)
 	}
-	long := Chart{Series: []Series{{Name: "minirl-lennorm-r3-with-a-long-name", Runs: 3, X: one, Y: one, Lo: one, Hi: one}}}
-	const w = 800
-	g, ok := long.geometry(w, 300)
+	// "minirl-lennorm-r3 (3)" is 21 characters: 40 + 7*21 = 187 pixels.
+	g, ok := series("minirl-lennorm-r3").geometry(800, 300)
 	if !ok {
 		t.Fatal("no geometry")
 	}
-	label := legendLabel(long.Series[0])
-	if end := w - g.right + 30 + 7*len(label); end > w {
-		t.Errorf("legend entry %q ends at x=%d, past the chart's width %d", label, end, w)
+	if g.right != 187 || g.pw != 800-marginLeft-187 {
+		t.Errorf("legend margin %d, plot width %v; want 187 and %d", g.right, g.pw, 800-marginLeft-187)
 	}
-	if g.pw != float64(w-marginLeft-g.right) {
-		t.Errorf("plot width %v does not leave room for the legend (%d)", g.pw, g.right)
+	g, _ = series(strings.Repeat("x", 200)).geometry(640, 300)
+	if g.right != 320 || g.pw <= 0 {
+		t.Errorf("a 200-character name: legend margin %d, plot width %v; want 320 and a positive width", g.right, g.pw)
 	}
 }

@@ -60,7 +60,15 @@ func crossEval(ctx context.Context, p suitePlan, out string) error {
 		if rec.Eval.Skip {
 			return fmt.Errorf("%s: cross-evaluation needs eval.file", run.Dir)
 		}
-		precisions, k = []string{"exact", rec.Rollout.Precision}, rec.Eval.K
+		if rec.Rollout.Precision == "exact" {
+			return fmt.Errorf("%s: cross-evaluation compares the exact engine with the rollout's, and rollout.precision is exact", run.Dir)
+		}
+		if precisions == nil {
+			precisions, k = []string{"exact", rec.Rollout.Precision}, rec.Eval.K
+		} else if precisions[1] != rec.Rollout.Precision || k != rec.Eval.K {
+			return fmt.Errorf("%s: rollout.precision %s, eval.k %d; the grid's other cross-evaluated runs have %s, %d",
+				run.Dir, rec.Rollout.Precision, rec.Eval.K, precisions[1], k)
+		}
 		if len(scores) == 0 { // the base model, once
 			base, err := builtin.Resolve(rec.Model.Path, "")
 			if err != nil {
@@ -89,46 +97,70 @@ func crossEval(ctx context.Context, p suitePlan, out string) error {
 	})
 }
 
+// crossSettings is what a cached cross-evaluation was computed with; a
+// report is reused only when they all match and the model is not newer.
+type crossSettings struct {
+	Precision    string  `json:"precision"`
+	EvalFile     string  `json:"eval_file"`
+	K            int     `json:"k"`
+	Temperature  float64 `json:"temperature"`
+	MaxNewTokens int     `json:"max_new_tokens"`
+	Seed         uint64  `json:"seed"`
+}
+
+// crossReport is a cached cross-evaluation: its settings and scores.
+type crossReport struct {
+	Settings crossSettings    `json:"settings"`
+	Scores   []evaluate.Score `json:"scores"`
+}
+
 // crossScores evaluates one model under each precision, reusing the
-// report in PREFIX-PRECISION.json when an earlier suite wrote it.
+// report in PREFIX-PRECISION.json when an earlier suite wrote it with the
+// same settings after the model was last written.
 func crossScores(ctx context.Context, model, arm, prefix string, rec *rl.Recipe, precisions []string) ([]crossScore, error) {
+	evalFile, err := builtin.Resolve(rec.Eval.File, "")
+	if err != nil {
+		return nil, fmt.Errorf("eval.file: %w", err)
+	}
+	weights, err := os.Stat(filepath.Join(model, "model.safetensors"))
+	if err != nil {
+		return nil, err
+	}
 	var out []crossScore
 	for _, prec := range precisions {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
+		want := crossSettings{Precision: prec, EvalFile: evalFile, K: rec.Eval.K, Temperature: rec.Rollout.Temperature,
+			MaxNewTokens: rec.Eval.MaxNewTokens, Seed: crossEvalSeed}
 		file := prefix + "-" + prec + ".json"
-		var rep evaluate.Report
-		b, err := os.ReadFile(file)
-		switch {
-		case err == nil:
-			if err := json.Unmarshal(b, &rep); err != nil || len(rep.Scores) == 0 {
-				return nil, fmt.Errorf("%s: not a keel eval report (delete it to evaluate again): %v", file, err)
+		var cached crossReport
+		if b, err := os.ReadFile(file); err == nil {
+			info, _ := os.Stat(file)
+			if json.Unmarshal(b, &cached) != nil || cached.Settings != want || len(cached.Scores) == 0 || info.ModTime().Before(weights.ModTime()) {
+				fmt.Printf("[cross-eval] %s is stale or from other settings: evaluating again\n", file)
+				cached = crossReport{}
 			}
-		case errors.Is(err, os.ErrNotExist):
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+		if cached.Scores == nil {
 			p, err := rollout.ParsePrecision(prec)
 			if err != nil {
-				return nil, err
-			}
-			evalFile, err := builtin.Resolve(rec.Eval.File, "")
-			if err != nil {
-				return nil, fmt.Errorf("eval.file: %w", err)
+				return nil, fmt.Errorf("%s: rollout.precision: %w", model, err)
 			}
 			fmt.Printf("[cross-eval] %s under %s\n", model, prec)
-			r, err := evalModel(model, evalFile, p, rec.Eval.K, rollout.Sampling{
-				Temperature: rec.Rollout.Temperature, MaxNewTokens: rec.Eval.MaxNewTokens, Seed: crossEvalSeed})
+			r, err := evalModel(model, evalFile, p, want.K, rollout.Sampling{
+				Temperature: want.Temperature, MaxNewTokens: want.MaxNewTokens, Seed: want.Seed})
 			if err != nil {
 				return nil, fmt.Errorf("cross-evaluating %s: %w", model, err)
 			}
-			r.Samples = nil // the scores are what the table needs
-			if err := atomicfile.Write(file, func(w io.Writer) error { return json.NewEncoder(w).Encode(r) }); err != nil {
+			cached = crossReport{Settings: want, Scores: r.Scores}
+			if err := atomicfile.Write(file, func(w io.Writer) error { return json.NewEncoder(w).Encode(cached) }); err != nil {
 				return nil, err
 			}
-			rep = *r
-		default:
-			return nil, err
 		}
-		out = append(out, crossScore{arm: arm, precision: prec, avg: rep.Overall().AvgAtK})
+		out = append(out, crossScore{arm: arm, precision: prec, avg: cached.Scores[0].AvgAtK})
 	}
 	return out, nil
 }

@@ -3,12 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
-	"github.com/keel-rl/keel/evaluate"
 	"github.com/keel-rl/keel/rl"
 	"github.com/keel-rl/keel/rollout"
 )
@@ -86,15 +87,17 @@ eval:
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := readReport(t, filepath.Join(dir, "a-s1-"+prec+".json"))
-		if got.Overall() != want.Overall() {
-			t.Errorf("%s: cross-eval %+v, keel eval %+v", prec, got.Overall(), want.Overall())
+		got := readCross(t, filepath.Join(dir, "a-s1-"+prec+".json"))
+		if got.Scores[0] != want.Overall() {
+			t.Errorf("%s: cross-eval %+v, keel eval %+v", prec, got.Scores[0], want.Overall())
 		}
 	}
 	// A second pass reuses the reports: plant known scores and read them back.
-	for _, f := range []string{"base-exact", "base-fp8", "a-s1-exact", "a-s1-fp8", "a-s2-exact", "a-s2-fp8"} {
-		avg := map[string]float64{"base-exact": 0.5, "base-fp8": 0.25, "a-s1-exact": 0.5, "a-s1-fp8": 0.625, "a-s2-exact": 0.75, "a-s2-fp8": 0.625}[f]
-		b, _ := json.Marshal(evaluate.Report{Scores: []evaluate.Score{{Group: "all", AvgAtK: avg}}})
+	planted := map[string]float64{"base-exact": 0.5, "base-fp8": 0.25, "a-s1-exact": 0.5, "a-s1-fp8": 0.625, "a-s2-exact": 0.75, "a-s2-fp8": 0.625}
+	for f, avg := range planted {
+		r := readCross(t, filepath.Join(dir, f+".json"))
+		r.Scores[0].AvgAtK = avg
+		b, _ := json.Marshal(r)
 		if err := os.WriteFile(filepath.Join(dir, f+".json"), b, 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -114,15 +117,45 @@ eval:
 	if strings.Contains(string(table), "| b |") {
 		t.Errorf("table has arm b:\n%s", table)
 	}
+	// A report from other settings, or older than the model, is redone.
+	r := readCross(t, filepath.Join(dir, "a-s2-exact.json"))
+	r.Settings.K = 3
+	b, _ := json.Marshal(r)
+	if err := os.WriteFile(filepath.Join(dir, "a-s2-exact.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(time.Hour)
+	if err := os.Chtimes(filepath.Join(runs[0].Dir, "model", "model.safetensors"), later, later); err != nil {
+		t.Fatal(err)
+	}
+	if err := crossEval(context.Background(), plan, out); err != nil {
+		t.Fatal(err)
+	}
+	// a-s1's model is newer than both its reports; a-s2's exact report has
+	// another k; a-s2's fp8 report still holds.
+	for _, f := range []string{"a-s1-exact", "a-s1-fp8", "a-s2-exact"} {
+		if got := readCross(t, filepath.Join(dir, f+".json")); got.Scores[0].AvgAtK == planted[f] || got.Settings.K != 2 {
+			t.Errorf("%s: planted score %v kept (settings %+v)", f, planted[f], got.Settings)
+		}
+	}
+	if got := readCross(t, filepath.Join(dir, "a-s2-fp8.json")); got.Scores[0].AvgAtK != planted["a-s2-fp8"] {
+		t.Errorf("a-s2-fp8: %v, want the planted %v (nothing changed)", got.Scores[0].AvgAtK, planted["a-s2-fp8"])
+	}
+	// Cancelled: stops before evaluating.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := crossEval(ctx, plan, t.TempDir()); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled: %v", err)
+	}
 }
 
-func readReport(t *testing.T, file string) evaluate.Report {
+func readCross(t *testing.T, file string) crossReport {
 	t.Helper()
 	b, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var r evaluate.Report
+	var r crossReport
 	if err := json.Unmarshal(b, &r); err != nil {
 		t.Fatal(err)
 	}

@@ -46,8 +46,9 @@ type paperGrid struct {
 	Paths []string // recipes, or directories of recipes
 	Seeds []uint64
 	Sets  []string
-	// SFT recipes run first, each into OUT/NAME-sft-<its out's base>; the
-	// RL recipe's model.path is set to that run's model/ (one recipe then).
+	// SFT is a cold-start recipe run first, into OUT/sft-STYLE (its out
+	// without "coldstart-sft-"); the grid's model.path is set to that
+	// run's model/.
 	SFT string
 	// CrossEval names arms whose final models (and the base model) are
 	// scored again after the grid, under the exact engine and under the
@@ -261,6 +262,20 @@ func planSuite(suite []paperGrid, out string) ([]suitePlan, error) {
 				return nil, fmt.Errorf("grid %s: %w", g.Name, err)
 			}
 			runs = append(runs, more...)
+		}
+		dirs := map[string]bool{}
+		arms := map[string]bool{}
+		for _, r := range runs {
+			if dirs[r.Dir] {
+				return nil, fmt.Errorf("grid %s: run %s twice (MoreSeeds overlaps Seeds?)", g.Name, r.Dir)
+			}
+			dirs[r.Dir] = true
+			arms[strings.TrimSuffix(filepath.Base(r.Dir), fmt.Sprintf("-s%d", r.Seed))] = true
+		}
+		for _, a := range g.CrossEval {
+			if !arms[a] {
+				return nil, fmt.Errorf("grid %s: cross-evaluated arm %q is not one of its runs", g.Name, a)
+			}
 		}
 		p.runs = runs
 		plans = append(plans, p)

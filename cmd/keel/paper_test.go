@@ -78,4 +78,11 @@ func TestPaperSuitePlans(t *testing.T) {
 	if g, err := selectGrids(paperSuite(false), "onpolicy-fp8"); err != nil || len(g) != 1 {
 		t.Errorf("--only onpolicy-fp8: %v, %v", g, err)
 	}
+	minirl := []string{"recipes/paper/onpolicy/minirl.yaml"}
+	if _, err := planSuite([]paperGrid{{Name: "x", Paths: minirl, Seeds: []uint64{1, 2}, MorePaths: minirl, MoreSeeds: []uint64{2}}}, out); err == nil || !strings.Contains(err.Error(), "twice") {
+		t.Errorf("MoreSeeds overlapping Seeds: %v", err)
+	}
+	if _, err := planSuite([]paperGrid{{Name: "x", Paths: minirl, Seeds: []uint64{1}, CrossEval: []string{"minirl-no-is"}}}, out); err == nil || !strings.Contains(err.Error(), `"minirl-no-is"`) {
+		t.Errorf("cross-evaluating an arm the grid lacks: %v", err)
+	}
 }
