@@ -106,9 +106,9 @@ func Summarize(runs []Run) []Summary {
 				rout = append(rout, meanOf(srout))
 			}
 		}
-		s.EvalStart, s.EvalFinal, s.EvalBest = stat(start), stat(final), stat(best)
-		s.RewardEnd, s.EntropyEnd, s.EntropyMin = stat(rew), stat(ent), stat(entMin)
-		s.K3, s.Routing = stat(k3), stat(rout)
+		s.EvalStart, s.EvalFinal, s.EvalBest = StatOf(start), StatOf(final), StatOf(best)
+		s.RewardEnd, s.EntropyEnd, s.EntropyMin = StatOf(rew), StatOf(ent), StatOf(entMin)
+		s.K3, s.Routing = StatOf(k3), StatOf(rout)
 		out = append(out, s)
 	}
 	return out
@@ -157,7 +157,8 @@ func summaryHTML(sums []Summary) string {
 	return b.String()
 }
 
-func stat(v []float64) Stat {
+// StatOf sums values up over seeds (N = 0 for none).
+func StatOf(v []float64) Stat {
 	if len(v) == 0 {
 		return Stat{}
 	}

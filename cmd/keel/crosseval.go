@@ -15,6 +15,7 @@ import (
 	"github.com/keel-rl/keel/evaluate"
 	"github.com/keel-rl/keel/internal/atomicfile"
 	"github.com/keel-rl/keel/internal/builtin"
+	"github.com/keel-rl/keel/report"
 	"github.com/keel-rl/keel/rl"
 	"github.com/keel-rl/keel/rollout"
 )
@@ -184,34 +185,12 @@ func crossTable(scores []crossScore, precisions []string, arms []string) string 
 		if len(by[0]) == 0 {
 			continue
 		}
-		d := 100 * (mean(by[1]) - mean(by[0]))
+		st0, st1 := report.StatOf(by[0]), report.StatOf(by[1])
+		d := 100 * (st1.Mean - st0.Mean)
 		if math.Abs(d) < 0.05 {
 			d = 0 // no "-0.0"
 		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %+.1f |\n", arm, len(by[0]), spread(by[0]), spread(by[1]), d)
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %+.1f |\n", arm, st0.N, st0, st1, d)
 	}
 	return b.String()
-}
-
-func mean(v []float64) float64 {
-	var s float64
-	for _, x := range v {
-		s += x
-	}
-	return s / float64(len(v))
-}
-
-// spread is "mean [lowest, highest]", or the value alone for one.
-func spread(v []float64) string {
-	if len(v) == 0 {
-		return "-"
-	}
-	if len(v) == 1 {
-		return fmt.Sprintf("%.3f", v[0])
-	}
-	lo, hi := math.Inf(1), math.Inf(-1)
-	for _, x := range v {
-		lo, hi = min(lo, x), max(hi, x)
-	}
-	return fmt.Sprintf("%.3f [%.3f, %.3f]", mean(v), lo, hi)
 }
