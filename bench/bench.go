@@ -43,11 +43,12 @@ func Train(preset string, vocab, seqs, seqLen int, d time.Duration) (TrainResult
 	}
 	m := model.New(cfg)
 	model.Init(m, 1)
-	eng := train.New(m)
-	opt, err := train.NewAdamW(m, train.DefaultAdamWConfig())
-	if err != nil {
+	// The Trainer contract, as the RL loop and keel sft drive it.
+	var eng train.Trainer
+	if eng, err = train.NewTrainer(m, train.DefaultAdamWConfig(), nil); err != nil {
 		return TrainResult{}, err
 	}
+	defer eng.Close()
 	r := rand.New(rand.NewPCG(7, 7))
 	batch := make([][]int32, seqs)
 	coef := make([][]float32, seqs)
@@ -74,8 +75,8 @@ func Train(preset string, vocab, seqs, seqLen int, d time.Duration) (TrainResult
 			return err
 		}
 		// Clipping folded into the update, as an RL step does it.
-		norm := train.GradNorm(eng.Grad.Arena)
-		return opt.UpdateScaled(m.Arena, eng.Grad.Arena, 1e-5, train.ClipCoef(norm, 1.0))
+		_, err := eng.Step(1e-5, 1.0)
+		return err
 	}
 	tokens := seqs * seqLen
 	res := TrainResult{Preset: preset, Params: m.NumParams(), Tokens: tokens, FwdFLOPs: train.FLOPsPerToken(cfg, seqLen)}

@@ -7,6 +7,7 @@ import (
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rl"
 	"github.com/keel-rl/keel/rollout"
+	"github.com/keel-rl/keel/train"
 )
 
 // RLStepResult is where the time of one RL step goes (seconds, averaged
@@ -63,7 +64,12 @@ eval: {skip: true}
 		return RLStepResult{}, err
 	}
 	defer eng.Close()
-	l := &rl.Loop{R: r, Policy: m, Sampler: eng, Loader: rl.NewLoader(ps, 1), Stop: []int32{0}, // token 0 ends a response: random weights give lengths of all sizes
+	tr, err := train.NewTrainer(m, r.AdamW(), nil)
+	if err != nil {
+		return RLStepResult{}, err
+	}
+	defer tr.Close()
+	l := &rl.Loop{R: r, Trainer: tr, Sampler: eng, Loader: rl.NewLoader(ps, 1), Stop: []int32{0}, // token 0 ends a response: random weights give lengths of all sizes
 		Score: func(_ *rl.Prompt, resp []int32) (float64, float64) {
 			v := float64(1 - resp[0]%2)
 			return v, v

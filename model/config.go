@@ -75,102 +75,156 @@ func ParseConfig(b []byte) (Config, error) {
 }
 
 func parseConfig(b []byte) (Config, error) {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(b, &fields); err != nil {
+	var f hfFields
+	if err := json.Unmarshal(b, &f); err != nil {
 		return Config{}, fmt.Errorf("not a JSON object: %v", err)
 	}
-	if fields == nil {
+	if f == nil {
 		return Config{}, errors.New("not a JSON object")
 	}
-	present := func(k string) bool {
-		v, ok := fields[k]
-		return ok && !isNull(v)
-	}
-	get := func(k string, dst any) error {
-		if !present(k) {
-			return nil
-		}
-		if err := json.Unmarshal(fields[k], dst); err != nil {
-			return fmt.Errorf("field %q: %s", k, typeError(err, fields[k]))
-		}
-		return nil
-	}
-
-	// Architecture, from "architectures" and "model_type".
-	var archs []string
-	var modelType string
-	if err := get("architectures", &archs); err != nil {
+	arch, err := f.architecture()
+	if err != nil {
 		return Config{}, err
 	}
-	if err := get("model_type", &modelType); err != nil {
+	if err := f.unsupported(); err != nil {
 		return Config{}, err
-	}
-	var arch string
-	switch {
-	case len(archs) > 1:
-		return Config{}, fmt.Errorf("field \"architectures\": %q lists several architectures; keel loads exactly one", archs)
-	case len(archs) == 1:
-		arch = archs[0]
-		mt, ok := modelTypes[arch]
-		if !ok {
-			return Config{}, fmt.Errorf("field \"architectures\": unsupported architecture %q (keel supports %s and %s)", arch, ArchQwen3, ArchQwen3MoE)
-		}
-		if modelType != "" && modelType != mt {
-			return Config{}, fmt.Errorf("field \"model_type\": %q does not match architecture %s (want %q)", modelType, arch, mt)
-		}
-	default:
-		for a, mt := range modelTypes {
-			if modelType == mt {
-				arch = a
-			}
-		}
-		if arch == "" {
-			if modelType == "" {
-				return Config{}, errors.New(`field "architectures": missing (and no "model_type" either)`)
-			}
-			return Config{}, fmt.Errorf("field \"model_type\": unsupported model type %q (keel supports qwen3 and qwen3_moe)", modelType)
-		}
 	}
 	c := hfDefaults(arch)
-	moe := arch == ArchQwen3MoE
-
-	// Features keel does not implement.
-	var actFn string
-	if err := get("hidden_act", &actFn); err != nil {
+	thetaInParams, err := f.rope(&c)
+	if err != nil {
 		return Config{}, err
+	}
+	if err := f.dense(&c, thetaInParams); err != nil {
+		return Config{}, err
+	}
+	if arch == ArchQwen3MoE {
+		if err := f.moe(&c); err != nil {
+			return Config{}, err
+		}
+	}
+	if err := c.check(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// hfFields is a config.json object, field by field, so that absent, null
+// and mistyped fields can each be told apart and named in errors.
+type hfFields map[string]json.RawMessage
+
+// present reports whether field k is there and not null.
+func (f hfFields) present(k string) bool {
+	v, ok := f[k]
+	return ok && !isNull(v)
+}
+
+// get decodes field k into dst when present, leaving dst as it is
+// otherwise.
+func (f hfFields) get(k string, dst any) error {
+	if !f.present(k) {
+		return nil
+	}
+	if err := json.Unmarshal(f[k], dst); err != nil {
+		return fmt.Errorf("field %q: %s", k, typeError(err, f[k]))
+	}
+	return nil
+}
+
+// intField is an integer field of config.json and where it goes.
+type intField struct {
+	key string
+	dst *int
+}
+
+// getInts decodes integer fields in order (the first bad one is named).
+func (f hfFields) getInts(fields ...intField) error {
+	for _, fd := range fields {
+		if err := f.get(fd.key, fd.dst); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// architecture reads "architectures" and "model_type", which must agree on
+// one architecture keel supports.
+func (f hfFields) architecture() (string, error) {
+	var archs []string
+	var modelType string
+	if err := f.get("architectures", &archs); err != nil {
+		return "", err
+	}
+	if err := f.get("model_type", &modelType); err != nil {
+		return "", err
+	}
+	switch {
+	case len(archs) > 1:
+		return "", fmt.Errorf("field \"architectures\": %q lists several architectures; keel loads exactly one", archs)
+	case len(archs) == 1:
+		arch := archs[0]
+		mt, ok := modelTypes[arch]
+		if !ok {
+			return "", fmt.Errorf("field \"architectures\": unsupported architecture %q (keel supports %s and %s)", arch, ArchQwen3, ArchQwen3MoE)
+		}
+		if modelType != "" && modelType != mt {
+			return "", fmt.Errorf("field \"model_type\": %q does not match architecture %s (want %q)", modelType, arch, mt)
+		}
+		return arch, nil
+	}
+	for a, mt := range modelTypes {
+		if modelType == mt {
+			return a, nil
+		}
+	}
+	if modelType == "" {
+		return "", errors.New(`field "architectures": missing (and no "model_type" either)`)
+	}
+	return "", fmt.Errorf("field \"model_type\": unsupported model type %q (keel supports qwen3 and qwen3_moe)", modelType)
+}
+
+// unsupported refuses the features keel does not implement.
+func (f hfFields) unsupported() error {
+	var actFn string
+	if err := f.get("hidden_act", &actFn); err != nil {
+		return err
 	}
 	if actFn != "" && actFn != "silu" {
-		return Config{}, fmt.Errorf("field \"hidden_act\": %q is not supported (only \"silu\")", actFn)
+		return fmt.Errorf("field \"hidden_act\": %q is not supported (only \"silu\")", actFn)
 	}
 	var flag bool
-	if err := get("attention_bias", &flag); err != nil {
-		return Config{}, err
+	if err := f.get("attention_bias", &flag); err != nil {
+		return err
 	}
 	if flag {
-		return Config{}, errors.New(`field "attention_bias": true is not supported (Qwen3 attention has no bias)`)
+		return errors.New(`field "attention_bias": true is not supported (Qwen3 attention has no bias)`)
 	}
 	flag = false
-	if err := get("use_sliding_window", &flag); err != nil {
-		return Config{}, err
+	if err := f.get("use_sliding_window", &flag); err != nil {
+		return err
 	}
 	if flag {
-		return Config{}, errors.New(`field "use_sliding_window": sliding-window attention is not supported`)
+		return errors.New(`field "use_sliding_window": sliding-window attention is not supported`)
 	}
 	var layerTypes []string
-	if err := get("layer_types", &layerTypes); err != nil {
-		return Config{}, err
+	if err := f.get("layer_types", &layerTypes); err != nil {
+		return err
 	}
 	for i, t := range layerTypes {
 		if t != "full_attention" {
-			return Config{}, fmt.Errorf("field \"layer_types\"[%d]: %q is not supported (only \"full_attention\")", i, t)
+			return fmt.Errorf("field \"layer_types\"[%d]: %q is not supported (only \"full_attention\")", i, t)
 		}
 	}
-	if present("quantization_config") {
-		return Config{}, errors.New(`field "quantization_config": quantised checkpoints are not supported; use a float32/bfloat16/float16 checkpoint`)
+	if f.present("quantization_config") {
+		return errors.New(`field "quantization_config": quantised checkpoints are not supported; use a float32/bfloat16/float16 checkpoint`)
 	}
-	thetaInParams := false
+	return nil
+}
+
+// rope refuses RoPE scaling and takes rope_theta from rope_parameters
+// (transformers 5) when it is there, reporting whether it was.
+func (f hfFields) rope(c *Config) (thetaInParams bool, err error) {
 	for _, k := range []string{"rope_scaling", "rope_parameters"} {
-		if !present(k) {
+		if !f.present(k) {
 			continue
 		}
 		var rp struct {
@@ -178,108 +232,100 @@ func parseConfig(b []byte) (Config, error) {
 			Type      string   `json:"type"` // older spelling of rope_type
 			RopeTheta *float64 `json:"rope_theta"`
 		}
-		if err := get(k, &rp); err != nil {
-			return Config{}, err
+		if err := f.get(k, &rp); err != nil {
+			return false, err
 		}
 		rt := rp.RopeType
 		if rt == "" {
 			rt = rp.Type
 		}
 		if rt != "" && rt != "default" {
-			return Config{}, fmt.Errorf("field %q: RoPE scaling type %q is not supported (only plain RoPE)", k, rt)
+			return false, fmt.Errorf("field %q: RoPE scaling type %q is not supported (only plain RoPE)", k, rt)
 		}
 		if rt == "" && k == "rope_scaling" {
-			return Config{}, errors.New(`field "rope_scaling": RoPE scaling is not supported (expected null)`)
+			return false, errors.New(`field "rope_scaling": RoPE scaling is not supported (expected null)`)
 		}
 		if rp.RopeTheta != nil {
 			c.RopeTheta = *rp.RopeTheta
 			thetaInParams = true
 		}
 	}
+	return thetaInParams, nil
+}
 
-	// The fields of Config.
-	ints := []struct {
-		key string
-		dst *int
-	}{
-		{"vocab_size", &c.VocabSize}, {"hidden_size", &c.HiddenSize},
-		{"intermediate_size", &c.IntermediateSize}, {"num_hidden_layers", &c.NumHiddenLayers},
-		{"num_attention_heads", &c.NumAttentionHeads}, {"max_position_embeddings", &c.MaxPositionEmbeddings},
+// dense reads the fields every architecture has.
+func (f hfFields) dense(c *Config, thetaInParams bool) error {
+	if err := f.getInts(
+		intField{"vocab_size", &c.VocabSize}, intField{"hidden_size", &c.HiddenSize},
+		intField{"intermediate_size", &c.IntermediateSize}, intField{"num_hidden_layers", &c.NumHiddenLayers},
+		intField{"num_attention_heads", &c.NumAttentionHeads}, intField{"max_position_embeddings", &c.MaxPositionEmbeddings},
+	); err != nil {
+		return err
 	}
-	for _, f := range ints {
-		if err := get(f.key, f.dst); err != nil {
-			return Config{}, err
-		}
-	}
-	if err := get("rms_norm_eps", &c.RMSNormEps); err != nil {
-		return Config{}, err
+	if err := f.get("rms_norm_eps", &c.RMSNormEps); err != nil {
+		return err
 	}
 	if !thetaInParams { // transformers 5 keeps rope_theta in rope_parameters
-		if err := get("rope_theta", &c.RopeTheta); err != nil {
-			return Config{}, err
+		if err := f.get("rope_theta", &c.RopeTheta); err != nil {
+			return err
 		}
 	}
-	if err := get("tie_word_embeddings", &c.TieWordEmbeddings); err != nil {
-		return Config{}, err
+	if err := f.get("tie_word_embeddings", &c.TieWordEmbeddings); err != nil {
+		return err
 	}
 	// num_key_value_heads: absent means the class default, an explicit null
 	// means "as many as the attention heads" (transformers' rule).
-	if v, ok := fields["num_key_value_heads"]; ok && isNull(v) {
+	if v, ok := f["num_key_value_heads"]; ok && isNull(v) {
 		c.NumKeyValueHeads = c.NumAttentionHeads
-	} else if err := get("num_key_value_heads", &c.NumKeyValueHeads); err != nil {
-		return Config{}, err
+	} else if err := f.get("num_key_value_heads", &c.NumKeyValueHeads); err != nil {
+		return err
 	}
+	moe := c.Architecture == ArchQwen3MoE
 	if moe {
 		c.HeadDim = 0
 	}
-	if err := get("head_dim", &c.HeadDim); err != nil {
-		return Config{}, err
+	if err := f.get("head_dim", &c.HeadDim); err != nil {
+		return err
 	}
 	if moe && c.HeadDim == 0 && c.NumAttentionHeads > 0 {
 		c.HeadDim = c.HiddenSize / c.NumAttentionHeads // Qwen3MoE attention's fallback
 	}
-	if moe {
-		moeInts := []struct {
-			key string
-			dst *int
-		}{
-			{"moe_intermediate_size", &c.MoeIntermediateSize}, {"num_experts_per_tok", &c.NumExpertsPerTok},
-			{"decoder_sparse_step", &c.DecoderSparseStep},
-		}
-		for _, f := range moeInts {
-			if err := get(f.key, f.dst); err != nil {
-				return Config{}, err
-			}
-		}
-		// transformers 5 may write the expert count as num_local_experts.
-		if present("num_experts") {
-			if err := get("num_experts", &c.NumExperts); err != nil {
-				return Config{}, err
-			}
-			var alt int
-			if err := get("num_local_experts", &alt); err != nil {
-				return Config{}, err
-			}
-			if present("num_local_experts") && alt != c.NumExperts {
-				return Config{}, fmt.Errorf("field \"num_local_experts\": %d disagrees with \"num_experts\" %d", alt, c.NumExperts)
-			}
-		} else if err := get("num_local_experts", &c.NumExperts); err != nil {
-			return Config{}, err
-		}
-		if err := get("norm_topk_prob", &c.NormTopKProb); err != nil {
-			return Config{}, err
-		}
-		if err := get("mlp_only_layers", &c.MlpOnlyLayers); err != nil {
-			return Config{}, err
-		}
-		if len(c.MlpOnlyLayers) == 0 {
-			c.MlpOnlyLayers = nil
-		}
+	return nil
+}
+
+// moe reads the MoE block's fields.
+func (f hfFields) moe(c *Config) error {
+	if err := f.getInts(
+		intField{"moe_intermediate_size", &c.MoeIntermediateSize}, intField{"num_experts_per_tok", &c.NumExpertsPerTok},
+		intField{"decoder_sparse_step", &c.DecoderSparseStep},
+	); err != nil {
+		return err
 	}
-	if err := c.check(); err != nil {
-		return Config{}, err
+	// transformers 5 may write the expert count as num_local_experts.
+	if f.present("num_experts") {
+		if err := f.get("num_experts", &c.NumExperts); err != nil {
+			return err
+		}
+		var alt int
+		if err := f.get("num_local_experts", &alt); err != nil {
+			return err
+		}
+		if f.present("num_local_experts") && alt != c.NumExperts {
+			return fmt.Errorf("field \"num_local_experts\": %d disagrees with \"num_experts\" %d", alt, c.NumExperts)
+		}
+	} else if err := f.get("num_local_experts", &c.NumExperts); err != nil {
+		return err
 	}
-	return c, nil
+	if err := f.get("norm_topk_prob", &c.NormTopKProb); err != nil {
+		return err
+	}
+	if err := f.get("mlp_only_layers", &c.MlpOnlyLayers); err != nil {
+		return err
+	}
+	if len(c.MlpOnlyLayers) == 0 {
+		c.MlpOnlyLayers = nil
+	}
+	return nil
 }
 
 func isNull(v json.RawMessage) bool { return string(bytes.TrimSpace(v)) == "null" }

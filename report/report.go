@@ -15,7 +15,8 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/keel-rl/keel/rl"
+	"gopkg.in/yaml.v3"
+
 	"github.com/keel-rl/keel/run"
 )
 
@@ -45,10 +46,12 @@ func Load(dirs []string) ([]Run, error) {
 			return nil, err
 		}
 		r := Run{Dir: d, Arm: seedSuffix.ReplaceAllString(filepath.Base(filepath.Clean(d)), ""), GradPerStep: 1}
-		if rec, err := rl.ReadRecipe(filepath.Join(d, rl.RecipeFile), []string{"out=" + d}); err == nil {
-			r.GradPerStep = rec.Train.MiniBatches
-		} else if !os.IsNotExist(err) {
+		mb, err := miniBatches(filepath.Join(d, run.RecipeFile))
+		if err != nil {
 			return nil, err
+		}
+		if mb > 0 {
+			r.GradPerStep = mb
 		}
 		for _, m := range recs {
 			s, ok := m["step"].(float64)
@@ -66,6 +69,31 @@ func Load(dirs []string) ([]Run, error) {
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// miniBatches reads train.mini_batches from a run's resolved recipe (0
+// when the file or the key is absent: a run of keel sft, one optimiser
+// step a step). The rest of the recipe is the trainer's business.
+func miniBatches(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	var rec struct {
+		Train struct {
+			MiniBatches int `yaml:"mini_batches"`
+		} `yaml:"train"`
+	}
+	if err := yaml.Unmarshal(b, &rec); err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	if rec.Train.MiniBatches < 0 {
+		return 0, fmt.Errorf("%s: train.mini_batches = %d", path, rec.Train.MiniBatches)
+	}
+	return rec.Train.MiniBatches, nil
 }
 
 // Series is one arm's curve: the mean over its runs at each x, and the

@@ -1,6 +1,7 @@
 package rl
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -18,7 +19,7 @@ import (
 // *rollout.Engine satisfies it; a client of remote inference servers can.
 type Sampler interface {
 	Generate(prompts [][]int32, n int, sp rollout.Sampling) ([]rollout.Sample, error)
-	UpdateWeights(m *model.Model, version int64) error
+	UpdateWeights(ctx context.Context, m *model.Model, version int64) error
 	Version() int64
 }
 
@@ -71,20 +72,21 @@ func (s *Sample) span() (int, int) {
 // accuracy metrics); the loop's default runs the task's verifier.
 type Scorer func(p *Prompt, response []int32) (reward, correct float64)
 
-// Loop is the synchronous RL loop of docs/method.md §5 over a policy, its
+// Loop is the synchronous RL loop of docs/method.md §5 over the policy's
 // training engine and a rollout Sampler.
 type Loop struct {
-	R       *Recipe
-	Policy  *model.Model
-	Optim   *train.AdamW
+	R *Recipe
+	// Trainer is the policy's training engine, its optimiser inside: the
+	// loop reaches the policy only through it.
+	Trainer train.Trainer
 	Sampler Sampler
 	Loader  *Loader
 	Score   Scorer
 	// Stop ends responses (<|im_end|>).
 	Stop []int32
-	// Reference is the frozen starting model for the KL penalty (nil
-	// without one).
-	Reference *model.Model
+	// Reference scores the frozen starting model for the KL penalty (nil
+	// without one); the loop only runs its Forward.
+	Reference train.Trainer
 
 	// Step is the number of completed global steps; the policy's weights
 	// are version Step.
@@ -92,12 +94,10 @@ type Loop struct {
 	// NonFinite counts consecutive skipped optimiser steps.
 	NonFinite int
 
-	eng    *train.Engine
-	refEng *train.Engine
-	obj    Objective
-	corr   Correction
-	moe    bool
-	nMoE   int
+	obj  Objective
+	corr Correction
+	moe  bool
+	nMoE int
 	// separatePiOld recomputes pi_old for the first mini-batch in its own
 	// forward instead of reusing its first training forward (tests check
 	// both give the same bits).
@@ -114,25 +114,16 @@ var ErrTooManyNonFinite = errors.New("rl: too many consecutive non-finite steps"
 
 // Init checks the loop's parts against each other and prepares engines.
 func (l *Loop) Init() error {
-	c := &l.Policy.Config
+	c := l.Trainer.Config()
 	l.nMoE = len(c.MoELayers())
 	l.moe = l.nMoE > 0
 	if !l.moe && l.R.Algorithm.Replay != ReplayNone {
 		return fmt.Errorf("algorithm.replay: %s needs an MoE model; %s is dense", l.R.Algorithm.Replay, c.Architecture)
 	}
-	l.eng = train.New(l.Policy)
-	if l.Reference != nil {
-		l.refEng = train.New(l.Reference)
+	if l.obj = l.R.Algorithm.objective(l.R.Rollout.MaxNewTokens); l.obj == nil {
+		return fmt.Errorf("algorithm.objective: unknown %q (want %s)", l.R.Algorithm.Objective, objectiveNames())
 	}
-	l.obj = l.R.Algorithm.objective(l.R.Rollout.MaxNewTokens)
 	l.corr = l.R.Algorithm.correction()
-	if l.Optim == nil {
-		o, err := train.NewAdamW(l.Policy, l.R.adamw())
-		if err != nil {
-			return err
-		}
-		l.Optim = o
-	}
 	return nil
 }
 
@@ -196,7 +187,7 @@ func (l *Loop) RunStep() (*StepResult, error) {
 			return nil, err
 		}
 	}
-	if l.refEng != nil {
+	if l.Reference != nil {
 		if err := l.refLogProbs(samples); err != nil {
 			return nil, err
 		}
@@ -253,7 +244,11 @@ func (l *Loop) RunStep() (*StepResult, error) {
 	ph.update = time.Since(t)
 
 	t = time.Now()
-	if err := l.Sampler.UpdateWeights(l.Policy, int64(step)); err != nil {
+	w, err := l.Trainer.Weights()
+	if err != nil {
+		return nil, fmt.Errorf("weight push: %w", err)
+	}
+	if err := l.Sampler.UpdateWeights(context.Background(), w, int64(step)); err != nil {
 		return nil, fmt.Errorf("weight push: %w", err)
 	}
 	ph.push = time.Since(t)
@@ -265,7 +260,7 @@ func (l *Loop) RunStep() (*StepResult, error) {
 		m["grad_norm"] = gradSum / done
 		m["grad_norm/max"] = gradMax
 	}
-	m["lr"] = r.schedule().LR(int(l.Optim.Step))
+	m["lr"] = r.schedule().LR(int(l.Trainer.Steps()))
 	if all.HasWeights() {
 		m["is/mean"], m["is/min"], m["is/max"] = all.ISMean(), all.ISMin, all.ISMax
 		m["is/truncated_frac"], m["is/masked_frac"], m["is/ess"] = all.TruncatedFrac(), all.MaskedFrac(), all.ESS()
@@ -285,7 +280,7 @@ func (l *Loop) RunStep() (*StepResult, error) {
 		}
 		m["routing/old_vs_theta"] = mean / float64(len(staleRoute))
 	}
-	if l.refEng != nil && all.Tokens > 0 {
+	if l.Reference != nil && all.Tokens > 0 {
 		m["kl_ref/k3"] = klSum / float64(all.Tokens)
 	}
 	l.discrepancyMetrics(samples, m)
@@ -449,7 +444,7 @@ func (l *Loop) newSample(p *Prompt, o rollout.Sample) (*Sample, error) {
 		if err := rt.Check(); err != nil {
 			return nil, fmt.Errorf("rollout: a sample of prompt row %d: %w", p.Row, err)
 		}
-		c := &l.Policy.Config
+		c := l.Trainer.Config()
 		if err := rt.Validate(l.nMoE, c.NumExperts, c.NumExpertsPerTok); err != nil {
 			return nil, fmt.Errorf("rollout: a sample of prompt row %d: %w", p.Row, err)
 		}
@@ -543,7 +538,7 @@ func (l *Loop) piOld(samples []*Sample) error {
 	for _, mb := range microBatches(samples, l.R.Train.MicroBatchTokens) {
 		t := time.Now()
 		sq := seqs(mb)
-		res, err := l.eng.Forward(sq, l.forwardOpts(mb, false))
+		res, err := l.Trainer.Forward(sq, l.forwardOpts(mb, false))
 		l.engineTime += time.Since(t)
 		if err != nil {
 			return fmt.Errorf("pi_old: %w", err)
@@ -560,7 +555,7 @@ func (l *Loop) piOld(samples []*Sample) error {
 func (l *Loop) refLogProbs(samples []*Sample) error {
 	for _, mb := range microBatches(samples, l.R.Train.MicroBatchTokens) {
 		t := time.Now()
-		res, err := l.refEng.Forward(seqs(mb), train.ForwardOptions{NoEntropy: true, Temperature: l.R.Rollout.Temperature})
+		res, err := l.Reference.Forward(seqs(mb), train.ForwardOptions{NoEntropy: true, Temperature: l.R.Rollout.Temperature})
 		l.engineTime += time.Since(t)
 		if err != nil {
 			return fmt.Errorf("reference: %w", err)
@@ -598,7 +593,7 @@ func (l *Loop) update(i int, mb []*Sample) (*mbResult, error) {
 			active = append(active, s)
 		}
 	}
-	l.eng.ZeroGrad()
+	l.Trainer.ZeroGrad()
 	// nonFinite abandons the update; the first mini-batch's samples not
 	// yet run still need their pi_old (a forward only) for the metrics.
 	nonFinite := func() (*mbResult, error) {
@@ -631,7 +626,7 @@ func (l *Loop) update(i int, mb []*Sample) (*mbResult, error) {
 		opt.NoEntropy = !fresh && r.Algorithm.EntropyCoef == 0
 		sq := seqs(micro)
 		t := time.Now()
-		res, err := l.eng.Forward(sq, opt)
+		res, err := l.Trainer.Forward(sq, opt)
 		l.engineTime += time.Since(t)
 		if err != nil {
 			return nil, fmt.Errorf("mini-batch %d: %w", i, err)
@@ -662,7 +657,7 @@ func (l *Loop) update(i int, mb []*Sample) (*mbResult, error) {
 		if err != nil {
 			return nil, err
 		}
-		if l.refEng != nil && r.Algorithm.KLCoef > 0 {
+		if l.Reference != nil && r.Algorithm.KLCoef > 0 {
 			ref := make([][]float32, len(micro))
 			for k, s := range micro {
 				ref[k] = s.LogRef
@@ -706,15 +701,15 @@ func (l *Loop) update(i int, mb []*Sample) (*mbResult, error) {
 			return nonFinite()
 		}
 		t = time.Now()
-		err = l.eng.Backward(loss)
+		err = l.Trainer.Backward(loss)
 		l.engineTime += time.Since(t)
 		if err != nil {
 			return nil, fmt.Errorf("mini-batch %d: %w", i, err)
 		}
 	}
-	lr := r.schedule().LR(int(l.Optim.Step) + 1)
+	lr := r.schedule().LR(int(l.Trainer.Steps()) + 1)
 	t := time.Now()
-	gn, err := l.Optim.ClippedStep(l.Policy.Arena, l.eng.Grad.Arena, lr, r.Train.ClipNorm)
+	gn, err := l.Trainer.Step(lr, r.Train.ClipNorm)
 	l.engineTime += time.Since(t)
 	if errors.Is(err, train.ErrNonFinite) {
 		return nil, errNonFinite

@@ -1,6 +1,7 @@
 package rl
 
 import (
+	"context"
 	"errors"
 	"math"
 	"math/rand/v2"
@@ -78,7 +79,11 @@ func testLoop(t *testing.T, r *Recipe, moe bool) *Loop {
 		t.Fatal(err)
 	}
 	t.Cleanup(eng.Close)
-	l := &Loop{R: r, Policy: m, Sampler: eng, Loader: NewLoader(prompts, r.Seed), Score: evenFirst, Stop: []int32{1}}
+	tr, err := train.NewTrainer(m, r.AdamW(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &Loop{R: r, Trainer: tr, Sampler: eng, Loader: NewLoader(prompts, r.Seed), Score: evenFirst, Stop: []int32{1}}
 	if err := l.Init(); err != nil {
 		t.Fatal(err)
 	}
@@ -103,8 +108,11 @@ func runSteps(t *testing.T, l *Loop, n int) ([]float32, []map[string]float64) {
 		}
 		ms = append(ms, m)
 	}
-	return slices.Clone(l.Policy.Arena), ms
+	return slices.Clone(cpu(l).Model.Arena), ms
 }
+
+// cpu returns the loop's training engine, the CPU one in these tests.
+func cpu(l *Loop) *train.Engine { return l.Trainer.(*train.Engine) }
 
 func sameRun(t *testing.T, what string, w1, w2 []float32, m1, m2 []map[string]float64) {
 	t.Helper()
@@ -204,7 +212,7 @@ func TestMicroBatchesAndThreads(t *testing.T) {
 	b := testLoop(t, testRecipe(t, "train.micro_batch_tokens=20"), true)
 	runSteps(t, a, 1)
 	runSteps(t, b, 1)
-	ga, gb := a.eng.Grad.Arena, b.eng.Grad.Arena
+	ga, gb := cpu(a).Grad.Arena, cpu(b).Grad.Arena
 	var maxDiff, maxG float64
 	for i := range ga {
 		maxDiff = max(maxDiff, math.Abs(float64(ga[i]-gb[i])))
@@ -278,7 +286,7 @@ func TestRolloutOutputChecked(t *testing.T) {
 }
 
 func TestReplayNeedsMoE(t *testing.T) {
-	l := &Loop{R: testRecipe(t, "algorithm.replay=r3"), Policy: model.New(tinyConfig(false))}
+	l := &Loop{R: testRecipe(t, "algorithm.replay=r3"), Trainer: train.New(model.New(tinyConfig(false)))}
 	if err := l.Init(); err == nil || !strings.Contains(err.Error(), "algorithm.replay") {
 		t.Fatalf("replay on a dense model: %v", err)
 	}
@@ -291,7 +299,10 @@ type noPush struct {
 	v int64
 }
 
-func (n *noPush) UpdateWeights(_ *model.Model, v int64) error { n.v = v; return nil }
+func (n *noPush) UpdateWeights(_ context.Context, _ *model.Model, v int64) error {
+	n.v = v
+	return nil
+}
 
 func (n *noPush) Generate(p [][]int32, k int, sp rollout.Sampling) ([]rollout.Sample, error) {
 	out, err := n.Sampler.Generate(p, k, sp)
@@ -308,8 +319,9 @@ func TestNonFiniteStepsSkippedThenStop(t *testing.T) {
 	// several forwards, and those after the NaN must still run.
 	l := testLoop(t, testRecipe(t, "guards.max_nonfinite=2", "train.micro_batch_tokens=20"), true)
 	l.Sampler = &noPush{Sampler: l.Sampler}
-	l.Policy.Norm.Data[0] = float32(math.NaN())
-	before := slices.Clone(l.Policy.Arena)
+	policy := cpu(l).Model
+	policy.Norm.Data[0] = float32(math.NaN())
+	before := slices.Clone(policy.Arena)
 	res, err := l.RunStep()
 	if err != nil {
 		t.Fatal(err)
@@ -317,7 +329,7 @@ func TestNonFiniteStepsSkippedThenStop(t *testing.T) {
 	if res.Skipped != 1 || res.Metrics["train/skipped_steps"] != 1 {
 		t.Fatalf("skipped %d (metric %v), want 1", res.Skipped, res.Metrics["train/skipped_steps"])
 	}
-	for i, w := range l.Policy.Arena {
+	for i, w := range policy.Arena {
 		if math.Float32bits(w) != math.Float32bits(before[i]) && !math.IsNaN(float64(w)) {
 			t.Fatalf("a skipped step changed weight %d", i)
 		}
@@ -461,7 +473,7 @@ func TestNoEmptyMiniBatches(t *testing.T) {
 	if trained := res.Metrics["groups/trained"]; trained != 1 {
 		t.Fatalf("%v groups survived, want the first prompt's alone", trained)
 	}
-	if got := int(l.Optim.Step); got != int(res.Metrics["groups/trained"]) {
+	if got := int(l.Trainer.Steps()); got != int(res.Metrics["groups/trained"]) {
 		t.Fatalf("%d optimiser steps for %v groups in 4 mini-batches", got, res.Metrics["groups/trained"])
 	}
 }

@@ -125,8 +125,10 @@ func TestMiniRLStepImprovesRewardedToken(t *testing.T) {
 		RopeTheta: 10000, MaxPositionEmbeddings: 16}
 	m := model.New(cfg)
 	model.Init(m, 4)
-	eng := train.New(m)
-	opt, _ := train.NewAdamW(m, train.DefaultAdamWConfig())
+	eng, err := train.NewTrainer(m, train.DefaultAdamWConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	// Two responses to the prompt [1, 2]: token 3 (reward 1) and token 4 (reward 0).
 	seqs := [][]int32{{1, 2, 3}, {1, 2, 4}}
 	adv, _ := Advantages([]float64{1, 0}, 2, GroupMean)
@@ -151,7 +153,9 @@ func TestMiniRLStepImprovesRewardedToken(t *testing.T) {
 		if err := eng.Backward(train.Loss{LogProb: coef}); err != nil {
 			t.Fatal(err)
 		}
-		opt.Update(m.Arena, eng.Grad.Arena, 1e-2)
+		if _, err := eng.Step(1e-2, 0); err != nil {
+			t.Fatal(err)
+		}
 	}
 	good1, bad1 := logp()
 	if !(good1 > good0+0.1) || !(bad1 < bad0) {

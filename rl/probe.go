@@ -22,14 +22,14 @@ type ProbeResult struct {
 }
 
 // Probe samples n responses per prompt from s and rescores them with the
-// training engine on m (live routing, at the sampling temperature), the
-// way the RL loop computes pi_old, in micro-batches of batchTokens.
-func Probe(m *model.Model, s Sampler, prompts [][]int32, n int, sp rollout.Sampling, batchTokens int) (*ProbeResult, error) {
+// training engine t (live routing, at the sampling temperature), the way
+// the RL loop computes pi_old, in micro-batches of batchTokens.
+func Probe(t train.Trainer, s Sampler, prompts [][]int32, n int, sp rollout.Sampling, batchTokens int) (*ProbeResult, error) {
 	out, err := s.Generate(prompts, n, sp)
 	if err != nil {
 		return nil, err
 	}
-	moe := len(m.Config.MoELayers()) > 0
+	moe := len(t.Config().MoELayers()) > 0
 	samples := make([]*Sample, len(out))
 	for i, o := range out {
 		if o.Prompt < 0 || o.Prompt >= len(prompts) || len(o.Tokens) == 0 || len(o.LogProbs) != len(o.Tokens) {
@@ -46,7 +46,7 @@ func Probe(m *model.Model, s Sampler, prompts [][]int32, n int, sp rollout.Sampl
 	l := &Loop{
 		R: &Recipe{Train: TrainSettings{MicroBatchTokens: batchTokens}, Rollout: RolloutSettings{Temperature: sp.Temperature},
 			Algorithm: Algorithm{Replay: ReplayNone}},
-		eng: train.New(m), moe: moe,
+		Trainer: t, moe: moe,
 	}
 	if err := l.piOld(samples); err != nil {
 		return nil, err

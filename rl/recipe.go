@@ -16,6 +16,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/keel-rl/keel/rollout"
+	"github.com/keel-rl/keel/rollout/remote"
 	"github.com/keel-rl/keel/train"
 )
 
@@ -68,9 +69,9 @@ type RolloutSettings struct {
 	// Servers moves rollout to a fleet of inference servers (base URLs,
 	// like http://10.0.0.5:30000) so that generation can run on other
 	// machines' accelerators; empty: the in-process engine. The remaining
-	// fields configure that fleet (see RemoteSampler); the API key, a
-	// secret, comes from the environment (APIKeyEnv), never from the
-	// recipe, which is saved to the run directory.
+	// fields configure that fleet (see remote.Client); the API key, a
+	// secret, comes from the environment (remote.APIKeyEnv), never from
+	// the recipe, which is saved to the run directory.
 	Servers []string `yaml:"servers,omitempty"`
 	// ServerKind is the servers' protocol: keel (keel serve), sglang
 	// (SGLang's native API) or vllm (vLLM's OpenAI-compatible API).
@@ -83,18 +84,6 @@ type RolloutSettings struct {
 	// MaxConcurrency bounds the requests (prompts) in flight per server.
 	MaxConcurrency int `yaml:"max_concurrency,omitempty"`
 }
-
-// Server kinds (rollout.server_kind).
-const (
-	ServerKeel   = "keel"
-	ServerSGLang = "sglang"
-	ServerVLLM   = "vllm"
-)
-
-// APIKeyEnv names the environment variable holding the inference servers'
-// API key (sent as a bearer token); it is kept out of recipes because the
-// resolved recipe is written to the run directory.
-const APIKeyEnv = "KEEL_API_KEY"
 
 // Algorithm is the objective, its corrections and Routing Replay.
 type Algorithm struct {
@@ -311,18 +300,6 @@ func setKey(doc *yaml.Node, kv string) error {
 	return nil
 }
 
-// Objective names.
-const (
-	ObjMiniRL    = "minirl"
-	ObjGRPO      = "grpo"
-	ObjDrGRPO    = "dr-grpo"
-	ObjDAPO      = "dapo"
-	ObjCISPO     = "cispo"
-	ObjGSPO      = "gspo"
-	ObjGSPOToken = "gspo-token"
-	ObjPPO       = "ppo"
-)
-
 // Replay modes.
 const (
 	ReplayNone = "none"
@@ -330,26 +307,40 @@ const (
 	ReplayR3   = "r3"
 )
 
-func isMiniRL(name string) bool {
-	switch name {
-	case MiniRLDefault, MiniRLNoIS, MiniRLLenNorm, MiniRLOldIS, MiniRLNoClip:
-		return true
-	}
-	return false
-}
-
-// fill sets defaults and checks every setting, naming the key at fault.
+// fill sets defaults and checks every setting, section by section, naming
+// the key at fault.
 func (r *Recipe) fill() error {
-	bad := func(key string, format string, a ...any) error {
-		return fmt.Errorf("%s: %s", key, fmt.Sprintf(format, a...))
-	}
 	orDefault(&r.Name, "rl")
 	orDefault(&r.Out, "runs/"+r.Name)
 	orDefault(&r.Seed, 1)
 	if r.Model.Path == "" {
 		return bad("model.path", "a model directory is required")
 	}
-	d := &r.Data
+	// In order: the algorithm and eval sections default to the rollout's
+	// budget, filled by then.
+	for _, f := range []func() error{
+		r.Data.fill,
+		func() error { return r.Rollout.fill(r.Out) },
+		func() error { return r.Algorithm.fill(r.Rollout.MaxNewTokens) },
+		r.fillTrain,
+		func() error { return r.Eval.fill(r.Rollout.MaxNewTokens) },
+		r.Log.fill,
+		r.Guards.fill,
+	} {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// bad is a recipe error naming the key at fault.
+func bad(key string, format string, a ...any) error {
+	return fmt.Errorf("%s: %s", key, fmt.Sprintf(format, a...))
+}
+
+// fill checks the data section: a file, or task families to generate.
+func (d *RLData) fill() error {
 	switch {
 	case d.File != "" && len(d.Tasks) > 0:
 		return bad("data", "give file or tasks, not both")
@@ -366,10 +357,14 @@ func (r *Recipe) fill() error {
 		}
 		orDefault(&d.Difficulty, "1-4")
 	}
+	return nil
+}
 
-	ro := &r.Rollout
+// fill checks the rollout section: the in-process engine's precision, or
+// the remote fleet's settings (out is the run directory), and sampling.
+func (ro *RolloutSettings) fill(out string) error {
 	if len(ro.Servers) > 0 {
-		if err := ro.fillRemote(r.Out); err != nil {
+		if err := ro.fillRemote(out); err != nil {
 			return err
 		}
 	} else {
@@ -399,32 +394,25 @@ func (r *Recipe) fill() error {
 	if ro.Slots < 1 {
 		return bad("rollout.slots", "%d, want >= 1", ro.Slots)
 	}
+	return nil
+}
 
-	a := &r.Algorithm
+// fill checks the algorithm section against the objective registry;
+// budget is rollout.max_new_tokens.
+func (a *Algorithm) fill(budget int) error {
 	orDefault(&a.Objective, MiniRLDefault)
-	defLow, defHigh := 0.2, 0.27
-	defAdv := GroupMean
-	switch a.Objective {
-	case MiniRLDefault, MiniRLNoIS, MiniRLLenNorm, MiniRLOldIS, MiniRLNoClip:
-		if a.Aggregation != "" {
-			return bad("algorithm.aggregation", "MiniRL fixes its own (a response's token sum, mean over responses; minirl-lennorm divides by the length): leave it unset")
-		}
-	case ObjGRPO:
-		defLow, defHigh, defAdv = 0.2, 0.2, GroupMeanStd
-	case ObjDrGRPO, ObjPPO:
-		defLow, defHigh = 0.2, 0.2
-	case ObjDAPO, ObjCISPO:
-		defLow, defHigh, defAdv = 0.2, 0.28, GroupMeanStd
-	case ObjGSPO, ObjGSPOToken:
-		defLow, defHigh, defAdv = 3e-4, 4e-4, GroupMeanStd
-	default:
-		return bad("algorithm.objective", "unknown %q (want minirl, minirl-no-is, minirl-lennorm, minirl-old-is, no-clip, grpo, dr-grpo, dapo, cispo, gspo, gspo-token or ppo)", a.Objective)
+	spec, ok := LookupObjective(a.Objective)
+	if !ok {
+		return bad("algorithm.objective", "unknown %q (want %s)", a.Objective, objectiveNames())
+	}
+	if a.Aggregation != "" && spec.FixedAggregation {
+		return bad("algorithm.aggregation", "%s fixes its own aggregation (%s): leave it unset", a.Objective, spec.Aggregation)
 	}
 	if a.EpsLow == nil {
-		a.EpsLow = &defLow
+		a.EpsLow = &spec.EpsLow
 	}
 	if a.EpsHigh == nil {
-		a.EpsHigh = &defHigh
+		a.EpsHigh = &spec.EpsHigh
 	}
 	if !(*a.EpsLow >= 0 && *a.EpsLow < 1) {
 		return bad("algorithm.eps_low", "%g, want within [0, 1)", *a.EpsLow)
@@ -432,7 +420,7 @@ func (r *Recipe) fill() error {
 	if !(*a.EpsHigh >= 0) || math.IsInf(*a.EpsHigh, 0) {
 		return bad("algorithm.eps_high", "%g, want a finite value >= 0", *a.EpsHigh)
 	}
-	orDefault(&a.Advantage, defAdv)
+	orDefault(&a.Advantage, spec.Advantage)
 	switch a.Advantage {
 	case GroupMean, GroupMeanStd, RLOO:
 	default:
@@ -443,9 +431,6 @@ func (r *Recipe) fill() error {
 		case SeqSumMean, TokenMean, SeqMeanTokenMean, ConstantNorm:
 		default:
 			return bad("algorithm.aggregation", "unknown %q (want %s, %s, %s or %s)", a.Aggregation, SeqSumMean, TokenMean, SeqMeanTokenMean, ConstantNorm)
-		}
-		if a.Objective == ObjCISPO || a.Objective == ObjGSPO || a.Objective == ObjGSPOToken {
-			return bad("algorithm.aggregation", "%s fixes its own aggregation: leave it unset", a.Objective)
 		}
 	}
 	orDefault(&a.ISCap, 5)
@@ -459,7 +444,7 @@ func (r *Recipe) fill() error {
 	if err := a.correction().Validate(); err != nil {
 		return bad("algorithm.correction", "%v", err)
 	}
-	if a.Correction != CorrectionNone && isMiniRL(a.Objective) && a.Objective != MiniRLNoIS {
+	if a.Correction != CorrectionNone && spec.OwnIS {
 		return bad("algorithm.correction", "%s already corrects the training-inference discrepancy with its own IS weight; use objective minirl-no-is to pair MiniRL's clipping with %s", a.Objective, a.Correction)
 	}
 	orDefault(&a.Replay, ReplayNone)
@@ -478,11 +463,15 @@ func (r *Recipe) fill() error {
 	if a.MaxRounds < 1 {
 		return bad("algorithm.max_rounds", "%d, want >= 1", a.MaxRounds)
 	}
-	if a.OverlongBuffer < 0 || a.OverlongBuffer >= ro.MaxNewTokens && a.OverlongBuffer > 0 {
-		return bad("algorithm.overlong_buffer", "%d, want within [0, rollout.max_new_tokens = %d)", a.OverlongBuffer, ro.MaxNewTokens)
+	if a.OverlongBuffer < 0 || a.OverlongBuffer >= budget && a.OverlongBuffer > 0 {
+		return bad("algorithm.overlong_buffer", "%d, want within [0, rollout.max_new_tokens = %d)", a.OverlongBuffer, budget)
 	}
 	orDefault(&a.OverlongPenalty, 1)
+	return nil
+}
 
+// fillTrain checks the train section: a step's sizes and the optimiser.
+func (r *Recipe) fillTrain() error {
 	t := &r.Train
 	orDefault(&t.Steps, 100)
 	if t.Steps < 1 {
@@ -515,14 +504,18 @@ func (r *Recipe) fill() error {
 	if err := r.schedule().Validate(); err != nil {
 		return bad("train", "%v", err)
 	}
-	if err := r.adamw().Validate(); err != nil {
+	if err := r.AdamW().Validate(); err != nil {
 		return bad("train", "%v", err)
 	}
 	if !(t.AuxLoss >= 0) || math.IsInf(t.AuxLoss, 0) {
 		return bad("train.aux_loss", "%g, want a finite value >= 0", t.AuxLoss)
 	}
+	return nil
+}
 
-	e := &r.Eval
+// fill checks the eval section; budget is rollout.max_new_tokens, the
+// default evaluation budget.
+func (e *RLEval) fill(budget int) error {
 	if !e.Skip {
 		if e.File == "" {
 			return bad("eval.file", "a held-out data set is required (or eval.skip: true)")
@@ -537,20 +530,28 @@ func (r *Recipe) fill() error {
 		if e.Every < 0 {
 			return bad("eval.every", "%d, want >= 0", e.Every)
 		}
-		orDefault(&e.MaxNewTokens, ro.MaxNewTokens)
+		orDefault(&e.MaxNewTokens, budget)
 		orDefault(&e.Precision, "exact")
 		if _, err := rollout.ParsePrecision(e.Precision); err != nil {
 			return bad("eval.precision", "%v", err)
 		}
 	}
-	l := &r.Log
+	return nil
+}
+
+// fill checks the log section.
+func (l *RLLog) fill() error {
 	orDefault(&l.SamplesEvery, 10)
 	orDefault(&l.CheckpointEvery, 20)
 	orDefault(&l.Keep, 2)
 	if l.SamplesEvery < 0 || l.CheckpointEvery < 0 || l.Keep < 0 {
 		return bad("log", "samples_every, checkpoint_every and keep must be >= 0")
 	}
-	g := &r.Guards
+	return nil
+}
+
+// fill checks the guards section.
+func (g *Guards) fill() error {
 	orDefault(&g.MaxNonFinite, 3)
 	if g.MaxNonFinite < 1 {
 		return bad("guards.max_nonfinite", "%d, want >= 1", g.MaxNonFinite)
@@ -569,9 +570,6 @@ func (r *Recipe) fill() error {
 // (rollout.servers set); out is the run directory, home of the default
 // weights directory.
 func (ro *RolloutSettings) fillRemote(out string) error {
-	bad := func(key string, format string, a ...any) error {
-		return fmt.Errorf("%s: %s", key, fmt.Sprintf(format, a...))
-	}
 	if ro.Precision != "" {
 		return bad("rollout.precision", "%q sets the in-process engine's precision; with rollout.servers every server runs its own: leave it unset", ro.Precision)
 	}
@@ -579,7 +577,7 @@ func (ro *RolloutSettings) fillRemote(out string) error {
 	for i, s := range ro.Servers {
 		u, err := url.Parse(s)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
-			return bad("rollout.servers", "entry %d, %q: want an http or https base URL such as http://10.0.0.5:30000 (no query, fragment or credentials: the API key comes from %s)", i, s, APIKeyEnv)
+			return bad("rollout.servers", "entry %d, %q: want an http or https base URL such as http://10.0.0.5:30000 (no query, fragment or credentials: the API key comes from %s)", i, s, remote.APIKeyEnv)
 		}
 		s = strings.TrimRight(s, "/")
 		if seen[s] {
@@ -588,11 +586,9 @@ func (ro *RolloutSettings) fillRemote(out string) error {
 		seen[s] = true
 		ro.Servers[i] = s
 	}
-	orDefault(&ro.ServerKind, ServerKeel)
-	switch ro.ServerKind {
-	case ServerKeel, ServerSGLang, ServerVLLM:
-	default:
-		return bad("rollout.server_kind", "unknown %q (want %s, %s or %s)", ro.ServerKind, ServerKeel, ServerSGLang, ServerVLLM)
+	orDefault(&ro.ServerKind, remote.KindKeel)
+	if err := remote.CheckKind(ro.ServerKind); err != nil {
+		return bad("rollout.server_kind", "%v", err)
 	}
 	orDefault(&ro.WeightsDir, filepath.Join(out, "rollout-weights"))
 	orDefault(&ro.RequestTimeout, 600)
@@ -610,56 +606,25 @@ func (a *Algorithm) correction() Correction {
 	return Correction{Mode: a.Correction, Cap: a.CorrectionCap, Low: a.CorrectionLow, High: a.CorrectionHigh}
 }
 
-// objective builds the recipe's objective; budget is the generation
-// budget (Dr. GRPO's constant).
+// objective builds the recipe's objective (Objectives' entry with the
+// recipe's settings); budget is the generation budget (Dr. GRPO's
+// constant).
 func (a *Algorithm) objective(budget int) Objective {
-	lo, hi := *a.EpsLow, *a.EpsHigh
-	if isMiniRL(a.Objective) {
-		return MiniRL{Variant: a.Objective, EpsLow: lo, EpsHigh: hi, ISCap: a.ISCap}
+	spec, ok := LookupObjective(a.Objective)
+	if !ok {
+		return nil // a recipe that skipped fill: Loop.Init refuses it
 	}
-	var p PPOClip
-	switch a.Objective {
-	case ObjCISPO:
-		return CISPO{EpsLow: lo, EpsHigh: hi}
-	case ObjGRPO:
-		p = GRPO()
-	case ObjDrGRPO:
-		p = DrGRPO(budget)
-	case ObjDAPO:
-		p = DAPO()
-	case ObjGSPO:
-		p = GSPO()
-	case ObjGSPOToken:
-		p = GSPOToken()
-	case ObjPPO:
-		p = PPO()
-	}
-	p.EpsLow, p.EpsHigh = lo, hi
-	if a.Aggregation != "" {
-		p.Aggregation = a.Aggregation
-		if a.Aggregation == ConstantNorm {
-			p.Budget = budget
-		}
-	}
-	return p
+	return spec.build(a, budget)
 }
 
 // aggregation is the per-response multiplier rule of the objective, for
-// the KL and entropy terms.
+// the KL and entropy terms: the recipe's, or the objective's own.
 func (a *Algorithm) aggregation() string {
-	switch {
-	case a.Objective == MiniRLLenNorm:
-		return SeqMeanTokenMean
-	case isMiniRL(a.Objective):
-		return SeqSumMean
-	case a.Objective == ObjCISPO:
-		return TokenMean
+	spec, _ := LookupObjective(a.Objective)
+	if a.Aggregation != "" && !spec.FixedAggregation {
+		return a.Aggregation
 	}
-	p, _ := a.objective(1).(PPOClip)
-	if p.Aggregation == "" {
-		return TokenMean
-	}
-	return p.Aggregation
+	return spec.Aggregation
 }
 
 func (r *Recipe) schedule() train.Schedule {
@@ -668,7 +633,8 @@ func (r *Recipe) schedule() train.Schedule {
 	return train.Schedule{Kind: t.Schedule, PeakLR: t.LR, WarmupSteps: t.Warmup, TotalSteps: total, MinLR: t.MinLR}
 }
 
-func (r *Recipe) adamw() train.AdamWConfig {
+// AdamW returns the optimiser's hyper-parameters for the training engine.
+func (r *Recipe) AdamW() train.AdamWConfig {
 	t := &r.Train
 	return train.AdamWConfig{Beta1: t.Beta1, Beta2: t.Beta2, Eps: 1e-8, WeightDecay: t.WeightDecay}
 }

@@ -16,9 +16,11 @@ import (
 	"github.com/keel-rl/keel/internal/builtin"
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rollout"
+	"github.com/keel-rl/keel/rollout/remote"
 	"github.com/keel-rl/keel/run"
 	"github.com/keel-rl/keel/tasks"
 	"github.com/keel-rl/keel/tokenizer"
+	"github.com/keel-rl/keel/train"
 )
 
 // Progress receives what a run reports as it goes (nil fields: ignored).
@@ -59,7 +61,7 @@ type loopState struct {
 
 // Files of a run directory.
 const (
-	RecipeFile  = "recipe.yaml"
+	RecipeFile  = run.RecipeFile
 	MetricsFile = run.MetricsFile
 )
 
@@ -112,7 +114,7 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 	}
 	var policy *model.Model
 	var st loopState
-	res := &Result{Dir: r.Out, ModelDir: filepath.Join(r.Out, "model"), Recipe: r}
+	res := &Result{Dir: r.Out, ModelDir: sess.ModelDir(), Recipe: r}
 	if ck != nil {
 		policy = ck.Model
 		if err := sess.State(&st); err != nil {
@@ -165,9 +167,9 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 	if ro := &r.Rollout; len(ro.Servers) > 0 {
 		// Remote rollout: the servers run their own precision; each step's
 		// weights reach them through ro.WeightsDir.
-		rs, err := NewRemoteSampler(RemoteOptions{Servers: ro.Servers, Kind: ro.ServerKind, WeightsDir: ro.WeightsDir,
+		rs, err := remote.New(remote.Options{Servers: ro.Servers, Kind: ro.ServerKind, WeightsDir: ro.WeightsDir,
 			RequestTimeout: time.Duration(ro.RequestTimeout * float64(time.Second)), MaxConcurrency: ro.MaxConcurrency,
-			APIKey: os.Getenv(APIKeyEnv), Config: policy.Config, MaxLen: maxLen, Events: pr.Warn,
+			APIKey: os.Getenv(remote.APIKeyEnv), Config: policy.Config, MaxLen: maxLen, Events: pr.Warn,
 			WriteFiles: func(dir string) error { return tok.WriteFile(filepath.Join(dir, tokenizer.FileName)) }})
 		if err != nil {
 			return nil, fmt.Errorf("rollout.servers: %w", err)
@@ -183,19 +185,32 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 		defer eng.Close()
 		sampler = eng
 	}
-	if err := sampler.UpdateWeights(policy, int64(res.Resumed)); err != nil {
+	if err := sampler.UpdateWeights(context.Background(), policy, int64(res.Resumed)); err != nil {
 		return nil, err
 	}
-	loop := &Loop{R: r, Policy: policy, Sampler: sampler, Loader: NewLoader(prompts, r.Seed), Stop: []int32{end},
-		Score: VerifierScorer(tok, end), Step: res.Resumed, NonFinite: st.NonFinite}
+	var optim *train.OptimState
 	if ck != nil {
-		loop.Optim = ck.Optim
+		optim = (*train.OptimState)(ck.Optim)
 	}
+	trainer, err := train.NewTrainer(policy, r.AdamW(), optim)
+	if err != nil {
+		return nil, err
+	}
+	defer trainer.Close()
+	loop := &Loop{R: r, Trainer: trainer, Sampler: sampler, Loader: NewLoader(prompts, r.Seed), Stop: []int32{end},
+		Score: VerifierScorer(tok, end), Step: res.Resumed, NonFinite: st.NonFinite}
 	loop.Loader.Seek(st.Loader)
 	if r.Algorithm.KLCoef > 0 {
-		if loop.Reference, err = model.Load(modelPath); err != nil {
+		ref, err := model.Load(modelPath)
+		if err != nil {
 			return nil, fmt.Errorf("model.path (reference): %w", err)
 		}
+		refTrainer, err := train.NewTrainer(ref, r.AdamW(), nil)
+		if err != nil {
+			return nil, err
+		}
+		defer refTrainer.Close()
+		loop.Reference = refTrainer
 	}
 	if err := loop.Init(); err != nil {
 		return nil, err
@@ -217,7 +232,7 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 		defer evalEng.Close()
 	}
 	evaluateNow := func(step int) (*evaluate.Report, error) {
-		if err := evalEng.UpdateWeights(policy, int64(step)); err != nil {
+		if err := evalEng.UpdateWeights(context.Background(), policy, int64(step)); err != nil {
 			return nil, err
 		}
 		rep, err := evaluate.Run(evalEng, tok, evalSet, r.Eval.K, rollout.Sampling{Temperature: r.Rollout.Temperature,
@@ -292,7 +307,15 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 				return err
 			}
 		}
-		return sess.Save(loop.Step, policy, loop.Optim, loopState{Loader: loop.Loader.State(), NonFinite: loop.NonFinite,
+		w, err := trainer.Weights()
+		if err != nil {
+			return err
+		}
+		o, err := trainer.OptimState()
+		if err != nil {
+			return err
+		}
+		return sess.Save(loop.Step, w, (*run.OptimState)(o), loopState{Loader: loop.Loader.State(), NonFinite: loop.NonFinite,
 			Elapsed: elapsed0 + time.Since(start).Seconds()}, r.Log.Keep)
 	}
 	total := r.Train.Steps
@@ -362,10 +385,11 @@ func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, err
 	if res.Stopped {
 		return res, nil
 	}
-	if err := model.Save(res.ModelDir, policy, "f32"); err != nil {
+	w, err := trainer.Weights()
+	if err != nil {
 		return nil, err
 	}
-	if err := tok.WriteFile(filepath.Join(res.ModelDir, tokenizer.FileName)); err != nil {
+	if err := sess.SaveModel(w, tok); err != nil {
 		return nil, err
 	}
 	return res, nil

@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -237,8 +238,14 @@ func (e *Engine) Version() int64 { return e.version }
 // UpdateWeights replaces the engine's weights with m's, re-packed or
 // re-quantised in place into the buffers it already holds, and records
 // version, which every later sample carries. m must have the engine's
-// configuration.
-func (e *Engine) UpdateWeights(m *model.Model, version int64) error {
+// configuration. It takes a context, as a push to remote servers does, so
+// that the engine is a Sampler of the RL loop: the load is in memory and
+// not interruptible, so ctx is only checked first (a cancelled ctx loads
+// nothing).
+func (e *Engine) UpdateWeights(ctx context.Context, m *model.Model, version int64) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("rollout: UpdateWeights: %w", err)
+	}
 	if err := e.checkModel(m); err != nil {
 		return err
 	}

@@ -36,8 +36,12 @@ type Sampling struct {
 	Seed uint64
 }
 
-// truncated reports whether top-k or top-p truncation is on.
-func (s *Sampling) truncated() bool {
+// Truncated reports whether top-k or top-p truncation is on: whether the
+// samples come from a truncated distribution, so that log mu is the
+// truncated one (Sample.TruncLogProbs). Greedy decoding never truncates.
+// It is exported so that a client of remote servers asks for and reads the
+// same log-probs as the engine computes.
+func (s *Sampling) Truncated() bool {
 	return s.Temperature != 0 && (s.TopK > 0 || (s.TopP > 0 && s.TopP < 1))
 }
 
@@ -310,14 +314,6 @@ func (e *Engine) slotsGen() *gen {
 	return g
 }
 
-// splitmix64 scrambles seeds into well-separated stream keys.
-func splitmix64(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
-	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
-	return x ^ (x >> 31)
-}
-
 // admit fills free slots from the queue and reports whether any slot is
 // active. Sample j of a group draws from the random stream of (its
 // policy's seed, the group's prompt index, j), whatever slot it gets.
@@ -336,7 +332,7 @@ func (g *gen) admit() bool {
 			*s = slotState{active: true, grp: q, idx: j, promptLen: len(q.prompt),
 				seq: append(s.seq[:0], q.prompt...), lp: s.lp[:0], tlp: s.tlp[:0], top: s.top[:0],
 				routes: s.routes, routes16: s.routes16}
-			s.rng.Seed(splitmix64(q.pol.sp.Seed^splitmix64(uint64(q.index))), splitmix64(uint64(j)+0x632be59bd9b4e019))
+			s.rng.Seed(Splitmix64(q.pol.sp.Seed^Splitmix64(uint64(q.index))), SampleStream(j))
 			g.takePrompt(i)
 		}
 		any = any || s.active
@@ -524,7 +520,7 @@ func (g *gen) step() {
 		s.seq = append(s.seq, s.sampled)
 		s.lp = append(s.lp, s.sampLP)
 		var tlp float32
-		if pol.sp.truncated() {
+		if pol.sp.Truncated() {
 			s.tlp = append(s.tlp, s.sTLP)
 			tlp = s.sTLP
 		}
@@ -603,7 +599,7 @@ func (g *gen) retire(s *slotState) {
 		Tokens:   slices.Clone(s.seq[s.promptLen:]),
 		LogProbs: slices.Clone(s.lp),
 	}
-	if q.pol.sp.truncated() {
+	if q.pol.sp.Truncated() {
 		smp.TruncLogProbs = slices.Clone(s.tlp)
 	}
 	if n := q.pol.sp.TopLogProbs; n > 0 {
@@ -683,7 +679,7 @@ func (pl *policy) sampleOne(z []float32, rng *rand.PCG, ids []int32, p []float32
 	}
 	u := float64(rng.Uint64()>>11) * 0x1p-53
 	p = p[:len(z)]
-	if !pl.sp.truncated() {
+	if !pl.sp.Truncated() {
 		i := drawFull(z, p, u)
 		return int32(i), z[i], z[i]
 	}

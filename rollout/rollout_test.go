@@ -595,7 +595,7 @@ func TestUpdateWeightsVersion(t *testing.T) {
 		e, _ := New(m, Options{Precision: p, Slots: 2, MaxLen: 16})
 		a, _ := e.Generate(prompts, 1, sp)
 		m2 := randomModel(moeConfig(), 10)
-		if err := e.UpdateWeights(m2, 7); err != nil {
+		if err := e.UpdateWeights(context.Background(), m2, 7); err != nil {
 			t.Fatal(err)
 		}
 		b, _ := e.Generate(prompts, 1, sp)
@@ -609,8 +609,13 @@ func TestUpdateWeightsVersion(t *testing.T) {
 		c, _ := fresh.Generate(prompts, 1, sp)
 		sameSamples(t, b, c)
 		fresh.Close()
-		if err := e.UpdateWeights(randomModel(denseConfig(), 1), 8); err == nil {
+		if err := e.UpdateWeights(context.Background(), randomModel(denseConfig(), 1), 8); err == nil {
 			t.Fatalf("%s: a model of another configuration was accepted", p)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := e.UpdateWeights(ctx, m, 9); err == nil || e.Version() != 7 {
+			t.Fatalf("%s: a cancelled context: error %v, version %d", p, err, e.Version())
 		}
 		e.Close()
 	}
@@ -630,7 +635,7 @@ func TestUpdateWeightsInPlace(t *testing.T) {
 		e, _ := New(m, Options{Precision: p, Slots: 2, MaxLen: 16})
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
-		if err := e.UpdateWeights(m, 1); err != nil {
+		if err := e.UpdateWeights(context.Background(), m, 1); err != nil {
 			t.Fatal(err)
 		}
 		runtime.ReadMemStats(&after)

@@ -300,7 +300,7 @@ func (s *Scheduler) boundary() {
 func (s *Scheduler) applyUpdate() {
 	u := s.updates[0]
 	s.mu.Unlock()
-	u.err = s.e.UpdateWeights(u.m, u.version)
+	u.err = s.e.UpdateWeights(context.Background(), u.m, u.version)
 	s.mu.Lock()
 	s.updates[0] = nil
 	s.updates = s.updates[1:]

@@ -14,7 +14,6 @@ import (
 	"github.com/keel-rl/keel/internal/atomicfile"
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/safetensors"
-	"github.com/keel-rl/keel/train"
 )
 
 // Checkpoint is what a run needs to resume exactly: the step reached, the
@@ -23,8 +22,20 @@ import (
 type Checkpoint struct {
 	Step  int
 	Model *model.Model
-	Optim *train.AdamW    // nil when the run has no optimiser state
+	Optim *OptimState     // nil when the run has no optimiser state
 	State json.RawMessage // nil or any JSON value
+}
+
+// OptimState is an AdamW optimiser's state as plain data, whatever engine
+// kept it: the steps taken, the two moments (one entry per element of the
+// model's arena, in its order) and the hyper-parameters as the trainer
+// encodes them (JSON, kept verbatim). A checkpoint stores it in
+// optim.safetensors (tensors adamw.m and adamw.v, metadata step and
+// config).
+type OptimState struct {
+	Step   int64
+	M, V   []float32
+	Config json.RawMessage
 }
 
 // ErrNoCheckpoint is returned by LoadLatest when root holds no complete
@@ -118,41 +129,43 @@ func syncDir(dir string) {
 	}
 }
 
-// saveOptim stores AdamW's moments as float32 tensors and its step and
-// hyper-parameters as metadata.
-func saveOptim(path string, o *train.AdamW) error {
-	cfg, err := json.Marshal(o.Config)
-	if err != nil {
-		return err
+// saveOptim stores the optimiser's moments as float32 tensors and its step
+// and hyper-parameters as metadata.
+func saveOptim(path string, o *OptimState) error {
+	if len(o.M) != len(o.V) {
+		return fmt.Errorf("checkpoint: optimiser state has %d first and %d second moments", len(o.M), len(o.V))
+	}
+	if !json.Valid(o.Config) {
+		return fmt.Errorf("checkpoint: optimiser configuration %.60q is not JSON", o.Config)
 	}
 	n := len(o.M)
 	ts := []safetensors.Tensor{
 		{Name: "adamw.m", Shape: []int{n}, Data: o.M},
 		{Name: "adamw.v", Shape: []int{n}, Data: o.V},
 	}
-	meta := map[string]string{"step": strconv.FormatInt(o.Step, 10), "config": string(cfg)}
+	meta := map[string]string{"step": strconv.FormatInt(o.Step, 10), "config": string(o.Config)}
 	return safetensors.WriteFile(path, ts, safetensors.F32, meta)
 }
 
-func loadOptim(path string, m *model.Model) (*train.AdamW, error) {
+// loadOptim reads the optimiser state saved for m.
+func loadOptim(path string, m *model.Model) (*OptimState, error) {
 	f, err := safetensors.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
 	meta := f.Metadata()
-	var cfg train.AdamWConfig
-	if err := json.Unmarshal([]byte(meta["config"]), &cfg); err != nil {
+	cfg := []byte(meta["config"])
+	var obj map[string]any
+	if err := json.Unmarshal(cfg, &obj); err != nil {
 		return nil, fmt.Errorf("%s: metadata config: %v", path, err)
 	}
 	step, err := strconv.ParseInt(meta["step"], 10, 64)
 	if err != nil || step < 0 {
 		return nil, fmt.Errorf("%s: metadata step %q is not a step count", path, meta["step"])
 	}
-	o, err := train.NewAdamW(m, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
+	n := len(m.Arena)
+	o := &OptimState{Step: step, M: make([]float32, n), V: make([]float32, n), Config: cfg}
 	for _, t := range []struct {
 		name string
 		dst  []float32
@@ -168,7 +181,6 @@ func loadOptim(path string, m *model.Model) (*train.AdamW, error) {
 			return nil, err
 		}
 	}
-	o.Step = step
 	return o, nil
 }
 

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/keel-rl/keel/model"
-	"github.com/keel-rl/keel/train"
+	"github.com/keel-rl/keel/tokenizer"
 )
 
 // Session is a training run's hold on its directory, shared by `keel sft`
@@ -24,10 +24,13 @@ type Session struct {
 	lock    *DirLock
 }
 
-// Checkpoints and metrics live here inside a run directory.
+// Checkpoints, metrics, the resolved recipe and the finished model live
+// here inside a run directory.
 const (
+	RecipeFile     = "recipe.yaml"
 	CheckpointsDir = "checkpoints"
 	MetricsFile    = "metrics.jsonl"
+	ModelDir       = "model"
 )
 
 // OpenSession locks dir (creating it) and loads its newest checkpoint. It
@@ -96,7 +99,7 @@ func (s *Session) OpenMetrics(discard bool) (*MetricsLog, error) {
 
 // Save syncs the metrics log, then writes a checkpoint of step (model,
 // optimiser and the loop's state as JSON), keeping the newest keep.
-func (s *Session) Save(step int, m *model.Model, o *train.AdamW, state any, keep int) error {
+func (s *Session) Save(step int, m *model.Model, o *OptimState, state any, keep int) error {
 	b, err := json.Marshal(state)
 	if err != nil {
 		return fmt.Errorf("checkpoint state: %w", err)
@@ -108,6 +111,21 @@ func (s *Session) Save(step int, m *model.Model, o *train.AdamW, state any, keep
 	}
 	_, err = SaveCheckpoint(filepath.Join(s.Dir, CheckpointsDir), &Checkpoint{Step: step, Model: m, Optim: o, State: b}, keep)
 	return err
+}
+
+// ModelDir is where SaveModel writes a finished run's model.
+func (s *Session) ModelDir() string { return filepath.Join(s.Dir, ModelDir) }
+
+// SaveModel writes a finished run's model into ModelDir: a Hugging Face
+// directory (config.json, float32 model.safetensors) with the run's
+// tokenizer.json, which every tool that reads models (keel eval, keel
+// serve, a later run, Hugging Face) loads as it is.
+func (s *Session) SaveModel(m *model.Model, tok *tokenizer.Tokenizer) error {
+	dir := s.ModelDir()
+	if err := model.Save(dir, m, "f32"); err != nil {
+		return err
+	}
+	return tok.WriteFile(filepath.Join(dir, tokenizer.FileName))
 }
 
 // Close closes the metrics log and releases the lock.

@@ -136,34 +136,7 @@ func (g *generation) run(ctx context.Context, onToken func(c *choice, ev tokEven
 	defer unregister()
 	g.tokens = onToken != nil || len(g.stopStrs) > 0
 	q := &tokenQueue{ready: make(chan struct{}, 1)}
-	type result struct {
-		job     int
-		samples []rollout.Sample
-		err     error
-	}
-	results := make(chan result, len(g.jobs))
-	cancels := make([]context.CancelFunc, len(g.jobs))
-	first := make([]int, len(g.jobs)) // index of each job's first choice
-	for j, jb := range g.jobs {
-		if j > 0 {
-			first[j] = first[j-1] + g.jobs[j-1].n
-		}
-		jctx, cancel := context.WithCancel(ctx)
-		cancels[j] = cancel
-		base := first[j]
-		sp := jb.sp
-		sp.TopLogProbs = g.topN
-		req := rollout.Request{Prompt: jb.prompt, N: jb.n, Sampling: sp}
-		if g.tokens {
-			req.OnToken = func(index int, t rollout.Token) {
-				q.push(tokEvent{choice: base + index, tok: t.ID, lp: t.LogProb, tlp: t.TruncLogProb, top: slices.Clone(t.Top)})
-			}
-		}
-		go func() {
-			smp, err := g.s.sched.Do(jctx, req)
-			results <- result{job: j, samples: smp, err: err}
-		}()
-	}
+	results, cancels, first := g.start(ctx, q)
 	handle := func(ev tokEvent) {
 		c := g.choices[ev.choice]
 		if c.stopped {
@@ -222,6 +195,44 @@ func (g *generation) run(ctx context.Context, onToken func(c *choice, ev tokEven
 		return cause
 	}
 	return firstErr
+}
+
+// jobResult is a job's samples from the scheduler, or its error.
+type jobResult struct {
+	job     int
+	samples []rollout.Sample
+	err     error
+}
+
+// start submits every job to the scheduler, each on its own goroutine
+// and context (a child of ctx), its tokens pushed to q when the choices
+// follow the tokens. It returns the channel of their results, their
+// cancel functions, and the index of each job's first choice.
+func (g *generation) start(ctx context.Context, q *tokenQueue) (chan jobResult, []context.CancelFunc, []int) {
+	results := make(chan jobResult, len(g.jobs))
+	cancels := make([]context.CancelFunc, len(g.jobs))
+	first := make([]int, len(g.jobs))
+	for j, jb := range g.jobs {
+		if j > 0 {
+			first[j] = first[j-1] + g.jobs[j-1].n
+		}
+		jctx, cancel := context.WithCancel(ctx)
+		cancels[j] = cancel
+		base := first[j]
+		sp := jb.sp
+		sp.TopLogProbs = g.topN
+		req := rollout.Request{Prompt: jb.prompt, N: jb.n, Sampling: sp}
+		if g.tokens {
+			req.OnToken = func(index int, t rollout.Token) {
+				q.push(tokEvent{choice: base + index, tok: t.ID, lp: t.LogProb, tlp: t.TruncLogProb, top: slices.Clone(t.Top)})
+			}
+		}
+		go func() {
+			smp, err := g.s.sched.Do(jctx, req)
+			results <- jobResult{job: j, samples: smp, err: err}
+		}()
+	}
+	return results, cancels, first
 }
 
 var (

@@ -230,6 +230,25 @@ func (s *Server) tokenText(id int32, asIDs bool) string {
 	return s.tok.DecodeLenient([]int32{id})
 }
 
+// openAIResponse is the envelope of OpenAI's answers and stream chunks,
+// completions' and chat's, whose choices are of type C. (Usage is in
+// answers and, with stream_options.include_usage, in a stream's last
+// chunk only.)
+type openAIResponse[C any] struct {
+	Choices []C    `json:"choices"`
+	Created int64  `json:"created"`
+	ID      string `json:"id"`
+	Model   string `json:"model"`
+	Object  string `json:"object"`
+	Usage   *usage `json:"usage,omitempty"`
+}
+
+// newResponse starts an answer of object type object (or every chunk of
+// a stream), with a new id of prefix.
+func newResponse[C any](s *Server, prefix, object string) openAIResponse[C] {
+	return openAIResponse[C]{ID: newID(prefix), Object: object, Created: time.Now().Unix(), Model: s.opt.Name}
+}
+
 type completionLogprobs struct {
 	Tokens        []string             `json:"tokens"`
 	TokenLogprobs []float32            `json:"token_logprobs"`
@@ -272,66 +291,17 @@ func (s *Server) completionLP(c *choice, lo, hi, base int, asIDs bool) (*complet
 	return lp, off
 }
 
-func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+func (s *Server) completions(w http.ResponseWriter, r *http.Request) error {
 	var req completionRequest
 	if err := decode(r, &req); err != nil {
-		fail(w, err)
-		return
+		return err
 	}
-	prompts, err := s.prompts(req.Prompt)
+	jobs, stops, topN, err := s.completionJobs(&req)
 	if err != nil {
-		fail(w, err)
-		return
-	}
-	topN := 0
-	if req.Logprobs != nil {
-		if *req.Logprobs < 0 || *req.Logprobs > rollout.MaxTopLogProbs {
-			fail(w, badRequest("logprobs", "logprobs = %d, want 0 to %d", *req.Logprobs, rollout.MaxTopLogProbs))
-			return
-		}
-		topN = *req.Logprobs
-		if req.Echo {
-			fail(w, badRequest("echo", "echo with logprobs is not supported: the engine computes no log-probabilities of prompt tokens"))
-			return
-		}
-	}
-	sp, stops, n, err := s.sampling(&req.samplingFields, 0)
-	if err != nil {
-		fail(w, err)
-		return
-	}
-	if req.BestOf != nil && *req.BestOf != n {
-		fail(w, badRequest("best_of", "best_of = %d: only best_of = n (%d) is supported (every sample is returned)", *req.BestOf, n))
-		return
-	}
-	if err := s.checkSamples("prompt", len(prompts)*n); err != nil {
-		fail(w, err)
-		return
-	}
-	var jobs []genJob
-	for i, p := range prompts {
-		field := "prompt"
-		if len(prompts) > 1 {
-			field = fmt.Sprintf("prompt[%d]", i)
-		}
-		if err := s.checkIDs(field, p); err != nil {
-			fail(w, err)
-			return
-		}
-		maxNew, err := s.maxNew("max_tokens", req.MaxTokens, len(p), 16)
-		if err != nil {
-			fail(w, err)
-			return
-		}
-		// Prompt i draws from PromptSeed(seed, i), as in one Generate
-		// call of every prompt: prompts do not share a random stream.
-		psp := sp
-		psp.MaxNewTokens, psp.Seed = maxNew, rollout.PromptSeed(sp.Seed, i)
-		jobs = append(jobs, genJob{prompt: p, n: n, sp: psp})
+		return err
 	}
 	g := s.newGeneration(jobs, stops, topN)
-	id, created := newID("cmpl-"), time.Now().Unix()
-	wantLP := req.Logprobs != nil
+	env := newResponse[completionChoice](s, "cmpl-", "text_completion")
 	// echo is the prompt's text for a choice's first chunk (once, even
 	// when its first tokens are held back), with echo.
 	echo := func(c *choice) string {
@@ -342,62 +312,79 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		return ""
 	}
 	if req.Stream {
-		sse := newSSE(w)
-		g.idle = sse.flush
-		// Log-probs go with the text of their tokens (streamableLP).
-		streamLP := func(c *choice, ch *completionChoice) {
-			if !wantLP {
-				return
-			}
-			if lo, hi := g.streamableLP(c); hi > lo {
-				ch.Logprobs, c.lpOff = s.completionLP(c, lo, hi, c.lpOff, req.TokensAsIDs)
-			}
-		}
-		err := g.run(r.Context(), func(c *choice, ev tokEvent) {
-			delta := g.streamable(c)
-			ch := completionChoice{Index: s.choiceIndex(g, c), Text: echo(c) + delta}
-			c.sent += len(delta)
-			streamLP(c, &ch)
-			if c.stopped {
-				ch.FinishReason = ptr("stop")
-			}
-			if ch.Text != "" || ch.Logprobs != nil || ch.FinishReason != nil {
-				sse.send(map[string]any{"id": id, "object": "text_completion", "created": created, "model": s.opt.Name, "choices": []completionChoice{ch}})
-			}
+		return stream(w, r, g, env, streamFormat[completionChoice]{
+			logprobs: req.Logprobs != nil, usage: req.StreamOpts != nil && req.StreamOpts.IncludeUsage, prefix: echo,
+			choice: func(c *choice, text string, lo, hi int, finish *string) completionChoice {
+				ch := completionChoice{Index: s.choiceIndex(g, c), Text: text, FinishReason: finish}
+				if hi > lo {
+					ch.Logprobs, c.lpOff = s.completionLP(c, lo, hi, c.lpOff, req.TokensAsIDs)
+				}
+				return ch
+			},
 		})
-		if err != nil {
-			sse.fail(err)
-			return
-		}
-		// What is left: text held back, and the finish reasons.
-		for _, c := range g.choices {
-			if c.stopped && c.sent == len(c.text) {
-				continue
-			}
-			ch := completionChoice{Index: s.choiceIndex(g, c), Text: echo(c) + c.text[min(c.sent, len(c.text)):], FinishReason: ptr(c.finish)}
-			c.sent = len(c.text)
-			streamLP(c, &ch)
-			sse.send(map[string]any{"id": id, "object": "text_completion", "created": created, "model": s.opt.Name, "choices": []completionChoice{ch}})
-		}
-		if req.StreamOpts != nil && req.StreamOpts.IncludeUsage {
-			sse.send(map[string]any{"id": id, "object": "text_completion", "created": created, "model": s.opt.Name, "choices": []completionChoice{}, "usage": g.usage()})
-		}
-		sse.done()
-		return
 	}
 	if err := g.run(r.Context(), nil); err != nil {
-		fail(w, genError(err))
-		return
+		return genError(err)
 	}
 	out := make([]completionChoice, len(g.choices))
 	for i, c := range g.choices {
 		out[i] = completionChoice{Index: i, Text: echo(c) + c.text, FinishReason: ptr(c.finish)}
-		if wantLP {
+		if req.Logprobs != nil {
 			out[i].Logprobs, _ = s.completionLP(c, 0, len(c.lps), 0, req.TokensAsIDs)
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": "text_completion", "created": created,
-		"model": s.opt.Name, "choices": out, "usage": g.usage()})
+	env.Choices, env.Usage = out, ptr(g.usage())
+	writeJSON(w, http.StatusOK, env)
+	return nil
+}
+
+// completionJobs checks a completion request and makes a job of each of
+// its prompts, with the stop strings and the top log-probs to return.
+func (s *Server) completionJobs(req *completionRequest) ([]genJob, []string, int, error) {
+	prompts, err := s.prompts(req.Prompt)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	topN := 0
+	if req.Logprobs != nil {
+		if *req.Logprobs < 0 || *req.Logprobs > rollout.MaxTopLogProbs {
+			return nil, nil, 0, badRequest("logprobs", "logprobs = %d, want 0 to %d", *req.Logprobs, rollout.MaxTopLogProbs)
+		}
+		topN = *req.Logprobs
+		if req.Echo {
+			return nil, nil, 0, badRequest("echo", "echo with logprobs is not supported: the engine computes no log-probabilities of prompt tokens")
+		}
+	}
+	sp, stops, n, err := s.sampling(&req.samplingFields, 0)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	if req.BestOf != nil && *req.BestOf != n {
+		return nil, nil, 0, badRequest("best_of", "best_of = %d: only best_of = n (%d) is supported (every sample is returned)", *req.BestOf, n)
+	}
+	if err := s.checkSamples("prompt", len(prompts)*n); err != nil {
+		return nil, nil, 0, err
+	}
+	var jobs []genJob
+	for i, p := range prompts {
+		field := "prompt"
+		if len(prompts) > 1 {
+			field = fmt.Sprintf("prompt[%d]", i)
+		}
+		if err := s.checkIDs(field, p); err != nil {
+			return nil, nil, 0, err
+		}
+		maxNew, err := s.maxNew("max_tokens", req.MaxTokens, len(p), 16)
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		// Prompt i draws from PromptSeed(seed, i), as in one Generate
+		// call of every prompt: prompts do not share a random stream.
+		psp := sp
+		psp.MaxNewTokens, psp.Seed = maxNew, rollout.PromptSeed(sp.Seed, i)
+		jobs = append(jobs, genJob{prompt: p, n: n, sp: psp})
+	}
+	return jobs, stops, topN, nil
 }
 
 // choiceIndex numbers choices across prompts, as OpenAI does.
@@ -515,36 +502,90 @@ func messages(in []chatMessage) ([]tokenizer.Message, error) {
 	return out, nil
 }
 
+// chatReply is the assistant's message of a chat choice.
+type chatReply struct {
+	Content string `json:"content"`
+	Role    string `json:"role"`
+}
+
 type chatChoice struct {
-	Index        int            `json:"index"`
-	Message      map[string]any `json:"message"`
-	Logprobs     *chatLogprobs  `json:"logprobs"`
-	FinishReason *string        `json:"finish_reason"`
+	Index        int           `json:"index"`
+	Message      chatReply     `json:"message"`
+	Logprobs     *chatLogprobs `json:"logprobs"`
+	FinishReason *string       `json:"finish_reason"`
+}
+
+// chatDeltaBody is what a chunk adds to a streamed message: the role
+// first, then content; an empty object when a chunk carries only
+// log-probabilities or the finish reason.
+type chatDeltaBody struct {
+	Content *string `json:"content,omitempty"`
+	Role    string  `json:"role,omitempty"`
 }
 
 // chatDelta is a streamed chat choice.
 type chatDelta struct {
-	Index        int            `json:"index"`
-	Delta        map[string]any `json:"delta"`
-	Logprobs     *chatLogprobs  `json:"logprobs"`
-	FinishReason *string        `json:"finish_reason"`
+	Index        int           `json:"index"`
+	Delta        chatDeltaBody `json:"delta"`
+	Logprobs     *chatLogprobs `json:"logprobs"`
+	FinishReason *string       `json:"finish_reason"`
 }
 
-func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
+func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
 	var req chatRequest
 	if err := decode(r, &req); err != nil {
-		fail(w, err)
-		return
+		return err
 	}
+	job, stops, topN, err := s.chatJob(&req)
+	if err != nil {
+		return err
+	}
+	g := s.newGeneration([]genJob{job}, stops, topN)
+	if req.Stream {
+		roles := make([]chatDelta, job.n)
+		for i := range roles {
+			roles[i] = chatDelta{Index: i, Delta: chatDeltaBody{Role: "assistant", Content: ptr("")}}
+		}
+		return stream(w, r, g, newResponse[chatDelta](s, "chatcmpl-", "chat.completion.chunk"), streamFormat[chatDelta]{
+			first: roles, logprobs: req.Logprobs, usage: req.StreamOpts != nil && req.StreamOpts.IncludeUsage,
+			choice: func(c *choice, text string, lo, hi int, finish *string) chatDelta {
+				ch := chatDelta{Index: c.index, FinishReason: finish}
+				if text != "" {
+					ch.Delta.Content = &text
+				}
+				if hi > lo {
+					ch.Logprobs = s.chatLP(c, lo, hi, req.TokensAsIDs)
+				}
+				return ch
+			},
+		})
+	}
+	env := newResponse[chatChoice](s, "chatcmpl-", "chat.completion")
+	if err := g.run(r.Context(), nil); err != nil {
+		return genError(err)
+	}
+	out := make([]chatChoice, len(g.choices))
+	for i, c := range g.choices {
+		out[i] = chatChoice{Index: i, Message: chatReply{Role: "assistant", Content: c.text}, FinishReason: ptr(c.finish)}
+		if req.Logprobs {
+			out[i].Logprobs = s.chatLP(c, 0, len(c.lps), req.TokensAsIDs)
+		}
+	}
+	env.Choices, env.Usage = out, ptr(g.usage())
+	writeJSON(w, http.StatusOK, env)
+	return nil
+}
+
+// chatJob checks a chat request and makes its one job, with the stop
+// strings and the top log-probs to return.
+func (s *Server) chatJob(req *chatRequest) (genJob, []string, int, error) {
 	msgs, err := messages(req.Messages)
 	if err != nil {
-		fail(w, err)
-		return
+		return genJob{}, nil, 0, err
 	}
 	prompt := s.tok.EncodeChat(msgs, true)
 	if err := s.checkIDs("messages", prompt); err != nil {
-		fail(w, err)
-		return
+		return genJob{}, nil, 0, err
 	}
 	budget, field := req.MaxCompletionTokens, "max_completion_tokens"
 	if budget == nil {
@@ -552,180 +593,21 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	maxNew, err := s.maxNew(field, budget, len(prompt), s.maxLen)
 	if err != nil {
-		fail(w, err)
-		return
+		return genJob{}, nil, 0, err
 	}
 	sp, stops, n, err := s.sampling(&req.samplingFields, maxNew)
 	if err != nil {
-		fail(w, err)
-		return
+		return genJob{}, nil, 0, err
 	}
 	topN := 0
 	if req.TopLogprobs != nil {
 		if !req.Logprobs {
-			fail(w, badRequest("top_logprobs", "top_logprobs needs logprobs: true"))
-			return
+			return genJob{}, nil, 0, badRequest("top_logprobs", "top_logprobs needs logprobs: true")
 		}
 		if *req.TopLogprobs < 0 || *req.TopLogprobs > rollout.MaxTopLogProbs {
-			fail(w, badRequest("top_logprobs", "top_logprobs = %d, want 0 to %d", *req.TopLogprobs, rollout.MaxTopLogProbs))
-			return
+			return genJob{}, nil, 0, badRequest("top_logprobs", "top_logprobs = %d, want 0 to %d", *req.TopLogprobs, rollout.MaxTopLogProbs)
 		}
 		topN = *req.TopLogprobs
 	}
-	g := s.newGeneration([]genJob{{prompt: prompt, n: n, sp: sp}}, stops, topN)
-	id, created := newID("chatcmpl-"), time.Now().Unix()
-	if req.Stream {
-		sse := newSSE(w)
-		chunk := func(ch chatDelta) map[string]any {
-			return map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": s.opt.Name, "choices": []chatDelta{ch}}
-		}
-		for i := range n {
-			sse.send(chunk(chatDelta{Index: i, Delta: map[string]any{"role": "assistant", "content": ""}}))
-		}
-		sse.flush()
-		g.idle = sse.flush
-		// Log-probs go with the text of their tokens (streamableLP).
-		streamLP := func(c *choice, ch *chatDelta) {
-			if !req.Logprobs {
-				return
-			}
-			if lo, hi := g.streamableLP(c); hi > lo {
-				ch.Logprobs = s.chatLP(c, lo, hi, req.TokensAsIDs)
-			}
-		}
-		err := g.run(r.Context(), func(c *choice, ev tokEvent) {
-			delta := g.streamable(c)
-			c.sent += len(delta)
-			ch := chatDelta{Index: c.index, Delta: map[string]any{}}
-			if delta != "" {
-				ch.Delta["content"] = delta
-			}
-			streamLP(c, &ch)
-			if c.stopped {
-				ch.FinishReason = ptr("stop")
-			}
-			if delta != "" || ch.Logprobs != nil || ch.FinishReason != nil {
-				sse.send(chunk(ch))
-			}
-		})
-		if err != nil {
-			sse.fail(err)
-			return
-		}
-		for _, c := range g.choices {
-			if c.stopped && c.sent == len(c.text) {
-				continue
-			}
-			ch := chatDelta{Index: c.index, Delta: map[string]any{}, FinishReason: ptr(c.finish)}
-			if rest := c.text[min(c.sent, len(c.text)):]; rest != "" {
-				ch.Delta["content"] = rest
-			}
-			c.sent = len(c.text)
-			streamLP(c, &ch)
-			sse.send(chunk(ch))
-		}
-		if req.StreamOpts != nil && req.StreamOpts.IncludeUsage {
-			sse.send(map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": s.opt.Name, "choices": []chatDelta{}, "usage": g.usage()})
-		}
-		sse.done()
-		return
-	}
-	if err := g.run(r.Context(), nil); err != nil {
-		fail(w, genError(err))
-		return
-	}
-	out := make([]chatChoice, len(g.choices))
-	for i, c := range g.choices {
-		out[i] = chatChoice{Index: i, Message: map[string]any{"role": "assistant", "content": c.text}, FinishReason: ptr(c.finish)}
-		if req.Logprobs {
-			out[i].Logprobs = s.chatLP(c, 0, len(c.lps), req.TokensAsIDs)
-		}
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": "chat.completion", "created": created,
-		"model": s.opt.Name, "choices": out, "usage": g.usage()})
-}
-
-// sseWriteTimeout bounds each write of a stream: a client that stops
-// reading (its receive window full) fails the write, which cancels the
-// request's context and so its generation, instead of holding the handler
-// and its engine slots forever.
-const sseWriteTimeout = 60 * time.Second
-
-// sse writes server-sent events, as OpenAI streams.
-type sse struct {
-	w        http.ResponseWriter
-	rc       *http.ResponseController
-	started  bool
-	dirty    bool      // written since the last flush
-	deadline time.Time // when the write deadline was last pushed ahead
-}
-
-func newSSE(w http.ResponseWriter) *sse {
-	return &sse{w: w, rc: http.NewResponseController(w)}
-}
-
-// alive pushes the write deadline sseWriteTimeout ahead before a write
-// (the stream may have waited long, paused, since the last). Tokens come
-// in bursts: once a second is enough.
-func (e *sse) alive() {
-	if now := time.Now(); now.Sub(e.deadline) >= time.Second {
-		e.rc.SetWriteDeadline(now.Add(sseWriteTimeout)) // ErrNotSupported without a connection: nothing to bound
-		e.deadline = now
-	}
-}
-
-func (e *sse) start() {
-	if e.started {
-		return
-	}
-	e.started = true
-	h := e.w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	e.w.WriteHeader(http.StatusOK)
-}
-
-// send writes one event; flush sends what was written. Generation calls
-// flush when no further token is waiting, so that a burst of tokens (64
-// streams advancing in one forward step) costs one write each, not one
-// per token.
-func (e *sse) send(v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		b = encodeError(err) // an error event, never an empty one
-	}
-	e.start()
-	e.alive()
-	fmt.Fprintf(e.w, "data: %s\n\n", b)
-	e.dirty = true
-}
-
-func (e *sse) flush() {
-	if e.dirty {
-		e.alive()
-		e.rc.Flush()
-	}
-	e.dirty = false
-}
-
-// fail ends a stream with an error: as a status before anything was
-// sent, else as an error event.
-func (e *sse) fail(err error) {
-	ae := genError(err)
-	if !e.started {
-		fail(e.w, ae)
-		return
-	}
-	var b errorBody
-	b.Error.Message, b.Error.Type, b.Error.Code = ae.msg, errorType(ae.status), ae.status
-	e.send(b)
-	e.done()
-}
-
-func (e *sse) done() {
-	e.start()
-	e.alive()
-	fmt.Fprint(e.w, "data: [DONE]\n\n")
-	e.dirty = true
-	e.flush()
+	return genJob{prompt: prompt, n: n, sp: sp}, stops, topN, nil
 }

@@ -196,11 +196,12 @@ func checkRoutes(t *testing.T, b64 string, want *model.Routes, c *model.Config) 
 }
 
 // The SGLang request that keel's RL client sends for kind sglang (the
-// fixture in rl/testdata, matched against SGLang's source) is accepted:
-// a batch of prompts with one sampling_params each, every field of it.
+// fixture in rollout/remote/testdata, matched against SGLang's source) is
+// accepted: a batch of prompts with one sampling_params each, every field
+// of it.
 func TestGenerateSGLangFixture(t *testing.T) {
 	ts := newTestServer(t, Options{})
-	raw, err := os.ReadFile("../rl/testdata/sglang_generate_request.json")
+	raw, err := os.ReadFile("../rollout/remote/testdata/sglang_generate_request.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +219,7 @@ func TestGenerateSGLangFixture(t *testing.T) {
 		t.Fatalf("status %d, %d answers", code, len(answer))
 	}
 	var fixture []map[string]any
-	raw, _ = os.ReadFile("../rl/testdata/sglang_generate_response.json")
+	raw, _ = os.ReadFile("../rollout/remote/testdata/sglang_generate_response.json")
 	json.Unmarshal(raw, &fixture)
 	for _, key := range []string{"text", "output_ids", "meta_info"} {
 		if _, ok := answer[0][key]; !ok {

@@ -115,23 +115,22 @@ func New(sched *rollout.Scheduler, tok *tokenizer.Tokenizer, cfg model.Config, m
 // application/json, which only a preflighted request can carry.
 func (s *Server) Handler() http.Handler {
 	cop := http.NewCrossOriginProtection()
-	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusForbidden, "permission_error", "", "cross-origin request refused: this server does not serve web pages of other origins")
+	cop.SetDenyHandler(handlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return &apiError{status: http.StatusForbidden, typ: "permission_error", msg: "cross-origin request refused: this server does not serve web pages of other origins"}
 	}))
-	return cop.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return cop.Handler(handlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		if s.opt.APIKey != "" && !s.authorized(r) {
-			writeError(w, http.StatusUnauthorized, "authentication_error", "", "a valid API key is required: send it as 'Authorization: Bearer KEY'")
-			return
+			return &apiError{status: http.StatusUnauthorized, typ: "authentication_error", msg: "a valid API key is required: send it as 'Authorization: Bearer KEY'"}
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, s.opt.MaxBodyBytes)
 		if err := jsonBody(r); err != nil {
-			fail(w, err)
-			return
+			return err
 		}
 		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
 		start := time.Now()
 		s.mux.ServeHTTP(rec, r)
 		s.metrics.observe(r.URL.Path, rec.code, time.Since(start))
+		return nil
 	}))
 }
 
@@ -177,31 +176,43 @@ func (s *Server) routes() {
 			s.allow[path] = append(s.allow[path], http.MethodHead) // the mux serves HEAD with GET
 		}
 	}
-	handle("GET", "/v1/models", http.HandlerFunc(s.listModels))
-	handle("POST", "/v1/completions", http.HandlerFunc(s.completions))
-	handle("POST", "/v1/chat/completions", http.HandlerFunc(s.chatCompletions))
-	handle("POST", "/generate", http.HandlerFunc(s.generate))
-	handle("POST", "/update_weights_from_disk", http.HandlerFunc(s.updateWeightsFromDisk))
-	handle("POST", "/pause_generation", http.HandlerFunc(s.pauseGeneration))
-	handle("POST", "/continue_generation", http.HandlerFunc(s.continueGeneration))
-	handle("GET", "/get_model_info", http.HandlerFunc(s.modelInfo))
-	handle("GET", "/health", http.HandlerFunc(s.health))
-	handle("GET", "/health_generate", http.HandlerFunc(s.health))
+	handle("GET", "/v1/models", handlerFunc(s.listModels))
+	handle("POST", "/v1/completions", handlerFunc(s.completions))
+	handle("POST", "/v1/chat/completions", handlerFunc(s.chatCompletions))
+	handle("POST", "/generate", handlerFunc(s.generate))
+	handle("POST", "/update_weights_from_disk", handlerFunc(s.updateWeightsFromDisk))
+	handle("POST", "/pause_generation", handlerFunc(s.pauseGeneration))
+	handle("POST", "/continue_generation", handlerFunc(s.continueGeneration))
+	handle("GET", "/get_model_info", handlerFunc(s.modelInfo))
+	handle("GET", "/health", handlerFunc(s.health))
+	handle("GET", "/health_generate", handlerFunc(s.health))
 	handle("GET", "/metrics", s.metrics.handler())
-	s.mux.HandleFunc("/", s.noRoute)
+	s.mux.Handle("/", handlerFunc(s.noRoute))
+}
+
+// handlerFunc is a handler that returns its failure instead of writing
+// it, so that every route fails the same way, through fail: a handler
+// writes only its successful answer (or, for a stream, what it sent
+// before failing), and an error return writes nothing else.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// ServeHTTP is the one place a route's error becomes its answer.
+func (h handlerFunc) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if err := h(w, r); err != nil {
+		fail(w, err)
+	}
 }
 
 // noRoute answers a request no route takes, with OpenAI's error body: 405
 // with Allow for a known path asked with another method (the mux would
 // say so itself, but this catch-all matches every method first), else
 // 404.
-func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
+func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) error {
 	if methods := s.allow[r.URL.Path]; methods != nil {
 		w.Header().Set("Allow", strings.Join(methods, ", "))
-		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "", fmt.Sprintf("%s %s: method not allowed (%s)", r.Method, r.URL.Path, strings.Join(methods, ", ")))
-		return
+		return &apiError{status: http.StatusMethodNotAllowed, msg: fmt.Sprintf("%s %s: method not allowed (%s)", r.Method, r.URL.Path, strings.Join(methods, ", "))}
 	}
-	writeError(w, http.StatusNotFound, "not_found_error", "", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
+	return &apiError{status: http.StatusNotFound, typ: "not_found_error", msg: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)}
 }
 
 // statusRecorder remembers the status code for the metrics, and passes
@@ -225,14 +236,33 @@ func (r *statusRecorder) Flush() {
 	}
 }
 
-// apiError is an error answered with a status and the field it concerns.
+// apiError is an error a handler returns to be answered with its status,
+// OpenAI's error type (errorType(status) when typ is empty) and the field
+// it concerns; or, with sglang, with SGLang's {"success": false,
+// "message"} body, as SGLang's weight update answers a model it cannot
+// load.
 type apiError struct {
 	status int
+	typ    string
 	param  string
 	msg    string
+	sglang bool
 }
 
 func (e *apiError) Error() string { return e.msg }
+
+// body is e as OpenAI's error body.
+func (e *apiError) body() errorBody {
+	var b errorBody
+	b.Error.Message, b.Error.Type, b.Error.Code = e.msg, e.typ, e.status
+	if b.Error.Type == "" {
+		b.Error.Type = errorType(e.status)
+	}
+	if e.param != "" {
+		b.Error.Param = &e.param
+	}
+	return b
+}
 
 // badRequest is a 400 naming the field.
 func badRequest(param, format string, args ...any) error {
@@ -258,16 +288,15 @@ func errorType(status int) string {
 	return "invalid_request_error"
 }
 
-func writeError(w http.ResponseWriter, status int, typ, param, msg string) {
-	var b errorBody
-	b.Error.Message, b.Error.Type, b.Error.Code = msg, typ, status
-	if param != "" {
-		b.Error.Param = &param
-	}
-	writeJSON(w, status, b)
+// sglStatus is SGLang's answer to its control routes (weight update,
+// pause, continue): success and a message.
+type sglStatus struct {
+	Message           string `json:"message"`
+	NumPausedRequests *int   `json:"num_paused_requests,omitempty"`
+	Success           bool   `json:"success"`
 }
 
-// fail answers err: its own status and field for an apiError, 413 for an
+// fail answers err: its own status and body for an apiError, 413 for an
 // oversized body, else 500. (genError turns the engine's errors into
 // apiErrors: 400 for a request it refuses, 503 once it is closed.)
 func fail(w http.ResponseWriter, err error) {
@@ -275,12 +304,16 @@ func fail(w http.ResponseWriter, err error) {
 	var mb *http.MaxBytesError
 	switch {
 	case errors.As(err, &ae):
-		writeError(w, ae.status, errorType(ae.status), ae.param, ae.msg)
 	case errors.As(err, &mb):
-		writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "", fmt.Sprintf("request body larger than %d bytes", mb.Limit))
+		ae = &apiError{status: http.StatusRequestEntityTooLarge, msg: fmt.Sprintf("request body larger than %d bytes", mb.Limit)}
 	default:
-		writeError(w, http.StatusInternalServerError, "server_error", "", err.Error())
+		ae = &apiError{status: http.StatusInternalServerError, msg: err.Error()}
 	}
+	if ae.sglang {
+		writeJSON(w, ae.status, sglStatus{Message: ae.msg})
+		return
+	}
+	writeJSON(w, ae.status, ae.body())
 }
 
 // writeJSON answers v as JSON. It encodes v before writing the status, so
@@ -298,9 +331,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // encodeError is the error body for an answer that could not be encoded.
 func encodeError(err error) []byte {
-	var e errorBody
-	e.Error.Message, e.Error.Type, e.Error.Code = fmt.Sprintf("encoding the answer: %v", err), "server_error", http.StatusInternalServerError
-	b, _ := json.Marshal(e) // strings and an int: always encodes
+	e := &apiError{status: http.StatusInternalServerError, msg: fmt.Sprintf("encoding the answer: %v", err)}
+	b, _ := json.Marshal(e.body()) // strings and an int: always encodes
 	return b
 }
 
@@ -345,15 +377,35 @@ func decodeOptional(r *http.Request, v any) error {
 	return decode(r, v)
 }
 
-func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 	w.WriteHeader(http.StatusOK)
+	return nil
 }
 
-func (s *Server) listModels(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []map[string]any{{
-		"id": s.opt.Name, "object": "model", "created": s.started.Unix(), "owned_by": "keel",
-		"root": s.currentModelPath(), "max_model_len": s.maxLen,
+// modelList is OpenAI's /v1/models answer. The fields of this and the
+// other answers built from maps before stand in the maps' (alphabetical)
+// order, so that the bytes answered did not change.
+type modelList struct {
+	Data   []modelCard `json:"data"`
+	Object string      `json:"object"`
+}
+
+// modelCard is OpenAI's model object, with vLLM's root and max_model_len.
+type modelCard struct {
+	Created     int64  `json:"created"`
+	ID          string `json:"id"`
+	MaxModelLen int    `json:"max_model_len"`
+	Object      string `json:"object"`
+	OwnedBy     string `json:"owned_by"`
+	Root        string `json:"root"`
+}
+
+func (s *Server) listModels(w http.ResponseWriter, r *http.Request) error {
+	writeJSON(w, http.StatusOK, modelList{Object: "list", Data: []modelCard{{
+		ID: s.opt.Name, Object: "model", Created: s.started.Unix(), OwnedBy: "keel",
+		Root: s.currentModelPath(), MaxModelLen: s.maxLen,
 	}}})
+	return nil
 }
 
 func (s *Server) currentModelPath() string {

@@ -18,7 +18,8 @@ import (
 
 // SGLang's native API, as RL frameworks (slime, verl, AReaL) drive it. The
 // fields follow SGLang's GenerateReqInput and its answers (the sources are
-// listed in rl/remote.go, whose client speaks the same protocol):
+// listed in rollout/remote/remote.go, whose client speaks the same
+// protocol):
 //
 //   - POST /generate: input_ids (one prompt, or a batch) or text,
 //     sampling_params (one object, or one per prompt) with temperature,
@@ -74,33 +75,116 @@ type sglGenerateRequest struct {
 
 // sglAnswer is one /generate answer.
 type sglAnswer struct {
-	Text      string         `json:"text"`
-	OutputIDs []int32        `json:"output_ids"`
-	MetaInfo  map[string]any `json:"meta_info"`
+	Text      string  `json:"text"`
+	OutputIDs []int32 `json:"output_ids"`
+	MetaInfo  sglMeta `json:"meta_info"`
 }
 
-func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
+// sglMeta is an answer's meta_info. Its fields stand in alphabetical
+// order, as the map answered before wrote them; those a request asks for
+// (return_logprob, return_sampling_mask, return_routed_experts) are left
+// out when nil.
+type sglMeta struct {
+	CachedTokens                int          `json:"cached_tokens"`
+	CompletionTokens            int          `json:"completion_tokens"`
+	E2ELatency                  float64      `json:"e2e_latency"`
+	FinishReason                sglFinish    `json:"finish_reason"`
+	ID                          string       `json:"id"`
+	InputTokenLogprobs          []sglLogprob `json:"input_token_logprobs,omitzero"`
+	OutputTokenLogprobs         []sglLogprob `json:"output_token_logprobs,omitzero"`
+	OutputTokenSamplingLogprobs []float32    `json:"output_token_sampling_logprobs,omitzero"`
+	PromptTokens                int          `json:"prompt_tokens"`
+	RoutedExperts               *string      `json:"routed_experts,omitempty"`
+	WeightVersion               string       `json:"weight_version"`
+}
+
+// sglLogprob is SGLang's log-probability of a token: [logprob, token id,
+// its text or null].
+type sglLogprob [3]any
+
+// sglFinish is SGLang's finish_reason: stop with the token matched,
+// length with the tokens sampled, or abort with why.
+type sglFinish struct {
+	Length  *int   `json:"length,omitempty"`
+	Matched *int32 `json:"matched,omitempty"`
+	Message string `json:"message,omitempty"`
+	Type    string `json:"type"`
+}
+
+// sglAborted answers a sample of a request aborted by pause_generation
+// or a shutdown, as SGLang does: no tokens, finish_reason abort (the
+// client sends the request again).
+type sglAborted struct {
+	MetaInfo struct {
+		FinishReason  sglFinish `json:"finish_reason"`
+		ID            string    `json:"id"`
+		WeightVersion string    `json:"weight_version"`
+	} `json:"meta_info"`
+	OutputIDs []int32 `json:"output_ids"`
+	Text      string  `json:"text"`
+}
+
+func (s *Server) generate(w http.ResponseWriter, r *http.Request) error {
 	var req sglGenerateRequest
 	if err := decode(r, &req); err != nil {
-		fail(w, err)
+		return err
+	}
+	jobs, params, batch, err := s.sglJobs(&req)
+	if err != nil {
+		return err
+	}
+	g := s.newGeneration(jobs, nil, 0)
+	start := time.Now()
+	err = g.run(r.Context(), nil)
+	if errors.Is(err, errAborted) || errors.Is(err, errShutdown) {
+		answers := make([]sglAborted, len(g.choices))
+		for i := range answers {
+			a := &answers[i]
+			a.OutputIDs = []int32{}
+			a.MetaInfo.FinishReason = sglFinish{Type: "abort", Message: err.Error()}
+			a.MetaInfo.ID, a.MetaInfo.WeightVersion = newID(""), strconv.FormatInt(s.sched.Version(), 10)
+		}
+		writeSGL(w, answers, batch)
+		return nil
+	}
+	if err != nil {
+		return genError(err)
+	}
+	latency := time.Since(start).Seconds()
+	answers := make([]sglAnswer, len(g.choices))
+	for i, c := range g.choices {
+		answers[i] = s.sglAnswerOf(&req, jobs[c.job], params[c.job].NoStopTrim, c, latency)
+	}
+	writeSGL(w, answers, batch)
+	return nil
+}
+
+// writeSGL answers as SGLang does: a request of one prompt (not a batch)
+// sampled once with its answer, any other with the list of them,
+// prompt-major.
+func writeSGL[A any](w http.ResponseWriter, answers []A, batch bool) {
+	if !batch && len(answers) == 1 {
+		writeJSON(w, http.StatusOK, answers[0])
 		return
 	}
+	writeJSON(w, http.StatusOK, answers)
+}
+
+// sglJobs checks a /generate request and makes a job of each of its
+// prompts, returning their sampling_params and whether it is a batch.
+func (s *Server) sglJobs(req *sglGenerateRequest) ([]genJob, []sglParams, bool, error) {
 	if req.Stream {
-		fail(w, badRequest("stream", "stream: streaming /generate is not supported; use /v1/completions with stream"))
-		return
+		return nil, nil, false, badRequest("stream", "stream: streaming /generate is not supported; use /v1/completions with stream")
 	}
 	if req.TopLogprobsNum != nil && *req.TopLogprobsNum != 0 {
-		fail(w, badRequest("top_logprobs_num", "top_logprobs_num: not supported on /generate (use /v1/completions logprobs)"))
-		return
+		return nil, nil, false, badRequest("top_logprobs_num", "top_logprobs_num: not supported on /generate (use /v1/completions logprobs)")
 	}
 	if req.LogprobStartLen != nil && *req.LogprobStartLen != -1 {
-		fail(w, badRequest("logprob_start_len", "logprob_start_len: only -1 (no prompt log-probabilities) is supported"))
-		return
+		return nil, nil, false, badRequest("logprob_start_len", "logprob_start_len: only -1 (no prompt log-probabilities) is supported")
 	}
-	prompts, batch, err := s.sglPrompts(&req)
+	prompts, batch, err := s.sglPrompts(req)
 	if err != nil {
-		fail(w, err)
-		return
+		return nil, nil, false, err
 	}
 	batchField := "input_ids"
 	if req.Text != nil {
@@ -108,13 +192,11 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
 	}
 	// Bound the samples before reading one sampling_params per prompt.
 	if err := s.checkSamples(batchField, len(prompts)); err != nil {
-		fail(w, err)
-		return
+		return nil, nil, false, err
 	}
 	params, err := sglParamList(req.SamplingParams, len(prompts))
 	if err != nil {
-		fail(w, err)
-		return
+		return nil, nil, false, err
 	}
 	var jobs []genJob
 	samples := 0
@@ -124,54 +206,19 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
 			field = fmt.Sprintf("input_ids[%d]", i)
 		}
 		if err := s.checkIDs(field, p); err != nil {
-			fail(w, err)
-			return
+			return nil, nil, false, err
 		}
 		sp, n, err := s.sglSampling(params[i], len(p), batch, i)
 		if err != nil {
-			fail(w, err)
-			return
+			return nil, nil, false, err
 		}
 		samples += n
 		if err := s.checkSamples(batchField, samples); err != nil {
-			fail(w, err)
-			return
+			return nil, nil, false, err
 		}
 		jobs = append(jobs, genJob{prompt: p, n: n, sp: sp})
 	}
-	g := s.newGeneration(jobs, nil, 0)
-	start := time.Now()
-	err = g.run(r.Context(), nil)
-	if errors.Is(err, errAborted) || errors.Is(err, errShutdown) {
-		// As SGLang answers requests aborted by pause_generation: every
-		// choice with finish_reason abort (the client sends them again).
-		var answers []map[string]any
-		for range g.choices {
-			answers = append(answers, map[string]any{"text": "", "output_ids": []int32{}, "meta_info": map[string]any{
-				"id": newID(""), "finish_reason": map[string]any{"type": "abort", "message": err.Error()},
-				"weight_version": strconv.FormatInt(s.sched.Version(), 10)}})
-		}
-		if !batch && len(answers) == 1 {
-			writeJSON(w, http.StatusOK, answers[0])
-		} else {
-			writeJSON(w, http.StatusOK, answers)
-		}
-		return
-	}
-	if err != nil {
-		fail(w, genError(err))
-		return
-	}
-	latency := time.Since(start).Seconds()
-	var answers []sglAnswer
-	for _, c := range g.choices {
-		answers = append(answers, s.sglAnswerOf(&req, jobs[c.job], params[c.job].NoStopTrim, c, latency))
-	}
-	if !batch && len(answers) == 1 {
-		writeJSON(w, http.StatusOK, answers[0])
-		return
-	}
-	writeJSON(w, http.StatusOK, answers)
+	return jobs, params, batch, nil
 }
 
 // sglPrompts reads input_ids (one list, or a list of lists) or text (a
@@ -347,41 +394,36 @@ func (s *Server) sglSampling(p sglParams, promptLen int, batch bool, i int) (rol
 // sglAnswerOf renders one choice as SGLang answers it: its text without
 // the stop token that ended it unless noStopTrim (output_ids keep it).
 func (s *Server) sglAnswerOf(req *sglGenerateRequest, jb genJob, noStopTrim bool, c *choice, latency float64) sglAnswer {
-	meta := map[string]any{
-		"id":                newID(""),
-		"prompt_tokens":     len(jb.prompt),
-		"completion_tokens": len(c.ids),
-		"cached_tokens":     0,
-		"weight_version":    strconv.FormatInt(c.version, 10),
-		"e2e_latency":       latency,
+	meta := sglMeta{
+		ID:               newID(""),
+		PromptTokens:     len(jb.prompt),
+		CompletionTokens: len(c.ids),
+		WeightVersion:    strconv.FormatInt(c.version, 10),
+		E2ELatency:       latency,
+		FinishReason:     sglFinish{Type: "length", Length: ptr(len(c.ids))},
 	}
-	switch c.finish {
-	case "stop":
-		fr := map[string]any{"type": "stop"}
+	if c.finish == "stop" {
+		meta.FinishReason = sglFinish{Type: "stop"}
 		if n := len(c.ids); n > 0 {
-			fr["matched"] = c.ids[n-1]
+			meta.FinishReason.Matched = ptr(c.ids[n-1])
 		}
-		meta["finish_reason"] = fr
-	default:
-		meta["finish_reason"] = map[string]any{"type": "length", "length": len(c.ids)}
 	}
 	if req.ReturnLogprob {
-		lps := make([][3]any, len(c.ids))
+		meta.OutputTokenLogprobs = make([]sglLogprob, len(c.ids))
 		for t, id := range c.ids {
 			var text any
 			if req.ReturnTextInLogprob {
 				text = s.tok.DecodeLenient([]int32{id})
 			}
-			lps[t] = [3]any{c.lps[t], id, text}
+			meta.OutputTokenLogprobs[t] = sglLogprob{c.lps[t], id, text}
 		}
-		meta["output_token_logprobs"] = lps
-		meta["input_token_logprobs"] = [][3]any{}
+		meta.InputTokenLogprobs = []sglLogprob{}
 		if req.ReturnSamplingMask && c.tlps != nil {
-			meta["output_token_sampling_logprobs"] = c.tlps
+			meta.OutputTokenSamplingLogprobs = c.tlps
 		}
 	}
 	if req.ReturnRoutedExperts && c.routes != nil {
-		meta["routed_experts"] = encodeRoutes(c.routes, &s.cfg)
+		meta.RoutedExperts = ptr(encodeRoutes(c.routes, &s.cfg))
 	}
 	text := c.text
 	if noStopTrim {
@@ -426,37 +468,17 @@ type updateRequest struct {
 	RecaptureCudaGrph bool   `json:"recapture_cuda_graph"`
 }
 
-func (s *Server) updateWeightsFromDisk(w http.ResponseWriter, r *http.Request) {
+func (s *Server) updateWeightsFromDisk(w http.ResponseWriter, r *http.Request) error {
 	var req updateRequest
 	if err := decode(r, &req); err != nil {
-		fail(w, err)
-		return
+		return err
 	}
 	if req.ModelPath == "" {
-		fail(w, badRequest("model_path", "model_path is required"))
-		return
+		return badRequest("model_path", "model_path is required")
 	}
-	var version int64
-	given := true
-	switch v := req.WeightVersion.(type) {
-	case nil:
-		given = false // the next after the served one
-	case string:
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			fail(w, badRequest("weight_version", "weight_version %q: keel's versions are integers", v))
-			return
-		}
-		version = n
-	case float64:
-		if v != float64(int64(v)) {
-			fail(w, badRequest("weight_version", "weight_version %v: keel's versions are integers", v))
-			return
-		}
-		version = int64(v)
-	default:
-		fail(w, badRequest("weight_version", "weight_version: want a string"))
-		return
+	version, given, err := weightVersion(req.WeightVersion)
+	if err != nil {
+		return err
 	}
 	s.updateLock.Lock()
 	defer s.updateLock.Unlock()
@@ -467,28 +489,47 @@ func (s *Server) updateWeightsFromDisk(w http.ResponseWriter, r *http.Request) {
 	if st := s.sched.Stats(); s.isPaused() && st.Running > 0 {
 		// The scheduler finishes running sequences on the old weights
 		// first, which a pause forbids.
-		fail(w, &apiError{status: http.StatusConflict, param: "model_path", msg: fmt.Sprintf("%d sequences are paused in flight: pause with mode abort, or continue generation, before updating the weights", st.Running)})
-		return
+		return &apiError{status: http.StatusConflict, param: "model_path", msg: fmt.Sprintf("%d sequences are paused in flight: pause with mode abort, or continue generation, before updating the weights", st.Running)}
 	}
 	start := time.Now()
 	m, err := s.opt.Load(req.ModelPath)
 	if err != nil {
-		writeJSON(w, http.StatusBadRequest, map[string]any{"success": false, "message": fmt.Sprintf("model_path: %v", err)})
-		return
+		return &apiError{status: http.StatusBadRequest, msg: fmt.Sprintf("model_path: %v", err), sglang: true}
 	}
 	if !reflect.DeepEqual(m.Config, s.cfg) {
-		writeJSON(w, http.StatusBadRequest, map[string]any{"success": false, "message": fmt.Sprintf("model_path %s: its configuration differs from the served model's", req.ModelPath)})
-		return
+		return &apiError{status: http.StatusBadRequest, msg: fmt.Sprintf("model_path %s: its configuration differs from the served model's", req.ModelPath), sglang: true}
 	}
 	if err := s.sched.UpdateWeights(m, version); err != nil {
-		writeJSON(w, http.StatusInternalServerError, map[string]any{"success": false, "message": err.Error()})
-		return
+		return &apiError{status: http.StatusInternalServerError, msg: err.Error(), sglang: true}
 	}
 	s.mu.Lock()
 	s.modelPath = req.ModelPath
 	s.mu.Unlock()
 	s.metrics.weightUpdate(time.Since(start))
-	writeJSON(w, http.StatusOK, map[string]any{"success": true, "message": fmt.Sprintf("loaded %s as weight version %d in %.3fs", req.ModelPath, version, time.Since(start).Seconds()), "num_paused_requests": 0})
+	writeJSON(w, http.StatusOK, sglStatus{Success: true, Message: fmt.Sprintf("loaded %s as weight version %d in %.3fs", req.ModelPath, version, time.Since(start).Seconds()), NumPausedRequests: ptr(0)})
+	return nil
+}
+
+// weightVersion reads an update's weight_version: SGLang's string, or a
+// number (both integers for keel), and whether one was given (if not,
+// the update takes the version after the served one).
+func weightVersion(v any) (int64, bool, error) {
+	switch v := v.(type) {
+	case nil:
+		return 0, false, nil
+	case string:
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return 0, true, badRequest("weight_version", "weight_version %q: keel's versions are integers", v)
+		}
+		return n, true, nil
+	case float64:
+		if v != float64(int64(v)) {
+			return 0, true, badRequest("weight_version", "weight_version %v: keel's versions are integers", v)
+		}
+		return int64(v), true, nil
+	}
+	return 0, true, badRequest("weight_version", "weight_version: want a string")
 }
 
 func orAbort(mode string) string {
@@ -502,48 +543,67 @@ type pauseRequest struct {
 	Mode string `json:"mode"`
 }
 
-func (s *Server) pauseGeneration(w http.ResponseWriter, r *http.Request) {
+func (s *Server) pauseGeneration(w http.ResponseWriter, r *http.Request) error {
 	var req pauseRequest
 	if err := decodeOptional(r, &req); err != nil {
-		fail(w, err)
-		return
+		return err
 	}
 	switch req.Mode {
 	case "", "in_place", "retract", "abort":
 	default:
-		fail(w, badRequest("mode", "mode %q: want abort, retract or in_place", req.Mode))
-		return
+		return badRequest("mode", "mode %q: want abort, retract or in_place", req.Mode)
 	}
 	s.pause()
 	aborted := 0
 	if req.Mode == "" || req.Mode == "abort" {
 		aborted = s.abortAll(errAborted)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"success": true, "message": fmt.Sprintf("generation paused (mode %s), %d requests aborted", orAbort(req.Mode), aborted)})
+	writeJSON(w, http.StatusOK, sglStatus{Success: true, Message: fmt.Sprintf("generation paused (mode %s), %d requests aborted", orAbort(req.Mode), aborted)})
+	return nil
 }
 
-func (s *Server) continueGeneration(w http.ResponseWriter, r *http.Request) {
+func (s *Server) continueGeneration(w http.ResponseWriter, r *http.Request) error {
 	s.resume()
-	writeJSON(w, http.StatusOK, map[string]any{"success": true, "message": "generation continued"})
+	writeJSON(w, http.StatusOK, sglStatus{Success: true, Message: "generation continued"})
+	return nil
 }
 
-func (s *Server) modelInfo(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{
-		"model_path":                 s.currentModelPath(),
-		"tokenizer_path":             s.currentModelPath(),
-		"is_generation":              true,
-		"preferred_sampling_params":  nil,
-		"weight_version":             strconv.FormatInt(s.sched.Version(), 10),
-		"has_image_understanding":    false,
-		"has_audio_understanding":    false,
-		"model_type":                 modelType(s.cfg),
-		"architectures":              []string{s.cfg.Architecture},
-		"served_model_name":          s.opt.Name,
-		"max_total_num_tokens":       s.maxLen,
-		"num_hidden_layers":          s.cfg.NumHiddenLayers,
-		"num_experts_per_tok":        s.cfg.NumExpertsPerTok,
-		"return_routed_experts_each": "position",
+// sglModelInfo is SGLang's /get_model_info answer, with the layout of
+// keel's routed experts (see encodeRoutes), its fields in the order the
+// map answered before wrote them.
+type sglModelInfo struct {
+	Architectures           []string  `json:"architectures"`
+	HasAudioUnderstanding   bool      `json:"has_audio_understanding"`
+	HasImageUnderstanding   bool      `json:"has_image_understanding"`
+	IsGeneration            bool      `json:"is_generation"`
+	MaxTotalNumTokens       int       `json:"max_total_num_tokens"`
+	ModelPath               string    `json:"model_path"`
+	ModelType               string    `json:"model_type"`
+	NumExpertsPerTok        int       `json:"num_experts_per_tok"`
+	NumHiddenLayers         int       `json:"num_hidden_layers"`
+	PreferredSamplingParams *struct{} `json:"preferred_sampling_params"` // null: none
+	ReturnRoutedExpertsEach string    `json:"return_routed_experts_each"`
+	ServedModelName         string    `json:"served_model_name"`
+	TokenizerPath           string    `json:"tokenizer_path"`
+	WeightVersion           string    `json:"weight_version"`
+}
+
+func (s *Server) modelInfo(w http.ResponseWriter, r *http.Request) error {
+	path := s.currentModelPath()
+	writeJSON(w, http.StatusOK, sglModelInfo{
+		ModelPath:               path,
+		TokenizerPath:           path,
+		IsGeneration:            true,
+		WeightVersion:           strconv.FormatInt(s.sched.Version(), 10),
+		ModelType:               modelType(s.cfg),
+		Architectures:           []string{s.cfg.Architecture},
+		ServedModelName:         s.opt.Name,
+		MaxTotalNumTokens:       s.maxLen,
+		NumHiddenLayers:         s.cfg.NumHiddenLayers,
+		NumExpertsPerTok:        s.cfg.NumExpertsPerTok,
+		ReturnRoutedExpertsEach: "position",
 	})
+	return nil
 }
 
 // modelType is Hugging Face's model_type of the served architecture.

@@ -45,143 +45,244 @@ type loopState struct {
 // after the current step with a checkpoint. progress receives a status
 // line per logging step (nil: none).
 func Run(ctx context.Context, r *Recipe, progress io.Writer) (*RunResult, error) {
-	start := time.Now()
+	rn := &runner{r: r, progress: progress, start: time.Now()}
 	sess, err := run.OpenSession(r.Out) // locked: two runs on one directory would interleave
 	if err != nil {
 		return nil, err
 	}
 	defer sess.Close()
-	if err := writeRecipe(filepath.Join(r.Out, "recipe.yaml"), r); err != nil {
+	rn.sess = sess
+	err = rn.open()
+	if rn.eng != nil {
+		defer rn.eng.Close()
+	}
+	if err != nil {
 		return nil, err
+	}
+	if err := rn.loop(ctx); err != nil {
+		return nil, err
+	}
+	return rn.finish()
+}
+
+// runner is one supervised run in progress: the session holding its
+// directory, the training engine and the trainer stepping it, the metrics
+// log and the statistics of the logging window under way.
+type runner struct {
+	r        *Recipe
+	progress io.Writer
+	start    time.Time // when Run began
+	sess     *run.Session
+	tok      *tokenizer.Tokenizer
+	st       loopState // as resumed (zero when fresh)
+	eng      *train.Engine
+	tr       *Trainer
+	metrics  *run.MetricsLog
+	res      *RunResult
+
+	startStep int       // the engine's step count when the loop began
+	loopStart time.Time // when the loop began (for the ETA)
+	win       window
+}
+
+// window sums the steps since the last logged record.
+type window struct {
+	loss, aux, gnorm float64
+	steps, tokens    int
+	dur              time.Duration
+}
+
+func (w *window) add(s Stats) {
+	w.loss += s.Loss
+	w.aux += s.AuxLoss
+	w.gnorm += s.GradNorm
+	w.tokens += s.Tokens
+	w.dur += s.Duration
+	w.steps++
+}
+
+// open writes the recipe, loads the tokenizer, the model (resumed or
+// fresh) and the training data, and builds the engine, the trainer and
+// the metrics log. rn.eng is set as soon as the engine exists, also when
+// open fails after it, so that the caller closes it.
+func (rn *runner) open() error {
+	r, sess := rn.r, rn.sess
+	if err := writeRecipe(filepath.Join(r.Out, run.RecipeFile), r); err != nil {
+		return err
 	}
 	tok, err := loadTokenizer(r)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var m *model.Model
-	var st loopState
-	if ck := sess.Resumed; ck != nil {
-		m = ck.Model
-		if err := sess.State(&st); err != nil {
-			return nil, err
-		}
-	} else if m, err = newModel(r); err != nil {
-		return nil, err
+	rn.tok = tok
+	m, err := rn.loadModel()
+	if err != nil {
+		return err
 	}
 	if m.Config.VocabSize < tok.VocabSize() {
-		return nil, fmt.Errorf("model vocab_size %d is smaller than the tokenizer's %d tokens", m.Config.VocabSize, tok.VocabSize())
+		return fmt.Errorf("model vocab_size %d is smaller than the tokenizer's %d tokens", m.Config.VocabSize, tok.VocabSize())
 	}
 	examples, err := trainingData(r, tok, m.Config.MaxPositionEmbeddings)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var optim *train.AdamW
+	var optim *train.OptimState
 	if sess.Resumed != nil {
-		optim = sess.Resumed.Optim
+		optim = (*train.OptimState)(sess.Resumed.Optim)
 	}
-	tr, err := NewTrainer(m, examples, r.Train, optim)
+	eng, err := train.NewTrainer(m, r.Train.AdamW(), optim)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	tr.Batches.Seek(st.Position)
-	startStep := int(tr.Optim.Step)
-	metrics, err := sess.OpenMetrics(true)
+	rn.eng = eng
+	if rn.tr, err = NewTrainer(eng, examples, r.Train); err != nil {
+		return err
+	}
+	rn.tr.Batches.Seek(rn.st.Position)
+	rn.startStep = int(eng.Steps())
+	if rn.metrics, err = sess.OpenMetrics(true); err != nil {
+		return err
+	}
+	rn.res = &RunResult{ModelDir: sess.ModelDir()}
+	return nil
+}
+
+// loadModel returns the resumed checkpoint's model, with its loop state
+// decoded into rn.st, or a fresh one.
+func (rn *runner) loadModel() (*model.Model, error) {
+	if ck := rn.sess.Resumed; ck != nil {
+		if err := rn.sess.State(&rn.st); err != nil {
+			return nil, err
+		}
+		return ck.Model, nil
+	}
+	return newModel(rn.r)
+}
+
+// elapsed is the run's training time: the resumed runs' and this one's.
+func (rn *runner) elapsed() float64 {
+	return rn.st.Elapsed + time.Since(rn.start).Seconds()
+}
+
+// checkpoint saves the engine's weights and optimiser with the batcher's
+// position.
+func (rn *runner) checkpoint() error {
+	w, o, err := train.Snapshot(rn.eng)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	res := &RunResult{ModelDir: filepath.Join(r.Out, "model")}
-	checkpoint := func() error {
-		return sess.Save(int(tr.Optim.Step), m, tr.Optim, loopState{Position: tr.Batches.Position(), Elapsed: st.Elapsed + time.Since(start).Seconds()}, r.Log.Keep)
-	}
-	var window struct {
-		loss, aux, gnorm float64
-		steps, tokens    int
-		dur              time.Duration
-	}
-	total := r.Train.Steps
-	loopStart := time.Now()
-	for step := startStep + 1; step <= total; step++ {
+	return rn.sess.Save(int(rn.eng.Steps()), w, (*run.OptimState)(o),
+		loopState{Position: rn.tr.Batches.Position(), Elapsed: rn.elapsed()}, rn.r.Log.Keep)
+}
+
+// loop runs the steps left, logging and checkpointing as the recipe asks.
+// A cancelled ctx stops it before the next step, marking the result
+// stopped.
+func (rn *runner) loop(ctx context.Context) error {
+	total := rn.r.Train.Steps
+	rn.loopStart = time.Now()
+	for step := rn.startStep + 1; step <= total; step++ {
 		if ctx.Err() != nil {
-			res.Stopped = true
+			rn.res.Stopped = true
 			break
 		}
-		s, err := tr.Step()
+		s, err := rn.tr.Step()
 		if errors.Is(err, ErrNonFinite) {
-			metrics.Write(map[string]any{"step": step, "skipped": "non-finite gradient norm"})
+			if err := rn.metrics.Write(map[string]any{"step": step, "skipped": "non-finite gradient norm"}); err != nil {
+				return err
+			}
 			continue
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
-		window.loss += s.Loss
-		window.aux += s.AuxLoss
-		window.gnorm += s.GradNorm
-		window.tokens += s.Tokens
-		window.dur += s.Duration
-		window.steps++
-		if step%r.Log.Every == 0 || step == total {
-			n := float64(window.steps)
-			rec := map[string]any{
-				"step": step, "loss": window.loss / n, "grad_norm": window.gnorm / n, "lr": s.LR,
-				"tokens_per_s": float64(window.tokens) / window.dur.Seconds(), "aux_loss": window.aux / n,
-				"elapsed_s": st.Elapsed + time.Since(start).Seconds(),
+		rn.win.add(s)
+		if step%rn.r.Log.Every == 0 || step == total {
+			if err := rn.logWindow(step, s.LR); err != nil {
+				return err
 			}
-			if err := metrics.Write(rec); err != nil {
-				return nil, err
-			}
-			res.FinalLoss = window.loss / n
-			if progress != nil {
-				done := step - startStep
-				eta := time.Duration(float64(time.Since(loopStart)) / float64(done) * float64(total-step))
-				fmt.Fprintf(progress, "\rstep %d/%d  loss %.4f  %.0f tok/s  ETA %s   ", step, total, res.FinalLoss,
-					float64(window.tokens)/window.dur.Seconds(), eta.Round(time.Second))
-			}
-			window = struct {
-				loss, aux, gnorm float64
-				steps, tokens    int
-				dur              time.Duration
-			}{}
 		}
-		if step%r.Log.CheckpointEvery == 0 && step < total {
-			if err := checkpoint(); err != nil {
-				return nil, err
+		if step%rn.r.Log.CheckpointEvery == 0 && step < total {
+			if err := rn.checkpoint(); err != nil {
+				return err
 			}
 		}
 	}
-	if progress != nil {
-		fmt.Fprintln(progress)
+	return nil
+}
+
+// logWindow writes the window's metrics record at step (lr is the step's
+// learning rate), prints the progress line and starts a new window.
+func (rn *runner) logWindow(step int, lr float64) error {
+	w := &rn.win
+	n := float64(w.steps)
+	rec := map[string]any{
+		"step": step, "loss": w.loss / n, "grad_norm": w.gnorm / n, "lr": lr,
+		"tokens_per_s": float64(w.tokens) / w.dur.Seconds(), "aux_loss": w.aux / n,
+		"elapsed_s": rn.elapsed(),
 	}
-	if err := checkpoint(); err != nil {
+	if err := rn.metrics.Write(rec); err != nil {
+		return err
+	}
+	rn.res.FinalLoss = w.loss / n
+	if rn.progress != nil {
+		total := rn.r.Train.Steps
+		done := step - rn.startStep
+		eta := time.Duration(float64(time.Since(rn.loopStart)) / float64(done) * float64(total-step))
+		fmt.Fprintf(rn.progress, "\rstep %d/%d  loss %.4f  %.0f tok/s  ETA %s   ", step, total, rn.res.FinalLoss,
+			float64(w.tokens)/w.dur.Seconds(), eta.Round(time.Second))
+	}
+	rn.win = window{}
+	return nil
+}
+
+// finish ends the progress line and checkpoints; unless the run was
+// stopped, it then saves the model and runs the held-out evaluation.
+func (rn *runner) finish() (*RunResult, error) {
+	if rn.progress != nil {
+		fmt.Fprintln(rn.progress)
+	}
+	if err := rn.checkpoint(); err != nil {
 		return nil, err
 	}
-	res.Steps = int(tr.Optim.Step)
-	res.Elapsed = time.Since(start)
+	res := rn.res
+	res.Steps = int(rn.eng.Steps())
+	res.Elapsed = time.Since(rn.start)
 	if res.Stopped {
 		return res, nil
 	}
-	if err := model.Save(res.ModelDir, m, "f32"); err != nil {
+	m, err := rn.eng.Weights()
+	if err != nil {
 		return nil, err
 	}
-	if err := tok.WriteFile(filepath.Join(res.ModelDir, tokenizer.FileName)); err != nil {
+	if err := rn.sess.SaveModel(m, rn.tok); err != nil {
 		return nil, err
 	}
-	if r.Eval != nil {
-		rep, err := evalHeldOut(r, m, tok)
-		if err != nil {
-			return nil, err
-		}
-		res.Eval = rep
-		ov := rep.Overall()
-		metrics.Write(map[string]any{"step": res.Steps, fmt.Sprintf("eval/avg@%d", rep.K): ov.AvgAtK, fmt.Sprintf("eval/pass@%d", rep.K): ov.PassAtK})
-		if err := atomicfile.Write(filepath.Join(r.Out, "eval.json"), func(w io.Writer) error {
-			enc := json.NewEncoder(w)
-			enc.SetIndent("", "  ")
-			return enc.Encode(rep)
-		}); err != nil {
+	if rn.r.Eval != nil {
+		if err := rn.evaluate(m); err != nil {
 			return nil, err
 		}
 	}
 	return res, nil
+}
+
+// evaluate runs the held-out evaluation of m, logs its summary to the
+// metrics and writes eval.json.
+func (rn *runner) evaluate(m *model.Model) error {
+	rep, err := evalHeldOut(rn.r, m, rn.tok)
+	if err != nil {
+		return err
+	}
+	rn.res.Eval = rep
+	ov := rep.Overall()
+	if err := rn.metrics.Write(map[string]any{"step": rn.res.Steps, fmt.Sprintf("eval/avg@%d", rep.K): ov.AvgAtK, fmt.Sprintf("eval/pass@%d", rep.K): ov.PassAtK}); err != nil {
+		return err
+	}
+	return atomicfile.Write(filepath.Join(rn.r.Out, "eval.json"), func(w io.Writer) error {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	})
 }
 
 func writeRecipe(path string, r *Recipe) error {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/run"
+	"github.com/keel-rl/keel/train"
 )
 
 func TestSequencesHand(t *testing.T) {
@@ -93,7 +94,8 @@ func tinyModel(t *testing.T) *model.Model {
 // are a function of the prompt, so the loss can fall far below log(16).
 func TestTrainerFits(t *testing.T) {
 	m := tinyModel(t)
-	tr, err := NewTrainer(m, exampleSet(35), Config{Steps: 60, BatchTokens: 64, LR: 1e-2, Warmup: 5}, nil)
+	cfg := Config{Steps: 60, BatchTokens: 64, LR: 1e-2, Warmup: 5}
+	tr, err := NewTrainer(engine(t, m, cfg, nil), exampleSet(35), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,19 +123,23 @@ func TestTrainerFits(t *testing.T) {
 func TestTrainerResumeIsExact(t *testing.T) {
 	cfg := Config{Steps: 6, BatchTokens: 30, LR: 5e-3, Warmup: 2, Seed: 9}
 	data := exampleSet(13)
-	a, _ := NewTrainer(tinyModel(t), data, cfg, nil)
+	a, _ := NewTrainer(engine(t, tinyModel(t), cfg, nil), data, cfg)
 	for i := 0; i < 6; i++ {
 		if _, err := a.Step(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	b, _ := NewTrainer(tinyModel(t), data, cfg, nil)
+	b, _ := NewTrainer(engine(t, tinyModel(t), cfg, nil), data, cfg)
 	for i := 0; i < 3; i++ {
 		b.Step()
 	}
 	root := filepath.Join(t.TempDir(), "ckpt")
 	state, _ := json.Marshal(b.Batches.Position())
-	if _, err := run.SaveCheckpoint(root, &run.Checkpoint{Step: 3, Model: b.Model, Optim: b.Optim, State: state}, 0); err != nil {
+	bw, bo, err := train.Snapshot(b.Engine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.SaveCheckpoint(root, &run.Checkpoint{Step: 3, Model: bw, Optim: (*run.OptimState)(bo), State: state}, 0); err != nil {
 		t.Fatal(err)
 	}
 	c, err := run.LoadLatest(root)
@@ -142,7 +148,7 @@ func TestTrainerResumeIsExact(t *testing.T) {
 	}
 	var pos Position
 	json.Unmarshal(c.State, &pos)
-	r, err := NewTrainer(c.Model, data, cfg, c.Optim)
+	r, err := NewTrainer(engine(t, c.Model, cfg, (*train.OptimState)(c.Optim)), data, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,9 +158,21 @@ func TestTrainerResumeIsExact(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for i := range a.Model.Arena {
-		if a.Model.Arena[i] != r.Model.Arena[i] {
-			t.Fatalf("weight %d differs after resuming: %v vs %v", i, a.Model.Arena[i], r.Model.Arena[i])
+	aw, _ := a.Engine.Weights()
+	rw, _ := r.Engine.Weights()
+	for i := range aw.Arena {
+		if aw.Arena[i] != rw.Arena[i] {
+			t.Fatalf("weight %d differs after resuming: %v vs %v", i, aw.Arena[i], rw.Arena[i])
 		}
 	}
+}
+
+// engine returns the CPU training engine for m with cfg's optimiser.
+func engine(t *testing.T, m *model.Model, cfg Config, state *train.OptimState) train.Trainer {
+	t.Helper()
+	e, err := train.NewTrainer(m, cfg.AdamW(), state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }

@@ -5,7 +5,6 @@ import (
 	"math"
 	"time"
 
-	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/train"
 )
 
@@ -73,10 +72,13 @@ func (c *Config) Validate() error {
 	if err := c.schedule().Validate(); err != nil {
 		return fmt.Errorf("sft: %w", err)
 	}
-	return c.adamw().Validate()
+	return c.AdamW().Validate()
 }
 
-func (c *Config) adamw() train.AdamWConfig {
+// AdamW returns the optimiser's hyper-parameters for the training engine,
+// defaults filled.
+func (c Config) AdamW() train.AdamWConfig {
+	c.Defaults()
 	return train.AdamWConfig{Beta1: c.Beta1, Beta2: c.Beta2, Eps: 1e-8, WeightDecay: c.WeightDecay}
 }
 
@@ -94,46 +96,41 @@ type Stats struct {
 	TokensPerS float64
 }
 
-// Trainer runs supervised optimiser steps on one model.
+// Trainer runs supervised optimiser steps on one model, through its
+// training engine.
 type Trainer struct {
-	Model   *model.Model
-	Optim   *train.AdamW
+	Engine  train.Trainer
 	Batches *Batcher
 	cfg     Config
-	eng     *train.Engine
 }
 
 // ErrNonFinite reports a step whose gradient norm was NaN or infinite; the
 // weights are left as they were.
 var ErrNonFinite = train.ErrNonFinite
 
-// NewTrainer returns a trainer for m over data. optim may be nil (fresh
-// AdamW state) or restored from a checkpoint.
-func NewTrainer(m *model.Model, data []Example, cfg Config, optim *train.AdamW) (*Trainer, error) {
+// NewTrainer returns a trainer over data on the training engine eng (a
+// fresh one, or one restored from a checkpoint, built with cfg.AdamW()).
+func NewTrainer(eng train.Trainer, data []Example, cfg Config) (*Trainer, error) {
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	mc := eng.Config()
 	for i, e := range data {
 		for _, tok := range append(append([]int32(nil), e.Prompt...), e.Response...) {
-			if tok < 0 || int(tok) >= m.Config.VocabSize {
-				return nil, fmt.Errorf("sft: example %d: token %d outside the model's vocabulary of %d", i, tok, m.Config.VocabSize)
+			if tok < 0 || int(tok) >= mc.VocabSize {
+				return nil, fmt.Errorf("sft: example %d: token %d outside the model's vocabulary of %d", i, tok, mc.VocabSize)
 			}
 		}
-		if e.Len() > m.Config.MaxPositionEmbeddings && m.Config.MaxPositionEmbeddings > 0 {
-			return nil, fmt.Errorf("sft: example %d has %d tokens, more than max_position_embeddings = %d", i, e.Len(), m.Config.MaxPositionEmbeddings)
+		if e.Len() > mc.MaxPositionEmbeddings && mc.MaxPositionEmbeddings > 0 {
+			return nil, fmt.Errorf("sft: example %d has %d tokens, more than max_position_embeddings = %d", i, e.Len(), mc.MaxPositionEmbeddings)
 		}
 	}
 	b, err := NewBatcher(data, cfg.BatchTokens, cfg.Seed)
 	if err != nil {
 		return nil, err
 	}
-	if optim == nil {
-		if optim, err = train.NewAdamW(m, cfg.adamw()); err != nil {
-			return nil, err
-		}
-	}
-	return &Trainer{Model: m, Optim: optim, Batches: b, cfg: cfg, eng: train.New(m)}, nil
+	return &Trainer{Engine: eng, Batches: b, cfg: cfg}, nil
 }
 
 // Config returns the settings in use, defaults filled.
@@ -146,8 +143,8 @@ func (t *Trainer) Step() (Stats, error) {
 	start := time.Now()
 	batch := t.Batches.Next()
 	seqs, coef, targets := Sequences(batch)
-	t.eng.ZeroGrad()
-	res, err := t.eng.Forward(seqs, train.ForwardOptions{NoEntropy: true})
+	t.Engine.ZeroGrad()
+	res, err := t.Engine.Forward(seqs, train.ForwardOptions{NoEntropy: true})
 	if err != nil {
 		return Stats{}, err
 	}
@@ -159,15 +156,15 @@ func (t *Trainer) Step() (Stats, error) {
 			}
 		}
 	}
-	if err := t.eng.Backward(train.Loss{LogProb: coef, Aux: t.cfg.AuxLoss}); err != nil {
+	if err := t.Engine.Backward(train.Loss{LogProb: coef, Aux: t.cfg.AuxLoss}); err != nil {
 		return Stats{}, err
 	}
-	step := int(t.Optim.Step) + 1
+	step := int(t.Engine.Steps()) + 1
 	st := Stats{Step: step, Loss: nll / float64(targets), Targets: targets, Examples: len(batch), AuxLoss: res.AuxLoss, LR: t.cfg.schedule().LR(step)}
 	for _, s := range seqs {
 		st.Tokens += len(s)
 	}
-	st.GradNorm, err = t.Optim.ClippedStep(t.Model.Arena, t.eng.Grad.Arena, st.LR, t.cfg.ClipNorm)
+	st.GradNorm, err = t.Engine.Step(st.LR, t.cfg.ClipNorm)
 	if err != nil {
 		return st, err
 	}

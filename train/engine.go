@@ -62,6 +62,11 @@ type Engine struct {
 	gix   arenaIndex // the same for Grad.Arena
 	// noFuse forces the per-layer products (tests compare both paths).
 	noFuse bool
+
+	// The optimiser (see NewTrainer): its configuration, and its state,
+	// created at first use.
+	optCfg AdamWConfig
+	optim  *AdamW
 }
 
 // New returns an engine for m with a zero gradient model.

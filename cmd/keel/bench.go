@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"strings"
@@ -43,7 +44,40 @@ type benchGemmRow struct {
 	BF16    float64 `json:"bf16_gflops"`
 }
 
+// benchOptions are keel bench's flags, checked.
+type benchOptions struct {
+	presets             []string
+	vocab, seqs, seqLen int
+	dur                 time.Duration
+	quick, noGemm, json bool
+	noDecode, noRL      bool
+	noServe             bool
+	decodeSlots         []int
+	decodePrecs         []rollout.Precision
+	decodeGroup         int
+	rlPrec, servePrec   rollout.Precision
+	serveClients        int
+}
+
 func runBench(args []string) error {
+	o, err := parseBenchFlags(args)
+	if err != nil {
+		return err
+	}
+	rep, err := measure(o)
+	if err != nil {
+		return err
+	}
+	if o.json {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	return printBench(rep)
+}
+
+// parseBenchFlags reads and checks keel bench's flags.
+func parseBenchFlags(args []string) (*benchOptions, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	presets := fs.String("presets", "tiny-dense,tiny-moe,small-moe", "comma-separated model presets to time")
 	vocab := fs.Int("vocab", 128, "vocabulary size of the benchmarked models")
@@ -63,101 +97,114 @@ func runBench(args []string) error {
 	servePrec := fs.String("serve-precision", "fp8", "rollout precision of the keel serve table")
 	serveClients := fs.Int("serve-clients", 64, "concurrent requests in the keel serve table")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return nil, err
 	}
-	if *quick {
-		*dur = 300 * time.Millisecond
+	o := &benchOptions{vocab: *vocab, seqs: *seqs, seqLen: *seqLen, dur: *dur, quick: *quick, noGemm: *noGemm, json: *asJSON,
+		noDecode: *noDecode, noRL: *noRL, noServe: *noServe, decodeGroup: *decodeGroup, serveClients: *serveClients}
+	for _, p := range strings.Split(*presets, ",") {
+		o.presets = append(o.presets, strings.TrimSpace(p))
 	}
-	if *seqLen < 2 || *seqs < 1 {
-		return fmt.Errorf("--len must be at least 2 and --seqs at least 1")
+	if o.quick {
+		o.dur = 300 * time.Millisecond
 	}
-	precs, err := parsePrecisions(*decodePrec, "--decode-precisions")
-	if err != nil {
-		return err
+	if o.seqLen < 2 || o.seqs < 1 {
+		return nil, fmt.Errorf("--len must be at least 2 and --seqs at least 1")
 	}
-	var slots []int
+	var err error
+	if o.decodePrecs, err = parsePrecisions(*decodePrec, "--decode-precisions"); err != nil {
+		return nil, err
+	}
 	for _, f := range strings.Split(*decodeSlots, ",") {
 		var n int
 		if _, err := fmt.Sscan(strings.TrimSpace(f), &n); err != nil || n < 1 {
-			return fmt.Errorf("--decode-slots: %q is not a positive count", f)
+			return nil, fmt.Errorf("--decode-slots: %q is not a positive count", f)
 		}
-		slots = append(slots, n)
-	}
-	for _, n := range slots {
-		if *decodeGroup < 1 || n%*decodeGroup != 0 {
-			return fmt.Errorf("--decode-group %d does not divide --decode-slots %d", *decodeGroup, n)
+		if o.decodeGroup < 1 || n%o.decodeGroup != 0 {
+			return nil, fmt.Errorf("--decode-group %d does not divide --decode-slots %d", o.decodeGroup, n)
 		}
+		o.decodeSlots = append(o.decodeSlots, n)
 	}
-	rep := benchReport{CPU: kernels.Features(), Threads: runtime.GOMAXPROCS(0), Utilisation: map[string]float64{}}
-	if !*noGemm {
+	// Checked up front, so that a typo fails before minutes of tables.
+	for _, f := range []struct {
+		flag, v string
+		dst     *rollout.Precision
+	}{{"--rl-precision", *rlPrec, &o.rlPrec}, {"--serve-precision", *servePrec, &o.servePrec}} {
+		ps, err := parsePrecisions(f.v, f.flag)
+		if err != nil {
+			return nil, err
+		}
+		*f.dst = ps[0]
+	}
+	return o, nil
+}
+
+// measure runs the tables o asks for.
+func measure(o *benchOptions) (*benchReport, error) {
+	rep := &benchReport{CPU: kernels.Features(), Threads: runtime.GOMAXPROCS(0), Utilisation: map[string]float64{}}
+	if !o.noGemm {
 		for _, s := range bench.GemmShapes {
 			row := benchGemmRow{M: s.M, K: s.K, N: s.N}
-			row.F32 = kernels.BenchGemm(s.M, s.K, s.N, *dur)
-			row.BF16 = kernels.BenchGemmBF16(s.M, s.K, s.N, *dur)
+			row.F32 = kernels.BenchGemm(s.M, s.K, s.N, o.dur)
+			row.BF16 = kernels.BenchGemmBF16(s.M, s.K, s.N, o.dur)
 			if s == (bench.GemmShape{M: 1024, K: 1024, N: 1024}) {
 				rep.PeakGFLOPS = row.F32
 			}
 			rep.Gemm = append(rep.Gemm, row)
 		}
 	}
-	for _, p := range strings.Split(*presets, ",") {
-		r, err := bench.Train(strings.TrimSpace(p), *vocab, *seqs, *seqLen, *dur)
+	for _, p := range o.presets {
+		r, err := bench.Train(p, o.vocab, o.seqs, o.seqLen, o.dur)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		rep.Train = append(rep.Train, r)
 		if rep.PeakGFLOPS > 0 {
 			rep.Utilisation[r.Preset] = r.TrainGFLOPS / rep.PeakGFLOPS
 		}
 	}
-	if !*noDecode {
-		for _, tr := range rep.Train {
-			for _, n := range slots {
-				for _, p := range precs {
-					r, err := rollout.BenchDecodeGroups(tr.Preset, *vocab, p, n, *decodeGroup, 32, 96, *dur)
-					if err != nil {
-						return err
-					}
-					rep.Decode = append(rep.Decode, benchDecodeRow{DecodeResult: r, PrecisionName: p.String(), VsForward: r.TokensPerS / tr.FwdTokensPerS})
+	for _, tr := range rep.Train {
+		if o.noDecode {
+			break
+		}
+		for _, n := range o.decodeSlots {
+			for _, p := range o.decodePrecs {
+				r, err := rollout.BenchDecodeGroups(tr.Preset, o.vocab, p, n, o.decodeGroup, 32, 96, o.dur)
+				if err != nil {
+					return nil, err
 				}
+				rep.Decode = append(rep.Decode, benchDecodeRow{DecodeResult: r, PrecisionName: p.String(), VsForward: r.TokensPerS / tr.FwdTokensPerS})
 			}
 		}
 	}
-	if !*noRL {
-		ps, err := parsePrecisions(*rlPrec, "--rl-precision")
+	steps := 3
+	if o.quick {
+		steps = 1
+	}
+	for _, tr := range rep.Train {
+		if o.noRL {
+			break
+		}
+		r, err := bench.RLStep(tr.Preset, o.vocab, o.rlPrec, 32, 8, 96, steps)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		steps := 3
-		if *quick {
-			steps = 1
-		}
-		for _, tr := range rep.Train {
-			r, err := bench.RLStep(tr.Preset, *vocab, ps[0], 32, 8, 96, steps)
-			if err != nil {
-				return err
-			}
-			rep.RL = append(rep.RL, r)
-		}
+		rep.RL = append(rep.RL, r)
 	}
-	if !*noServe {
-		ps, err := parsePrecisions(*servePrec, "--serve-precision")
+	for _, tr := range rep.Train {
+		if o.noServe {
+			break
+		}
+		r, err := bench.Serve(tr.Preset, o.vocab, o.servePrec, o.serveClients, 32, 96, 2*o.dur)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		for _, tr := range rep.Train {
-			r, err := bench.Serve(tr.Preset, *vocab, ps[0], *serveClients, 32, 96, 2**dur)
-			if err != nil {
-				return err
-			}
-			rep.Serve = append(rep.Serve, r)
-		}
+		rep.Serve = append(rep.Serve, r)
 	}
-	if *asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
-	}
+	return rep, nil
+}
+
+// printBench writes the report's tables and what each measured.
+func printBench(rep *benchReport) error {
 	fmt.Printf("keel bench: kernels %s, %d threads\n\n", rep.CPU, rep.Threads)
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	if len(rep.Gemm) > 0 {
@@ -175,6 +222,16 @@ func runBench(args []string) error {
 		}
 		fmt.Fprintf(w, "%s\t%d\t%d\t%.0f\t%.0f\t%.1f\t%s\t\n", r.Preset, r.Params, r.Tokens, r.FwdTokensPerS, r.TokensPerS, r.TrainGFLOPS, mfu)
 	}
+	printBenchTables(w, rep)
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	printBenchNotes(rep)
+	return nil
+}
+
+// printBenchTables writes the decode, RL-step and serve tables.
+func printBenchTables(w io.Writer, rep *benchReport) {
 	if len(rep.Decode) > 0 {
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "decode model\tsequences\tper prompt\tprecision\tgenerated tok/s\tvs forward\t")
@@ -199,9 +256,10 @@ func runBench(args []string) error {
 				r.StreamTokensPerS, 100*r.StreamTokensPerS/r.EngineTokensPerS, r.StreamP50, r.StreamP99, r.Failed, r.Requests, r.WeightWrite, r.WeightLoad)
 		}
 	}
-	if err := w.Flush(); err != nil {
-		return err
-	}
+}
+
+// printBenchNotes says what each table measured.
+func printBenchNotes(rep *benchReport) {
 	if len(rep.Serve) > 0 {
 		fmt.Println("\nkeel serve: a preset with random weights served on loopback; rounds of CLIENTS concurrent requests (32-token prompts, 96 new tokens, one sample each) as POST /generate and as streamed /v1/completions, alternated with the same batch on an in-process engine; tok/s = generated tokens per second of a round, best round; latencies over all requests; then one weight sync: the model written as a Hugging Face directory (float32) and loaded with /update_weights_from_disk.")
 	}
@@ -214,5 +272,4 @@ func runBench(args []string) error {
 	if rep.PeakGFLOPS > 0 {
 		fmt.Printf("\nMFU: model FLOPs of a training step (3 × forward, GEMMs and attention) per second over keel's float32 GEMM at 1024³ (%.1f GFLOP/s) in this run.\n", rep.PeakGFLOPS)
 	}
-	return nil
 }

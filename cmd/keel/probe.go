@@ -12,6 +12,7 @@ import (
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rl"
 	"github.com/keel-rl/keel/rollout"
+	"github.com/keel-rl/keel/train"
 )
 
 func init() {
@@ -123,7 +124,7 @@ func probeMode(m *model.Model, prompts [][]int32, p rollout.Precision, sf *sampl
 		return row, err
 	}
 	defer e.Close()
-	r, err := rl.Probe(m, e, prompts, sf.n, sp, 8192)
+	r, err := rl.Probe(train.New(m), e, prompts, sf.n, sp, 8192)
 	if err != nil {
 		return row, err
 	}

@@ -31,6 +31,7 @@ import (
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rl"
 	"github.com/keel-rl/keel/rollout"
+	"github.com/keel-rl/keel/rollout/remote"
 	"github.com/keel-rl/keel/run"
 	"github.com/keel-rl/keel/serve"
 	"github.com/keel-rl/keel/tokenizer"
@@ -553,7 +554,7 @@ func TestServeRLKill(t *testing.T) {
 		t.Errorf("/generate answers of step 2: A %d, B %d; want 8 in all, A at most 3", aAns["1"], bAns["1"])
 	}
 	t.Logf("run error: %v", err)
-	if err == nil || !errors.Is(err, rl.ErrNoServers) || !strings.Contains(err.Error(), "every inference server is down") ||
+	if err == nil || !errors.Is(err, remote.ErrNoServers) || !strings.Contains(err.Error(), "every inference server is down") ||
 		!strings.Contains(err.Error(), "step 3") || !strings.Contains(err.Error(), "checkpoint of step 2") ||
 		!strings.Contains(err.Error(), pa.url) || !strings.Contains(err.Error(), pb.url) {
 		t.Fatalf("every server down: error %v", err)

@@ -292,17 +292,16 @@ func topK(scores []float64, k int) []int {
 	return idx[:k]
 }
 
+// sequence runs one sequence through the model: the embedding, every layer's
+// attention block then MLP or MoE block (each a pre-norm residual update of
+// x), and the head's log-probabilities and entropies.
 func (m *Model) sequence(toks []int32, replay, mask *model.Routes, aux *auxAcc, temp float64) (lp, ent []float64, routes *model.Routes) {
 	c := &m.Config
-	h, hd := c.HiddenSize, c.HeadDim
-	nh, nkv := c.NumAttentionHeads, c.NumKeyValueHeads
-	group := nh / nkv
-	eps := c.RMSNormEps
+	h := c.HiddenSize
 	T := len(toks)
 	moeLayers := c.MoELayers()
-	k := c.NumExpertsPerTok
 	if len(moeLayers) > 0 {
-		routes = model.NewRoutes(T, len(moeLayers), k, c.NumExperts)
+		routes = model.NewRoutes(T, len(moeLayers), c.NumExpertsPerTok, c.NumExperts)
 	}
 
 	x := make([][]float64, T)
@@ -312,123 +311,171 @@ func (m *Model) sequence(toks []int32, replay, mask *model.Routes, aux *auxAcc, 
 	moeIdx := 0
 	for li := range m.layers {
 		l := &m.layers[li]
-		// Attention.
-		qs := make([][]float64, T)
-		ks := make([][]float64, T)
-		vs := make([][]float64, T)
-		for t := 0; t < T; t++ {
-			hn := rmsnorm(x[t], l.inNorm, eps)
-			q, kk := matvec(l.q, hn), matvec(l.k, hn)
-			for hh := 0; hh < nh; hh++ {
-				v := rmsnorm(q[hh*hd:(hh+1)*hd], l.qNorm, eps)
-				rope(v, t, c.RopeTheta)
-				copy(q[hh*hd:], v)
-			}
-			for hh := 0; hh < nkv; hh++ {
-				v := rmsnorm(kk[hh*hd:(hh+1)*hd], l.kNorm, eps)
-				rope(v, t, c.RopeTheta)
-				copy(kk[hh*hd:], v)
-			}
-			qs[t], ks[t], vs[t] = q, kk, matvec(l.v, hn)
-		}
-		scale := 1 / math.Sqrt(float64(hd))
-		for t := 0; t < T; t++ {
-			att := make([]float64, nh*hd)
-			for hh := 0; hh < nh; hh++ {
-				kv := hh / group
-				sc := make([]float64, t+1)
-				for s := 0; s <= t; s++ {
-					var d float64
-					for i := 0; i < hd; i++ {
-						d += qs[t][hh*hd+i] * ks[s][kv*hd+i]
-					}
-					sc[s] = d * scale
-				}
-				p := softmax(sc)
-				for s := 0; s <= t; s++ {
-					for i := 0; i < hd; i++ {
-						att[hh*hd+i] += p[s] * vs[s][kv*hd+i]
-					}
-				}
-			}
-			o := matvec(l.o, att)
-			// x[t] is not read again by this layer's attention (q, k, v are
-			// computed), so updating it in place is safe.
-			for i := range o {
-				x[t][i] += o[i]
-			}
-		}
-		// MLP.
+		m.attention(l, x)
 		if l.router == nil {
-			for t := 0; t < T; t++ {
-				y := swiglu(l.gate, l.up, l.down, rmsnorm(x[t], l.postNorm, eps))
-				for i := range y {
-					x[t][i] += y[i]
-				}
-			}
+			m.mlp(l, x)
 			continue
 		}
-		for t := 0; t < T; t++ {
-			hn := rmsnorm(x[t], l.postNorm, eps)
-			s := matvec(l.router, hn)
-			p := softmax(s)
-			live := topK(s, k)
-			// Auxiliary-loss statistics from the live logits.
-			aux.rows++
-			for e := range p {
-				aux.prob[e] += p[e]
+		m.moe(l, x, moeIdx, replay, mask, aux, routes)
+		moeIdx++
+	}
+	lp, ent = m.logProbs(x, toks, temp)
+	return lp, ent, routes
+}
+
+// qkv returns every position's queries, keys and values for layer l: the
+// projections of the input-normed x, with q_norm/k_norm and RoPE applied per
+// head to the queries and keys.
+func (m *Model) qkv(l *layer, x [][]float64) (qs, ks, vs [][]float64) {
+	c := &m.Config
+	hd, nh, nkv, eps := c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads, c.RMSNormEps
+	T := len(x)
+	qs = make([][]float64, T)
+	ks = make([][]float64, T)
+	vs = make([][]float64, T)
+	for t := 0; t < T; t++ {
+		hn := rmsnorm(x[t], l.inNorm, eps)
+		q, kk := matvec(l.q, hn), matvec(l.k, hn)
+		for hh := 0; hh < nh; hh++ {
+			v := rmsnorm(q[hh*hd:(hh+1)*hd], l.qNorm, eps)
+			rope(v, t, c.RopeTheta)
+			copy(q[hh*hd:], v)
+		}
+		for hh := 0; hh < nkv; hh++ {
+			v := rmsnorm(kk[hh*hd:(hh+1)*hd], l.kNorm, eps)
+			rope(v, t, c.RopeTheta)
+			copy(kk[hh*hd:], v)
+		}
+		qs[t], ks[t], vs[t] = q, kk, matvec(l.v, hn)
+	}
+	return qs, ks, vs
+}
+
+// attention adds layer l's causal grouped-query attention block to x.
+func (m *Model) attention(l *layer, x [][]float64) {
+	c := &m.Config
+	hd, nh := c.HeadDim, c.NumAttentionHeads
+	group := nh / c.NumKeyValueHeads
+	T := len(x)
+	qs, ks, vs := m.qkv(l, x)
+	scale := 1 / math.Sqrt(float64(hd))
+	for t := 0; t < T; t++ {
+		att := make([]float64, nh*hd)
+		for hh := 0; hh < nh; hh++ {
+			kv := hh / group
+			sc := make([]float64, t+1)
+			for s := 0; s <= t; s++ {
+				var d float64
+				for i := 0; i < hd; i++ {
+					d += qs[t][hh*hd+i] * ks[s][kv*hd+i]
+				}
+				sc[s] = d * scale
 			}
-			if mask != nil {
-				for j := 0; j < k; j++ {
-					aux.count[mask.At(t, moeIdx, j)]++
-				}
-			} else {
-				for _, e := range live {
-					aux.count[e]++
-				}
-			}
-			chosen := make([]int, k)
-			if replay != nil {
-				for j := range chosen {
-					chosen[j] = replay.At(t, moeIdx, j)
-				}
-			} else {
-				copy(chosen, live)
-			}
-			gates := make([]float64, k)
-			if c.NormTopKProb {
-				// exp(s_i)/Σ_{j∈I} exp(s_j), from the live scores.
-				mx := math.Inf(-1)
-				for _, e := range chosen {
-					mx = math.Max(mx, s[e])
-				}
-				var z float64
-				for j, e := range chosen {
-					gates[j] = math.Exp(s[e] - mx)
-					z += gates[j]
-				}
-				for j := range gates {
-					gates[j] /= z
-				}
-			} else {
-				for j, e := range chosen {
-					gates[j] = p[e]
-				}
-			}
-			for j, e := range chosen {
-				routes.Set(t, moeIdx, j, e)
-				ex := &l.experts[e]
-				y := swiglu(ex.gate, ex.up, ex.down, hn)
-				for i := range y {
-					x[t][i] += gates[j] * y[i]
+			p := softmax(sc)
+			for s := 0; s <= t; s++ {
+				for i := 0; i < hd; i++ {
+					att[hh*hd+i] += p[s] * vs[s][kv*hd+i]
 				}
 			}
 		}
-		moeIdx++
+		o := matvec(l.o, att)
+		// x[t] is not read again by this layer's attention (q, k, v are
+		// computed), so updating it in place is safe.
+		for i := range o {
+			x[t][i] += o[i]
+		}
 	}
-	// Head.
+}
+
+// mlp adds dense layer l's SwiGLU MLP block to x.
+func (m *Model) mlp(l *layer, x [][]float64) {
+	for t := range x {
+		y := swiglu(l.gate, l.up, l.down, rmsnorm(x[t], l.postNorm, m.Config.RMSNormEps))
+		for i := range y {
+			x[t][i] += y[i]
+		}
+	}
+}
+
+// moe adds MoE layer l (the moeIdx-th) to x: it routes every position
+// (live, or the replay's forced sets), accumulates the auxiliary-loss
+// statistics into aux (the mask's sets instead of the live top-k when mask is
+// set), records the experts used in routes and adds the gated experts.
+func (m *Model) moe(l *layer, x [][]float64, moeIdx int, replay, mask *model.Routes, aux *auxAcc, routes *model.Routes) {
+	k := m.Config.NumExpertsPerTok
+	for t := range x {
+		hn := rmsnorm(x[t], l.postNorm, m.Config.RMSNormEps)
+		s := matvec(l.router, hn)
+		p := softmax(s)
+		live := topK(s, k)
+		// Auxiliary-loss statistics from the live logits.
+		aux.rows++
+		for e := range p {
+			aux.prob[e] += p[e]
+		}
+		if mask != nil {
+			for j := 0; j < k; j++ {
+				aux.count[mask.At(t, moeIdx, j)]++
+			}
+		} else {
+			for _, e := range live {
+				aux.count[e]++
+			}
+		}
+		chosen := make([]int, k)
+		if replay != nil {
+			for j := range chosen {
+				chosen[j] = replay.At(t, moeIdx, j)
+			}
+		} else {
+			copy(chosen, live)
+		}
+		gates := m.gates(s, p, chosen)
+		for j, e := range chosen {
+			routes.Set(t, moeIdx, j, e)
+			ex := &l.experts[e]
+			y := swiglu(ex.gate, ex.up, ex.down, hn)
+			for i := range y {
+				x[t][i] += gates[j] * y[i]
+			}
+		}
+	}
+}
+
+// gates returns the weights of the chosen experts from the live router
+// scores s and probabilities p = softmax(s): renormalised over the chosen set
+// when norm_topk_prob, else the full-softmax probabilities.
+func (m *Model) gates(s, p []float64, chosen []int) []float64 {
+	gates := make([]float64, len(chosen))
+	if m.Config.NormTopKProb {
+		// exp(s_i)/Σ_{j∈I} exp(s_j), from the live scores.
+		mx := math.Inf(-1)
+		for _, e := range chosen {
+			mx = math.Max(mx, s[e])
+		}
+		var z float64
+		for j, e := range chosen {
+			gates[j] = math.Exp(s[e] - mx)
+			z += gates[j]
+		}
+		for j := range gates {
+			gates[j] /= z
+		}
+	} else {
+		for j, e := range chosen {
+			gates[j] = p[e]
+		}
+	}
+	return gates
+}
+
+// logProbs returns, for every position but the last, the log-probability of the
+// next token and the full-vocabulary entropy, from the final-normed x's
+// logits divided by temp.
+func (m *Model) logProbs(x [][]float64, toks []int32, temp float64) (lp, ent []float64) {
+	T := len(toks)
 	for t := 0; t+1 < T; t++ {
-		hn := rmsnorm(x[t], m.norm, eps)
+		hn := rmsnorm(x[t], m.norm, m.Config.RMSNormEps)
 		logits := matvec(m.head, hn)
 		for i := range logits {
 			logits[i] /= temp
@@ -450,5 +497,5 @@ func (m *Model) sequence(toks []int32, replay, mask *model.Routes, aux *auxAcc, 
 		lp = append(lp, logits[toks[t+1]]-lse)
 		ent = append(ent, H)
 	}
-	return lp, ent, routes
+	return lp, ent
 }

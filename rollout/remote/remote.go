@@ -1,37 +1,20 @@
-package rl
-
-import (
-	"bytes"
-	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"io"
-	"math"
-	"net/http"
-	"os"
-	"path/filepath"
-	"regexp"
-	"slices"
-	"strconv"
-	"strings"
-	"sync"
-	"time"
-
-	"github.com/keel-rl/keel/model"
-	"github.com/keel-rl/keel/rollout"
-)
-
-// Remote rollout: a Sampler whose generation runs on a fleet of HTTP
-// inference servers, so that the RL loop (this process) and the rollout
-// (other machines' accelerators) can be sized apart.
+// Package remote is the client of a fleet of HTTP inference servers (keel
+// serve, SGLang or vLLM) that does the RL loop's rollout: a Sampler of
+// package rl whose generation runs on other machines' accelerators, so
+// that the loop (this process) and the rollout can be sized apart. It
+// sends each prompt with its seed, checks every answer against the policy
+// (weight version, vocabulary, log-probs, expert routes), retries what a
+// server failed to answer on another, and pushes each step's weights as a
+// Hugging Face directory the servers load.
 //
 // Protocols. kind keel and kind sglang speak SGLang's native API (keel
-// serve speaks it too); kind vllm speaks vLLM's OpenAI-compatible API plus
-// its development-mode control endpoints. The fields were matched against
-// SGLang's source as stored at these commits of github.com/sgl-project/sglang
-// (its main branch after 0.5.x: routed_experts_start_len, return_sampling_mask
-// and weight_versions exist there; no release number could be tied to them):
+// serve speaks it too; keel differs in three ways, see keelInputs); kind
+// vllm speaks vLLM's OpenAI-compatible API plus its development-mode
+// control endpoints. A Client speaks one, chosen in New (see protocol).
+// The fields were matched against SGLang's source as stored at these
+// commits of github.com/sgl-project/sglang (its main branch after 0.5.x:
+// routed_experts_start_len, return_sampling_mask and weight_versions exist
+// there; no release number could be tied to them):
 //
 //   - python/sglang/srt/managers/io_struct.py @001067ff (GenerateReqInput:
 //     input_ids, sampling_params as a dict or one per batch entry,
@@ -69,12 +52,74 @@ import (
 // None of this has been run against a real SGLang or vLLM server (no
 // accelerator or Python here): the tests run fake servers that speak the
 // protocol over keel's own engine.
+package remote
 
-// RemoteOptions configure a RemoteSampler.
-type RemoteOptions struct {
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/rollout"
+)
+
+// The server kinds (a recipe's rollout.server_kind): which protocol the
+// servers speak.
+const (
+	// KindKeel is keel serve: SGLang's native API, a prompt's samples in
+	// one request drawn as a local Generate call draws them, so that an
+	// exact-precision remote run is the local run bit for bit.
+	KindKeel = "keel"
+	// KindSGLang is SGLang's native API.
+	KindSGLang = "sglang"
+	// KindVLLM is vLLM's OpenAI-compatible API with its development-mode
+	// control endpoints (dense models only: keel reads no routes from it).
+	KindVLLM = "vllm"
+)
+
+// Kinds returns the server kinds New speaks, in the order messages list
+// them, so that a command line or a recipe can say what is accepted.
+func Kinds() []string { return []string{KindKeel, KindSGLang, KindVLLM} }
+
+// kindList names the kinds for messages: "keel, sglang or vllm".
+func kindList() string {
+	k := Kinds()
+	return strings.Join(k[:len(k)-1], ", ") + " or " + k[len(k)-1]
+}
+
+// CheckKind returns an error naming the accepted kinds unless New speaks
+// kind's protocol, so that a recipe is refused when it is read rather than
+// when its run starts.
+func CheckKind(kind string) error {
+	if !slices.Contains(Kinds(), kind) {
+		return fmt.Errorf("unknown %q (want %s)", kind, kindList())
+	}
+	return nil
+}
+
+// APIKeyEnv names the environment variable holding the inference servers'
+// API key (sent as a bearer token, Options.APIKey); it is kept out of
+// recipes because the resolved recipe is written to the run directory.
+const APIKeyEnv = "KEEL_API_KEY"
+
+// Options configure a Client.
+type Options struct {
 	// Servers are the servers' base URLs.
 	Servers []string
-	// Kind is the protocol: ServerKeel, ServerSGLang or ServerVLLM.
+	// Kind is the protocol: KindKeel, KindSGLang or KindVLLM.
 	Kind string
 	// WeightsDir receives each version's weights (made absolute: the
 	// servers are told its path).
@@ -102,10 +147,10 @@ type RemoteOptions struct {
 	Client *http.Client
 }
 
-// RemoteSampler is a Sampler over HTTP inference servers. A prompt's G
-// samples go to one server (its prompt is prefilled once there); prompts
-// go to the server with the fewest requests outstanding, at most
-// MaxConcurrency at a time per server. A request that fails for want of an
+// Client is a Sampler of the RL loop (package rl) over HTTP inference
+// servers. A prompt's G samples go to one server (its prompt is prefilled
+// once there); prompts go to the server with the fewest requests
+// outstanding, at most MaxConcurrency at a time per server. A request that fails for want of an
 // answer (connection, timeout, a cut transfer, HTTP 408, 429 or 5xx) is
 // retried on another server with the same seed, so it gives the same
 // samples; a server failing MaxFailures times in a row is dropped (an
@@ -118,10 +163,11 @@ type RemoteOptions struct {
 // Each request carries its prompt's seed (rollout.PromptSeed), so the
 // samples of a step do not depend on the number of servers or on which
 // answered; with kind keel they are those of the local engine.
-type RemoteSampler struct {
-	opt       RemoteOptions
+type Client struct {
+	opt       Options
 	client    *http.Client
 	moeLayers []int
+	proto     protocol // the servers' API, chosen once by New
 
 	mu      sync.Mutex
 	servers []*server
@@ -132,7 +178,7 @@ type RemoteSampler struct {
 }
 
 // server is one inference server of the fleet; its counters are guarded
-// by the sampler's mutex.
+// by the client's mutex.
 type server struct {
 	url         string
 	model       string // vLLM: the served model's name
@@ -176,19 +222,17 @@ var ErrNoServers = errors.New("every inference server is down")
 // models are tens of MB).
 const maxBody = 1 << 30
 
-// NewRemoteSampler checks the options and asks every server who it is
-// (GET /get_model_info, or vLLM's GET /v1/models, whose first model names
-// the requests). Servers that do not answer are dropped with an event;
-// none answering is an error. The servers hold no known weights yet: call
-// UpdateWeights before Generate.
-func NewRemoteSampler(opt RemoteOptions) (*RemoteSampler, error) {
+// New checks the options, chooses the protocol of opt.Kind and asks every
+// server who it is (GET /get_model_info, or vLLM's GET /v1/models, whose
+// first model names the requests). Servers that do not answer are dropped
+// with an event; none answering is an error. The servers hold no known
+// weights yet: call UpdateWeights before Generate.
+func New(opt Options) (*Client, error) {
 	if len(opt.Servers) == 0 {
 		return nil, errors.New("remote rollout: no servers")
 	}
-	switch opt.Kind {
-	case ServerKeel, ServerSGLang, ServerVLLM:
-	default:
-		return nil, fmt.Errorf("remote rollout: unknown server kind %q (want %s, %s or %s)", opt.Kind, ServerKeel, ServerSGLang, ServerVLLM)
+	if CheckKind(opt.Kind) != nil {
+		return nil, fmt.Errorf("remote rollout: unknown server kind %q (want %s)", opt.Kind, kindList())
 	}
 	if err := opt.Config.Validate(); err != nil {
 		return nil, fmt.Errorf("remote rollout: %w", err)
@@ -213,9 +257,9 @@ func NewRemoteSampler(opt RemoteOptions) (*RemoteSampler, error) {
 	if opt.MaxFailures <= 0 {
 		opt.MaxFailures = 3
 	}
-	r := &RemoteSampler{opt: opt, moeLayers: opt.Config.MoELayers()}
-	if opt.Kind == ServerVLLM && len(r.moeLayers) > 0 {
-		return nil, fmt.Errorf("remote rollout: server_kind %s: keel reads no expert routes from vLLM, and an MoE policy (%d MoE layers) needs the rollout's routes: use sglang or keel servers", ServerVLLM, len(r.moeLayers))
+	r := &Client{opt: opt, moeLayers: opt.Config.MoELayers()}
+	if r.proto, err = newProtocol(r); err != nil {
+		return nil, fmt.Errorf("remote rollout: %w", err)
 	}
 	r.client = opt.Client
 	if r.client == nil {
@@ -238,7 +282,7 @@ func NewRemoteSampler(opt RemoteOptions) (*RemoteSampler, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = r.probe(context.Background(), s)
+			errs[i] = r.proto.probe(context.Background(), s)
 		}()
 	}
 	wg.Wait()
@@ -261,22 +305,22 @@ func NewRemoteSampler(opt RemoteOptions) (*RemoteSampler, error) {
 }
 
 // Close releases idle connections.
-func (r *RemoteSampler) Close() { r.client.CloseIdleConnections() }
+func (r *Client) Close() { r.client.CloseIdleConnections() }
 
 // Version is the weight version every server that is not dropped holds.
-func (r *RemoteSampler) Version() int64 {
+func (r *Client) Version() int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.version
 }
 
 // Metrics reports the fleet's state for the step's metrics (the loop
-// records them, see SamplerMetrics): rollout/servers_alive, and since the
+// records them, see rl.SamplerMetrics): rollout/servers_alive, and since the
 // last call rollout/retries (requests sent again after a failure) and
 // rollout/servers_dropped; time/weight_write and time/weight_load are the
 // last weight push's two phases (writing the directory, the servers
 // loading it).
-func (r *RemoteSampler) Metrics() map[string]float64 {
+func (r *Client) Metrics() map[string]float64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	alive := 0
@@ -310,7 +354,7 @@ type job struct {
 // Generate samples n responses for each prompt on the fleet and returns
 // them as rollout.Engine.Generate does: ordered by prompt, then sample,
 // Prompt set to the prompt's index in this call.
-func (r *RemoteSampler) Generate(prompts [][]int32, n int, sp rollout.Sampling) ([]rollout.Sample, error) {
+func (r *Client) Generate(prompts [][]int32, n int, sp rollout.Sampling) ([]rollout.Sample, error) {
 	if err := r.check(prompts, n, sp); err != nil {
 		return nil, err
 	}
@@ -361,7 +405,7 @@ func (r *RemoteSampler) Generate(prompts [][]int32, n int, sp rollout.Sampling) 
 }
 
 // check refuses what the local engine refuses, before any request.
-func (r *RemoteSampler) check(prompts [][]int32, n int, sp rollout.Sampling) error {
+func (r *Client) check(prompts [][]int32, n int, sp rollout.Sampling) error {
 	vocab := r.opt.Config.VocabSize
 	switch {
 	case n < 1:
@@ -396,7 +440,7 @@ func (r *RemoteSampler) check(prompts [][]int32, n int, sp rollout.Sampling) err
 
 // runJob gets one prompt's samples, retrying transient failures on other
 // servers (the same request: the same seed, so the same samples).
-func (r *RemoteSampler) runJob(ctx context.Context, j job) ([]rollout.Sample, error) {
+func (r *Client) runJob(ctx context.Context, j job) ([]rollout.Sample, error) {
 	tried := map[*server]bool{}
 	var last error
 	// Enough attempts that, unless other requests succeed meanwhile, every
@@ -444,7 +488,7 @@ func (r *RemoteSampler) runJob(ctx context.Context, j job) ([]rollout.Sample, er
 // pick assigns the next attempt of a prompt to the live server with the
 // fewest requests outstanding, preferring one it has not failed on; nil
 // when none is alive.
-func (r *RemoteSampler) pick(tried map[*server]bool) *server {
+func (r *Client) pick(tried map[*server]bool) *server {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var best *server
@@ -467,7 +511,7 @@ func (r *RemoteSampler) pick(tried map[*server]bool) *server {
 // settle records the outcome of an attempt on s: a transient failure
 // counts towards dropping s, unless the rollout was cancelled (not the
 // server's doing).
-func (r *RemoteSampler) settle(ctx context.Context, s *server, err error) {
+func (r *Client) settle(ctx context.Context, s *server, err error) {
 	var events []string
 	r.mu.Lock()
 	s.outstanding--
@@ -488,7 +532,7 @@ func (r *RemoteSampler) settle(ctx context.Context, s *server, err error) {
 	r.emit(events)
 }
 
-func (r *RemoteSampler) emit(events []string) {
+func (r *Client) emit(events []string) {
 	if r.opt.Events == nil {
 		return
 	}
@@ -498,7 +542,7 @@ func (r *RemoteSampler) emit(events []string) {
 }
 
 // generateOn runs one prompt's request on s within its concurrency bound.
-func (r *RemoteSampler) generateOn(ctx context.Context, s *server, j job) ([]rollout.Sample, error) {
+func (r *Client) generateOn(ctx context.Context, s *server, j job) ([]rollout.Sample, error) {
 	select {
 	case s.slots <- struct{}{}:
 	case <-ctx.Done():
@@ -511,15 +555,12 @@ func (r *RemoteSampler) generateOn(ctx context.Context, s *server, j job) ([]rol
 	if !alive { // dropped while this request waited for a slot: go elsewhere
 		return nil, &ServerError{Server: s.url, Op: "POST /generate", Err: errors.New("dropped before the request was sent"), Transient: true}
 	}
-	if r.opt.Kind == ServerVLLM {
-		return r.vllmGenerate(ctx, s, j)
-	}
-	return r.sglGenerate(ctx, s, j)
+	return r.proto.generate(ctx, s, j)
 }
 
 // do sends one request to s (a JSON body unless body is nil) and returns
 // the body of a 2xx answer.
-func (r *RemoteSampler) do(ctx context.Context, s *server, method, path string, body any) ([]byte, error) {
+func (r *Client) do(ctx context.Context, s *server, method, path string, body any) ([]byte, error) {
 	op := method + " " + path
 	fail := func(transient bool, format string, a ...any) error {
 		return &ServerError{Server: s.url, Op: op, Err: fmt.Errorf(format, a...), Transient: transient}
@@ -586,23 +627,6 @@ func snippet(b []byte) string {
 	return s
 }
 
-// probe asks a server who it is: it answers, speaks the protocol and (for
-// vLLM) serves the model named in requests.
-func (r *RemoteSampler) probe(ctx context.Context, s *server) error {
-	if r.opt.Kind == ServerVLLM {
-		return r.vllmProbe(ctx, s)
-	}
-	body, err := r.do(ctx, s, http.MethodGet, "/get_model_info", nil)
-	if err != nil {
-		return err
-	}
-	var info map[string]any
-	if err := json.Unmarshal(body, &info); err != nil {
-		return &ServerError{Server: s.url, Op: "GET /get_model_info", Field: "body", Err: fmt.Errorf("not a JSON object: %v", err)}
-	}
-	return nil
-}
-
 // UpdateWeights writes m as a Hugging Face model directory
 // WeightsDir/vNNNNNN (written under a temporary name, then renamed, so a
 // server never sees half a directory) and has every server load it as
@@ -613,7 +637,15 @@ func (r *RemoteSampler) probe(ctx context.Context, s *server) error {
 // dropped (an event); a dropped server that answers again is given the
 // weights and comes back. Older version directories are then deleted. It
 // is an error when no server holds the new weights.
-func (r *RemoteSampler) UpdateWeights(m *model.Model, version int64) error {
+//
+// ctx bounds the push: once it is done the servers' requests are
+// abandoned, and the push fails with ctx's error, dropping no server (an
+// interrupted push is not the servers' fault); the fleet's version is then
+// unchanged, and the next push gives every server the weights again.
+func (r *Client) UpdateWeights(ctx context.Context, m *model.Model, version int64) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("rollout weights: %w", err)
+	}
 	t := time.Now()
 	dir, err := r.writeWeights(m, version)
 	if err != nil {
@@ -634,17 +666,22 @@ func (r *RemoteSampler) UpdateWeights(m *model.Model, version int64) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx := context.Background()
 			if !wasAlive[i] {
-				if err := r.probe(ctx, s); err != nil {
+				if err := r.proto.probe(ctx, s); err != nil {
 					errs[i] = err
 					return
 				}
 			}
-			errs[i] = r.push(ctx, s, dir, version)
+			errs[i] = r.proto.push(ctx, s, dir, version)
 		}()
 	}
 	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		r.mu.Lock()
+		r.lastWrite, r.lastLoad = write, time.Since(t)
+		r.mu.Unlock()
+		return fmt.Errorf("rollout weights: version %d: %w", version, err)
+	}
 	var events []string
 	live := 0
 	r.mu.Lock()
@@ -681,7 +718,7 @@ var versionDirRE = regexp.MustCompile(`^v[0-9]+$`)
 
 // writeWeights writes m and WriteFiles' files to a fresh directory and
 // renames it to its version's name.
-func (r *RemoteSampler) writeWeights(m *model.Model, version int64) (string, error) {
+func (r *Client) writeWeights(m *model.Model, version int64) (string, error) {
 	root := r.opt.WeightsDir
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return "", err
@@ -716,7 +753,7 @@ func (r *RemoteSampler) writeWeights(m *model.Model, version int64) (string, err
 
 // removeOld deletes the version directories other than version's, and
 // the temporary ones a crash left.
-func (r *RemoteSampler) removeOld(version int64) error {
+func (r *Client) removeOld(version int64) error {
 	entries, err := os.ReadDir(r.opt.WeightsDir)
 	if err != nil {
 		return fmt.Errorf("rollout weights: %w", err)
@@ -734,14 +771,6 @@ func (r *RemoteSampler) removeOld(version int64) error {
 	return nil
 }
 
-// push has s load dir as version.
-func (r *RemoteSampler) push(ctx context.Context, s *server, dir string, version int64) error {
-	if r.opt.Kind == ServerVLLM {
-		return r.vllmPush(ctx, s, dir)
-	}
-	return r.sglPush(ctx, s, dir, version)
-}
-
 // joinErrs lists the non-nil errors, one per server.
 func joinErrs(errs []error) string {
 	var parts []string
@@ -751,21 +780,6 @@ func joinErrs(errs []error) string {
 		}
 	}
 	return strings.Join(parts, "; ")
-}
-
-// truncated reports whether sp samples from a top-k / top-p truncated
-// distribution, whose log-probs are then log mu (as rollout defines it:
-// greedy decoding never truncates).
-func truncated(sp *rollout.Sampling) bool {
-	return sp.Temperature != 0 && (sp.TopK > 0 || (sp.TopP > 0 && sp.TopP < 1))
-}
-
-// splitmix scrambles seeds into well-separated ones (rollout's mixer).
-func splitmix(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
-	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
-	return x ^ (x >> 31)
 }
 
 // parseLogProb reads a log-probability as float32 directly from its JSON

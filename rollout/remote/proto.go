@@ -1,4 +1,4 @@
-package rl
+package remote
 
 import (
 	"bytes"
@@ -9,16 +9,56 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rollout"
 )
 
-// The wire formats of remote rollout (see the comment above RemoteOptions
+// The servers' protocols and their wire formats (see the package comment
 // for the sources they were matched against).
+
+// protocol is one server API: how to ask a server who it is, to have it
+// sample a prompt's responses, and to have it load a version's weights. A
+// Client holds one, chosen by newProtocol, so that the code paths above it
+// (retries, dropping servers, the push's two phases) are the same for
+// every kind.
+type protocol interface {
+	// probe checks that s answers and speaks the protocol (and learns
+	// what requests must name, such as vLLM's served model).
+	probe(ctx context.Context, s *server) error
+	// generate runs j's request on s and returns its n samples, checked
+	// against the policy and j's weight version.
+	generate(ctx context.Context, s *server, j job) ([]rollout.Sample, error)
+	// push has s load the model directory dir as weight version version.
+	push(ctx context.Context, s *server, dir string, version int64) error
+}
+
+// newProtocol is the one place a kind chooses its protocol.
+func newProtocol(c *Client) (protocol, error) {
+	switch c.opt.Kind {
+	case KindKeel:
+		return &sglang{c: c, inputs: keelInputs}, nil
+	case KindSGLang:
+		return &sglang{c: c, inputs: sglangInputs}, nil
+	case KindVLLM:
+		if len(c.moeLayers) > 0 {
+			return nil, fmt.Errorf("server_kind %s: keel reads no expert routes from vLLM, and an MoE policy (%d MoE layers) needs the rollout's routes: use sglang or keel servers", KindVLLM, len(c.moeLayers))
+		}
+		return &vllm{c: c}, nil
+	}
+	return nil, fmt.Errorf("unknown server kind %q (want %s)", c.opt.Kind, kindList())
+}
+
+// sglang speaks SGLang's native API: POST /generate; pause_generation,
+// update_weights_from_disk and continue_generation for weights. keel serve
+// speaks it too, with the differences keelInputs lists, all in how a
+// request's input_ids and sampling_params are built.
+type sglang struct {
+	c *Client
+	// inputs builds the input_ids and sampling_params of j's request.
+	inputs func(j *job) (ids, params any)
+}
 
 // sglSampling is SGLang's sampling_params. Every setting is sent, the
 // neutral ones included, because SGLang fills unsent ones from the
@@ -35,10 +75,11 @@ type sglSampling struct {
 	StopTokenIDs      []int32 `json:"stop_token_ids,omitempty"`
 	// NoStopTrim keeps a matched stop in the text (the ids keep it anyway).
 	NoStopTrim bool `json:"no_stop_trim"`
-	// IgnoreEOS (kind keel only): stop at StopTokenIDs alone, as the local
-	// engine does; without it keel serve also stops at the model's end
-	// tokens (<|endoftext|> besides <|im_end|>). SGLang's ignore_eos would
-	// turn stop_token_ids off as well, so kind sglang never sends it.
+	// IgnoreEOS (kind keel only, see keelInputs): stop at StopTokenIDs
+	// alone, as the local engine does; without it keel serve also stops at
+	// the model's end tokens (<|endoftext|> besides <|im_end|>). SGLang's
+	// ignore_eos would turn stop_token_ids off as well, so kind sglang
+	// never sends it.
 	IgnoreEOS    bool   `json:"ignore_eos,omitempty"`
 	N            int    `json:"n,omitempty"`
 	SamplingSeed uint64 `json:"sampling_seed"`
@@ -95,43 +136,78 @@ func (j *job) sglParams(n int, seed uint64) sglSampling {
 	return p
 }
 
-// sampleSeed is kind sglang's seed of sample k of a prompt: SGLang's
-// seeded sampler hashes (seed, position, token) only, so the n samples of
-// one seed would all be the same. It stays below 2^31 (older SGLang
-// builds hold seeds in int32).
-func sampleSeed(promptSeed uint64, k int) uint64 {
-	return splitmix(promptSeed^splitmix(uint64(k)+0x632be59bd9b4e019)) & (1<<31 - 1)
+// keelInputs builds a kind keel request. keel serve differs from SGLang in
+// three ways (README, "Remote rollout"), all so that a remote
+// exact-precision run is the local run bit for bit:
+//
+//  1. a prompt is one request with n = G (the prompt once, its prefill
+//     shared) whose sample k draws from the stream (sampling_seed, k)
+//     (rollout.SampleStream), as in one local Generate call; SGLang's
+//     seeded sampler would give the n samples of one seed the same tokens
+//     (see sglangInputs);
+//  2. its routes cover every position, SGLang's all but the last (the
+//     answer's difference: decodeRoutes takes both);
+//  3. requests carry ignore_eos, so that the run's stop_token_ids alone
+//     end a response, as in the local engine (keel serve keeps
+//     stop_token_ids under ignore_eos; SGLang would drop them).
+//
+// The requests' differences, 1 and 3, are all here.
+func keelInputs(j *job) (ids, params any) {
+	p := j.sglParams(j.n, j.seed)
+	p.IgnoreEOS = true
+	return j.ids, p
 }
 
-// sglGenerate runs one prompt's request on an SGLang-protocol server.
-func (r *RemoteSampler) sglGenerate(ctx context.Context, s *server, j job) ([]rollout.Sample, error) {
-	req := sglRequest{ReturnLogprob: true, ReturnSamplingMask: truncated(&j.sp),
-		ReturnRoutedExperts: len(r.moeLayers) > 0}
-	if r.opt.Kind == ServerKeel {
-		// keel serve: sample k of n draws from the stream (sampling_seed,
-		// k), as in one local Generate call.
-		p := j.sglParams(j.n, j.seed)
-		p.IgnoreEOS = true
-		req.InputIDs, req.SamplingParams = j.ids, p
-	} else {
-		ids := make([][]int32, j.n)
-		ps := make([]sglSampling, j.n)
-		for k := range ids {
-			ids[k], ps[k] = j.ids, j.sglParams(1, sampleSeed(j.seed, k))
-		}
-		req.InputIDs, req.SamplingParams = ids, ps
+// sglangInputs builds a kind sglang request: the prompt n times, a batch
+// of one sample each with its own seed (sampleSeed).
+func sglangInputs(j *job) (ids, params any) {
+	batch := make([][]int32, j.n)
+	ps := make([]sglSampling, j.n)
+	for k := range batch {
+		batch[k], ps[k] = j.ids, j.sglParams(1, sampleSeed(j.seed, k))
 	}
-	body, err := r.do(ctx, s, http.MethodPost, "/generate", req)
+	return batch, ps
+}
+
+// sampleSeed is kind sglang's seed of sample k of a prompt: SGLang's
+// seeded sampler hashes (seed, position, token) only, so the n samples of
+// one seed would all be the same; each gets the prompt's seed mixed with
+// the key of sample k's stream in the local engine. It stays below 2^31
+// (older SGLang builds hold seeds in int32).
+func sampleSeed(promptSeed uint64, k int) uint64 {
+	return rollout.Splitmix64(promptSeed^rollout.SampleStream(k)) & (1<<31 - 1)
+}
+
+// generate runs one prompt's request on an SGLang-protocol server.
+func (p *sglang) generate(ctx context.Context, s *server, j job) ([]rollout.Sample, error) {
+	req := sglRequest{ReturnLogprob: true, ReturnSamplingMask: j.sp.Truncated(),
+		ReturnRoutedExperts: len(p.c.moeLayers) > 0}
+	req.InputIDs, req.SamplingParams = p.inputs(&j)
+	body, err := p.c.do(ctx, s, http.MethodPost, "/generate", req)
 	if err != nil {
 		return nil, err
 	}
-	return r.decodeSGL(s.url, body, j)
+	return p.decode(s.url, body, j)
 }
 
-// decodeSGL reads and checks the answer of a /generate request: n outputs
+// probe asks the server for its model info: it answers and speaks the
+// protocol.
+func (p *sglang) probe(ctx context.Context, s *server) error {
+	body, err := p.c.do(ctx, s, http.MethodGet, "/get_model_info", nil)
+	if err != nil {
+		return err
+	}
+	var info map[string]any
+	if err := json.Unmarshal(body, &info); err != nil {
+		return &ServerError{Server: s.url, Op: "GET /get_model_info", Field: "body", Err: fmt.Errorf("not a JSON object: %v", err)}
+	}
+	return nil
+}
+
+// decode reads and checks the answer of a /generate request: n outputs
 // (an object when n = 1, else a list), each a sample of j's prompt under
 // j's weight version.
-func (r *RemoteSampler) decodeSGL(url string, body []byte, j job) ([]rollout.Sample, error) {
+func (p *sglang) decode(url string, body []byte, j job) ([]rollout.Sample, error) {
 	bad := func(field string, format string, a ...any) error {
 		return &ServerError{Server: url, Op: "POST /generate", Field: field, Err: fmt.Errorf(format, a...)}
 	}
@@ -157,7 +233,7 @@ func (r *RemoteSampler) decodeSGL(url string, body []byte, j job) ([]rollout.Sam
 		if list {
 			prefix = "[" + strconv.Itoa(k) + "]."
 		}
-		smp, err := r.sglSample(&outs[k], j, func(field string, format string, a ...any) error {
+		smp, err := p.sample(&outs[k], j, func(field string, format string, a ...any) error {
 			return bad(prefix+field, format, a...)
 		})
 		if err != nil {
@@ -168,8 +244,9 @@ func (r *RemoteSampler) decodeSGL(url string, body []byte, j job) ([]rollout.Sam
 	return samples, nil
 }
 
-// sglSample checks one output and turns it into a sample.
-func (r *RemoteSampler) sglSample(o *sglOutput, j job, bad func(field, format string, a ...any) error) (rollout.Sample, error) {
+// sample checks one output and turns it into a sample.
+func (p *sglang) sample(o *sglOutput, j job, bad func(field, format string, a ...any) error) (rollout.Sample, error) {
+	r := p.c
 	var smp rollout.Sample
 	ids, err := r.outputIDs(o.OutputIDs, j, "output_ids", bad)
 	if err != nil {
@@ -218,7 +295,7 @@ func (r *RemoteSampler) sglSample(o *sglOutput, j job, bad func(field, format st
 		}
 	}
 	smp.Tokens, smp.LogProbs, smp.Version = ids, lp, j.version
-	if truncated(&j.sp) {
+	if j.sp.Truncated() {
 		// Under truncation log mu is the truncated distribution's.
 		tl := m.OutputTokenSamplingLogprobs
 		if len(tl) != len(ids) {
@@ -246,7 +323,7 @@ func (r *RemoteSampler) sglSample(o *sglOutput, j job, bad func(field, format st
 
 // outputIDs checks a response's token ids: present, within the request's
 // budget and the vocabulary.
-func (r *RemoteSampler) outputIDs(raw []int64, j job, field string, bad func(field, format string, a ...any) error) ([]int32, error) {
+func (r *Client) outputIDs(raw []int64, j job, field string, bad func(field, format string, a ...any) error) ([]int32, error) {
 	if len(raw) == 0 {
 		return nil, bad(field, "missing or empty")
 	}
@@ -348,12 +425,22 @@ func jsonErr(bad func(field, format string, a ...any) error, err error) error {
 	return bad("body", "malformed JSON: %v", err)
 }
 
-// sglPush has an SGLang-protocol server load dir as version: pause,
+// push has an SGLang-protocol server load dir as version: pause,
 // update_weights_from_disk, continue (even after a failed update, so the
 // server is not left paused), then get_model_info must report the version.
-func (r *RemoteSampler) sglPush(ctx context.Context, s *server, dir string, version int64) error {
+func (p *sglang) push(ctx context.Context, s *server, dir string, version int64) error {
+	r := p.c
 	ver := strconv.FormatInt(version, 10)
+	// continue_generation is sent even when ctx is done: a server left
+	// paused would answer nothing.
+	cont := func() error {
+		_, err := r.do(context.WithoutCancel(ctx), s, http.MethodPost, "/continue_generation", map[string]any{})
+		return err
+	}
 	if _, err := r.do(ctx, s, http.MethodPost, "/pause_generation", map[string]any{"mode": "abort"}); err != nil {
+		if ctx.Err() != nil {
+			cont() // the pause may have reached the server before ctx was done
+		}
 		return err
 	}
 	body, err := r.do(ctx, s, http.MethodPost, "/update_weights_from_disk",
@@ -368,7 +455,7 @@ func (r *RemoteSampler) sglPush(ctx context.Context, s *server, dir string, vers
 				Err: fmt.Errorf("the server did not load %s: %s", dir, snippet(body))}
 		}
 	}
-	_, cerr := r.do(ctx, s, http.MethodPost, "/continue_generation", map[string]any{})
+	cerr := cont()
 	if err != nil {
 		return err
 	}
@@ -388,187 +475,4 @@ func (r *RemoteSampler) sglPush(ctx context.Context, s *server, dir string, vers
 			Err: fmt.Errorf("%s after loading version %s from %s", snippet(info.WeightVersion), ver, dir)}
 	}
 	return nil
-}
-
-// vllmRequest is the body of vLLM's POST /v1/completions. Every sampling
-// setting is sent because vLLM fills unsent ones from the model's
-// generation_config.json.
-type vllmRequest struct {
-	Model             string  `json:"model"`
-	Prompt            []int32 `json:"prompt"`
-	N                 int     `json:"n"`
-	MaxTokens         int     `json:"max_tokens"`
-	Temperature       float64 `json:"temperature"`
-	TopP              float64 `json:"top_p"`
-	TopK              int     `json:"top_k"` // -1: off
-	MinP              float64 `json:"min_p"`
-	RepetitionPenalty float64 `json:"repetition_penalty"`
-	FrequencyPenalty  float64 `json:"frequency_penalty"`
-	PresencePenalty   float64 `json:"presence_penalty"`
-	// Seed: vLLM gives sample j of n the seed Seed + j.
-	Seed uint64 `json:"seed"`
-	// Logprobs 0: the sampled token's log-prob, no alternatives.
-	Logprobs               int     `json:"logprobs"`
-	ReturnTokensAsTokenIDs bool    `json:"return_tokens_as_token_ids"`
-	ReturnTokenIDs         bool    `json:"return_token_ids"`
-	StopTokenIDs           []int32 `json:"stop_token_ids,omitempty"`
-	SkipSpecialTokens      bool    `json:"skip_special_tokens"`
-	Stream                 bool    `json:"stream"`
-}
-
-type vllmResponse struct {
-	Choices []struct {
-		Index    *int `json:"index"`
-		Logprobs *struct {
-			Tokens        []string          `json:"tokens"`
-			TokenLogprobs []json.RawMessage `json:"token_logprobs"`
-		} `json:"logprobs"`
-		FinishReason *string `json:"finish_reason"`
-		TokenIDs     []int64 `json:"token_ids"`
-	} `json:"choices"`
-}
-
-// vllmProbe learns the served model's name (GET /v1/models).
-func (r *RemoteSampler) vllmProbe(ctx context.Context, s *server) error {
-	body, err := r.do(ctx, s, http.MethodGet, "/v1/models", nil)
-	if err != nil {
-		return err
-	}
-	var res struct {
-		Data []struct {
-			ID string `json:"id"`
-		} `json:"data"`
-	}
-	if err := json.Unmarshal(body, &res); err != nil || len(res.Data) == 0 || res.Data[0].ID == "" {
-		return &ServerError{Server: s.url, Op: "GET /v1/models", Field: "data", Err: fmt.Errorf("no served model: %s", snippet(body))}
-	}
-	r.mu.Lock()
-	s.model = res.Data[0].ID
-	r.mu.Unlock()
-	return nil
-}
-
-// vllmGenerate runs one prompt's request on a vLLM server.
-func (r *RemoteSampler) vllmGenerate(ctx context.Context, s *server, j job) ([]rollout.Sample, error) {
-	r.mu.Lock()
-	name := s.model
-	r.mu.Unlock()
-	req := vllmRequest{Model: name, Prompt: j.ids, N: j.n, MaxTokens: j.maxNew, Temperature: j.sp.Temperature,
-		TopP: j.sp.TopP, TopK: j.sp.TopK, RepetitionPenalty: 1, Seed: j.seed & (1<<62 - 1),
-		ReturnTokensAsTokenIDs: true, ReturnTokenIDs: true, StopTokenIDs: j.sp.Stop}
-	if req.TopK == 0 {
-		req.TopK = -1
-	}
-	if req.TopP == 0 {
-		req.TopP = 1
-	}
-	body, err := r.do(ctx, s, http.MethodPost, "/v1/completions", req)
-	if err != nil {
-		return nil, err
-	}
-	return r.decodeVLLM(s.url, body, j)
-}
-
-// decodeVLLM reads and checks a completions answer: n choices, each a
-// sample of j's prompt. vLLM reports no weight version: the samples carry
-// the version the fleet was last given. Its one log-prob per token is the
-// sampled distribution's only under --logprobs-mode processed_logprobs
-// (after temperature and top-k / top-p), which keel cannot check.
-func (r *RemoteSampler) decodeVLLM(url string, body []byte, j job) ([]rollout.Sample, error) {
-	bad := func(field string, format string, a ...any) error {
-		return &ServerError{Server: url, Op: "POST /v1/completions", Field: field, Err: fmt.Errorf(format, a...)}
-	}
-	var res vllmResponse
-	if err := json.Unmarshal(body, &res); err != nil {
-		return nil, jsonErr(bad, err)
-	}
-	if len(res.Choices) != j.n {
-		return nil, bad("choices", "%d choices, want %d (one per sample)", len(res.Choices), j.n)
-	}
-	samples := make([]rollout.Sample, j.n)
-	seen := make([]bool, j.n)
-	for c, ch := range res.Choices {
-		f := "choices[" + strconv.Itoa(c) + "]."
-		if ch.Index == nil || *ch.Index < 0 || *ch.Index >= j.n || seen[*ch.Index] {
-			return nil, bad(f+"index", "missing, out of [0, %d) or repeated", j.n)
-		}
-		k := *ch.Index
-		seen[k] = true
-		lp := ch.Logprobs
-		if lp == nil {
-			return nil, bad(f+"logprobs", "missing")
-		}
-		raw := make([]int64, len(lp.Tokens))
-		for t, tok := range lp.Tokens {
-			id, err := strconv.ParseInt(strings.TrimPrefix(tok, "token_id:"), 10, 64)
-			if err != nil || !strings.HasPrefix(tok, "token_id:") {
-				return nil, bad(f+"logprobs.tokens", "entry %d, %q: want \"token_id:N\" (return_tokens_as_token_ids)", t, tok)
-			}
-			raw[t] = id
-		}
-		if ch.TokenIDs != nil && !slices.Equal(ch.TokenIDs, raw) {
-			return nil, bad(f+"token_ids", "differ from logprobs.tokens")
-		}
-		ids, err := r.outputIDs(raw, j, f+"logprobs.tokens", bad)
-		if err != nil {
-			return nil, err
-		}
-		if len(lp.TokenLogprobs) != len(ids) {
-			return nil, bad(f+"logprobs.token_logprobs", "%d entries for %d tokens", len(lp.TokenLogprobs), len(ids))
-		}
-		vals := make([]float32, len(ids))
-		for t, e := range lp.TokenLogprobs {
-			if vals[t], err = parseLogProb(e); err != nil {
-				return nil, bad(f+"logprobs.token_logprobs", "entry %d: %v", t, err)
-			}
-		}
-		smp := rollout.Sample{Tokens: ids, LogProbs: vals, Version: j.version}
-		if truncated(&j.sp) {
-			smp.TruncLogProbs = vals
-		}
-		if ch.FinishReason == nil {
-			return nil, bad(f+"finish_reason", "missing: the request did not finish")
-		}
-		switch *ch.FinishReason {
-		case "stop", "length":
-			smp.Finish = *ch.FinishReason
-		case "abort":
-			err := bad(f+"finish_reason", "aborted").(*ServerError)
-			err.Transient = true
-			return nil, err
-		default:
-			return nil, bad(f+"finish_reason", "unknown %q", *ch.FinishReason)
-		}
-		samples[k] = smp
-	}
-	return samples, nil
-}
-
-// vllmPush has a vLLM server (VLLM_SERVER_DEV_MODE=1) load dir: pause,
-// point the workers' model_config at dir and reload the weights from it
-// (collective_rpc update_config, reload_weights), drop the prefix cache,
-// resume (even after a failure, so the server is not left paused).
-func (r *RemoteSampler) vllmPush(ctx context.Context, s *server, dir string) error {
-	if _, err := r.do(ctx, s, http.MethodPost, "/pause", nil); err != nil {
-		return err
-	}
-	var err error
-	steps := []struct {
-		path string
-		body any
-	}{
-		{"/collective_rpc", map[string]any{"method": "update_config", "args": []any{map[string]any{"model_config": map[string]any{"model": dir}}}}},
-		{"/collective_rpc", map[string]any{"method": "reload_weights"}},
-		{"/reset_prefix_cache", nil},
-	}
-	for _, st := range steps {
-		if _, err = r.do(ctx, s, http.MethodPost, st.path, st.body); err != nil {
-			break
-		}
-	}
-	_, rerr := r.do(ctx, s, http.MethodPost, "/resume", nil)
-	if err != nil {
-		return err
-	}
-	return rerr
 }
