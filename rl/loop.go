@@ -143,7 +143,6 @@ type phases struct {
 // mini-batch updates and the weight push.
 func (l *Loop) RunStep() (*StepResult, error) {
 	start := time.Now()
-	r := l.R
 	var ph phases
 	l.engineTime, l.oldTokens = 0, 0
 	step := l.Step + 1
@@ -159,22 +158,81 @@ func (l *Loop) RunStep() (*StepResult, error) {
 		samples = append(samples, g...)
 	}
 	res := &StepResult{Metrics: m, Samples: samples}
-	N := r.Train.MiniBatches
-	mbs := make([][]*Sample, N)
-	for i := range N {
-		lo, hi := i*len(groups)/N, (i+1)*len(groups)/N
+	mbs := splitMiniBatches(groups, l.R.Train.MiniBatches)
+
+	t := time.Now()
+	if err := l.oldLogProbs(mbs, samples); err != nil {
+		return nil, err
+	}
+	ph.old = time.Since(t)
+
+	t = time.Now()
+	var tot stepTotals
+	for i, mb := range mbs {
+		if len(mb) == 0 {
+			continue // fewer groups than mini-batches (dynamic sampling): no empty steps
+		}
+		tot.updates++
+		mr, err := l.update(i, mb)
+		if errors.Is(err, errNonFinite) {
+			res.Skipped++
+			l.NonFinite++
+			if l.NonFinite >= l.R.Guards.MaxNonFinite {
+				return nil, fmt.Errorf("%w: %d in a row (guards.max_nonfinite = %d); the last checkpoint is intact", ErrTooManyNonFinite, l.NonFinite, l.R.Guards.MaxNonFinite)
+			}
+			tot.stale = append(tot.stale, math.NaN())
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		l.NonFinite = 0
+		tot.add(mr)
+	}
+	ph.update = time.Since(t)
+
+	t = time.Now()
+	if err := l.push(step); err != nil {
+		return nil, err
+	}
+	ph.push = time.Since(t)
+	l.Step = step
+
+	// Metrics (docs/method.md §6).
+	m["train/skipped_steps"] = float64(res.Skipped)
+	m["lr"] = l.R.schedule().LR(int(l.Trainer.Steps()))
+	tot.metrics(m, res.Skipped, l.Reference != nil)
+	l.discrepancyMetrics(samples, m)
+	if sm, ok := l.Sampler.(SamplerMetrics); ok {
+		for k, v := range sm.Metrics() {
+			m[k] = v
+		}
+	}
+	l.timeMetrics(m, &ph, time.Since(start), genTokens, tot.trainTokens)
+	return res, nil
+}
+
+// splitMiniBatches cuts a step's groups into n mini-batches of whole
+// groups, in order.
+func splitMiniBatches(groups [][]*Sample, n int) [][]*Sample {
+	mbs := make([][]*Sample, n)
+	for i := range n {
+		lo, hi := i*len(groups)/n, (i+1)*len(groups)/n
 		for _, g := range groups[lo:hi] {
 			mbs[i] = append(mbs[i], g...)
 		}
 	}
+	return mbs
+}
 
-	// pi_old for the mini-batches that are not the first. The first's is
-	// its own first training forward (same weights, tokens and routes; the
-	// kernels are batch invariant, so the same bits) for the samples it
-	// trains on, and a forward here for those it does not (see trains).
-	t := time.Now()
-	for i := range N {
-		todo := mbs[i]
+// oldLogProbs computes pi_old for the mini-batches that are not the first,
+// and the reference model's log-probs under a KL penalty. The first
+// mini-batch's pi_old is its own first training forward (same weights,
+// tokens and routes; the kernels are batch invariant, so the same bits)
+// for the samples it trains on, and a forward here for those it does not
+// (see trains).
+func (l *Loop) oldLogProbs(mbs [][]*Sample, samples []*Sample) error {
+	for i, todo := range mbs {
 		if i == 0 && !l.separatePiOld {
 			todo = nil
 			for _, s := range mbs[0] {
@@ -184,117 +242,100 @@ func (l *Loop) RunStep() (*StepResult, error) {
 			}
 		}
 		if err := l.piOld(todo); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if l.Reference != nil {
-		if err := l.refLogProbs(samples); err != nil {
-			return nil, err
-		}
+		return l.refLogProbs(samples)
 	}
-	ph.old = time.Since(t)
+	return nil
+}
 
-	t = time.Now()
-	var all Stats
-	var gradSum, gradMax, klSum float64
-	var surrSum float64
-	var surrN int
-	var stale []float64
-	var staleRoute []float64
-	var staleRouteN int
-	trainTokens := 0
-	updates := 0
-	for i, mb := range mbs {
-		if len(mb) == 0 {
-			continue // fewer groups than mini-batches (dynamic sampling): no empty steps
-		}
-		updates++
-		mr, err := l.update(i, mb)
-		if errors.Is(err, errNonFinite) {
-			res.Skipped++
-			l.NonFinite++
-			if l.NonFinite >= r.Guards.MaxNonFinite {
-				return nil, fmt.Errorf("%w: %d in a row (guards.max_nonfinite = %d); the last checkpoint is intact", ErrTooManyNonFinite, l.NonFinite, r.Guards.MaxNonFinite)
-			}
-			stale = append(stale, math.NaN())
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		l.NonFinite = 0
-		all.Add(mr.stats)
-		gradSum += mr.gradNorm
-		gradMax = max(gradMax, mr.gradNorm)
-		klSum += mr.klSum
-		surrSum += mr.surrogate * float64(mr.trained)
-		surrN += mr.trained
-		stale = append(stale, mr.stats.Staleness())
-		if mr.disagree != nil {
-			if staleRoute == nil {
-				staleRoute = make([]float64, len(mr.disagree))
-			}
-			for k, v := range mr.disagree {
-				staleRoute[k] += v
-			}
-			staleRouteN++
-		}
-		trainTokens += mr.tokens
-	}
-	ph.update = time.Since(t)
-
-	t = time.Now()
+// push sends the trainer's new weights to the rollout as version step.
+func (l *Loop) push(step int) error {
 	w, err := l.Trainer.Weights()
+	if err == nil {
+		err = l.Sampler.UpdateWeights(context.Background(), w, int64(step))
+	}
 	if err != nil {
-		return nil, fmt.Errorf("weight push: %w", err)
+		return fmt.Errorf("weight push: %w", err)
 	}
-	if err := l.Sampler.UpdateWeights(context.Background(), w, int64(step)); err != nil {
-		return nil, fmt.Errorf("weight push: %w", err)
-	}
-	ph.push = time.Since(t)
-	l.Step = step
+	return nil
+}
 
-	// Metrics (docs/method.md §6).
-	m["train/skipped_steps"] = float64(res.Skipped)
-	if done := float64(updates - res.Skipped); done > 0 {
-		m["grad_norm"] = gradSum / done
-		m["grad_norm/max"] = gradMax
+// stepTotals accumulates a step's mini-batch updates for its metrics.
+type stepTotals struct {
+	all                      Stats
+	updates                  int // mini-batches run (skipped ones included)
+	gradSum, gradMax, klSum  float64
+	surrSum                  float64
+	surrN                    int
+	stale                    []float64 // per mini-batch (NaN: skipped)
+	staleRoute               []float64 // per MoE layer: summed pi_old vs pi_theta disagreement
+	staleRouteN, trainTokens int
+}
+
+// add takes one completed mini-batch update.
+func (a *stepTotals) add(mr *mbResult) {
+	a.all.Add(mr.stats)
+	a.gradSum += mr.gradNorm
+	a.gradMax = max(a.gradMax, mr.gradNorm)
+	a.klSum += mr.klSum
+	a.surrSum += mr.surrogate * float64(mr.trained)
+	a.surrN += mr.trained
+	a.stale = append(a.stale, mr.stats.Staleness())
+	if mr.disagree != nil {
+		if a.staleRoute == nil {
+			a.staleRoute = make([]float64, len(mr.disagree))
+		}
+		for k, v := range mr.disagree {
+			a.staleRoute[k] += v
+		}
+		a.staleRouteN++
 	}
-	m["lr"] = r.schedule().LR(int(l.Trainer.Steps()))
+	a.trainTokens += mr.tokens
+}
+
+// metrics records the updates' measures: gradient norms, IS weights,
+// clipping, staleness, surrogate gap, routing drift and the KL to the
+// reference (withRef).
+func (a *stepTotals) metrics(m map[string]float64, skipped int, withRef bool) {
+	if done := float64(a.updates - skipped); done > 0 {
+		m["grad_norm"] = a.gradSum / done
+		m["grad_norm/max"] = a.gradMax
+	}
+	all := &a.all
 	if all.HasWeights() {
 		m["is/mean"], m["is/min"], m["is/max"] = all.ISMean(), all.ISMin, all.ISMax
 		m["is/truncated_frac"], m["is/masked_frac"], m["is/ess"] = all.TruncatedFrac(), all.MaskedFrac(), all.ESS()
 	}
 	m["clip/pos_frac"], m["clip/neg_frac"] = all.ClipPosFrac(), all.ClipNegFrac()
-	for i, s := range stale {
+	for i, s := range a.stale {
 		m["staleness/mb"+itoa(i)] = s
 	}
-	if surrN > 0 {
-		m["surrogate/gap"] = surrSum / float64(surrN)
+	if a.surrN > 0 {
+		m["surrogate/gap"] = a.surrSum / float64(a.surrN)
 	}
-	if staleRoute != nil {
+	if a.staleRoute != nil {
 		var mean float64
-		for k, v := range staleRoute {
-			m["routing/old_vs_theta/l"+itoa(k)] = v / float64(staleRouteN)
-			mean += v / float64(staleRouteN)
+		for k, v := range a.staleRoute {
+			m["routing/old_vs_theta/l"+itoa(k)] = v / float64(a.staleRouteN)
+			mean += v / float64(a.staleRouteN)
 		}
-		m["routing/old_vs_theta"] = mean / float64(len(staleRoute))
+		m["routing/old_vs_theta"] = mean / float64(len(a.staleRoute))
 	}
-	if l.Reference != nil && all.Tokens > 0 {
-		m["kl_ref/k3"] = klSum / float64(all.Tokens)
+	if withRef && all.Tokens > 0 {
+		m["kl_ref/k3"] = a.klSum / float64(all.Tokens)
 	}
-	l.discrepancyMetrics(samples, m)
-	if sm, ok := l.Sampler.(SamplerMetrics); ok {
-		for k, v := range sm.Metrics() {
-			m[k] = v
-		}
-	}
+}
+
+// timeMetrics records where the step's time went and its throughput.
+func (l *Loop) timeMetrics(m map[string]float64, ph *phases, total time.Duration, genTokens, trainTokens int) {
 	m["time/rollout"] = ph.rollout.Seconds()
 	m["time/score"] = ph.score.Seconds()
 	m["time/old_logprobs"] = ph.old.Seconds()
 	m["time/update"] = ph.update.Seconds()
 	m["time/weight_push"] = ph.push.Seconds()
-	total := time.Since(start)
 	m["time/step"] = total.Seconds()
 	m["time/other"] = (total - ph.rollout - ph.score - ph.old - ph.update - ph.push).Seconds()
 	// What the loop itself costs: everything but the two engines and the
@@ -305,7 +346,6 @@ func (l *Loop) RunStep() (*StepResult, error) {
 	if d := (ph.old + ph.update).Seconds(); d > 0 {
 		m["tokens_per_s/train"] = float64(trainTokens+l.oldTokens) / d
 	}
-	return res, nil
 }
 
 // collect samples B prompts' groups (more rounds under dynamic sampling),
@@ -587,124 +627,23 @@ func (l *Loop) update(i int, mb []*Sample) (*mbResult, error) {
 	r := l.R
 	tot := Totals{Responses: len(mb)}
 	var active []*Sample
+	activeTokens := 0
 	for _, s := range mb {
 		tot.Tokens += len(s.Response)
 		if l.trains(s) {
 			active = append(active, s)
+			activeTokens += len(s.Prompt.IDs) + len(s.Response)
 		}
 	}
 	l.Trainer.ZeroGrad()
-	// nonFinite abandons the update; the first mini-batch's samples not
-	// yet run still need their pi_old (a forward only) for the metrics.
-	nonFinite := func() (*mbResult, error) {
-		if i == 0 && !l.separatePiOld {
-			var rest []*Sample
-			for _, s := range active {
-				if s.LogPiOld == nil {
-					rest = append(rest, s)
-				}
-			}
-			if err := l.piOld(rest); err != nil {
-				return nil, err
-			}
-		}
-		return nil, errNonFinite
-	}
-	activeTokens := 0
-	for _, s := range active {
-		activeTokens += len(s.Prompt.IDs) + len(s.Response)
-	}
-	var st Stats
-	var klSum float64
-	var logMu, logPi [][]float32
-	var oldR, thetaR []*model.Routes
-	tokens := 0
-	agg := r.Algorithm.aggregation()
+	var acc mbAccum
 	for _, micro := range microBatches(active, r.Train.MicroBatchTokens) {
-		fresh := i == 0 && !l.separatePiOld
-		opt := l.forwardOpts(micro, !fresh)
-		opt.NoEntropy = !fresh && r.Algorithm.EntropyCoef == 0
-		sq := seqs(micro)
-		t := time.Now()
-		res, err := l.Trainer.Forward(sq, opt)
-		l.engineTime += time.Since(t)
-		if err != nil {
-			return nil, fmt.Errorf("mini-batch %d: %w", i, err)
+		err := l.microStep(i, micro, tot, activeTokens, &acc)
+		if errors.Is(err, errNonFinite) {
+			return nil, l.abandon(i, active)
 		}
-		if fresh {
-			setPiOld(micro, res)
-		}
-		batch := make([]Response, len(micro))
-		for k, s := range micro {
-			a, b := s.span()
-			batch[k] = Response{Advantage: s.Advantage, LogMu: s.LogMu, LogPiOld: s.LogPiOld, LogPi: res.LogProbs[k][a:b]}
-			tokens += len(s.Prompt.IDs) + len(s.Response)
-			logMu = append(logMu, s.LogMu)
-			logPi = append(logPi, batch[k].LogPi)
-			if l.moe && r.Algorithm.Replay == ReplayNone && i > 0 && res.Routes != nil {
-				oldR = append(oldR, s.OldRoutes)
-				thetaR = append(thetaR, res.Routes[k])
-			}
-		}
-		coef, mst, err := l.obj.Coefficients(batch, tot)
 		if err != nil {
 			return nil, err
-		}
-		if err := l.corr.Apply(batch, coef, &mst); err != nil {
-			return nil, err
-		}
-		norm, err := Norms(batch, agg, r.Rollout.MaxNewTokens, tot)
-		if err != nil {
-			return nil, err
-		}
-		if l.Reference != nil && r.Algorithm.KLCoef > 0 {
-			ref := make([][]float32, len(micro))
-			for k, s := range micro {
-				ref[k] = s.LogRef
-			}
-			kl, err := KLPenalty(batch, ref, norm, r.Algorithm.KLCoef, coef)
-			if err != nil {
-				return nil, err
-			}
-			klSum += kl
-		}
-		st.Add(mst)
-		// The auxiliary loss of a forward is a mean over its tokens: weigh
-		// each micro-batch's by its share of the mini-batch's tokens, so
-		// the cut into micro-batches does not scale it.
-		microTokens := 0
-		for _, s := range micro {
-			microTokens += len(s.Prompt.IDs) + len(s.Response)
-		}
-		loss := train.Loss{LogProb: make([][]float32, len(micro)), Aux: r.Train.AuxLoss * float64(microTokens) / float64(activeTokens)}
-		if r.Algorithm.EntropyCoef > 0 {
-			loss.Entropy = make([][]float32, len(micro))
-		}
-		for k, s := range micro {
-			a, _ := s.span()
-			n := len(s.Prompt.IDs) + len(s.Response) - 1
-			loss.LogProb[k] = make([]float32, n)
-			for j, c := range coef[k] {
-				if math.IsNaN(float64(c)) || math.IsInf(float64(c), 0) {
-					return nonFinite()
-				}
-				loss.LogProb[k][a+j] = c
-			}
-			if loss.Entropy != nil {
-				loss.Entropy[k] = make([]float32, n)
-				for j := range s.Response {
-					loss.Entropy[k][a+j] = float32(-r.Algorithm.EntropyCoef * norm[k])
-				}
-			}
-		}
-		if math.IsNaN(res.AuxLoss) || math.IsInf(res.AuxLoss, 0) {
-			return nonFinite()
-		}
-		t = time.Now()
-		err = l.Trainer.Backward(loss)
-		l.engineTime += time.Since(t)
-		if err != nil {
-			return nil, fmt.Errorf("mini-batch %d: %w", i, err)
 		}
 	}
 	lr := r.schedule().LR(int(l.Trainer.Steps()) + 1)
@@ -717,12 +656,156 @@ func (l *Loop) update(i int, mb []*Sample) (*mbResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	surr := MeasureDiscrepancy(logMu, logPi).SurrogateGap
+	surr := MeasureDiscrepancy(acc.logMu, acc.logPi).SurrogateGap
 	var dis []float64
-	if len(thetaR) > 0 {
-		dis = RoutingDisagreement(oldR, thetaR, nil)
+	if len(acc.thetaR) > 0 {
+		dis = RoutingDisagreement(acc.oldR, acc.thetaR, nil)
 	}
-	return &mbResult{stats: st, gradNorm: gn, klSum: klSum, surrogate: surr, trained: len(logMu), disagree: dis, tokens: tokens}, nil
+	return &mbResult{stats: acc.st, gradNorm: gn, klSum: acc.klSum, surrogate: surr, trained: len(acc.logMu), disagree: dis, tokens: acc.tokens}, nil
+}
+
+// abandon gives up mini-batch i's update as non-finite; the first
+// mini-batch's samples not yet run still need their pi_old (a forward
+// only) for the metrics.
+func (l *Loop) abandon(i int, active []*Sample) error {
+	if i == 0 && !l.separatePiOld {
+		var rest []*Sample
+		for _, s := range active {
+			if s.LogPiOld == nil {
+				rest = append(rest, s)
+			}
+		}
+		if err := l.piOld(rest); err != nil {
+			return err
+		}
+	}
+	return errNonFinite
+}
+
+// mbAccum gathers a mini-batch update's measures over its micro-batches.
+type mbAccum struct {
+	st           Stats
+	klSum        float64
+	logMu, logPi [][]float32     // per response trained on
+	oldR, thetaR []*model.Routes // pi_old's and pi_theta's routes (live routing, later mini-batches)
+	tokens       int
+}
+
+// microStep runs one micro-batch of mini-batch i: the forward (pi_old
+// too, for the first mini-batch), the objective's coefficients with the
+// correction and the KL term, and the backward of their loss. It returns
+// errNonFinite for a NaN or Inf coefficient or auxiliary loss.
+func (l *Loop) microStep(i int, micro []*Sample, tot Totals, activeTokens int, acc *mbAccum) error {
+	r := l.R
+	fresh := i == 0 && !l.separatePiOld
+	opt := l.forwardOpts(micro, !fresh)
+	opt.NoEntropy = !fresh && r.Algorithm.EntropyCoef == 0
+	t := time.Now()
+	res, err := l.Trainer.Forward(seqs(micro), opt)
+	l.engineTime += time.Since(t)
+	if err != nil {
+		return fmt.Errorf("mini-batch %d: %w", i, err)
+	}
+	if fresh {
+		setPiOld(micro, res)
+	}
+	batch := make([]Response, len(micro))
+	for k, s := range micro {
+		a, b := s.span()
+		batch[k] = Response{Advantage: s.Advantage, LogMu: s.LogMu, LogPiOld: s.LogPiOld, LogPi: res.LogProbs[k][a:b]}
+		acc.tokens += len(s.Prompt.IDs) + len(s.Response)
+		acc.logMu = append(acc.logMu, s.LogMu)
+		acc.logPi = append(acc.logPi, batch[k].LogPi)
+		if l.moe && r.Algorithm.Replay == ReplayNone && i > 0 && res.Routes != nil {
+			acc.oldR = append(acc.oldR, s.OldRoutes)
+			acc.thetaR = append(acc.thetaR, res.Routes[k])
+		}
+	}
+	coef, norm, err := l.coefficients(micro, batch, tot, acc)
+	if err != nil {
+		return err
+	}
+	loss, err := l.loss(micro, coef, norm, activeTokens)
+	if err != nil {
+		return err
+	}
+	if math.IsNaN(res.AuxLoss) || math.IsInf(res.AuxLoss, 0) {
+		return errNonFinite
+	}
+	t = time.Now()
+	err = l.Trainer.Backward(loss)
+	l.engineTime += time.Since(t)
+	if err != nil {
+		return fmt.Errorf("mini-batch %d: %w", i, err)
+	}
+	return nil
+}
+
+// coefficients returns the per-token coefficients of a micro-batch (the
+// objective's, corrected, with the KL penalty's) and each response's
+// aggregation multiplier, adding their statistics to acc.
+func (l *Loop) coefficients(micro []*Sample, batch []Response, tot Totals, acc *mbAccum) ([][]float32, []float64, error) {
+	a := &l.R.Algorithm
+	coef, mst, err := l.obj.Coefficients(batch, tot)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := l.corr.Apply(batch, coef, &mst); err != nil {
+		return nil, nil, err
+	}
+	norm, err := Norms(batch, a.aggregation(), l.R.Rollout.MaxNewTokens, tot)
+	if err != nil {
+		return nil, nil, err
+	}
+	if l.Reference != nil && a.KLCoef > 0 {
+		ref := make([][]float32, len(micro))
+		for k, s := range micro {
+			ref[k] = s.LogRef
+		}
+		kl, err := KLPenalty(batch, ref, norm, a.KLCoef, coef)
+		if err != nil {
+			return nil, nil, err
+		}
+		acc.klSum += kl
+	}
+	acc.st.Add(mst)
+	return coef, norm, nil
+}
+
+// loss lays a micro-batch's coefficients out as the training engine's loss
+// over whole sequences (prompt positions 0), with the entropy bonus and
+// the auxiliary loss; errNonFinite for a NaN or Inf coefficient.
+func (l *Loop) loss(micro []*Sample, coef [][]float32, norm []float64, activeTokens int) (train.Loss, error) {
+	r := l.R
+	// The auxiliary loss of a forward is a mean over its tokens: weigh
+	// each micro-batch's by its share of the mini-batch's tokens, so the
+	// cut into micro-batches does not scale it.
+	microTokens := 0
+	for _, s := range micro {
+		microTokens += len(s.Prompt.IDs) + len(s.Response)
+	}
+	loss := train.Loss{LogProb: make([][]float32, len(micro)), Aux: r.Train.AuxLoss * float64(microTokens) / float64(activeTokens)}
+	if r.Algorithm.EntropyCoef > 0 {
+		loss.Entropy = make([][]float32, len(micro))
+	}
+	for k, s := range micro {
+		a, _ := s.span()
+		n := len(s.Prompt.IDs) + len(s.Response) - 1
+		loss.LogProb[k] = make([]float32, n)
+		for j, c := range coef[k] {
+			if math.IsNaN(float64(c)) || math.IsInf(float64(c), 0) {
+				return train.Loss{}, errNonFinite
+			}
+			loss.LogProb[k][a+j] = c
+		}
+		if loss.Entropy != nil {
+			loss.Entropy[k] = make([]float32, n)
+			for j := range s.Response {
+				loss.Entropy[k][a+j] = float32(-r.Algorithm.EntropyCoef * norm[k])
+			}
+		}
+	}
+	return loss, nil
 }
 
 // mbResult is what one mini-batch update measured.

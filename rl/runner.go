@@ -1,0 +1,475 @@
+package rl
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/keel-rl/keel/data"
+	"github.com/keel-rl/keel/evaluate"
+	"github.com/keel-rl/keel/internal/atomicfile"
+	"github.com/keel-rl/keel/internal/builtin"
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/rollout"
+	"github.com/keel-rl/keel/rollout/remote"
+	"github.com/keel-rl/keel/run"
+	"github.com/keel-rl/keel/tokenizer"
+	"github.com/keel-rl/keel/train"
+)
+
+// Run executes a recipe in its run directory: a fresh run, or (resume)
+// the continuation of the one there from its last checkpoint. The
+// directory is locked for the run's duration. Cancelling ctx stops it after
+// the current step with a checkpoint.
+func Run(ctx context.Context, r *Recipe, resume bool, pr Progress) (*Result, error) {
+	u := &runner{r: r, pr: pr, start: time.Now()}
+	defer u.close()
+	for _, f := range []func() error{
+		func() error { return u.open(resume) },
+		u.loadData,
+		u.buildEngines,
+		u.openLogs,
+		func() error { return u.train(ctx) },
+	} {
+		if err := f(); err != nil {
+			return nil, err
+		}
+	}
+	return u.finish()
+}
+
+// runner is one Run: the run directory's session, what the run reads
+// (tokenizer, prompts, held-out set), its engines and loop, and the
+// writers of its metrics. Each method is one phase of Run.
+type runner struct {
+	r     *Recipe
+	pr    Progress
+	start time.Time
+	res   *Result
+
+	sess *run.Session
+	ck   *run.Checkpoint // the checkpoint resumed from (nil: fresh)
+	st   loopState
+
+	modelPath string
+	tok       *tokenizer.Tokenizer
+	end       int32 // the token that ends a response
+	policy    *model.Model
+	prompts   []Prompt
+	evalSet   []data.Example
+
+	trainer train.Trainer
+	loop    *Loop
+	evalEng *rollout.Engine // nil without evaluation
+
+	metrics *run.MetricsLog
+	tb      *run.EventWriter // nil without TensorBoard
+	saved   int              // the newest checkpoint's step (0: none)
+	closers []func()         // run in reverse order by close
+}
+
+// defers registers f to run when the run ends, before what was
+// registered earlier.
+func (u *runner) defers(f func()) { u.closers = append(u.closers, f) }
+
+func (u *runner) close() {
+	for i := len(u.closers) - 1; i >= 0; i-- {
+		u.closers[i]()
+	}
+}
+
+// open locks the run directory, decides between a fresh run and a resumed
+// one, and writes the resolved recipe.
+func (u *runner) open(resume bool) error {
+	r := u.r
+	sess, err := run.OpenSession(r.Out)
+	if err != nil {
+		return err
+	}
+	u.sess = sess
+	u.defers(func() { sess.Close() })
+	// A run with a checkpoint is resumed, never overwritten; one that
+	// stopped before its first checkpoint has nothing to keep and starts
+	// afresh (its metrics log is discarded).
+	u.ck = sess.Resumed
+	if u.ck == nil && resume {
+		return fmt.Errorf("%s has no checkpoint to resume: start it afresh with keel rl --recipe %s", r.Out, filepath.Join(r.Out, RecipeFile))
+	}
+	if u.ck != nil && !resume {
+		return fmt.Errorf("%s: %w (checkpoint at step %d): resume it with keel rl --resume %s, or choose another name", r.Out, ErrRunExists, u.ck.Step, r.Out)
+	}
+	u.res = &Result{Dir: r.Out, ModelDir: sess.ModelDir(), Recipe: r}
+	return atomicfile.Write(filepath.Join(r.Out, RecipeFile), func(w io.Writer) error {
+		_, err := w.Write(r.YAML())
+		return err
+	})
+}
+
+// loadData reads the tokenizer, the policy's weights (the checkpoint's when
+// resuming), the training prompts and the held-out set. The built-in model
+// and held-out set come from the binary when the working directory is not
+// a checkout of the repository.
+func (u *runner) loadData() error {
+	r := u.r
+	var err error
+	if u.modelPath, err = builtin.Resolve(r.Model.Path, ""); err != nil {
+		return fmt.Errorf("model.path: %w", err)
+	}
+	if u.tok, err = tokenizer.Load(filepath.Join(u.modelPath, tokenizer.FileName)); err != nil {
+		return fmt.Errorf("model.path: %w", err)
+	}
+	if u.ck != nil {
+		u.policy = u.ck.Model
+		if err := u.sess.State(&u.st); err != nil {
+			return err
+		}
+		u.res.Resumed = u.ck.Step
+		u.saved = u.ck.Step
+	} else if u.policy, err = model.Load(u.modelPath); err != nil {
+		return fmt.Errorf("model.path: %w", err)
+	}
+	if u.tok.VocabSize() > u.policy.Config.VocabSize {
+		return fmt.Errorf("model.path: the tokenizer has %d tokens, the model's vocab_size is %d", u.tok.VocabSize(), u.policy.Config.VocabSize)
+	}
+	end, ok := u.tok.ID(tokenizer.ImEnd)
+	if !ok {
+		return fmt.Errorf("model.path: the tokenizer has no %s token to end responses", tokenizer.ImEnd)
+	}
+	u.end = end
+	if u.prompts, err = loadPrompts(r, u.tok, u.policy.Config.MaxPositionEmbeddings); err != nil {
+		return err
+	}
+	if r.Eval.Skip {
+		return nil
+	}
+	return u.loadEvalSet()
+}
+
+// loadEvalSet reads the held-out set and drops the training prompts that
+// are in it: held out means held out (small problems recur).
+func (u *runner) loadEvalSet() error {
+	r := u.r
+	evalFile, err := builtin.Resolve(r.Eval.File, "")
+	if err != nil {
+		return fmt.Errorf("eval.file: %w", err)
+	}
+	if u.evalSet, err = data.Read(evalFile); err != nil {
+		return fmt.Errorf("eval.file: %w", err)
+	}
+	if err := evaluate.CheckTasks(u.evalSet); err != nil {
+		return fmt.Errorf("eval.file: %s: %w", r.Eval.File, err)
+	}
+	if r.Eval.N > 0 && r.Eval.N < len(u.evalSet) {
+		u.evalSet = u.evalSet[:r.Eval.N]
+	}
+	var dropped int
+	if u.prompts, dropped = decontaminate(u.prompts, u.evalSet); len(u.prompts) == 0 {
+		return fmt.Errorf("data: every training prompt is also in eval.file %s", r.Eval.File)
+	}
+	u.res.Decontaminated = dropped
+	return nil
+}
+
+// buildEngines makes the rollout sampler (in process or remote), the
+// training engine (with the checkpoint's optimiser state when resuming),
+// the reference model for a KL penalty, the loop and the evaluation
+// engine.
+func (u *runner) buildEngines() error {
+	r := u.r
+	sampler, err := u.newSampler()
+	if err != nil {
+		return err
+	}
+	if err := sampler.UpdateWeights(context.Background(), u.policy, int64(u.res.Resumed)); err != nil {
+		return err
+	}
+	var optim *train.OptimState
+	if u.ck != nil {
+		optim = (*train.OptimState)(u.ck.Optim)
+	}
+	if u.trainer, err = u.newTrainer(u.policy, optim); err != nil {
+		return err
+	}
+	u.loop = &Loop{R: r, Trainer: u.trainer, Sampler: sampler, Loader: NewLoader(u.prompts, r.Seed), Stop: []int32{u.end},
+		Score: VerifierScorer(u.tok, u.end), Step: u.res.Resumed, NonFinite: u.st.NonFinite}
+	u.loop.Loader.Seek(u.st.Loader)
+	if r.Algorithm.KLCoef > 0 {
+		ref, err := model.Load(u.modelPath)
+		if err != nil {
+			return fmt.Errorf("model.path (reference): %w", err)
+		}
+		if u.loop.Reference, err = u.newTrainer(ref, nil); err != nil {
+			return err
+		}
+	}
+	if err := u.loop.Init(); err != nil {
+		return err
+	}
+	return u.newEvalEngine()
+}
+
+// newTrainer returns the training engine for m: the CPU engine, the one
+// keel has.
+func (u *runner) newTrainer(m *model.Model, optim *train.OptimState) (train.Trainer, error) {
+	t, err := train.NewTrainer(m, u.r.AdamW(), optim)
+	if err != nil {
+		return nil, err
+	}
+	u.defers(func() { t.Close() })
+	return t, nil
+}
+
+// newSampler returns the rollout: a fleet of inference servers when the
+// recipe lists them, else the in-process engine, sized for the longest
+// prompt and the response budget.
+func (u *runner) newSampler() (Sampler, error) {
+	ro := &u.r.Rollout
+	maxPos := u.policy.Config.MaxPositionEmbeddings
+	longest := 0
+	for _, p := range u.prompts {
+		longest = max(longest, len(p.IDs))
+	}
+	maxLen := longest + ro.MaxNewTokens
+	if maxPos > 0 {
+		maxLen = min(maxLen, maxPos)
+	}
+	if len(ro.Servers) > 0 {
+		// Remote rollout: the servers run their own precision; each step's
+		// weights reach them through ro.WeightsDir.
+		rs, err := remote.New(remote.Options{Servers: ro.Servers, Kind: ro.ServerKind, WeightsDir: ro.WeightsDir,
+			RequestTimeout: time.Duration(ro.RequestTimeout * float64(time.Second)), MaxConcurrency: ro.MaxConcurrency,
+			APIKey: os.Getenv(remote.APIKeyEnv), Config: u.policy.Config, MaxLen: maxLen, Events: u.pr.Warn,
+			WriteFiles: func(dir string) error { return u.tok.WriteFile(filepath.Join(dir, tokenizer.FileName)) }})
+		if err != nil {
+			return nil, fmt.Errorf("rollout.servers: %w", err)
+		}
+		u.defers(rs.Close)
+		return rs, nil
+	}
+	prec, _ := rollout.ParsePrecision(ro.Precision)
+	eng, err := rollout.New(u.policy, rollout.Options{Precision: prec, Slots: ro.Slots, MaxLen: maxLen})
+	if err != nil {
+		return nil, err
+	}
+	u.defers(eng.Close)
+	return eng, nil
+}
+
+// newEvalEngine makes the held-out evaluation's own rollout engine, in
+// eval.precision, sized for the longest held-out prompt.
+func (u *runner) newEvalEngine() error {
+	r := u.r
+	if r.Eval.Skip {
+		return nil
+	}
+	maxPos := u.policy.Config.MaxPositionEmbeddings
+	ep, _ := rollout.ParsePrecision(r.Eval.Precision)
+	evLen := r.Eval.MaxNewTokens
+	for _, p := range evaluate.Prompts(u.tok, u.evalSet) {
+		evLen = max(evLen, len(p)+r.Eval.MaxNewTokens)
+	}
+	if maxPos > 0 {
+		evLen = min(evLen, maxPos)
+	}
+	eng, err := rollout.New(u.policy, rollout.Options{Precision: ep, Slots: r.Rollout.Slots, MaxLen: evLen})
+	if err != nil {
+		return err
+	}
+	u.evalEng = eng
+	u.defers(eng.Close)
+	return nil
+}
+
+// evaluate scores the policy's current weights on the held-out set.
+func (u *runner) evaluate(step int) (*evaluate.Report, error) {
+	r := u.r
+	w, err := u.trainer.Weights()
+	if err != nil {
+		return nil, err
+	}
+	if err := u.evalEng.UpdateWeights(context.Background(), w, int64(step)); err != nil {
+		return nil, err
+	}
+	rep, err := evaluate.Run(u.evalEng, u.tok, u.evalSet, r.Eval.K, rollout.Sampling{Temperature: r.Rollout.Temperature,
+		TopK: r.Rollout.TopK, TopP: r.Rollout.TopP, MaxNewTokens: r.Eval.MaxNewTokens, Seed: r.Seed ^ 0xe7a1})
+	if err != nil {
+		return nil, fmt.Errorf("eval: %w", err)
+	}
+	if u.pr.Eval != nil {
+		u.pr.Eval(step, rep)
+	}
+	return rep, nil
+}
+
+// openLogs opens the metrics log and TensorBoard's events and, for a
+// fresh run, records the step-0 evaluation. A fresh run starts an empty
+// log (a crash before the first checkpoint leaves nothing to keep); a
+// resumed one is cut back to its checkpoint.
+func (u *runner) openLogs() error {
+	r := u.r
+	var err error
+	if u.metrics, err = u.sess.OpenMetrics(true); err != nil {
+		return err
+	}
+	if r.Log.TensorBoard {
+		if u.tb, err = run.OpenEvents(filepath.Join(r.Out, "tensorboard")); err != nil {
+			return err
+		}
+		u.defers(func() { u.tb.Close() })
+	}
+	if u.ck != nil || u.evalEng == nil {
+		return nil
+	}
+	rep, err := u.evaluate(0)
+	if err != nil {
+		return err
+	}
+	u.res.Before = rep
+	m := map[string]float64{"data/prompts": float64(len(u.prompts)), "data/decontaminated": float64(u.res.Decontaminated)}
+	evalMetrics(rep, m)
+	return u.write(0, m)
+}
+
+// write records one step's metrics in the log and in TensorBoard.
+func (u *runner) write(step int, m map[string]float64) error {
+	rec := make(map[string]any, len(m)+1)
+	for k, v := range m {
+		rec[k] = v
+	}
+	rec["step"] = step
+	if err := u.metrics.Write(rec); err != nil {
+		return err
+	}
+	if u.tb != nil {
+		return u.tb.Scalars(int64(step), time.Now(), m)
+	}
+	return nil
+}
+
+// evalMetrics adds an evaluation's scores to a step's metrics.
+func evalMetrics(rep *evaluate.Report, m map[string]float64) {
+	k := itoa(rep.K)
+	for _, s := range rep.Scores {
+		suffix := ""
+		if s.Group != "all" {
+			suffix = "/" + s.Group
+		}
+		m["eval/avg@"+k+suffix] = s.AvgAtK
+		m["eval/pass@"+k+suffix] = s.PassAtK
+	}
+}
+
+// elapsed is the run's time so far, the time before a resumption
+// included.
+func (u *runner) elapsed() float64 { return u.st.Elapsed + time.Since(u.start).Seconds() }
+
+// checkpoint saves the trainer's weights and optimiser state with the
+// loop's own state, after flushing TensorBoard.
+func (u *runner) checkpoint() error {
+	u.saved = u.loop.Step
+	if u.tb != nil {
+		if err := u.tb.Flush(); err != nil {
+			return err
+		}
+	}
+	w, o, err := train.Snapshot(u.trainer)
+	if err != nil {
+		return err
+	}
+	return u.sess.Save(u.loop.Step, w, (*run.OptimState)(o), loopState{Loader: u.loop.Loader.State(), NonFinite: u.loop.NonFinite,
+		Elapsed: u.elapsed()}, u.r.Log.Keep)
+}
+
+// train runs the loop's steps up to train.steps, or until ctx is
+// cancelled, with a checkpoint at the end either way.
+func (u *runner) train(ctx context.Context) error {
+	total := u.r.Train.Steps
+	for u.loop.Step < total {
+		if ctx.Err() != nil {
+			u.res.Stopped = true
+			break
+		}
+		sr, err := u.loop.RunStep()
+		if err != nil {
+			// Whatever failed, the last checkpoint stands; say so.
+			if u.saved > 0 {
+				return fmt.Errorf("step %d: %w (the run resumes from its checkpoint of step %d: keel rl --resume %s)", u.loop.Step+1, err, u.saved, u.r.Out)
+			}
+			return fmt.Errorf("step %d: %w (no checkpoint yet: the same command starts the run afresh)", u.loop.Step+1, err)
+		}
+		if err := u.afterStep(sr); err != nil {
+			return err
+		}
+	}
+	return u.checkpoint()
+}
+
+// afterStep evaluates when due, writes samples and metrics, reports, acts
+// on the guards and checkpoints when due.
+func (u *runner) afterStep(sr *StepResult) error {
+	r, step, total := u.r, u.loop.Step, u.r.Train.Steps
+	m := sr.Metrics
+	m["elapsed_s"] = u.elapsed()
+	if u.evalEng != nil && (step == total || (r.Eval.Every > 0 && step%r.Eval.Every == 0)) {
+		t := time.Now()
+		rep, err := u.evaluate(step)
+		if err != nil {
+			return err
+		}
+		evalMetrics(rep, m)
+		m["time/eval"] = time.Since(t).Seconds()
+		if step == total {
+			u.res.After = rep
+		}
+	}
+	if r.Log.SamplesEvery > 0 && (step%r.Log.SamplesEvery == 0 || step == 1) {
+		if err := writeSamples(filepath.Join(r.Out, "samples"), step, u.tok, sr.Samples); err != nil {
+			return err
+		}
+	}
+	if err := u.write(step, m); err != nil {
+		return err
+	}
+	u.res.LastStep = m
+	if u.pr.Step != nil {
+		u.pr.Step(step, total, m, time.Since(u.start))
+	}
+	if msg := guardMessage(r, m); msg != "" {
+		if r.Guards.Action == "stop" {
+			if err := u.checkpoint(); err != nil {
+				return err
+			}
+			return fmt.Errorf("step %d: %s (guards.action = stop; checkpoint saved)", step, msg)
+		}
+		if u.pr.Warn != nil {
+			u.pr.Warn(fmt.Sprintf("step %d: %s", step, msg))
+		}
+	}
+	if r.Log.CheckpointEvery > 0 && step%r.Log.CheckpointEvery == 0 && step < total {
+		return u.checkpoint()
+	}
+	return nil
+}
+
+// finish reports the run and, unless it was stopped, saves the final
+// model with its tokenizer.
+func (u *runner) finish() (*Result, error) {
+	res := u.res
+	res.Steps = u.loop.Step
+	res.Elapsed = time.Since(u.start)
+	res.PeakRSS = peakRSS()
+	if res.Stopped {
+		return res, nil
+	}
+	w, err := u.trainer.Weights()
+	if err != nil {
+		return nil, err
+	}
+	if err := u.sess.SaveModel(w, u.tok); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
