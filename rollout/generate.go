@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"slices"
 
-	"github.com/keel-rl/keel/kernels"
 	"github.com/keel-rl/keel/model"
 )
 
@@ -142,7 +141,7 @@ type genState struct {
 
 func (e *Engine) allocGen() {
 	L := e.opt.MaxLen
-	perPos := len(e.moeLayers) * e.cfg.NumExpertsPerTok
+	perPos := e.nMoE * e.cfg.NumExpertsPerTok
 	gs := &e.gs
 	gs.slots = make([]slotState, e.opt.Slots)
 	for i := range gs.slots {
@@ -199,26 +198,6 @@ type group struct {
 	out     []Sample // by sample index
 }
 
-// policy is a group's sampling settings, with the stop set laid out for
-// the per-token check. Groups of one Generate call share one.
-type policy struct {
-	sp      Sampling
-	stop    [256]bool // stop tokens below 256, for a fast check
-	stopAll []int32
-}
-
-func newPolicy(sp Sampling) *policy {
-	pl := &policy{sp: sp}
-	for _, t := range sp.Stop {
-		if t < 256 {
-			pl.stop[t] = true
-		} else {
-			pl.stopAll = append(pl.stopAll, t)
-		}
-	}
-	return pl
-}
-
 // Generate samples n responses for each prompt (token ids) with continuous
 // batching over the engine's slots, returning them ordered by prompt, then
 // sample index. Prompts must be non-empty and fit the engine's MaxLen with
@@ -229,7 +208,9 @@ func (e *Engine) Generate(prompts [][]int32, n int, sp Sampling) ([]Sample, erro
 		return nil, err
 	}
 	for g.admit() {
-		g.step()
+		if err := g.step(); err != nil {
+			return nil, err
+		}
 	}
 	return g.out, nil
 }
@@ -427,24 +408,15 @@ func (g *gen) donor(i int) (d int, pending bool) {
 	return -1, pending
 }
 
-// share copies the first promptLen-1 positions of keys, values and routes
-// from slot d into slot i, which then has only its last prompt row to
-// compute.
+// share copies the first promptLen-1 positions of keys and values (in the
+// backend's cache) and of routes from slot d into slot i, which then has
+// only its last prompt row to compute.
 func (g *gen) share(i, d int) {
 	e := g.e
 	s, t := &g.slots[i], &g.slots[d]
 	m := s.promptLen - 1
-	dst, src := e.cacheRow(int32(i), 0), e.cacheRow(int32(d), 0)
-	for l := range e.kc {
-		copy(e.kc[l][dst:dst+m*e.kvd], e.kc[l][src:src+m*e.kvd])
-		copy(e.vc[l][dst:dst+m*e.kvd], e.vc[l][src:src+m*e.kvd])
-	}
-	for l := range e.kv16 {
-		kv := &e.kv16[l]
-		copy(kv.k[dst:dst+m*e.kvd], kv.k[src:src+m*e.kvd])
-		copy(kv.v[dst:dst+m*e.kvd], kv.v[src:src+m*e.kvd])
-	}
-	per := len(e.moeLayers) * e.cfg.NumExpertsPerTok
+	e.b.CopyPrefix(i, d, m)
+	per := e.nMoE * e.cfg.NumExpertsPerTok
 	if s.routes != nil {
 		copy(s.routes[:m*per], t.routes)
 	} else if s.routes16 != nil {
@@ -456,20 +428,56 @@ func (g *gen) share(i, d int) {
 // step runs one forward step over every active slot (one decode row each,
 // then prompt rows to prefill within the step's row budget), samples the
 // next token of every slot whose distribution it produced, each with its
-// group's settings, and retires finished sequences.
-func (g *gen) step() {
+// group's settings, and retires finished sequences. After an error (the
+// backend's) the sequences in flight are lost: Generate returns it, a
+// Scheduler fails their requests.
+func (g *gen) step() error {
 	e := g.e
-	e.rows = 0
-	e.outRow, e.outTemp = e.outRow[:0], e.outTemp[:0]
-	add := func(slot, pos int, tok int32) {
-		e.slot[e.rows], e.pos[e.rows], e.tok[e.rows] = int32(slot), int32(pos), tok
-		e.rows++
+	if e.loadErr != nil {
+		return e.loadErr
 	}
+	g.fill()
+	if err := e.b.Step(&e.batch); err != nil {
+		return fmt.Errorf("rollout: forward step: %w", err)
+	}
+	g.recordRoutes()
+	e.pool.Run(len(e.batch.OutRow), g.fnSamp)
+	for i := range g.slots {
+		if s := &g.slots[i]; s.active && s.tail {
+			g.retire(s)
+		}
+	}
+	// Advance the cache positions, then take the sampled tokens.
+	b := &e.batch
+	for r, slot := range b.Slot {
+		g.slots[slot].cached = int(b.Pos[r]) + 1
+	}
+	for i := range g.slots {
+		if s := &g.slots[i]; s.active && s.waiting {
+			g.takePrompt(i) // the prompt's owner may have just computed it
+		}
+	}
+	for i := range g.slots {
+		if s := &g.slots[i]; s.active && s.outIdx >= 0 {
+			g.take(s)
+		}
+	}
+	return nil
+}
+
+// fill sets up the step's batch: a row for every active slot past its
+// prompt (its next token, or the tail row of a finished MoE sequence),
+// then prompt rows to prefill within the step's row budget, and the
+// output rows.
+func (g *gen) fill() {
+	e := g.e
+	b := &e.batch
+	b.reset()
 	for i := range g.slots {
 		s := &g.slots[i]
 		s.outIdx = -1
 		if s.active && s.cached >= s.promptLen { // decoding, or the tail row
-			add(i, s.cached, s.seq[s.cached])
+			b.add(i, s.cached, s.seq[s.cached])
 			if !s.tail {
 				g.output(s)
 			}
@@ -480,104 +488,75 @@ func (g *gen) step() {
 		if !s.active || s.waiting || s.cached >= s.promptLen {
 			continue
 		}
-		chunk := min(s.promptLen-s.cached, e.opt.StepRows-e.rows)
+		chunk := min(s.promptLen-s.cached, e.opt.StepRows-b.Rows())
 		g.promptRows += chunk
 		for p := s.cached; p < s.cached+chunk; p++ {
-			add(i, p, s.seq[p])
+			b.add(i, p, s.seq[p])
 		}
 		if s.cached+chunk == s.promptLen {
 			g.output(s)
 		}
 	}
-	e.forward()
-	g.recordRoutes()
-	e.pool.Run(len(e.outRow), g.fnSamp)
-	for i := range g.slots {
-		s := &g.slots[i]
-		if !s.active {
-			continue
-		}
-		if s.tail {
-			g.retire(s)
-			continue
-		}
+}
+
+// take appends the token sampled for slot s, with its log-probabilities,
+// to its sequence, tells its group's OnToken, and ends the sequence on a
+// stop token or at its length limit (MoE sequences after one more row,
+// which records the last token's routes).
+func (g *gen) take(s *slotState) {
+	e := g.e
+	pol := s.grp.pol
+	s.seq = append(s.seq, s.sampled)
+	s.lp = append(s.lp, s.sampLP)
+	var tlp float32
+	if pol.sp.Truncated() {
+		s.tlp = append(s.tlp, s.sTLP)
+		tlp = s.sTLP
 	}
-	// Advance the cache positions, then take the sampled tokens.
-	for r := 0; r < e.rows; r++ {
-		g.slots[e.slot[r]].cached = int(e.pos[r]) + 1
+	var top []TokenLogProb
+	if n := pol.sp.TopLogProbs; n > 0 {
+		s.top = append(s.top, s.stepTop[:n]...)
+		top = s.top[len(s.top)-n:]
 	}
-	for i := range g.slots {
-		if s := &g.slots[i]; s.active && s.waiting {
-			g.takePrompt(i) // the prompt's owner may have just computed it
-		}
+	g.sampled++
+	if f := s.grp.onToken; f != nil {
+		f(s.idx, Token{ID: s.sampled, LogProb: s.sampLP, TruncLogProb: tlp, Top: top})
 	}
-	for i := range g.slots {
-		s := &g.slots[i]
-		if !s.active || s.outIdx < 0 {
-			continue
-		}
-		pol := s.grp.pol
-		s.seq = append(s.seq, s.sampled)
-		s.lp = append(s.lp, s.sampLP)
-		var tlp float32
-		if pol.sp.Truncated() {
-			s.tlp = append(s.tlp, s.sTLP)
-			tlp = s.sTLP
-		}
-		var top []TokenLogProb
-		if n := pol.sp.TopLogProbs; n > 0 {
-			s.top = append(s.top, s.stepTop[:n]...)
-			top = s.top[len(s.top)-n:]
-		}
-		g.sampled++
-		if f := s.grp.onToken; f != nil {
-			f(s.idx, Token{ID: s.sampled, LogProb: s.sampLP, TruncLogProb: tlp, Top: top})
-		}
-		switch {
-		case pol.isStop(s.sampled):
-			s.finish = "stop"
-		case len(s.seq)-s.promptLen >= pol.sp.MaxNewTokens || len(s.seq) >= e.opt.MaxLen:
-			s.finish = "length"
-		default:
-			continue
-		}
-		if len(e.moeLayers) > 0 {
-			s.tail = true // one more row records the last token's routes
-		} else {
-			g.retire(s)
-		}
+	switch {
+	case pol.isStop(s.sampled):
+		s.finish = "stop"
+	case len(s.seq)-s.promptLen >= pol.sp.MaxNewTokens || len(s.seq) >= e.opt.MaxLen:
+		s.finish = "length"
+	default:
+		return
+	}
+	if e.nMoE > 0 {
+		s.tail = true // one more row records the last token's routes
+	} else {
+		g.retire(s)
 	}
 }
 
 // output makes the step's last row slot s's output row, to be tempered
 // at its group's temperature.
 func (g *gen) output(s *slotState) {
-	e := g.e
-	s.outIdx = len(e.outRow)
-	e.outRow = append(e.outRow, int32(e.rows-1))
-	e.outTemp = append(e.outTemp, float32(s.grp.pol.sp.Temperature))
-}
-
-func (pl *policy) isStop(t int32) bool {
-	if t < 256 {
-		return pl.stop[t]
-	}
-	return slices.Contains(pl.stopAll, t)
+	s.outIdx = g.e.batch.output(float32(s.grp.pol.sp.Temperature))
 }
 
 // recordRoutes copies the step's routes into the slots' route buffers.
 func (g *gen) recordRoutes() {
 	e := g.e
-	nl := len(e.moeLayers)
+	nl := e.nMoE
 	if nl == 0 {
 		return
 	}
 	k := e.cfg.NumExpertsPerTok
-	for r := 0; r < e.rows; r++ {
-		s := &g.slots[e.slot[r]]
-		base := int(e.pos[r]) * nl * k
+	b := &e.batch
+	for r, slot := range b.Slot {
+		s := &g.slots[slot]
+		base := int(b.Pos[r]) * nl * k
 		for ml := 0; ml < nl; ml++ {
-			ids := e.routes[ml][r*k : (r+1)*k]
+			ids := b.Routes[ml][r*k : (r+1)*k]
 			for j, id := range ids {
 				if s.routes != nil {
 					s.routes[base+ml*k+j] = uint8(id)
@@ -609,7 +588,7 @@ func (g *gen) retire(s *slotState) {
 			smp.TopLogProbs[t] = flat[t*n : (t+1)*n : (t+1)*n]
 		}
 	}
-	if nl := len(e.moeLayers); nl > 0 {
+	if nl := e.nMoE; nl > 0 {
 		k := e.cfg.NumExpertsPerTok
 		r := &model.Routes{Tokens: len(s.seq), Layers: nl, K: k, Experts: e.cfg.NumExperts}
 		if s.routes != nil {
@@ -627,212 +606,13 @@ func (g *gen) retire(s *slotState) {
 // sampleRows draws the next token of output rows lo..hi-1.
 func (g *gen) sampleRows(w, lo, hi int) {
 	e := g.e
+	b := &e.batch
 	for o := lo; o < hi; o++ {
-		s := &g.slots[e.slot[e.outRow[o]]]
-		z := e.lp[o*e.vocab : (o+1)*e.vocab]
+		s := &g.slots[b.Slot[b.OutRow[o]]]
+		z := b.LogProbs[o*e.vocab : (o+1)*e.vocab]
 		s.sampled, s.sampLP, s.sTLP = s.grp.pol.sampleOne(z, &s.rng, g.idBuf[w], g.pBuf[w])
 		if n := s.grp.pol.sp.TopLogProbs; n > 0 {
 			topTokens(s.stepTop[:n], z)
 		}
-	}
-}
-
-// topTokens fills top with the len(top) largest entries of z, largest
-// first, the lower id first among equal values: one pass with an
-// insertion into a short sorted list.
-func topTokens(top []TokenLogProb, z []float32) {
-	n := 0
-	for i, v := range z {
-		if n == len(top) && !(v > top[n-1].LogProb) {
-			continue
-		}
-		j := min(n, len(top)-1)
-		for j > 0 && v > top[j-1].LogProb {
-			top[j] = top[j-1]
-			j--
-		}
-		top[j] = TokenLogProb{Token: int32(i), LogProb: v}
-		if n < len(top) {
-			n++
-		}
-	}
-}
-
-// sampleOne draws a token from the log-probabilities z (already at the
-// sampling temperature) with rng, returning it with its log-probability
-// under z and under the truncated distribution. ids and p are scratch of
-// len(z) (ids only needed with truncation).
-//
-// The draw is inverse-CDF: one uniform u in [0, 1) against the running
-// float64 sum of p = exp(z) in token order (drawFull; in descending
-// probability over the kept set under truncation), scaled by the total, so
-// that the few ulps by which Σ exp(z) misses 1 never bias the last token.
-func (pl *policy) sampleOne(z []float32, rng *rand.PCG, ids []int32, p []float32) (int32, float32, float32) {
-	if pl.sp.Temperature == 0 {
-		best := 0
-		for i, v := range z {
-			if v > z[best] {
-				best = i
-			}
-		}
-		return int32(best), z[best], 0
-	}
-	u := float64(rng.Uint64()>>11) * 0x1p-53
-	p = p[:len(z)]
-	if !pl.sp.Truncated() {
-		i := drawFull(z, p, u)
-		return int32(i), z[i], z[i]
-	}
-	kernels.Exp(p, z)
-	cand := pl.candidates(z, p, ids)
-	var kept float64
-	for _, id := range cand {
-		kept += float64(p[id])
-	}
-	target := u * kept
-	var cum float64
-	pick := cand[len(cand)-1]
-	for _, id := range cand {
-		cum += float64(p[id])
-		if cum > target {
-			pick = id
-			break
-		}
-	}
-	return pick, z[pick], float32(float64(z[pick]) - math.Log(kept))
-}
-
-// drawBlock is the number of tokens whose probabilities drawFull sums in
-// one vectorised pass.
-const drawBlock = 512
-
-// drawFull returns the token at which the running sum of p = exp(z)
-// first exceeds u times the total (inverse CDF over the full distribution,
-// token order), writing p. Sums are float64: each block of drawBlock
-// tokens is exponentiated and summed in one vectorised pass (the float64
-// sum's lane order fixed by the block's length), the blocks are added in
-// order, and only the block where the draw lands is scanned token by
-// token, so a 151,936-token row costs one vector pass, not two scalar
-// ones. The result depends only on z and u. Tokens of probability 0 are
-// never drawn; if rounding leaves the target unreached, the last token of
-// non-zero probability is.
-func drawFull(z, p []float32, u float64) int {
-	nb := (len(z) + drawBlock - 1) / drawBlock
-	var sumsArr [512]float64
-	sums := sumsArr[:0]
-	if nb > len(sumsArr) {
-		sums = make([]float64, 0, nb)
-	}
-	var total float64
-	for b := 0; b < nb; b++ {
-		lo, hi := b*drawBlock, min((b+1)*drawBlock, len(z))
-		s := kernels.ExpSum(p[lo:hi], z[lo:hi], 0)
-		sums = append(sums, s)
-		total += s
-	}
-	target := u * total
-	var cum float64
-	b := 0
-	for ; b < nb && cum+sums[b] <= target; b++ {
-		cum += sums[b]
-	}
-	// Token by token from the block where the draw lands (on past it in
-	// the rare case that the block's tokens summed one by one fall short
-	// of its vectorised sum).
-	for i := b * drawBlock; i < len(p); i++ {
-		if p[i] == 0 {
-			continue
-		}
-		cum += float64(p[i])
-		if cum > target {
-			return i
-		}
-	}
-	for i := len(p) - 1; i > 0; i-- {
-		if p[i] != 0 {
-			return i
-		}
-	}
-	return 0
-}
-
-// candidates returns the truncated set in descending probability (ties:
-// lower id first): the top-k, then cut to the smallest prefix whose
-// probability (p = exp(z)) reaches top-p.
-func (pl *policy) candidates(z, p []float32, buf []int32) []int32 {
-	var cand []int32
-	if k := pl.sp.TopK; k > 0 && k < len(z) {
-		// Insertion into a sorted prefix of k: cheap for the small k used.
-		cand = buf[:0]
-		for i := range z {
-			id := int32(i)
-			if len(cand) == k && !before(z, id, cand[k-1]) {
-				continue
-			}
-			if len(cand) < k {
-				cand = append(cand, id)
-			} else {
-				cand[k-1] = id
-			}
-			for j := len(cand) - 1; j > 0 && before(z, cand[j], cand[j-1]); j-- {
-				cand[j], cand[j-1] = cand[j-1], cand[j]
-			}
-		}
-	} else {
-		cand = buf[:len(z)]
-		for i := range cand {
-			cand[i] = int32(i)
-		}
-		sortByProb(cand, z)
-	}
-	if tp := pl.sp.TopP; tp > 0 && tp < 1 {
-		var cum float64
-		for i, id := range cand {
-			cum += float64(p[id])
-			if cum >= tp {
-				return cand[:i+1]
-			}
-		}
-	}
-	return cand
-}
-
-// before reports whether token a ranks before token b: more probable, or
-// as probable with a lower id.
-func before(z []float32, a, b int32) bool {
-	if z[a] != z[b] {
-		return z[a] > z[b]
-	}
-	return a < b
-}
-
-// sortByProb sorts ids by before (a heap sort: in place, no allocation,
-// no closure, O(n log n) in the worst case).
-func sortByProb(ids []int32, z []float32) {
-	n := len(ids)
-	// Build a heap whose root ranks last, then move roots to the end.
-	for i := n/2 - 1; i >= 0; i-- {
-		siftDown(ids, z, i, n)
-	}
-	for end := n - 1; end > 0; end-- {
-		ids[0], ids[end] = ids[end], ids[0]
-		siftDown(ids, z, 0, end)
-	}
-}
-
-func siftDown(ids []int32, z []float32, i, n int) {
-	for {
-		c := 2*i + 1
-		if c >= n {
-			return
-		}
-		if c+1 < n && before(z, ids[c], ids[c+1]) {
-			c++ // the child that ranks later
-		}
-		if !before(z, ids[i], ids[c]) {
-			return
-		}
-		ids[i], ids[c] = ids[c], ids[i]
-		i = c
 	}
 }

@@ -108,7 +108,7 @@ func exactCheckPath(t *testing.T, cfg model.Config, sp Sampling, fuse, blockUnit
 		t.Fatal(err)
 	}
 	defer e.Close()
-	e.fuse, e.blockUnit = fuse, blockUnit
+	cpuOf(e).fuse, cpuOf(e).blockUnit = fuse, blockUnit
 	prompts := testPrompts(rand.New(rand.NewPCG(1, 1)), cfg.VocabSize, 5, 1, 12, 7)
 	samples, err := e.Generate(prompts, 2, sp)
 	if err != nil {
@@ -280,7 +280,9 @@ func TestPromptSharing(t *testing.T) {
 			t.Fatal(err)
 		}
 		for g.admit() {
-			g.step()
+			if err := g.step(); err != nil {
+				t.Fatal(err)
+			}
 		}
 		e.Close()
 		if len(g.out) != 6 || g.promptRows != c.want {
@@ -565,7 +567,7 @@ func decodeAllocs(t *testing.T, cfg model.Config, samplers []Sampling, fuse, blo
 	m := randomModel(cfg, 6)
 	for _, p := range []Precision{Exact, BF16} {
 		e, _ := New(m, Options{Precision: p, Slots: 4, MaxLen: 200})
-		e.fuse, e.blockUnit = fuse, blockUnit
+		cpuOf(e).fuse, cpuOf(e).blockUnit = fuse, blockUnit
 		for _, sp := range samplers {
 			prompts := testPrompts(rand.New(rand.NewPCG(4, 4)), cfg.VocabSize, 3, 4, 5, 6)
 			sp.MaxNewTokens, sp.Seed = 190, 1
@@ -574,9 +576,14 @@ func decodeAllocs(t *testing.T, cfg model.Config, samplers []Sampling, fuse, blo
 				t.Fatal(err)
 			}
 			g.admit()
-			g.step() // prefill
-			g.step()
-			if a := testing.AllocsPerRun(20, g.step); a != 0 {
+			step := func() {
+				if err := g.step(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			step() // prefill
+			step()
+			if a := testing.AllocsPerRun(20, step); a != 0 {
 				t.Errorf("%s, %s, fuse %d, %+v: a decode step allocates %v times", cfg.Architecture, p, fuse, sp, a)
 			}
 		}
@@ -666,7 +673,7 @@ func TestForwardPathsAgree(t *testing.T) {
 			var ref []Sample
 			for _, path := range forwardPaths {
 				got := generate(t, m, Options{Precision: p, Slots: 120, MaxLen: 32}, func(e *Engine) {
-					e.fuse, e.blockUnit = path.fuse, path.blockUnit
+					cpuOf(e).fuse, cpuOf(e).blockUnit = path.fuse, path.blockUnit
 				}, prompts, 3, sp)
 				if ref == nil {
 					ref = got

@@ -69,6 +69,7 @@ type request struct {
 	group
 	ctx      context.Context // once done, the loop drops the request at a step boundary
 	finished bool            // every sample is done (group.out is complete)
+	err      error           // the backend's failure that ended the request
 	done     chan struct{}   // closed by the loop once finished or dropped
 }
 
@@ -99,7 +100,9 @@ func NewScheduler(e *Engine) *Scheduler {
 // if the step that ended with ctx done finished them). Invalid requests
 // (empty prompt, ids outside the vocabulary, prompt too long for MaxLen, bad
 // sampling settings: the same checks as Generate's) return an error at once
-// without disturbing other requests.
+// without disturbing other requests. If a forward step fails (the engine's
+// backend reports an error, or the last weight update failed to load),
+// every request in flight ends with that error.
 func (s *Scheduler) Do(ctx context.Context, r Request) ([]Sample, error) {
 	if ctx == nil {
 		ctx = context.Background()
@@ -128,6 +131,9 @@ func (s *Scheduler) Do(ctx context.Context, r Request) ([]Sample, error) {
 
 	select {
 	case <-req.done:
+		if req.err != nil {
+			return nil, req.err
+		}
 		return req.out, nil
 	case <-ctx.Done():
 	}
@@ -240,13 +246,16 @@ func (s *Scheduler) loop() {
 			s.stepping = true
 			s.mu.Unlock()
 			s.g.admit()
-			s.g.step()
+			err := s.g.step()
 			s.mu.Lock()
 			s.stepping = false
+			if err != nil {
+				s.fail(err)
+			}
 			s.stats.Steps++
 			s.stats.PromptTokens = int64(s.g.promptRows)
 			s.stats.SampledTokens = int64(s.g.sampled)
-			s.stats.LastStepRows = s.e.rows
+			s.stats.LastStepRows = s.e.batch.Rows()
 			s.wake.Broadcast() // for Pause
 		case s.closed && len(s.live) == 0 && len(s.updates) == 0:
 			return
@@ -293,6 +302,19 @@ func (s *Scheduler) boundary() {
 			s.stats.Waiting++
 		}
 	}
+}
+
+// fail ends every request handed to the loop with err, a forward step's
+// failure (their sequences' state in the backend is lost): their slots are
+// freed, and Do returns err.
+func (s *Scheduler) fail(err error) {
+	for _, r := range s.live {
+		s.g.drop(&r.group)
+		r.err = err
+		close(r.done)
+	}
+	clear(s.live)
+	s.live = s.live[:0]
 }
 
 // applyUpdate loads the first waiting weight update, with mu released (no

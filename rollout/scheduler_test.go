@@ -151,7 +151,7 @@ func serve(t *testing.T, s *Scheduler, reqs []Request) ([][]Sample, int) {
 			st.onToken(j, tk.ID, tk.LogProb, tk.TruncLogProb)
 			// OnToken runs inside the step: the engine's output rows are
 			// this step's.
-			if e := s.e; slices.Min(e.outTemp) != slices.Max(e.outTemp) && lastMixed != s.stats.Steps {
+			if e := s.e; slices.Min(e.batch.OutTemp) != slices.Max(e.batch.OutTemp) && lastMixed != s.stats.Steps {
 				mixed++
 				lastMixed = s.stats.Steps
 			}
@@ -209,9 +209,9 @@ func TestSchedulerMatchesGenerate(t *testing.T) {
 						t.Fatal(err)
 					}
 					defer e.Close()
-					e.fuse = 1 // 3 slots: fused
+					cpuOf(e).fuse = 1 // 3 slots: fused
 					if opt.Slots == 8 {
-						e.fuse = -1
+						cpuOf(e).fuse = -1
 					}
 					s := NewScheduler(e)
 					defer s.Close()

@@ -1,0 +1,130 @@
+package rollout
+
+import "github.com/keel-rl/keel/model"
+
+// Backend is the forward pass of a rollout Engine: the model's weights, a
+// KV cache of Options().Slots sequences of up to Options().MaxLen
+// positions, and one decoding step at a time. The Engine is the batcher
+// over it (slots, prompt sharing, sampling, seeds, routes of whole
+// sequences, weight versions); it talks to its backend through these
+// methods only and never looks at the backend's internals, so a CPU
+// backend (New's) and a GPU one are interchangeable (NewWithBackend).
+//
+// A backend is driven by one goroutine at a time and need not be safe for
+// concurrent use.
+//
+// Batch invariance is the backend's property, and the batcher's results
+// rest on it: everything a step computes for a row (its keys and values,
+// its log-probabilities, its routes) must depend only on the row's token
+// and position, its temperature and the keys and values cached for its
+// slot, never on the other rows of the step, their number, their order or
+// how the work is split. Prompt sharing (CopyPrefix) and the guarantee
+// that a Scheduler's request gets exactly what Generate gives it alone
+// both depend on it. In Exact precision a backend reproduces the training
+// engine's forward bit for bit (log mu == log pi_old, identical routes).
+type Backend interface {
+	// Config returns the configuration of the model the backend serves.
+	Config() model.Config
+	// Options returns the backend's sizes and precision, defaults filled
+	// in: the limits every StepBatch respects (at most StepRows rows and
+	// Slots output rows, slots in [0, Slots), positions in [0, MaxLen)).
+	// Slots >= 1, MaxLen >= 2 and StepRows >= Slots.
+	Options() Options
+	// Step runs the rows of b through the model, as described at
+	// StepBatch: each row's keys and values go into the cache at (its
+	// slot, its position), and the log-probabilities of b's output rows
+	// and the routes of every row are written into b. An error (a device
+	// failure) leaves the cache and b's outputs unspecified; the batcher
+	// then abandons the sequences in flight.
+	Step(b *StepBatch) error
+	// CopyPrefix copies the cached keys and values of positions [0, n) of
+	// slot src to the same positions of slot dst, in every layer (prompt
+	// sharing: the G samples of a prompt compute its prefill once). It is
+	// called between steps; after it, the cache of dst is bit for bit what
+	// computing those positions in dst would have left. A backend whose
+	// copy can fail remembers the error and returns it from the next Step.
+	CopyPrefix(dst, src, n int)
+	// Load replaces the weights with m's, converted to the backend's
+	// precision. The batcher has checked that m has the backend's Config
+	// and calls Load only between steps, with no sequence in flight; the
+	// KV cache's contents need not survive it. On error the batcher runs
+	// no step until a Load succeeds.
+	Load(m *model.Model) error
+	// Close releases the weights, the cache and any workers; the backend
+	// is not used afterwards.
+	Close()
+}
+
+// StepBatch is one decoding step's input and output. The Engine owns it
+// (allocated once, for the backend's Options) and fills the inputs; the
+// backend's Step fills the outputs in place, so a step allocates nothing.
+//
+// Inputs. Rows: Slot[r], Pos[r] and Tok[r] say that row r feeds token Tok
+// at position Pos of the sequence in slot Slot (len(Slot) == len(Pos) ==
+// len(Tok) == Rows() <= StepRows). The rows of a slot are contiguous and in
+// increasing position, and every position below a row's is either cached
+// for its slot (computed by an earlier step, or copied by CopyPrefix) or
+// an earlier row of this step: a row attends over positions [0, Pos]
+// of its slot. Output rows: OutRow[o] is the step row whose next-token
+// distribution is wanted (at most one per slot, so len(OutRow) <= Slots),
+// OutTemp[o] its temperature (len(OutTemp) == len(OutRow)).
+//
+// Outputs. LogProbs[o*V : (o+1)*V] (V the vocabulary size) is, for output
+// row o, the log-softmax over the vocabulary of the row's logits divided
+// by OutTemp[o], in float32: each logit (the LM head applied to the final
+// norm of the row's hidden state) is divided by the temperature in
+// float32 unless it is 1 or 0 (0 is greedy decoding, which reports the
+// untempered distribution), then the log-softmax is taken. Only the first
+// len(OutRow)*V entries are written. Routes[ml][r*k : (r+1)*k] (k =
+// NumExpertsPerTok) are the experts row r was routed to in the ml-th MoE
+// layer (counting MoE layers in model order, Config.IsMoELayer), in the
+// order model.TopK gives them (most probable first, lower id first on
+// ties), from the softmax of the router's logits; only the first Rows()*k
+// entries of each are written. Routes is nil for dense models.
+type StepBatch struct {
+	Slot, Pos, Tok []int32   // per row
+	OutRow         []int32   // per output row: its step row
+	OutTemp        []float32 // per output row: its temperature
+	LogProbs       []float32 // [Slots][vocab]: the first len(OutRow) rows are the step's
+	Routes         [][]int32 // per MoE layer: [StepRows][k], the first Rows() rows the step's
+}
+
+// newStepBatch allocates a batch for the limits of opt and the model c.
+func newStepBatch(c *model.Config, opt Options) StepBatch {
+	b := StepBatch{
+		Slot: make([]int32, 0, opt.StepRows), Pos: make([]int32, 0, opt.StepRows),
+		Tok:    make([]int32, 0, opt.StepRows),
+		OutRow: make([]int32, 0, opt.Slots), OutTemp: make([]float32, 0, opt.Slots),
+		LogProbs: make([]float32, opt.Slots*c.VocabSize),
+	}
+	for i := 0; i < c.NumHiddenLayers; i++ {
+		if c.IsMoELayer(i) {
+			b.Routes = append(b.Routes, make([]int32, opt.StepRows*c.NumExpertsPerTok))
+		}
+	}
+	return b
+}
+
+// Rows returns the number of rows of the step.
+func (b *StepBatch) Rows() int { return len(b.Slot) }
+
+// reset empties the rows and output rows, keeping the buffers.
+func (b *StepBatch) reset() {
+	b.Slot, b.Pos, b.Tok = b.Slot[:0], b.Pos[:0], b.Tok[:0]
+	b.OutRow, b.OutTemp = b.OutRow[:0], b.OutTemp[:0]
+}
+
+// add appends a row: token tok at position pos of slot's sequence.
+func (b *StepBatch) add(slot, pos int, tok int32) {
+	b.Slot = append(b.Slot, int32(slot))
+	b.Pos = append(b.Pos, int32(pos))
+	b.Tok = append(b.Tok, tok)
+}
+
+// output makes the last row an output row at temperature temp, returning
+// its output index.
+func (b *StepBatch) output(temp float32) int {
+	b.OutRow = append(b.OutRow, int32(len(b.Slot)-1))
+	b.OutTemp = append(b.OutTemp, temp)
+	return len(b.OutRow) - 1
+}

@@ -1,0 +1,243 @@
+package rollout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+
+	"github.com/keel-rl/keel/model"
+)
+
+// cpuOf returns the CPU backend under an engine built by New (for tests
+// that choose its forward path).
+func cpuOf(e *Engine) *cpuBackend { return e.b.(*cpuBackend) }
+
+// checkedBackend forwards to another Backend, counting the calls and
+// checking that every StepBatch keeps the contract: rows within the
+// limits, each slot's rows contiguous and in increasing position, each
+// row's earlier positions cached for its slot (by an earlier step or a
+// CopyPrefix) or earlier rows of the step, at most one output row per
+// slot. It fails the step (failStep) or the load (failLoad) when told.
+type checkedBackend struct {
+	Backend
+	t                      *testing.T
+	steps, rows, copies    int
+	loads                  int
+	valid                  []int // per slot: positions computed for its sequence
+	failStep, failLoad     error
+	stepsLeft              int // with failStep: steps that succeed first
+	seenSlot, seenOutSlots []bool
+}
+
+func newChecked(t *testing.T, b Backend) *checkedBackend {
+	S := b.Options().Slots
+	return &checkedBackend{Backend: b, t: t, valid: make([]int, S), seenSlot: make([]bool, S), seenOutSlots: make([]bool, S)}
+}
+
+func (c *checkedBackend) Step(b *StepBatch) error {
+	if c.failStep != nil {
+		if c.stepsLeft == 0 {
+			return c.failStep
+		}
+		c.stepsLeft--
+	}
+	if err := c.check(b); err != nil {
+		c.t.Error(err)
+		return err
+	}
+	c.steps++
+	c.rows += b.Rows()
+	return c.Backend.Step(b)
+}
+
+// check verifies b against the StepBatch contract and advances valid.
+func (c *checkedBackend) check(b *StepBatch) error {
+	opt := c.Options()
+	if b.Rows() > opt.StepRows || len(b.OutRow) > opt.Slots || len(b.Pos) != b.Rows() || len(b.Tok) != b.Rows() || len(b.OutTemp) != len(b.OutRow) {
+		return fmt.Errorf("step %d: %d rows, %d output rows", c.steps, b.Rows(), len(b.OutRow))
+	}
+	clear(c.seenSlot)
+	clear(c.seenOutSlots)
+	for r, s := range b.Slot {
+		p := int(b.Pos[r])
+		if r > 0 && b.Slot[r-1] == s && b.Pos[r-1] != b.Pos[r]-1 {
+			return fmt.Errorf("step %d row %d: slot %d position %d after %d", c.steps, r, s, p, b.Pos[r-1])
+		}
+		if c.seenSlot[s] && b.Slot[r-1] != s {
+			return fmt.Errorf("step %d row %d: slot %d's rows are not contiguous", c.steps, r, s)
+		}
+		if p > c.valid[s] || p >= opt.MaxLen {
+			return fmt.Errorf("step %d row %d: slot %d position %d, %d cached", c.steps, r, s, p, c.valid[s])
+		}
+		c.seenSlot[s] = true
+		c.valid[s] = p + 1
+	}
+	for _, r := range b.OutRow {
+		s := b.Slot[r]
+		if c.seenOutSlots[s] {
+			return fmt.Errorf("step %d: two output rows for slot %d", c.steps, s)
+		}
+		c.seenOutSlots[s] = true
+	}
+	return nil
+}
+
+func (c *checkedBackend) CopyPrefix(dst, src, n int) {
+	if n > c.valid[src] || dst == src {
+		c.t.Errorf("CopyPrefix(%d, %d, %d) with %d positions of slot %d computed", dst, src, n, c.valid[src], src)
+	}
+	c.valid[dst] = n
+	c.copies++
+	c.Backend.CopyPrefix(dst, src, n)
+}
+
+func (c *checkedBackend) Load(m *model.Model) error {
+	c.loads++
+	if c.failLoad != nil {
+		return c.failLoad
+	}
+	return c.Backend.Load(m)
+}
+
+// checkedEngine builds an engine with NewWithBackend over a checkedBackend
+// over the CPU backend.
+func checkedEngine(t *testing.T, m *model.Model, opt Options) (*Engine, *checkedBackend) {
+	t.Helper()
+	cb, err := newCPUBackend(m, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newChecked(t, cb)
+	e, err := NewWithBackend(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, c
+}
+
+// The batcher uses its backend through the Backend interface alone: over
+// a wrapper of the CPU backend (its own sampling workers, every step
+// checked against the StepBatch contract) Generate gives New's samples bit
+// for bit, before and after a weight update, in every precision, for
+// dense and MoE models, with prompt sharing, prefill in chunks,
+// truncation and top log-probs.
+func TestGenerateOverBackend(t *testing.T) {
+	sps := []Sampling{
+		{Temperature: 1, MaxNewTokens: 10, Seed: 4},
+		{Temperature: 0.8, TopK: 5, TopP: 0.9, TopLogProbs: 3, MaxNewTokens: 9, Seed: 5, Stop: []int32{3}},
+		{MaxNewTokens: 7},
+	}
+	for _, cfg := range []model.Config{denseConfig(), moeConfig()} {
+		m, m2 := randomModel(cfg, 21), randomModel(cfg, 22)
+		prompts := testPrompts(rand.New(rand.NewPCG(21, 21)), cfg.VocabSize, 9, 1, 14, 4, 6)
+		for _, p := range []Precision{Exact, FP32, BF16, FP8, FP4} {
+			t.Run(fmt.Sprintf("%d-experts/%s", cfg.NumExperts, p), func(t *testing.T) {
+				opt := Options{Precision: p, Slots: 5, StepRows: 7, MaxLen: 32}
+				ref, err := New(m, opt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ref.Close()
+				e, c := checkedEngine(t, m, opt)
+				defer e.Close()
+				if e.Options() != ref.Options() || !reflect.DeepEqual(e.Config(), ref.Config()) {
+					t.Fatalf("options %+v, want %+v", e.Options(), ref.Options())
+				}
+				for v, w := range []*model.Model{m, m2} {
+					if v > 0 {
+						for _, x := range []*Engine{ref, e} {
+							if err := x.UpdateWeights(context.Background(), w, int64(v)); err != nil {
+								t.Fatal(err)
+							}
+						}
+					}
+					for _, sp := range sps {
+						want, err := ref.Generate(prompts, 3, sp)
+						if err != nil {
+							t.Fatal(err)
+						}
+						got, err := e.Generate(prompts, 3, sp)
+						if err != nil {
+							t.Fatal(err)
+						}
+						identical(t, got, want)
+					}
+				}
+				if c.steps == 0 || c.copies == 0 || c.loads != 1 {
+					t.Fatalf("%d steps, %d prefix copies, %d loads through the wrapper", c.steps, c.copies, c.loads)
+				}
+			})
+		}
+	}
+}
+
+// A backend's failures reach the caller: a failed step ends Generate with
+// its error, and a failed load keeps the version and fails Generate until
+// a load succeeds.
+func TestBackendErrors(t *testing.T) {
+	m := randomModel(moeConfig(), 23)
+	e, c := checkedEngine(t, m, Options{Slots: 2, MaxLen: 16})
+	defer e.Close()
+	prompts := [][]int32{{1, 2, 3}, {4, 5}}
+	sp := Sampling{Temperature: 1, MaxNewTokens: 6, Seed: 1}
+	boom := errors.New("device lost")
+	c.failStep, c.stepsLeft = boom, 2
+	if _, err := e.Generate(prompts, 2, sp); !errors.Is(err, boom) {
+		t.Fatalf("Generate over a failing step: err = %v", err)
+	}
+	c.failStep = nil
+	want, err := e.Generate(prompts, 2, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.failLoad = boom
+	if err := e.UpdateWeights(context.Background(), m, 3); !errors.Is(err, boom) || e.Version() != 0 {
+		t.Fatalf("failed load: err = %v, version %d", err, e.Version())
+	}
+	if _, err := e.Generate(prompts, 2, sp); !errors.Is(err, boom) {
+		t.Fatalf("Generate after a failed load: err = %v", err)
+	}
+	c.failLoad = nil
+	if err := e.UpdateWeights(context.Background(), m, 4); err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.Generate(prompts, 2, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		want[i].Version = 4
+	}
+	identical(t, got, want)
+	if _, err := NewWithBackend(nil); err == nil {
+		t.Fatal("NewWithBackend(nil) accepted")
+	}
+}
+
+// A Scheduler whose backend fails a step ends the requests in flight with
+// the error and goes on serving the next ones.
+func TestSchedulerBackendError(t *testing.T) {
+	m := randomModel(moeConfig(), 24)
+	e, c := checkedEngine(t, m, Options{Slots: 3, MaxLen: 24})
+	defer e.Close()
+	boom := errors.New("device lost")
+	c.failStep, c.stepsLeft = boom, 3
+	s := NewScheduler(e)
+	defer s.Close()
+	r := Request{Prompt: []int32{1, 2, 3, 4}, N: 2, Sampling: Sampling{Temperature: 1, MaxNewTokens: 8, Seed: 9}}
+	if _, err := s.Do(context.Background(), r); !errors.Is(err, boom) {
+		t.Fatalf("Do over a failing step: err = %v", err)
+	}
+	s.Pause()
+	c.failStep = nil
+	s.Continue()
+	got, err := s.Do(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := generate(t, m, Options{Slots: 2, MaxLen: 24}, nil, [][]int32{r.Prompt}, r.N, r.Sampling)
+	identical(t, got, want)
+}

@@ -1,0 +1,241 @@
+package rollout
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+
+	"github.com/keel-rl/keel/kernels"
+)
+
+// The sampling maths, the same whatever the backend: a policy draws each
+// token from the log-probabilities a Backend's Step leaves for an output
+// row (StepBatch.LogProbs), with the sequence's own random stream.
+
+// policy is a group's sampling settings, with the stop set laid out for
+// the per-token check. Groups of one Generate call share one.
+type policy struct {
+	sp      Sampling
+	stop    [256]bool // stop tokens below 256, for a fast check
+	stopAll []int32
+}
+
+func newPolicy(sp Sampling) *policy {
+	pl := &policy{sp: sp}
+	for _, t := range sp.Stop {
+		if t < 256 {
+			pl.stop[t] = true
+		} else {
+			pl.stopAll = append(pl.stopAll, t)
+		}
+	}
+	return pl
+}
+
+// isStop reports whether t is one of the policy's stop tokens.
+func (pl *policy) isStop(t int32) bool {
+	if t < 256 {
+		return pl.stop[t]
+	}
+	return slices.Contains(pl.stopAll, t)
+}
+
+// topTokens fills top with the len(top) largest entries of z, largest
+// first, the lower id first among equal values: one pass with an
+// insertion into a short sorted list.
+func topTokens(top []TokenLogProb, z []float32) {
+	n := 0
+	for i, v := range z {
+		if n == len(top) && !(v > top[n-1].LogProb) {
+			continue
+		}
+		j := min(n, len(top)-1)
+		for j > 0 && v > top[j-1].LogProb {
+			top[j] = top[j-1]
+			j--
+		}
+		top[j] = TokenLogProb{Token: int32(i), LogProb: v}
+		if n < len(top) {
+			n++
+		}
+	}
+}
+
+// sampleOne draws a token from the log-probabilities z (already at the
+// sampling temperature) with rng, returning it with its log-probability
+// under z and under the truncated distribution. ids and p are scratch of
+// len(z) (ids only needed with truncation).
+//
+// The draw is inverse-CDF: one uniform u in [0, 1) against the running
+// float64 sum of p = exp(z) in token order (drawFull; in descending
+// probability over the kept set under truncation), scaled by the total, so
+// that the few ulps by which Σ exp(z) misses 1 never bias the last token.
+func (pl *policy) sampleOne(z []float32, rng *rand.PCG, ids []int32, p []float32) (int32, float32, float32) {
+	if pl.sp.Temperature == 0 {
+		best := 0
+		for i, v := range z {
+			if v > z[best] {
+				best = i
+			}
+		}
+		return int32(best), z[best], 0
+	}
+	u := float64(rng.Uint64()>>11) * 0x1p-53
+	p = p[:len(z)]
+	if !pl.sp.Truncated() {
+		i := drawFull(z, p, u)
+		return int32(i), z[i], z[i]
+	}
+	kernels.Exp(p, z)
+	cand := pl.candidates(z, p, ids)
+	var kept float64
+	for _, id := range cand {
+		kept += float64(p[id])
+	}
+	target := u * kept
+	var cum float64
+	pick := cand[len(cand)-1]
+	for _, id := range cand {
+		cum += float64(p[id])
+		if cum > target {
+			pick = id
+			break
+		}
+	}
+	return pick, z[pick], float32(float64(z[pick]) - math.Log(kept))
+}
+
+// drawBlock is the number of tokens whose probabilities drawFull sums in
+// one vectorised pass.
+const drawBlock = 512
+
+// drawFull returns the token at which the running sum of p = exp(z)
+// first exceeds u times the total (inverse CDF over the full distribution,
+// token order), writing p. Sums are float64: each block of drawBlock
+// tokens is exponentiated and summed in one vectorised pass (the float64
+// sum's lane order fixed by the block's length), the blocks are added in
+// order, and only the block where the draw lands is scanned token by
+// token, so a 151,936-token row costs one vector pass, not two scalar
+// ones. The result depends only on z and u. Tokens of probability 0 are
+// never drawn; if rounding leaves the target unreached, the last token of
+// non-zero probability is.
+func drawFull(z, p []float32, u float64) int {
+	nb := (len(z) + drawBlock - 1) / drawBlock
+	var sumsArr [512]float64
+	sums := sumsArr[:0]
+	if nb > len(sumsArr) {
+		sums = make([]float64, 0, nb)
+	}
+	var total float64
+	for b := 0; b < nb; b++ {
+		lo, hi := b*drawBlock, min((b+1)*drawBlock, len(z))
+		s := kernels.ExpSum(p[lo:hi], z[lo:hi], 0)
+		sums = append(sums, s)
+		total += s
+	}
+	target := u * total
+	var cum float64
+	b := 0
+	for ; b < nb && cum+sums[b] <= target; b++ {
+		cum += sums[b]
+	}
+	// Token by token from the block where the draw lands (on past it in
+	// the rare case that the block's tokens summed one by one fall short
+	// of its vectorised sum).
+	for i := b * drawBlock; i < len(p); i++ {
+		if p[i] == 0 {
+			continue
+		}
+		cum += float64(p[i])
+		if cum > target {
+			return i
+		}
+	}
+	for i := len(p) - 1; i > 0; i-- {
+		if p[i] != 0 {
+			return i
+		}
+	}
+	return 0
+}
+
+// candidates returns the truncated set in descending probability (ties:
+// lower id first): the top-k, then cut to the smallest prefix whose
+// probability (p = exp(z)) reaches top-p.
+func (pl *policy) candidates(z, p []float32, buf []int32) []int32 {
+	var cand []int32
+	if k := pl.sp.TopK; k > 0 && k < len(z) {
+		// Insertion into a sorted prefix of k: cheap for the small k used.
+		cand = buf[:0]
+		for i := range z {
+			id := int32(i)
+			if len(cand) == k && !before(z, id, cand[k-1]) {
+				continue
+			}
+			if len(cand) < k {
+				cand = append(cand, id)
+			} else {
+				cand[k-1] = id
+			}
+			for j := len(cand) - 1; j > 0 && before(z, cand[j], cand[j-1]); j-- {
+				cand[j], cand[j-1] = cand[j-1], cand[j]
+			}
+		}
+	} else {
+		cand = buf[:len(z)]
+		for i := range cand {
+			cand[i] = int32(i)
+		}
+		sortByProb(cand, z)
+	}
+	if tp := pl.sp.TopP; tp > 0 && tp < 1 {
+		var cum float64
+		for i, id := range cand {
+			cum += float64(p[id])
+			if cum >= tp {
+				return cand[:i+1]
+			}
+		}
+	}
+	return cand
+}
+
+// before reports whether token a ranks before token b: more probable, or
+// as probable with a lower id.
+func before(z []float32, a, b int32) bool {
+	if z[a] != z[b] {
+		return z[a] > z[b]
+	}
+	return a < b
+}
+
+// sortByProb sorts ids by before (a heap sort: in place, no allocation,
+// no closure, O(n log n) in the worst case).
+func sortByProb(ids []int32, z []float32) {
+	n := len(ids)
+	// Build a heap whose root ranks last, then move roots to the end.
+	for i := n/2 - 1; i >= 0; i-- {
+		siftDown(ids, z, i, n)
+	}
+	for end := n - 1; end > 0; end-- {
+		ids[0], ids[end] = ids[end], ids[0]
+		siftDown(ids, z, 0, end)
+	}
+}
+
+func siftDown(ids []int32, z []float32, i, n int) {
+	for {
+		c := 2*i + 1
+		if c >= n {
+			return
+		}
+		if c+1 < n && before(z, ids[c], ids[c+1]) {
+			c++ // the child that ranks later
+		}
+		if !before(z, ids[i], ids[c]) {
+			return
+		}
+		ids[i], ids[c] = ids[c], ids[i]
+		i = c
+	}
+}
