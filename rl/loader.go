@@ -28,6 +28,7 @@ type Loader struct {
 	seed    uint64
 	st      LoaderState
 	order   []int
+	rows    map[int]int // Row → index in prompts, built on first use
 }
 
 // NewLoader returns a loader over prompts (at least one).
@@ -62,4 +63,19 @@ func (l *Loader) Next(n int) []*Prompt {
 		l.st.Cursor++
 	}
 	return out
+}
+
+// byRow returns the prompt of data-set row row.
+func (l *Loader) byRow(row int) (*Prompt, bool) {
+	if l.rows == nil {
+		l.rows = make(map[int]int, len(l.prompts))
+		for i, p := range l.prompts {
+			l.rows[p.Row] = i
+		}
+	}
+	i, ok := l.rows[row]
+	if !ok {
+		return nil, false
+	}
+	return &l.prompts[i], true
 }

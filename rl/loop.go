@@ -102,6 +102,11 @@ type Loop struct {
 	// forward instead of reusing its first training forward (tests check
 	// both give the same bits).
 	separatePiOld bool
+	// pipe is the rollout running ahead (rollout.staleness > 0), started
+	// by the first step; restored holds the batches a checkpoint saved
+	// until then.
+	pipe     *pipeline
+	restored []*batch
 	// engineTime accumulates the time spent inside the training engine
 	// (forward, backward, gradient norm, AdamW) during a step, and
 	// oldTokens the tokens of its pi_old-only forwards.
@@ -137,6 +142,9 @@ type StepResult struct {
 // phase timers of a step.
 type phases struct {
 	rollout, score, old, update, push time.Duration
+	// wait is the trainer's wait for the step's batch when the rollout
+	// runs ahead (rollout and score then overlap the training).
+	wait time.Duration
 }
 
 // RunStep runs one global step: rollout, scoring, advantages, pi_old, N
@@ -148,11 +156,14 @@ func (l *Loop) RunStep() (*StepResult, error) {
 	step := l.Step + 1
 	m := map[string]float64{}
 
-	groups, rounds, genTokens, err := l.collect(step, &ph, m)
+	b, err := l.batch(step, &ph)
 	if err != nil {
 		return nil, err
 	}
-	m["rollout/rounds"] = float64(rounds)
+	groups, genTokens := b.groups, b.genTokens
+	for k, v := range b.metrics {
+		m[k] = v
+	}
 	var samples []*Sample
 	for _, g := range groups {
 		samples = append(samples, g...)
@@ -191,11 +202,13 @@ func (l *Loop) RunStep() (*StepResult, error) {
 	}
 	ph.update = time.Since(t)
 
-	t = time.Now()
-	if err := l.push(step); err != nil {
-		return nil, err
+	if !l.async() {
+		t = time.Now()
+		if err := l.push(step); err != nil {
+			return nil, err
+		}
+		ph.push = time.Since(t)
 	}
-	ph.push = time.Since(t)
 	l.Step = step
 
 	// Metrics (docs/method.md §6).
@@ -203,13 +216,60 @@ func (l *Loop) RunStep() (*StepResult, error) {
 	m["lr"] = l.R.schedule().LR(int(l.Trainer.Steps()))
 	tot.metrics(m, res.Skipped, l.Reference != nil)
 	l.discrepancyMetrics(samples, m)
-	if sm, ok := l.Sampler.(SamplerMetrics); ok {
+	if l.async() {
+		lagMetrics(samples, step, m)
+	}
+	if sm, ok := l.Sampler.(SamplerMetrics); ok && !l.async() {
 		for k, v := range sm.Metrics() {
 			m[k] = v
 		}
 	}
 	l.timeMetrics(m, &ph, time.Since(start), genTokens, tot.trainTokens)
 	return res, nil
+}
+
+// batch returns step's rollout: collected now from the weights the step
+// starts from, or (running ahead) the batch the worker sampled from the
+// weights of k versions before, queuing the next one. ph gets the
+// rollout's and scoring's times, and the trainer's wait.
+func (l *Loop) batch(step int, ph *phases) (*batch, error) {
+	if !l.async() {
+		b := l.collect(step, int64(l.Step))
+		ph.rollout, ph.score = b.rollout, b.score
+		return b, b.err
+	}
+	if l.pipe == nil {
+		l.startPipeline()
+	}
+	d, err := l.advance(step)
+	if err != nil {
+		return nil, err
+	}
+	ph.push = d
+	b, wait := l.take(step)
+	if b.err != nil {
+		return nil, b.err
+	}
+	ph.rollout, ph.score, ph.wait = b.rollout, b.score, wait
+	b.metrics["time/rollout_idle"] = b.idle.Seconds()
+	return b, nil
+}
+
+// lagMetrics records how many versions the step's samples are behind the
+// weights it starts from (pi_old is version step-1): min(k, step-1) with
+// rollout.staleness k (the synchronous loop's are 0, not logged).
+func lagMetrics(samples []*Sample, step int, m map[string]float64) {
+	if len(samples) == 0 {
+		return
+	}
+	var sum, most float64
+	for _, s := range samples {
+		lag := float64(int64(step-1) - s.Version)
+		sum += lag
+		most = max(most, lag)
+	}
+	m["rollout/lag_mean"] = sum / float64(len(samples))
+	m["rollout/lag_max"] = most
 }
 
 // splitMiniBatches cuts a step's groups into n mini-batches of whole
@@ -337,127 +397,182 @@ func (l *Loop) timeMetrics(m map[string]float64, ph *phases, total time.Duration
 	m["time/update"] = ph.update.Seconds()
 	m["time/weight_push"] = ph.push.Seconds()
 	m["time/step"] = total.Seconds()
-	m["time/other"] = (total - ph.rollout - ph.score - ph.old - ph.update - ph.push).Seconds()
+	// The rollout's share of the step: its whole time, or (running
+	// ahead) the trainer's wait for it.
+	rollout, score := ph.rollout, ph.score
+	if l.async() {
+		m["time/trainer_idle"] = ph.wait.Seconds()
+		rollout, score = ph.wait, 0
+	}
+	m["time/other"] = (total - rollout - score - ph.old - ph.update - ph.push).Seconds()
 	// What the loop itself costs: everything but the two engines and the
 	// weight push (scoring, coefficients, metrics, bookkeeping).
 	m["time/train_engine"] = l.engineTime.Seconds()
-	m["time/loop_overhead"] = (total - ph.rollout - l.engineTime - ph.push).Seconds()
+	m["time/loop_overhead"] = (total - rollout - l.engineTime - ph.push).Seconds()
 	m["tokens_per_s/rollout"] = float64(genTokens) / ph.rollout.Seconds()
 	if d := (ph.old + ph.update).Seconds(); d > 0 {
 		m["tokens_per_s/train"] = float64(trainTokens+l.oldTokens) / d
 	}
 }
 
-// collect samples B prompts' groups (more rounds under dynamic sampling),
-// scores them and computes advantages.
-func (l *Loop) collect(step int, ph *phases, m map[string]float64) ([][]*Sample, int, int, error) {
+// batch is one step's rollout: its scored groups, what collecting them
+// measured, and where the loader stood after them.
+type batch struct {
+	step              int
+	groups            [][]*Sample
+	rounds, genTokens int
+	// metrics holds the rollout's measures (rewards, accuracy, lengths,
+	// groups, rounds), the start of the step's metrics.
+	metrics        map[string]float64
+	rollout, score time.Duration
+	idle           time.Duration // the rollout worker's wait for this job (running ahead)
+	loader         LoaderState
+	err            error
+}
+
+// collect samples B prompts' groups from weights of version want (more
+// rounds under dynamic sampling), scores them and computes advantages.
+func (l *Loop) collect(step int, want int64) *batch {
 	r := l.R
 	B, G := r.Train.PromptsPerStep, r.Train.GroupSize
-	var groups [][]*Sample
+	b := &batch{step: step, metrics: map[string]float64{}}
 	var scored []*Sample // every sample scored, for the reward metrics
-	zeroVar, seen := 0, 0
-	genTokens := 0
-	rounds := 0
-	want := int64(l.Step)
+	zeroVar := 0
 	for round := 0; ; round++ {
-		rounds++
-		prompts := l.Loader.Next(B)
-		ids := make([][]int32, len(prompts))
-		for i, p := range prompts {
-			ids[i] = p.IDs
-		}
-		sp := rollout.Sampling{
-			Temperature: r.Rollout.Temperature, TopK: r.Rollout.TopK, TopP: r.Rollout.TopP,
-			MaxNewTokens: r.Rollout.MaxNewTokens, Stop: l.Stop,
-			Seed: mix(r.Seed, uint64(step), uint64(round)),
+		b.rounds++
+		groups, err := l.round(step, round, want, b)
+		if err != nil {
+			b.err = err
+			return b
 		}
 		t := time.Now()
-		out, err := l.Sampler.Generate(ids, G, sp)
-		ph.rollout += time.Since(t)
-		if err != nil {
-			return nil, 0, 0, fmt.Errorf("rollout: %w", err)
-		}
-		if len(out) != len(prompts)*G {
-			return nil, 0, 0, fmt.Errorf("rollout: %d samples for %d prompts x %d", len(out), len(prompts), G)
-		}
-		t = time.Now()
-		count := make([]int, len(prompts))
-		for _, o := range out {
-			if o.Prompt < 0 || o.Prompt >= len(prompts) {
-				return nil, 0, 0, fmt.Errorf("rollout: sample for prompt %d of %d", o.Prompt, len(prompts))
-			}
-			count[o.Prompt]++
-		}
-		for p, n := range count {
-			if n != G {
-				return nil, 0, 0, fmt.Errorf("rollout: %d samples for prompt %d, want %d", n, p, G)
-			}
-		}
-		batch := make([][]*Sample, len(prompts))
-		for _, o := range out {
-			// The synchronous loop trains only on samples of this step's
-			// weights.
-			if o.Version != want {
-				return nil, 0, 0, fmt.Errorf("rollout: a sample of prompt %d carries weight version %d, the step's weights are version %d", o.Prompt, o.Version, want)
-			}
-			s, err := l.newSample(prompts[o.Prompt], o)
-			if err != nil {
-				return nil, 0, 0, err
-			}
-			genTokens += len(o.Tokens)
-			batch[o.Prompt] = append(batch[o.Prompt], s)
-		}
-		for _, g := range batch {
-			rewards := make([]float64, len(g))
-			for j, s := range g {
-				rewards[j] = s.Reward
-			}
-			adv, err := Advantages(rewards, len(g), r.Algorithm.Advantage)
-			if err != nil {
-				return nil, 0, 0, err
-			}
-			equal := true
-			for j, s := range g {
-				s.Advantage = adv[j]
-				equal = equal && rewards[j] == rewards[0]
-			}
-			seen++
+		for _, g := range groups {
 			scored = append(scored, g...)
-			if equal {
+			if equalRewards(g) {
 				zeroVar++
 				if r.Algorithm.DynamicSampling {
 					continue
 				}
 			}
-			groups = append(groups, g)
+			b.groups = append(b.groups, g)
 		}
-		ph.score += time.Since(t)
-		if !r.Algorithm.DynamicSampling || len(groups) >= B || round+1 >= r.Algorithm.MaxRounds {
+		b.score += time.Since(t)
+		if !r.Algorithm.DynamicSampling || len(b.groups) >= B || round+1 >= r.Algorithm.MaxRounds {
 			break
 		}
 	}
-	if len(groups) > B {
-		groups = groups[:B]
+	if len(b.groups) > B {
+		b.groups = b.groups[:B]
 	}
-	if len(groups) == 0 {
+	if len(b.groups) == 0 {
 		// Every group was dropped: keep the first B scored ones so the step runs
 		// (a zero-gradient step, logged), never an empty update.
 		for i := 0; i < len(scored); i += G {
-			groups = append(groups, scored[i:i+G])
-			if len(groups) == B {
+			b.groups = append(b.groups, scored[i:i+G])
+			if len(b.groups) == B {
 				break
 			}
 		}
 	}
-	for i, g := range groups {
+	for i, g := range b.groups {
 		for _, s := range g {
 			s.Group = i
 		}
 	}
+	m := b.metrics
 	rewardMetrics(scored, m)
-	m["groups/zero_variance_frac"] = float64(zeroVar) / float64(max(seen, 1))
-	m["groups/trained"] = float64(len(groups))
-	return groups, rounds, genTokens, nil
+	m["groups/zero_variance_frac"] = float64(zeroVar) / float64(max(len(scored)/G, 1))
+	m["groups/trained"] = float64(len(b.groups))
+	m["rollout/rounds"] = float64(b.rounds)
+	b.loader = l.Loader.State()
+	return b
+}
+
+// round samples G responses to each of the next B prompts from weights of
+// version want, scores them and computes each group's advantages (rollout
+// and scoring time into b).
+func (l *Loop) round(step, round int, want int64, b *batch) ([][]*Sample, error) {
+	r := l.R
+	B, G := r.Train.PromptsPerStep, r.Train.GroupSize
+	prompts := l.Loader.Next(B)
+	ids := make([][]int32, len(prompts))
+	for i, p := range prompts {
+		ids[i] = p.IDs
+	}
+	sp := rollout.Sampling{
+		Temperature: r.Rollout.Temperature, TopK: r.Rollout.TopK, TopP: r.Rollout.TopP,
+		MaxNewTokens: r.Rollout.MaxNewTokens, Stop: l.Stop,
+		Seed: mix(r.Seed, uint64(step), uint64(round)),
+	}
+	t := time.Now()
+	out, err := l.Sampler.Generate(ids, G, sp)
+	b.rollout += time.Since(t)
+	if err != nil {
+		return nil, fmt.Errorf("rollout: %w", err)
+	}
+	t = time.Now()
+	defer func() { b.score += time.Since(t) }()
+	if err := checkCounts(out, len(prompts), G); err != nil {
+		return nil, err
+	}
+	groups := make([][]*Sample, len(prompts))
+	for _, o := range out {
+		// The loop trains only on samples of the weights it asked for.
+		if o.Version != want {
+			return nil, fmt.Errorf("rollout: a sample of prompt %d carries weight version %d, the step's samples must be of version %d", o.Prompt, o.Version, want)
+		}
+		s, err := l.newSample(prompts[o.Prompt], o)
+		if err != nil {
+			return nil, err
+		}
+		b.genTokens += len(o.Tokens)
+		groups[o.Prompt] = append(groups[o.Prompt], s)
+	}
+	for _, g := range groups {
+		rewards := make([]float64, len(g))
+		for j, s := range g {
+			rewards[j] = s.Reward
+		}
+		adv, err := Advantages(rewards, len(g), r.Algorithm.Advantage)
+		if err != nil {
+			return nil, err
+		}
+		for j, s := range g {
+			s.Advantage = adv[j]
+		}
+	}
+	return groups, nil
+}
+
+// checkCounts checks that out holds G samples of each of n prompts.
+func checkCounts(out []rollout.Sample, n, G int) error {
+	if len(out) != n*G {
+		return fmt.Errorf("rollout: %d samples for %d prompts x %d", len(out), n, G)
+	}
+	count := make([]int, n)
+	for _, o := range out {
+		if o.Prompt < 0 || o.Prompt >= n {
+			return fmt.Errorf("rollout: sample for prompt %d of %d", o.Prompt, n)
+		}
+		count[o.Prompt]++
+	}
+	for p, c := range count {
+		if c != G {
+			return fmt.Errorf("rollout: %d samples for prompt %d, want %d", c, p, G)
+		}
+	}
+	return nil
+}
+
+// equalRewards reports whether every response of a group has the same
+// reward (its advantages are all 0).
+func equalRewards(g []*Sample) bool {
+	for _, s := range g {
+		if s.Reward != g[0].Reward {
+			return false
+		}
+	}
+	return true
 }
 
 // mix derives a sampling seed from the run seed, the step and the round.

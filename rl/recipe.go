@@ -65,6 +65,11 @@ type RolloutSettings struct {
 	TopP         float64 `yaml:"top_p"`
 	MaxNewTokens int     `yaml:"max_new_tokens"`
 	Slots        int     `yaml:"slots"` // sequences decoded at once
+	// Staleness k > 0 runs the rollout ahead of the trainer: step s
+	// trains on samples of the weights of step s-k exactly (of version
+	// max(0, s-1-k)), sampled while the steps before it train; runs stay
+	// deterministic and resume bit for bit. 0: the synchronous loop.
+	Staleness int `yaml:"staleness,omitempty"`
 
 	// Servers moves rollout to a fleet of inference servers (base URLs,
 	// like http://10.0.0.5:30000) so that generation can run on other
@@ -334,6 +339,10 @@ func (r *Recipe) fill() error {
 	return nil
 }
 
+// maxStaleness bounds rollout.staleness: each step ahead holds a batch of
+// samples in memory and in every checkpoint.
+const maxStaleness = 64
+
 // bad is a recipe error naming the key at fault.
 func bad(key string, format string, a ...any) error {
 	return fmt.Errorf("%s: %s", key, fmt.Sprintf(format, a...))
@@ -393,6 +402,9 @@ func (ro *RolloutSettings) fill(out string) error {
 	orDefault(&ro.Slots, 256)
 	if ro.Slots < 1 {
 		return bad("rollout.slots", "%d, want >= 1", ro.Slots)
+	}
+	if ro.Staleness < 0 || ro.Staleness > maxStaleness {
+		return bad("rollout.staleness", "%d, want within [0, %d] (0: the synchronous loop)", ro.Staleness, maxStaleness)
 	}
 	return nil
 }

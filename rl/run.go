@@ -51,6 +51,9 @@ type loopState struct {
 	Loader    LoaderState `json:"loader"`
 	NonFinite int         `json:"nonfinite"`
 	Elapsed   float64     `json:"elapsed_s"`
+	// Pending holds the batches sampled ahead for the steps after the
+	// checkpoint (rollout.staleness > 0).
+	Pending []SavedBatch `json:"pending,omitempty"`
 }
 
 // Files of a run directory.

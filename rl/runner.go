@@ -195,7 +195,16 @@ func (u *runner) buildEngines() error {
 	}
 	u.loop = &Loop{R: r, Trainer: u.trainer, Sampler: sampler, Loader: NewLoader(u.prompts, r.Seed), Stop: []int32{u.end},
 		Score: VerifierScorer(u.tok, u.end), Step: u.res.Resumed, NonFinite: u.st.NonFinite}
+	u.defers(u.loop.Close) // before the sampler its worker uses
 	u.loop.Loader.Seek(u.st.Loader)
+	if len(u.st.Pending) > 0 {
+		if r.Rollout.Staleness == 0 {
+			return fmt.Errorf("%s: the checkpoint holds %d batches sampled ahead, but rollout.staleness is 0", r.Out, len(u.st.Pending))
+		}
+		if err := u.loop.Restore(u.st.Pending); err != nil {
+			return fmt.Errorf("%s: checkpoint: %w", r.Out, err)
+		}
+	}
 	if r.Algorithm.KLCoef > 0 {
 		ref, err := model.Load(u.modelPath)
 		if err != nil {
@@ -375,12 +384,16 @@ func (u *runner) checkpoint() error {
 			return err
 		}
 	}
+	loader, pending, err := u.loop.CheckpointState()
+	if err != nil {
+		return err
+	}
 	w, o, err := train.Snapshot(u.trainer)
 	if err != nil {
 		return err
 	}
-	return u.sess.Save(u.loop.Step, w, (*run.OptimState)(o), loopState{Loader: u.loop.Loader.State(), NonFinite: u.loop.NonFinite,
-		Elapsed: u.elapsed()}, u.r.Log.Keep)
+	return u.sess.Save(u.loop.Step, w, (*run.OptimState)(o), loopState{Loader: loader, NonFinite: u.loop.NonFinite,
+		Elapsed: u.elapsed(), Pending: pending}, u.r.Log.Keep)
 }
 
 // train runs the loop's steps up to train.steps, or until ctx is

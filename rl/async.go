@@ -1,0 +1,306 @@
+package rl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/keel-rl/keel/model"
+)
+
+// The asynchronous loop (rollout.staleness: k > 0). Step s trains on
+// samples drawn from the weights of version max(0, s-1-k), exactly: with
+// k = 1 (verl's one-step-off) the rollout of step s+1 runs from the
+// weights step s starts from while step s trains. The rollout runs on one
+// worker goroutine that takes jobs in order (weight pushes and the
+// collection of a step's batch), so the sampler never sees new weights in
+// the middle of a batch, every batch depends only on its step, its seed
+// and its weights, and a run is deterministic and resumes bit for bit: a
+// checkpoint holds the k batches already sampled for the steps after it.
+
+// pipeline is the rollout running ahead of the trainer.
+type pipeline struct {
+	jobs    chan func()
+	done    chan struct{}
+	pending map[int]*future // collected or being collected, by step
+	pushed  int64           // the newest version sent to the sampler
+	free    []*model.Model  // weight snapshots the worker has pushed
+	freed   chan *model.Model
+	// latest is the loader's state after the newest batch obtained,
+	// which a checkpoint saves (the worker owns the loader itself).
+	latest     LoaderState
+	latestStep int
+	// The worker's own: a failed push fails the batches after it, and
+	// its idle time is charged to the next batch.
+	pushErr error
+	idle    time.Duration
+}
+
+// future is a batch being collected; only the trainer's goroutine waits.
+type future struct {
+	ch chan *batch
+	b  *batch
+}
+
+func (f *future) wait() *batch {
+	if f.b == nil {
+		f.b = <-f.ch
+	}
+	return f.b
+}
+
+// async reports whether the rollout runs ahead of the trainer.
+func (l *Loop) async() bool { return l.R.Rollout.Staleness > 0 }
+
+// startPipeline starts the rollout worker and queues the batches of the
+// steps after l.Step that the weights of version l.Step sample (those not
+// restored from a checkpoint).
+func (l *Loop) startPipeline() {
+	k := l.R.Rollout.Staleness
+	p := &pipeline{jobs: make(chan func(), 2*k+8), done: make(chan struct{}), freed: make(chan *model.Model, k+2),
+		pending: map[int]*future{}, pushed: int64(l.Step), latest: l.Loader.State(), latestStep: l.Step}
+	for _, b := range l.restored {
+		p.pending[b.step] = &future{b: b}
+		p.note(b)
+	}
+	first := l.Step + 1 + len(l.restored)
+	l.restored = nil
+	go p.work()
+	l.pipe = p
+	for s := first; s <= min(l.Step+k, l.R.Train.Steps); s++ {
+		l.enqueueCollect(s, int64(l.Step))
+	}
+}
+
+// work runs the jobs in order until the queue is closed.
+func (p *pipeline) work() {
+	defer close(p.done)
+	for {
+		t := time.Now()
+		j, ok := <-p.jobs
+		p.idle += time.Since(t)
+		if !ok {
+			return
+		}
+		j()
+	}
+}
+
+// note records b as obtained, for the loader state a checkpoint saves.
+func (p *pipeline) note(b *batch) {
+	if b.err == nil && b.step > p.latestStep {
+		p.latest, p.latestStep = b.loader, b.step
+	}
+}
+
+// enqueueCollect queues the collection of step's batch from the weights of
+// version want (the sampler's by then).
+func (l *Loop) enqueueCollect(step int, want int64) {
+	p := l.pipe
+	f := &future{ch: make(chan *batch, 1)}
+	p.pending[step] = f
+	p.jobs <- func() {
+		var b *batch
+		if p.pushErr != nil {
+			b = &batch{step: step, err: fmt.Errorf("weight push: %w", p.pushErr)}
+		} else {
+			b = l.collect(step, want)
+		}
+		if b.err == nil {
+			if sm, ok := l.Sampler.(SamplerMetrics); ok {
+				for k, v := range sm.Metrics() {
+					b.metrics[k] = v
+				}
+			}
+		}
+		b.idle, p.idle = p.idle, 0
+		f.ch <- b
+	}
+}
+
+// advance queues, as step starts, the push of the weights it starts from
+// (version step-1) and the collection of the batch they sample, step+k's.
+// It returns the time taken to snapshot the weights.
+func (l *Loop) advance(step int) (time.Duration, error) {
+	p := l.pipe
+	next, v := step+l.R.Rollout.Staleness, int64(step-1)
+	if next > l.R.Train.Steps {
+		return 0, nil
+	}
+	t := time.Now()
+	if p.pushed != v {
+		w, err := l.snapshot()
+		if err != nil {
+			return 0, fmt.Errorf("weight push: %w", err)
+		}
+		p.pushed = v
+		p.jobs <- func() {
+			if p.pushErr == nil {
+				p.pushErr = l.Sampler.UpdateWeights(context.Background(), w, v)
+			}
+			p.freed <- w
+		}
+	}
+	d := time.Since(t)
+	l.enqueueCollect(next, v)
+	return d, nil
+}
+
+// snapshot copies the trainer's weights for the worker to push, reusing
+// a copy it has pushed already.
+func (l *Loop) snapshot() (*model.Model, error) {
+	p := l.pipe
+	for len(p.freed) > 0 {
+		p.free = append(p.free, <-p.freed)
+	}
+	w, err := l.Trainer.Weights()
+	if err != nil {
+		return nil, err
+	}
+	var c *model.Model
+	if n := len(p.free); n > 0 {
+		c, p.free = p.free[n-1], p.free[:n-1]
+	} else {
+		c = w.ZeroLike()
+	}
+	if len(c.Arena) != len(w.Arena) {
+		return nil, errors.New("weights changed size")
+	}
+	copy(c.Arena, w.Arena)
+	return c, nil
+}
+
+// take returns step's batch, waiting for the worker, and how long the
+// trainer waited.
+func (l *Loop) take(step int) (*batch, time.Duration) {
+	p := l.pipe
+	t := time.Now()
+	f, ok := p.pending[step]
+	if !ok {
+		return &batch{step: step, err: fmt.Errorf("rollout: no batch queued for step %d", step)}, 0
+	}
+	b := f.wait()
+	delete(p.pending, step)
+	p.note(b)
+	return b, time.Since(t)
+}
+
+// Close stops the rollout worker, after the job it is running.
+func (l *Loop) Close() {
+	if p := l.pipe; p != nil {
+		close(p.jobs)
+		<-p.done
+		l.pipe = nil
+	}
+}
+
+// CheckpointState is what a checkpoint of the loop after l.Step holds
+// besides the weights: the loader's position and, when the rollout runs
+// ahead, the batches already sampled for the steps after l.Step (waiting
+// for the ones in progress), so that a resumed run trains on exactly
+// what this one would have.
+func (l *Loop) CheckpointState() (LoaderState, []SavedBatch, error) {
+	p := l.pipe
+	if p == nil {
+		return l.Loader.State(), nil, nil
+	}
+	steps := make([]int, 0, len(p.pending))
+	for s := range p.pending {
+		steps = append(steps, s)
+	}
+	slices.Sort(steps)
+	var saved []SavedBatch
+	for _, s := range steps {
+		b := p.pending[s].wait()
+		if b.err != nil {
+			return LoaderState{}, nil, fmt.Errorf("rollout of step %d: %w", s, b.err)
+		}
+		p.note(b)
+		saved = append(saved, saveBatch(b))
+	}
+	return p.latest, saved, nil
+}
+
+// SavedBatch is a batch sampled ahead, as a checkpoint stores it (JSON).
+type SavedBatch struct {
+	Step      int               `json:"step"`
+	Rounds    int               `json:"rounds"`
+	GenTokens int               `json:"gen_tokens"`
+	Metrics   map[string]string `json:"metrics"` // values as strconv 'g' (NaN survives)
+	Rollout   float64           `json:"rollout_s"`
+	Score     float64           `json:"score_s"`
+	Loader    LoaderState       `json:"loader"`
+	Groups    [][]SavedSample   `json:"groups"`
+}
+
+// SavedSample is one sample of a SavedBatch: what the rollout and the
+// scorer made of it (the training engine's values are recomputed).
+type SavedSample struct {
+	Row       int           `json:"row"`
+	Response  []int32       `json:"response"`
+	LogMu     []float32     `json:"log_mu"`
+	Routes    *model.Routes `json:"routes,omitempty"`
+	Version   int64         `json:"version"`
+	Finish    string        `json:"finish"`
+	Reward    float64       `json:"reward"`
+	Correct   float64       `json:"correct"`
+	Advantage float64       `json:"advantage"`
+}
+
+func saveBatch(b *batch) SavedBatch {
+	sb := SavedBatch{Step: b.step, Rounds: b.rounds, GenTokens: b.genTokens, Metrics: map[string]string{},
+		Rollout: b.rollout.Seconds(), Score: b.score.Seconds(), Loader: b.loader}
+	for k, v := range b.metrics {
+		sb.Metrics[k] = strconv.FormatFloat(v, 'g', -1, 64)
+	}
+	for _, g := range b.groups {
+		sg := make([]SavedSample, len(g))
+		for i, s := range g {
+			sg[i] = SavedSample{Row: s.Prompt.Row, Response: s.Response, LogMu: s.LogMu, Routes: s.Routes, Version: s.Version,
+				Finish: s.Finish, Reward: s.Reward, Correct: s.Correct, Advantage: s.Advantage}
+		}
+		sb.Groups = append(sb.Groups, sg)
+	}
+	return sb
+}
+
+// Restore hands the loop the batches a checkpoint saved, before its first
+// step; their prompts are found by row in the loader's prompt set.
+func (l *Loop) Restore(saved []SavedBatch) error {
+	for _, sb := range saved {
+		b := &batch{step: sb.Step, rounds: sb.Rounds, genTokens: sb.GenTokens, metrics: map[string]float64{},
+			rollout: time.Duration(sb.Rollout * float64(time.Second)), score: time.Duration(sb.Score * float64(time.Second)), loader: sb.Loader}
+		for k, v := range sb.Metrics {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return fmt.Errorf("saved batch of step %d: metric %s: %v", sb.Step, k, err)
+			}
+			b.metrics[k] = f
+		}
+		for gi, sg := range sb.Groups {
+			g := make([]*Sample, len(sg))
+			for i, ss := range sg {
+				p, ok := l.Loader.byRow(ss.Row)
+				if !ok {
+					return fmt.Errorf("saved batch of step %d: no prompt of row %d in the data", sb.Step, ss.Row)
+				}
+				if len(ss.Response) == 0 || len(ss.LogMu) != len(ss.Response) {
+					return fmt.Errorf("saved batch of step %d: a sample of row %d has %d tokens and %d log-probs", sb.Step, ss.Row, len(ss.Response), len(ss.LogMu))
+				}
+				if ss.Routes != nil {
+					if err := ss.Routes.Check(); err != nil {
+						return fmt.Errorf("saved batch of step %d: a sample of row %d: %w", sb.Step, ss.Row, err)
+					}
+				}
+				g[i] = &Sample{Group: gi, Prompt: p, Response: ss.Response, LogMu: ss.LogMu, Routes: ss.Routes, Version: ss.Version,
+					Finish: ss.Finish, Reward: ss.Reward, Correct: ss.Correct, Advantage: ss.Advantage}
+			}
+			b.groups = append(b.groups, g)
+		}
+		l.restored = append(l.restored, b)
+	}
+	return nil
+}

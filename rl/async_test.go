@@ -1,0 +1,143 @@
+package rl
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/rollout"
+)
+
+// lagged is the synchronous loop's sampler made k versions stale by hand:
+// pushed version v, it samples from the weights of version max(0, v-k)
+// (kept as copies), labelling its samples v as the synchronous loop wants.
+type lagged struct {
+	eng  *rollout.Engine
+	k    int64
+	hist []*model.Model
+}
+
+func (s *lagged) UpdateWeights(ctx context.Context, m *model.Model, v int64) error {
+	c := m.ZeroLike()
+	copy(c.Arena, m.Arena)
+	s.hist = append(s.hist[:v], c)
+	return s.eng.UpdateWeights(ctx, s.hist[max(0, v-s.k)], v)
+}
+
+func (s *lagged) Generate(p [][]int32, n int, sp rollout.Sampling) ([]rollout.Sample, error) {
+	return s.eng.Generate(p, n, sp)
+}
+
+func (s *lagged) Version() int64 { return s.eng.Version() }
+
+// dropLag removes the asynchronous loop's own measures.
+func dropLag(ms []map[string]float64) {
+	for _, m := range ms {
+		for k := range m {
+			if strings.HasPrefix(k, "rollout/lag_") {
+				delete(m, k)
+			}
+		}
+	}
+}
+
+// With rollout.staleness k the loop trains exactly as the synchronous loop
+// does over a sampler that lags k versions behind: the same samples, the
+// same weights bit for bit, step after step; and its lag measures say k
+// (fewer in the first steps, which sample the starting weights).
+func TestStalenessIsALaggedSampler(t *testing.T) {
+	for _, k := range []int{1, 2} {
+		steps := 5
+		sets := []string{"train.steps=5", "train.mini_batches=2"}
+		async := testLoop(t, testRecipe(t, append(sets, "rollout.staleness="+itoa(k))...), true)
+		t.Cleanup(async.Close)
+		sync := testLoop(t, testRecipe(t, sets...), true)
+		start := cpu(sync).Model.ZeroLike()
+		copy(start.Arena, cpu(sync).Model.Arena)
+		sync.Sampler = &lagged{eng: sync.Sampler.(*rollout.Engine), k: int64(k), hist: []*model.Model{start}}
+
+		w1, m1 := runSteps(t, async, steps)
+		for s, m := range m1 {
+			if want := float64(min(k, s)); m["rollout/lag_max"] != want || m["rollout/lag_mean"] != want {
+				t.Fatalf("k = %d, step %d: lag mean %v max %v, want %v", k, s+1, m["rollout/lag_mean"], m["rollout/lag_max"], want)
+			}
+		}
+		dropLag(m1)
+		w2, m2 := runSteps(t, sync, steps)
+		sameRun(t, "staleness "+itoa(k)+" vs a sampler lagging "+itoa(k)+" versions", w1, w2, m1, m2)
+	}
+}
+
+// A run with staleness 1 or 2 stopped after step 3 and resumed gives the
+// weights and metrics of one that never stopped: the checkpoint holds the
+// batches already sampled for the steps after it.
+func TestStalenessResumeIsBitwise(t *testing.T) {
+	for _, k := range []string{"1", "2"} {
+		tmp := t.TempDir()
+		straight := filepath.Join(tmp, "straight")
+		sets := []string{"rollout.staleness=" + k, "eval.every=0"}
+		if _, err := Run(context.Background(), runRecipe(t, straight, sets...), false, Progress{}); err != nil {
+			t.Fatal(err)
+		}
+		stopped := filepath.Join(tmp, "stopped")
+		ctx, cancel := context.WithCancel(context.Background())
+		res, err := Run(ctx, runRecipe(t, stopped, sets...), false, Progress{Step: func(step, _ int, _ map[string]float64, _ time.Duration) {
+			if step == 3 {
+				cancel()
+			}
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Stopped || res.Steps != 3 {
+			t.Fatalf("stopped run: %+v", res)
+		}
+		b, err := os.ReadFile(filepath.Join(stopped, "checkpoints", "step-00000003", "state.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st struct {
+			State loopState `json:"state"`
+		}
+		if err := json.Unmarshal(b, &st); err != nil {
+			t.Fatal(err)
+		}
+		if want := map[string]int{"1": 1, "2": 2}[k]; len(st.State.Pending) != want || st.State.Pending[0].Step != 4 {
+			t.Fatalf("staleness %s: the checkpoint of step 3 holds %d batches (first %+v), want %d from step 4", k, len(st.State.Pending), st.State.Pending, want)
+		}
+		r, err := ReadRecipe(filepath.Join(stopped, RecipeFile), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Run(context.Background(), r, true, Progress{}); err != nil {
+			t.Fatal(err)
+		}
+		w1, m1 := readRun(t, straight)
+		w2, m2 := readRun(t, stopped)
+		sameFiles(t, "staleness "+k+" stopped at 3 and resumed", w1, w2, m1, m2)
+	}
+}
+
+// Staleness 0 keeps the synchronous loop (no worker), and the recipe
+// refuses a negative or huge staleness.
+func TestStalenessSetting(t *testing.T) {
+	l := testLoop(t, testRecipe(t), true)
+	runSteps(t, l, 1)
+	if l.pipe != nil {
+		t.Fatal("staleness 0 started a rollout worker")
+	}
+	for _, v := range []string{"-1", "65"} {
+		if _, err := ParseRecipe([]byte(testRecipeYAML), []string{"rollout.staleness=" + v}); err == nil || !strings.Contains(err.Error(), "rollout.staleness") {
+			t.Errorf("staleness %s: err = %v", v, err)
+		}
+	}
+	// The resolved recipe of a synchronous run does not mention it.
+	if strings.Contains(string(testRecipe(t).YAML()), "staleness") {
+		t.Error("a staleness-0 recipe writes rollout.staleness")
+	}
+}
