@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 
@@ -79,7 +80,7 @@ eval: {skip: true}
 	}
 	res := RLStepResult{Preset: preset, Precision: prec.String(), Prompts: prompts, Group: group, MaxNew: maxNew}
 	for s := 0; s <= steps; s++ {
-		sr, err := l.RunStep()
+		sr, err := l.RunStep(context.Background())
 		if err != nil {
 			return RLStepResult{}, err
 		}

@@ -119,6 +119,9 @@ var ErrTooManyNonFinite = errors.New("rl: too many consecutive non-finite steps"
 
 // Init checks the loop's parts against each other and prepares engines.
 func (l *Loop) Init() error {
+	if l.Trainer == nil || l.R == nil {
+		return errors.New("rl: a Loop needs a recipe and a Trainer")
+	}
 	c := l.Trainer.Config()
 	l.nMoE = len(c.MoELayers())
 	l.moe = l.nMoE > 0
@@ -126,7 +129,7 @@ func (l *Loop) Init() error {
 		return fmt.Errorf("algorithm.replay: %s needs an MoE model; %s is dense", l.R.Algorithm.Replay, c.Architecture)
 	}
 	if l.obj = l.R.Algorithm.objective(l.R.Rollout.MaxNewTokens); l.obj == nil {
-		return fmt.Errorf("algorithm.objective: unknown %q (want %s)", l.R.Algorithm.Objective, objectiveNames())
+		return fmt.Errorf("algorithm.objective: %q with no clip range, or unknown (want %s): build recipes with ParseRecipe", l.R.Algorithm.Objective, objectiveNames())
 	}
 	l.corr = l.R.Algorithm.correction()
 	return nil
@@ -137,6 +140,9 @@ type StepResult struct {
 	Metrics map[string]float64
 	Samples []*Sample
 	Skipped int // optimiser steps skipped as non-finite
+	// Unpushed: the context was cancelled during the weight push, so the
+	// rollout does not hold the step's weights.
+	Unpushed bool
 }
 
 // phase timers of a step.
@@ -148,8 +154,11 @@ type phases struct {
 }
 
 // RunStep runs one global step: rollout, scoring, advantages, pi_old, N
-// mini-batch updates and the weight push.
-func (l *Loop) RunStep() (*StepResult, error) {
+// mini-batch updates and the weight push. ctx aborts a weight push that
+// hangs (remote servers): the step is then complete but its weights not
+// pushed (StepResult.Unpushed), and the caller should stop with a
+// checkpoint, from which a resumed run pushes them first.
+func (l *Loop) RunStep(ctx context.Context) (*StepResult, error) {
 	start := time.Now()
 	var ph phases
 	l.engineTime, l.oldTokens = 0, 0
@@ -204,8 +213,11 @@ func (l *Loop) RunStep() (*StepResult, error) {
 
 	if !l.async() {
 		t = time.Now()
-		if err := l.push(step); err != nil {
-			return nil, err
+		if err := l.push(ctx, step); err != nil {
+			if ctx.Err() == nil {
+				return nil, err
+			}
+			res.Unpushed = true
 		}
 		ph.push = time.Since(t)
 	}
@@ -312,10 +324,10 @@ func (l *Loop) oldLogProbs(mbs [][]*Sample, samples []*Sample) error {
 }
 
 // push sends the trainer's new weights to the rollout as version step.
-func (l *Loop) push(step int) error {
+func (l *Loop) push(ctx context.Context, step int) error {
 	w, err := l.Trainer.Weights()
 	if err == nil {
-		err = l.Sampler.UpdateWeights(context.Background(), w, int64(step))
+		err = l.Sampler.UpdateWeights(ctx, w, int64(step))
 	}
 	if err != nil {
 		return fmt.Errorf("weight push: %w", err)

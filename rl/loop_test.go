@@ -96,7 +96,7 @@ func runSteps(t *testing.T, l *Loop, n int) ([]float32, []map[string]float64) {
 	t.Helper()
 	var ms []map[string]float64
 	for range n {
-		res, err := l.RunStep()
+		res, err := l.RunStep(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -278,7 +278,7 @@ func TestRolloutOutputChecked(t *testing.T) {
 	for _, tc := range cases {
 		l := testLoop(t, testRecipe(t), true)
 		l.Sampler = badSampler{l.Sampler, tc.spoil}
-		_, err := l.RunStep()
+		_, err := l.RunStep(context.Background())
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Fatalf("%s: error %v, want one containing %q", tc.name, err, tc.want)
 		}
@@ -322,7 +322,7 @@ func TestNonFiniteStepsSkippedThenStop(t *testing.T) {
 	policy := cpu(l).Model
 	policy.Norm.Data[0] = float32(math.NaN())
 	before := slices.Clone(policy.Arena)
-	res, err := l.RunStep()
+	res, err := l.RunStep(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,7 +334,7 @@ func TestNonFiniteStepsSkippedThenStop(t *testing.T) {
 			t.Fatalf("a skipped step changed weight %d", i)
 		}
 	}
-	if _, err := l.RunStep(); !errors.Is(err, ErrTooManyNonFinite) {
+	if _, err := l.RunStep(context.Background()); !errors.Is(err, ErrTooManyNonFinite) {
 		t.Fatalf("second non-finite step in a row: %v, want ErrTooManyNonFinite", err)
 	}
 }
@@ -343,7 +343,7 @@ func TestNonFiniteStepsSkippedThenStop(t *testing.T) {
 func TestEqualRewardsGiveZeroGradient(t *testing.T) {
 	l := testLoop(t, testRecipe(t), true)
 	l.Score = func(*Prompt, []int32) (float64, float64) { return 1, 1 }
-	res, err := l.RunStep()
+	res, err := l.RunStep(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -370,7 +370,7 @@ func TestDynamicSampling(t *testing.T) {
 		}
 		return evenFirst(p, r)
 	}
-	res, err := l.RunStep()
+	res, err := l.RunStep(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,11 +437,11 @@ func TestAuxLossIndependentOfMicroBatches(t *testing.T) {
 	a := testLoop(t, testRecipe(t, "train.aux_loss=0.01"), true)
 	b := testLoop(t, testRecipe(t, "train.aux_loss=0.01", "train.micro_batch_tokens=20"), true)
 	a.Score, b.Score = flat, flat
-	ma, err := a.RunStep()
+	ma, err := a.RunStep(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	mb, err := b.RunStep()
+	mb, err := b.RunStep(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -466,7 +466,7 @@ func TestNoEmptyMiniBatches(t *testing.T) {
 		n++
 		return float64(n % 2), 0 // the first prompt's alternate
 	}
-	res, err := l.RunStep()
+	res, err := l.RunStep(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -488,5 +488,24 @@ func TestDenseModelLoop(t *testing.T) {
 	}
 	if !(ms[1]["train_infer/abs_diff_max"] > 0) || ms[1]["grad_norm"] == 0 {
 		t.Fatalf("bf16 rollout on a dense model: max |Δ| %v, grad norm %v", ms[1]["train_infer/abs_diff_max"], ms[1]["grad_norm"])
+	}
+}
+
+// The KL penalty runs through the reference Trainer: at the first step the
+// policy is the reference, so k3 is exactly 0; later it is positive, and
+// the penalty changes the update.
+func TestKLToTheReference(t *testing.T) {
+	r := testRecipe(t, "algorithm.kl_coef=0.5")
+	l := testLoop(t, r, true)
+	ref := cpu(l).Model.ZeroLike()
+	copy(ref.Arena, cpu(l).Model.Arena)
+	l.Reference = train.New(ref) // scores only
+	w1, ms := runSteps(t, l, 3)
+	if ms[0]["kl_ref/k3"] != 0 || !(ms[2]["kl_ref/k3"] > 0) {
+		t.Fatalf("kl_ref/k3 %v at step 1 (want 0), %v at step 3 (want > 0)", ms[0]["kl_ref/k3"], ms[2]["kl_ref/k3"])
+	}
+	w2, _ := runSteps(t, testLoop(t, testRecipe(t), true), 3)
+	if slices.Equal(w1, w2) {
+		t.Fatal("the KL penalty left the weights as they are without it")
 	}
 }

@@ -413,7 +413,7 @@ func (ro *RolloutSettings) fill(out string) error {
 // budget is rollout.max_new_tokens.
 func (a *Algorithm) fill(budget int) error {
 	orDefault(&a.Objective, MiniRLDefault)
-	spec, ok := LookupObjective(a.Objective)
+	spec, ok := lookupObjective(a.Objective)
 	if !ok {
 		return bad("algorithm.objective", "unknown %q (want %s)", a.Objective, objectiveNames())
 	}
@@ -622,8 +622,8 @@ func (a *Algorithm) correction() Correction {
 // recipe's settings); budget is the generation budget (Dr. GRPO's
 // constant).
 func (a *Algorithm) objective(budget int) Objective {
-	spec, ok := LookupObjective(a.Objective)
-	if !ok {
+	spec, ok := lookupObjective(a.Objective)
+	if !ok || a.EpsLow == nil || a.EpsHigh == nil {
 		return nil // a recipe that skipped fill: Loop.Init refuses it
 	}
 	return spec.build(a, budget)
@@ -632,7 +632,7 @@ func (a *Algorithm) objective(budget int) Objective {
 // aggregation is the per-response multiplier rule of the objective, for
 // the KL and entropy terms: the recipe's, or the objective's own.
 func (a *Algorithm) aggregation() string {
-	spec, _ := LookupObjective(a.Objective)
+	spec, _ := lookupObjective(a.Objective)
 	if a.Aggregation != "" && !spec.FixedAggregation {
 		return a.Aggregation
 	}

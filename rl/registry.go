@@ -14,11 +14,11 @@ const (
 	ObjPPO       = "ppo"
 )
 
-// ObjectiveSpec is everything keel knows of one objective by name: the
+// objectiveSpec is everything keel knows of one objective by name: the
 // defaults a recipe gets, what it may and may not combine with, and how to
 // build it. Recipe defaults, validation, error messages and the loop all
-// read the one table, Objectives, so that adding an objective is one entry.
-type ObjectiveSpec struct {
+// read the one table, objectives, so that adding an objective is one entry.
+type objectiveSpec struct {
 	Name string
 	// EpsLow and EpsHigh are the default clip range.
 	EpsLow, EpsHigh float64
@@ -39,9 +39,9 @@ type ObjectiveSpec struct {
 	build func(a *Algorithm, budget int) Objective
 }
 
-// Objectives lists every objective a recipe can name, in the order error
+// objectives lists every objective a recipe can name, in the order error
 // messages give them.
-var Objectives = []ObjectiveSpec{
+var objectives = []objectiveSpec{
 	miniRLSpec(MiniRLDefault, SeqSumMean, true),
 	miniRLSpec(MiniRLNoIS, SeqSumMean, false),
 	miniRLSpec(MiniRLLenNorm, SeqMeanTokenMean, true),
@@ -59,9 +59,9 @@ var Objectives = []ObjectiveSpec{
 
 // miniRLSpec is a MiniRL variant: the paper's clip range and C, group-mean
 // advantages, and its own aggregation.
-func miniRLSpec(variant, agg string, ownIS bool) ObjectiveSpec {
+func miniRLSpec(variant, agg string, ownIS bool) objectiveSpec {
 	d := DefaultMiniRL()
-	return ObjectiveSpec{Name: variant, EpsLow: d.EpsLow, EpsHigh: d.EpsHigh, Advantage: GroupMean, Aggregation: agg,
+	return objectiveSpec{Name: variant, EpsLow: d.EpsLow, EpsHigh: d.EpsHigh, Advantage: GroupMean, Aggregation: agg,
 		FixedAggregation: true, OwnIS: ownIS,
 		build: func(a *Algorithm, _ int) Objective {
 			return MiniRL{Variant: variant, EpsLow: *a.EpsLow, EpsHigh: *a.EpsHigh, ISCap: a.ISCap}
@@ -70,9 +70,9 @@ func miniRLSpec(variant, agg string, ownIS bool) ObjectiveSpec {
 
 // ppoSpec is a clipped surrogate of the PPO family, its defaults those of
 // its constructor; the recipe's clip range and aggregation replace them.
-func ppoSpec(name, adv string, ctor func(budget int) PPOClip) ObjectiveSpec {
+func ppoSpec(name, adv string, ctor func(budget int) PPOClip) objectiveSpec {
 	d := ctor(1)
-	return ObjectiveSpec{Name: name, EpsLow: d.EpsLow, EpsHigh: d.EpsHigh, Advantage: adv, Aggregation: d.Aggregation,
+	return objectiveSpec{Name: name, EpsLow: d.EpsLow, EpsHigh: d.EpsHigh, Advantage: adv, Aggregation: d.Aggregation,
 		build: func(a *Algorithm, budget int) Objective {
 			p := ctor(budget)
 			p.EpsLow, p.EpsHigh = *a.EpsLow, *a.EpsHigh
@@ -86,25 +86,25 @@ func ppoSpec(name, adv string, ctor func(budget int) PPOClip) ObjectiveSpec {
 		}}
 }
 
-func fixed(s ObjectiveSpec) ObjectiveSpec {
+func fixed(s objectiveSpec) objectiveSpec {
 	s.FixedAggregation = true
 	return s
 }
 
-// LookupObjective returns the entry of Objectives named name.
-func LookupObjective(name string) (ObjectiveSpec, bool) {
-	for _, s := range Objectives {
+// lookupObjective returns the entry of objectives named name.
+func lookupObjective(name string) (objectiveSpec, bool) {
+	for _, s := range objectives {
 		if s.Name == name {
 			return s, true
 		}
 	}
-	return ObjectiveSpec{}, false
+	return objectiveSpec{}, false
 }
 
 // objectiveNames lists the names for an error message: "a, b or c".
 func objectiveNames() string {
-	names := make([]string, len(Objectives))
-	for i, s := range Objectives {
+	names := make([]string, len(objectives))
+	for i, s := range objectives {
 		names[i] = s.Name
 	}
 	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]

@@ -16,10 +16,10 @@ func TestObjectiveRegistry(t *testing.T) {
 		ObjGRPO: "PPOClip", ObjDrGRPO: "PPOClip", ObjDAPO: "PPOClip", ObjGSPO: "PPOClip", ObjGSPOToken: "PPOClip", ObjPPO: "PPOClip",
 		ObjCISPO: "CISPO",
 	}
-	if len(Objectives) != len(kinds) {
-		t.Fatalf("%d objectives registered, the test knows %d", len(Objectives), len(kinds))
+	if len(objectives) != len(kinds) {
+		t.Fatalf("%d objectives registered, the test knows %d", len(objectives), len(kinds))
 	}
-	for _, spec := range Objectives {
+	for _, spec := range objectives {
 		r := parseRecipeOK(t, recipeBase, "algorithm.objective="+spec.Name, "algorithm.eps_low=0.11", "algorithm.eps_high=0.13")
 		obj := r.Algorithm.objective(200)
 		if got := reflect.TypeOf(obj).Name(); got != kinds[spec.Name] {
@@ -30,6 +30,13 @@ func TestObjectiveRegistry(t *testing.T) {
 		}
 		if got := r.Algorithm.aggregation(); got != spec.Aggregation {
 			t.Errorf("%s aggregates by %s, the registry says %s", spec.Name, got, spec.Aggregation)
+		}
+		// The objective built aggregates as the registry says it does.
+		if p, ok := obj.(PPOClip); ok && p.Aggregation != spec.Aggregation {
+			t.Errorf("%s builds a PPOClip aggregating by %s, the registry says %s", spec.Name, p.Aggregation, spec.Aggregation)
+		}
+		if m, ok := obj.(MiniRL); ok && (m.Variant == MiniRLLenNorm) != (spec.Aggregation == SeqMeanTokenMean) {
+			t.Errorf("%s builds MiniRL variant %s, the registry says it aggregates by %s", spec.Name, m.Variant, spec.Aggregation)
 		}
 		_, err := ParseRecipe([]byte(recipeBase), []string{"algorithm.objective=" + spec.Name, "algorithm.correction=token-tis"})
 		if (err != nil) != spec.OwnIS {
@@ -42,7 +49,7 @@ func TestObjectiveRegistry(t *testing.T) {
 	}
 	// An unknown name lists every registered one.
 	err := parseRecipeErr(t, recipeBase, "algorithm.objective=reinforce")
-	for _, spec := range Objectives {
+	for _, spec := range objectives {
 		if err == nil || !strings.Contains(err.Error(), spec.Name) {
 			t.Fatalf("unknown objective: %v does not name %s", err, spec.Name)
 		}

@@ -31,7 +31,7 @@ func stepSamples(t *testing.T, l *Loop, n int) ([]float32, []map[string]float64,
 	var ms []map[string]float64
 	var ss [][]*Sample
 	for range n {
-		res, err := l.RunStep()
+		res, err := l.RunStep(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}

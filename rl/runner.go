@@ -191,6 +191,9 @@ func (u *runner) buildEngines() error {
 		optim = (*train.OptimState)(u.ck.Optim)
 	}
 	if u.trainer, err = u.newTrainer(u.policy, optim); err != nil {
+		if optim != nil {
+			return fmt.Errorf("%s: checkpoint of step %d: %w", filepath.Join(r.Out, run.CheckpointsDir), u.ck.Step, err)
+		}
 		return err
 	}
 	u.loop = &Loop{R: r, Trainer: u.trainer, Sampler: sampler, Loader: NewLoader(u.prompts, r.Seed), Stop: []int32{u.end},
@@ -405,7 +408,7 @@ func (u *runner) train(ctx context.Context) error {
 			u.res.Stopped = true
 			break
 		}
-		sr, err := u.loop.RunStep()
+		sr, err := u.loop.RunStep(ctx)
 		if err != nil {
 			// Whatever failed, the last checkpoint stands; say so.
 			if u.saved > 0 {

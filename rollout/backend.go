@@ -16,9 +16,10 @@ import "github.com/keel-rl/keel/model"
 // Batch invariance is the backend's property, and the batcher's results
 // rest on it: everything a step computes for a row (its keys and values,
 // its log-probabilities, its routes) must depend only on the row's token
-// and position, its temperature and the keys and values cached for its
-// slot, never on the other rows of the step, their number, their order or
-// how the work is split. Prompt sharing (CopyPrefix) and the guarantee
+// and position, its temperature and its slot's keys and values at the
+// positions below it (cached, or computed by earlier rows of the same slot
+// in the same step), never on other slots' rows, the number of rows, their
+// order or how the work is split. Prompt sharing (CopyPrefix) and the guarantee
 // that a Scheduler's request gets exactly what Generate gives it alone
 // both depend on it. In Exact precision a backend reproduces the training
 // engine's forward bit for bit (log mu == log pi_old, identical routes).
@@ -33,9 +34,12 @@ type Backend interface {
 	// Step runs the rows of b through the model, as described at
 	// StepBatch: each row's keys and values go into the cache at (its
 	// slot, its position), and the log-probabilities of b's output rows
-	// and the routes of every row are written into b. An error (a device
-	// failure) leaves the cache and b's outputs unspecified; the batcher
-	// then abandons the sequences in flight.
+	// and the routes of every row are written into b. The backend keeps
+	// no reference to b after it returns. An error (a device failure)
+	// leaves the cache and b's outputs unspecified; the batcher then
+	// abandons the sequences in flight and may call Step again for new
+	// ones: a backend that cannot recover (a sticky device error) keeps
+	// returning an error, and Close must still release what it holds.
 	Step(b *StepBatch) error
 	// CopyPrefix copies the cached keys and values of positions [0, n) of
 	// slot src to the same positions of slot dst, in every layer (prompt
@@ -45,13 +49,17 @@ type Backend interface {
 	// copy can fail remembers the error and returns it from the next Step.
 	CopyPrefix(dst, src, n int)
 	// Load replaces the weights with m's, converted to the backend's
-	// precision. The batcher has checked that m has the backend's Config
-	// and calls Load only between steps, with no sequence in flight; the
-	// KV cache's contents need not survive it. On error the batcher runs
-	// no step until a Load succeeds.
+	// precision into storage of its own: m is valid during the call only
+	// (a training engine's weights change at its next step), so the
+	// backend copies what it needs and keeps no reference. The batcher
+	// has checked that m has the backend's Config and calls Load only
+	// between steps, with no sequence in flight; the KV cache's contents
+	// need not survive it. On error the batcher runs no step until a Load
+	// succeeds.
 	Load(m *model.Model) error
 	// Close releases the weights, the cache and any workers; the backend
-	// is not used afterwards.
+	// is not used afterwards. It cannot fail in a way the batcher could act
+	// on, so it reports nothing: a backend logs what it must.
 	Close()
 }
 
@@ -69,7 +77,7 @@ type Backend interface {
 // distribution is wanted (at most one per slot, so len(OutRow) <= Slots),
 // OutTemp[o] its temperature (len(OutTemp) == len(OutRow)).
 //
-// Outputs. LogProbs[o*V : (o+1)*V] (V the vocabulary size) is, for output
+// Outputs. LogProbs[o*V : (o+1)*V] (V = Config().VocabSize) is, for output
 // row o, the log-softmax over the vocabulary of the row's logits divided
 // by OutTemp[o], in float32: each logit (the LM head applied to the final
 // norm of the row's hidden state) is divided by the temperature in

@@ -90,6 +90,9 @@ func newEngine(b Backend, pool *kernels.Pool, own bool) (*Engine, error) {
 	if err == nil && (opt.Precision < Exact || opt.Precision > FP4) {
 		err = fmt.Errorf("rollout: unknown precision %d", opt.Precision)
 	}
+	if err == nil && c.MaxPositionEmbeddings > 0 && opt.MaxLen > c.MaxPositionEmbeddings {
+		err = fmt.Errorf("rollout: max length %d exceeds the model's max_position_embeddings %d", opt.MaxLen, c.MaxPositionEmbeddings)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -141,6 +141,9 @@ func (s *Scheduler) Do(ctx context.Context, r Request) ([]Sample, error) {
 	s.wake.Broadcast() // the loop may be waiting (paused)
 	s.mu.Unlock()
 	<-req.done // the loop drops it at the next step boundary
+	if req.err != nil {
+		return nil, req.err // a failed step ended it: say so, not the cancellation
+	}
 	if req.finished {
 		return req.out, nil // it finished before the loop saw the cancellation
 	}

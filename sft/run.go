@@ -131,6 +131,9 @@ func (rn *runner) open() error {
 		optim = (*train.OptimState)(sess.Resumed.Optim)
 	}
 	eng, err := train.NewTrainer(m, r.Train.AdamW(), optim)
+	if err != nil && optim != nil {
+		return fmt.Errorf("%s: checkpoint of step %d: %w", filepath.Join(r.Out, run.CheckpointsDir), sess.Step(), err)
+	}
 	if err != nil {
 		return err
 	}

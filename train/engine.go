@@ -63,9 +63,9 @@ type Engine struct {
 	// noFuse forces the per-layer products (tests compare both paths).
 	noFuse bool
 
-	// The optimiser (see NewTrainer): its configuration, and its state,
-	// created at first use.
-	optCfg AdamWConfig
+	// The optimiser (see NewTrainer): its configuration (nil: none, an
+	// engine that only scores), and its state, created at first use.
+	optCfg *AdamWConfig
 	optim  *AdamW
 }
 

@@ -70,10 +70,18 @@ const adamChunkElems = 1 << 15
 
 // NewAdamW returns an optimiser with zero moments for m's parameters.
 func NewAdamW(m *model.Model, cfg AdamWConfig) (*AdamW, error) {
+	return newAdamW(m, cfg, true)
+}
+
+// newAdamW is NewAdamW; without moments, the caller provides them.
+func newAdamW(m *model.Model, cfg AdamWConfig, moments bool) (*AdamW, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	o := &AdamW{Config: cfg, M: make([]float32, len(m.Arena)), V: make([]float32, len(m.Arena))}
+	o := &AdamW{Config: cfg}
+	if moments {
+		o.M, o.V = make([]float32, len(m.Arena)), make([]float32, len(m.Arena))
+	}
 	off := 0
 	for _, p := range m.Params() {
 		decay := cfg.DecayVectors || len(p.Shape) > 1

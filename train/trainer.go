@@ -1,6 +1,7 @@
 package train
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,7 +28,10 @@ import (
 //     and optimiser state as they were. The gradient is not cleared:
 //     ZeroGrad starts the next accumulation;
 //   - Weights and OptimState describe the engine's state as plain host
-//     data, valid until the next Step or Close. Neither may be modified.
+//     data, valid until the next Step or Close. Neither may be modified;
+//   - a Result belongs to the caller: it outlives later calls (the loop
+//     keeps log-probs and routes across forwards), so an engine that
+//     stages outputs in reused buffers copies them out.
 //
 // A Trainer is not safe for concurrent use.
 type Trainer interface {
@@ -62,52 +66,81 @@ var _ Trainer = (*Engine)(nil)
 
 // NewTrainer returns the CPU engine for m with an AdamW optimiser inside
 // it: of configuration cfg with zero moments, or, given state (from a
-// checkpoint), exactly where state left it (its configuration wins, so a
-// resumed run continues the run it resumes). The moments are allocated at
-// the first Step or OptimState, so an engine that only scores (a
-// reference model) never pays for them.
+// checkpoint), exactly where state left it: its configuration, not cfg, so
+// that a resumed run continues the run it resumes, and its moments, which
+// the engine takes over (no copy: the caller must not use them again). The
+// moments of a fresh optimiser are allocated at the first Step or
+// OptimState, so an engine that only scores (a reference model) never
+// pays for them.
 func NewTrainer(m *model.Model, cfg AdamWConfig, state *OptimState) (*Engine, error) {
 	if state != nil {
-		if err := json.Unmarshal(state.Config, &cfg); err != nil {
-			return nil, fmt.Errorf("train: optimiser state: configuration: %w", err)
+		var err error
+		if cfg, err = decodeAdamW(state.Config); err != nil {
+			return nil, fmt.Errorf("train: optimiser state: %w", err)
 		}
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	e := New(m)
-	e.optCfg = cfg
+	e.optCfg = &cfg
 	if state != nil {
-		o, err := NewAdamW(m, cfg)
+		o, err := restoreAdamW(m, cfg, state)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("train: optimiser state: %w", err)
 		}
-		if len(state.M) != len(o.M) || len(state.V) != len(o.V) {
-			return nil, fmt.Errorf("train: optimiser state has %d first and %d second moments, the model has %d parameters", len(state.M), len(state.V), len(o.M))
-		}
-		if state.Step < 0 {
-			return nil, fmt.Errorf("train: optimiser state at step %d", state.Step)
-		}
-		copy(o.M, state.M)
-		copy(o.V, state.V)
-		o.Step = state.Step
 		e.optim = o
 	}
 	return e, nil
 }
 
-// Config returns the model's architecture.
-func (e *Engine) Config() *model.Config { return &e.Model.Config }
+// decodeAdamW reads an AdamWConfig as OptimState.Config holds it: every
+// field named as AdamWConfig names it, nothing else.
+func decodeAdamW(b json.RawMessage) (AdamWConfig, error) {
+	var cfg AdamWConfig
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&cfg); err != nil {
+		return cfg, fmt.Errorf("configuration %.80q: %v", b, err)
+	}
+	if bytes.Equal(bytes.TrimSpace(b), []byte("null")) {
+		return cfg, errors.New("configuration is null")
+	}
+	return cfg, nil
+}
+
+// restoreAdamW builds the optimiser of state over its moments.
+func restoreAdamW(m *model.Model, cfg AdamWConfig, state *OptimState) (*AdamW, error) {
+	o, err := newAdamW(m, cfg, false)
+	if err != nil {
+		return nil, err
+	}
+	if n := len(m.Arena); len(state.M) != n || len(state.V) != n {
+		return nil, fmt.Errorf("%d first and %d second moments, the model has %d parameters", len(state.M), len(state.V), n)
+	}
+	if state.Step < 0 {
+		return nil, fmt.Errorf("at step %d", state.Step)
+	}
+	o.M, o.V, o.Step = state.M, state.V, state.Step
+	return o, nil
+}
+
+// Config returns the model's architecture (nil without a model).
+func (e *Engine) Config() *model.Config {
+	if e.Model == nil {
+		return nil
+	}
+	return &e.Model.Config
+}
 
 // adamw returns the engine's optimiser, creating it with zero moments on
-// first use.
+// first use. An engine made by New has none: it only scores.
 func (e *Engine) adamw() (*AdamW, error) {
 	if e.optim == nil {
-		cfg := e.optCfg
-		if cfg == (AdamWConfig{}) {
-			cfg = DefaultAdamWConfig()
+		if e.optCfg == nil {
+			return nil, errors.New("train: the engine has no optimiser (build it with NewTrainer)")
 		}
-		o, err := NewAdamW(e.Model, cfg)
+		o, err := NewAdamW(e.Model, *e.optCfg)
 		if err != nil {
 			return nil, err
 		}

@@ -161,9 +161,23 @@ func TestTrainerRestoreRefusesMismatch(t *testing.T) {
 		{"configuration not JSON", OptimState{M: make([]float32, n), V: make([]float32, n), Config: json.RawMessage("{")}},
 		{"beta1 out of range", OptimState{M: make([]float32, n), V: make([]float32, n), Config: json.RawMessage(`{"Beta1":1,"Beta2":0.9,"Eps":1e-8}`)}},
 		{"negative step", OptimState{Step: -1, M: make([]float32, n), V: make([]float32, n), Config: cfg}},
+		{"configuration null", OptimState{M: make([]float32, n), V: make([]float32, n), Config: json.RawMessage("null")}},
+		{"configuration with an unknown field", OptimState{M: make([]float32, n), V: make([]float32, n), Config: json.RawMessage(`{"Beta1":0.9,"Beta2":0.99,"Eps":1e-8,"Momentum":0.5}`)}},
 	} {
 		if _, err := NewTrainer(m, DefaultAdamWConfig(), &tc.st); err == nil {
 			t.Errorf("%s: accepted", tc.name)
 		}
+	}
+}
+
+// An engine built by New only scores: a Step is an error, not an
+// optimiser with defaults nobody chose.
+func TestScoringEngineHasNoOptimiser(t *testing.T) {
+	e := New(engRandomModel(engTinyConfig(false, false, false), 1))
+	if _, err := e.Step(1e-3, 1); err == nil {
+		t.Fatal("Step on an engine made by New succeeded")
+	}
+	if _, err := e.OptimState(); err == nil {
+		t.Fatal("OptimState on an engine made by New succeeded")
 	}
 }
