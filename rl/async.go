@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/keel-rl/keel/model"
 )
 
-// The asynchronous loop (rollout.staleness: k > 0). Step s trains on
+// The asynchronous loop (rollout.staleness or max_staleness: k > 0). With
+// staleness, step s trains on
 // samples drawn from the weights of version max(0, s-1-k), exactly: with
 // k = 1 (verl's one-step-off) the rollout of step s+1 runs from the
 // weights step s starts from while step s trains. The rollout runs on one
@@ -20,6 +22,10 @@ import (
 // the middle of a batch, every batch depends only on its step, its seed
 // and its weights, and a run is deterministic and resumes bit for bit: a
 // checkpoint holds the k batches already sampled for the steps after it.
+// With max_staleness, the trainer publishes its weights after every step
+// and each batch samples the newest published when it starts (at least
+// those of k steps before its own): fresher when the rollout is the slower
+// side, but which weights a batch gets depends on timing.
 
 // pipeline is the rollout running ahead of the trainer.
 type pipeline struct {
@@ -33,10 +39,22 @@ type pipeline struct {
 	// which a checkpoint saves (the worker owns the loader itself).
 	latest     LoaderState
 	latestStep int
-	// The worker's own: a failed push fails the batches after it, and
-	// its idle time is charged to the next batch.
+	// The worker's own: the version the sampler holds, a failed push
+	// (which fails the batches after it), and its idle time, charged to
+	// the next batch.
+	held    int64
 	pushErr error
 	idle    time.Duration
+	// fresh is the newest snapshot the trainer has published
+	// (max_staleness), which the worker pushes before a batch.
+	mu    sync.Mutex
+	fresh *snapshot
+}
+
+// snapshot is a copy of the trainer's weights of one version.
+type snapshot struct {
+	w *model.Model
+	v int64
 }
 
 // future is a batch being collected; only the trainer's goroutine waits.
@@ -52,16 +70,25 @@ func (f *future) wait() *batch {
 	return f.b
 }
 
+// ahead is how many steps the rollout runs ahead of the trainer:
+// rollout.staleness or max_staleness (0: the synchronous loop).
+func (l *Loop) ahead() int { return max(l.R.Rollout.Staleness, l.R.Rollout.MaxStaleness) }
+
 // async reports whether the rollout runs ahead of the trainer.
-func (l *Loop) async() bool { return l.R.Rollout.Staleness > 0 }
+func (l *Loop) async() bool { return l.ahead() > 0 }
+
+// freshest reports whether each batch samples the newest weights there are
+// when it starts (max_staleness) rather than exactly those of k steps
+// before its own (staleness).
+func (l *Loop) freshest() bool { return l.R.Rollout.MaxStaleness > 0 }
 
 // startPipeline starts the rollout worker and queues the batches of the
 // steps after l.Step that the weights of version l.Step sample (those not
 // restored from a checkpoint).
 func (l *Loop) startPipeline() {
-	k := l.R.Rollout.Staleness
+	k := l.ahead()
 	p := &pipeline{jobs: make(chan func(), 2*k+8), done: make(chan struct{}), freed: make(chan *model.Model, k+2),
-		pending: map[int]*future{}, pushed: int64(l.Step), latest: l.Loader.State(), latestStep: l.Step}
+		pending: map[int]*future{}, pushed: int64(l.Step), held: int64(l.Step), latest: l.Loader.State(), latestStep: l.Step}
 	for _, b := range l.restored {
 		p.pending[b.step] = &future{b: b}
 		p.note(b)
@@ -97,17 +124,24 @@ func (p *pipeline) note(b *batch) {
 }
 
 // enqueueCollect queues the collection of step's batch from the weights of
-// version want (the sampler's by then).
+// version want (the sampler's by then), or (max_staleness) of the newest
+// version published when the batch starts, want at least.
 func (l *Loop) enqueueCollect(step int, want int64) {
 	p := l.pipe
 	f := &future{ch: make(chan *batch, 1)}
 	p.pending[step] = f
 	p.jobs <- func() {
+		if l.freshest() {
+			l.pushFresh()
+		}
 		var b *batch
-		if p.pushErr != nil {
+		switch {
+		case p.pushErr != nil:
 			b = &batch{step: step, err: fmt.Errorf("weight push: %w", p.pushErr)}
-		} else {
-			b = l.collect(step, want)
+		case p.held < want || (p.held != want && !l.freshest()):
+			b = &batch{step: step, err: fmt.Errorf("rollout: the sampler holds weights of version %d, step %d needs version %d", p.held, step, want)}
+		default:
+			b = l.collect(step, p.held)
 		}
 		if b.err == nil {
 			if sm, ok := l.Sampler.(SamplerMetrics); ok {
@@ -126,7 +160,7 @@ func (l *Loop) enqueueCollect(step int, want int64) {
 // It returns the time taken to snapshot the weights.
 func (l *Loop) advance(step int) (time.Duration, error) {
 	p := l.pipe
-	next, v := step+l.R.Rollout.Staleness, int64(step-1)
+	next, v := step+l.ahead(), int64(step-1)
 	if next > l.R.Train.Steps {
 		return 0, nil
 	}
@@ -137,16 +171,52 @@ func (l *Loop) advance(step int) (time.Duration, error) {
 			return 0, fmt.Errorf("weight push: %w", err)
 		}
 		p.pushed = v
-		p.jobs <- func() {
-			if p.pushErr == nil {
-				p.pushErr = l.Sampler.UpdateWeights(context.Background(), w, v)
-			}
-			p.freed <- w
+		if l.freshest() {
+			p.publish(&snapshot{w: w, v: v})
+		} else {
+			p.jobs <- func() { l.pushWeights(w, v) }
 		}
 	}
 	d := time.Since(t)
 	l.enqueueCollect(next, v)
 	return d, nil
+}
+
+// pushWeights sends w as version v to the sampler (on the worker) and
+// hands the copy back.
+func (l *Loop) pushWeights(w *model.Model, v int64) {
+	p := l.pipe
+	if p.pushErr == nil {
+		if p.pushErr = l.Sampler.UpdateWeights(context.Background(), w, v); p.pushErr == nil {
+			p.held = v
+		}
+	}
+	p.freed <- w
+}
+
+// publish makes s the newest snapshot, handing back the one it replaces
+// if the worker never took it.
+func (p *pipeline) publish(s *snapshot) {
+	p.mu.Lock()
+	old := p.fresh
+	p.fresh = s
+	p.mu.Unlock()
+	if old != nil {
+		p.freed <- old.w
+	}
+}
+
+// pushFresh pushes the newest published snapshot, on the worker, before a
+// batch (max_staleness).
+func (l *Loop) pushFresh() {
+	p := l.pipe
+	p.mu.Lock()
+	s := p.fresh
+	p.fresh = nil
+	p.mu.Unlock()
+	if s != nil {
+		l.pushWeights(s.w, s.v)
+	}
 }
 
 // snapshot copies the trainer's weights for the worker to push, reusing

@@ -141,3 +141,65 @@ func TestStalenessSetting(t *testing.T) {
 		t.Error("a staleness-0 recipe writes rollout.staleness")
 	}
 }
+
+// slowSampler makes every Generate take at least d: a rollout slower than
+// the trainer.
+type slowSampler struct {
+	Sampler
+	d time.Duration
+}
+
+func (s *slowSampler) Generate(p [][]int32, n int, sp rollout.Sampling) ([]rollout.Sample, error) {
+	time.Sleep(s.d)
+	return s.Sampler.Generate(p, n, sp)
+}
+
+// With max_staleness k every step's samples are at most k versions behind
+// (and never ahead of) the weights it starts from; when the rollout is the
+// slower side its batches take newer weights than staleness k would give
+// them. The run also stops and resumes from a checkpoint holding its
+// batches sampled ahead.
+func TestMaxStaleness(t *testing.T) {
+	const k, steps = 2, 8
+	l := testLoop(t, testRecipe(t, "train.steps=8", "rollout.max_staleness=2"), true)
+	t.Cleanup(l.Close)
+	l.Sampler = &slowSampler{Sampler: l.Sampler, d: 150 * time.Millisecond}
+	_, ms := runSteps(t, l, steps)
+	fresher := 0
+	var lags []float64
+	for s, m := range ms {
+		lags = append(lags, m["rollout/lag_max"])
+		if m["rollout/lag_max"] > float64(min(k, s)) || m["rollout/lag_mean"] < 0 {
+			t.Fatalf("step %d: lag mean %v max %v, want within [0, %d]", s+1, m["rollout/lag_mean"], m["rollout/lag_max"], min(k, s))
+		}
+		if s >= k && m["rollout/lag_max"] < k {
+			fresher++
+		}
+	}
+	if fresher == 0 {
+		t.Fatalf("a rollout slower than the trainer never sampled weights newer than %d steps behind: lags by step %v", k, lags)
+	}
+
+	tmp := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	dir := filepath.Join(tmp, "run")
+	res, err := Run(ctx, runRecipe(t, dir, "rollout.max_staleness=2", "eval.every=0"), false, Progress{Step: func(step, _ int, _ map[string]float64, _ time.Duration) {
+		if step == 2 {
+			cancel()
+		}
+	}})
+	if err != nil || !res.Stopped {
+		t.Fatalf("stopped run: %+v, %v", res, err)
+	}
+	r, err := ReadRecipe(filepath.Join(dir, RecipeFile), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err = Run(context.Background(), r, true, Progress{}); err != nil || res.Steps != 5 {
+		t.Fatalf("resumed run: %+v, %v", res, err)
+	}
+	// staleness and max_staleness together are refused.
+	if _, err := ParseRecipe([]byte(testRecipeYAML), []string{"rollout.staleness=1", "rollout.max_staleness=2"}); err == nil || !strings.Contains(err.Error(), "max_staleness") {
+		t.Errorf("both set: err = %v", err)
+	}
+}

@@ -70,6 +70,13 @@ type RolloutSettings struct {
 	// max(0, s-1-k)), sampled while the steps before it train; runs stay
 	// deterministic and resume bit for bit. 0: the synchronous loop.
 	Staleness int `yaml:"staleness,omitempty"`
+	// MaxStaleness k > 0 runs the rollout ahead as far as it can: each
+	// batch samples the newest weights the trainer has made when the
+	// batch starts, at most k versions behind its step's (at least those
+	// of step s-k). Faster when the rollout is the slower side, but runs
+	// are not bitwise reproducible: which weights a batch gets depends on
+	// timing. Exclusive with Staleness.
+	MaxStaleness int `yaml:"max_staleness,omitempty"`
 
 	// Servers moves rollout to a fleet of inference servers (base URLs,
 	// like http://10.0.0.5:30000) so that generation can run on other
@@ -339,8 +346,8 @@ func (r *Recipe) fill() error {
 	return nil
 }
 
-// maxStaleness bounds rollout.staleness: each step ahead holds a batch of
-// samples in memory and in every checkpoint.
+// maxStaleness bounds rollout.staleness and max_staleness: each step ahead
+// holds a batch of samples in memory and in every checkpoint.
 const maxStaleness = 64
 
 // bad is a recipe error naming the key at fault.
@@ -405,6 +412,12 @@ func (ro *RolloutSettings) fill(out string) error {
 	}
 	if ro.Staleness < 0 || ro.Staleness > maxStaleness {
 		return bad("rollout.staleness", "%d, want within [0, %d] (0: the synchronous loop)", ro.Staleness, maxStaleness)
+	}
+	if ro.MaxStaleness < 0 || ro.MaxStaleness > maxStaleness {
+		return bad("rollout.max_staleness", "%d, want within [0, %d] (0: off)", ro.MaxStaleness, maxStaleness)
+	}
+	if ro.Staleness > 0 && ro.MaxStaleness > 0 {
+		return bad("rollout.max_staleness", "give staleness (exactly k steps behind, reproducible) or max_staleness (at most k, as fresh as the rollout can), not both")
 	}
 	return nil
 }

@@ -201,8 +201,8 @@ func (u *runner) buildEngines() error {
 	u.defers(u.loop.Close) // before the sampler its worker uses
 	u.loop.Loader.Seek(u.st.Loader)
 	if len(u.st.Pending) > 0 {
-		if r.Rollout.Staleness == 0 {
-			return fmt.Errorf("%s: the checkpoint holds %d batches sampled ahead, but rollout.staleness is 0", r.Out, len(u.st.Pending))
+		if !u.loop.async() {
+			return fmt.Errorf("%s: the checkpoint holds %d batches sampled ahead, but rollout.staleness and max_staleness are 0", r.Out, len(u.st.Pending))
 		}
 		if err := u.loop.Restore(u.st.Pending); err != nil {
 			return fmt.Errorf("%s: checkpoint: %w", r.Out, err)
