@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/rollout"
 )
 
 // The asynchronous loop (rollout.staleness or max_staleness: k > 0). With
@@ -219,6 +220,42 @@ func (l *Loop) pushFresh() {
 	}
 }
 
+// switchingSampler is a sampler that can take new weights in the middle of
+// a generation (the in-process engine).
+type switchingSampler interface {
+	GenerateSwitching(prompts [][]int32, n int, sp rollout.Sampling, next func() *rollout.Switch) ([]rollout.Sample, error)
+}
+
+// generate samples a round: with rollout.partial: switch, sequences in
+// progress take the newest published weights between decoding steps.
+func (l *Loop) generate(ids [][]int32, n int, sp rollout.Sampling) ([]rollout.Sample, error) {
+	if ss, ok := l.Sampler.(switchingSampler); ok && l.pipe != nil && l.R.Rollout.Partial == PartialSwitch {
+		return ss.GenerateSwitching(ids, n, sp, l.nextSwitch)
+	}
+	return l.Sampler.Generate(ids, n, sp)
+}
+
+// nextSwitch hands the engine the newest published weights, if newer than
+// those it holds (on the worker, between decoding steps).
+func (l *Loop) nextSwitch() *rollout.Switch {
+	p := l.pipe
+	p.mu.Lock()
+	s := p.fresh
+	if s != nil && s.v > p.held {
+		p.fresh = nil
+	} else {
+		s = nil
+	}
+	p.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	return &rollout.Switch{Model: s.w, Version: s.v, Release: func() {
+		p.held = s.v
+		p.freed <- s.w
+	}}
+}
+
 // snapshot copies the trainer's weights for the worker to push, reusing
 // a copy it has pushed already.
 func (l *Loop) snapshot() (*model.Model, error) {
@@ -314,6 +351,7 @@ type SavedSample struct {
 	LogMu     []float32     `json:"log_mu"`
 	Routes    *model.Routes `json:"routes,omitempty"`
 	Version   int64         `json:"version"`
+	Versions  []int64       `json:"versions,omitempty"`
 	Finish    string        `json:"finish"`
 	Reward    float64       `json:"reward"`
 	Correct   float64       `json:"correct"`
@@ -330,7 +368,7 @@ func saveBatch(b *batch) SavedBatch {
 		sg := make([]SavedSample, len(g))
 		for i, s := range g {
 			sg[i] = SavedSample{Row: s.Prompt.Row, Response: s.Response, LogMu: s.LogMu, Routes: s.Routes, Version: s.Version,
-				Finish: s.Finish, Reward: s.Reward, Correct: s.Correct, Advantage: s.Advantage}
+				Versions: s.Versions, Finish: s.Finish, Reward: s.Reward, Correct: s.Correct, Advantage: s.Advantage}
 		}
 		sb.Groups = append(sb.Groups, sg)
 	}
@@ -365,8 +403,11 @@ func (l *Loop) Restore(saved []SavedBatch) error {
 						return fmt.Errorf("saved batch of step %d: a sample of row %d: %w", sb.Step, ss.Row, err)
 					}
 				}
+				if ss.Versions != nil && len(ss.Versions) != len(ss.Response) {
+					return fmt.Errorf("saved batch of step %d: a sample of row %d has %d tokens and %d token versions", sb.Step, ss.Row, len(ss.Response), len(ss.Versions))
+				}
 				g[i] = &Sample{Group: gi, Prompt: p, Response: ss.Response, LogMu: ss.LogMu, Routes: ss.Routes, Version: ss.Version,
-					Finish: ss.Finish, Reward: ss.Reward, Correct: ss.Correct, Advantage: ss.Advantage}
+					Versions: ss.Versions, Finish: ss.Finish, Reward: ss.Reward, Correct: ss.Correct, Advantage: ss.Advantage}
 			}
 			b.groups = append(b.groups, g)
 		}

@@ -3,6 +3,7 @@ package rl
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -39,7 +40,7 @@ func (s *lagged) Version() int64 { return s.eng.Version() }
 func dropLag(ms []map[string]float64) {
 	for _, m := range ms {
 		for k := range m {
-			if strings.HasPrefix(k, "rollout/lag_") {
+			if strings.HasPrefix(k, "rollout/lag_") || strings.HasPrefix(k, "rollout/tokens_lag") || k == "rollout/switched_frac" {
 				delete(m, k)
 			}
 		}
@@ -201,5 +202,59 @@ func TestMaxStaleness(t *testing.T) {
 	// staleness and max_staleness together are refused.
 	if _, err := ParseRecipe([]byte(testRecipeYAML), []string{"rollout.staleness=1", "rollout.max_staleness=2"}); err == nil || !strings.Contains(err.Error(), "max_staleness") {
 		t.Errorf("both set: err = %v", err)
+	}
+}
+
+// slowSwitching is the in-process engine waiting, at the 5th forward step
+// of each generation, until the trainer has published newer weights (for
+// at most a second), so that weights change while sequences are in
+// progress whatever the machine's speed.
+type slowSwitching struct {
+	*rollout.Engine
+	fresh func() bool
+}
+
+func (s *slowSwitching) GenerateSwitching(p [][]int32, n int, sp rollout.Sampling, next func() *rollout.Switch) ([]rollout.Sample, error) {
+	steps := 0
+	return s.Engine.GenerateSwitching(p, n, sp, func() *rollout.Switch {
+		if steps++; steps == 5 {
+			for end := time.Now().Add(time.Second); !s.fresh() && time.Now().Before(end); {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		return next()
+	})
+}
+
+// With rollout.partial: switch, sequences in progress take the trainer's
+// new weights: some samples carry several versions, every token's lag is
+// within [0, k], the token shares by lag add up to 1, and training goes on.
+func TestPartialRolloutsSwitch(t *testing.T) {
+	const k, steps = 2, 8
+	l := testLoop(t, testRecipe(t, "train.steps=8", "rollout.max_staleness=2", "rollout.partial=switch"), true)
+	t.Cleanup(l.Close)
+	l.Sampler = &slowSwitching{Engine: l.Sampler.(*rollout.Engine), fresh: func() bool {
+		p := l.pipe
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.fresh != nil && p.fresh.v > p.held // p.held: read on the worker, which calls this
+	}}
+	_, ms := runSteps(t, l, steps)
+	switched := 0.0
+	for s, m := range ms {
+		var share float64
+		for d := 0; d <= k; d++ {
+			share += m["rollout/tokens_lag"+itoa(d)]
+		}
+		if math.Abs(share-1) > 1e-9 || m["rollout/lag_max"] > float64(min(k, s)) {
+			t.Fatalf("step %d: token shares by lag add up to %v, lag max %v", s+1, share, m["rollout/lag_max"])
+		}
+		switched += m["rollout/switched_frac"]
+	}
+	if switched == 0 {
+		t.Fatal("no sample took new weights in the middle")
+	}
+	if _, err := ParseRecipe([]byte(testRecipeYAML), []string{"rollout.staleness=1", "rollout.partial=switch"}); err == nil || !strings.Contains(err.Error(), "rollout.partial") {
+		t.Errorf("switch without max_staleness: err = %v", err)
 	}
 }

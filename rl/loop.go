@@ -44,8 +44,11 @@ type Sample struct {
 	// top-p set when truncation is on.
 	LogMu   []float32
 	Routes  *model.Routes // the rollout's, prompt and response positions (MoE)
-	Version int64
-	Finish  string
+	Version int64         // the weights that sampled it (its first token's)
+	// Versions[j] is the version that sampled Response[j], set only when
+	// weights changed during the sample (rollout.partial: switch).
+	Versions []int64
+	Finish   string
 
 	Reward, Correct, Advantage float64
 
@@ -229,7 +232,7 @@ func (l *Loop) RunStep(ctx context.Context) (*StepResult, error) {
 	tot.metrics(m, res.Skipped, l.Reference != nil)
 	l.discrepancyMetrics(samples, m)
 	if l.async() {
-		lagMetrics(samples, step, m)
+		lagMetrics(samples, step, l.ahead(), m)
 	}
 	if sm, ok := l.Sampler.(SamplerMetrics); ok && !l.async() {
 		for k, v := range sm.Metrics() {
@@ -268,20 +271,41 @@ func (l *Loop) batch(step int, ph *phases) (*batch, error) {
 }
 
 // lagMetrics records how many versions the step's samples are behind the
-// weights it starts from (pi_old is version step-1): min(k, step-1) with
-// rollout.staleness k (the synchronous loop's are 0, not logged).
-func lagMetrics(samples []*Sample, step int, m map[string]float64) {
+// weights it starts from (pi_old is version step-1), per sample (its first
+// token's weights: mean and max) and the share of response tokens at each
+// lag 0..k, and the fraction of samples whose weights changed during them
+// (rollout.partial: switch). The synchronous loop's lags are 0, not logged.
+func lagMetrics(samples []*Sample, step, k int, m map[string]float64) {
 	if len(samples) == 0 {
 		return
 	}
-	var sum, most float64
+	var sum, most, switched float64
+	tokens := make([]float64, k+1)
+	var total float64
 	for _, s := range samples {
 		lag := float64(int64(step-1) - s.Version)
 		sum += lag
 		most = max(most, lag)
+		if s.Versions != nil {
+			switched++
+		}
+		for j := range s.Response {
+			v := s.Version
+			if s.Versions != nil {
+				v = s.Versions[j]
+			}
+			if d := int64(step-1) - v; d >= 0 && d <= int64(k) {
+				tokens[d]++
+			}
+			total++
+		}
 	}
 	m["rollout/lag_mean"] = sum / float64(len(samples))
 	m["rollout/lag_max"] = most
+	m["rollout/switched_frac"] = switched / float64(len(samples))
+	for d, n := range tokens {
+		m["rollout/tokens_lag"+itoa(d)] = n / total
+	}
 }
 
 // splitMiniBatches cuts a step's groups into n mini-batches of whole
@@ -517,7 +541,7 @@ func (l *Loop) round(step, round int, want int64, b *batch) ([][]*Sample, error)
 		Seed: mix(r.Seed, uint64(step), uint64(round)),
 	}
 	t := time.Now()
-	out, err := l.Sampler.Generate(ids, G, sp)
+	out, err := l.generate(ids, G, sp)
 	b.rollout += time.Since(t)
 	if err != nil {
 		return nil, fmt.Errorf("rollout: %w", err)
@@ -529,8 +553,9 @@ func (l *Loop) round(step, round int, want int64, b *batch) ([][]*Sample, error)
 	}
 	groups := make([][]*Sample, len(prompts))
 	for _, o := range out {
-		// The loop trains only on samples of the weights it asked for.
-		if o.Version != want {
+		// The loop trains only on samples of the weights it asked for (or,
+		// with max_staleness, newer).
+		if o.Version < want || (o.Version != want && !l.freshest()) {
 			return nil, fmt.Errorf("rollout: a sample of prompt %d carries weight version %d, the step's samples must be of version %d", o.Prompt, o.Version, want)
 		}
 		s, err := l.newSample(prompts[o.Prompt], o)
@@ -596,7 +621,10 @@ func mix(seed, step, round uint64) uint64 {
 
 // newSample turns a rollout sample into a scored Sample.
 func (l *Loop) newSample(p *Prompt, o rollout.Sample) (*Sample, error) {
-	s := &Sample{Prompt: p, Response: o.Tokens, LogMu: o.LogProbs, Version: o.Version, Finish: o.Finish}
+	s := &Sample{Prompt: p, Response: o.Tokens, LogMu: o.LogProbs, Version: o.Version, Versions: o.TokenVersions, Finish: o.Finish}
+	if s.Versions != nil && len(s.Versions) != len(s.Response) {
+		return nil, fmt.Errorf("rollout: a sample of prompt row %d has %d tokens and %d token versions", p.Row, len(s.Response), len(s.Versions))
+	}
 	if o.TruncLogProbs != nil {
 		s.LogMu = o.TruncLogProbs
 	}

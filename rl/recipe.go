@@ -77,6 +77,12 @@ type RolloutSettings struct {
 	// are not bitwise reproducible: which weights a batch gets depends on
 	// timing. Exclusive with Staleness.
 	MaxStaleness int `yaml:"max_staleness,omitempty"`
+	// Partial says what a sequence in progress does when newer weights
+	// arrive (max_staleness, in-process engine): "finish" (the default:
+	// a batch samples one version) or "switch" (partial rollouts: it
+	// continues on the new weights, every token carrying the version that
+	// sampled it and its log mu under that version).
+	Partial string `yaml:"partial,omitempty"`
 
 	// Servers moves rollout to a fleet of inference servers (base URLs,
 	// like http://10.0.0.5:30000) so that generation can run on other
@@ -312,6 +318,13 @@ func setKey(doc *yaml.Node, kv string) error {
 	return nil
 }
 
+// What a sequence in progress does when newer weights arrive
+// (rollout.partial).
+const (
+	PartialFinish = "finish"
+	PartialSwitch = "switch"
+)
+
 // Replay modes.
 const (
 	ReplayNone = "none"
@@ -415,6 +428,15 @@ func (ro *RolloutSettings) fill(out string) error {
 	}
 	if ro.MaxStaleness < 0 || ro.MaxStaleness > maxStaleness {
 		return bad("rollout.max_staleness", "%d, want within [0, %d] (0: off)", ro.MaxStaleness, maxStaleness)
+	}
+	switch ro.Partial {
+	case "", PartialFinish:
+	case PartialSwitch:
+		if ro.MaxStaleness == 0 || len(ro.Servers) > 0 {
+			return bad("rollout.partial", "switch changes weights inside a batch: it needs rollout.max_staleness and the in-process engine (no rollout.servers)")
+		}
+	default:
+		return bad("rollout.partial", "unknown %q (want %s or %s)", ro.Partial, PartialFinish, PartialSwitch)
 	}
 	if ro.Staleness > 0 && ro.MaxStaleness > 0 {
 		return bad("rollout.max_staleness", "give staleness (exactly k steps behind, reproducible) or max_staleness (at most k, as fresh as the rollout can), not both")

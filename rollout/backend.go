@@ -53,9 +53,10 @@ type Backend interface {
 	// (a training engine's weights change at its next step), so the
 	// backend copies what it needs and keeps no reference. The batcher
 	// has checked that m has the backend's Config and calls Load only
-	// between steps, with no sequence in flight; the KV cache's contents
-	// need not survive it. On error the batcher runs no step until a Load
-	// succeeds.
+	// between steps; the KV cache's contents need not survive it (the
+	// sequences in flight during a weight switch, GenerateSwitching, have
+	// their caches computed again from position 0). On error the batcher
+	// runs no step until a Load succeeds.
 	Load(m *model.Model) error
 	// Close releases the weights, the cache and any workers; the backend
 	// is not used afterwards. It cannot fail in a way the batcher could act

@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -74,8 +75,14 @@ type Sample struct {
 	// Finish is "stop" (a stop token) or "length" (MaxNewTokens or the
 	// engine's MaxLen reached).
 	Finish string
-	// Version is the weight version that generated the sample.
+	// Version is the weight version that generated the sample (the
+	// version of its first token when weights changed during it).
 	Version int64
+	// TokenVersions[t] is the weight version that sampled Tokens[t], set
+	// only when it changed during the sample (GenerateSwitching); nil
+	// means every token is of Version. LogProbs[t] is always under the
+	// weights that sampled Tokens[t].
+	TokenVersions []int64
 }
 
 // MaxTopLogProbs bounds Sampling.TopLogProbs (OpenAI's limit).
@@ -114,9 +121,11 @@ type slotState struct {
 	grp          *group // the prompt (and settings) the sequence samples
 	idx          int    // its sample number within grp
 	promptLen    int
+	prefill      int     // positions to compute before decoding: the prompt, or (after a weight switch) the whole sequence
 	cached       int     // positions already in the KV cache
 	seq          []int32 // prompt, then response
 	lp, tlp      []float32
+	vers         []int64 // per response token: the version that sampled it
 	routes       []uint8 // [pos][moe layers][k], experts ≤ 256
 	routes16     []uint16
 	rng          rand.PCG
@@ -215,6 +224,67 @@ func (e *Engine) Generate(prompts [][]int32, n int, sp Sampling) ([]Sample, erro
 	return g.out, nil
 }
 
+// Switch is a weight update that GenerateSwitching takes in the middle of
+// a generation: the weights of Version (valid until Release is called,
+// which the engine does once it has loaded them).
+type Switch struct {
+	Model   *model.Model
+	Version int64
+	Release func()
+}
+
+// GenerateSwitching is Generate with weight updates in flight (partial
+// rollouts): before every forward step it asks next for newer weights,
+// and when there are some it loads them and recomputes the KV cache of
+// every sequence in flight (prompt and response so far) under them, so
+// that each later token is drawn from, and its log-probability is that of,
+// the new policy given the whole sequence, exactly as if the sequence had
+// been fed to the new weights; the tokens already sampled keep their
+// log-probabilities under the weights that sampled them. Sample.Version is
+// then the first token's version and Sample.TokenVersions each token's.
+// Routes are those of the last computation of each position. next
+// returning nil means no update.
+func (e *Engine) GenerateSwitching(prompts [][]int32, n int, sp Sampling, next func() *Switch) ([]Sample, error) {
+	g, err := e.newGen(prompts, n, sp)
+	if err != nil {
+		return nil, err
+	}
+	for g.admit() {
+		if sw := next(); sw != nil {
+			if err := g.switchWeights(sw); err != nil {
+				return nil, err
+			}
+		}
+		if err := g.step(); err != nil {
+			return nil, err
+		}
+	}
+	return g.out, nil
+}
+
+// switchWeights loads sw's weights between two steps and sends every
+// sequence in flight back to recompute its cache from position 0.
+// Finished MoE sequences waiting for their last row keep their state: that
+// row records only the last position's routes, which train nothing.
+func (g *gen) switchWeights(sw *Switch) error {
+	e := g.e
+	err := e.UpdateWeights(context.Background(), sw.Model, sw.Version)
+	if sw.Release != nil {
+		sw.Release()
+	}
+	if err != nil {
+		return err
+	}
+	for i := range g.slots {
+		s := &g.slots[i]
+		if !s.active || s.tail {
+			continue
+		}
+		s.cached, s.prefill = 0, len(s.seq)
+	}
+	return nil
+}
+
 func (e *Engine) newGen(prompts [][]int32, n int, sp Sampling) (*gen, error) {
 	if err := e.checkSampling(n, sp); err != nil {
 		return nil, err
@@ -310,8 +380,8 @@ func (g *gen) admit() bool {
 				g.queue[0] = nil
 				g.queue = g.queue[1:]
 			}
-			*s = slotState{active: true, grp: q, idx: j, promptLen: len(q.prompt),
-				seq: append(s.seq[:0], q.prompt...), lp: s.lp[:0], tlp: s.tlp[:0], top: s.top[:0],
+			*s = slotState{active: true, grp: q, idx: j, promptLen: len(q.prompt), prefill: len(q.prompt),
+				seq: append(s.seq[:0], q.prompt...), lp: s.lp[:0], tlp: s.tlp[:0], vers: s.vers[:0], top: s.top[:0],
 				routes: s.routes, routes16: s.routes16}
 			s.rng.Seed(Splitmix64(q.pol.sp.Seed^Splitmix64(uint64(q.index))), SampleStream(j))
 			g.takePrompt(i)
@@ -476,7 +546,7 @@ func (g *gen) fill() {
 	for i := range g.slots {
 		s := &g.slots[i]
 		s.outIdx = -1
-		if s.active && s.cached >= s.promptLen { // decoding, or the tail row
+		if s.active && s.cached >= s.prefill { // decoding, or the tail row
 			b.add(i, s.cached, s.seq[s.cached])
 			if !s.tail {
 				g.output(s)
@@ -485,15 +555,15 @@ func (g *gen) fill() {
 	}
 	for i := range g.slots {
 		s := &g.slots[i]
-		if !s.active || s.waiting || s.cached >= s.promptLen {
+		if !s.active || s.waiting || s.cached >= s.prefill {
 			continue
 		}
-		chunk := min(s.promptLen-s.cached, e.opt.StepRows-b.Rows())
+		chunk := min(s.prefill-s.cached, e.opt.StepRows-b.Rows())
 		g.promptRows += chunk
 		for p := s.cached; p < s.cached+chunk; p++ {
 			b.add(i, p, s.seq[p])
 		}
-		if s.cached+chunk == s.promptLen {
+		if s.cached+chunk == s.prefill {
 			g.output(s)
 		}
 	}
@@ -508,6 +578,7 @@ func (g *gen) take(s *slotState) {
 	pol := s.grp.pol
 	s.seq = append(s.seq, s.sampled)
 	s.lp = append(s.lp, s.sampLP)
+	s.vers = append(s.vers, e.version)
 	var tlp float32
 	if pol.sp.Truncated() {
 		s.tlp = append(s.tlp, s.sTLP)
@@ -577,6 +648,12 @@ func (g *gen) retire(s *slotState) {
 		Prompt: q.index, Index: s.idx, Finish: s.finish, Version: e.version,
 		Tokens:   slices.Clone(s.seq[s.promptLen:]),
 		LogProbs: slices.Clone(s.lp),
+	}
+	if len(s.vers) > 0 {
+		smp.Version = s.vers[0]
+		if s.vers[len(s.vers)-1] != s.vers[0] {
+			smp.TokenVersions = slices.Clone(s.vers)
+		}
 	}
 	if q.pol.sp.Truncated() {
 		smp.TruncLogProbs = slices.Clone(s.tlp)
