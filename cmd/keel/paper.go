@@ -110,6 +110,12 @@ func paperSuite(quick bool) []paperGrid {
 		Seeds: []uint64{1}, Sets: append([]string{stress}, lr3...),
 		MorePaths: []string{op("minirl"), op("minirl-no-is")}, MoreSeeds: []uint64{2, 3},
 		CrossEval: []string{"minirl", "minirl-no-is"}})
+	// Staleness from asynchrony (the rollout k steps ahead) against the
+	// off-policy grids' staleness from N mini-batches.
+	for _, k := range []int{1, 2, 4} {
+		g = append(g, paperGrid{Name: fmt.Sprintf("async-k%d-%s", k, stressPrecision), Paths: []string{"recipes/paper/async"},
+			Seeds: []uint64{1}, Sets: []string{stress, fmt.Sprintf("rollout.staleness=%d", k)}})
+	}
 	for _, style := range []string{"terse", "scratch", "chain"} {
 		g = append(g, paperGrid{Name: "coldstart-" + style,
 			Paths: []string{"recipes/paper/coldstart/from-" + style + ".yaml"}, Seeds: []uint64{1},

@@ -53,6 +53,21 @@ func TestPaperSuitePlans(t *testing.T) {
 	if dirs[filepath.Join(out, "offpolicy-n8-fp4/clip-s2")] || dirs[filepath.Join(out, "offpolicy-n2-fp4/r2-s2")] {
 		t.Error("extra seeds beyond R2 and R3 at N = 4, 8")
 	}
+	// The asynchronous grids run the rollout k steps ahead.
+	for _, p := range plans {
+		if !strings.HasPrefix(p.grid.Name, "async-k") {
+			continue
+		}
+		for _, r := range p.runs {
+			rec, err := rl.ReadRecipe(r.Recipe, r.Sets)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := p.grid.Name[len("async-k") : len("async-k")+1]; rec.Rollout.Staleness != int(want[0]-'0') {
+				t.Errorf("%s: staleness %d in grid %s", r.Dir, rec.Rollout.Staleness, p.grid.Name)
+			}
+		}
+	}
 	if total < 40 {
 		t.Errorf("the suite has %d RL runs", total)
 	}
