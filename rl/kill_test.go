@@ -24,7 +24,11 @@ func TestRunKill9Helper(t *testing.T) {
 	if dir == "" {
 		t.Skip("helper process for TestRunKill9")
 	}
-	Run(context.Background(), runRecipe(t, dir), false, Progress{Step: func(step, _ int, _ map[string]float64, _ time.Duration) {
+	var sets []string
+	if k := os.Getenv("KEEL_RL_KILL_STALENESS"); k != "" {
+		sets = append(sets, "rollout.staleness="+k)
+	}
+	Run(context.Background(), runRecipe(t, dir, sets...), false, Progress{Step: func(step, _ int, _ map[string]float64, _ time.Duration) {
 		if step == 3 {
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		}
@@ -34,15 +38,26 @@ func TestRunKill9Helper(t *testing.T) {
 
 // kill -9 in the middle of a run loses the steps since the last
 // checkpoint, and the resumed run equals one that never stopped: no torn
-// or duplicated metrics line.
+// or duplicated metrics line. So too with the rollout a step ahead, whose
+// killed worker had sampled beyond the checkpoint.
 func TestRunKill9(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a child process")
 	}
+	for _, k := range []string{"", "1"} {
+		t.Run("staleness="+k, func(t *testing.T) { kill9(t, k) })
+	}
+}
+
+func kill9(t *testing.T, staleness string) {
+	var sets []string
+	if staleness != "" {
+		sets = append(sets, "rollout.staleness="+staleness)
+	}
 	tmp := t.TempDir()
 	killed := filepath.Join(tmp, "killed")
 	cmd := exec.Command(os.Args[0], "-test.run=^TestRunKill9Helper$")
-	cmd.Env = append(os.Environ(), "KEEL_RL_KILL_DIR="+killed)
+	cmd.Env = append(os.Environ(), "KEEL_RL_KILL_DIR="+killed, "KEEL_RL_KILL_STALENESS="+staleness)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
@@ -66,7 +81,7 @@ func TestRunKill9(t *testing.T) {
 		t.Fatalf("resumed from step %d, want the checkpoint of step 2", res.Resumed)
 	}
 	straight := filepath.Join(tmp, "straight")
-	if _, err := Run(context.Background(), runRecipe(t, straight), false, Progress{}); err != nil {
+	if _, err := Run(context.Background(), runRecipe(t, straight, sets...), false, Progress{}); err != nil {
 		t.Fatal(err)
 	}
 	w1, m1 := readRun(t, straight)

@@ -119,6 +119,15 @@ func runRL(args []string) error {
 	if n := len(r.Rollout.Servers); n > 0 {
 		ro = fmt.Sprintf("remote (%d %s server(s))", n, r.Rollout.ServerKind)
 	}
+	switch {
+	case r.Rollout.Staleness > 0:
+		ro += fmt.Sprintf(" %d step(s) ahead", r.Rollout.Staleness)
+	case r.Rollout.MaxStaleness > 0:
+		ro += fmt.Sprintf(" up to %d step(s) ahead", r.Rollout.MaxStaleness)
+		if r.Rollout.Partial == rl.PartialSwitch {
+			ro += ", switching weights mid-sequence"
+		}
+	}
 	fmt.Printf("keel rl: %s, %s rollout, %d steps of %d prompts x %d samples in %d mini-batch(es), replay %s -> %s\n",
 		r.Algorithm.Objective, ro, r.Train.Steps, r.Train.PromptsPerStep, r.Train.GroupSize,
 		r.Train.MiniBatches, r.Algorithm.Replay, r.Out)
