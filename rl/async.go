@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -30,8 +31,12 @@ import (
 
 // pipeline is the rollout running ahead of the trainer.
 type pipeline struct {
-	jobs    chan func()
-	done    chan struct{}
+	jobs chan func()
+	done chan struct{}
+	// ctx ends with Close: queued jobs then fail at once, and a weight
+	// push in progress is aborted.
+	ctx     context.Context
+	cancel  context.CancelFunc
 	pending map[int]*future // collected or being collected, by step
 	pushed  int64           // the newest version sent to the sampler
 	free    []*model.Model  // weight snapshots the worker has pushed
@@ -41,11 +46,12 @@ type pipeline struct {
 	latest     LoaderState
 	latestStep int
 	// The worker's own: the version the sampler holds, a failed push
-	// (which fails the batches after it), and its idle time, charged to
-	// the next batch.
-	held    int64
-	pushErr error
-	idle    time.Duration
+	// (which fails the batches after it), and its idle time and push time,
+	// charged to the next batch.
+	held     int64
+	pushErr  error
+	idle     time.Duration
+	pushTime time.Duration
 	// fresh is the newest snapshot the trainer has published
 	// (max_staleness), which the worker pushes before a batch.
 	mu    sync.Mutex
@@ -90,6 +96,7 @@ func (l *Loop) startPipeline() {
 	k := l.ahead()
 	p := &pipeline{jobs: make(chan func(), 2*k+8), done: make(chan struct{}), freed: make(chan *model.Model, k+2),
 		pending: map[int]*future{}, pushed: int64(l.Step), held: int64(l.Step), latest: l.Loader.State(), latestStep: l.Step}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
 	for _, b := range l.restored {
 		p.pending[b.step] = &future{b: b}
 		p.note(b)
@@ -132,6 +139,10 @@ func (l *Loop) enqueueCollect(step int, want int64) {
 	f := &future{ch: make(chan *batch, 1)}
 	p.pending[step] = f
 	p.jobs <- func() {
+		if p.ctx.Err() != nil {
+			f.ch <- &batch{step: step, err: errClosed}
+			return
+		}
 		if l.freshest() {
 			l.pushFresh()
 		}
@@ -152,6 +163,12 @@ func (l *Loop) enqueueCollect(step int, want int64) {
 			}
 		}
 		b.idle, p.idle = p.idle, 0
+		if b.err == nil {
+			if _, ok := b.metrics["time/weight_load"]; !ok { // a remote sampler reports its own
+				b.metrics["time/weight_load"] = p.pushTime.Seconds()
+			}
+		}
+		p.pushTime = 0
 		f.ch <- b
 	}
 }
@@ -162,7 +179,9 @@ func (l *Loop) enqueueCollect(step int, want int64) {
 func (l *Loop) advance(step int) (time.Duration, error) {
 	p := l.pipe
 	next, v := step+l.ahead(), int64(step-1)
-	if next > l.R.Train.Steps {
+	// Exactly k behind, weights no batch will sample need no push; the
+	// newest ones, published, may still reach batches in progress.
+	if next > l.R.Train.Steps && !l.freshest() {
 		return 0, nil
 	}
 	t := time.Now()
@@ -179,7 +198,9 @@ func (l *Loop) advance(step int) (time.Duration, error) {
 		}
 	}
 	d := time.Since(t)
-	l.enqueueCollect(next, v)
+	if next <= l.R.Train.Steps {
+		l.enqueueCollect(next, v)
+	}
 	return d, nil
 }
 
@@ -187,10 +208,12 @@ func (l *Loop) advance(step int) (time.Duration, error) {
 // hands the copy back.
 func (l *Loop) pushWeights(w *model.Model, v int64) {
 	p := l.pipe
-	if p.pushErr == nil {
-		if p.pushErr = l.Sampler.UpdateWeights(context.Background(), w, v); p.pushErr == nil {
+	if p.pushErr == nil && p.ctx.Err() == nil {
+		t := time.Now()
+		if p.pushErr = l.Sampler.UpdateWeights(p.ctx, w, v); p.pushErr == nil {
 			p.held = v
 		}
+		p.pushTime += time.Since(t)
 	}
 	p.freed <- w
 }
@@ -250,8 +273,12 @@ func (l *Loop) nextSwitch() *rollout.Switch {
 	if s == nil {
 		return nil
 	}
-	return &rollout.Switch{Model: s.w, Version: s.v, Release: func() {
-		p.held = s.v
+	t := time.Now()
+	return &rollout.Switch{Model: s.w, Version: s.v, Release: func(loaded bool) {
+		if loaded {
+			p.held = s.v
+		}
+		p.pushTime += time.Since(t)
 		p.freed <- s.w
 	}}
 }
@@ -295,12 +322,18 @@ func (l *Loop) take(step int) (*batch, time.Duration) {
 	return b, time.Since(t)
 }
 
-// Close stops the rollout worker, after the job it is running.
+// errClosed fails the batches of a loop being closed.
+var errClosed = errors.New("rl: the loop is closed")
+
+// Close stops the rollout worker: the job it is running ends (a weight
+// push is aborted), the queued ones fail at once. The loop takes no step
+// afterwards.
 func (l *Loop) Close() {
+	l.closed = true
 	if p := l.pipe; p != nil {
+		p.cancel()
 		close(p.jobs)
 		<-p.done
-		l.pipe = nil
 	}
 }
 
@@ -312,7 +345,13 @@ func (l *Loop) Close() {
 func (l *Loop) CheckpointState() (LoaderState, []SavedBatch, error) {
 	p := l.pipe
 	if p == nil {
-		return l.Loader.State(), nil, nil
+		// Not started (no step since the resume): what was restored is
+		// still in flight, and the loader stands after it.
+		var saved []SavedBatch
+		for _, b := range l.restored {
+			saved = append(saved, saveBatch(b))
+		}
+		return l.Loader.State(), saved, nil
 	}
 	steps := make([]int, 0, len(p.pending))
 	for s := range p.pending {
@@ -331,14 +370,18 @@ func (l *Loop) CheckpointState() (LoaderState, []SavedBatch, error) {
 	return p.latest, saved, nil
 }
 
-// SavedBatch is a batch sampled ahead, as a checkpoint stores it (JSON).
+// SavedBatch is a batch sampled ahead, as a checkpoint stores it (JSON,
+// exactly: log mu as float32 bits, other numbers as strconv strings, so
+// that NaN and infinities survive and a resumed run trains on the same
+// bits).
 type SavedBatch struct {
 	Step      int               `json:"step"`
 	Rounds    int               `json:"rounds"`
 	GenTokens int               `json:"gen_tokens"`
-	Metrics   map[string]string `json:"metrics"` // values as strconv 'g' (NaN survives)
+	Metrics   map[string]string `json:"metrics"`
 	Rollout   float64           `json:"rollout_s"`
 	Score     float64           `json:"score_s"`
+	Idle      float64           `json:"idle_s"`
 	Loader    LoaderState       `json:"loader"`
 	Groups    [][]SavedSample   `json:"groups"`
 }
@@ -348,27 +391,55 @@ type SavedBatch struct {
 type SavedSample struct {
 	Row       int           `json:"row"`
 	Response  []int32       `json:"response"`
-	LogMu     []float32     `json:"log_mu"`
+	LogMu     []uint32      `json:"log_mu_bits"` // math.Float32bits of log mu per token
 	Routes    *model.Routes `json:"routes,omitempty"`
 	Version   int64         `json:"version"`
 	Versions  []int64       `json:"versions,omitempty"`
 	Finish    string        `json:"finish"`
-	Reward    float64       `json:"reward"`
-	Correct   float64       `json:"correct"`
-	Advantage float64       `json:"advantage"`
+	Reward    exactFloat    `json:"reward"`
+	Correct   exactFloat    `json:"correct"`
+	Advantage exactFloat    `json:"advantage"`
+}
+
+// exactFloat is a float64 written as a JSON string that parses back to
+// the same bits, NaN and infinities included.
+type exactFloat float64
+
+// MarshalJSON writes the shortest string that parses back exactly.
+func (f exactFloat) MarshalJSON() ([]byte, error) {
+	return []byte(strconv.Quote(strconv.FormatFloat(float64(f), 'g', -1, 64))), nil
+}
+
+// UnmarshalJSON reads what MarshalJSON wrote.
+func (f *exactFloat) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return fmt.Errorf("%s is not a quoted number", b)
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return err
+	}
+	*f = exactFloat(v)
+	return nil
 }
 
 func saveBatch(b *batch) SavedBatch {
 	sb := SavedBatch{Step: b.step, Rounds: b.rounds, GenTokens: b.genTokens, Metrics: map[string]string{},
-		Rollout: b.rollout.Seconds(), Score: b.score.Seconds(), Loader: b.loader}
+		Rollout: b.rollout.Seconds(), Score: b.score.Seconds(), Idle: b.idle.Seconds(), Loader: b.loader}
 	for k, v := range b.metrics {
 		sb.Metrics[k] = strconv.FormatFloat(v, 'g', -1, 64)
 	}
 	for _, g := range b.groups {
 		sg := make([]SavedSample, len(g))
 		for i, s := range g {
-			sg[i] = SavedSample{Row: s.Prompt.Row, Response: s.Response, LogMu: s.LogMu, Routes: s.Routes, Version: s.Version,
-				Versions: s.Versions, Finish: s.Finish, Reward: s.Reward, Correct: s.Correct, Advantage: s.Advantage}
+			bits := make([]uint32, len(s.LogMu))
+			for j, v := range s.LogMu {
+				bits[j] = math.Float32bits(v)
+			}
+			sg[i] = SavedSample{Row: s.Prompt.Row, Response: s.Response, LogMu: bits, Routes: s.Routes, Version: s.Version,
+				Versions: s.Versions, Finish: s.Finish, Reward: exactFloat(s.Reward), Correct: exactFloat(s.Correct),
+				Advantage: exactFloat(s.Advantage)}
 		}
 		sb.Groups = append(sb.Groups, sg)
 	}
@@ -376,42 +447,85 @@ func saveBatch(b *batch) SavedBatch {
 }
 
 // Restore hands the loop the batches a checkpoint saved, before its first
-// step; their prompts are found by row in the loader's prompt set.
+// step: they must be those of the steps right after l.Step, at most as
+// many as the rollout runs ahead. Their prompts are found by row in the
+// loader's prompt set.
 func (l *Loop) Restore(saved []SavedBatch) error {
-	for _, sb := range saved {
-		b := &batch{step: sb.Step, rounds: sb.Rounds, genTokens: sb.GenTokens, metrics: map[string]float64{},
-			rollout: time.Duration(sb.Rollout * float64(time.Second)), score: time.Duration(sb.Score * float64(time.Second)), loader: sb.Loader}
-		for k, v := range sb.Metrics {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				return fmt.Errorf("saved batch of step %d: metric %s: %v", sb.Step, k, err)
-			}
-			b.metrics[k] = f
+	if len(saved) > l.ahead() {
+		return fmt.Errorf("the checkpoint holds %d batches sampled ahead; the rollout runs %d step(s) ahead: resume with the staleness the run had", len(saved), l.ahead())
+	}
+	for i, sb := range saved {
+		if sb.Step != l.Step+1+i {
+			return fmt.Errorf("saved batch %d is of step %d, want %d", i, sb.Step, l.Step+1+i)
 		}
-		for gi, sg := range sb.Groups {
-			g := make([]*Sample, len(sg))
-			for i, ss := range sg {
-				p, ok := l.Loader.byRow(ss.Row)
-				if !ok {
-					return fmt.Errorf("saved batch of step %d: no prompt of row %d in the data", sb.Step, ss.Row)
-				}
-				if len(ss.Response) == 0 || len(ss.LogMu) != len(ss.Response) {
-					return fmt.Errorf("saved batch of step %d: a sample of row %d has %d tokens and %d log-probs", sb.Step, ss.Row, len(ss.Response), len(ss.LogMu))
-				}
-				if ss.Routes != nil {
-					if err := ss.Routes.Check(); err != nil {
-						return fmt.Errorf("saved batch of step %d: a sample of row %d: %w", sb.Step, ss.Row, err)
-					}
-				}
-				if ss.Versions != nil && len(ss.Versions) != len(ss.Response) {
-					return fmt.Errorf("saved batch of step %d: a sample of row %d has %d tokens and %d token versions", sb.Step, ss.Row, len(ss.Response), len(ss.Versions))
-				}
-				g[i] = &Sample{Group: gi, Prompt: p, Response: ss.Response, LogMu: ss.LogMu, Routes: ss.Routes, Version: ss.Version,
-					Versions: ss.Versions, Finish: ss.Finish, Reward: ss.Reward, Correct: ss.Correct, Advantage: ss.Advantage}
-			}
-			b.groups = append(b.groups, g)
+		b, err := l.restoreBatch(sb)
+		if err != nil {
+			return fmt.Errorf("saved batch of step %d: %w", sb.Step, err)
 		}
 		l.restored = append(l.restored, b)
+	}
+	return nil
+}
+
+// restoreBatch rebuilds one saved batch, checking what it can.
+func (l *Loop) restoreBatch(sb SavedBatch) (*batch, error) {
+	sec := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+	b := &batch{step: sb.Step, rounds: sb.Rounds, genTokens: sb.GenTokens, metrics: map[string]float64{},
+		rollout: sec(sb.Rollout), score: sec(sb.Score), idle: sec(sb.Idle), loader: sb.Loader}
+	for k, v := range sb.Metrics {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return nil, fmt.Errorf("metric %s: %v", k, err)
+		}
+		b.metrics[k] = f
+	}
+	for gi, sg := range sb.Groups {
+		g := make([]*Sample, len(sg))
+		for i, ss := range sg {
+			p, ok := l.Loader.byRow(ss.Row)
+			if !ok {
+				return nil, fmt.Errorf("no prompt of row %d in the data", ss.Row)
+			}
+			if len(ss.Response) == 0 || len(ss.LogMu) != len(ss.Response) {
+				return nil, fmt.Errorf("a sample of row %d has %d tokens and %d log-probs", ss.Row, len(ss.Response), len(ss.LogMu))
+			}
+			if err := checkVersions(ss.Version, ss.Versions, len(ss.Response)); err != nil {
+				return nil, fmt.Errorf("a sample of row %d: %w", ss.Row, err)
+			}
+			if ss.Routes != nil {
+				if err := ss.Routes.Check(); err != nil {
+					return nil, fmt.Errorf("a sample of row %d: %w", ss.Row, err)
+				}
+			}
+			logMu := make([]float32, len(ss.LogMu))
+			for j, bits := range ss.LogMu {
+				logMu[j] = math.Float32frombits(bits)
+			}
+			g[i] = &Sample{Group: gi, Prompt: p, Response: ss.Response, LogMu: logMu, Routes: ss.Routes, Version: ss.Version,
+				Versions: ss.Versions, Finish: ss.Finish, Reward: float64(ss.Reward), Correct: float64(ss.Correct),
+				Advantage: float64(ss.Advantage)}
+		}
+		b.groups = append(b.groups, g)
+	}
+	return b, nil
+}
+
+// checkVersions checks a sample's per-token versions: none (every token
+// of version), or one per token, starting at version and never going back.
+func checkVersions(version int64, versions []int64, tokens int) error {
+	if versions == nil {
+		return nil
+	}
+	if len(versions) != tokens {
+		return fmt.Errorf("%d tokens and %d token versions", tokens, len(versions))
+	}
+	if versions[0] != version {
+		return fmt.Errorf("its first token is of version %d, the sample of %d", versions[0], version)
+	}
+	for j := 1; j < len(versions); j++ {
+		if versions[j] < versions[j-1] {
+			return fmt.Errorf("token %d is of version %d, older than the token before (%d)", j, versions[j], versions[j-1])
+		}
 	}
 	return nil
 }

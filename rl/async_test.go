@@ -115,6 +115,13 @@ func TestStalenessResumeIsBitwise(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Stopped again before its first step (Ctrl-C while it loads), the
+		// resumed run keeps the batches sampled ahead in its checkpoint.
+		done, stop := context.WithCancel(context.Background())
+		stop()
+		if res, err := Run(done, r, true, Progress{}); err != nil || res.Steps != 3 {
+			t.Fatalf("resumed and stopped at once: %+v, %v", res, err)
+		}
 		if _, err := Run(context.Background(), r, true, Progress{}); err != nil {
 			t.Fatal(err)
 		}
@@ -143,16 +150,36 @@ func TestStalenessSetting(t *testing.T) {
 	}
 }
 
-// slowSampler makes every Generate take at least d: a rollout slower than
-// the trainer.
-type slowSampler struct {
+// gatedSampler is a rollout slower than the trainer, whatever the
+// machine: from its second batch on, a batch waits (a second at most) for
+// the trainer to publish weights newer than the sampler's before it
+// starts.
+type gatedSampler struct {
 	Sampler
-	d time.Duration
+	l     *Loop
+	calls int
 }
 
-func (s *slowSampler) Generate(p [][]int32, n int, sp rollout.Sampling) ([]rollout.Sample, error) {
-	time.Sleep(s.d)
+func (s *gatedSampler) Generate(p [][]int32, n int, sp rollout.Sampling) ([]rollout.Sample, error) {
+	if s.calls++; s.calls > 1 {
+		waitFresh(s.l)
+	}
 	return s.Sampler.Generate(p, n, sp)
+}
+
+// waitFresh waits (a second at most) until the trainer has published
+// weights newer than the sampler's; it runs on the rollout worker, which
+// owns p.held.
+func waitFresh(l *Loop) {
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		p := l.pipe
+		p.mu.Lock()
+		ok := p.fresh != nil && p.fresh.v > p.held
+		p.mu.Unlock()
+		if ok {
+			return
+		}
+	}
 }
 
 // With max_staleness k every step's samples are at most k versions behind
@@ -164,7 +191,7 @@ func TestMaxStaleness(t *testing.T) {
 	const k, steps = 2, 8
 	l := testLoop(t, testRecipe(t, "train.steps=8", "rollout.max_staleness=2"), true)
 	t.Cleanup(l.Close)
-	l.Sampler = &slowSampler{Sampler: l.Sampler, d: 150 * time.Millisecond}
+	l.Sampler = &gatedSampler{Sampler: l.Sampler, l: l}
 	_, ms := runSteps(t, l, steps)
 	fresher := 0
 	var lags []float64
@@ -206,21 +233,21 @@ func TestMaxStaleness(t *testing.T) {
 }
 
 // slowSwitching is the in-process engine waiting, at the 5th forward step
-// of each generation, until the trainer has published newer weights (for
-// at most a second), so that weights change while sequences are in
-// progress whatever the machine's speed.
+// of each generation after the first, until the trainer has published
+// newer weights (a second at most), so that weights change while
+// sequences are in progress whatever the machine's speed.
 type slowSwitching struct {
 	*rollout.Engine
-	fresh func() bool
+	l     *Loop
+	calls int
 }
 
 func (s *slowSwitching) GenerateSwitching(p [][]int32, n int, sp rollout.Sampling, next func() *rollout.Switch) ([]rollout.Sample, error) {
+	s.calls++
 	steps := 0
 	return s.Engine.GenerateSwitching(p, n, sp, func() *rollout.Switch {
-		if steps++; steps == 5 {
-			for end := time.Now().Add(time.Second); !s.fresh() && time.Now().Before(end); {
-				time.Sleep(time.Millisecond)
-			}
+		if steps++; steps == 5 && s.calls > 1 {
+			waitFresh(s.l)
 		}
 		return next()
 	})
@@ -233,12 +260,7 @@ func TestPartialRolloutsSwitch(t *testing.T) {
 	const k, steps = 2, 8
 	l := testLoop(t, testRecipe(t, "train.steps=8", "rollout.max_staleness=2", "rollout.partial=switch"), true)
 	t.Cleanup(l.Close)
-	l.Sampler = &slowSwitching{Engine: l.Sampler.(*rollout.Engine), fresh: func() bool {
-		p := l.pipe
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return p.fresh != nil && p.fresh.v > p.held // p.held: read on the worker, which calls this
-	}}
+	l.Sampler = &slowSwitching{Engine: l.Sampler.(*rollout.Engine), l: l}
 	_, ms := runSteps(t, l, steps)
 	switched := 0.0
 	for s, m := range ms {
@@ -256,5 +278,45 @@ func TestPartialRolloutsSwitch(t *testing.T) {
 	}
 	if _, err := ParseRecipe([]byte(testRecipeYAML), []string{"rollout.staleness=1", "rollout.partial=switch"}); err == nil || !strings.Contains(err.Error(), "rollout.partial") {
 		t.Errorf("switch without max_staleness: err = %v", err)
+	}
+}
+
+// The exact encoding of batches sampled ahead: log mu's bits and the
+// rewards survive a JSON round trip, NaN included; a checkpoint whose
+// batches are not those of the steps right after it, or more than the
+// rollout runs ahead, is refused.
+func TestSavedBatchRoundTrip(t *testing.T) {
+	l := testLoop(t, testRecipe(t, "rollout.staleness=2"), true)
+	t.Cleanup(l.Close)
+	p := &l.Loader.prompts[3]
+	b := &batch{step: 1, metrics: map[string]float64{"reward/mean": math.NaN()}, groups: [][]*Sample{{{
+		Prompt: p, Response: []int32{4, 5}, LogMu: []float32{float32(math.NaN()), -1.0000001}, Version: 0, Versions: []int64{0, 0},
+		Reward: math.Inf(-1), Correct: 0.1, Advantage: -1.0 / 3}}}}
+	js, err := json.Marshal([]SavedBatch{saveBatch(b), saveBatch(&batch{step: 2, metrics: map[string]float64{}})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var saved []SavedBatch
+	if err := json.Unmarshal(js, &saved); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Restore(saved); err != nil {
+		t.Fatal(err)
+	}
+	got := l.restored[0].groups[0][0]
+	want := b.groups[0][0]
+	if got.Prompt != p || math.Float32bits(got.LogMu[0]) != math.Float32bits(want.LogMu[0]) || got.LogMu[1] != want.LogMu[1] ||
+		!math.IsInf(got.Reward, -1) || got.Correct != 0.1 || got.Advantage != want.Advantage || !math.IsNaN(l.restored[0].metrics["reward/mean"]) {
+		t.Fatalf("round trip: %+v, want %+v", got, want)
+	}
+	l.restored = nil
+	for _, tc := range [][]SavedBatch{
+		{{Step: 2}},                       // not the step after the checkpoint's (0)
+		{{Step: 1}, {Step: 2}, {Step: 3}}, // more than 2 ahead
+	} {
+		if err := l.Restore(tc); err == nil {
+			t.Errorf("restored %d batches from step %d", len(tc), tc[0].Step)
+		}
+		l.restored = nil
 	}
 }

@@ -110,6 +110,7 @@ type Loop struct {
 	// until then.
 	pipe     *pipeline
 	restored []*batch
+	closed   bool // by Close
 	// engineTime accumulates the time spent inside the training engine
 	// (forward, backward, gradient norm, AdamW) during a step, and
 	// oldTokens the tokens of its pi_old-only forwards.
@@ -130,6 +131,9 @@ func (l *Loop) Init() error {
 	l.moe = l.nMoE > 0
 	if !l.moe && l.R.Algorithm.Replay != ReplayNone {
 		return fmt.Errorf("algorithm.replay: %s needs an MoE model; %s is dense", l.R.Algorithm.Replay, c.Architecture)
+	}
+	if _, ok := l.Sampler.(switchingSampler); l.R.Rollout.Partial == PartialSwitch && !ok {
+		return fmt.Errorf("rollout.partial: switch needs a rollout that takes new weights mid-sequence (the in-process engine); %T does not", l.Sampler)
 	}
 	if l.obj = l.R.Algorithm.objective(l.R.Rollout.MaxNewTokens); l.obj == nil {
 		return fmt.Errorf("algorithm.objective: %q with no clip range, or unknown (want %s): build recipes with ParseRecipe", l.R.Algorithm.Objective, objectiveNames())
@@ -253,6 +257,9 @@ func (l *Loop) batch(step int, ph *phases) (*batch, error) {
 		ph.rollout, ph.score = b.rollout, b.score
 		return b, b.err
 	}
+	if l.closed {
+		return nil, errClosed
+	}
 	if l.pipe == nil {
 		l.startPipeline()
 	}
@@ -281,7 +288,7 @@ func lagMetrics(samples []*Sample, step, k int, m map[string]float64) {
 	}
 	var sum, most, switched float64
 	tokens := make([]float64, k+1)
-	var total float64
+	var total float64 // tokens within [0, k] (a resumed run's k may differ)
 	for _, s := range samples {
 		lag := float64(int64(step-1) - s.Version)
 		sum += lag
@@ -296,15 +303,15 @@ func lagMetrics(samples []*Sample, step, k int, m map[string]float64) {
 			}
 			if d := int64(step-1) - v; d >= 0 && d <= int64(k) {
 				tokens[d]++
+				total++
 			}
-			total++
 		}
 	}
 	m["rollout/lag_mean"] = sum / float64(len(samples))
 	m["rollout/lag_max"] = most
 	m["rollout/switched_frac"] = switched / float64(len(samples))
 	for d, n := range tokens {
-		m["rollout/tokens_lag"+itoa(d)] = n / total
+		m["rollout/tokens_lag"+itoa(d)] = n / max(total, 1)
 	}
 }
 
@@ -622,8 +629,8 @@ func mix(seed, step, round uint64) uint64 {
 // newSample turns a rollout sample into a scored Sample.
 func (l *Loop) newSample(p *Prompt, o rollout.Sample) (*Sample, error) {
 	s := &Sample{Prompt: p, Response: o.Tokens, LogMu: o.LogProbs, Version: o.Version, Versions: o.TokenVersions, Finish: o.Finish}
-	if s.Versions != nil && len(s.Versions) != len(s.Response) {
-		return nil, fmt.Errorf("rollout: a sample of prompt row %d has %d tokens and %d token versions", p.Row, len(s.Response), len(s.Versions))
+	if err := checkVersions(s.Version, s.Versions, len(s.Response)); err != nil {
+		return nil, fmt.Errorf("rollout: a sample of prompt row %d: %w", p.Row, err)
 	}
 	if o.TruncLogProbs != nil {
 		s.LogMu = o.TruncLogProbs

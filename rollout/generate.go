@@ -157,6 +157,7 @@ func (e *Engine) allocGen() {
 		s := &gs.slots[i]
 		s.seq = make([]int32, 0, L)
 		s.lp, s.tlp = make([]float32, 0, L), make([]float32, 0, L)
+		s.vers = make([]int64, 0, L)
 		if perPos > 0 {
 			if e.cfg.NumExperts <= 256 {
 				s.routes = make([]uint8, L*perPos)
@@ -225,12 +226,13 @@ func (e *Engine) Generate(prompts [][]int32, n int, sp Sampling) ([]Sample, erro
 }
 
 // Switch is a weight update that GenerateSwitching takes in the middle of
-// a generation: the weights of Version (valid until Release is called,
-// which the engine does once it has loaded them).
+// a generation: the weights of Version, valid until Release is called,
+// which the engine does once it is done with them, saying whether they
+// were loaded.
 type Switch struct {
 	Model   *model.Model
 	Version int64
-	Release func()
+	Release func(loaded bool)
 }
 
 // GenerateSwitching is Generate with weight updates in flight (partial
@@ -270,7 +272,7 @@ func (g *gen) switchWeights(sw *Switch) error {
 	e := g.e
 	err := e.UpdateWeights(context.Background(), sw.Model, sw.Version)
 	if sw.Release != nil {
-		sw.Release()
+		sw.Release(err == nil)
 	}
 	if err != nil {
 		return err

@@ -35,7 +35,7 @@ func TestGenerateSwitching(t *testing.T) {
 			if calls != 4 {
 				return nil
 			}
-			return &Switch{Model: neu, Version: 8, Release: func() { released = true }}
+			return &Switch{Model: neu, Version: 8, Release: func(loaded bool) { released = loaded }}
 		}
 		sp := Sampling{Temperature: 1, MaxNewTokens: 12, Seed: 9}
 		samples, err := e.GenerateSwitching(prompts, 3, sp, next)
@@ -44,7 +44,7 @@ func TestGenerateSwitching(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !released {
-			t.Fatal("the switch's weights were never released")
+			t.Fatal("the switch's weights were never released as loaded")
 		}
 		oldEng, newEng := train.New(old), train.New(neu)
 		mixed, newOnly := 0, 0
