@@ -531,3 +531,60 @@ func TestAddResponses(t *testing.T) {
 		t.Errorf("unknown task: %v", err)
 	}
 }
+
+// verl's math data sets as its preprocessing scripts write them: GSM8K
+// (examples/data_preprocess/gsm8k.py), MATH (math_dataset.py) and
+// DAPO-Math-17k (a uuid as extra_info.index) read with their data_source
+// as the task, and keel's math and gsm8k verifiers score them.
+type mathReward struct {
+	GroundTruth string `parquet:"ground_truth"`
+	Style       string `parquet:"style"`
+}
+type mathExtra struct {
+	Split string `parquet:"split"`
+	Index string `parquet:"index"`
+}
+type mathRow struct {
+	DataSource  string     `parquet:"data_source"`
+	Prompt      []paMsg    `parquet:"prompt,list"`
+	Ability     string     `parquet:"ability"`
+	RewardModel mathReward `parquet:"reward_model"`
+	ExtraInfo   mathExtra  `parquet:"extra_info"`
+}
+
+func TestParquetMathDataSets(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "math.parquet")
+	user := func(s string) []paMsg { return []paMsg{{Role: ptr("user"), Content: ptr(s)}} }
+	rows := []mathRow{
+		{"openai/gsm8k", user("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May? Let's think step by step and output the final answer after \"####\"."),
+			"math", mathReward{"72", "rule"}, mathExtra{"train", "0"}},
+		{"DigitalLearningGmbH/MATH-lighteval", user(`What is the domain of $\sqrt{x-2}$? Let's think step by step and output the final answer within \boxed{}.`),
+			"math", mathReward{`[2,\infty)`, "rule"}, mathExtra{"test", "1"}},
+		{"math_dapo", user("Solve the following math problem step by step. The last line of your response should be of the form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\nFind 1+2+...+8.\n\nRemember to put your answer on its own line after \"Answer:\""),
+			"MATH", mathReward{"36", "rule-lighteval/MATH_v2"}, mathExtra{"", "9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079"}},
+	}
+	if err := parquet.WriteFile(p, rows); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Read(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || got[2].ID != "9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079" || got[1].Answer != `[2,\infty)` || got[0].Task != "openai/gsm8k" {
+		t.Fatalf("%+v", got)
+	}
+	for i, c := range []struct {
+		right, wrong string
+	}{
+		{"48/2 = 24 in May, 48+24 = 72.\n#### 72", "#### 24"},
+		{`We need $x \ge 2$, so the domain is $\boxed{[2, \infty)}$.`, `so $\boxed{(2, \infty)}$.`},
+		{"The sum is 8*9/2 = 36.\nAnswer: 36", "Answer: 35"},
+	} {
+		if s := tasks.Score(got[i].Task, got[i].Answer, c.right); s != 1 {
+			t.Errorf("%s: right answer scores %v", got[i].Task, s)
+		}
+		if s := tasks.Score(got[i].Task, got[i].Answer, c.wrong); s != 0 {
+			t.Errorf("%s: wrong answer scores %v", got[i].Task, s)
+		}
+	}
+}

@@ -54,10 +54,13 @@ func Prompts(tok *tokenizer.Tokenizer, ex []data.Example) [][]int32 {
 }
 
 // CheckTasks reports the first example (row, from 0) whose task has no
-// verifier: scoring it would silently give 0 to every response.
+// verifier: scoring it would silently give 0 to every response. A task is
+// a generated family or a verify-only verifier such as math or gsm8k,
+// under any data_source name verl's data sets carry
+// (tasks.LookupVerifier).
 func CheckTasks(ex []data.Example) error {
 	for i := range ex {
-		if _, err := tasks.Get(ex[i].Task); err != nil {
+		if _, err := tasks.LookupVerifier(ex[i].Task); err != nil {
 			return fmt.Errorf("row %d: %v", i, err)
 		}
 	}

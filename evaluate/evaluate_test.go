@@ -75,18 +75,20 @@ func TestStopTokenStripped(t *testing.T) {
 }
 
 // Run refuses examples whose task has no verifier (their responses would
-// all score 0), naming the row; CheckTasks accepts the built-in tasks.
+// all score 0), naming the row; CheckTasks accepts the built-in tasks and
+// the verify-only verifiers under verl's data_source names.
 func TestUnknownTask(t *testing.T) {
-	ok := []data.Example{{Task: "arithmetic"}, {Task: "countdown"}, {Task: "linear"}}
+	ok := []data.Example{{Task: "arithmetic"}, {Task: "countdown"}, {Task: "linear"},
+		{Task: "gsm8k"}, {Task: "openai/gsm8k"}, {Task: "math"}, {Task: "lighteval/MATH"}, {Task: "math_dapo"}, {Task: "aime24"}}
 	if err := CheckTasks(ok); err != nil {
 		t.Fatal(err)
 	}
-	bad := append(ok, data.Example{Task: "gsm8k"})
+	bad := append(ok, data.Example{Task: "chess"})
 	err := CheckTasks(bad)
-	if err == nil || err.Error() != `row 3: unknown task "gsm8k" (known: arithmetic, countdown, linear)` {
+	if err == nil || !strings.HasPrefix(err.Error(), `row 9: no verifier for task "chess" (known: arithmetic, countdown, linear, gsm8k, math;`) {
 		t.Fatalf("err = %v", err)
 	}
-	if _, err := Run(nil, nil, bad, 1, rollout.Sampling{}); err == nil || !strings.Contains(err.Error(), "row 3") {
+	if _, err := Run(nil, nil, bad, 1, rollout.Sampling{}); err == nil || !strings.Contains(err.Error(), "row 9") {
 		t.Fatalf("Run: err = %v", err)
 	}
 }

@@ -15,6 +15,16 @@
 //
 // Solutions end with the marked line "Answer: ..."; verifiers also accept
 // \boxed{...} and <answer>...</answer> (see FinalAnswer).
+//
+// Real data sets have verify-only verifiers (Verifier), selected by a
+// row's task or verl's data_source (LookupVerifier):
+//
+//	math   MATH, MATH-500, DAPO-Math-17k, AIME, NuminaMath: LaTeX answers
+//	       compared as a mathematician would (see mathVerifier)
+//	gsm8k  GSM8K: one number after "####" (see gsm8kVerifier)
+//
+// Score dispatches to either kind; Extract reports the final answer a
+// verifier reads, to audit its verdicts.
 package tasks
 
 import (
@@ -49,10 +59,10 @@ var Styles = []string{Terse, Scratch, Chain}
 // MaxDifficulty is the hardest level of every family.
 const MaxDifficulty = 5
 
-// Task is one problem family.
+// Task is one problem family: a Verifier (its Name is a data set's
+// data_source) that also generates problems and writes their solutions.
 type Task interface {
-	// Name is the family's name (a data set's data_source).
-	Name() string
+	Verifier
 	// Generate draws a problem of the given difficulty (1..MaxDifficulty).
 	Generate(r *rand.Rand, difficulty int) Problem
 	// Solve writes a reference solution in a style, ending with the
@@ -60,24 +70,26 @@ type Task interface {
 	// Generate or Parse is rebuilt with Parse from its Prompt and Answer;
 	// when that fails Solve gives "".
 	Solve(p Problem, style string) string
-	// Score returns 1 if response's final answer is right for the ground
-	// truth answer, else 0. It never fails.
-	Score(answer, response string) float64
 }
 
 var registry = map[string]Task{}
 
 func register(t Task) { registry[t.Name()] = t }
 
-// Get returns the task named name.
+// Get returns the generated family named name. A name that has only a
+// verifier (math, gsm8k and their aliases) is an error saying so.
 func Get(name string) (Task, error) {
 	if t, ok := registry[name]; ok {
 		return t, nil
 	}
+	if v, err := LookupVerifier(name); err == nil {
+		return nil, fmt.Errorf("task %q has a verifier (%s) but no generator or solver (generated families: %s)", name, v.Name(), strings.Join(Names(), ", "))
+	}
 	return nil, fmt.Errorf("unknown task %q (known: %s)", name, strings.Join(Names(), ", "))
 }
 
-// Names lists the task families.
+// Names lists the generated task families (LookupVerifier accepts more
+// names: VerifierNames).
 func Names() []string {
 	var n []string
 	for k := range registry {
@@ -87,14 +99,15 @@ func Names() []string {
 	return n
 }
 
-// Score scores response against the ground truth of the named task; an
-// unknown task scores 0.
+// Score scores response against the ground truth of the named task, a
+// generated family or a verify-only verifier (LookupVerifier); an unknown
+// task scores 0.
 func Score(task, answer, response string) float64 {
-	t, ok := registry[task]
-	if !ok {
+	v, err := LookupVerifier(task)
+	if err != nil {
 		return 0
 	}
-	return t.Score(answer, response)
+	return v.Score(answer, response)
 }
 
 // Generate draws a problem of task with difficulty d, checking the level.

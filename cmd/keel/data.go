@@ -14,6 +14,7 @@ import (
 
 	"github.com/keel-rl/keel/data"
 	"github.com/keel-rl/keel/evaluate"
+	"github.com/keel-rl/keel/internal/atomicfile"
 	"github.com/keel-rl/keel/tasks"
 )
 
@@ -24,7 +25,7 @@ func init() {
 
 const dataUsage = `usage: keel data gen --task NAME[,NAME...] --n N [--difficulty D] [--style S] [--seed S] --out FILE.jsonl|.parquet
        keel data show FILE [--n N]
-       keel data score FILE [--responses FILE.jsonl]
+       keel data score FILE [--responses FILE.jsonl] [--out VERDICTS.jsonl]
        keel data solve FILE --out FILE.jsonl|.parquet [--style S] [--seed S] [--skip]
 
 gen draws problems of the built-in task families (%s)
@@ -44,7 +45,13 @@ or verl's layout).
 score runs each row's verifier on its response field, or on the responses
 in --responses, a JSONL file of {"response": "..."} objects: one per row,
 or k per row (all of row 0's, then row 1's, ...) for avg@k. It prints the
-accuracy overall, per task and per task and difficulty.
+accuracy overall, per task and per task and difficulty. Besides the
+generated families, rows of real math data sets verify by their task or
+data_source: math (MATH, MATH-500, DAPO-Math-17k, AIME, NuminaMath: verl's
+names such as lighteval/MATH, math_dapo, aime*, numina_*) and gsm8k
+(openai/gsm8k). --out writes one JSON line per scored response: the row,
+the sample, the task, the ground truth, the final answer the verifier
+extracted and its verdict, to audit a verifier.
 
 solve adds reference solutions to a data set that has none (a user's, or
 verl's: a Countdown needs only its ground truth "T|n1,n2,..." or TinyZero's
@@ -227,12 +234,13 @@ func runDataSolve(args []string, stdout io.Writer, usage string) error {
 func runDataScore(args []string, stdout io.Writer, usage string) error {
 	fs := newDataFlags("score", usage)
 	respPath := fs.String("responses", "", `JSONL of {"response": "..."}, k per row; default: the data's response field`)
+	outPath := fs.String("out", "", "write one JSON line per scored response (row, task, truth, extracted answer, verdict) to this file")
 	path, help, err := parseWithPath(fs, args)
 	if help || err != nil {
 		return err
 	}
 	if path == "" {
-		return errors.New("usage: keel data score FILE [--responses FILE.jsonl]")
+		return errors.New("usage: keel data score FILE [--responses FILE.jsonl] [--out VERDICTS.jsonl]")
 	}
 	ex, err := data.Read(path)
 	if err != nil {
@@ -269,12 +277,23 @@ func runDataScore(args []string, stdout io.Writer, usage string) error {
 		t.right += r
 		t.n++
 	}
+	var verdicts []verdict
 	for i, r := range resp {
 		e := ex[i/k]
 		s := tasks.Score(e.Task, e.Answer, r)
 		add("all", s)
 		add(e.Task, s)
 		add(fmt.Sprintf("%s d%d", e.Task, e.Difficulty), s)
+		if *outPath != "" {
+			got, ok := tasks.Extract(e.Task, r)
+			verdicts = append(verdicts, verdict{Row: i / k, Sample: i % k, ID: e.ID, Task: e.Task,
+				Truth: e.Answer, Extracted: got, ExtractOK: ok, Verdict: s})
+		}
+	}
+	if *outPath != "" {
+		if err := writeVerdicts(*outPath, verdicts); err != nil {
+			return err
+		}
 	}
 	keys := make([]string, 0, len(groups))
 	for key := range groups {
@@ -288,11 +307,45 @@ func runDataScore(args []string, stdout io.Writer, usage string) error {
 	})
 	w := bufio.NewWriter(stdout)
 	fmt.Fprintf(w, "%d rows, %d response(s) each\n", len(ex), k)
+	width := 16 // long data_source names widen the column
+	for _, key := range keys {
+		width = max(width, len(key))
+	}
 	for _, key := range keys {
 		t := groups[key]
-		fmt.Fprintf(w, "%-16s %6.0f/%-6.0f accuracy %.3f\n", key, t.right, t.n, t.right/t.n)
+		fmt.Fprintf(w, "%-*s %6.0f/%-6.0f accuracy %.3f\n", width, key, t.right, t.n, t.right/t.n)
 	}
 	return w.Flush()
+}
+
+// verdict is one line of keel data score --out: a scored response and
+// what its verifier read from it.
+type verdict struct {
+	Row    int    `json:"row"`    // the data row, from 0
+	Sample int    `json:"sample"` // the response's index among the row's k
+	ID     string `json:"id,omitempty"`
+	Task   string `json:"task"`
+	Truth  string `json:"truth"` // the ground truth
+	// Extracted is the final answer the verifier read; ExtractOK is false
+	// when there was none or the verifier refused the response (boxed
+	// answers that disagree).
+	Extracted string  `json:"extracted"`
+	ExtractOK bool    `json:"extracted_ok"`
+	Verdict   float64 `json:"verdict"` // the reward: 1 right, 0 wrong
+}
+
+// writeVerdicts writes verdicts as JSONL, crash safe.
+func writeVerdicts(path string, vs []verdict) error {
+	return atomicfile.Write(path, func(w io.Writer) error {
+		enc := json.NewEncoder(w)
+		enc.SetEscapeHTML(false)
+		for i := range vs {
+			if err := enc.Encode(&vs[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // readResponses reads a JSONL file of {"response": "..."} objects; an

@@ -172,9 +172,58 @@ func TestDataScore(t *testing.T) {
 	}
 	// A task without a verifier is an error, not a silent 0.
 	unknown := filepath.Join(dir, "u.jsonl")
-	data.WriteJSONL(unknown, []data.Example{ex[0], {Task: "gsm8k", Prompt: "?", Answer: "1", Response: "1"}})
-	if err := runData([]string{"score", unknown}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), `u.jsonl: row 1: unknown task "gsm8k"`) {
+	data.WriteJSONL(unknown, []data.Example{ex[0], {Task: "chess", Prompt: "?", Answer: "1", Response: "1"}})
+	if err := runData([]string{"score", unknown}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), `u.jsonl: row 1: no verifier for task "chess"`) {
 		t.Errorf("unknown task: %v", err)
+	}
+}
+
+// Real math data in verl's layout (data_source, prompt as a chat,
+// reward_model.ground_truth) scores with the math and gsm8k verifiers;
+// --out writes one verdict per response with the extracted answer.
+func TestDataScoreMathVerdicts(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "verl.jsonl")
+	rows := []string{
+		`{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "Natalia sold 48 clips in April and half as many in May. How many in all?"}], "ability": "math", "reward_model": {"style": "rule", "ground_truth": "72"}, "extra_info": {"split": "test", "index": 7}}`,
+		`{"data_source": "HuggingFaceH4/MATH-500", "prompt": [{"role": "user", "content": "Convert (0,3) to polar coordinates."}], "reward_model": {"ground_truth": "\\left( 3, \\frac{\\pi}{2} \\right)"}}`,
+		`{"data_source": "math_dapo", "prompt": [{"role": "user", "content": "Find 1+2+...+8."}], "reward_model": {"ground_truth": "36"}}`,
+	}
+	os.WriteFile(p, []byte(strings.Join(rows, "\n")+"\n"), 0o644)
+	rp := filepath.Join(dir, "r.jsonl")
+	var lines []string
+	for _, r := range []string{
+		"48/2 = 24, 48+24 = 72\n#### 72", "#### 72 or 73",
+		`The polar coordinates are $\boxed{(3, \frac{\pi}{2})}$.`, `$\boxed{(3, 90^\circ)}$`,
+		"Answer: 36", `\boxed{36} or maybe \boxed{35}`,
+	} {
+		b, _ := json.Marshal(map[string]string{"response": r})
+		lines = append(lines, string(b))
+	}
+	os.WriteFile(rp, []byte(strings.Join(lines, "\n")+"\n"), 0o644)
+	vp := filepath.Join(dir, "verdicts.jsonl")
+	var out bytes.Buffer
+	if err := runData([]string{"score", p, "--responses", rp, "--out", vp}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out.String(), "3 rows, 2 response(s) each\n"+
+		"all                            3/6      accuracy 0.500\n"+
+		"HuggingFaceH4/MATH-500         1/2      accuracy 0.500\n") {
+		t.Fatalf("%s", out.String())
+	}
+	b, err := os.ReadFile(vp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"row":0,"sample":0,"id":"7","task":"openai/gsm8k","truth":"72","extracted":"72","extracted_ok":true,"verdict":1}
+{"row":0,"sample":1,"id":"7","task":"openai/gsm8k","truth":"72","extracted":"72 or 73","extracted_ok":true,"verdict":0}
+{"row":1,"sample":0,"task":"HuggingFaceH4/MATH-500","truth":"\\left( 3, \\frac{\\pi}{2} \\right)","extracted":"(3, \\frac{\\pi}{2})","extracted_ok":true,"verdict":1}
+{"row":1,"sample":1,"task":"HuggingFaceH4/MATH-500","truth":"\\left( 3, \\frac{\\pi}{2} \\right)","extracted":"(3, 90^\\circ)","extracted_ok":true,"verdict":0}
+{"row":2,"sample":0,"task":"math_dapo","truth":"36","extracted":"36","extracted_ok":true,"verdict":1}
+{"row":2,"sample":1,"task":"math_dapo","truth":"36","extracted":"35","extracted_ok":false,"verdict":0}
+`
+	if string(b) != want {
+		t.Fatalf("verdicts:\n%s\nwant\n%s", b, want)
 	}
 }
 

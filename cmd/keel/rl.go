@@ -115,22 +115,7 @@ func runRL(args []string) error {
 	defer stop()
 
 	live := !*quiet && term.IsTerminal(int(os.Stderr.Fd()))
-	ro := r.Rollout.Precision
-	if n := len(r.Rollout.Servers); n > 0 {
-		ro = fmt.Sprintf("remote (%d %s server(s))", n, r.Rollout.ServerKind)
-	}
-	switch {
-	case r.Rollout.Staleness > 0:
-		ro += fmt.Sprintf(" %d step(s) ahead", r.Rollout.Staleness)
-	case r.Rollout.MaxStaleness > 0:
-		ro += fmt.Sprintf(" up to %d step(s) ahead", r.Rollout.MaxStaleness)
-		if r.Rollout.Partial == rl.PartialSwitch {
-			ro += ", switching weights mid-sequence"
-		}
-	}
-	fmt.Printf("keel rl: %s, %s rollout, %d steps of %d prompts x %d samples in %d mini-batch(es), replay %s -> %s\n",
-		r.Algorithm.Objective, ro, r.Train.Steps, r.Train.PromptsPerStep, r.Train.GroupSize,
-		r.Train.MiniBatches, r.Algorithm.Replay, r.Out)
+	fmt.Println(rlHeader(r))
 	pr := rl.Progress{
 		Eval: func(step int, rep *evaluate.Report) {
 			if live {
@@ -205,4 +190,24 @@ func serversOverride(list string) string {
 		}
 	}
 	return "rollout.servers=[" + strings.Join(urls, ", ") + "]"
+}
+
+// rlHeader is keel rl's first line: the recipe in short.
+func rlHeader(r *rl.Recipe) string {
+	ro := r.Rollout.Precision
+	if n := len(r.Rollout.Servers); n > 0 {
+		ro = fmt.Sprintf("remote (%d %s server(s))", n, r.Rollout.ServerKind)
+	}
+	switch {
+	case r.Rollout.Staleness > 0:
+		ro += fmt.Sprintf(" %d step(s) ahead", r.Rollout.Staleness)
+	case r.Rollout.MaxStaleness > 0:
+		ro += fmt.Sprintf(" up to %d step(s) ahead", r.Rollout.MaxStaleness)
+		if r.Rollout.Partial == rl.PartialSwitch {
+			ro += ", switching weights mid-sequence"
+		}
+	}
+	return fmt.Sprintf("keel rl: %s, %s rollout, %d steps of %d prompts x %d samples in %d mini-batch(es), replay %s -> %s",
+		r.Algorithm.Objective, ro, r.Train.Steps, r.Train.PromptsPerStep, r.Train.GroupSize,
+		r.Train.MiniBatches, r.Algorithm.Replay, r.Out)
 }
