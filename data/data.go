@@ -37,6 +37,10 @@ type Example struct {
 	// Response is a reference solution (supervised data only).
 	Response string `json:"response,omitempty"`
 	Style    string `json:"style,omitempty"`
+	// Extra is the row's extra_info object (verl's) as compact JSON, which
+	// an external reward program receives; kept from JSONL rows only (of
+	// Parquet's, only extra_info.index is read, as ID).
+	Extra json.RawMessage `json:"extra_info,omitempty"`
 }
 
 // Chat returns the prompt as chat messages: Messages, or one user message
@@ -63,11 +67,9 @@ type rawExample struct {
 	RewardModel *struct {
 		GroundTruth json.RawMessage `json:"ground_truth"`
 	} `json:"reward_model"`
-	ExtraInfo *struct {
-		Index json.RawMessage `json:"index"`
-	} `json:"extra_info"`
-	Response *string `json:"response"`
-	Style    *string `json:"style"`
+	ExtraInfo json.RawMessage `json:"extra_info"`
+	Response  *string         `json:"response"`
+	Style     *string         `json:"style"`
 }
 
 // rawMessage is one chat message as read, to tell a missing field from an
@@ -185,11 +187,23 @@ func (r *rawExample) example() (Example, error) {
 			e.Difficulty, _ = strconv.Atoi(d)
 		}
 	}
+	var extra struct {
+		Index json.RawMessage `json:"index"`
+	}
+	if given(r.ExtraInfo) {
+		if err := json.Unmarshal(r.ExtraInfo, &extra); err != nil {
+			return e, fmt.Errorf(`field "extra_info": want an object: %v`, err)
+		}
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, r.ExtraInfo); err == nil {
+			e.Extra = buf.Bytes()
+		}
+	}
 	switch {
 	case given(r.ID):
 		e.ID, _ = scalarText(r.ID)
-	case r.ExtraInfo != nil && given(r.ExtraInfo.Index):
-		e.ID, _ = scalarText(r.ExtraInfo.Index)
+	case given(extra.Index):
+		e.ID, _ = scalarText(extra.Index)
 	}
 	if r.Response != nil {
 		e.Response = *r.Response

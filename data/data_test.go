@@ -3,6 +3,7 @@ package data
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -68,7 +69,7 @@ func TestJSONLOtherLayouts(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Example{
-		{ID: "7", Task: "countdown", Messages: []tokenizer.Message{{Role: "user", Content: "Use 1 2 to make 3."}}, Answer: "3|1,2"},
+		{ID: "7", Task: "countdown", Messages: []tokenizer.Message{{Role: "user", Content: "Use 1 2 to make 3."}}, Answer: "3|1,2", Extra: json.RawMessage(`{"index":7,"split":"test"}`)},
 		{ID: "12", Task: "arithmetic", Prompt: "Compute 40+2.", Answer: "42"},
 		{Task: "countdown", Messages: []tokenizer.Message{{Role: "user", Content: "x"}}, Answer: "24|3,8,1"},
 		{Task: "linear", Messages: []tokenizer.Message{{Role: "user", Content: ""}}, Answer: "-1.5", Difficulty: 3},

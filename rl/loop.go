@@ -75,6 +75,22 @@ func (s *Sample) span() (int, int) {
 // accuracy metrics); the loop's default runs the task's verifier.
 type Scorer func(p *Prompt, response []int32) (reward, correct float64)
 
+// BatchScorer scores a round's responses in one call (an external reward
+// program): one Scored per sample, in order. An error stops the step.
+type BatchScorer interface {
+	ScoreBatch(ctx context.Context, samples []*Sample) ([]Scored, error)
+}
+
+// Scored is a BatchScorer's verdict on one response.
+type Scored struct {
+	Reward, Correct float64
+	// Metrics are averaged over the step's responses into reward/ext/NAME.
+	Metrics map[string]float64
+	// Failed: the response could not be scored and got reward 0
+	// (reward.on_error: zero); counted in reward/external_errors.
+	Failed bool
+}
+
 // Loop is the synchronous RL loop of docs/method.md §5 over the policy's
 // training engine and a rollout Sampler.
 type Loop struct {
@@ -85,6 +101,9 @@ type Loop struct {
 	Sampler Sampler
 	Loader  *Loader
 	Score   Scorer
+	// Batch, when set, scores each round's responses in one call in
+	// place of Score.
+	Batch BatchScorer
 	// Stop ends responses (<|im_end|>).
 	Stop []int32
 	// Reference scores the frozen starting model for the KL penalty (nil
@@ -471,6 +490,11 @@ type batch struct {
 	idle           time.Duration // the rollout worker's wait for this job (running ahead)
 	loader         LoaderState
 	err            error
+	// ext gathers a BatchScorer's per-response metrics (sums and counts)
+	// and failures over the step's rounds.
+	extSum    map[string]float64
+	extN      map[string]int
+	extFailed int
 }
 
 // collect samples B prompts' groups from weights of version want (more
@@ -524,6 +548,12 @@ func (l *Loop) collect(step int, want int64) *batch {
 	}
 	m := b.metrics
 	rewardMetrics(scored, m)
+	if l.Batch != nil {
+		m["reward/external_errors"] = float64(b.extFailed)
+		for k, v := range b.extSum {
+			m["reward/ext/"+k] = v / float64(b.extN[k])
+		}
+	}
 	m["groups/zero_variance_frac"] = float64(zeroVar) / float64(max(len(scored)/G, 1))
 	m["groups/trained"] = float64(len(b.groups))
 	m["rollout/rounds"] = float64(b.rounds)
@@ -559,6 +589,7 @@ func (l *Loop) round(step, round int, want int64, b *batch) ([][]*Sample, error)
 		return nil, err
 	}
 	groups := make([][]*Sample, len(prompts))
+	all := make([]*Sample, 0, len(out))
 	for _, o := range out {
 		// The loop trains only on samples of the weights it asked for (or,
 		// with max_staleness, newer).
@@ -571,6 +602,10 @@ func (l *Loop) round(step, round int, want int64, b *batch) ([][]*Sample, error)
 		}
 		b.genTokens += len(o.Tokens)
 		groups[o.Prompt] = append(groups[o.Prompt], s)
+		all = append(all, s)
+	}
+	if err := l.score(all, b); err != nil {
+		return nil, err
 	}
 	for _, g := range groups {
 		rewards := make([]float64, len(g))
@@ -626,7 +661,8 @@ func mix(seed, step, round uint64) uint64 {
 	return x
 }
 
-// newSample turns a rollout sample into a scored Sample.
+// newSample turns a rollout sample into a Sample, checked; score gives it
+// its reward.
 func (l *Loop) newSample(p *Prompt, o rollout.Sample) (*Sample, error) {
 	s := &Sample{Prompt: p, Response: o.Tokens, LogMu: o.LogProbs, Version: o.Version, Versions: o.TokenVersions, Finish: o.Finish}
 	if err := checkVersions(s.Version, s.Versions, len(s.Response)); err != nil {
@@ -655,11 +691,46 @@ func (l *Loop) newSample(p *Prompt, o rollout.Sample) (*Sample, error) {
 		}
 		s.Routes = rt
 	}
-	s.Reward, s.Correct = l.Score(p, s.Response)
-	if b := l.R.Algorithm.OverlongBuffer; b > 0 {
-		s.Reward += OverlongPenalty(len(s.Response), l.R.Rollout.MaxNewTokens, b, l.R.Algorithm.OverlongPenalty)
-	}
 	return s, nil
+}
+
+// score gives a round's samples their rewards and correctness: the
+// BatchScorer's, in one call, or Score's per sample; then DAPO's overlong
+// penalty. A BatchScorer's metrics and failures go into b.
+func (l *Loop) score(samples []*Sample, b *batch) error {
+	if l.Batch != nil {
+		res, err := l.Batch.ScoreBatch(context.Background(), samples)
+		if err != nil {
+			return err
+		}
+		if len(res) != len(samples) {
+			return fmt.Errorf("reward: %d results for %d responses", len(res), len(samples))
+		}
+		if b.extSum == nil {
+			b.extSum, b.extN = map[string]float64{}, map[string]int{}
+		}
+		for i, s := range samples {
+			r := res[i]
+			s.Reward, s.Correct = r.Reward, r.Correct
+			if r.Failed {
+				b.extFailed++
+			}
+			for k, v := range r.Metrics {
+				b.extSum[k] += v
+				b.extN[k]++
+			}
+		}
+	} else {
+		for _, s := range samples {
+			s.Reward, s.Correct = l.Score(s.Prompt, s.Response)
+		}
+	}
+	if buf := l.R.Algorithm.OverlongBuffer; buf > 0 {
+		for _, s := range samples {
+			s.Reward += OverlongPenalty(len(s.Response), l.R.Rollout.MaxNewTokens, buf, l.R.Algorithm.OverlongPenalty)
+		}
+	}
+	return nil
 }
 
 // OverlongPenalty is DAPO's soft overlong punishment of a response of n

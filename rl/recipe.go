@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -37,6 +38,49 @@ type Recipe struct {
 	Eval      RLEval          `yaml:"eval"`
 	Log       RLLog           `yaml:"log"`
 	Guards    Guards          `yaml:"guards"`
+	// Reward is where rewards come from: the task's verifier (unset) or
+	// the user's own program.
+	Reward RewardSettings `yaml:"reward,omitempty"`
+}
+
+// Reward kinds (reward.kind).
+const (
+	RewardVerifier = "verifier"
+	RewardHTTP     = "http"
+	RewardCommand  = "command"
+)
+
+// RewardSettings choose the reward: the task's built-in verifier (kind
+// unset or verifier, the default, with no other key), or an external
+// program speaking the keel-reward/1 protocol (package reward): an HTTP
+// endpoint (kind http, url) or a command kept running (kind command,
+// command). Left unset, nothing of it is written to the resolved recipe.
+type RewardSettings struct {
+	Kind string `yaml:"kind,omitempty"`
+	// URL is the HTTP grader's endpoint (kind http), POSTed to.
+	URL string `yaml:"url,omitempty"`
+	// APIKeyEnv names the environment variable holding the HTTP grader's
+	// API key, sent as a bearer token; the key itself never goes in the
+	// recipe, which is saved to the run directory.
+	APIKeyEnv string `yaml:"api_key_env,omitempty"`
+	// Command is the grader's argv (kind command).
+	Command []string `yaml:"command,omitempty"`
+	// Timeout bounds one request, seconds (default 60).
+	Timeout float64 `yaml:"timeout,omitempty"`
+	// Retries is how often a failed request is tried again (default 2).
+	Retries *int `yaml:"retries,omitempty"`
+	// Concurrency bounds the requests in flight (http, default 4) or the
+	// command's processes (command, default 1).
+	Concurrency int `yaml:"concurrency,omitempty"`
+	// Batch is the most responses per request (default 64).
+	Batch int `yaml:"batch,omitempty"`
+	// MaxRestarts bounds the restarts of a command that dies or hangs,
+	// over the run (default 3).
+	MaxRestarts int `yaml:"max_restarts,omitempty"`
+	// OnError: fail (the default: a failed or malformed answer stops the
+	// run with an error naming the row and field) or zero (the response
+	// gets reward 0, counted in the metric reward/external_errors).
+	OnError string `yaml:"on_error,omitempty"`
 }
 
 // RLModel is the policy's starting point: a Hugging Face model directory
@@ -351,6 +395,7 @@ func (r *Recipe) fill() error {
 		func() error { return r.Eval.fill(r.Rollout.MaxNewTokens) },
 		r.Log.fill,
 		r.Guards.fill,
+		r.Reward.fill,
 	} {
 		if err := f(); err != nil {
 			return err
@@ -609,6 +654,79 @@ func (g *Guards) fill() error {
 	}
 	if g.KLMax < 0 || g.ISMax < 0 {
 		return bad("guards", "kl_max and is_max must be >= 0 (0: off)")
+	}
+	return nil
+}
+
+// envName is an environment variable's name.
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// External reports whether the reward comes from an external program.
+func (w *RewardSettings) External() bool {
+	return w.Kind == RewardHTTP || w.Kind == RewardCommand
+}
+
+// fill checks the reward section; a verifier's leaves every other key
+// unset, so that existing recipes resolve to the same YAML.
+func (w *RewardSettings) fill() error {
+	switch w.Kind {
+	case "", RewardVerifier:
+		if w.URL != "" || w.APIKeyEnv != "" || len(w.Command) > 0 || w.Timeout != 0 || w.Retries != nil ||
+			w.Concurrency != 0 || w.Batch != 0 || w.MaxRestarts != 0 || w.OnError != "" {
+			return bad("reward", "url, api_key_env, command, timeout, retries, concurrency, batch, max_restarts and on_error configure an external reward: set reward.kind to http or command, or leave them unset")
+		}
+		return nil
+	case RewardHTTP:
+		if len(w.Command) > 0 || w.MaxRestarts != 0 {
+			return bad("reward.command", "command and max_restarts are for kind command, not http")
+		}
+		u, err := url.Parse(w.URL)
+		if w.URL == "" {
+			return bad("reward.url", "required with kind http (the grader's endpoint, like http://127.0.0.1:8000/reward)")
+		}
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+			return bad("reward.url", "%q: want an http or https URL without credentials (the API key comes from the variable reward.api_key_env names)", w.URL)
+		}
+		if w.APIKeyEnv != "" && !envName.MatchString(w.APIKeyEnv) {
+			return bad("reward.api_key_env", "%q is not an environment variable's name: name the variable holding the key, never the key itself", w.APIKeyEnv)
+		}
+		orDefault(&w.Concurrency, 4)
+	case RewardCommand:
+		if w.URL != "" || w.APIKeyEnv != "" {
+			return bad("reward.url", "url and api_key_env are for kind http, not command")
+		}
+		if len(w.Command) == 0 || w.Command[0] == "" {
+			return bad("reward.command", "required with kind command: the grader's argv, like [python3, grader.py]")
+		}
+		orDefault(&w.Concurrency, 1)
+		orDefault(&w.MaxRestarts, 3)
+		if w.MaxRestarts < 0 {
+			return bad("reward.max_restarts", "%d, want >= 0", w.MaxRestarts)
+		}
+	default:
+		return bad("reward.kind", "unknown %q (want %s, %s or %s)", w.Kind, RewardVerifier, RewardHTTP, RewardCommand)
+	}
+	orDefault(&w.Timeout, 60)
+	if !(w.Timeout > 0) || math.IsInf(w.Timeout, 0) {
+		return bad("reward.timeout", "%g, want a finite number of seconds > 0", w.Timeout)
+	}
+	if w.Retries == nil {
+		w.Retries = new(int)
+		*w.Retries = 2
+	}
+	if *w.Retries < 0 || *w.Retries > 100 {
+		return bad("reward.retries", "%d, want within [0, 100]", *w.Retries)
+	}
+	if w.Concurrency < 1 {
+		return bad("reward.concurrency", "%d, want >= 1", w.Concurrency)
+	}
+	orDefault(&w.Batch, 64)
+	if w.Batch < 1 {
+		return bad("reward.batch", "%d, want >= 1 responses per request", w.Batch)
+	}
+	orDefault(&w.OnError, "fail")
+	if w.OnError != "fail" && w.OnError != "zero" {
+		return bad("reward.on_error", "%q, want fail or zero", w.OnError)
 	}
 	return nil
 }

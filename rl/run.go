@@ -111,7 +111,8 @@ func VerifierScorer(tok *tokenizer.Tokenizer, end int32) Scorer {
 }
 
 // loadPrompts reads or generates the prompt set and tokenizes it, checking
-// every row has a verifier and fits the context.
+// every row fits the context and, unless the reward is external, has a
+// verifier.
 func loadPrompts(r *Recipe, tok *tokenizer.Tokenizer, maxPos int) ([]Prompt, error) {
 	var ex []data.Example
 	var err error
@@ -133,7 +134,8 @@ func loadPrompts(r *Recipe, tok *tokenizer.Tokenizer, maxPos int) ([]Prompt, err
 	if len(ex) == 0 {
 		return nil, fmt.Errorf("%s: no prompts", where)
 	}
-	if err := evaluate.CheckTasks(ex); err != nil {
+	// An external reward program scores tasks keel has no verifier for.
+	if err := evaluate.CheckTasks(ex); err != nil && !r.Reward.External() {
 		return nil, fmt.Errorf("%s: %s: %w", where, r.Data.File, err)
 	}
 	out := make([]Prompt, len(ex))

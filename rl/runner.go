@@ -198,6 +198,14 @@ func (u *runner) buildEngines() error {
 	}
 	u.loop = &Loop{R: r, Trainer: u.trainer, Sampler: sampler, Loader: NewLoader(u.prompts, r.Seed), Stop: []int32{u.end},
 		Score: VerifierScorer(u.tok, u.end), Step: u.res.Resumed, NonFinite: u.st.NonFinite}
+	if r.Reward.External() {
+		ext, err := NewExternalScorer(&r.Reward, u.tok, u.end)
+		if err != nil {
+			return err
+		}
+		u.defers(func() { ext.Client.Close() }) // after the loop's worker stops
+		u.loop.Batch = ext
+	}
 	u.defers(u.loop.Close) // before the sampler its worker uses
 	u.loop.Loader.Seek(u.st.Loader)
 	if len(u.st.Pending) > 0 {

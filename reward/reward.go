@@ -1,0 +1,410 @@
+// Package reward takes RL rewards from the user's own program: an HTTP
+// endpoint or a command kept running, both speaking the keel-reward/1
+// protocol below.
+//
+// # Protocol keel-reward/1
+//
+// keel sends a batch of responses to score as one JSON request object:
+//
+//	{"protocol": "keel-reward/1",
+//	 "items": [
+//	   {"id": "17.0", "row": 17, "task": "arithmetic",
+//	    "prompt": "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n",
+//	    "messages": [{"role": "user", "content": "What is 2+3?"}],
+//	    "response": "The answer is 5.",
+//	    "response_ids": [785, 4226, 374, 220, 20, 13, 151645],
+//	    "finish": "stop",
+//	    "ground_truth": "5",
+//	    "extra": {"index": 17, "split": "train"}}]}
+//
+// id is unique within the request (keel writes "ROW.K": the data row and
+// the response's index within the round); row is the data row (0-based);
+// prompt is the chat text the policy saw (ChatML, generation prompt
+// included) and messages the same prompt as chat messages; response is
+// the decoded response without its end token, response_ids the sampled
+// token ids (the end token included when the response ended with it) and
+// finish why it ended ("stop", or "length" at the token budget);
+// ground_truth and task are the row's answer and task; extra is the row's
+// extra fields (verl's extra_info), or absent.
+//
+// The grader answers with one JSON object:
+//
+//	{"rewards": [{"id": "17.0", "reward": 1, "correct": 1, "metrics": {"format_ok": 1}}]}
+//
+// with exactly one entry per item, in any order, matched by id. reward is
+// a finite number and required; correct (optional, finite) feeds the
+// accuracy metrics (when absent, a response is correct when its reward is
+// > 0); metrics (optional) are finite numbers per name, averaged over the
+// step's responses into the step's metrics as reward/ext/NAME. An answer
+// may echo "protocol": when it does it must be keel-reward/1.
+//
+// Over HTTP the request is the body of a POST (Content-Type
+// application/json) and the answer the body of a 200 response; with an API
+// key, the request carries "Authorization: Bearer KEY". A command reads one
+// request per line on stdin and writes one answer per line on stdout, in
+// order; its stderr is keel's. One line per batch rather than per item:
+// the command sees the same object an HTTP grader does, can score a batch
+// at once (a model-based judge batches its own inference), and a batch
+// costs one write and one read. The command is started once and kept
+// running across steps; if it dies or exceeds the timeout it is killed and
+// started again, up to Options.MaxRestarts times in the client's life.
+//
+// A request that fails (a network error, an HTTP status other than 200,
+// the timeout, a command that died) is retried up to Options.Retries
+// times; a malformed answer (bad JSON, a wrong count, a missing or unknown
+// id, a non-finite reward) is not, since a grader that answers wrongly
+// does so again. Every error names the data row and the field at fault.
+package reward
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Protocol is the version of the protocol this package speaks.
+const Protocol = "keel-reward/1"
+
+// Message is one chat message of a prompt.
+type Message struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// Item is one response to score, as the request carries it.
+type Item struct {
+	ID          string          `json:"id"`
+	Row         int             `json:"row"`
+	Task        string          `json:"task"`
+	Prompt      string          `json:"prompt,omitempty"`
+	Messages    []Message       `json:"messages,omitempty"`
+	Response    string          `json:"response"`
+	ResponseIDs []int32         `json:"response_ids"`
+	Finish      string          `json:"finish,omitempty"`
+	GroundTruth string          `json:"ground_truth"`
+	Extra       json.RawMessage `json:"extra,omitempty"`
+}
+
+// Request is one batch, the body of a POST or one line to a command.
+type Request struct {
+	Protocol string `json:"protocol"`
+	Items    []Item `json:"items"`
+}
+
+// Answer is the grader's answer to a Request.
+type Answer struct {
+	Protocol string   `json:"protocol,omitempty"`
+	Rewards  []Scored `json:"rewards"`
+}
+
+// Scored is one entry of an Answer. Pointers tell a missing field from 0;
+// Correct, when nil, defaults to Reward > 0.
+type Scored struct {
+	ID      *string           `json:"id"`
+	Reward  *Number           `json:"reward"`
+	Correct *Number           `json:"correct,omitempty"`
+	Metrics map[string]Number `json:"metrics,omitempty"`
+}
+
+// Number is a number of an answer. It also reads the NaN and Infinity
+// that some JSON writers (Python's json) emit, and anything else that is
+// not a number, so that the check of the entry can name the field.
+type Number struct {
+	V   float64
+	Bad string // the text when it is not a number
+}
+
+// MarshalJSON writes the number.
+func (n Number) MarshalJSON() ([]byte, error) { return json.Marshal(n.V) }
+
+// UnmarshalJSON reads a number, or keeps the text of anything else.
+func (n *Number) UnmarshalJSON(b []byte) error {
+	var s string
+	switch {
+	case json.Unmarshal(b, &n.V) == nil:
+	case json.Unmarshal(b, &s) == nil && s == "NaN":
+		n.V = math.NaN()
+	case s == "Infinity":
+		n.V = math.Inf(1)
+	case s == "-Infinity":
+		n.V = math.Inf(-1)
+	default:
+		n.Bad = string(b)
+	}
+	return nil
+}
+
+// Result is one item's outcome: its reward, its correctness (the
+// answer's, or 1 when Reward > 0, else 0) and its metrics, or Err when
+// the item could not be scored.
+type Result struct {
+	Reward, Correct float64
+	Metrics         map[string]float64
+	Err             error
+}
+
+// Options configure a Client: URL (HTTP) or Command (argv), exactly one.
+type Options struct {
+	URL     string
+	Command []string
+	// APIKey, when set, is sent as "Authorization: Bearer APIKey" (HTTP).
+	APIKey string
+	// Timeout bounds one request (default 60 s).
+	Timeout time.Duration
+	// Retries is how many times a failed request is tried again.
+	Retries int
+	// Concurrency bounds the requests in flight (HTTP) or the command's
+	// processes (default 1).
+	Concurrency int
+	// Batch is the most items per request (0: all of a call's items in
+	// one request).
+	Batch int
+	// MaxRestarts bounds how many times dead or hung command processes
+	// are started again over the client's life (default 3).
+	MaxRestarts int
+	// Stderr receives the command's stderr (nil: discarded).
+	Stderr io.Writer
+}
+
+// Client scores items through an external grader. It is safe for
+// concurrent use; Close stops a command's processes.
+type Client struct {
+	opt Options
+	t   transport
+}
+
+// transport sends one encoded request and returns the raw answer.
+type transport interface {
+	do(ctx context.Context, body []byte) ([]byte, error)
+	close() error
+}
+
+// New checks opt and returns a client; a command is started on first use.
+func New(opt Options) (*Client, error) {
+	if (opt.URL == "") == (len(opt.Command) == 0) {
+		return nil, errors.New("reward: give a URL or a command, exactly one")
+	}
+	if opt.Timeout <= 0 {
+		opt.Timeout = 60 * time.Second
+	}
+	if opt.Concurrency <= 0 {
+		opt.Concurrency = 1
+	}
+	if opt.Retries < 0 || opt.Batch < 0 || opt.MaxRestarts < 0 {
+		return nil, errors.New("reward: retries, batch and max_restarts must be >= 0")
+	}
+	if opt.MaxRestarts == 0 {
+		opt.MaxRestarts = 3
+	}
+	c := &Client{opt: opt}
+	if opt.URL != "" {
+		c.t = newHTTP(opt)
+	} else {
+		c.t = newPool(opt)
+	}
+	return c, nil
+}
+
+// Close stops the command's processes (HTTP: nothing to do).
+func (c *Client) Close() error { return c.t.close() }
+
+// Score scores items, in batches of Options.Batch run up to
+// Options.Concurrency at a time, and returns one Result per item, in
+// order. Items' IDs must be unique. A batch that fails after its retries,
+// or whose answer is malformed, gives each of its items an Err naming the
+// item's row (and the field at fault); the other batches' results stand.
+func (c *Client) Score(ctx context.Context, items []Item) []Result {
+	out := make([]Result, len(items))
+	size := c.opt.Batch
+	if size <= 0 {
+		size = max(len(items), 1)
+	}
+	sem := make(chan struct{}, c.opt.Concurrency)
+	var wg sync.WaitGroup
+	for lo := 0; lo < len(items); lo += size {
+		hi := min(lo+size, len(items))
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			c.scoreBatch(ctx, items[lo:hi], out[lo:hi])
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// scoreBatch sends one request (with retries) and fills out.
+func (c *Client) scoreBatch(ctx context.Context, items []Item, out []Result) {
+	fail := func(err error) {
+		for i := range out {
+			out[i] = Result{Err: fmt.Errorf("reward: row %d (id %q): %w", items[i].Row, items[i].ID, err)}
+		}
+	}
+	body, err := json.Marshal(Request{Protocol: Protocol, Items: items})
+	if err != nil {
+		fail(err)
+		return
+	}
+	var raw []byte
+	for try := 0; ; try++ {
+		rctx, cancel := context.WithTimeout(ctx, c.opt.Timeout)
+		raw, err = c.t.do(rctx, body)
+		cancel()
+		if err == nil || try >= c.opt.Retries || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(min(time.Duration(1<<try)*50*time.Millisecond, 2*time.Second))
+	}
+	if err != nil {
+		fail(fmt.Errorf("request of %d items failed after %d tries: %w", len(items), c.opt.Retries+1, err))
+		return
+	}
+	if err := decode(raw, items, out); err != nil {
+		fail(err)
+	}
+}
+
+// decode checks an answer against its request's items and fills out. An
+// entry's fault is an error naming its item's row (when the id is known)
+// and the field.
+func decode(raw []byte, items []Item, out []Result) error {
+	var a Answer
+	dec := json.NewDecoder(bytes.NewReader(quoteNonFinite(raw)))
+	if err := dec.Decode(&a); err != nil {
+		return fmt.Errorf("answer: invalid JSON: %v (starts %q)", err, head(raw))
+	}
+	if a.Protocol != "" && a.Protocol != Protocol {
+		return fmt.Errorf("answer: field \"protocol\": %q, want %q", a.Protocol, Protocol)
+	}
+	if a.Rewards == nil {
+		return errors.New(`answer: missing field "rewards"`)
+	}
+	if len(a.Rewards) != len(items) {
+		return fmt.Errorf("answer: field \"rewards\" has %d entries for %d items", len(a.Rewards), len(items))
+	}
+	index := make(map[string]int, len(items))
+	for i, it := range items {
+		index[it.ID] = i
+	}
+	done := make([]bool, len(items))
+	for k, s := range a.Rewards {
+		field := fmt.Sprintf("rewards[%d]", k)
+		if s.ID == nil {
+			return fmt.Errorf("answer: field %q: missing", field+".id")
+		}
+		i, ok := index[*s.ID]
+		if !ok {
+			return fmt.Errorf("answer: field %q: unknown id %q", field+".id", *s.ID)
+		}
+		if done[i] {
+			return fmt.Errorf("answer: field %q: id %q answered twice", field+".id", *s.ID)
+		}
+		done[i] = true
+		r, err := result(s, field)
+		if err != nil {
+			out[i] = Result{Err: fmt.Errorf("reward: row %d (id %q): answer: %w", items[i].Row, items[i].ID, err)}
+			continue
+		}
+		out[i] = r
+	}
+	return nil
+}
+
+// result checks one answer entry; field names it in errors.
+func result(s Scored, field string) (Result, error) {
+	check := func(n Number, name string) error {
+		switch {
+		case n.Bad != "":
+			return fmt.Errorf("field %q: %s, want a finite number", name, n.Bad)
+		case math.IsNaN(n.V) || math.IsInf(n.V, 0):
+			return fmt.Errorf("field %q: %g, want a finite number", name, n.V)
+		}
+		return nil
+	}
+	if s.Reward == nil {
+		return Result{}, fmt.Errorf("field %q: missing", field+".reward")
+	}
+	if err := check(*s.Reward, field+".reward"); err != nil {
+		return Result{}, err
+	}
+	r := Result{Reward: s.Reward.V}
+	if r.Reward > 0 {
+		r.Correct = 1
+	}
+	if s.Correct != nil {
+		if err := check(*s.Correct, field+".correct"); err != nil {
+			return Result{}, err
+		}
+		r.Correct = s.Correct.V
+	}
+	for name, v := range s.Metrics {
+		if name == "" || strings.ContainsAny(name, " \t\n") {
+			return Result{}, fmt.Errorf("field %q: metric name %q (want a non-empty name without spaces)", field+".metrics", name)
+		}
+		if err := check(v, field+".metrics."+name); err != nil {
+			return Result{}, err
+		}
+		if r.Metrics == nil {
+			r.Metrics = map[string]float64{}
+		}
+		r.Metrics[name] = v.V
+	}
+	return r, nil
+}
+
+// head is the start of a malformed answer, for errors.
+func head(b []byte) []byte {
+	if len(b) > 80 {
+		return b[:80]
+	}
+	return b
+}
+
+// quoteNonFinite quotes the bare NaN, Infinity and -Infinity outside
+// strings that some JSON writers emit, so that the answer parses and its
+// check names the field holding one.
+func quoteNonFinite(b []byte) []byte {
+	var out []byte
+	inString, escaped := false, false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if inString {
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+			out = append(out, c)
+			continue
+		}
+		if c == '"' {
+			inString = true
+		}
+		word := ""
+		for _, w := range []string{"NaN", "Infinity", "-Infinity"} {
+			if bytes.HasPrefix(b[i:], []byte(w)) {
+				word = w
+			}
+		}
+		if word != "" {
+			out = append(out, '"')
+			out = append(out, word...)
+			out = append(out, '"')
+			i += len(word) - 1
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
+}
