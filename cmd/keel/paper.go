@@ -114,7 +114,7 @@ func paperSuite(quick bool) []paperGrid {
 	// off-policy grids' staleness from N mini-batches.
 	for _, k := range []int{1, 2, 4} {
 		g = append(g, paperGrid{Name: fmt.Sprintf("async-k%d-%s", k, stressPrecision), Paths: []string{"recipes/paper/async"},
-			Seeds: []uint64{1}, Sets: []string{stress, fmt.Sprintf("rollout.staleness=%d", k)}})
+			Seeds: seeds, Sets: []string{stress, fmt.Sprintf("rollout.staleness=%d", k)}})
 	}
 	for _, style := range []string{"terse", "scratch", "chain"} {
 		g = append(g, paperGrid{Name: "coldstart-" + style,
