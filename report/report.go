@@ -379,8 +379,9 @@ func Standard(runs []Run, smooth int) []Chart {
 	}
 }
 
-// HTML renders charts into one self-contained page.
-func HTML(title string, runs []Run, charts []Chart) []byte {
+// HTML renders charts into one self-contained page, with the arms'
+// summary and any paired comparisons above the charts.
+func HTML(title string, runs []Run, charts []Chart, paired ...Paired) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>%s</title>", html.EscapeString(title))
 	b.WriteString(`<style>body{font-family:sans-serif;margin:20px;max-width:1400px}figure{display:inline-block;margin:8px}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>`)
@@ -391,6 +392,7 @@ func HTML(title string, runs []Run, charts []Chart) []byte {
 	b.WriteString(". Lines: the mean over an arm's seeds; bands: their lowest and highest.</p>\n")
 	b.WriteString("<p>Each arm over its seeds: mean [lowest, highest].</p>\n")
 	b.WriteString(summaryHTML(Summarize(runs)))
+	b.WriteString(pairedHTML(paired))
 	for _, c := range charts {
 		fmt.Fprintf(&b, "<figure id=\"%s\">%s</figure>\n", html.EscapeString(c.Metric), c.SVG(640, 300))
 	}

@@ -192,7 +192,7 @@ func runPaper(args []string) error {
 			dirs[i] = r.Dir
 		}
 		page := filepath.Join(*out, p.grid.Name+".html")
-		if _, _, err := writeReport("keel paper: "+p.grid.Name, dirs, page, 10); err != nil {
+		if _, _, err := writeReport("keel paper: "+p.grid.Name, dirs, page, 10, paperComparisons(p.grid, dirs)); err != nil {
 			return err
 		}
 		fmt.Printf("report -> %s\n", page)
