@@ -7,6 +7,7 @@
 // keel sends a batch of responses to score as one JSON request object:
 //
 //	{"protocol": "keel-reward/1",
+//	 "request": "5f3a9c01d2e4b7a8-42",
 //	 "items": [
 //	   {"id": "17.0", "row": 17, "task": "arithmetic",
 //	    "prompt": "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n",
@@ -17,55 +18,74 @@
 //	    "ground_truth": "5",
 //	    "extra": {"index": 17, "split": "train"}}]}
 //
-// id is unique within the request (keel writes "ROW.K": the data row and
-// the response's index within the round); row is the data row (0-based);
-// prompt is the chat text the policy saw (ChatML, generation prompt
-// included) and messages the same prompt as chat messages; response is
-// the decoded response without its end token, response_ids the sampled
-// token ids (the end token included when the response ended with it) and
-// finish why it ended ("stop", or "length" at the token budget);
-// ground_truth and task are the row's answer and task; extra is the row's
-// extra fields (verl's extra_info), or absent.
+// request is a string unique to this request (every try of it gets a new
+// one) that the answer must echo back unchanged; it ties each answer to
+// its request, so that a stray line on a command's stdout cannot shift
+// the answers. id is unique within the request (keel writes "ROW.K": the
+// data row and the response's index within the round); row is the data
+// row (0-based); prompt is the chat text the policy saw (ChatML,
+// generation prompt included) and messages the same prompt as chat
+// messages; response is the decoded response without its end token,
+// response_ids the sampled token ids (the end token included when the
+// response ended with it) and finish why it ended ("stop", or "length"
+// at the token budget); ground_truth and task are the row's answer and
+// task; extra is the row's extra fields (verl's extra_info), or absent.
 //
 // The grader answers with one JSON object:
 //
-//	{"rewards": [{"id": "17.0", "reward": 1, "correct": 1, "metrics": {"format_ok": 1}}]}
+//	{"request": "5f3a9c01d2e4b7a8-42",
+//	 "rewards": [{"id": "17.0", "reward": 1, "correct": 1, "metrics": {"format_ok": 1}}]}
 //
-// with exactly one entry per item, in any order, matched by id. reward is
-// a finite number and required; correct (optional, finite) feeds the
-// accuracy metrics (when absent, a response is correct when its reward is
-// > 0); metrics (optional) are finite numbers per name, averaged over the
-// step's responses into the step's metrics as reward/ext/NAME. An answer
-// may echo "protocol": when it does it must be keel-reward/1.
+// request is the request's, echoed (required). rewards has exactly one
+// entry per item, in any order, matched by id. reward is a finite number
+// and required; correct (optional) is a number within [0, 1] that feeds
+// the accuracy metrics (when absent, a response is correct when its
+// reward is > 0); metrics (optional) are finite numbers per name,
+// averaged over the step's responses into the step's metrics as
+// reward/ext/NAME. An answer may echo "protocol": when it does it must be
+// keel-reward/1. The answer is read strictly: keys are case-sensitive, a
+// key the protocol does not define, a null value and anything after the
+// object are errors.
 //
 // Over HTTP the request is the body of a POST (Content-Type
 // application/json) and the answer the body of a 200 response; with an API
-// key, the request carries "Authorization: Bearer KEY". A command reads one
-// request per line on stdin and writes one answer per line on stdout, in
-// order; its stderr is keel's. One line per batch rather than per item:
-// the command sees the same object an HTTP grader does, can score a batch
-// at once (a model-based judge batches its own inference), and a batch
-// costs one write and one read. The command is started once and kept
-// running across steps; if it dies or exceeds the timeout it is killed and
-// started again, up to Options.MaxRestarts times in the client's life.
+// key, the request carries "Authorization: Bearer KEY". Redirects are not
+// followed. A command reads one request per line on stdin and writes one
+// answer per line on stdout (at most 64 MiB), in order, and nothing else:
+// a line written while no request is pending, or whose request is not the
+// pending one, is an error (the process is restarted and the request
+// tried again); its stderr is keel's. One line per batch rather than per
+// item: the command sees the same object an HTTP grader does, can score a
+// batch at once (a model-based judge batches its own inference), and a
+// batch costs one write and one read. The command is started once (in a
+// process group of its own, killed as a whole) and kept running across
+// steps; if it dies, exceeds the timeout (reading the request or
+// answering) or breaks the protocol's order it is killed and started
+// again, up to Options.MaxRestarts times in the client's life.
 //
-// A request that fails (a network error, an HTTP status other than 200,
+// A request that fails (a network error, an HTTP status 408, 429 or 5xx,
 // the timeout, a command that died) is retried up to Options.Retries
-// times; a malformed answer (bad JSON, a wrong count, a missing or unknown
-// id, a non-finite reward) is not, since a grader that answers wrongly
-// does so again. Every error names the data row and the field at fault.
+// times; another HTTP status and a malformed answer (bad JSON, a wrong
+// count, a missing or unknown id, a non-finite reward) are not, since a
+// grader that answers wrongly does so again. Every error names the data
+// row and the field at fault.
 package reward
 
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -93,14 +113,18 @@ type Item struct {
 }
 
 // Request is one batch, the body of a POST or one line to a command.
+// Request is unique to each try of it; the answer echoes it.
 type Request struct {
 	Protocol string `json:"protocol"`
+	Request  string `json:"request"`
 	Items    []Item `json:"items"`
 }
 
-// Answer is the grader's answer to a Request.
+// Answer is the grader's answer to a Request (what a grader writes; keel
+// reads answers strictly, see the package documentation).
 type Answer struct {
 	Protocol string   `json:"protocol,omitempty"`
+	Request  string   `json:"request"`
 	Rewards  []Scored `json:"rewards"`
 }
 
@@ -115,7 +139,8 @@ type Scored struct {
 
 // Number is a number of an answer. It also reads the NaN and Infinity
 // that some JSON writers (Python's json) emit, and anything else that is
-// not a number, so that the check of the entry can name the field.
+// not a number (null included), so that the check of the entry can name
+// the field.
 type Number struct {
 	V   float64
 	Bad string // the text when it is not a number
@@ -128,6 +153,8 @@ func (n Number) MarshalJSON() ([]byte, error) { return json.Marshal(n.V) }
 func (n *Number) UnmarshalJSON(b []byte) error {
 	var s string
 	switch {
+	case string(bytes.TrimSpace(b)) == "null":
+		n.Bad = "null"
 	case json.Unmarshal(b, &n.V) == nil:
 	case json.Unmarshal(b, &s) == nil && s == "NaN":
 		n.V = math.NaN()
@@ -167,7 +194,7 @@ type Options struct {
 	// one request).
 	Batch int
 	// MaxRestarts bounds how many times dead or hung command processes
-	// are started again over the client's life (default 3).
+	// are started again over the client's life (0: never).
 	MaxRestarts int
 	// Stderr receives the command's stderr (nil: discarded).
 	Stderr io.Writer
@@ -176,15 +203,24 @@ type Options struct {
 // Client scores items through an external grader. It is safe for
 // concurrent use; Close stops a command's processes.
 type Client struct {
-	opt Options
-	t   transport
+	opt   Options
+	t     transport
+	nonce string        // this client's random prefix of request nonces
+	seq   atomic.Uint64 // requests so far
 }
 
-// transport sends one encoded request and returns the raw answer.
+// transport sends one encoded request, whose nonce is nonce, and returns
+// the raw answer. An error is retried unless it is a permanentError.
 type transport interface {
-	do(ctx context.Context, body []byte) ([]byte, error)
+	do(ctx context.Context, body []byte, nonce string) ([]byte, error)
 	close() error
 }
+
+// permanentError is a failed request that a retry would not mend (an
+// HTTP status other than 408, 429 and 5xx).
+type permanentError struct{ error }
+
+func (e permanentError) Unwrap() error { return e.error }
 
 // New checks opt and returns a client; a command is started on first use.
 func New(opt Options) (*Client, error) {
@@ -200,10 +236,9 @@ func New(opt Options) (*Client, error) {
 	if opt.Retries < 0 || opt.Batch < 0 || opt.MaxRestarts < 0 {
 		return nil, errors.New("reward: retries, batch and max_restarts must be >= 0")
 	}
-	if opt.MaxRestarts == 0 {
-		opt.MaxRestarts = 3
-	}
-	c := &Client{opt: opt}
+	var b [8]byte
+	rand.Read(b[:])
+	c := &Client{opt: opt, nonce: hex.EncodeToString(b[:])}
 	if opt.URL != "" {
 		c.t = newHTTP(opt)
 	} else {
@@ -241,74 +276,168 @@ func (c *Client) Score(ctx context.Context, items []Item) []Result {
 	return out
 }
 
-// scoreBatch sends one request (with retries) and fills out.
+// scoreBatch sends one request (with retries, each with a new nonce) and
+// fills out.
 func (c *Client) scoreBatch(ctx context.Context, items []Item, out []Result) {
 	fail := func(err error) {
 		for i := range out {
 			out[i] = Result{Err: fmt.Errorf("reward: row %d (id %q): %w", items[i].Row, items[i].ID, err)}
 		}
 	}
-	body, err := json.Marshal(Request{Protocol: Protocol, Items: items})
-	if err != nil {
-		fail(err)
-		return
-	}
 	var raw []byte
+	var nonce string
+	var err error
+	tries := 0
 	for try := 0; ; try++ {
+		tries++
+		nonce = c.nonce + "-" + strconv.FormatUint(c.seq.Add(1), 10)
+		var body []byte
+		body, err = json.Marshal(Request{Protocol: Protocol, Request: nonce, Items: items})
+		if err != nil {
+			fail(err)
+			return
+		}
 		rctx, cancel := context.WithTimeout(ctx, c.opt.Timeout)
-		raw, err = c.t.do(rctx, body)
+		raw, err = c.t.do(rctx, body, nonce)
 		cancel()
-		if err == nil || try >= c.opt.Retries || ctx.Err() != nil {
+		var perm permanentError
+		if err == nil || try >= c.opt.Retries || ctx.Err() != nil || errors.As(err, &perm) {
 			break
 		}
-		time.Sleep(min(time.Duration(1<<try)*50*time.Millisecond, 2*time.Second))
+		pause := time.NewTimer(min(time.Duration(1<<try)*50*time.Millisecond, 2*time.Second))
+		select {
+		case <-pause.C:
+		case <-ctx.Done():
+			pause.Stop()
+		}
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (then %w)", err, ctx.Err())
+			break
+		}
 	}
 	if err != nil {
-		fail(fmt.Errorf("request of %d items failed after %d tries: %w", len(items), c.opt.Retries+1, err))
+		fail(fmt.Errorf("request of %d items failed after %d tries: %w", len(items), tries, err))
 		return
 	}
-	if err := decode(raw, items, out); err != nil {
+	if err := decode(raw, nonce, items, out); err != nil {
 		fail(err)
 	}
 }
 
-// decode checks an answer against its request's items and fills out. An
-// entry's fault is an error naming its item's row (when the id is known)
-// and the field.
-func decode(raw []byte, items []Item, out []Result) error {
-	var a Answer
+// Keys of an answer and of its entries; others are errors.
+var (
+	answerKeys = []string{"protocol", "request", "rewards"}
+	entryKeys  = []string{"id", "reward", "correct", "metrics"}
+)
+
+// object reads a JSON object into its members, refusing keys not in keys
+// (keys are case-sensitive); field names it in errors.
+func object(raw json.RawMessage, keys []string, field string) (map[string]json.RawMessage, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
+		return nil, fmt.Errorf("field %q: %s, want an object", field, head(raw))
+	}
+	for k := range m {
+		if slices.Contains(keys, k) {
+			continue
+		}
+		for _, want := range keys {
+			if strings.EqualFold(k, want) {
+				return nil, fmt.Errorf("field %q: unknown key %q (keys are case-sensitive: want %q)", field, k, want)
+			}
+		}
+		return nil, fmt.Errorf("field %q: unknown key %q (want %s)", field, k, strings.Join(keys, ", "))
+	}
+	return m, nil
+}
+
+// isNull reports whether a member is JSON null.
+func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
+
+// str reads a string member.
+func str(raw json.RawMessage, field string) (string, error) {
+	var s string
+	if isNull(raw) || json.Unmarshal(raw, &s) != nil {
+		return "", fmt.Errorf("field %q: %s, want a string", field, head(raw))
+	}
+	return s, nil
+}
+
+// decode checks an answer against its request (nonce, items) and fills
+// out. An entry's fault is an error naming its item's row (when the id is
+// known) and the field.
+func decode(raw []byte, nonce string, items []Item, out []Result) error {
+	var top json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(quoteNonFinite(raw)))
-	if err := dec.Decode(&a); err != nil {
+	if err := dec.Decode(&top); err != nil {
 		return fmt.Errorf("answer: invalid JSON: %v (starts %q)", err, head(raw))
 	}
-	if a.Protocol != "" && a.Protocol != Protocol {
-		return fmt.Errorf("answer: field \"protocol\": %q, want %q", a.Protocol, Protocol)
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("answer: invalid JSON: data after the answer's object (starts %q)", head(raw))
 	}
-	if a.Rewards == nil {
+	a, err := object(top, answerKeys, "answer")
+	if err != nil {
+		return fmt.Errorf("answer: %w", err)
+	}
+	if p, ok := a["protocol"]; ok {
+		s, err := str(p, "protocol")
+		if err != nil {
+			return fmt.Errorf("answer: %w", err)
+		}
+		if s != Protocol {
+			return fmt.Errorf("answer: field \"protocol\": %q, want %q", s, Protocol)
+		}
+	}
+	r, ok := a["request"]
+	if !ok {
+		return fmt.Errorf("answer: missing field \"request\" (echo the request's \"request\", %q)", nonce)
+	}
+	got, err := str(r, "request")
+	if err != nil {
+		return fmt.Errorf("answer: %w", err)
+	}
+	if got != nonce {
+		return fmt.Errorf("answer: field \"request\": %q, want the request's %q (an answer to another request?)", got, nonce)
+	}
+	rw, ok := a["rewards"]
+	if !ok {
 		return errors.New(`answer: missing field "rewards"`)
 	}
-	if len(a.Rewards) != len(items) {
-		return fmt.Errorf("answer: field \"rewards\" has %d entries for %d items", len(a.Rewards), len(items))
+	var entries []json.RawMessage
+	if isNull(rw) || json.Unmarshal(rw, &entries) != nil {
+		return fmt.Errorf("answer: field \"rewards\": %s, want an array", head(rw))
+	}
+	if len(entries) != len(items) {
+		return fmt.Errorf("answer: field \"rewards\" has %d entries for %d items", len(entries), len(items))
 	}
 	index := make(map[string]int, len(items))
 	for i, it := range items {
 		index[it.ID] = i
 	}
 	done := make([]bool, len(items))
-	for k, s := range a.Rewards {
+	for k, e := range entries {
 		field := fmt.Sprintf("rewards[%d]", k)
-		if s.ID == nil {
+		var m map[string]json.RawMessage
+		if isNull(e) || json.Unmarshal(e, &m) != nil {
+			return fmt.Errorf("answer: field %q: %s, want an object", field, head(e))
+		}
+		rawID, ok := m["id"]
+		if !ok {
 			return fmt.Errorf("answer: field %q: missing", field+".id")
 		}
-		i, ok := index[*s.ID]
+		id, err := str(rawID, field+".id")
+		if err != nil {
+			return fmt.Errorf("answer: %w", err)
+		}
+		i, ok := index[id]
 		if !ok {
-			return fmt.Errorf("answer: field %q: unknown id %q", field+".id", *s.ID)
+			return fmt.Errorf("answer: field %q: unknown id %q", field+".id", id)
 		}
 		if done[i] {
-			return fmt.Errorf("answer: field %q: id %q answered twice", field+".id", *s.ID)
+			return fmt.Errorf("answer: field %q: id %q answered twice", field+".id", id)
 		}
 		done[i] = true
-		r, err := result(s, field)
+		r, err := result(e, field)
 		if err != nil {
 			out[i] = Result{Err: fmt.Errorf("reward: row %d (id %q): answer: %w", items[i].Row, items[i].ID, err)}
 			continue
@@ -319,43 +448,64 @@ func decode(raw []byte, items []Item, out []Result) error {
 }
 
 // result checks one answer entry; field names it in errors.
-func result(s Scored, field string) (Result, error) {
-	check := func(n Number, name string) error {
-		switch {
-		case n.Bad != "":
-			return fmt.Errorf("field %q: %s, want a finite number", name, n.Bad)
-		case math.IsNaN(n.V) || math.IsInf(n.V, 0):
-			return fmt.Errorf("field %q: %g, want a finite number", name, n.V)
-		}
-		return nil
-	}
-	if s.Reward == nil {
-		return Result{}, fmt.Errorf("field %q: missing", field+".reward")
-	}
-	if err := check(*s.Reward, field+".reward"); err != nil {
+func result(raw json.RawMessage, field string) (Result, error) {
+	m, err := object(raw, entryKeys, field)
+	if err != nil {
 		return Result{}, err
 	}
-	r := Result{Reward: s.Reward.V}
+	number := func(raw json.RawMessage, name string) (float64, error) {
+		var n Number
+		if err := n.UnmarshalJSON(raw); err != nil {
+			return 0, err
+		}
+		switch {
+		case n.Bad != "":
+			return 0, fmt.Errorf("field %q: %s, want a finite number", name, head([]byte(n.Bad)))
+		case math.IsNaN(n.V) || math.IsInf(n.V, 0):
+			return 0, fmt.Errorf("field %q: %g, want a finite number", name, n.V)
+		}
+		return n.V, nil
+	}
+	rw, ok := m["reward"]
+	if !ok {
+		return Result{}, fmt.Errorf("field %q: missing", field+".reward")
+	}
+	v, err := number(rw, field+".reward")
+	if err != nil {
+		return Result{}, err
+	}
+	r := Result{Reward: v}
 	if r.Reward > 0 {
 		r.Correct = 1
 	}
-	if s.Correct != nil {
-		if err := check(*s.Correct, field+".correct"); err != nil {
+	if c, ok := m["correct"]; ok {
+		v, err := number(c, field+".correct")
+		if err != nil {
 			return Result{}, err
 		}
-		r.Correct = s.Correct.V
+		if v < 0 || v > 1 {
+			return Result{}, fmt.Errorf("field %q: %g, want a number within [0, 1] (1: correct)", field+".correct", v)
+		}
+		r.Correct = v
 	}
-	for name, v := range s.Metrics {
-		if name == "" || strings.ContainsAny(name, " \t\n") {
-			return Result{}, fmt.Errorf("field %q: metric name %q (want a non-empty name without spaces)", field+".metrics", name)
+	if raw, ok := m["metrics"]; ok {
+		var ms map[string]json.RawMessage
+		if isNull(raw) || json.Unmarshal(raw, &ms) != nil {
+			return Result{}, fmt.Errorf("field %q: %s, want an object of numbers", field+".metrics", head(raw))
 		}
-		if err := check(v, field+".metrics."+name); err != nil {
-			return Result{}, err
+		for name, mv := range ms {
+			if name == "" || strings.ContainsAny(name, " \t\n") {
+				return Result{}, fmt.Errorf("field %q: metric name %q (want a non-empty name without spaces)", field+".metrics", name)
+			}
+			v, err := number(mv, field+".metrics."+name)
+			if err != nil {
+				return Result{}, err
+			}
+			if r.Metrics == nil {
+				r.Metrics = map[string]float64{}
+			}
+			r.Metrics[name] = v
 		}
-		if r.Metrics == nil {
-			r.Metrics = map[string]float64{}
-		}
-		r.Metrics[name] = v.V
 	}
 	return r, nil
 }

@@ -31,7 +31,10 @@ type ExternalScorer struct {
 // variable w.APIKeyEnv names. Close its Client when done.
 func NewExternalScorer(w *RewardSettings, tok *tokenizer.Tokenizer, end int32) (*ExternalScorer, error) {
 	opt := reward.Options{Command: w.Command, Timeout: time.Duration(w.Timeout * float64(time.Second)),
-		Concurrency: w.Concurrency, Batch: w.Batch, MaxRestarts: w.MaxRestarts, Stderr: os.Stderr}
+		Concurrency: w.Concurrency, Batch: w.Batch, MaxRestarts: 3, Stderr: os.Stderr}
+	if w.MaxRestarts != nil {
+		opt.MaxRestarts = *w.MaxRestarts
+	}
 	if w.Retries != nil {
 		opt.Retries = *w.Retries
 	}

@@ -27,9 +27,10 @@ func evenFirstServer(t *testing.T, nan func(reward.Item) bool) *httptest.Server 
 			Reward  any                `json:"reward"`
 			Metrics map[string]float64 `json:"metrics"`
 		}
-		var out struct {
+		out := struct {
+			Request string  `json:"request"`
 			Rewards []entry `json:"rewards"`
-		}
+		}{Request: req.Request}
 		for _, it := range req.Items {
 			var rw any = 1 - it.ResponseIDs[0]%2
 			if nan != nil && nan(it) {
@@ -116,11 +117,17 @@ func TestRewardRecipe(t *testing.T) {
 	}
 	r := testRecipe(t, "reward.kind=command", "reward.command=[sh, -c, cat]")
 	w := r.Reward
-	if w.Timeout != 60 || *w.Retries != 2 || w.Concurrency != 1 || w.Batch != 64 || w.MaxRestarts != 3 || w.OnError != "fail" {
+	if w.Timeout != 60 || *w.Retries != 2 || w.Concurrency != 1 || w.Batch != 64 || *w.MaxRestarts != 3 || w.OnError != "fail" {
 		t.Fatalf("defaults %+v", w)
 	}
 	if again, err := ParseRecipe(r.YAML(), nil); err != nil || string(again.YAML()) != string(r.YAML()) {
 		t.Fatalf("the resolved recipe does not read back: %v\n%s", err, r.YAML())
+	}
+	// max_restarts: 0 stays 0 (no restarts) and reads back.
+	if r := testRecipe(t, "reward.kind=command", "reward.command=[a]", "reward.max_restarts=0"); *r.Reward.MaxRestarts != 0 {
+		t.Fatalf("max_restarts=0 resolved to %d", *r.Reward.MaxRestarts)
+	} else if again, err := ParseRecipe(r.YAML(), nil); err != nil || *again.Reward.MaxRestarts != 0 {
+		t.Fatalf("max_restarts=0 does not read back: %v\n%s", err, r.YAML())
 	}
 	if r := testRecipe(t, "reward.kind=http", "reward.url=http://127.0.0.1:1/r", "reward.retries=0"); *r.Reward.Retries != 0 || r.Reward.Concurrency != 4 {
 		t.Fatalf("http %+v", r.Reward)
@@ -132,6 +139,8 @@ func TestRewardRecipe(t *testing.T) {
 		{"reward.kind=http reward.url=ftp://x", "reward.url"},
 		{"reward.kind=http reward.url=http://x reward.api_key_env=sk-123abc", "reward.api_key_env"},
 		{"reward.kind=http reward.url=http://x reward.command=[a]", "reward.command"},
+		{"reward.kind=http reward.url=http://x reward.max_restarts=0", "reward.command"},
+		{"reward.max_restarts=0", "reward:"},
 		{"reward.kind=command", "reward.command"},
 		{"reward.kind=command reward.command=[a] reward.url=http://x", "reward.url"},
 		{"reward.kind=command reward.command=[a] reward.timeout=-1", "reward.timeout"},
@@ -159,7 +168,7 @@ func TestRunExternalReward(t *testing.T) {
 	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req reward.Request
 		json.NewDecoder(r.Body).Decode(&req)
-		var out reward.Answer
+		out := reward.Answer{Request: req.Request}
 		mu.Lock()
 		defer mu.Unlock()
 		for _, it := range req.Items {

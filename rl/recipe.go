@@ -75,8 +75,8 @@ type RewardSettings struct {
 	// Batch is the most responses per request (default 64).
 	Batch int `yaml:"batch,omitempty"`
 	// MaxRestarts bounds the restarts of a command that dies or hangs,
-	// over the run (default 3).
-	MaxRestarts int `yaml:"max_restarts,omitempty"`
+	// over the run (default 3; 0: never restarted).
+	MaxRestarts *int `yaml:"max_restarts,omitempty"`
 	// OnError: fail (the default: a failed or malformed answer stops the
 	// run with an error naming the row and field) or zero (the response
 	// gets reward 0, counted in the metric reward/external_errors).
@@ -672,12 +672,12 @@ func (w *RewardSettings) fill() error {
 	switch w.Kind {
 	case "", RewardVerifier:
 		if w.URL != "" || w.APIKeyEnv != "" || len(w.Command) > 0 || w.Timeout != 0 || w.Retries != nil ||
-			w.Concurrency != 0 || w.Batch != 0 || w.MaxRestarts != 0 || w.OnError != "" {
+			w.Concurrency != 0 || w.Batch != 0 || w.MaxRestarts != nil || w.OnError != "" {
 			return bad("reward", "url, api_key_env, command, timeout, retries, concurrency, batch, max_restarts and on_error configure an external reward: set reward.kind to http or command, or leave them unset")
 		}
 		return nil
 	case RewardHTTP:
-		if len(w.Command) > 0 || w.MaxRestarts != 0 {
+		if len(w.Command) > 0 || w.MaxRestarts != nil {
 			return bad("reward.command", "command and max_restarts are for kind command, not http")
 		}
 		u, err := url.Parse(w.URL)
@@ -699,9 +699,12 @@ func (w *RewardSettings) fill() error {
 			return bad("reward.command", "required with kind command: the grader's argv, like [python3, grader.py]")
 		}
 		orDefault(&w.Concurrency, 1)
-		orDefault(&w.MaxRestarts, 3)
-		if w.MaxRestarts < 0 {
-			return bad("reward.max_restarts", "%d, want >= 0", w.MaxRestarts)
+		if w.MaxRestarts == nil {
+			w.MaxRestarts = new(int)
+			*w.MaxRestarts = 3
+		}
+		if *w.MaxRestarts < 0 {
+			return bad("reward.max_restarts", "%d, want >= 0", *w.MaxRestarts)
 		}
 	default:
 		return bad("reward.kind", "unknown %q (want %s, %s or %s)", w.Kind, RewardVerifier, RewardHTTP, RewardCommand)
