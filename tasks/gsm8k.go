@@ -16,7 +16,8 @@ import (
 // decimal part — with at most a currency sign, a percent sign or unit
 // words around it ("$1,200", "18 dollars", "25%"), and it must equal the
 // ground truth's number exactly ("72.00" is 72). Fractions, expressions,
-// lists ("12 or 13") and boxed answers that disagree score 0. A ground
+// lists ("12 or 13"), and boxed answers or a later "the answer is" or
+// <answer> that disagree with the "####" number, score 0. A ground
 // truth that is a whole GSM8K solution is read after its "####".
 type gsm8kVerifier struct{}
 
@@ -62,6 +63,20 @@ func (gsm8kVerifier) Extract(response string) (answer string, ok bool) {
 			}
 		} else {
 			x.found = false
+		}
+		// A final-answer phrase or <answer> after the "####" must agree
+		// too ("#### 72\nWait, the answer is 73." is no answer); a phrase
+		// that is prose ("the answer is correct") does not count.
+		if j, rest := answerPhrase(response); j > i {
+			if pc := phraseContent(rest); !isProse(pc) {
+				x.others = append(x.others, pc)
+			}
+		}
+		if j := strings.LastIndex(response, "<answer>"); j > i {
+			rest := response[j+len("<answer>"):]
+			if k := strings.Index(rest, "</answer>"); k >= 0 {
+				x.others = append(x.others, strings.TrimSpace(rest[:k]))
+			}
 		}
 	}
 	if !x.found {

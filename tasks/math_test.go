@@ -80,6 +80,79 @@ func TestMathScore(t *testing.T) {
 		{"0.28", `\boxed{28\%}`, 1},
 		{`28\%`, `\boxed{0.28\%}`, 0},
 		{`28\%`, `\boxed{2.8}`, 0},
+		// A percent answer has one reading, chosen by the truth: /100
+		// against a proportion (|truth| <= 1), literal against more.
+		{"0.5", `\boxed{0.5\%}`, 0},
+		{"0.5", `\boxed{50\%}`, 1},
+		{"1", `\boxed{1\%}`, 0},
+		{"1", `\boxed{100\%}`, 1},
+		{"50", `\boxed{5000\%}`, 0},
+		{"50", `\boxed{50\%}`, 1},
+		{"0.28", `\boxed{28\%}`, 1},
+		{"28", `\boxed{28\%}`, 1},
+		{"28", `\boxed{0.28}`, 0},
+		// Huge factorials and binomials are undefined, never wrapped.
+		{"6", `\boxed{18446744073709551619!}`, 0},
+		{"6", `\boxed{(2^{64}+3)!}`, 0},
+		{"1", `\boxed{(2^{64})!}`, 0},
+		{"1", `\boxed{(170!)!}`, 0},
+		{"1", `\boxed{(21!)!}`, 0},
+		{"10", `\boxed{\binom{2^{64}+5}{2}}`, 0},
+		{"10", `\boxed{\binom{5}{-1}}`, 0},
+		{"6", `\boxed{3!}`, 1},
+		{"10", `\boxed{\binom{5}{2}}`, 1},
+		{"120", `\boxed{(3!-1)!}`, 1},
+		// Values past float64 stay exact, or are undefined: never +Inf.
+		{"2^{2019}", `\boxed{2^{2020}}`, 0},
+		{"2^{2019}", `\boxed{5^{2020}}`, 0},
+		{"2^{2019}", `\boxed{2^{2019}-1}`, 0},
+		{"2^{2019}", `\boxed{2^{2019}}`, 1},
+		{"2^{2019}", `\boxed{2\cdot 2^{2018}}`, 1},
+		{"2^{700}", `\boxed{2^{700}+1}`, 0},
+		{"10^{410}", `\boxed{10^{410}+1}`, 0},
+		{"10^{410}", `\boxed{10^{410}}`, 1},
+		{`\infty`, `\boxed{10^{400}}`, 0},
+		{`\infty`, `\boxed{10^{10^{10}}}`, 0},
+		{`\infty`, `\boxed{\infty}`, 1},
+		{`(-\infty,3]`, `\boxed{(-10^{400},3]}`, 0},
+		{`(-\infty,3]`, `\boxed{(-\infty,3]}`, 1},
+		{"0", `\boxed{2^{-2000}}`, 0},
+		{"10^{20}", `\boxed{10^{20}+10^{-1000}}`, 0},
+		{"1", `\boxed{1^{10^{10}}}`, 1},
+		// Two different exact values are different, however close.
+		{"1000000000", `\boxed{1000000000+\frac13}`, 0},
+		{"333333333333", `\boxed{\frac{10^{12}}{3}}`, 0},
+		{`\frac{10^{12}+1}{3}`, `\boxed{\frac{10^{12}}{3}}`, 0},
+		{`\frac23`, `\boxed{\frac{2000000001}{3000000000}}`, 0},
+		{"3", `\boxed{3+\frac{1}{3\cdot10^{12}}}`, 0},
+		{`\frac{1}{12}`, `\boxed{0.0833333333333333}`, 1}, // a rounded decimal
+		{`\frac{10^{12}}{3}`, `\boxed{333333333333.3333}`, 1},
+		// Hedges, scale and operation words are no units.
+		{"3", `\boxed{3 \text{ or four}}`, 0},
+		{"3", `\boxed{3\text{, or maybe four}}`, 0},
+		{"3", `\boxed{3 \text{ (or four)}}`, 0},
+		{"3", `\boxed{3 \text{ to five}}`, 0},
+		{"3", `\boxed{3 \text{ plus four}}`, 0},
+		{"3", `\boxed{3 \text{ or more}}`, 0},
+		{"3", `\boxed{3 \text{ is wrong}}`, 0},
+		{"3", `\boxed{3 \text{ (approximately)}}`, 0},
+		{"3", `\boxed{3 \text{ thousand}}`, 0},
+		{"3", `\boxed{3 \text{ hundred}}`, 0},
+		{"3", `\boxed{3 \text{ million}}`, 0},
+		{"3", `\boxed{3 \text{ dozen}}`, 0},
+		{"3", `\boxed{3 \text{ squared}}`, 0},
+		{"3", `\boxed{3 maybe}`, 0},
+		{"odd", `\boxed{\text{odd} \text{ or even}}`, 0},
+		{`\text{(C)}`, `\boxed{C \text{ or D}}`, 0},
+		{"3", `\boxed{3 \text{ four}}`, 0},
+		{"3", `\boxed{3 \text{ ways}}`, 1},
+		{"3", `\boxed{3 \text{ cm}}`, 1},
+		{"3", `\boxed{3 \text{ square units}}`, 1},
+		{"3", `\boxed{3 \text{ m}}`, 1},
+		{"3", `\boxed{3 \text{ apples}}`, 1},
+		// A decimal comma with only zeros after it is a list.
+		{"3", `\boxed{3,0}`, 0},
+		{"5", `\boxed{5,00}`, 0},
 		// Fractions, mixed numbers, roots, pi.
 		{`\frac{1}{2}`, `\boxed{0.5}`, 1},
 		{`\frac12`, `\boxed{\dfrac{1}{2}}`, 1},
@@ -312,7 +385,23 @@ func TestGSM8KScore(t *testing.T) {
 		{"72", "#### 72, 73", 0},
 		{"72", "#### 144/2", 0}, // one number, not an expression
 		{"72", `\boxed{72} ... \boxed{73}`, 0},
-		{"72", "#### 72\nThe answer is 73", 1}, // the last #### counts
+		{"72", "#### 72\nThe answer is 73", 0}, // a later final answer disagrees
+		{"72", "#### 72\nWait, the answer is 73.", 0},
+		{"72", "\\boxed{72}\n#### 72\nThe answer is 73", 0},
+		{"72", "#### 72\n<answer>73</answer>", 0},
+		{"72", "#### 72\nThe answer is 72.", 1},
+		{"72", "#### 72\nI hope the answer is correct.", 1}, // prose
+		// Hedges and scale words are no units.
+		{"72", `#### 72 \text{ or seventy-three}`, 0},
+		{"72", `\boxed{72 \text{ or seventy-three}}`, 0},
+		{"72", `#### 72 \text{ apples and three pears}`, 0},
+		{"72", "#### 72 thousand", 0},
+		{"72", "#### 72 million", 0},
+		{"72", "#### 72 twice", 0},
+		{"72", "#### 72 maybe", 0},
+		{"72", "#### 72 apples", 1},
+		{"72", "#### $72", 1},
+		{"72", `#### 72 \text{ apples}`, 1},
 		{"72", "#### 7.2", 0},
 		{"72", "72", 0},
 		{"72", `\boxed{7 2}`, 0},
@@ -383,6 +472,10 @@ func TestMathEvalExact(t *testing.T) {
 		`2^{3^2}`:                 "512",
 		`\binom{10}{3}`:           "120",
 		`10\%`:                    "",
+		`2^{2100}/2^{2098}`:       "4",
+		`10^{10^{10}}`:            "",
+		`2^{70000}`:               "",
+		`(170!)!`:                 "",
 	} {
 		b := &budget{left: stepBudget}
 		n, err := parseExpr(expr, b)
@@ -424,6 +517,12 @@ func TestMathBounded(t *testing.T) {
 		strings.Repeat("The answer is ", 50000) + "1",
 		strings.Repeat(`\boxed{\boxed{`, 20000),
 		strings.Repeat("{", 1<<20),
+		// Exact arithmetic near the 1<<16-bit bound.
+		`\boxed{` + strings.Repeat(`\frac{3^{9000}}{7^{9000}}+\frac{5^{8000}}{11^{8000}}+`, 200) + "1}",
+		`\boxed{` + strings.Repeat(`(\frac{3}{7})^{20000}\cdot`, 300) + "1}",
+		`\boxed{` + strings.Repeat(`\frac{(x+1)^{7000}}{(x-1)^{7000}}+`, 100) + "1}",
+		`\boxed{` + strings.Repeat(`\binom{1000}{500}^{30}-`, 200) + "1}",
+		`\boxed{` + strings.Repeat(`1000!\cdot 999!-`, 300) + "1}",
 	}
 	for _, c := range cases {
 		start := time.Now()
@@ -493,8 +592,8 @@ func TestMathScoreMore(t *testing.T) {
 		{`\infty`, `\boxed{\infty}`, 1},
 		{`\infty`, `\boxed{-\infty}`, 0},
 		{"0", `\boxed{\frac{0}{0}}`, 0},
-		{"12", `\boxed{12\%}`, 1}, // a percent sign is a unit
-		{"12", `\boxed{1200\%}`, 1},
+		{"12", `\boxed{12\%}`, 1},   // a percent sign is a unit
+		{"12", `\boxed{1200\%}`, 0}, // 12 is no proportion: 1200% reads 1200
 		{"12", `\boxed{13\%}`, 0},
 		{`\frac{1}{3}`, `\boxed{0.\overline{3}}`, 1},
 		{`\frac{1}{6}`, `\boxed{0.1\overline{6}}`, 1},

@@ -393,12 +393,86 @@ var (
 	}
 )
 
+// notUnit are words after a value that change or hedge it: never units
+// ("3 thousand", "3 squared", "3 maybe", "3 or more").
+var notUnit = map[string]bool{}
+
+func init() {
+	for _, w := range strings.Fields(`or and to plus minus not no nor but if only none all yes maybe perhaps
+		probably possibly likely approximately approx about around roughly nearly almost circa ish
+		more less fewer least most over under above below than times is are was wrong incorrect
+		correct false true either neither else otherwise
+		hundred hundreds thousand thousands million millions billion billions trillion trillions
+		dozen dozens score gross lakh crore
+		squared cubed square cubic twice thrice half halves double triple quadruple fold
+		third thirds quarter quarters fourth fourths fifth fifths tenth tenths hundredth hundredths
+		thousandth thousandths millionth millionths negative positive pi infty inf
+		zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen
+		fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy
+		eighty ninety`) {
+		notUnit[w] = true
+	}
+}
+
+// multiUnit are the words of a unit of several words ("square units",
+// "cubic feet", "miles per hour"); every word of such a unit must be one.
+var multiUnit = map[string]bool{
+	"square": true, "sq": true, "sq.": true, "cubic": true, "cu": true, "per": true,
+	"units": true, "unit": true, "cm": true, "m": true, "km": true, "mm": true, "meters": true,
+	"meter": true, "metres": true, "metre": true, "centimeters": true, "centimeter": true,
+	"kilometers": true, "kilometer": true, "millimeters": true, "inches": true, "inch": true,
+	"feet": true, "foot": true, "ft": true, "yards": true, "yard": true, "miles": true, "mile": true,
+	"hour": true, "hours": true, "minute": true, "minutes": true, "second": true, "seconds": true,
+	"day": true, "days": true, "week": true, "weeks": true, "year": true, "years": true,
+	"dollars": true, "dollar": true, "cents": true, "cent": true, "kg": true, "g": true,
+	"grams": true, "gram": true, "kilograms": true, "liters": true, "liter": true, "litres": true,
+	"ml": true, "s": true, "h": true, "min": true, "hr": true, "km/h": true, "m/s": true,
+	"light": true, "kilometres": true, "centimetres": true, "degrees": true, "degree": true,
+	"celsius": true, "fahrenheit": true, "pounds": true, "ounces": true, "gallons": true,
+}
+
+// unitText reports the content of a \text{...} after a value that is a
+// unit and may be removed: one word of letters (a unit or a noun: "cm",
+// "apples", "yuan"; one letter only for an SI symbol) that is no hedge,
+// scale or operation word, or several words each a unit word ("square
+// units", "miles per hour"). Content with digits, commas, brackets or
+// other punctuation is never a unit ("3 \text{ (or four)}").
+func unitText(content string) bool {
+	ws := strings.Fields(strings.ToLower(content))
+	if len(ws) == 0 {
+		return false
+	}
+	if len(ws) > 1 {
+		for _, w := range ws {
+			if !multiUnit[w] {
+				return false
+			}
+		}
+		return true
+	}
+	w := ws[0]
+	if percentWords[w] || w == "km/h" || w == "m/s" {
+		return true
+	}
+	w = strings.TrimSuffix(w, ".")
+	for i := 0; i < len(w); i++ {
+		if !isLetter(w[i]) {
+			return false
+		}
+	}
+	if len(w) == 1 {
+		return strings.Contains("mgshlLKJNWV", strings.TrimSuffix(strings.TrimSpace(content), "."))
+	}
+	return !notUnit[w]
+}
+
 var percentWords = map[string]bool{"percent": true, "percentage": true, "pct": true, "%": true}
 
-// stripUnits removes units after a value: trailing \text{...} words (with
-// ^2 or ^3), plain words of two or more letters after a value without
-// letters ("125 miles", "15 cm^2"), and a percent sign or word, which sets
-// pct. At most 6 are removed.
+// stripUnits removes units after a value: a trailing \text{...} that is a
+// unit (see unitText; with ^2 or ^3), plain words of two or more letters
+// after a value without letters ("125 miles", "15 cm^2") that are no
+// hedge, scale or operation word (notUnit: "3 maybe", "72 thousand"), and
+// a percent sign or word, which sets pct. At most 6 are removed.
 func stripUnits(item string) (string, bool) {
 	pct := false
 	for range 6 {
@@ -418,8 +492,7 @@ func stripUnits(item string) (string, bool) {
 			if i := strings.LastIndex(body, `\text{`); i > 0 {
 				content, ok := braced(body[i+len(`\text{`):])
 				head := strings.TrimSpace(body[:i])
-				if ok && i+len(`\text{`)+len(content)+1 == len(body) && head != "" && !strings.ContainsAny(content, "0123456789") &&
-					!unitWordsKeep[strings.ToLower(content)] && !endsWithOp(head) {
+				if ok && i+len(`\text{`)+len(content)+1 == len(body) && head != "" && unitText(content) && !endsWithOp(head) {
 					item = head
 					if percentWords[strings.ToLower(content)] {
 						pct = true
@@ -445,6 +518,9 @@ func stripUnits(item string) (string, bool) {
 			unit = len(word) >= 3 || shortUnits[lw]
 		case isDigit(body[j-1]):
 			unit = shortUnits[lw] || attachedUnits[lw]
+		}
+		if unit && notUnit[lw] {
+			unit = false
 		}
 		if unit && head != "" && !endsWithOp(head) && !hasPlainLetter(head) {
 			item = head
@@ -903,6 +979,9 @@ func decimalComma(s string) *node {
 	if joinThousands(t) != t {
 		return nil // "1,000" is a thousand
 	}
+	if strings.Trim(t[i+1:], "0") == "" {
+		return nil // "3,0" and "5,00" are lists, not 3.0 and 5.00
+	}
 	v, ok := new(big.Rat).SetString(t[:i] + "." + t[i+1:])
 	if !ok {
 		return nil
@@ -910,7 +989,7 @@ func decimalComma(s string) *node {
 	if strings.HasPrefix(s, "-") {
 		v.Neg(v)
 	}
-	return &node{kind: kNum, val: v}
+	return &node{kind: kNum, val: v, dec: true}
 }
 
 // mathEquivalent reports whether answer (a response's final answer) is
@@ -1138,7 +1217,7 @@ func relEqual(x, y *node, b *budget) bool {
 		}
 		c := div(gv, fv)
 		if ratio == nil {
-			if signed && c.f <= 0 {
+			if signed && sign(c) <= 0 {
 				return false
 			}
 			ratio = &c
@@ -1147,6 +1226,19 @@ func relEqual(x, y *node, b *budget) bool {
 		return numEqual(*ratio, c)
 	})
 	return ok && ratio != nil
+}
+
+// sign is -1, 0 or 1 (0 also for an undefined value).
+func sign(v num) int {
+	switch {
+	case v.r != nil:
+		return v.r.Sign()
+	case v.f > 0:
+		return 1
+	case v.f < 0:
+		return -1
+	}
+	return 0
 }
 
 func isZero(v num) bool {
@@ -1163,21 +1255,44 @@ func div(a, d num) num {
 	return float(a.f / d.f)
 }
 
-// exprEqual compares two expressions; a percentage also stands for its
-// value / 100 ("28%" is 28 and 0.28).
+// exprEqual compares two expressions, x the ground truth and y the
+// answer. A ground truth that is a percentage also stands for its value /
+// 100 ("28%" is 28 and 0.28). A percentage answer to a ground truth
+// without one has one reading, chosen by the truth: its value / 100
+// against a truth of magnitude at most 1 (a proportion: "28%" for 0.28,
+// "100%" for 1), its literal value against a larger one ("28%" for a
+// "what percent" truth 28). So "0.5%" is not 0.5, "1%" not 1, "5000%"
+// not 50: a percent sign never gives an answer two chances.
 func exprEqual(x, y *node, b *budget) bool {
 	same := func(x, y *node) bool {
 		return atPoints(x, y, b, func(u, v num) bool { return numEqual(u, v) })
 	}
+	hundred := &node{kind: kNum, val: big.NewRat(100, 1)}
+	if y.pct && !x.pct {
+		set := map[string]bool{}
+		vars(x, set)
+		proportion := true
+		if len(set) == 0 {
+			v, err := eval(x, nil, b)
+			if err != nil || undefined(v) {
+				return false
+			}
+			if v.r != nil {
+				proportion = new(big.Rat).Abs(v.r).Cmp(big.NewRat(1, 1)) <= 0
+			} else {
+				proportion = math.Abs(v.f) <= 1
+			}
+		}
+		if proportion {
+			return same(x, &node{kind: kDiv, args: []*node{y, hundred}})
+		}
+		return same(x, y)
+	}
 	if same(x, y) {
 		return true
 	}
-	hundred := &node{kind: kNum, val: big.NewRat(100, 1)}
-	switch {
-	case x.pct && !y.pct:
+	if x.pct && !y.pct {
 		return same(&node{kind: kDiv, args: []*node{x, hundred}}, y)
-	case y.pct && !x.pct:
-		return same(x, &node{kind: kDiv, args: []*node{y, hundred}})
 	}
 	return false
 }
@@ -1204,7 +1319,7 @@ func atPoints(x, y *node, b *budget, agree func(u, v num) bool) bool {
 	if len(set) == 0 {
 		u, err1 := eval(x, nil, b)
 		v, err2 := eval(y, nil, b)
-		return err1 == nil && err2 == nil && !math.IsNaN(u.f) && !math.IsNaN(v.f) && agree(u, v)
+		return err1 == nil && err2 == nil && !undefined(u) && !undefined(v) && agree(u, v)
 	}
 	if len(set) > 16 {
 		return false
@@ -1247,6 +1362,35 @@ func atPoints(x, y *node, b *budget, agree func(u, v num) bool) bool {
 	return good >= minPoints
 }
 
+// decimalApprox reports a decimal literal d with k ≥ 1 fractional digits (its
+// denominator divides 10^k, not 10^(k-1)) and a non-terminating x with
+// |d - x| < 10^-k and within the relative 1e-9 of numEqual: d is x
+// rounded or truncated to ten significant digits or more.
+func decimalApprox(d, x *big.Rat) bool {
+	if d.IsInt() || !terminating(d) || terminating(x) {
+		return false
+	}
+	k := 0
+	for p := big.NewInt(1); new(big.Int).Mod(p, d.Denom()).Sign() != 0; p.Mul(p, big.NewInt(10)) {
+		k++
+		if k > 4000 {
+			return false
+		}
+	}
+	diff := new(big.Rat).Sub(d, x)
+	diff.Abs(diff)
+	ulp := new(big.Rat).SetFrac(big.NewInt(1), new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(k)), nil))
+	if diff.Cmp(ulp) >= 0 {
+		return false
+	}
+	// relative 1e-9
+	m := new(big.Rat).Abs(x)
+	if dd := new(big.Rat).Abs(d); dd.Cmp(m) > 0 {
+		m = dd
+	}
+	return diff.Cmp(new(big.Rat).Mul(m, big.NewRat(1, 1_000_000_000))) <= 0 || diff.Cmp(big.NewRat(1, 1_000_000_000_000)) <= 0
+}
+
 // terminating reports a rational with a finite decimal expansion: its
 // denominator has no prime factor but 2 and 5.
 func terminating(r *big.Rat) bool {
@@ -1263,8 +1407,9 @@ func terminating(r *big.Rat) bool {
 }
 
 // undefined reports a value that is no number at a point (a division by
-// zero, a root of a negative, an overflow).
-func undefined(v num) bool { return math.IsNaN(v.f) || math.IsInf(v.f, 0) }
+// zero, a root of a negative, an overflow). An exact value is defined even
+// past float64's range; the symbol ∞ is defined (it equals only ∞).
+func undefined(v num) bool { return v.r == nil && math.IsNaN(v.f) }
 
 // numEqual compares two values: exact rationals exactly, and two
 // different terminating decimals (integers among them: 2 and
@@ -1276,15 +1421,20 @@ func numEqual(a, b num) bool {
 		if a.r.Cmp(b.r) == 0 {
 			return true
 		}
-		if terminating(a.r) && terminating(b.r) {
-			return false
-		}
+		// Two different exact values are equal only when one is a
+		// decimal with fractional digits that rounds (or truncates) the
+		// other, a repeating fraction: 0.0833333333333333 for 1/12, never
+		// 333333333333 for 10^12/3.
+		return a.dec && decimalApprox(a.r, b.r) || b.dec && decimalApprox(b.r, a.r)
 	}
-	if math.IsNaN(a.f) || math.IsNaN(b.f) {
+	if undefined(a) || undefined(b) {
 		return false
 	}
-	if math.IsInf(a.f, 0) || math.IsInf(b.f, 0) {
-		return a.f == b.f
+	if infinite(a) || infinite(b) {
+		return a.f == b.f && infinite(a) && infinite(b)
+	}
+	if math.IsNaN(a.f) || math.IsNaN(b.f) {
+		return false // an exact value outside float64's range
 	}
 	d := math.Abs(a.f - b.f)
 	return d <= 1e-9*math.Max(math.Abs(a.f), math.Abs(b.f)) || d <= 1e-12

@@ -91,7 +91,12 @@ func TestMathCorpus(t *testing.T) {
 	}
 	t.Logf("positives: %d of %d agree (%.1f%%); negatives: %d of %d agree (%.1f%%)",
 		posOK, pos, 100*float64(posOK)/float64(pos), negOK, negs, 100*float64(negOK)/float64(negs))
-	const minPos, minNeg = 228, 49 // measured: 228 of 276, 49 of 50
+	// measured: 226 of 276, 49 of 50. It was 228: the two NeMo-Skills
+	// pairs "17\text{ any text}" / "17" (both directions) are lost on
+	// purpose, since arbitrary words after a value are no unit ("3
+	// \text{ or four}" must not be 3); only a unit or one plain word is
+	// removed.
+	const minPos, minNeg = 226, 49
 	if posOK < minPos || negOK < minNeg {
 		t.Errorf("agreement fell below the floor: positives %d < %d or negatives %d < %d", posOK, minPos, negOK, minNeg)
 	}

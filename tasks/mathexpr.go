@@ -36,10 +36,10 @@ func (b *budget) spend(n int) error {
 
 // Bounds of the exact arithmetic.
 const (
-	maxRatBits  = 2048 // a rational beyond this many bits goes to float64
-	maxDepth    = 64   // nesting of brackets and operators in an answer
-	maxFactArg  = 170  // n! beyond this is +Inf in float64
-	maxExactExp = 512  // |exponent| of exact integer powers
+	maxRatBits  = 1 << 16 // a rational beyond this many bits is undefined
+	maxDepth    = 64      // nesting of brackets and operators in an answer
+	maxFactArg  = 1000    // n! beyond this is undefined
+	maxExactExp = 1 << 16 // |exponent| of exact integer powers
 )
 
 // token kinds.
@@ -162,6 +162,7 @@ type node struct {
 	open, close string   // kSeq brackets
 	ops         []string // kRel operators: "=", "<", "≤", ">", "≥", "≠"
 	pct         bool     // a percentage: the value is also read as val/100
+	dec         bool     // kNum: a decimal literal with a point ("0.0833")
 	label       string   // what "x = 3" named (x), compared when both sides have one
 	labelVar    *node    // the label when it is one variable
 }
@@ -613,7 +614,7 @@ func (p *parser) number(t token) (*node, error) {
 		}
 		p.pos = save
 	}
-	return &node{kind: kNum, val: v}, nil
+	return &node{kind: kNum, val: v, dec: strings.Contains(t.s, ".")}, nil
 }
 
 // word reads a word: pi, infinity, sqrt, a function, or a product of
@@ -1076,22 +1077,39 @@ func vars(n *node, set map[string]bool) {
 }
 
 // num is a value: exact (r not nil) or a float64 only. f is always set;
-// NaN marks an undefined value.
+// NaN marks an undefined value. An exact value outside float64's range
+// (2^2000, 2^-2000) has f = NaN: it compares exactly, and any float
+// arithmetic with it is undefined. A value that leaves exact arithmetic
+// (more than maxRatBits) is undefined, never a rounded float: 2^(2^20)
+// and 2^(2^20)+1 must not compare equal as +Inf.
 type num struct {
-	r *big.Rat
-	f float64
+	r   *big.Rat
+	f   float64
+	dec bool // a decimal literal (signed, or / a power of ten): may round an exact value
 }
 
 func exact(r *big.Rat) num {
 	if r.Num().BitLen()+r.Denom().BitLen() > maxRatBits {
-		f, _ := r.Float64()
-		return num{f: f}
+		return nan
 	}
 	f, _ := r.Float64()
+	if math.IsInf(f, 0) || f == 0 && r.Sign() != 0 {
+		f = math.NaN()
+	}
 	return num{r: r, f: f}
 }
 
-func float(f float64) num { return num{f: f} }
+// float is an inexact value; an overflow (±Inf) is undefined. Only the
+// symbol ∞ (kInf) is infinite.
+func float(f float64) num {
+	if math.IsInf(f, 0) {
+		return nan
+	}
+	return num{f: f}
+}
+
+// infinite reports the value of the symbol ∞ or -∞.
+func infinite(v num) bool { return v.r == nil && math.IsInf(v.f, 0) }
 
 var nan = num{f: math.NaN()}
 
@@ -1102,7 +1120,9 @@ func eval(n *node, env map[string]num, b *budget) (num, error) {
 	}
 	switch n.kind {
 	case kNum:
-		return exact(n.val), nil
+		v := exact(n.val)
+		v.dec = n.dec && v.r != nil
+		return v, nil
 	case kVar:
 		v, ok := env[n.name]
 		if !ok {
@@ -1112,16 +1132,18 @@ func eval(n *node, env map[string]num, b *budget) (num, error) {
 	case kPi:
 		return float(math.Pi), nil
 	case kInf:
-		return float(math.Inf(1)), nil
+		return num{f: math.Inf(1)}, nil
 	case kNeg:
 		a, err := eval(n.args[0], env, b)
 		if err != nil {
 			return nan, err
 		}
 		if a.r != nil {
-			return exact(new(big.Rat).Neg(a.r)), nil
+			v := exact(new(big.Rat).Neg(a.r))
+			v.dec = a.dec && v.r != nil
+			return v, nil
 		}
-		return float(-a.f), nil
+		return num{f: -a.f}, nil // -∞ stays infinite
 	case kAdd, kMul:
 		acc, err := eval(n.args[0], env, b)
 		if err != nil {
@@ -1163,7 +1185,10 @@ func eval(n *node, env map[string]num, b *budget) (num, error) {
 			return nan, nil
 		}
 		if a.r != nil && d.r != nil {
-			return exact(new(big.Rat).Quo(a.r, d.r)), nil
+			v := exact(new(big.Rat).Quo(a.r, d.r))
+			// "33.3333333333%" is a decimal too.
+			v.dec = a.dec && v.r != nil && d.r.IsInt() && d.r.Sign() > 0 && terminating(new(big.Rat).Inv(d.r))
+			return v, nil
 		}
 		return float(a.f / d.f), nil
 	case kPow:
@@ -1190,7 +1215,7 @@ func eval(n *node, env map[string]num, b *budget) (num, error) {
 		if err != nil {
 			return nan, err
 		}
-		if a.r == nil || !a.r.IsInt() || a.r.Sign() < 0 || a.r.Num().Int64() > maxFactArg {
+		if a.r == nil || !a.r.IsInt() || a.r.Sign() < 0 || !a.r.Num().IsInt64() || a.r.Num().Int64() > maxFactArg {
 			return nan, nil
 		}
 		k := a.r.Num().Int64()
@@ -1240,6 +1265,19 @@ func pow(a, e num, b *budget) (num, error) {
 				}
 				return exact(r), nil
 			}
+			// Beyond the exact budget: only 0, 1 and -1 have a value.
+			switch {
+			case a.r.Sign() == 0 && e.r.Sign() > 0:
+				return exact(new(big.Rat)), nil
+			case a.r.IsInt() && a.r.Num().CmpAbs(big.NewInt(1)) == 0:
+				if a.r.Sign() < 0 && e.r.Num().Bit(0) == 1 {
+					return exact(big.NewRat(-1, 1)), nil
+				}
+				return exact(big.NewRat(1, 1)), nil
+			}
+			return nan, nil
+		} else if e.r.IsInt() {
+			return nan, nil // an integer exponent beyond int64
 		} else if q := e.r.Denom(); q.IsInt64() && q.Int64() <= 16 && e.r.Num().IsInt64() {
 			// An exact root: (x/y)^(p/q) with x and y perfect q-th powers.
 			if root, ok := ratRoot(a.r, q.Int64()); ok {
@@ -1257,7 +1295,11 @@ func pow(a, e num, b *budget) (num, error) {
 			return float(v), nil
 		}
 	}
-	return float(math.Pow(a.f, e.f)), nil
+	v := math.Pow(a.f, e.f)
+	if v == 0 && a.f != 0 {
+		return nan, nil // an underflow is no value
+	}
+	return float(v), nil
 }
 
 func abs64(k int64) int64 {
@@ -1322,11 +1364,12 @@ func evalFunc(n *node, env map[string]num, b *budget) (num, error) {
 		if err != nil {
 			return nan, err
 		}
-		if a.r == nil || k.r == nil || !a.r.IsInt() || !k.r.IsInt() || a.r.Sign() < 0 || a.r.Num().Int64() > 1000 || !k.r.Num().IsInt64() {
+		if a.r == nil || k.r == nil || !a.r.IsInt() || !k.r.IsInt() || a.r.Sign() < 0 || !a.r.Num().IsInt64() ||
+			a.r.Num().Int64() > 1000 || !k.r.Num().IsInt64() || k.r.Sign() < 0 {
 			return nan, nil
 		}
 		nn, kk := a.r.Num().Int64(), k.r.Num().Int64()
-		if kk < 0 || kk > nn {
+		if kk > nn {
 			return exact(new(big.Rat)), nil
 		}
 		if err := b.spend(int(nn)); err != nil {
