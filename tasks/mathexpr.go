@@ -1388,34 +1388,6 @@ func evalFunc(n *node, env map[string]num, b *budget) (num, error) {
 			return float(math.Floor(x)), nil
 		}
 		return float(math.Ceil(x)), nil
-	case "sin":
-		return float(math.Sin(x)), nil
-	case "cos":
-		return float(math.Cos(x)), nil
-	case "tan":
-		return float(math.Tan(x)), nil
-	case "sec":
-		return float(1 / math.Cos(x)), nil
-	case "csc":
-		return float(1 / math.Sin(x)), nil
-	case "cot":
-		return float(1 / math.Tan(x)), nil
-	case "arcsin":
-		return float(math.Asin(x)), nil
-	case "arccos":
-		return float(math.Acos(x)), nil
-	case "arctan":
-		return float(math.Atan(x)), nil
-	case "sinh":
-		return float(math.Sinh(x)), nil
-	case "cosh":
-		return float(math.Cosh(x)), nil
-	case "tanh":
-		return float(math.Tanh(x)), nil
-	case "exp":
-		return float(math.Exp(x)), nil
-	case "ln":
-		return float(math.Log(x)), nil
 	case "log":
 		if len(n.args) == 2 {
 			base, err := eval(n.args[1], env, b)
@@ -1426,5 +1398,19 @@ func evalFunc(n *node, env map[string]num, b *budget) (num, error) {
 		}
 		return float(math.Log10(x)), nil
 	}
+	if f, ok := floatFuncs[n.name]; ok {
+		return float(f(x)), nil
+	}
 	return nan, errSyntax
+}
+
+// floatFuncs are the functions evaluated in float64 only.
+var floatFuncs = map[string]func(float64) float64{
+	"sin": math.Sin, "cos": math.Cos, "tan": math.Tan,
+	"sec":    func(x float64) float64 { return 1 / math.Cos(x) },
+	"csc":    func(x float64) float64 { return 1 / math.Sin(x) },
+	"cot":    func(x float64) float64 { return 1 / math.Tan(x) },
+	"arcsin": math.Asin, "arccos": math.Acos, "arctan": math.Atan,
+	"sinh": math.Sinh, "cosh": math.Cosh, "tanh": math.Tanh,
+	"exp": math.Exp, "ln": math.Log,
 }
