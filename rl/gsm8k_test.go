@@ -1,15 +1,14 @@
 package rl
 
 import (
-	"compress/gzip"
 	"context"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/keel-rl/keel/data"
+	"github.com/keel-rl/keel/internal/testmodel"
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/run"
 	"github.com/keel-rl/keel/tasks"
@@ -87,20 +86,10 @@ func TestRunGSM8KParquetWithQwenTokenizer(t *testing.T) {
 
 func userMsg(s string) []tokenizer.Message { return []tokenizer.Message{{Role: "user", Content: s}} }
 
-// qwenTokenizer returns Qwen3's tokenizer.json from the tokenizer's test
-// data.
+// qwenTokenizer returns Qwen3's tokenizer.json.
 func qwenTokenizer(t *testing.T) []byte {
 	t.Helper()
-	f, err := os.Open("../tokenizer/testdata/qwen3-tokenizer.json.gz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	z, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := io.ReadAll(z)
+	b, err := testmodel.QwenTokenizerJSON()
 	if err != nil {
 		t.Fatal(err)
 	}

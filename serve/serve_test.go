@@ -3,7 +3,6 @@ package serve
 import (
 	"bufio"
 	"bytes"
-	"compress/gzip"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
@@ -24,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keel-rl/keel/internal/testmodel"
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rollout"
 	"github.com/keel-rl/keel/tokenizer"
@@ -1349,17 +1349,7 @@ func TestIncrementalTextMatchesDecode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Open("../tokenizer/testdata/qwen3-tokenizer.json.gz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	z, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err = io.ReadAll(z)
-	if err != nil {
+	if raw, err = testmodel.QwenTokenizerJSON(); err != nil {
 		t.Fatal(err)
 	}
 	qwen, err := tokenizer.Parse(raw, "qwen3")

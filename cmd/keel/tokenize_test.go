@@ -1,13 +1,12 @@
 package main
 
 import (
-	"compress/gzip"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/keel-rl/keel/internal/testmodel"
 	"github.com/keel-rl/keel/tokenizer"
 )
 
@@ -92,16 +91,7 @@ func TestTokenizeCommand(t *testing.T) {
 // tests use): a chat prompt as Hugging Face's ChatML gives it, and the
 // decode of its ids.
 func TestTokenizeQwen(t *testing.T) {
-	f, err := os.Open("../../tokenizer/testdata/qwen3-tokenizer.json.gz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	z, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := io.ReadAll(z)
+	b, err := testmodel.QwenTokenizerJSON()
 	if err != nil {
 		t.Fatal(err)
 	}
