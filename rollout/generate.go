@@ -83,6 +83,9 @@ type Sample struct {
 	// means every token is of Version. LogProbs[t] is always under the
 	// weights that sampled Tokens[t].
 	TokenVersions []int64
+	// Observations are where GenerateTurns appended an environment's
+	// tokens to Tokens, in order; nil for one turn.
+	Observations []Span
 }
 
 // MaxTopLogProbs bounds Sampling.TopLogProbs (OpenAI's limit).
@@ -135,6 +138,13 @@ type slotState struct {
 	sampLP, sTLP float32
 	top          []TokenLogProb // TopLogProbs per response position, flat
 	stepTop      [MaxTopLogProbs]TokenLogProb
+	// Multi-turn (GenerateTurns): the turn number, where its tokens start
+	// in seq, the observations appended so far (response positions), and
+	// whether the sample waits for Turns' answer (awaiting) and saw the
+	// weights change while it did (stale: its cache is recomputed).
+	turn, turnStart int
+	obs             []Span
+	awaiting, stale bool
 }
 
 // genState is what Generate (or a Scheduler) works in, allocated with
@@ -192,6 +202,12 @@ type gen struct {
 	idBuf      [][]int32   // per worker: candidate token ids for truncation
 	pBuf       [][]float32 // per worker: probabilities of one row
 	fnSamp     func(w, lo, hi int)
+	// turns, when set, is asked at the end of every turn (GenerateTurns);
+	// turnDone carries its answers and awaiting counts the slots waiting
+	// for one.
+	turns    Turns
+	turnDone chan turnAnswer
+	awaiting int
 }
 
 // group is the n samples of one prompt with one policy: a prompt of a
@@ -217,12 +233,34 @@ func (e *Engine) Generate(prompts [][]int32, n int, sp Sampling) ([]Sample, erro
 	if err != nil {
 		return nil, err
 	}
-	for g.admit() {
-		if err := g.step(); err != nil {
-			return nil, err
-		}
+	if err := g.run(nil); err != nil {
+		return nil, err
 	}
 	return g.out, nil
+}
+
+// run steps until every sample is done, taking the weight updates next
+// offers (nil: none) and the answers of Turns.
+func (g *gen) run(next func() *Switch) error {
+	for g.admit() {
+		if err := g.awaitTurns(); err != nil {
+			return err
+		}
+		if g.running() == g.awaiting {
+			continue // the answers ended samples: admit into their slots
+		}
+		if next != nil {
+			if sw := next(); sw != nil {
+				if err := g.switchWeights(sw); err != nil {
+					return err
+				}
+			}
+		}
+		if err := g.step(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Switch is a weight update that GenerateSwitching takes in the middle of
@@ -251,15 +289,8 @@ func (e *Engine) GenerateSwitching(prompts [][]int32, n int, sp Sampling, next f
 	if err != nil {
 		return nil, err
 	}
-	for g.admit() {
-		if sw := next(); sw != nil {
-			if err := g.switchWeights(sw); err != nil {
-				return nil, err
-			}
-		}
-		if err := g.step(); err != nil {
-			return nil, err
-		}
+	if err := g.run(next); err != nil {
+		return nil, err
 	}
 	return g.out, nil
 }
@@ -280,6 +311,10 @@ func (g *gen) switchWeights(sw *Switch) error {
 	for i := range g.slots {
 		s := &g.slots[i]
 		if !s.active || s.tail {
+			continue
+		}
+		if s.awaiting {
+			s.stale = true // recomputed when its observation comes
 			continue
 		}
 		s.cached, s.prefill = 0, len(s.seq)
@@ -384,7 +419,7 @@ func (g *gen) admit() bool {
 			}
 			*s = slotState{active: true, grp: q, idx: j, promptLen: len(q.prompt), prefill: len(q.prompt),
 				seq: append(s.seq[:0], q.prompt...), lp: s.lp[:0], tlp: s.tlp[:0], vers: s.vers[:0], top: s.top[:0],
-				routes: s.routes, routes16: s.routes16}
+				routes: s.routes, routes16: s.routes16, turnStart: len(q.prompt)}
 			s.rng.Seed(Splitmix64(q.pol.sp.Seed^Splitmix64(uint64(q.index))), SampleStream(j))
 			g.takePrompt(i)
 		}
@@ -548,7 +583,7 @@ func (g *gen) fill() {
 	for i := range g.slots {
 		s := &g.slots[i]
 		s.outIdx = -1
-		if s.active && s.cached >= s.prefill { // decoding, or the tail row
+		if s.active && !s.awaiting && s.cached >= s.prefill { // decoding, or the tail row
 			b.add(i, s.cached, s.seq[s.cached])
 			if !s.tail {
 				g.output(s)
@@ -557,7 +592,7 @@ func (g *gen) fill() {
 	}
 	for i := range g.slots {
 		s := &g.slots[i]
-		if !s.active || s.waiting || s.cached >= s.prefill {
+		if !s.active || s.waiting || s.awaiting || s.cached >= s.prefill {
 			continue
 		}
 		chunk := min(s.prefill-s.cached, e.opt.StepRows-b.Rows())
@@ -595,8 +630,17 @@ func (g *gen) take(s *slotState) {
 	if f := s.grp.onToken; f != nil {
 		f(s.idx, Token{ID: s.sampled, LogProb: s.sampLP, TruncLogProb: tlp, Top: top})
 	}
+	stop := pol.isStop(s.sampled)
+	if g.turns != nil { // the turn ends as a one-turn sample would; Turns decides what follows
+		if stop {
+			g.endTurn(s, "stop")
+		} else if len(s.seq)-s.turnStart >= pol.sp.MaxNewTokens || len(s.seq) >= e.opt.MaxLen {
+			g.endTurn(s, "length")
+		}
+		return
+	}
 	switch {
-	case pol.isStop(s.sampled):
+	case stop:
 		s.finish = "stop"
 	case len(s.seq)-s.promptLen >= pol.sp.MaxNewTokens || len(s.seq) >= e.opt.MaxLen:
 		s.finish = "length"
@@ -659,6 +703,9 @@ func (g *gen) retire(s *slotState) {
 	}
 	if q.pol.sp.Truncated() {
 		smp.TruncLogProbs = slices.Clone(s.tlp)
+	}
+	if len(s.obs) > 0 {
+		smp.Observations = slices.Clone(s.obs)
 	}
 	if n := q.pol.sp.TopLogProbs; n > 0 {
 		flat := slices.Clone(s.top)
