@@ -5,12 +5,14 @@
 package evaluate
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"sort"
 	"text/tabwriter"
 
 	"github.com/keel-rl/keel/data"
+	"github.com/keel-rl/keel/env"
 	"github.com/keel-rl/keel/rollout"
 	"github.com/keel-rl/keel/tasks"
 	"github.com/keel-rl/keel/tokenizer"
@@ -94,6 +96,63 @@ func Run(e *rollout.Engine, tok *tokenizer.Tokenizer, ex []data.Example, k int, 
 		pr.Responses = append(pr.Responses, responseText(tok, end, s.Tokens))
 		pr.Lengths = append(pr.Lengths, len(s.Tokens))
 		pr.Rewards = append(pr.Rewards, scoreSample(tok, end, pr.Example, s.Tokens))
+	}
+	rep.summarise()
+	return rep, nil
+}
+
+// Episodes makes an evaluation multi-turn (RunEpisodes): each problem is
+// an episode of Env within Budgets, its prompt the row's chat with System
+// in front (env.Chat).
+type Episodes struct {
+	Env     env.Environment
+	Budgets env.Budgets
+	System  string
+}
+
+// RunEpisodes is Run over episodes: k episodes per example, sp's
+// MaxNewTokens bounding each turn; a sample's reward is its episode's
+// correctness, its response the whole trajectory (observations
+// included) and its length the model's tokens.
+func RunEpisodes(e *rollout.Engine, tok *tokenizer.Tokenizer, ex []data.Example, k int, sp rollout.Sampling, ep Episodes) (*Report, error) {
+	if k < 1 {
+		return nil, fmt.Errorf("evaluate: k = %d, want >= 1", k)
+	}
+	end, ok := tok.ID(tokenizer.ImEnd)
+	if !ok {
+		return nil, fmt.Errorf("evaluate: the tokenizer has no %s token", tokenizer.ImEnd)
+	}
+	sp.Stop = append(append([]int32(nil), sp.Stop...), end)
+	prompts := make([][]int32, len(ex))
+	rows := make([]*data.Example, len(ex))
+	for i := range ex {
+		rows[i] = &ex[i]
+		prompts[i] = tok.Encode(tokenizer.ChatML(env.Chat(ep.System, rows[i]), true))
+	}
+	sess, err := env.NewSession(context.Background(), ep.Env, tok, rows, k, ep.Budgets)
+	if err != nil {
+		return nil, err
+	}
+	samples, err := e.GenerateTurns(prompts, k, sp, sess)
+	if cerr := sess.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{K: k, Samples: make([]ProblemResult, len(ex))}
+	for i := range rep.Samples {
+		rep.Samples[i].Example = ex[i]
+	}
+	for _, s := range samples {
+		pr := &rep.Samples[s.Prompt]
+		model := len(s.Tokens)
+		for _, o := range s.Observations {
+			model -= o.End - o.Start
+		}
+		pr.Responses = append(pr.Responses, responseText(tok, end, s.Tokens))
+		pr.Lengths = append(pr.Lengths, model)
+		pr.Rewards = append(pr.Rewards, sess.Outcome(s.Prompt, s.Index).Correct)
 	}
 	rep.summarise()
 	return rep, nil

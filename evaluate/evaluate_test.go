@@ -85,7 +85,7 @@ func TestUnknownTask(t *testing.T) {
 	}
 	bad := append(ok, data.Example{Task: "chess"})
 	err := CheckTasks(bad)
-	if err == nil || !strings.HasPrefix(err.Error(), `row 9: no verifier for task "chess" (known: arithmetic, countdown, linear, gsm8k, math;`) {
+	if err == nil || !strings.HasPrefix(err.Error(), `row 9: no verifier for task "chess" (known: arithmetic, countdown, linear, gsm8k, guess, math;`) {
 		t.Fatalf("err = %v", err)
 	}
 	if _, err := Run(nil, nil, bad, 1, rollout.Sampling{}); err == nil || !strings.Contains(err.Error(), "row 9") {

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/keel-rl/keel/env"
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rollout"
 )
@@ -249,10 +250,25 @@ type switchingSampler interface {
 	GenerateSwitching(prompts [][]int32, n int, sp rollout.Sampling, next func() *rollout.Switch) ([]rollout.Sample, error)
 }
 
-// generate samples a round: with rollout.partial: switch, sequences in
-// progress take the newest published weights between decoding steps.
-func (l *Loop) generate(ids [][]int32, n int, sp rollout.Sampling) ([]rollout.Sample, error) {
-	if ss, ok := l.Sampler.(switchingSampler); ok && l.pipe != nil && l.R.Rollout.Partial == PartialSwitch {
+// turnSampler is a sampler that runs multi-turn episodes (the in-process
+// engine).
+type turnSampler interface {
+	GenerateTurnsSwitching(prompts [][]int32, n int, sp rollout.Sampling, turns rollout.Turns, next func() *rollout.Switch) ([]rollout.Sample, error)
+}
+
+// generate samples a round, as episodes of sess's environment when sess
+// is not nil: with rollout.partial: switch, sequences in progress take the
+// newest published weights between decoding steps.
+func (l *Loop) generate(ids [][]int32, n int, sp rollout.Sampling, sess *env.Session) ([]rollout.Sample, error) {
+	switching := l.pipe != nil && l.R.Rollout.Partial == PartialSwitch
+	if sess != nil {
+		var next func() *rollout.Switch
+		if switching {
+			next = l.nextSwitch
+		}
+		return l.Sampler.(turnSampler).GenerateTurnsSwitching(ids, n, sp, sess, next)
+	}
+	if ss, ok := l.Sampler.(switchingSampler); ok && switching {
 		return ss.GenerateSwitching(ids, n, sp, l.nextSwitch)
 	}
 	return l.Sampler.Generate(ids, n, sp)
@@ -389,16 +405,18 @@ type SavedBatch struct {
 // SavedSample is one sample of a SavedBatch: what the rollout and the
 // scorer made of it (the training engine's values are recomputed).
 type SavedSample struct {
-	Row       int           `json:"row"`
-	Response  []int32       `json:"response"`
-	LogMu     []uint32      `json:"log_mu_bits"` // math.Float32bits of log mu per token
-	Routes    *model.Routes `json:"routes,omitempty"`
-	Version   int64         `json:"version"`
-	Versions  []int64       `json:"versions,omitempty"`
-	Finish    string        `json:"finish"`
-	Reward    exactFloat    `json:"reward"`
-	Correct   exactFloat    `json:"correct"`
-	Advantage exactFloat    `json:"advantage"`
+	Row       int            `json:"row"`
+	Response  []int32        `json:"response"`
+	Obs       []rollout.Span `json:"obs,omitempty"`     // observation spans (multi-turn)
+	Episode   *env.Outcome   `json:"episode,omitempty"` // how its episode ended (multi-turn)
+	LogMu     []uint32       `json:"log_mu_bits"`       // math.Float32bits of log mu per model token
+	Routes    *model.Routes  `json:"routes,omitempty"`
+	Version   int64          `json:"version"`
+	Versions  []int64        `json:"versions,omitempty"`
+	Finish    string         `json:"finish"`
+	Reward    exactFloat     `json:"reward"`
+	Correct   exactFloat     `json:"correct"`
+	Advantage exactFloat     `json:"advantage"`
 }
 
 // exactFloat is a float64 written as a JSON string that parses back to
@@ -437,7 +455,7 @@ func saveBatch(b *batch) SavedBatch {
 			for j, v := range s.LogMu {
 				bits[j] = math.Float32bits(v)
 			}
-			sg[i] = SavedSample{Row: s.Prompt.Row, Response: s.Response, LogMu: bits, Routes: s.Routes, Version: s.Version,
+			sg[i] = SavedSample{Row: s.Prompt.Row, Response: s.Response, Obs: s.Obs, Episode: s.Episode, LogMu: bits, Routes: s.Routes, Version: s.Version,
 				Versions: s.Versions, Finish: s.Finish, Reward: exactFloat(s.Reward), Correct: exactFloat(s.Correct),
 				Advantage: exactFloat(s.Advantage)}
 		}
@@ -486,10 +504,14 @@ func (l *Loop) restoreBatch(sb SavedBatch) (*batch, error) {
 			if !ok {
 				return nil, fmt.Errorf("no prompt of row %d in the data", ss.Row)
 			}
-			if len(ss.Response) == 0 || len(ss.LogMu) != len(ss.Response) {
-				return nil, fmt.Errorf("a sample of row %d has %d tokens and %d log-probs", ss.Row, len(ss.Response), len(ss.LogMu))
+			if err := checkSpans(ss.Obs, len(ss.Response)); err != nil {
+				return nil, fmt.Errorf("a sample of row %d: %w", ss.Row, err)
 			}
-			if err := checkVersions(ss.Version, ss.Versions, len(ss.Response)); err != nil {
+			n := (&Sample{Response: ss.Response, Obs: ss.Obs}).tokens()
+			if n == 0 || len(ss.LogMu) != n {
+				return nil, fmt.Errorf("a sample of row %d has %d tokens of the model and %d log-probs", ss.Row, n, len(ss.LogMu))
+			}
+			if err := checkVersions(ss.Version, ss.Versions, n); err != nil {
 				return nil, fmt.Errorf("a sample of row %d: %w", ss.Row, err)
 			}
 			if ss.Routes != nil {
@@ -501,13 +523,26 @@ func (l *Loop) restoreBatch(sb SavedBatch) (*batch, error) {
 			for j, bits := range ss.LogMu {
 				logMu[j] = math.Float32frombits(bits)
 			}
-			g[i] = &Sample{Group: gi, Prompt: p, Response: ss.Response, LogMu: logMu, Routes: ss.Routes, Version: ss.Version,
+			g[i] = &Sample{Group: gi, Prompt: p, Response: ss.Response, Obs: ss.Obs, Episode: ss.Episode, LogMu: logMu, Routes: ss.Routes, Version: ss.Version,
 				Versions: ss.Versions, Finish: ss.Finish, Reward: float64(ss.Reward), Correct: float64(ss.Correct),
 				Advantage: float64(ss.Advantage)}
 		}
 		b.groups = append(b.groups, g)
 	}
 	return b, nil
+}
+
+// checkSpans checks a sample's observation spans: in order, apart, non-empty
+// and within its n response tokens.
+func checkSpans(obs []rollout.Span, n int) error {
+	at := 0
+	for k, o := range obs {
+		if o.Start < at || o.End <= o.Start || o.End > n {
+			return fmt.Errorf("observation %d spans tokens [%d, %d) of %d, after token %d", k, o.Start, o.End, n, at)
+		}
+		at = o.End
+	}
+	return nil
 }
 
 // checkVersions checks a sample's per-token versions: none (every token

@@ -9,8 +9,11 @@ import (
 	"sort"
 	"time"
 
+	"github.com/keel-rl/keel/data"
+	"github.com/keel-rl/keel/env"
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rollout"
+	"github.com/keel-rl/keel/tokenizer"
 	"github.com/keel-rl/keel/train"
 )
 
@@ -35,27 +38,92 @@ type SamplerMetrics interface {
 // response, log mu_old, routes, weight version), its reward and advantage,
 // and what the training engine computed for it (log pi_old, its routes,
 // entropies). It is the one batch type between the two engines.
+//
+// A multi-turn trajectory's Response holds the model's tokens and the
+// environment's observation tokens (Obs) in order. Only the model's
+// tokens are sampled: every per-token array (LogMu, Versions, LogPiOld,
+// Entropy, LogRef, and the objective's) runs over them alone, in order,
+// so the objective, the corrections, the sequence-level quantities and
+// the metrics see the model's tokens only and the observations get no
+// gradient. Routes cover every position.
 type Sample struct {
 	Group    int // the prompt's index within the step
 	Prompt   *Prompt
 	Response []int32
-	// LogMu[j] is log mu_old(Response[j]) under the distribution the token
-	// was drawn from: the tempered softmax, renormalised over the top-k /
-	// top-p set when truncation is on.
+	// Obs are the observation spans of Response (nil for one turn).
+	Obs []rollout.Span
+	// LogMu[j] is log mu_old of model token j under the distribution the
+	// token was drawn from: the tempered softmax, renormalised over the
+	// top-k / top-p set when truncation is on.
 	LogMu   []float32
 	Routes  *model.Routes // the rollout's, prompt and response positions (MoE)
 	Version int64         // the weights that sampled it (its first token's)
-	// Versions[j] is the version that sampled Response[j], set only when
-	// weights changed during the sample (rollout.partial: switch).
+	// Versions[j] is the version that sampled model token j, set only
+	// when weights changed during the sample (rollout.partial: switch).
 	Versions []int64
 	Finish   string
+	// Episode is how the environment's episode ended (multi-turn only).
+	Episode *env.Outcome
 
 	Reward, Correct, Advantage float64
 
-	LogPiOld  []float32     // pi_old per response token
-	Entropy   []float32     // pi_old's entropy per response token
+	LogPiOld  []float32     // pi_old per model token
+	Entropy   []float32     // pi_old's entropy per model token
 	OldRoutes *model.Routes // the routes pi_old used
 	LogRef    []float32     // the reference model's (KL penalty only)
+}
+
+// tokens returns the number of the model's tokens in the response.
+func (s *Sample) tokens() int {
+	n := len(s.Response)
+	for _, o := range s.Obs {
+		n -= o.End - o.Start
+	}
+	return n
+}
+
+// modelSpans calls f with each run [a, b) of the model's tokens in
+// Response, in order.
+func (s *Sample) modelSpans(f func(a, b int)) {
+	at := 0
+	for _, o := range s.Obs {
+		if o.Start > at {
+			f(at, o.Start)
+		}
+		at = o.End
+	}
+	if at < len(s.Response) {
+		f(at, len(s.Response))
+	}
+}
+
+// gather returns the model tokens' entries of a per-response-token array
+// (v[j] belongs to Response[j]); v itself for one turn.
+func (s *Sample) gather(v []float32) []float32 {
+	if s.Obs == nil {
+		return v
+	}
+	out := make([]float32, 0, s.tokens())
+	s.modelSpans(func(a, b int) { out = append(out, v[a:b]...) })
+	return out
+}
+
+// fromSeq returns the model tokens' entries of a training engine's
+// per-sequence array (row[p-1+j] predicts Response[j], p the prompt's
+// length), as a new slice.
+func (s *Sample) fromSeq(row []float32) []float32 {
+	a, b := s.span()
+	return slices.Clone(s.gather(row[a:b]))
+}
+
+// toSeq writes per-model-token values v into a per-sequence array dst at
+// the positions that predict those tokens.
+func (s *Sample) toSeq(dst, v []float32) {
+	a, _ := s.span()
+	k := 0
+	s.modelSpans(func(lo, hi int) {
+		k += copy(dst[a+lo:a+hi], v[k:k+hi-lo])
+	})
 }
 
 // seq returns prompt and response as one sequence.
@@ -109,6 +177,14 @@ type Loop struct {
 	// Reference scores the frozen starting model for the KL penalty (nil
 	// without one); the loop only runs its Forward.
 	Reference train.Trainer
+	// Env, when set, makes every rollout multi-turn episodes of an
+	// environment, which gives their rewards (Score and Batch are not
+	// used); Budgets bound them and Tok decodes turns and encodes
+	// observations. The Sampler must run episodes (the in-process
+	// engine).
+	Env     env.Environment
+	Budgets env.Budgets
+	Tok     *tokenizer.Tokenizer
 
 	// Step is the number of completed global steps; the policy's weights
 	// are version Step.
@@ -151,10 +227,13 @@ func (l *Loop) Init() error {
 	if !l.moe && l.R.Algorithm.Replay != ReplayNone {
 		return fmt.Errorf("algorithm.replay: %s needs an MoE model; %s is dense", l.R.Algorithm.Replay, c.Architecture)
 	}
+	if _, ok := l.Sampler.(turnSampler); l.Env != nil && (!ok || l.Tok == nil) {
+		return fmt.Errorf("rl: an environment needs a rollout that runs multi-turn episodes (the in-process engine; %T does not) and a tokenizer", l.Sampler)
+	}
 	if _, ok := l.Sampler.(switchingSampler); l.R.Rollout.Partial == PartialSwitch && !ok {
 		return fmt.Errorf("rollout.partial: switch needs a rollout that takes new weights mid-sequence (the in-process engine); %T does not", l.Sampler)
 	}
-	if l.obj = l.R.Algorithm.objective(l.R.Rollout.MaxNewTokens); l.obj == nil {
+	if l.obj = l.R.Algorithm.objective(l.R.responseBudget()); l.obj == nil {
 		return fmt.Errorf("algorithm.objective: %q with no clip range, or unknown (want %s): build recipes with ParseRecipe", l.R.Algorithm.Objective, objectiveNames())
 	}
 	l.corr = l.R.Algorithm.correction()
@@ -315,7 +394,7 @@ func lagMetrics(samples []*Sample, step, k int, m map[string]float64) {
 		if s.Versions != nil {
 			switched++
 		}
-		for j := range s.Response {
+		for j := range s.tokens() {
 			v := s.Version
 			if s.Versions != nil {
 				v = s.Versions[j]
@@ -548,6 +627,9 @@ func (l *Loop) collect(step int, want int64) *batch {
 	}
 	m := b.metrics
 	rewardMetrics(scored, m)
+	if l.Env != nil {
+		episodeMetrics(scored, m)
+	}
 	if l.Batch != nil {
 		m["reward/external_errors"] = float64(b.extFailed)
 		for k, v := range b.extSum {
@@ -577,8 +659,24 @@ func (l *Loop) round(step, round int, want int64, b *batch) ([][]*Sample, error)
 		MaxNewTokens: r.Rollout.MaxNewTokens, Stop: l.Stop,
 		Seed: mix(r.Seed, uint64(step), uint64(round)),
 	}
+	var sess *env.Session
+	if l.Env != nil {
+		rows := make([]*data.Example, len(prompts))
+		for i, p := range prompts {
+			rows[i] = &p.Example
+		}
+		var err error
+		if sess, err = env.NewSession(context.Background(), l.Env, l.Tok, rows, G, l.Budgets); err != nil {
+			return nil, err
+		}
+	}
 	t := time.Now()
-	out, err := l.generate(ids, G, sp)
+	out, err := l.generate(ids, G, sp, sess)
+	if sess != nil {
+		if cerr := sess.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+	}
 	b.rollout += time.Since(t)
 	if err != nil {
 		return nil, fmt.Errorf("rollout: %w", err)
@@ -599,6 +697,11 @@ func (l *Loop) round(step, round int, want int64, b *batch) ([][]*Sample, error)
 		s, err := l.newSample(prompts[o.Prompt], o)
 		if err != nil {
 			return nil, err
+		}
+		if sess != nil {
+			oc := sess.Outcome(o.Prompt, o.Index)
+			s.Episode = &oc
+			s.Reward, s.Correct = oc.Reward, oc.Correct
 		}
 		b.genTokens += len(o.Tokens)
 		groups[o.Prompt] = append(groups[o.Prompt], s)
@@ -664,15 +767,29 @@ func mix(seed, step, round uint64) uint64 {
 // newSample turns a rollout sample into a Sample, checked; score gives it
 // its reward.
 func (l *Loop) newSample(p *Prompt, o rollout.Sample) (*Sample, error) {
-	s := &Sample{Prompt: p, Response: o.Tokens, LogMu: o.LogProbs, Version: o.Version, Versions: o.TokenVersions, Finish: o.Finish}
-	if err := checkVersions(s.Version, s.Versions, len(s.Response)); err != nil {
-		return nil, fmt.Errorf("rollout: a sample of prompt row %d: %w", p.Row, err)
-	}
+	s := &Sample{Prompt: p, Response: o.Tokens, Obs: o.Observations, LogMu: o.LogProbs, Version: o.Version, Finish: o.Finish}
 	if o.TruncLogProbs != nil {
 		s.LogMu = o.TruncLogProbs
 	}
-	if len(s.Response) == 0 || len(s.LogMu) != len(s.Response) {
-		return nil, fmt.Errorf("rollout: a sample of prompt row %d has %d tokens and %d log-probs", p.Row, len(s.Response), len(s.LogMu))
+	if err := checkSpans(s.Obs, len(s.Response)); err != nil {
+		return nil, fmt.Errorf("rollout: a sample of prompt row %d: %w", p.Row, err)
+	}
+	if len(s.Response) == 0 || len(s.LogMu) != len(s.Response) || s.tokens() == 0 {
+		return nil, fmt.Errorf("rollout: a sample of prompt row %d has %d tokens (%d of the model) and %d log-probs", p.Row, len(s.Response), s.tokens(), len(s.LogMu))
+	}
+	s.LogMu = s.gather(s.LogMu)
+	if o.TokenVersions != nil {
+		if len(o.TokenVersions) != len(s.Response) {
+			return nil, fmt.Errorf("rollout: a sample of prompt row %d has %d tokens and %d token versions", p.Row, len(s.Response), len(o.TokenVersions))
+		}
+		s.Versions = o.TokenVersions
+		if s.Obs != nil {
+			s.Versions = nil
+			s.modelSpans(func(a, b int) { s.Versions = append(s.Versions, o.TokenVersions[a:b]...) })
+		}
+	}
+	if err := checkVersions(s.Version, s.Versions, s.tokens()); err != nil {
+		return nil, fmt.Errorf("rollout: a sample of prompt row %d: %w", p.Row, err)
 	}
 	if l.moe {
 		if o.Routes == nil {
@@ -698,7 +815,9 @@ func (l *Loop) newSample(p *Prompt, o rollout.Sample) (*Sample, error) {
 // BatchScorer's, in one call, or Score's per sample; then DAPO's overlong
 // penalty. A BatchScorer's metrics and failures go into b.
 func (l *Loop) score(samples []*Sample, b *batch) error {
-	if l.Batch != nil {
+	switch {
+	case l.Env != nil: // the episodes gave the rewards
+	case l.Batch != nil:
 		res, err := l.Batch.ScoreBatch(context.Background(), samples)
 		if err != nil {
 			return err
@@ -720,14 +839,14 @@ func (l *Loop) score(samples []*Sample, b *batch) error {
 				b.extN[k]++
 			}
 		}
-	} else {
+	default:
 		for _, s := range samples {
 			s.Reward, s.Correct = l.Score(s.Prompt, s.Response)
 		}
 	}
 	if buf := l.R.Algorithm.OverlongBuffer; buf > 0 {
 		for _, s := range samples {
-			s.Reward += OverlongPenalty(len(s.Response), l.R.Rollout.MaxNewTokens, buf, l.R.Algorithm.OverlongPenalty)
+			s.Reward += OverlongPenalty(s.tokens(), l.R.responseBudget(), buf, l.R.Algorithm.OverlongPenalty)
 		}
 	}
 	return nil
@@ -795,10 +914,9 @@ func seqs(mb []*Sample) [][]int32 {
 // setPiOld stores a forward's log-probs, entropies and routes as pi_old.
 func setPiOld(mb []*Sample, res *train.Result) {
 	for i, s := range mb {
-		a, b := s.span()
-		s.LogPiOld = slices.Clone(res.LogProbs[i][a:b])
+		s.LogPiOld = s.fromSeq(res.LogProbs[i])
 		if res.Entropy != nil {
-			s.Entropy = slices.Clone(res.Entropy[i][a:b])
+			s.Entropy = s.fromSeq(res.Entropy[i])
 		}
 		if res.Routes != nil {
 			s.OldRoutes = res.Routes[i]
@@ -834,8 +952,7 @@ func (l *Loop) refLogProbs(samples []*Sample) error {
 			return fmt.Errorf("reference: %w", err)
 		}
 		for i, s := range mb {
-			a, b := s.span()
-			s.LogRef = slices.Clone(res.LogProbs[i][a:b])
+			s.LogRef = s.fromSeq(res.LogProbs[i])
 		}
 	}
 	return nil
@@ -862,7 +979,7 @@ func (l *Loop) update(i int, mb []*Sample) (*mbResult, error) {
 	var active []*Sample
 	activeTokens := 0
 	for _, s := range mb {
-		tot.Tokens += len(s.Response)
+		tot.Tokens += s.tokens()
 		if l.trains(s) {
 			active = append(active, s)
 			activeTokens += len(s.Prompt.IDs) + len(s.Response)
@@ -945,7 +1062,7 @@ func (l *Loop) microStep(i int, micro []*Sample, tot Totals, activeTokens int, a
 	batch := make([]Response, len(micro))
 	for k, s := range micro {
 		a, b := s.span()
-		batch[k] = Response{Advantage: s.Advantage, LogMu: s.LogMu, LogPiOld: s.LogPiOld, LogPi: res.LogProbs[k][a:b]}
+		batch[k] = Response{Advantage: s.Advantage, LogMu: s.LogMu, LogPiOld: s.LogPiOld, LogPi: s.gather(res.LogProbs[k][a:b])}
 		acc.tokens += len(s.Prompt.IDs) + len(s.Response)
 		acc.logMu = append(acc.logMu, s.LogMu)
 		acc.logPi = append(acc.logPi, batch[k].LogPi)
@@ -986,7 +1103,7 @@ func (l *Loop) coefficients(micro []*Sample, batch []Response, tot Totals, acc *
 	if err := l.corr.Apply(batch, coef, &mst); err != nil {
 		return nil, nil, err
 	}
-	norm, err := Norms(batch, a.aggregation(), l.R.Rollout.MaxNewTokens, tot)
+	norm, err := Norms(batch, a.aggregation(), l.R.responseBudget(), tot)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -1022,20 +1139,21 @@ func (l *Loop) loss(micro []*Sample, coef [][]float32, norm []float64, activeTok
 		loss.Entropy = make([][]float32, len(micro))
 	}
 	for k, s := range micro {
-		a, _ := s.span()
 		n := len(s.Prompt.IDs) + len(s.Response) - 1
-		loss.LogProb[k] = make([]float32, n)
-		for j, c := range coef[k] {
+		for _, c := range coef[k] {
 			if math.IsNaN(float64(c)) || math.IsInf(float64(c), 0) {
 				return train.Loss{}, errNonFinite
 			}
-			loss.LogProb[k][a+j] = c
 		}
+		loss.LogProb[k] = make([]float32, n)
+		s.toSeq(loss.LogProb[k], coef[k])
 		if loss.Entropy != nil {
-			loss.Entropy[k] = make([]float32, n)
-			for j := range s.Response {
-				loss.Entropy[k][a+j] = float32(-r.Algorithm.EntropyCoef * norm[k])
+			ent := make([]float32, s.tokens())
+			for j := range ent {
+				ent[j] = float32(-r.Algorithm.EntropyCoef * norm[k])
 			}
+			loss.Entropy[k] = make([]float32, n)
+			s.toSeq(loss.Entropy[k], ent)
 		}
 	}
 	return loss, nil
@@ -1064,7 +1182,7 @@ func rewardMetrics(samples []*Sample, m map[string]float64) {
 		sum += s.Reward
 		sq += s.Reward * s.Reward
 		acc += s.Correct
-		n := float64(len(s.Response))
+		n := float64(s.tokens())
 		lenSum += n
 		lenMax = max(lenMax, n)
 		if s.Finish == "length" {
@@ -1090,6 +1208,45 @@ func rewardMetrics(samples []*Sample, m map[string]float64) {
 	m["response_length/mean"] = lenSum / n
 	m["response_length/max"] = lenMax
 	m["response/truncated_frac"] = truncated / n
+}
+
+// episodeMetrics records how a step's episodes went, averaged over them:
+// model turns, observation tokens, the share that the environment ended
+// (done) and that a budget cut (each budget's share), the environment's
+// own metrics (env/NAME: tool calls, tool errors, ...), and the seconds
+// spent in the environment per episode (time/env_episode; episodes run
+// concurrently with decoding).
+func episodeMetrics(samples []*Sample, m map[string]float64) {
+	sums := map[string]float64{}
+	n := 0
+	for _, s := range samples {
+		oc := s.Episode
+		if oc == nil {
+			continue
+		}
+		n++
+		sums["env/turns"] += float64(oc.Turns)
+		sums["env/obs_tokens"] += float64(oc.ObsTokens)
+		sums["time/env_episode"] += oc.Time.Seconds()
+		sums["env/done_frac"] += indicator(oc.Done)
+		for _, cut := range []string{env.CutTurns, env.CutTokens, env.CutContext} {
+			sums["env/cut_"+cut+"_frac"] += indicator(oc.Cut == cut)
+		}
+		for k, v := range oc.Metrics {
+			sums["env/"+k] += v
+		}
+	}
+	for k, v := range sums {
+		m[k] = v / float64(max(n, 1))
+	}
+}
+
+// indicator is 1 for true, 0 for false.
+func indicator(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // discrepancyMetrics records pi_old against mu_old (train-infer KL, |Δ log

@@ -11,11 +11,14 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/keel-rl/keel/env"
 	"github.com/keel-rl/keel/rollout"
 	"github.com/keel-rl/keel/rollout/remote"
 	"github.com/keel-rl/keel/train"
@@ -41,6 +44,50 @@ type Recipe struct {
 	// Reward is where rewards come from: the task's verifier (unset) or
 	// the user's own program.
 	Reward RewardSettings `yaml:"reward,omitempty"`
+	// Env makes rollouts multi-turn episodes of an environment (tools,
+	// games); unset, each response is one turn scored by the reward.
+	Env EnvSettings `yaml:"env,omitempty"`
+}
+
+// EnvSettings choose a multi-turn environment (package env): a built-in
+// one by name, or one served over HTTP (name http, url). Its episodes'
+// rewards replace the verifier's. Left unset, nothing of it is written to
+// the resolved recipe.
+type EnvSettings struct {
+	Name string `yaml:"name,omitempty"`
+	// URL is the environment server's base URL (name http).
+	URL string `yaml:"url,omitempty"`
+	// MaxTurns bounds the model's turns per episode (default 4);
+	// rollout.max_new_tokens bounds each turn.
+	MaxTurns int `yaml:"max_turns,omitempty"`
+	// MaxTokens bounds an episode's tokens after the prompt, the model's
+	// and the observations' (default max_turns x max_new_tokens); it is
+	// also the length budget of the objectives that have one.
+	MaxTokens int `yaml:"max_tokens,omitempty"`
+	// SystemPrompt is the system message put before every prompt: full
+	// (the default: the environment's own, for tools their schemas as
+	// Qwen3's chat template renders them), compact (one line naming the
+	// tools, for tiny models with a character tokenizer, which cannot
+	// afford the schemas) or none.
+	SystemPrompt string `yaml:"system_prompt,omitempty"`
+	// Timeout bounds one request to an HTTP environment, seconds
+	// (default 60); Retries is how often a failed one is tried again
+	// (default 2).
+	Timeout float64 `yaml:"timeout,omitempty"`
+	Retries *int    `yaml:"retries,omitempty"`
+}
+
+// On reports whether rollouts are episodes of an environment.
+func (e *EnvSettings) On() bool { return e.Name != "" }
+
+// responseBudget is the most tokens a response holds: an episode's token
+// budget with an environment, else rollout.max_new_tokens. It is the
+// constant of the objectives and penalties that normalise by a budget.
+func (r *Recipe) responseBudget() int {
+	if r.Env.On() {
+		return r.Env.MaxTokens
+	}
+	return r.Rollout.MaxNewTokens
 }
 
 // Reward kinds (reward.kind).
@@ -390,12 +437,14 @@ func (r *Recipe) fill() error {
 	for _, f := range []func() error{
 		r.Data.fill,
 		func() error { return r.Rollout.fill(r.Out) },
-		func() error { return r.Algorithm.fill(r.Rollout.MaxNewTokens) },
+		func() error { return r.Env.fill(r.Rollout.MaxNewTokens) },
+		func() error { return r.Algorithm.fill(r.responseBudget()) },
 		r.fillTrain,
 		func() error { return r.Eval.fill(r.Rollout.MaxNewTokens) },
 		r.Log.fill,
 		r.Guards.fill,
 		r.Reward.fill,
+		r.fillEnvCombinations,
 	} {
 		if err := f(); err != nil {
 			return err
@@ -660,6 +709,115 @@ func (g *Guards) fill() error {
 
 // envName is an environment variable's name.
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// fill checks the env section; budget is rollout.max_new_tokens (one
+// turn's).
+func (e *EnvSettings) fill(budget int) error {
+	if !e.On() {
+		if e.URL != "" || e.MaxTurns != 0 || e.MaxTokens != 0 || e.SystemPrompt != "" || e.Timeout != 0 || e.Retries != nil {
+			return bad("env", "url, max_turns, max_tokens, system_prompt, timeout and retries configure an environment: set env.name (%s, or http with env.url), or leave them unset", strings.Join(env.Names(), ", "))
+		}
+		return nil
+	}
+	switch {
+	case e.Name == EnvHTTP:
+		if u, err := url.Parse(e.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+			return bad("env.url", "%q: want an http or https URL without credentials (the environment server's base URL)", e.URL)
+		}
+	case slices.Contains(env.Names(), e.Name):
+		if e.URL != "" || e.Timeout != 0 || e.Retries != nil {
+			return bad("env.url", "url, timeout and retries are for env.name http, not the built-in %s", e.Name)
+		}
+	default:
+		return bad("env.name", "unknown %q (want %s, or %s with env.url)", e.Name, strings.Join(env.Names(), ", "), EnvHTTP)
+	}
+	orDefault(&e.MaxTurns, 4)
+	if e.MaxTurns < 1 || e.MaxTurns > 1000 {
+		return bad("env.max_turns", "%d, want within [1, 1000]", e.MaxTurns)
+	}
+	orDefault(&e.MaxTokens, e.MaxTurns*budget)
+	if e.MaxTokens < 1 {
+		return bad("env.max_tokens", "%d, want >= 1", e.MaxTokens)
+	}
+	orDefault(&e.SystemPrompt, SystemPromptFull)
+	if e.SystemPrompt != SystemPromptFull && e.SystemPrompt != SystemPromptCompact && e.SystemPrompt != SystemPromptNone {
+		return bad("env.system_prompt", "unknown %q (want %s, %s or %s)", e.SystemPrompt, SystemPromptFull, SystemPromptCompact, SystemPromptNone)
+	}
+	if e.Name == EnvHTTP {
+		orDefault(&e.Timeout, 60)
+		if !(e.Timeout > 0) || math.IsInf(e.Timeout, 0) {
+			return bad("env.timeout", "%g, want a finite number of seconds > 0", e.Timeout)
+		}
+		if e.Retries == nil {
+			two := 2
+			e.Retries = &two
+		}
+		if *e.Retries < 0 || *e.Retries > 100 {
+			return bad("env.retries", "%d, want within [0, 100]", *e.Retries)
+		}
+	}
+	return nil
+}
+
+// budgets are the episodes' budgets.
+func (e *EnvSettings) budgets() env.Budgets {
+	return env.Budgets{MaxTurns: e.MaxTurns, MaxTokens: e.MaxTokens}
+}
+
+// scoresAnyTask reports whether the environment scores rows whatever their
+// task (one served over HTTP): the rows need no built-in verifier.
+func (e *EnvSettings) scoresAnyTask() bool { return e.Name == EnvHTTP }
+
+// newEnvironment builds the recipe's environment (nil without one) and
+// the system prompt it puts before every prompt ("" for none).
+func newEnvironment(e *EnvSettings) (env.Environment, string, error) {
+	if !e.On() {
+		return nil, "", nil
+	}
+	var en env.Environment
+	var err error
+	if e.Name == EnvHTTP {
+		en, err = env.NewHTTP(e.URL, env.HTTPOptions{Timeout: time.Duration(e.Timeout * float64(time.Second)), Retries: *e.Retries})
+	} else {
+		en, err = env.Lookup(e.Name)
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("env: %w", err)
+	}
+	system := ""
+	switch p, ok := en.(env.Prompter); {
+	case e.SystemPrompt == SystemPromptCompact:
+		system = env.CompactSystemPrompt(en)
+	case e.SystemPrompt == SystemPromptFull && ok:
+		system = p.SystemPrompt()
+	}
+	return en, system, nil
+}
+
+// Values of env.system_prompt.
+const (
+	SystemPromptFull    = "full"
+	SystemPromptCompact = "compact"
+	SystemPromptNone    = "none"
+)
+
+// EnvHTTP is env.name for an environment served over HTTP.
+const EnvHTTP = "http"
+
+// fillEnvCombinations refuses what an environment cannot be combined with
+// (yet).
+func (r *Recipe) fillEnvCombinations() error {
+	if !r.Env.On() {
+		return nil
+	}
+	if r.Reward.External() {
+		return bad("reward", "an environment gives the episodes' rewards: leave reward unset with env.name set")
+	}
+	if len(r.Rollout.Servers) > 0 {
+		return bad("env", "multi-turn episodes run on the in-process rollout engine; rollout.servers is not supported with an environment yet")
+	}
+	return nil
+}
 
 // External reports whether the reward comes from an external program.
 func (w *RewardSettings) External() bool {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/keel-rl/keel/data"
+	"github.com/keel-rl/keel/env"
 	"github.com/keel-rl/keel/evaluate"
 	"github.com/keel-rl/keel/internal/atomicfile"
 	"github.com/keel-rl/keel/run"
@@ -110,10 +111,11 @@ func VerifierScorer(tok *tokenizer.Tokenizer, end int32) Scorer {
 	}
 }
 
-// loadPrompts reads or generates the prompt set and tokenizes it, checking
-// every row fits the context and, unless the reward is external, has a
-// verifier.
-func loadPrompts(r *Recipe, tok *tokenizer.Tokenizer, maxPos int) ([]Prompt, error) {
+// loadPrompts reads or generates the prompt set and tokenizes it (each
+// row's chat with system in front, env.Chat), checking every row fits the
+// context and, unless the reward is external or an environment scores any
+// task, has a verifier.
+func loadPrompts(r *Recipe, tok *tokenizer.Tokenizer, maxPos int, system string) ([]Prompt, error) {
 	var ex []data.Example
 	var err error
 	where := "data.file"
@@ -135,12 +137,12 @@ func loadPrompts(r *Recipe, tok *tokenizer.Tokenizer, maxPos int) ([]Prompt, err
 		return nil, fmt.Errorf("%s: no prompts", where)
 	}
 	// An external reward program scores tasks keel has no verifier for.
-	if err := evaluate.CheckTasks(ex); err != nil && !r.Reward.External() {
+	if err := evaluate.CheckTasks(ex); err != nil && !r.Reward.External() && !r.Env.scoresAnyTask() {
 		return nil, fmt.Errorf("%s: %s: %w", where, r.Data.File, err)
 	}
 	out := make([]Prompt, len(ex))
 	for i := range ex {
-		ids := tok.Encode(tokenizer.ChatML(ex[i].Chat(), true))
+		ids := tok.Encode(tokenizer.ChatML(env.Chat(system, &ex[i]), true))
 		if maxPos > 0 && len(ids) >= maxPos {
 			return nil, fmt.Errorf("%s: row %d: the prompt has %d tokens, the model's context (max_position_embeddings) is %d: no room for a response", where, i, len(ids), maxPos)
 		}
@@ -159,14 +161,37 @@ func writeSamples(dir string, step int, tok *tokenizer.Tokenizer, samples []*Sam
 	return atomicfile.Write(path, func(w io.Writer) error {
 		enc := json.NewEncoder(w)
 		for _, s := range samples {
-			if err := enc.Encode(map[string]any{
+			row := map[string]any{
 				"group": s.Group, "task": s.Prompt.Example.Task, "prompt": s.Prompt.Example.Chat()[len(s.Prompt.Example.Chat())-1].Content,
 				"answer": s.Prompt.Example.Answer, "response": tok.DecodeLenient(s.Response), "reward": s.Reward,
-				"advantage": s.Advantage, "tokens": len(s.Response), "finish": s.Finish, "version": s.Version,
-			}); err != nil {
+				"advantage": s.Advantage, "tokens": s.tokens(), "finish": s.Finish, "version": s.Version,
+			}
+			if oc := s.Episode; oc != nil {
+				row["turns"] = trajectoryTurns(tok, s)
+				row["episode"] = map[string]any{"turns": oc.Turns, "done": oc.Done, "cut": oc.Cut, "obs_tokens": oc.ObsTokens, "metrics": oc.Metrics}
+			}
+			if err := enc.Encode(row); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
+}
+
+// trajectoryTurns cuts a multi-turn response into its turns, decoded:
+// {"model": text} for the model's, {"env": text} for the observations.
+func trajectoryTurns(tok *tokenizer.Tokenizer, s *Sample) []map[string]string {
+	var out []map[string]string
+	at := 0
+	for _, o := range s.Obs {
+		if o.Start > at {
+			out = append(out, map[string]string{"model": tok.DecodeLenient(s.Response[at:o.Start])})
+		}
+		out = append(out, map[string]string{"env": tok.DecodeLenient(s.Response[o.Start:o.End])})
+		at = o.End
+	}
+	if at < len(s.Response) {
+		out = append(out, map[string]string{"model": tok.DecodeLenient(s.Response[at:])})
+	}
+	return out
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/keel-rl/keel/data"
+	"github.com/keel-rl/keel/env"
 	"github.com/keel-rl/keel/evaluate"
 	"github.com/keel-rl/keel/internal/atomicfile"
 	"github.com/keel-rl/keel/internal/builtin"
@@ -60,6 +61,10 @@ type runner struct {
 	policy    *model.Model
 	prompts   []Prompt
 	evalSet   []data.Example
+	// env is the recipe's environment (nil: one-turn rollouts), system
+	// the system prompt it puts before every prompt.
+	env    env.Environment
+	system string
 
 	trainer train.Trainer
 	loop    *Loop
@@ -139,7 +144,10 @@ func (u *runner) loadData() error {
 		return fmt.Errorf("model.path: the tokenizer has no %s token to end responses", tokenizer.ImEnd)
 	}
 	u.end = end
-	if u.prompts, err = loadPrompts(r, u.tok, u.policy.Config.MaxPositionEmbeddings); err != nil {
+	if u.env, u.system, err = newEnvironment(&r.Env); err != nil {
+		return err
+	}
+	if u.prompts, err = loadPrompts(r, u.tok, u.policy.Config.MaxPositionEmbeddings, u.system); err != nil {
 		return err
 	}
 	if r.Eval.Skip {
@@ -159,7 +167,7 @@ func (u *runner) loadEvalSet() error {
 	if u.evalSet, err = data.Read(evalFile); err != nil {
 		return fmt.Errorf("eval.file: %w", err)
 	}
-	if err := evaluate.CheckTasks(u.evalSet); err != nil {
+	if err := evaluate.CheckTasks(u.evalSet); err != nil && !r.Env.scoresAnyTask() {
 		return fmt.Errorf("eval.file: %s: %w", r.Eval.File, err)
 	}
 	if r.Eval.N > 0 && r.Eval.N < len(u.evalSet) {
@@ -197,7 +205,8 @@ func (u *runner) buildEngines() error {
 		return err
 	}
 	u.loop = &Loop{R: r, Trainer: u.trainer, Sampler: sampler, Loader: NewLoader(u.prompts, r.Seed), Stop: []int32{u.end},
-		Score: VerifierScorer(u.tok, u.end), Step: u.res.Resumed, NonFinite: u.st.NonFinite}
+		Score: VerifierScorer(u.tok, u.end), Step: u.res.Resumed, NonFinite: u.st.NonFinite,
+		Env: u.env, Budgets: r.Env.budgets(), Tok: u.tok}
 	if r.Reward.External() {
 		ext, err := NewExternalScorer(&r.Reward, u.tok, u.end)
 		if err != nil {
@@ -252,7 +261,7 @@ func (u *runner) newSampler() (Sampler, error) {
 	for _, p := range u.prompts {
 		longest = max(longest, len(p.IDs))
 	}
-	maxLen := longest + ro.MaxNewTokens
+	maxLen := longest + u.r.responseBudget()
 	if maxPos > 0 {
 		maxLen = min(maxLen, maxPos)
 	}
@@ -287,9 +296,14 @@ func (u *runner) newEvalEngine() error {
 	}
 	maxPos := u.policy.Config.MaxPositionEmbeddings
 	ep, _ := rollout.ParsePrecision(r.Eval.Precision)
-	evLen := r.Eval.MaxNewTokens
-	for _, p := range evaluate.Prompts(u.tok, u.evalSet) {
-		evLen = max(evLen, len(p)+r.Eval.MaxNewTokens)
+	budget := r.Eval.MaxNewTokens
+	if r.Env.On() {
+		budget = r.Env.MaxTokens
+	}
+	evLen := budget
+	for i := range u.evalSet {
+		p := u.tok.Encode(tokenizer.ChatML(env.Chat(u.system, &u.evalSet[i]), true))
+		evLen = max(evLen, len(p)+budget)
 	}
 	if maxPos > 0 {
 		evLen = min(evLen, maxPos)
@@ -313,8 +327,14 @@ func (u *runner) evaluate(step int) (*evaluate.Report, error) {
 	if err := u.evalEng.UpdateWeights(context.Background(), w, int64(step)); err != nil {
 		return nil, err
 	}
-	rep, err := evaluate.Run(u.evalEng, u.tok, u.evalSet, r.Eval.K, rollout.Sampling{Temperature: r.Rollout.Temperature,
-		TopK: r.Rollout.TopK, TopP: r.Rollout.TopP, MaxNewTokens: r.Eval.MaxNewTokens, Seed: r.Seed ^ 0xe7a1})
+	sp := rollout.Sampling{Temperature: r.Rollout.Temperature, TopK: r.Rollout.TopK, TopP: r.Rollout.TopP,
+		MaxNewTokens: r.Eval.MaxNewTokens, Seed: r.Seed ^ 0xe7a1}
+	var rep *evaluate.Report
+	if u.env != nil {
+		rep, err = evaluate.RunEpisodes(u.evalEng, u.tok, u.evalSet, r.Eval.K, sp, evaluate.Episodes{Env: u.env, Budgets: r.Env.budgets(), System: u.system})
+	} else {
+		rep, err = evaluate.Run(u.evalEng, u.tok, u.evalSet, r.Eval.K, sp)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("eval: %w", err)
 	}

@@ -35,7 +35,10 @@ type TurnEnd struct {
 }
 
 // Span is the half-open range [Start, End) of a sample's tokens.
-type Span struct{ Start, End int }
+type Span struct {
+	Start int `json:"start"`
+	End   int `json:"end"`
+}
 
 // TurnSeed returns the seed with which a one-prompt, one-sample Generate
 // call on the sample's whole sequence so far (prompt, earlier turns and

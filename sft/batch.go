@@ -10,9 +10,24 @@ import (
 )
 
 // Example is one supervised pair as token ids. The model sees
-// Prompt+Response and is trained to predict every Response token.
+// Prompt+Response and is trained to predict every Response token outside
+// Masked.
 type Example struct {
 	Prompt, Response []int32
+	// Masked are ranges [a, b) of Response not trained on: the
+	// observations of a multi-turn demonstration, which an environment
+	// writes, not the model.
+	Masked [][2]int
+}
+
+// masked reports whether Response[j] is masked.
+func (e Example) masked(j int) bool {
+	for _, m := range e.Masked {
+		if j >= m[0] && j < m[1] {
+			return true
+		}
+	}
+	return false
 }
 
 // Len is the example's sequence length.

@@ -45,7 +45,7 @@ type GenSpec struct {
 	Tasks      []string `yaml:"tasks"`
 	N          int      `yaml:"n"`
 	Difficulty string   `yaml:"difficulty"` // "1-3", "2", "1,4"
-	Style      string   `yaml:"style"`      // terse, scratch, chain, a comma list, or mixed
+	Style      string   `yaml:"style"`      // terse, scratch, chain, a comma list, mixed, or tool (episodes of the environments)
 	Seed       uint64   `yaml:"seed"`
 }
 

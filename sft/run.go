@@ -13,6 +13,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/keel-rl/keel/data"
+	"github.com/keel-rl/keel/env"
 	"github.com/keel-rl/keel/evaluate"
 	"github.com/keel-rl/keel/internal/atomicfile"
 	"github.com/keel-rl/keel/model"
@@ -342,11 +343,21 @@ func trainingData(r *Recipe, tok *tokenizer.Tokenizer, maxLen int) ([]Example, e
 		if spec.Difficulties, err = data.ParseDifficulties(g.Difficulty); err != nil {
 			return nil, fmt.Errorf("data.generate.difficulty: %w", err)
 		}
-		if spec.Styles, err = data.ParseStyles(g.Style); err != nil {
-			return nil, fmt.Errorf("data.generate.style: %w", err)
-		}
-		if ex, err = data.Generate(spec); err != nil {
-			return nil, fmt.Errorf("data.generate: %w", err)
+		if g.Style == "tool" {
+			// Episodes of the built-in environments, played by keel data
+			// gen --style tool's teachers with its default settings.
+			ex, err = env.GenerateDemos(context.Background(), env.DemoSpec{Tasks: g.Tasks, N: g.N, Difficulties: spec.Difficulties,
+				Seed: g.Seed, Demos: true, UseTool: 0.5, Bisect: 0.5, MaxTurns: 6})
+			if err != nil {
+				return nil, fmt.Errorf("data.generate: %w", err)
+			}
+		} else {
+			if spec.Styles, err = data.ParseStyles(g.Style); err != nil {
+				return nil, fmt.Errorf("data.generate.style: %w", err)
+			}
+			if ex, err = data.Generate(spec); err != nil {
+				return nil, fmt.Errorf("data.generate: %w", err)
+			}
 		}
 	}
 	out := make([]Example, 0, len(ex))
@@ -354,9 +365,16 @@ func trainingData(r *Recipe, tok *tokenizer.Tokenizer, maxLen int) ([]Example, e
 		if ex[i].Response == "" {
 			return nil, fmt.Errorf("data: example %d has no response to train on", i)
 		}
-		e := Example{
-			Prompt:   tok.Encode(tokenizer.ChatML(ex[i].Chat(), true)),
-			Response: tok.Encode(ex[i].Response + tokenizer.ImEnd),
+		e := Example{Prompt: tok.Encode(tokenizer.ChatML(ex[i].Chat(), true))}
+		// A multi-turn demonstration's observations are context, not
+		// targets: each piece is encoded on its own, as the rollout
+		// appends an environment's tokens to the model's.
+		for _, seg := range env.SplitTrajectory(ex[i].Response + tokenizer.ImEnd) {
+			ids := tok.Encode(seg.Text)
+			if seg.Obs {
+				e.Masked = append(e.Masked, [2]int{len(e.Response), len(e.Response) + len(ids)})
+			}
+			e.Response = append(e.Response, ids...)
 		}
 		if maxLen > 0 && e.Len() > maxLen {
 			return nil, fmt.Errorf("data: example %d has %d tokens, more than the model's %d positions", i, e.Len(), maxLen)

@@ -33,6 +33,24 @@ func TestSequencesHand(t *testing.T) {
 	}
 }
 
+// Masked response tokens (a demonstration's observations) are context
+// only: no coefficient and not counted.
+func TestSequencesMasked(t *testing.T) {
+	_, coef, n := Sequences([]Example{
+		{Prompt: []int32{1, 2}, Response: []int32{3, 4, 5, 6, 7, 8}, Masked: [][2]int{{1, 3}, {4, 5}}},
+	})
+	if n != 3 {
+		t.Fatalf("targets = %d, want 3 (tokens 3, 6 and 8)", n)
+	}
+	w := float32(-1.0 / 3)
+	want := []float32{0, w, 0, 0, w, 0, w}
+	for i := range want {
+		if coef[0][i] != want[i] {
+			t.Fatalf("coef = %v, want %v", coef[0], want)
+		}
+	}
+}
+
 func exampleSet(n int) []Example {
 	var d []Example
 	for i := 0; i < n; i++ {

@@ -175,20 +175,27 @@ func (t *Trainer) Step() (Stats, error) {
 
 // Sequences turns a batch into the engine's inputs: the token sequences,
 // the per-token loss coefficients (−1/N on the predictions of the N
-// response tokens, 0 elsewhere; coef[s][i] weighs log p(seq[i+1])) and N.
-// A response token at position 0 (no prompt) has no prediction and is not
-// counted.
+// response tokens not masked, 0 elsewhere; coef[s][i] weighs
+// log p(seq[i+1])) and N. A response token at position 0 (no prompt) has
+// no prediction and is not counted.
 func Sequences(batch []Example) (seqs [][]int32, coef [][]float32, targets int) {
+	trained := func(e Example, j int) bool { return j >= max(len(e.Prompt), 1) && !e.masked(j-len(e.Prompt)) }
 	for _, e := range batch {
-		targets += e.Len() - max(len(e.Prompt), 1)
+		for j := range e.Len() {
+			if trained(e, j) {
+				targets++
+			}
+		}
 	}
 	w := float32(-1 / float64(max(targets, 1)))
 	for _, e := range batch {
 		s := make([]int32, 0, e.Len())
 		s = append(append(s, e.Prompt...), e.Response...)
 		c := make([]float32, len(s)-1)
-		for j := max(len(e.Prompt), 1); j < len(s); j++ {
-			c[j-1] = w
+		for j := 1; j < len(s); j++ {
+			if trained(e, j) {
+				c[j-1] = w
+			}
 		}
 		seqs = append(seqs, s)
 		coef = append(coef, c)

@@ -78,8 +78,8 @@ func LookupVerifier(name string) (Verifier, error) {
 		vs = append(vs, n)
 	}
 	sort.Strings(vs)
-	return nil, fmt.Errorf("no verifier for task %q (known: %s; %s also under verl's data_source names such as openai/gsm8k, lighteval/MATH, math_dapo, aime*, numina_*)",
-		name, strings.Join(append(Names(), vs...), ", "), strings.Join(vs, " and "))
+	return nil, fmt.Errorf("no verifier for task %q (known: %s; gsm8k and math also under verl's data_source names such as openai/gsm8k, lighteval/MATH, math_dapo, aime*, numina_*)",
+		name, strings.Join(append(Names(), vs...), ", "))
 }
 
 // VerifierNames lists every name LookupVerifier accepts: the generated

@@ -3,16 +3,19 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 
 	"github.com/keel-rl/keel/data"
+	"github.com/keel-rl/keel/env"
 	"github.com/keel-rl/keel/evaluate"
 	"github.com/keel-rl/keel/internal/atomicfile"
 	"github.com/keel-rl/keel/tasks"
@@ -119,9 +122,12 @@ func runDataGen(args []string, usage string) error {
 	task := fs.String("task", "", "task families, comma-separated: "+strings.Join(tasks.Names(), ", "))
 	n := fs.Int("n", 1000, "examples")
 	diff := fs.String("difficulty", "1-3", "difficulty: N, N-M or a comma list (1..5)")
-	style := fs.String("style", "mixed", "solution style: terse, scratch, chain, a comma list, mixed, or none")
+	style := fs.String("style", "mixed", "solution style: terse, scratch, chain, a comma list, mixed, tool (episodes of the environments), or none")
 	seed := fs.Uint64("seed", 1, "random seed")
 	out := fs.String("out", "", "output file: .jsonl, or .parquet in verl's layout")
+	useTool := fs.Float64("teacher-tool", 0.5, "--style tool: the probability that a demonstration calls the calculator (else it computes in its head)")
+	bisect := fs.Float64("teacher-bisect", 0.5, "--style tool: the probability that a guessing demonstration bisects at a turn (else it guesses at random within the range left)")
+	maxTurns := fs.Int("max-turns", 6, "--style tool: the most turns of a demonstration")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
@@ -144,6 +150,20 @@ func runDataGen(args []string, usage string) error {
 	var err error
 	if spec.Difficulties, err = data.ParseDifficulties(*diff); err != nil {
 		return fmt.Errorf("--difficulty: %w", err)
+	}
+	if *style == "tool" || slices.Contains(spec.Tasks, "guess") {
+		if *style != "tool" && *style != "none" {
+			return fmt.Errorf("--style %s: guessing games have demonstrations of style tool only (or none)", *style)
+		}
+		if !(*useTool >= 0 && *useTool <= 1) || !(*bisect >= 0 && *bisect <= 1) {
+			return errors.New("--teacher-tool and --teacher-bisect are probabilities in [0, 1]")
+		}
+		ex, err := env.GenerateDemos(context.Background(), env.DemoSpec{Tasks: spec.Tasks, N: *n, Difficulties: spec.Difficulties,
+			Seed: *seed, Demos: *style == "tool", UseTool: *useTool, Bisect: *bisect, MaxTurns: *maxTurns})
+		if err != nil {
+			return err
+		}
+		return data.Write(*out, ex)
 	}
 	if *style != "none" {
 		if spec.Styles, err = data.ParseStyles(*style); err != nil {
