@@ -21,6 +21,8 @@ type GenSpec struct {
 // Generate draws a data set: example i uses task Tasks[i mod len], a
 // random difficulty and style, and its own random stream (seed, i), so the
 // same spec gives the same file and a larger N extends a smaller one.
+// Besides the task families, "guess" draws guessing games
+// (tasks.GenerateGuess), without solutions.
 func Generate(s GenSpec) ([]Example, error) {
 	if s.N < 1 {
 		return nil, fmt.Errorf("n = %d, want >= 1", s.N)
@@ -28,8 +30,14 @@ func Generate(s GenSpec) ([]Example, error) {
 	if len(s.Tasks) == 0 || len(s.Difficulties) == 0 {
 		return nil, fmt.Errorf("no tasks or difficulties")
 	}
-	ts := make([]tasks.Task, len(s.Tasks))
+	ts := make([]tasks.Task, len(s.Tasks)) // nil for the guessing game
 	for i, n := range s.Tasks {
+		if n == "guess" {
+			if len(s.Styles) > 0 {
+				return nil, fmt.Errorf("task guess: a game has no one-turn solutions (its demonstrations are episodes: style tool)")
+			}
+			continue
+		}
 		t, err := tasks.Get(n)
 		if err != nil {
 			return nil, err
@@ -51,7 +59,12 @@ func Generate(s GenSpec) ([]Example, error) {
 		r := rand.New(rand.NewPCG(s.Seed, uint64(i)))
 		t := ts[i%len(ts)]
 		d := s.Difficulties[r.IntN(len(s.Difficulties))]
-		p := t.Generate(r, d)
+		var p tasks.Problem
+		if t == nil {
+			p = tasks.GenerateGuess(r, d)
+		} else {
+			p = t.Generate(r, d)
+		}
 		e := Example{Task: p.Task, Difficulty: d, Prompt: p.Prompt, Answer: p.Answer}
 		if len(s.Styles) > 0 {
 			e.Style = s.Styles[r.IntN(len(s.Styles))]

@@ -180,8 +180,8 @@ type Loop struct {
 	// Env, when set, makes every rollout multi-turn episodes of an
 	// environment, which gives their rewards (Score and Batch are not
 	// used); Budgets bound them and Tok decodes turns and encodes
-	// observations. The Sampler must run episodes (the in-process
-	// engine).
+	// observations. The Sampler must run episodes (the in-process engine
+	// and the remote client do).
 	Env     env.Environment
 	Budgets env.Budgets
 	Tok     *tokenizer.Tokenizer
@@ -228,7 +228,7 @@ func (l *Loop) Init() error {
 		return fmt.Errorf("algorithm.replay: %s needs an MoE model; %s is dense", l.R.Algorithm.Replay, c.Architecture)
 	}
 	if _, ok := l.Sampler.(turnSampler); l.Env != nil && (!ok || l.Tok == nil) {
-		return fmt.Errorf("rl: an environment needs a rollout that runs multi-turn episodes (the in-process engine; %T does not) and a tokenizer", l.Sampler)
+		return fmt.Errorf("rl: an environment needs a rollout that runs multi-turn episodes (%T does not) and a tokenizer", l.Sampler)
 	}
 	if _, ok := l.Sampler.(switchingSampler); l.R.Rollout.Partial == PartialSwitch && !ok {
 		return fmt.Errorf("rollout.partial: switch needs a rollout that takes new weights mid-sequence (the in-process engine); %T does not", l.Sampler)

@@ -813,9 +813,6 @@ func (r *Recipe) fillEnvCombinations() error {
 	if r.Reward.External() {
 		return bad("reward", "an environment gives the episodes' rewards: leave reward unset with env.name set")
 	}
-	if len(r.Rollout.Servers) > 0 {
-		return bad("env", "multi-turn episodes run on the in-process rollout engine; rollout.servers is not supported with an environment yet")
-	}
 	return nil
 }
 

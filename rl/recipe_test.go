@@ -280,6 +280,20 @@ func TestRecipeIncompatible(t *testing.T) {
 		{"eval k negative", withEval, []string{"eval.k=-1"}, "eval.k"},
 		{"guards action", recipeBase, []string{"guards.action=panic"}, "guards.action"},
 		{"guards max_nonfinite negative", recipeBase, []string{"guards.max_nonfinite=-1"}, "guards.max_nonfinite"},
+		{"env tools", recipeBase, []string{"env.name=tools"}, ""},
+		{"env unknown", recipeBase, []string{"env.name=chess"}, "env.name"},
+		{"env settings without a name", recipeBase, []string{"env.max_turns=3"}, "env"},
+		{"env http without url", recipeBase, []string{"env.name=http"}, "env.url"},
+		{"env http with credentials", recipeBase, []string{"env.name=http", "env.url=http://u:p@h:1/"}, "env.url"},
+		{"env http", recipeBase, []string{"env.name=http", "env.url=http://127.0.0.1:9000"}, ""},
+		{"env built-in with url", recipeBase, []string{"env.name=guess", "env.url=http://127.0.0.1:9000"}, "env.url"},
+		{"env max_turns 0 is the default", recipeBase, []string{"env.name=guess", "env.max_turns=0"}, ""},
+		{"env max_turns negative", recipeBase, []string{"env.name=guess", "env.max_turns=-1"}, "env.max_turns"},
+		{"env max_tokens negative", recipeBase, []string{"env.name=guess", "env.max_tokens=-1"}, "env.max_tokens"},
+		{"env system_prompt unknown", recipeBase, []string{"env.name=tools", "env.system_prompt=short"}, "env.system_prompt"},
+		{"env with an external reward", recipeBase, []string{"env.name=tools", "reward.kind=http", "reward.url=http://127.0.0.1:1/r"}, "reward"},
+		{"env with servers", recipeBase, []string{"env.name=tools", "rollout.servers=[http://127.0.0.1:1]", "rollout.precision="}, ""},
+		{"env overlong_buffer within the episode", recipeBase, []string{"env.name=tools", "rollout.max_new_tokens=100", "env.max_tokens=400", "algorithm.overlong_buffer=300"}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := ParseRecipe([]byte(tc.yaml), tc.sets)
@@ -533,6 +547,26 @@ func TestPaperRecipesParse(t *testing.T) {
 	}
 	for _, f := range files {
 		if strings.HasSuffix(filepath.Dir(f), "-sft") {
+			if _, err := sft.ReadRecipe(f); err != nil {
+				t.Error(err)
+			}
+			continue
+		}
+		if _, err := ReadRecipe(f, nil); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// The multi-turn recipes of recipes/tools parse (the cold start's with
+// keel sft's parser).
+func TestToolRecipesParse(t *testing.T) {
+	files, err := filepath.Glob("../recipes/tools/*.yaml")
+	if err != nil || len(files) < 4 {
+		t.Fatalf("recipes/tools: %d recipes (%v)", len(files), err)
+	}
+	for _, f := range files {
+		if strings.HasPrefix(filepath.Base(f), "sft-") {
 			if _, err := sft.ReadRecipe(f); err != nil {
 				t.Error(err)
 			}

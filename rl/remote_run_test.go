@@ -95,6 +95,47 @@ func TestRemoteExactMatchesLocal(t *testing.T) {
 	}
 }
 
+// Multi-turn episodes on two servers are the local engine's, bit for bit:
+// each later turn goes out with its whole prefix and its turn's seed.
+func TestRemoteEpisodesMatchLocal(t *testing.T) {
+	r := testRecipe(t, "env.name=tools", "env.max_turns=3", "env.max_tokens=150", "rollout.max_new_tokens=12", "algorithm.replay=r3", "rollout.top_k=20")
+	w1, m1, s1 := stepSamples(t, envLoop(t, r), 2)
+	fleet := envLoop(t, r)
+	policy := cpu(fleet).Model
+	other := testmodel.Random(policy.Config, 99)
+	a, b := remotetest.NewServer(t, other), remotetest.NewServer(t, other)
+	rs, err := remote.New(remote.Options{Servers: remotetest.URLs(a, b), Kind: remote.KindKeel, WeightsDir: t.TempDir(),
+		Config: policy.Config, MaxLen: 200, MaxConcurrency: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	if err := rs.UpdateWeights(context.Background(), policy, 0); err != nil {
+		t.Fatal(err)
+	}
+	fleet.Sampler = rs
+	w2, m2, s2 := stepSamples(t, fleet, 2)
+	multi := 0
+	for s := range s1 {
+		for i, x := range s1[s] {
+			y := s2[s][i]
+			if !slices.Equal(x.Obs, y.Obs) || x.Reward != y.Reward {
+				t.Fatalf("step %d sample %d: observations %v vs %v, rewards %g vs %g", s+1, i, x.Obs, y.Obs, x.Reward, y.Reward)
+			}
+			if len(x.Obs) > 0 {
+				multi++
+			}
+			a, b := rollout.Sample{Tokens: x.Response, LogProbs: x.LogMu, Routes: x.Routes, Finish: x.Finish, Version: x.Version},
+				rollout.Sample{Tokens: y.Response, LogProbs: y.LogMu, Routes: y.Routes, Finish: y.Finish, Version: y.Version}
+			remotetest.SameSamples(t, fmt.Sprintf("step %d sample %d", s+1, i), []rollout.Sample{a}, []rollout.Sample{b})
+		}
+	}
+	if multi == 0 {
+		t.Fatal("no multi-turn sample")
+	}
+	sameRun(t, "remote vs local episodes", w1, w2, m1, m2)
+}
+
 // The recipe keys of remote rollout: defaults, normalised URLs, and an
 // error naming the key for each bad setting; the resolved local recipe is
 // unchanged.
