@@ -147,7 +147,9 @@ func routesOf(l *Loop, seq []int32) (*model.Routes, error) {
 // length.
 type countEnv struct{}
 
-func (countEnv) Start(context.Context, *data.Example) (env.Episode, error) { return countEpisode{}, nil }
+func (countEnv) Start(context.Context, *data.Example) (env.Episode, error) {
+	return countEpisode{}, nil
+}
 
 type countEpisode struct{}
 
