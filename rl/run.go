@@ -66,24 +66,28 @@ const (
 // ErrRunExists is returned when a fresh run would overwrite one.
 var ErrRunExists = errors.New("run directory holds a run")
 
-// decontaminate drops the prompts whose chat text is that of an
-// evaluation example.
+// decontaminate drops the prompts that are evaluation examples: the same
+// chat text and the same ground truth (a game's prompt, such as "Guess my
+// number from 1 to 30.", is shared by problems that differ in their
+// hidden answer).
 func decontaminate(prompts []Prompt, eval []data.Example) ([]Prompt, int) {
 	held := map[string]bool{}
 	for i := range eval {
-		held[chatKey(eval[i].Chat())] = true
+		held[problemKey(&eval[i])] = true
 	}
 	out := prompts[:0:0]
 	for _, p := range prompts {
-		if !held[chatKey(p.Example.Chat())] {
+		if !held[problemKey(&p.Example)] {
 			out = append(out, p)
 		}
 	}
 	return out, len(prompts) - len(out)
 }
 
-func chatKey(msgs []tokenizer.Message) string {
-	return tokenizer.ChatML(msgs, true)
+// problemKey identifies a problem: its chat in ChatML and its ground
+// truth.
+func problemKey(e *data.Example) string {
+	return tokenizer.ChatML(e.Chat(), true) + "\x00" + e.Answer
 }
 
 // guardMessage says which guard threshold a step passed ("" if none).

@@ -194,4 +194,13 @@ func TestDecontaminate(t *testing.T) {
 	if n != 1 || len(out) != 2 || out[0].Row != 0 || out[1].Row != 2 {
 		t.Fatalf("kept %+v, dropped %d", out, n)
 	}
+	// A game's prompt is shared by problems with other hidden answers.
+	games := []Prompt{{Row: 0}, {Row: 1}}
+	for i := range games {
+		games[i].Example = data.Example{Task: "guess", Prompt: "Guess my number from 1 to 8.", Answer: itoa(3 + i)}
+	}
+	out, n = decontaminate(games, []data.Example{{Task: "guess", Prompt: "Guess my number from 1 to 8.", Answer: "4"}})
+	if n != 1 || len(out) != 1 || out[0].Row != 0 {
+		t.Fatalf("games: kept %+v, dropped %d", out, n)
+	}
 }
