@@ -108,6 +108,9 @@ type Episodes struct {
 	Env     env.Environment
 	Budgets env.Budgets
 	System  string
+	// AnyTask: the environment scores rows whatever their task (one
+	// served over HTTP), so they need no built-in verifier.
+	AnyTask bool
 }
 
 // RunEpisodes is Run over episodes: k episodes per example, sp's

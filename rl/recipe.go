@@ -768,6 +768,22 @@ func (e *EnvSettings) budgets() env.Budgets {
 // task (one served over HTTP): the rows need no built-in verifier.
 func (e *EnvSettings) scoresAnyTask() bool { return e.Name == EnvHTTP }
 
+// OpenEnvironment checks settings given outside a recipe (keel eval's
+// flags) as a recipe's env section, maxNewTokens being one turn's
+// budget, and builds the environment: with the system prompt it puts
+// before every prompt and the episodes' budgets. An unset name is an
+// error.
+func OpenEnvironment(e *EnvSettings, maxNewTokens int) (env.Environment, string, env.Budgets, error) {
+	if !e.On() {
+		return nil, "", env.Budgets{}, bad("env.name", "required")
+	}
+	if err := e.fill(maxNewTokens); err != nil {
+		return nil, "", env.Budgets{}, err
+	}
+	en, system, err := newEnvironment(e)
+	return en, system, e.budgets(), err
+}
+
 // newEnvironment builds the recipe's environment (nil without one) and
 // the system prompt it puts before every prompt ("" for none).
 func newEnvironment(e *EnvSettings) (env.Environment, string, error) {

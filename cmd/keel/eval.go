@@ -12,6 +12,7 @@ import (
 	"github.com/keel-rl/keel/evaluate"
 	"github.com/keel-rl/keel/internal/atomicfile"
 	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/rl"
 	"github.com/keel-rl/keel/rollout"
 	"github.com/keel-rl/keel/tokenizer"
 )
@@ -28,6 +29,10 @@ avg@k (accuracy averaged over the samples) and pass@k (some sample right)
 overall, per task and per task/difficulty. The model directory needs a
 tokenizer.json (keel sft writes one).
 
+With --env, each problem is an episode of a multi-turn environment (as a
+recipe's env section: tools, guess, or http with --env-url), --max-new-
+tokens bounding each turn; a sample's reward is its episode's.
+
 flags:
 `
 
@@ -43,6 +48,12 @@ func runEval(args []string) error {
 	prec := fs.String("precision", "exact", "rollout precision")
 	jsonOut := fs.String("json", "", "also write the report as JSON")
 	show := fs.Int("show", 0, "print the responses to the first N problems")
+	var es rl.EnvSettings
+	fs.StringVar(&es.Name, "env", "", "multi-turn environment: tools, guess or http")
+	fs.StringVar(&es.URL, "env-url", "", "--env http: the environment server's base URL")
+	fs.IntVar(&es.MaxTurns, "max-turns", 0, "--env: the model's turns per episode (default 4)")
+	fs.IntVar(&es.MaxTokens, "max-tokens", 0, "--env: an episode's tokens after the prompt (default max-turns x max-new-tokens)")
+	fs.StringVar(&es.SystemPrompt, "system-prompt", "", "--env: full, compact or none (default full)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -56,7 +67,15 @@ func runEval(args []string) error {
 	if err != nil {
 		return fmt.Errorf("--precision: %w", err)
 	}
-	rep, err := evalModel(*dir, *path, p, *k, rollout.Sampling{Temperature: *temp, MaxNewTokens: *maxNew, Seed: *seed})
+	var ep *evaluate.Episodes
+	if es.Name != "" {
+		e, system, b, err := rl.OpenEnvironment(&es, *maxNew)
+		if err != nil {
+			return err
+		}
+		ep = &evaluate.Episodes{Env: e, Budgets: b, System: system, AnyTask: es.Name == rl.EnvHTTP}
+	}
+	rep, err := evalModelEpisodes(*dir, *path, p, *k, rollout.Sampling{Temperature: *temp, MaxNewTokens: *maxNew, Seed: *seed}, ep)
 	if err != nil {
 		return err
 	}
@@ -81,6 +100,12 @@ func runEval(args []string) error {
 // the model in dir, with the rollout engine at precision prec, and scores
 // them (keel eval, and keel paper's cross-evaluations).
 func evalModel(dir, path string, prec rollout.Precision, k int, s rollout.Sampling) (*evaluate.Report, error) {
+	return evalModelEpisodes(dir, path, prec, k, s, nil)
+}
+
+// evalModelEpisodes is evalModel, over episodes of ep's environment when
+// ep is not nil.
+func evalModelEpisodes(dir, path string, prec rollout.Precision, k int, s rollout.Sampling, ep *evaluate.Episodes) (*evaluate.Report, error) {
 	m, err := model.Load(dir)
 	if err != nil {
 		return nil, err
@@ -93,7 +118,8 @@ func evalModel(dir, path string, prec rollout.Precision, k int, s rollout.Sampli
 	if err != nil {
 		return nil, err
 	}
-	if err := evaluate.CheckTasks(ex); err != nil {
+	// An environment served over HTTP scores rows of any task.
+	if err := evaluate.CheckTasks(ex); err != nil && (ep == nil || !ep.AnyTask) {
 		return nil, fmt.Errorf("%s: %v", path, err)
 	}
 	maxLen := m.Config.MaxPositionEmbeddings
@@ -105,5 +131,8 @@ func evalModel(dir, path string, prec rollout.Precision, k int, s rollout.Sampli
 		return nil, err
 	}
 	defer e.Close()
+	if ep != nil {
+		return evaluate.RunEpisodes(e, tok, ex, k, s, *ep)
+	}
 	return evaluate.Run(e, tok, ex, k, s)
 }
