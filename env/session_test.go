@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/keel-rl/keel/data"
+	"github.com/keel-rl/keel/internal/testmodel"
 	"github.com/keel-rl/keel/rollout"
 	"github.com/keel-rl/keel/tasks"
 	"github.com/keel-rl/keel/tokenizer"
@@ -142,4 +143,51 @@ func TestDemonstrationsSplit(t *testing.T) {
 
 func tasksScore(e data.Example, text string) float64 {
 	return tasks.Score(e.Task, e.Answer, text)
+}
+
+// With Qwen3's own tokenizer, an observation's markers are its added
+// tokens (<|im_end|>, <|im_start|>, <tool_response>, </tool_response>: one
+// id each), as Hugging Face's apply_chat_template tokenises a tool
+// message, and a model's tool call reaches the environment as text.
+func TestSessionQwenTokenizer(t *testing.T) {
+	js, err := testmodel.QwenTokenizerJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.Parse(js, "qwen3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSession(context.Background(), NewTools(Calculator()), tok, []*data.Example{{Task: "arithmetic", Prompt: "Compute 12*34.", Answer: "408"}}, 1, Budgets{MaxTurns: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := tok.Encode("<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"12*34\"}}\n</tool_call><|im_end|>")
+	obs, done, err := s.Turn(rollout.TurnEnd{Response: call, Finish: "stop", Room: 1000})
+	if err != nil || done {
+		t.Fatal(done, err)
+	}
+	id := func(s string) int32 { return tok.MustID(s) }
+	want := tok.Encode("\n")
+	want = append(want, id("<|im_start|>"))
+	want = append(want, tok.Encode("user\n")...)
+	want = append(want, id("<tool_response>"))
+	want = append(want, tok.Encode("\n408\n")...)
+	want = append(want, id("</tool_response>"), id("<|im_end|>"))
+	want = append(want, tok.Encode("\n")...)
+	want = append(want, id("<|im_start|>"))
+	want = append(want, tok.Encode("assistant\n")...)
+	if !slices.Equal(obs, want) {
+		t.Fatalf("observation %v (%q), want %v", obs, tok.DecodeLenient(obs), want)
+	}
+	if tok.MustID("<tool_call>") != call[0] {
+		t.Fatalf("<tool_call> is not one token: %v", call[:3])
+	}
+	resp := append(append(call, obs...), tok.Encode("Answer: 408<|im_end|>")...)
+	if _, done, err := s.Turn(rollout.TurnEnd{Turn: 1, Response: resp, TurnStart: len(call) + len(obs), Finish: "stop", Room: 1000}); err != nil || !done {
+		t.Fatal(done, err)
+	}
+	if oc := s.Outcome(0, 0); !oc.Done || oc.Reward != 1 || oc.Metrics["tool_calls"] != 1 {
+		t.Fatalf("outcome %+v", oc)
+	}
 }
