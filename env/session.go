@@ -62,9 +62,20 @@ type Session struct {
 }
 
 type episodeState struct {
-	mu  sync.Mutex
-	ep  Episode
-	out Outcome
+	mu       sync.Mutex
+	ep       Episode
+	out      Outcome
+	closeErr error
+}
+
+// end closes the episode as soon as it is over (concurrently with the
+// others, on the caller's goroutine), keeping Close's error for
+// Session.Close.
+func (st *episodeState) end() {
+	if st.ep != nil {
+		st.closeErr = st.ep.Close()
+		st.ep = nil
+	}
 }
 
 // NewSession prepares the episodes of n samples of each row.
@@ -114,6 +125,9 @@ func (s *Session) Turn(t rollout.TurnEnd) ([]int32, bool, error) {
 		return nil, false, fmt.Errorf("env: turn %d (row task %q): %w", t.Turn, row.Task, err)
 	}
 	out := &st.out
+	if out.Done || out.Cut != "" {
+		return nil, false, fmt.Errorf("env: turn %d of an episode that has ended", t.Turn)
+	}
 	out.Turns++
 	for k, v := range reply.Metrics {
 		if out.Metrics == nil {
@@ -123,10 +137,12 @@ func (s *Session) Turn(t rollout.TurnEnd) ([]int32, bool, error) {
 	}
 	if reply.Done {
 		out.Done, out.Reward, out.Correct = true, reply.Reward, reply.Correct
+		st.end()
 		return nil, true, nil
 	}
 	if last {
 		out.Cut = CutTurns
+		st.end()
 		return nil, true, nil
 	}
 	text := RenderObservation(reply.Messages)
@@ -137,9 +153,11 @@ func (s *Session) Turn(t rollout.TurnEnd) ([]int32, bool, error) {
 	switch {
 	case len(obs)+1 > t.Room:
 		out.Cut = CutContext
-		return nil, true, nil
 	case s.b.MaxTokens > 0 && len(t.Response)+len(obs)+1 > s.b.MaxTokens:
 		out.Cut = CutTokens
+	}
+	if out.Cut != "" {
+		st.end()
 		return nil, true, nil
 	}
 	out.ObsTokens += len(obs)
@@ -152,18 +170,19 @@ func (s *Session) Outcome(prompt, index int) Outcome {
 	return s.eps[prompt*s.n+index].out
 }
 
-// Close closes every episode started, returning the first error.
+// Close closes the episodes still open (an episode is closed as soon as
+// it ends; one the rollout cut short is not) and returns the first error
+// of closing any.
 func (s *Session) Close() error {
 	var first error
 	for i := range s.eps {
 		st := &s.eps[i]
-		if st.ep == nil {
-			continue
+		st.mu.Lock()
+		st.end()
+		if st.closeErr != nil && first == nil {
+			first = fmt.Errorf("env: closing an episode: %w", st.closeErr)
 		}
-		if err := st.ep.Close(); err != nil && first == nil {
-			first = fmt.Errorf("env: closing an episode: %w", err)
-		}
-		st.ep = nil
+		st.mu.Unlock()
 	}
 	return first
 }
