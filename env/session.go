@@ -66,6 +66,7 @@ type episodeState struct {
 	ep       Episode
 	out      Outcome
 	closeErr error
+	closed   bool // by Session.Close: a late turn starts nothing
 }
 
 // end closes the episode as soon as it is over (concurrently with the
@@ -102,6 +103,9 @@ func (s *Session) Turn(t rollout.TurnEnd) ([]int32, bool, error) {
 	st := &s.eps[t.Prompt*s.n+t.Index]
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	if st.closed {
+		return nil, false, fmt.Errorf("env: a turn of sample %d of prompt %d after the session closed", t.Index, t.Prompt)
+	}
 	start := time.Now()
 	defer func() { st.out.Time += time.Since(start) }()
 	row := s.rows[t.Prompt]
@@ -179,6 +183,7 @@ func (s *Session) Close() error {
 		st := &s.eps[i]
 		st.mu.Lock()
 		st.end()
+		st.closed = true
 		if st.closeErr != nil && first == nil {
 			first = fmt.Errorf("env: closing an episode: %w", st.closeErr)
 		}
