@@ -59,24 +59,37 @@ type Session struct {
 	b    Budgets
 	stop int32 // the turn-ending token (<|im_end|>), not shown to the environment
 	eps  []episodeState
+
+	closing   sync.WaitGroup // episodes being closed
+	closeMu   sync.Mutex
+	closeErrs []error
 }
 
 type episodeState struct {
-	mu       sync.Mutex
-	ep       Episode
-	out      Outcome
-	closeErr error
-	closed   bool // by Session.Close: a late turn starts nothing
+	mu     sync.Mutex
+	ep     Episode
+	out    Outcome
+	closed bool // by Session.Close: a late turn starts nothing
 }
 
-// end closes the episode as soon as it is over (concurrently with the
-// others, on the caller's goroutine), keeping Close's error for
-// Session.Close.
-func (st *episodeState) end() {
-	if st.ep != nil {
-		st.closeErr = st.ep.Close()
-		st.ep = nil
+// end closes st's episode, if open, on a goroutine of its own: an episode
+// is closed as soon as it is over, and a slow close (a request to an
+// environment server) holds up no sample.
+func (s *Session) end(st *episodeState) {
+	if st.ep == nil {
+		return
 	}
+	ep := st.ep
+	st.ep = nil
+	s.closing.Add(1)
+	go func() {
+		defer s.closing.Done()
+		if err := ep.Close(); err != nil {
+			s.closeMu.Lock()
+			s.closeErrs = append(s.closeErrs, err)
+			s.closeMu.Unlock()
+		}
+	}()
 }
 
 // NewSession prepares the episodes of n samples of each row.
@@ -106,8 +119,12 @@ func (s *Session) Turn(t rollout.TurnEnd) ([]int32, bool, error) {
 	if st.closed {
 		return nil, false, fmt.Errorf("env: a turn of sample %d of prompt %d after the session closed", t.Index, t.Prompt)
 	}
+	out := &st.out
+	if out.Done || out.Cut != "" {
+		return nil, false, fmt.Errorf("env: turn %d of an episode that has ended", t.Turn)
+	}
 	start := time.Now()
-	defer func() { st.out.Time += time.Since(start) }()
+	defer func() { out.Time += time.Since(start) }()
 	row := s.rows[t.Prompt]
 	if st.ep == nil {
 		ep, err := s.env.Start(s.ctx, row)
@@ -121,16 +138,20 @@ func (s *Session) Turn(t rollout.TurnEnd) ([]int32, bool, error) {
 		ids = ids[:len(ids)-1]
 	}
 	// The turn is the last when no budget leaves room for an observation
-	// and another turn.
-	last := t.Turn+1 >= s.b.MaxTurns || t.Room < 2 || (s.b.MaxTokens > 0 && len(t.Response)+2 > s.b.MaxTokens)
-	turn := Turn{Text: s.tok.DecodeLenient(ids), Index: t.Turn, Last: last, Truncated: t.Finish == "length"}
+	// and another turn; cut names the budget.
+	cut := ""
+	switch {
+	case t.Turn+1 >= s.b.MaxTurns:
+		cut = CutTurns
+	case s.b.MaxTokens > 0 && len(t.Response)+2 > s.b.MaxTokens:
+		cut = CutTokens
+	case t.Room < 2:
+		cut = CutContext
+	}
+	turn := Turn{Text: s.tok.DecodeLenient(ids), Index: t.Turn, Last: cut != "", Truncated: t.Finish == "length"}
 	reply, err := st.ep.Step(s.ctx, turn)
 	if err != nil {
 		return nil, false, fmt.Errorf("env: turn %d (row task %q): %w", t.Turn, row.Task, err)
-	}
-	out := &st.out
-	if out.Done || out.Cut != "" {
-		return nil, false, fmt.Errorf("env: turn %d of an episode that has ended", t.Turn)
 	}
 	out.Turns++
 	for k, v := range reply.Metrics {
@@ -141,12 +162,12 @@ func (s *Session) Turn(t rollout.TurnEnd) ([]int32, bool, error) {
 	}
 	if reply.Done {
 		out.Done, out.Reward, out.Correct = true, reply.Reward, reply.Correct
-		st.end()
+		s.end(st)
 		return nil, true, nil
 	}
-	if last {
-		out.Cut = CutTurns
-		st.end()
+	if cut != "" {
+		out.Cut = cut
+		s.end(st)
 		return nil, true, nil
 	}
 	text := RenderObservation(reply.Messages)
@@ -155,13 +176,13 @@ func (s *Session) Turn(t rollout.TurnEnd) ([]int32, bool, error) {
 	}
 	obs := s.tok.Encode(text)
 	switch {
-	case len(obs)+1 > t.Room:
-		out.Cut = CutContext
 	case s.b.MaxTokens > 0 && len(t.Response)+len(obs)+1 > s.b.MaxTokens:
 		out.Cut = CutTokens
+	case len(obs)+1 > t.Room:
+		out.Cut = CutContext
 	}
 	if out.Cut != "" {
-		st.end()
+		s.end(st)
 		return nil, true, nil
 	}
 	out.ObsTokens += len(obs)
@@ -175,21 +196,24 @@ func (s *Session) Outcome(prompt, index int) Outcome {
 }
 
 // Close closes the episodes still open (an episode is closed as soon as
-// it ends; one the rollout cut short is not) and returns the first error
-// of closing any.
-func (s *Session) Close() error {
-	var first error
+// it ends; one the rollout cut short is not), waits for every close and
+// returns how many failed, with the first failure. A failed close loses
+// no result: the caller may count it and go on.
+func (s *Session) Close() (failed int, err error) {
 	for i := range s.eps {
 		st := &s.eps[i]
 		st.mu.Lock()
-		st.end()
+		s.end(st)
 		st.closed = true
-		if st.closeErr != nil && first == nil {
-			first = fmt.Errorf("env: closing an episode: %w", st.closeErr)
-		}
 		st.mu.Unlock()
 	}
-	return first
+	s.closing.Wait()
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
+	if len(s.closeErrs) > 0 {
+		err = fmt.Errorf("env: closing an episode: %w", s.closeErrs[0])
+	}
+	return len(s.closeErrs), err
 }
 
 // Chat returns a row's chat with an environment's system prompt in front

@@ -136,10 +136,9 @@ func RunEpisodes(e *rollout.Engine, tok *tokenizer.Tokenizer, ex []data.Example,
 	if err != nil {
 		return nil, err
 	}
+	sp.EpisodeTokens = ep.Budgets.MaxTokens
 	samples, err := e.GenerateTurns(prompts, k, sp, sess)
-	if cerr := sess.Close(); err == nil {
-		err = cerr
-	}
+	sess.Close() // a failed close loses no result
 	if err != nil {
 		return nil, err
 	}

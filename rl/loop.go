@@ -671,11 +671,15 @@ func (l *Loop) round(step, round int, want int64, b *batch) ([][]*Sample, error)
 		}
 	}
 	t := time.Now()
+	if sess != nil {
+		sp.EpisodeTokens = l.Budgets.MaxTokens
+	}
 	out, err := l.generate(ids, G, sp, sess)
 	if sess != nil {
-		if cerr := sess.Close(); err == nil && cerr != nil {
-			err = cerr
-		}
+		// A failed close (an environment server's) loses no result: it is
+		// counted, not fatal.
+		failed, _ := sess.Close()
+		b.metrics["env/close_errors"] += float64(failed)
 	}
 	b.rollout += time.Since(t)
 	if err != nil {
@@ -703,7 +707,7 @@ func (l *Loop) round(step, round int, want int64, b *batch) ([][]*Sample, error)
 			s.Episode = &oc
 			s.Reward, s.Correct = oc.Reward, oc.Correct
 		}
-		b.genTokens += len(o.Tokens)
+		b.genTokens += s.tokens()
 		groups[o.Prompt] = append(groups[o.Prompt], s)
 		all = append(all, s)
 	}
@@ -846,7 +850,11 @@ func (l *Loop) score(samples []*Sample, b *batch) error {
 	}
 	if buf := l.R.Algorithm.OverlongBuffer; buf > 0 {
 		for _, s := range samples {
-			s.Reward += OverlongPenalty(s.tokens(), l.R.responseBudget(), buf, l.R.Algorithm.OverlongPenalty)
+			n := s.tokens()
+			if l.Env != nil {
+				n = len(s.Response) // env.max_tokens counts the observations too
+			}
+			s.Reward += OverlongPenalty(n, l.R.responseBudget(), buf, l.R.Algorithm.OverlongPenalty)
 		}
 	}
 	return nil

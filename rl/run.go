@@ -67,27 +67,29 @@ const (
 var ErrRunExists = errors.New("run directory holds a run")
 
 // decontaminate drops the prompts that are evaluation examples: the same
-// chat text and the same ground truth (a game's prompt, such as "Guess my
-// number from 1 to 30.", is shared by problems that differ in their
-// hidden answer).
-func decontaminate(prompts []Prompt, eval []data.Example) ([]Prompt, int) {
+// chat text or, with withAnswer (an environment's episodes), the same
+// chat text and ground truth (a game's prompt, such as "Guess my number
+// from 1 to 30.", is shared by problems that differ in their hidden
+// answer).
+func decontaminate(prompts []Prompt, eval []data.Example, withAnswer bool) ([]Prompt, int) {
+	key := func(e *data.Example) string {
+		k := tokenizer.ChatML(e.Chat(), true)
+		if withAnswer {
+			k += "\x00" + e.Answer
+		}
+		return k
+	}
 	held := map[string]bool{}
 	for i := range eval {
-		held[problemKey(&eval[i])] = true
+		held[key(&eval[i])] = true
 	}
 	out := prompts[:0:0]
 	for _, p := range prompts {
-		if !held[problemKey(&p.Example)] {
+		if !held[key(&p.Example)] {
 			out = append(out, p)
 		}
 	}
 	return out, len(prompts) - len(out)
-}
-
-// problemKey identifies a problem: its chat in ChatML and its ground
-// truth.
-func problemKey(e *data.Example) string {
-	return tokenizer.ChatML(e.Chat(), true) + "\x00" + e.Answer
 }
 
 // guardMessage says which guard threshold a step passed ("" if none).

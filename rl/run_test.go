@@ -190,7 +190,7 @@ func TestDecontaminate(t *testing.T) {
 	ps := []Prompt{{Row: 0}, {Row: 1}, {Row: 2}}
 	ps[0].Example.Prompt, ps[1].Example.Prompt, ps[2].Example.Prompt = "Compute 1+1.", "Compute 2+2.", "Compute 3+3."
 	eval := []data.Example{{Prompt: "Compute 2+2."}, {Prompt: "Compute 9+9."}}
-	out, n := decontaminate(ps, eval)
+	out, n := decontaminate(ps, eval, false)
 	if n != 1 || len(out) != 2 || out[0].Row != 0 || out[1].Row != 2 {
 		t.Fatalf("kept %+v, dropped %d", out, n)
 	}
@@ -199,8 +199,12 @@ func TestDecontaminate(t *testing.T) {
 	for i := range games {
 		games[i].Example = data.Example{Task: "guess", Prompt: "Guess my number from 1 to 8.", Answer: itoa(3 + i)}
 	}
-	out, n = decontaminate(games, []data.Example{{Task: "guess", Prompt: "Guess my number from 1 to 8.", Answer: "4"}})
+	held := []data.Example{{Task: "guess", Prompt: "Guess my number from 1 to 8.", Answer: "4"}}
+	out, n = decontaminate(games, held, true)
 	if n != 1 || len(out) != 1 || out[0].Row != 0 {
 		t.Fatalf("games: kept %+v, dropped %d", out, n)
+	}
+	if out, n = decontaminate(games, held, false); n != 2 || len(out) != 0 {
+		t.Fatalf("one turn: kept %+v, dropped %d", out, n)
 	}
 }

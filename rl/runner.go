@@ -174,7 +174,7 @@ func (u *runner) loadEvalSet() error {
 		u.evalSet = u.evalSet[:r.Eval.N]
 	}
 	var dropped int
-	if u.prompts, dropped = decontaminate(u.prompts, u.evalSet); len(u.prompts) == 0 {
+	if u.prompts, dropped = decontaminate(u.prompts, u.evalSet, r.Env.On()); len(u.prompts) == 0 {
 		return fmt.Errorf("data: every training prompt is also in eval.file %s", r.Eval.File)
 	}
 	u.res.Decontaminated = dropped

@@ -21,8 +21,12 @@ type Sampling struct {
 	// TopP keeps the smallest set of most probable tokens whose
 	// probability reaches TopP (0 or 1: off).
 	TopP float64
-	// MaxNewTokens bounds each response.
+	// MaxNewTokens bounds each response (with GenerateTurns, each turn).
 	MaxNewTokens int
+	// EpisodeTokens, with GenerateTurns, bounds a whole trajectory: the
+	// tokens after the prompt, the model's and the observations' (0: only
+	// the engine's MaxLen bounds it).
+	EpisodeTokens int
 	// Stop tokens end a response; the stop token is part of it.
 	Stop []int32
 	// TopLogProbs > 0 also reports, at every position, the TopLogProbs most
@@ -310,11 +314,11 @@ func (g *gen) switchWeights(sw *Switch) error {
 	}
 	for i := range g.slots {
 		s := &g.slots[i]
-		if !s.active || s.tail {
+		if !s.active {
 			continue
 		}
-		if s.awaiting {
-			s.stale = true // recomputed when its observation comes
+		if s.tail || s.awaiting {
+			s.stale = true // a tail row needs no cache; an awaiting one is recomputed when its observation comes
 			continue
 		}
 		s.cached, s.prefill = 0, len(s.seq)
@@ -504,8 +508,8 @@ func (g *gen) donor(i int) (d int, pending bool) {
 	s := &g.slots[i]
 	for j := range g.slots {
 		t := &g.slots[j]
-		if j == i || !t.active || t.waiting || t.grp != s.grp {
-			continue
+		if j == i || !t.active || t.waiting || t.stale || t.grp != s.grp {
+			continue // stale: its cache is of weights the engine no longer holds
 		}
 		if t.cached >= s.promptLen-1 {
 			return j, false
@@ -634,7 +638,7 @@ func (g *gen) take(s *slotState) {
 	if g.turns != nil { // the turn ends as a one-turn sample would; Turns decides what follows
 		if stop {
 			g.endTurn(s, "stop")
-		} else if len(s.seq)-s.turnStart >= pol.sp.MaxNewTokens || len(s.seq) >= e.opt.MaxLen {
+		} else if len(s.seq)-s.turnStart >= pol.sp.MaxNewTokens || g.room(s) <= 0 {
 			g.endTurn(s, "length")
 		}
 		return

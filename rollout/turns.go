@@ -30,7 +30,8 @@ type TurnEnd struct {
 	TurnStart int
 	Finish    string // "stop" (a stop token) or "length" (the turn's budget or the engine's MaxLen)
 	// Room is how many more tokens the sequence can hold (the engine's
-	// MaxLen): an observation must leave at least one for the next turn.
+	// MaxLen, Sampling.EpisodeTokens): an observation must leave at least
+	// one for the next turn.
 	Room int
 }
 
@@ -55,15 +56,17 @@ func TurnSeed(seed uint64, i, j, t int) uint64 {
 const turnSalt = 0x8cb92ba72f3d8dd7
 
 // GenerateTurns is Generate for multi-turn episodes: Sampling.MaxNewTokens
-// bounds each turn, and at the end of each turn turns decides whether the
-// sample goes on. The observation tokens it answers with are appended to
+// bounds each turn and Sampling.EpisodeTokens the whole trajectory, and at
+// the end of each turn turns decides whether the sample goes on. The observation tokens it answers with are appended to
 // the sequence and computed into the KV cache (their positions' routes
 // recorded) before the model's next turn; nothing already computed is
 // recomputed. A Sample's Tokens then hold the whole trajectory after the
 // prompt, its Observations where the observation tokens are (their
-// LogProbs and TruncLogProbs entries are 0), and Finish is that of its
-// last turn, or "length" when an observation did not fit in the engine's
-// MaxLen (the observation is then dropped). The
+// LogProbs and TruncLogProbs entries are 0, their TopLogProbs entries
+// zero values, not probabilities; an empty observation has no span), and
+// Finish is that of its
+// last turn, or "length" when an observation did not fit (the engine's
+// MaxLen, the episode's budget: the observation is then dropped). The
 // first turn draws from the stream Generate would use, later ones from
 // TurnSeed's; so results do not depend on how long turns takes to answer.
 func (e *Engine) GenerateTurns(prompts [][]int32, n int, sp Sampling, turns Turns) ([]Sample, error) {
@@ -106,7 +109,7 @@ func (g *gen) endTurn(s *slotState, finish string) {
 		slot++
 	}
 	t := TurnEnd{Prompt: s.grp.index, Index: s.idx, Turn: s.turn, Response: slices.Clone(s.seq[s.promptLen:]),
-		TurnStart: s.turnStart - s.promptLen, Finish: finish, Room: g.e.opt.MaxLen - len(s.seq)}
+		TurnStart: s.turnStart - s.promptLen, Finish: finish, Room: g.room(s)}
 	go func() {
 		obs, done, err := g.turns.Turn(t)
 		g.turnDone <- turnAnswer{slot: slot, obs: obs, done: done, err: err}
@@ -134,10 +137,21 @@ func (g *gen) awaitTurns() error {
 	return nil
 }
 
-// idle reports whether every active slot awaits Turns and no sample can
-// be admitted.
+// room returns how many more tokens slot s's sequence can hold: the
+// engine's MaxLen and the episode's budget.
+func (g *gen) room(s *slotState) int {
+	r := g.e.opt.MaxLen - len(s.seq)
+	if b := s.grp.pol.sp.EpisodeTokens; b > 0 {
+		r = min(r, b-(len(s.seq)-s.promptLen))
+	}
+	return r
+}
+
+// idle reports whether every active slot awaits Turns and none is free
+// for a sample to be admitted into.
 func (g *gen) idle() bool {
-	return !g.admissible() && g.running() == g.awaiting
+	n := g.running()
+	return n == g.awaiting && (!g.admissible() || n == len(g.slots))
 }
 
 // applyTurn ends a sample or appends the observation Turns answered with
@@ -150,7 +164,7 @@ func (g *gen) applyTurn(a turnAnswer) error {
 	if a.err != nil {
 		return fmt.Errorf("rollout: prompt %d, sample %d, turn %d: %w", s.grp.index, s.idx, s.turn, a.err)
 	}
-	if !a.done && len(s.seq)+len(a.obs) >= e.opt.MaxLen {
+	if !a.done && len(a.obs) >= g.room(s) {
 		a.done, s.finish = true, "length"
 	}
 	if a.done {
@@ -166,8 +180,9 @@ func (g *gen) applyTurn(a turnAnswer) error {
 			return fmt.Errorf("rollout: prompt %d, sample %d, turn %d: observation token %d is id %d, outside the vocabulary [0, %d)", s.grp.index, s.idx, s.turn, j, t, e.vocab)
 		}
 	}
-	resp := len(s.seq) - s.promptLen
-	s.obs = append(s.obs, Span{Start: resp, End: resp + len(a.obs)})
+	if resp := len(s.seq) - s.promptLen; len(a.obs) > 0 {
+		s.obs = append(s.obs, Span{Start: resp, End: resp + len(a.obs)})
+	}
 	s.seq = append(s.seq, a.obs...)
 	for range a.obs {
 		s.lp = append(s.lp, 0)

@@ -245,6 +245,25 @@ func TestTurnsLimitsAndErrors(t *testing.T) {
 	if s.Finish != "length" || s.Observations != nil || len(s.Tokens) != 4 || rooms[0] != 20-6-4 {
 		t.Fatalf("finish %q, observations %v, %d tokens, room %v", s.Finish, s.Observations, len(s.Tokens), rooms)
 	}
+	// The episode's budget bounds the whole trajectory: a turn stops where
+	// it runs out (Room 0 then), an observation must leave a token.
+	var ends []TurnEnd
+	two := turnsFunc(func(te TurnEnd) ([]int32, bool, error) {
+		ends = append(ends, te)
+		if te.Room == 0 {
+			return nil, true, nil
+		}
+		return []int32{1, 2}, false, nil
+	})
+	spb := sp
+	spb.EpisodeTokens = 7
+	out, err = e.GenerateTurns(prompts, 1, spb, two)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := out[0]; len(s.Tokens) != 7 || len(ends) != 2 || ends[0].Room != 3 || ends[1].Room != 0 || ends[1].Finish != "length" || len(s.Tokens)-len(ends[1].Response) != 0 {
+		t.Fatalf("%d tokens, turn ends %+v", len(s.Tokens), ends)
+	}
 	fail := turnsFunc(func(TurnEnd) ([]int32, bool, error) { return nil, false, errors.New("env down") })
 	if _, err := e.GenerateTurns(prompts, 2, sp, fail); err == nil || !strings.Contains(err.Error(), "env down") || !strings.Contains(err.Error(), "prompt 0") {
 		t.Fatalf("err = %v", err)
@@ -256,5 +275,101 @@ func TestTurnsLimitsAndErrors(t *testing.T) {
 	// The engine is still usable after the errors.
 	if _, err := e.Generate(prompts, 2, sp); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Weights switched while samples wait for Turns (partial rollouts with an
+// environment): every model token's log mu is that of the weights that
+// sampled it given the whole sequence, as in GenerateSwitching, even for a
+// sample admitted after the switch whose prompt another slot (waiting,
+// with an old cache) holds: it must not copy that cache. Fewer slots than
+// samples of the one prompt, and one sample's answer is slow.
+func TestTurnsSwitchingWhileWaiting(t *testing.T) {
+	cfg := moeConfig()
+	old, neu := randomModel(cfg, 3), randomModel(cfg, 4)
+	e, err := New(old, Options{Precision: Exact, Slots: 2, MaxLen: 96, StepRows: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if err := e.UpdateWeights(t.Context(), old, 7); err != nil {
+		t.Fatal(err)
+	}
+	prompts := testPrompts(rand.New(rand.NewPCG(6, 6)), cfg.VocabSize, 9)
+	// Sample 0's first answer waits for the switch to load; the other
+	// first answers wait for sample 0 to be waiting: the switch comes
+	// while sample 0 waits, before samples 2 and 3 are admitted.
+	started, loaded := make(chan struct{}), make(chan struct{})
+	slow := turnsFunc(func(te TurnEnd) ([]int32, bool, error) {
+		if te.Turn >= 1 {
+			return nil, true, nil
+		}
+		if te.Index == 0 {
+			close(started)
+			select {
+			case <-loaded:
+			case <-time.After(5 * time.Second):
+				return nil, false, errors.New("the switch never loaded")
+			}
+		} else {
+			<-started
+		}
+		return []int32{3, 4, 5}, false, nil
+	})
+	switched := false
+	next := func() *Switch {
+		select {
+		case <-started:
+			if !switched {
+				switched = true
+				return &Switch{Model: neu, Version: 8, Release: func(bool) { close(loaded) }}
+			}
+		default:
+		}
+		return nil
+	}
+	sp := Sampling{Temperature: 1, MaxNewTokens: 5, Seed: 2}
+	samples, err := e.GenerateTurnsSwitching(prompts, 4, sp, slow, next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !switched {
+		t.Fatal("no switch happened")
+	}
+	oldEng, newEng := train.New(old), train.New(neu)
+	fresh := 0
+	for i, s := range samples {
+		seq := append(slices.Clone(prompts[s.Prompt]), s.Tokens...)
+		ro, err := oldEng.Forward([][]int32{seq}, train.ForwardOptions{NoEntropy: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rn, err := newEng.Forward([][]int32{seq}, train.ForwardOptions{NoEntropy: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		obs := observed(len(s.Tokens), s.Observations)
+		for j := range s.Tokens {
+			if obs[j] {
+				continue
+			}
+			v := s.Version
+			if s.TokenVersions != nil {
+				v = s.TokenVersions[j]
+			}
+			want := ro.LogProbs[0][len(prompts[0])-1+j]
+			if v == 8 {
+				want = rn.LogProbs[0][len(prompts[0])-1+j]
+			}
+			if math.Float32bits(s.LogProbs[j]) != math.Float32bits(want) {
+				t.Fatalf("sample %d token %d (version %d): log mu %g, the training engine %g", i, j, v, s.LogProbs[j], want)
+			}
+		}
+		if s.Version == 8 {
+			fresh++
+		}
+	}
+	if fresh == 0 {
+		t.Fatal("no sample started after the switch")
 	}
 }

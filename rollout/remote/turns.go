@@ -23,7 +23,11 @@ func (r *Client) GenerateTurnsSwitching(prompts [][]int32, n int, sp rollout.Sam
 	if next != nil {
 		return nil, errors.New("rollout: weights cannot change in the middle of a remote rollout (rollout.partial: switch needs the in-process engine)")
 	}
-	first, err := r.Generate(prompts, n, sp)
+	sp1 := sp
+	if sp.EpisodeTokens > 0 {
+		sp1.MaxNewTokens = min(sp.MaxNewTokens, sp.EpisodeTokens)
+	}
+	first, err := r.Generate(prompts, n, sp1)
 	if err != nil {
 		return nil, err
 	}
@@ -62,11 +66,12 @@ func (r *Client) GenerateTurnsSwitching(prompts [][]int32, n int, sp rollout.Sam
 func (r *Client) episode(ctx context.Context, prompt []int32, s *rollout.Sample, sp rollout.Sampling, turns rollout.Turns, version int64) error {
 	start := 0
 	for t := 0; ; t++ {
-		room := len(prompt) + len(s.Tokens)
+		room := 1 << 30
 		if r.opt.MaxLen > 0 {
-			room = r.opt.MaxLen - room
-		} else {
-			room = 1 << 30
+			room = r.opt.MaxLen - len(prompt) - len(s.Tokens)
+		}
+		if sp.EpisodeTokens > 0 {
+			room = min(room, sp.EpisodeTokens-len(s.Tokens))
 		}
 		obs, done, err := turns.Turn(rollout.TurnEnd{Prompt: s.Prompt, Index: s.Index, Turn: t, Response: slices.Clone(s.Tokens),
 			TurnStart: start, Finish: s.Finish, Room: room})
@@ -76,7 +81,7 @@ func (r *Client) episode(ctx context.Context, prompt []int32, s *rollout.Sample,
 		if done {
 			return nil
 		}
-		if len(obs)+1 > room {
+		if len(obs) >= room {
 			s.Finish = "length"
 			return nil
 		}
@@ -85,8 +90,9 @@ func (r *Client) episode(ctx context.Context, prompt []int32, s *rollout.Sample,
 				return fmt.Errorf("rollout: prompt %d, sample %d, turn %d: observation token %d is id %d, outside the vocabulary [0, %d)", s.Prompt, s.Index, t, j, id, r.opt.Config.VocabSize)
 			}
 		}
-		at := len(s.Tokens)
-		s.Observations = append(s.Observations, rollout.Span{Start: at, End: at + len(obs)})
+		if at := len(s.Tokens); len(obs) > 0 {
+			s.Observations = append(s.Observations, rollout.Span{Start: at, End: at + len(obs)})
+		}
 		s.Tokens = append(s.Tokens, obs...)
 		s.LogProbs = append(s.LogProbs, make([]float32, len(obs))...)
 		if s.TruncLogProbs != nil {
@@ -94,10 +100,7 @@ func (r *Client) episode(ctx context.Context, prompt []int32, s *rollout.Sample,
 		}
 		start = len(s.Tokens)
 		prefix := append(slices.Clone(prompt), s.Tokens...)
-		maxNew := sp.MaxNewTokens
-		if r.opt.MaxLen > 0 {
-			maxNew = min(maxNew, r.opt.MaxLen-len(prefix))
-		}
+		maxNew := min(sp.MaxNewTokens, room-len(obs))
 		j := job{i: s.Prompt, ids: prefix, n: 1, sp: sp, seed: rollout.TurnSeed(sp.Seed, s.Prompt, s.Index, t+1), maxNew: maxNew, version: version}
 		out, err := r.runJob(ctx, j)
 		if err != nil {
