@@ -262,6 +262,13 @@ type RLEval struct {
 	MaxNewTokens int    `yaml:"max_new_tokens"`
 	Precision    string `yaml:"precision"` // the evaluating engine's (default exact)
 	Skip         bool   `yaml:"skip"`
+	// Decontaminate drops the training prompts that are held-out prompts
+	// (default true). A game whose prompt is the same for every hidden
+	// answer ("Guess my number from 1 to 30.") sets it false: its held-out
+	// problems differ from the training ones only in what the model
+	// cannot see. Unset means true (and is not written to the resolved
+	// recipe).
+	Decontaminate *bool `yaml:"decontaminate,omitempty"`
 }
 
 // RLLog controls what the run writes.

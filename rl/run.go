@@ -66,30 +66,24 @@ const (
 // ErrRunExists is returned when a fresh run would overwrite one.
 var ErrRunExists = errors.New("run directory holds a run")
 
-// decontaminate drops the prompts that are evaluation examples: the same
-// chat text or, with withAnswer (an environment's episodes), the same
-// chat text and ground truth (a game's prompt, such as "Guess my number
-// from 1 to 30.", is shared by problems that differ in their hidden
-// answer).
-func decontaminate(prompts []Prompt, eval []data.Example, withAnswer bool) ([]Prompt, int) {
-	key := func(e *data.Example) string {
-		k := tokenizer.ChatML(e.Chat(), true)
-		if withAnswer {
-			k += "\x00" + e.Answer
-		}
-		return k
-	}
+// decontaminate drops the prompts whose chat text is that of an
+// evaluation example.
+func decontaminate(prompts []Prompt, eval []data.Example) ([]Prompt, int) {
 	held := map[string]bool{}
 	for i := range eval {
-		held[key(&eval[i])] = true
+		held[chatKey(eval[i].Chat())] = true
 	}
 	out := prompts[:0:0]
 	for _, p := range prompts {
-		if !held[key(&p.Example)] {
+		if !held[chatKey(p.Example.Chat())] {
 			out = append(out, p)
 		}
 	}
 	return out, len(prompts) - len(out)
+}
+
+func chatKey(msgs []tokenizer.Message) string {
+	return tokenizer.ChatML(msgs, true)
 }
 
 // guardMessage says which guard threshold a step passed ("" if none).

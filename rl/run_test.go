@@ -190,21 +190,8 @@ func TestDecontaminate(t *testing.T) {
 	ps := []Prompt{{Row: 0}, {Row: 1}, {Row: 2}}
 	ps[0].Example.Prompt, ps[1].Example.Prompt, ps[2].Example.Prompt = "Compute 1+1.", "Compute 2+2.", "Compute 3+3."
 	eval := []data.Example{{Prompt: "Compute 2+2."}, {Prompt: "Compute 9+9."}}
-	out, n := decontaminate(ps, eval, false)
+	out, n := decontaminate(ps, eval)
 	if n != 1 || len(out) != 2 || out[0].Row != 0 || out[1].Row != 2 {
 		t.Fatalf("kept %+v, dropped %d", out, n)
-	}
-	// A game's prompt is shared by problems with other hidden answers.
-	games := []Prompt{{Row: 0}, {Row: 1}}
-	for i := range games {
-		games[i].Example = data.Example{Task: "guess", Prompt: "Guess my number from 1 to 8.", Answer: itoa(3 + i)}
-	}
-	held := []data.Example{{Task: "guess", Prompt: "Guess my number from 1 to 8.", Answer: "4"}}
-	out, n = decontaminate(games, held, true)
-	if n != 1 || len(out) != 1 || out[0].Row != 0 {
-		t.Fatalf("games: kept %+v, dropped %d", out, n)
-	}
-	if out, n = decontaminate(games, held, false); n != 2 || len(out) != 0 {
-		t.Fatalf("one turn: kept %+v, dropped %d", out, n)
 	}
 }

@@ -173,9 +173,12 @@ func (u *runner) loadEvalSet() error {
 	if r.Eval.N > 0 && r.Eval.N < len(u.evalSet) {
 		u.evalSet = u.evalSet[:r.Eval.N]
 	}
+	if d := r.Eval.Decontaminate; d != nil && !*d {
+		return nil
+	}
 	var dropped int
-	if u.prompts, dropped = decontaminate(u.prompts, u.evalSet, r.Env.On()); len(u.prompts) == 0 {
-		return fmt.Errorf("data: every training prompt is also in eval.file %s", r.Eval.File)
+	if u.prompts, dropped = decontaminate(u.prompts, u.evalSet); len(u.prompts) == 0 {
+		return fmt.Errorf("data: every training prompt is also in eval.file %s (a game's prompt, the same for every hidden answer, needs eval.decontaminate: false)", r.Eval.File)
 	}
 	u.res.Decontaminated = dropped
 	return nil
