@@ -119,51 +119,62 @@ type crossReport struct {
 // report in PREFIX-PRECISION.json when an earlier suite wrote it with the
 // same settings after the model was last written.
 func crossScores(ctx context.Context, model, arm, prefix string, rec *rl.Recipe, precisions []string) ([]crossScore, error) {
+	var out []crossScore
+	for _, prec := range precisions {
+		avg, err := cachedEval(ctx, model, prefix+"-"+prec+".json", rec, prec, rec.Eval.K, crossEvalSeed)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, crossScore{arm: arm, precision: prec, avg: avg})
+	}
+	return out, nil
+}
+
+// cachedEval returns a model's held-out avg@k on rec's evaluation set and
+// settings, under precision prec with k samples per problem and sampling
+// seed seed, reusing the report in file when an earlier suite wrote it
+// with the same settings after the model was last written, and writing it
+// there otherwise.
+func cachedEval(ctx context.Context, model, file string, rec *rl.Recipe, prec string, k int, seed uint64) (float64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
 	evalFile, err := builtin.Resolve(rec.Eval.File, "")
 	if err != nil {
-		return nil, fmt.Errorf("eval.file: %w", err)
+		return 0, fmt.Errorf("eval.file: %w", err)
 	}
 	weights, err := os.Stat(filepath.Join(model, "model.safetensors"))
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
-	var out []crossScore
-	for _, prec := range precisions {
-		if err := ctx.Err(); err != nil {
-			return nil, err
+	want := crossSettings{Precision: prec, EvalFile: evalFile, K: k, Temperature: rec.Rollout.Temperature,
+		MaxNewTokens: rec.Eval.MaxNewTokens, Seed: seed}
+	var cached crossReport
+	if b, err := os.ReadFile(file); err == nil {
+		info, _ := os.Stat(file)
+		if json.Unmarshal(b, &cached) != nil || cached.Settings != want || len(cached.Scores) == 0 || info.ModTime().Before(weights.ModTime()) {
+			fmt.Printf("[eval] %s is stale or from other settings: evaluating again\n", file)
+			cached = crossReport{}
 		}
-		want := crossSettings{Precision: prec, EvalFile: evalFile, K: rec.Eval.K, Temperature: rec.Rollout.Temperature,
-			MaxNewTokens: rec.Eval.MaxNewTokens, Seed: crossEvalSeed}
-		file := prefix + "-" + prec + ".json"
-		var cached crossReport
-		if b, err := os.ReadFile(file); err == nil {
-			info, _ := os.Stat(file)
-			if json.Unmarshal(b, &cached) != nil || cached.Settings != want || len(cached.Scores) == 0 || info.ModTime().Before(weights.ModTime()) {
-				fmt.Printf("[cross-eval] %s is stale or from other settings: evaluating again\n", file)
-				cached = crossReport{}
-			}
-		} else if !errors.Is(err, os.ErrNotExist) {
-			return nil, err
-		}
-		if cached.Scores == nil {
-			p, err := rollout.ParsePrecision(prec)
-			if err != nil {
-				return nil, fmt.Errorf("%s: rollout.precision: %w", model, err)
-			}
-			fmt.Printf("[cross-eval] %s under %s\n", model, prec)
-			r, err := evalModel(model, evalFile, p, want.K, rollout.Sampling{
-				Temperature: want.Temperature, MaxNewTokens: want.MaxNewTokens, Seed: want.Seed})
-			if err != nil {
-				return nil, fmt.Errorf("cross-evaluating %s: %w", model, err)
-			}
-			cached = crossReport{Settings: want, Scores: r.Scores}
-			if err := atomicfile.Write(file, func(w io.Writer) error { return json.NewEncoder(w).Encode(cached) }); err != nil {
-				return nil, err
-			}
-		}
-		out = append(out, crossScore{arm: arm, precision: prec, avg: cached.Scores[0].AvgAtK})
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return 0, err
 	}
-	return out, nil
+	if cached.Scores == nil {
+		p, err := rollout.ParsePrecision(prec)
+		if err != nil {
+			return 0, fmt.Errorf("%s: rollout.precision: %w", model, err)
+		}
+		fmt.Printf("[eval] %s under %s, k = %d, seed %d\n", model, prec, k, seed)
+		r, err := evalModel(model, evalFile, p, k, rollout.Sampling{Temperature: want.Temperature, MaxNewTokens: want.MaxNewTokens, Seed: seed})
+		if err != nil {
+			return 0, fmt.Errorf("evaluating %s: %w", model, err)
+		}
+		cached = crossReport{Settings: want, Scores: r.Scores}
+		if err := atomicfile.Write(file, func(w io.Writer) error { return json.NewEncoder(w).Encode(cached) }); err != nil {
+			return 0, err
+		}
+	}
+	return cached.Scores[0].AvgAtK, nil
 }
 
 // crossTable sums the scores up per arm (mean and [lowest, highest] over

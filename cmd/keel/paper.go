@@ -201,6 +201,13 @@ func runPaper(args []string) error {
 			return err
 		}
 		fmt.Printf("report -> %s\n", page)
+		if err := rescore(ctx, p, *out); err != nil {
+			if errors.Is(err, context.Canceled) {
+				fmt.Println("stopped; the same command continues the suite")
+				return nil
+			}
+			return err
+		}
 		if len(p.grid.CrossEval) > 0 {
 			err := crossEval(ctx, p, *out)
 			if errors.Is(err, context.Canceled) {
