@@ -38,8 +38,10 @@ type Example struct {
 	Response string `json:"response,omitempty"`
 	Style    string `json:"style,omitempty"`
 	// Extra is the row's extra_info object (verl's) as compact JSON, which
-	// an external reward program receives; kept from JSONL rows only (of
-	// Parquet's, only extra_info.index is read, as ID).
+	// an external reward program and an environment server receive: a
+	// JSONL row's as written, a Parquet row's scalar fields and nested
+	// structs (lists inside it are not read). WriteParquet writes only
+	// split and index.
 	Extra json.RawMessage `json:"extra_info,omitempty"`
 }
 

@@ -143,6 +143,8 @@ func TestParquetRoundTrip(t *testing.T) {
 		if e.ID == "" {
 			e.ID = strconv.Itoa(i)
 		}
+		// extra_info reads back as JSON: the split and index written.
+		e.Extra = json.RawMessage(`{"index":` + e.ID + `,"split":"train"}`)
 		want[i] = e
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -247,7 +249,8 @@ func TestParquetOtherLayouts(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Example{
-		{ID: "5", Task: "arithmetic", Messages: []tokenizer.Message{{Role: "system", Content: "Think."}, {Role: "user", Content: "Compute 40+2."}}, Answer: "42"},
+		{ID: "5", Task: "arithmetic", Messages: []tokenizer.Message{{Role: "system", Content: "Think."}, {Role: "user", Content: "Compute 40+2."}}, Answer: "42",
+			Extra: json.RawMessage(`{"answer":"42","index":5,"question":"q"}`)},
 		{Task: "linear", Messages: []tokenizer.Message{{Role: "user", Content: "Solve x+1=0."}}, Answer: "-1"},
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -586,6 +589,45 @@ func TestParquetMathDataSets(t *testing.T) {
 		}
 		if s := tasks.Score(got[i].Task, got[i].Answer, c.wrong); s != 0 {
 			t.Errorf("%s: wrong answer scores %v", got[i].Task, s)
+		}
+	}
+}
+
+type nestedMeta struct {
+	Level *int64   `parquet:"level"`
+	Score *float64 `parquet:"score"`
+	Hard  *bool    `parquet:"hard"`
+}
+type nestedExtra struct {
+	Split *string     `parquet:"split"`
+	Meta  *nestedMeta `parquet:"meta"`
+}
+type nestedRow struct {
+	DataSource string       `parquet:"data_source"`
+	Prompt     string       `parquet:"prompt"`
+	Answer     string       `parquet:"answer"`
+	ExtraInfo  *nestedExtra `parquet:"extra_info"`
+}
+
+// extra_info reads as JSON whatever its fields: nested structs as
+// objects, typed values, a null field as null, a null extra_info as none.
+func TestParquetExtraInfo(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "x.parquet")
+	if err := parquet.WriteFile(p, []nestedRow{
+		{DataSource: "gsm8k", Prompt: "q1", Answer: "1", ExtraInfo: &nestedExtra{Split: ptr("test"), Meta: &nestedMeta{Level: ptr(int64(3)), Score: ptr(0.5), Hard: ptr(true)}}},
+		{DataSource: "gsm8k", Prompt: "q2", Answer: "2", ExtraInfo: &nestedExtra{Meta: &nestedMeta{Level: ptr(int64(1))}}},
+		{DataSource: "gsm8k", Prompt: "q3", Answer: "3"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Read(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{`{"meta":{"hard":true,"level":3,"score":0.5},"split":"test"}`, `{"meta":{"hard":null,"level":1,"score":null},"split":null}`, ``}
+	for i, w := range want {
+		if string(got[i].Extra) != w {
+			t.Errorf("row %d: extra_info %s, want %s", i, got[i].Extra, w)
 		}
 	}
 }

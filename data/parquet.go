@@ -2,10 +2,13 @@ package data
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -202,6 +205,9 @@ type layout struct {
 	role, content             column // the prompt as a chat list
 	target, numbers           column // a {target, numbers} ground truth
 	response, style, diff, id column
+	// extra are the scalar leaves under extra_info (nested structs
+	// included; lists are not read).
+	extra []column
 }
 
 // findLayout finds the columns of each field, by name.
@@ -270,6 +276,12 @@ func findLayout(s *parquet.Schema) (*layout, error) {
 			}
 		}
 	}
+	for p, c := range leaves {
+		if strings.HasPrefix(p, "extra_info.") && c.elem < 0 {
+			l.extra = append(l.extra, c)
+		}
+	}
+	sort.Slice(l.extra, func(i, j int) bool { return l.extra[i].index < l.extra[j].index })
 	if l.answer.index < 0 {
 		l.target = scalar("reward_model.ground_truth.target")
 		l.numbers = listScalar("reward_model.ground_truth.numbers")
@@ -450,5 +462,77 @@ func (l *layout) example(byCol [][]parquet.Value) (Example, error) {
 	if d, _, err := l.diff.scalar(byCol); err == nil {
 		e.Difficulty, _ = strconv.Atoi(d)
 	}
+	if e.Extra, err = l.extraInfo(byCol); err != nil {
+		return e, err
+	}
 	return e, nil
+}
+
+// extraInfo renders a row's extra_info struct as compact JSON (nil when
+// the file has none or the row's is null): strings, numbers and booleans
+// as themselves, nested structs as objects, a null field as null; a
+// non-finite float (which JSON cannot hold) as a string.
+func (l *layout) extraInfo(byCol [][]parquet.Value) (json.RawMessage, error) {
+	if len(l.extra) == 0 {
+		return nil, nil
+	}
+	root := map[string]any{}
+	seen := false
+	for _, c := range l.extra {
+		path := strings.Split(c.name, ".")[1:]
+		m := root
+		for _, k := range path[:len(path)-1] {
+			sub, ok := m[k].(map[string]any)
+			if !ok {
+				sub = map[string]any{}
+				m[k] = sub
+			}
+			m = sub
+		}
+		if len(byCol[c.index]) == 0 {
+			continue
+		}
+		v := byCol[c.index][0]
+		if v.IsNull() || v.DefinitionLevel() < c.maxDef {
+			if v.DefinitionLevel() > 0 {
+				m[path[len(path)-1]] = nil
+				seen = true
+			}
+			continue
+		}
+		jv, err := jsonValue(v)
+		if err != nil {
+			return nil, fmt.Errorf("column %q: %v", c.name, err)
+		}
+		m[path[len(path)-1]] = jv
+		seen = true
+	}
+	if !seen {
+		return nil, nil // extra_info itself is null
+	}
+	return json.Marshal(root)
+}
+
+// jsonValue is a Parquet value as encoding/json writes it.
+func jsonValue(v parquet.Value) (any, error) {
+	switch v.Kind() {
+	case parquet.ByteArray, parquet.FixedLenByteArray:
+		return string(v.ByteArray()), nil
+	case parquet.Int32:
+		return int64(v.Int32()), nil
+	case parquet.Int64:
+		return v.Int64(), nil
+	case parquet.Float, parquet.Double:
+		f := v.Double()
+		if v.Kind() == parquet.Float {
+			f = float64(v.Float())
+		}
+		if math.IsNaN(f) || math.IsInf(f, 0) {
+			return strconv.FormatFloat(f, 'g', -1, 64), nil
+		}
+		return f, nil
+	case parquet.Boolean:
+		return v.Boolean(), nil
+	}
+	return nil, fmt.Errorf("unsupported value type %s", v.Kind())
 }
