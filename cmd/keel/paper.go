@@ -121,6 +121,15 @@ func paperSuite(quick bool) []paperGrid {
 		g = append(g, paperGrid{Name: fmt.Sprintf("async-k%d-%s", k, stressPrecision), Paths: []string{"recipes/paper/async"},
 			Seeds: seeds, Sets: []string{stress, fmt.Sprintf("rollout.staleness=%d", k)}})
 	}
+	// The same at three times the learning rate, where the on-policy runs
+	// need the IS correction most: MiniRL against MiniRL without it, the
+	// rollout k steps ahead, at eight paired seeds.
+	for _, k := range []int{1, 4} {
+		g = append(g, paperGrid{Name: fmt.Sprintf("async-k%d-%s-lr3e-4", k, stressPrecision),
+			Paths: []string{"recipes/paper/async/minirl.yaml", "recipes/paper/async/minirl-no-is.yaml"}, Seeds: []uint64{1},
+			Sets:      append([]string{stress, fmt.Sprintf("rollout.staleness=%d", k)}, lr3...),
+			MorePaths: []string{"recipes/paper/async/minirl.yaml", "recipes/paper/async/minirl-no-is.yaml"}, MoreSeeds: more})
+	}
 	for _, style := range []string{"terse", "scratch", "chain"} {
 		g = append(g, paperGrid{Name: "coldstart-" + style,
 			Paths: []string{"recipes/paper/coldstart/from-" + style + ".yaml"}, Seeds: []uint64{1},
