@@ -368,7 +368,7 @@ func Standard(runs []Run, smooth int) []Chart {
 			}
 		}
 	}
-	return []Chart{
+	charts := []Chart{
 		Build(runs, "training reward", "reward/mean", false).Smooth(smooth),
 		Build(runs, "held-out "+strings.TrimPrefix(k, "eval/"), k, false),
 		Build(runs, "entropy", "entropy", false).Smooth(smooth),
@@ -377,6 +377,26 @@ func Standard(runs []Run, smooth int) []Chart {
 		Build(runs, "staleness |log pi_theta - log pi_old|", "staleness", false).Smooth(smooth),
 		Build(runs, "surrogate-validity gap (pi_theta vs mu_old)", "surrogate/gap", true).Smooth(smooth),
 	}
+	// Runs of multi-turn episodes: how long they are and how often the
+	// model calls its tools.
+	for _, m := range []struct{ title, key string }{{"model turns per episode", "env/turns"}, {"tool calls per episode", "env/tool_calls"}} {
+		if logs(runs, m.key) {
+			charts = append(charts, Build(runs, m.title, m.key, false).Smooth(smooth))
+		}
+	}
+	return charts
+}
+
+// logs reports whether some run logs key.
+func logs(runs []Run, key string) bool {
+	for _, r := range runs {
+		for _, p := range r.Steps {
+			if _, ok := p.Values[key]; ok {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // HTML renders charts into one self-contained page, with the arms'

@@ -210,3 +210,16 @@ func TestLegendFits(t *testing.T) {
 		t.Errorf("a 200-character name: legend margin %d, plot width %v; want 320 and a positive width", g.right, g.pw)
 	}
 }
+
+// Runs of episodes get two more charts, after the standard ones.
+func TestStandardEpisodeCharts(t *testing.T) {
+	one := []Run{{Dir: "a-s1", Arm: "a", GradPerStep: 1, Steps: []Point{{Step: 1, Values: map[string]float64{"reward/mean": 0.5}}}}}
+	multi := []Run{{Dir: "b-s1", Arm: "b", GradPerStep: 1, Steps: []Point{{Step: 1, Values: map[string]float64{"reward/mean": 0.5, "env/turns": 2, "env/tool_calls": 1}}}}}
+	if n := len(Standard(one, 1)); n != 7 {
+		t.Fatalf("one-turn runs: %d charts, want 7", n)
+	}
+	c := Standard(multi, 1)
+	if len(c) != 9 || c[7].Metric != "env/turns" || c[8].Metric != "env/tool_calls" {
+		t.Fatalf("episode runs: %d charts (%v)", len(c), c[len(c)-1].Metric)
+	}
+}
