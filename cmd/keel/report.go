@@ -23,7 +23,8 @@ const reportUsage = `usage: keel report RUN_DIR... [--out FILE.html] [--title T]
 
 Writes one self-contained HTML page (inline SVG, no network) with a chart
 per measure — training reward, held-out avg@k, entropy, train-infer KL,
-routing disagreement, staleness, surrogate validity — against gradient
+routing disagreement, staleness, surrogate validity (and turns and tool
+calls per episode for runs of a multi-turn environment) — against gradient
 steps, one curve per arm: runs named NAME-sSEED (as keel sweep names them)
 are the seeds of arm NAME, drawn as their mean with their spread; a table
 (on the page and printed here, in Markdown) sums each arm up. A
