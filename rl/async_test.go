@@ -279,6 +279,14 @@ func TestPartialRolloutsSwitch(t *testing.T) {
 	if _, err := ParseRecipe([]byte(testRecipeYAML), []string{"rollout.staleness=1", "rollout.partial=switch"}); err == nil || !strings.Contains(err.Error(), "rollout.partial") {
 		t.Errorf("switch without max_staleness: err = %v", err)
 	}
+	// On remote servers: keel serve's, which say each token's version.
+	remoteSwitch := []string{"rollout.max_staleness=2", "rollout.partial=switch", "rollout.precision=", `rollout.servers=["http://127.0.0.1:1"]`}
+	if _, err := ParseRecipe([]byte(testRecipeYAML), remoteSwitch); err != nil {
+		t.Errorf("switch on keel servers: %v", err)
+	}
+	if _, err := ParseRecipe([]byte(testRecipeYAML), append(remoteSwitch, "rollout.server_kind=sglang")); err == nil || !strings.HasPrefix(err.Error(), "rollout.partial") {
+		t.Errorf("switch on SGLang servers: err = %v", err)
+	}
 }
 
 // The exact encoding of batches sampled ahead: log mu's bits and the

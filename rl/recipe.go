@@ -533,8 +533,11 @@ func (ro *RolloutSettings) fill(out string) error {
 	switch ro.Partial {
 	case "", PartialFinish:
 	case PartialSwitch:
-		if ro.MaxStaleness == 0 || len(ro.Servers) > 0 {
-			return bad("rollout.partial", "switch changes weights inside a batch: it needs rollout.max_staleness and the in-process engine (no rollout.servers)")
+		if ro.MaxStaleness == 0 {
+			return bad("rollout.partial", "switch changes weights inside a batch: it needs rollout.max_staleness")
+		}
+		if len(ro.Servers) > 0 && ro.ServerKind != remote.KindKeel {
+			return bad("rollout.partial", "switch on remote servers needs keel serve (rollout.server_kind: keel), which reports the weight version of every token; %s does not", ro.ServerKind)
 		}
 	default:
 		return bad("rollout.partial", "unknown %q (want %s or %s)", ro.Partial, PartialFinish, PartialSwitch)

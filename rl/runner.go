@@ -271,7 +271,7 @@ func (u *runner) newSampler() (Sampler, error) {
 	if len(ro.Servers) > 0 {
 		// Remote rollout: the servers run their own precision; each step's
 		// weights reach them through ro.WeightsDir.
-		rs, err := remote.New(remote.Options{Servers: ro.Servers, Kind: ro.ServerKind, WeightsDir: ro.WeightsDir,
+		rs, err := remote.New(remote.Options{Servers: ro.Servers, Kind: ro.ServerKind, WeightsDir: ro.WeightsDir, InPlace: ro.Partial == PartialSwitch,
 			RequestTimeout: time.Duration(ro.RequestTimeout * float64(time.Second)), MaxConcurrency: ro.MaxConcurrency,
 			APIKey: os.Getenv(remote.APIKeyEnv), Config: u.policy.Config, MaxLen: maxLen, Events: u.pr.Warn,
 			WriteFiles: func(dir string) error { return u.tok.WriteFile(filepath.Join(dir, tokenizer.FileName)) }})

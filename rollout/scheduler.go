@@ -77,6 +77,7 @@ type request struct {
 type weightUpdate struct {
 	m       *model.Model
 	version int64
+	inPlace bool // switch the sequences in flight (UpdateWeightsInPlace)
 	err     error
 	done    chan struct{}
 }
@@ -185,10 +186,24 @@ func (s *Scheduler) Continue() {
 // (one whose first sample has started finishes before the update). A model
 // of another configuration is refused at once.
 func (s *Scheduler) UpdateWeights(m *model.Model, version int64) error {
-	if err := s.e.checkModel(m); err != nil {
+	return s.update(&weightUpdate{m: m, version: version, done: make(chan struct{})})
+}
+
+// UpdateWeightsInPlace loads m's weights at the next step boundary without
+// waiting for the sequences in flight (partial rollouts), even while the
+// scheduler is paused: they continue on the new weights, each with its
+// KV cache recomputed under them first (as Engine.GenerateSwitching
+// does), and their samples say which version sampled each token
+// (Sample.TokenVersions).
+func (s *Scheduler) UpdateWeightsInPlace(m *model.Model, version int64) error {
+	return s.update(&weightUpdate{m: m, version: version, inPlace: true, done: make(chan struct{})})
+}
+
+// update hands u to the loop and waits for it.
+func (s *Scheduler) update(u *weightUpdate) error {
+	if err := s.e.checkModel(u.m); err != nil {
 		return err
 	}
-	u := &weightUpdate{m: m, version: version, done: make(chan struct{})}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -243,7 +258,7 @@ func (s *Scheduler) loop() {
 		s.loops++
 		s.boundary()
 		switch {
-		case len(s.updates) > 0 && s.g.drained():
+		case len(s.updates) > 0 && (s.g.drained() || s.updates[0].inPlace):
 			s.applyUpdate()
 		case s.paused == 0 && s.g.busy():
 			s.stepping = true
@@ -321,11 +336,16 @@ func (s *Scheduler) fail(err error) {
 }
 
 // applyUpdate loads the first waiting weight update, with mu released (no
-// sequence is in flight, and none starts while updates wait).
+// sequence is in flight, or the update switches those in flight; none
+// starts while updates wait, and only the loop touches its gen).
 func (s *Scheduler) applyUpdate() {
 	u := s.updates[0]
 	s.mu.Unlock()
-	u.err = s.e.UpdateWeights(context.Background(), u.m, u.version)
+	if u.inPlace {
+		u.err = s.g.switchWeights(&Switch{Model: u.m, Version: u.version})
+	} else {
+		u.err = s.e.UpdateWeights(context.Background(), u.m, u.version)
+	}
 	s.mu.Lock()
 	s.updates[0] = nil
 	s.updates = s.updates[1:]

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/train"
 )
 
 // identical fails unless a and b are the same samples bit for bit: what
@@ -444,6 +445,61 @@ func TestSchedulerUpdateWeights(t *testing.T) {
 		s.Close()
 		e.Close()
 	}
+}
+
+// An in-place update (partial rollouts) switches the sequences in flight:
+// at a's third token the update is queued and applied at the next step
+// boundary, without waiting for a to finish; every token of a is then of
+// the weights that sampled it, its log-prob theirs given the whole
+// sequence (exact precision), and the sample says which version sampled
+// each token. A paused scheduler takes an in-place update too.
+func TestSchedulerUpdateWeightsInPlace(t *testing.T) {
+	m1, m2 := randomModel(moeConfig(), 15), randomModel(moeConfig(), 16)
+	e, s := newTestScheduler(t, m1, Exact, 2)
+	defer e.Close()
+	defer s.Close()
+	a := Request{Prompt: []int32{3, 1, 4, 1, 5}, N: 2, Sampling: Sampling{Temperature: 1, MaxNewTokens: 12, Seed: 5}}
+	var updErr error
+	var wg sync.WaitGroup
+	n := 0
+	a.OnToken = func(int, Token) {
+		if n++; n != 3 {
+			return
+		}
+		wg.Go(func() { updErr = s.UpdateWeightsInPlace(m2, 9) })
+		waitFor(t, s, func() bool { return len(s.updates) == 1 })
+	}
+	got, err := s.Do(context.Background(), a)
+	wg.Wait()
+	if err != nil || updErr != nil {
+		t.Fatal(err, updErr)
+	}
+	old, neu := train.New(m1), train.New(m2)
+	switched := 0
+	for i, smp := range got {
+		if smp.TokenVersions == nil {
+			t.Fatalf("sample %d: no token versions, the update did not switch it", i)
+		}
+		switched++
+		seq := append(slices.Clone(a.Prompt), smp.Tokens...)
+		ro, _ := old.Forward([][]int32{seq}, train.ForwardOptions{NoEntropy: true})
+		rn, _ := neu.Forward([][]int32{seq}, train.ForwardOptions{NoEntropy: true})
+		for j, v := range smp.TokenVersions {
+			want := ro.LogProbs[0][len(a.Prompt)-1+j]
+			if v == 9 {
+				want = rn.LogProbs[0][len(a.Prompt)-1+j]
+			}
+			if math.Float32bits(smp.LogProbs[j]) != math.Float32bits(want) {
+				t.Fatalf("sample %d token %d (version %d): log-prob %g, want %g", i, j, v, smp.LogProbs[j], want)
+			}
+		}
+	}
+	// Paused, with nothing running: applied at once.
+	s.Pause()
+	if err := s.UpdateWeightsInPlace(m1, 10); err != nil || s.Version() != 10 {
+		t.Fatalf("paused: err %v, version %d", err, s.Version())
+	}
+	s.Continue()
 }
 
 // settledGoroutines returns the goroutine count once goroutines of

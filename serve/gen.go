@@ -31,6 +31,10 @@ type choice struct {
 	finish     string
 	routes     *model.Routes
 	version    int64
+	// versions[t] is the weight version that sampled ids[t], set only
+	// when an in-place weight update switched the sequence (nil: all of
+	// version).
+	versions []int64
 	// Text state: the text of ids[:nText] (a stop token excluded, cut at
 	// a stop string), and how much of it was already streamed. A request
 	// that streams or has stop strings builds it token by token
@@ -359,8 +363,11 @@ func (g *generation) extendText(c *choice, final bool) {
 
 // finish takes the engine's sample for c unless a stop string ended it.
 func (g *generation) finish(c *choice, smp rollout.Sample) {
-	c.routes, c.version = smp.Routes, smp.Version
+	c.routes, c.version, c.versions = smp.Routes, smp.Version, smp.TokenVersions
 	if c.stopped {
+		if c.versions != nil {
+			c.versions = c.versions[:len(c.ids)]
+		}
 		return
 	}
 	// Following tokens, c already holds these (every token was handled

@@ -815,12 +815,22 @@ func TestPauseAbort(t *testing.T) {
 			}
 			code := ts.post(t, "/update_weights_from_disk", map[string]any{"model_path": dir, "weight_version": "1"}, &ok)
 			if mode == "in_place" {
-				if code != 409 {
+				// Partial rollouts: the sequences in flight continue on the
+				// new weights, each token's version in the answer.
+				if code != 200 {
 					t.Errorf("update while paused in place with a request in flight: %d %v", code, ok)
 				}
 				ts.post(t, "/continue_generation", nil, nil)
-				if f := finish(<-answer); f != "length" {
+				a := <-answer
+				if f := finish(a); f != "length" {
 					t.Errorf("in place: finish %v", f)
+				}
+				for i, o := range a {
+					meta := o["meta_info"].(map[string]any)
+					vs, _ := meta["output_token_weight_versions"].([]any)
+					if len(vs) != 60 || vs[0] != 0.0 || vs[59] != 1.0 || meta["weight_version"] != "0" {
+						t.Errorf("in place: output %d: weight_version %v, token versions %v", i, meta["weight_version"], vs)
+					}
 				}
 				break
 			}

@@ -71,6 +71,7 @@ type Server struct {
 	// step.
 	pauseMu sync.Mutex
 	paused  bool
+	inPlace bool // the pause's mode is in_place: an update switches the sequences in flight
 
 	updateLock sync.Mutex // one weight update at a time
 }
@@ -490,6 +491,14 @@ func (s *Server) resume() {
 		s.sched.Continue()
 		s.paused = false
 	}
+}
+
+// pausedInPlace reports whether pause_generation paused the server with
+// mode in_place.
+func (s *Server) pausedInPlace() bool {
+	s.pauseMu.Lock()
+	defer s.pauseMu.Unlock()
+	return s.paused && s.inPlace
 }
 
 // isPaused reports whether pause_generation paused the server.

@@ -96,6 +96,11 @@ type sglMeta struct {
 	PromptTokens                int          `json:"prompt_tokens"`
 	RoutedExperts               *string      `json:"routed_experts,omitempty"`
 	WeightVersion               string       `json:"weight_version"`
+	// OutputTokenWeightVersions (keel's) gives the weight version of each
+	// output token when an in-place update (pause_generation with mode
+	// in_place, then update_weights_from_disk) switched the request;
+	// weight_version is then its first token's.
+	OutputTokenWeightVersions []int64 `json:"output_token_weight_versions,omitempty"`
 }
 
 // sglLogprob is SGLang's log-probability of a token: [logprob, token id,
@@ -395,12 +400,13 @@ func (s *Server) sglSampling(p sglParams, promptLen int, batch bool, i int) (rol
 // the stop token that ended it unless noStopTrim (output_ids keep it).
 func (s *Server) sglAnswerOf(req *sglGenerateRequest, jb genJob, noStopTrim bool, c *choice, latency float64) sglAnswer {
 	meta := sglMeta{
-		ID:               newID(""),
-		PromptTokens:     len(jb.prompt),
-		CompletionTokens: len(c.ids),
-		WeightVersion:    strconv.FormatInt(c.version, 10),
-		E2ELatency:       latency,
-		FinishReason:     sglFinish{Type: "length", Length: ptr(len(c.ids))},
+		ID:                        newID(""),
+		PromptTokens:              len(jb.prompt),
+		CompletionTokens:          len(c.ids),
+		WeightVersion:             strconv.FormatInt(c.version, 10),
+		E2ELatency:                latency,
+		OutputTokenWeightVersions: c.versions,
+		FinishReason:              sglFinish{Type: "length", Length: ptr(len(c.ids))},
 	}
 	if c.finish == "stop" {
 		meta.FinishReason = sglFinish{Type: "stop"}
@@ -486,10 +492,11 @@ func (s *Server) updateWeightsFromDisk(w http.ResponseWriter, r *http.Request) e
 		// Read under the lock: an update before this one may be loading.
 		version = s.sched.Version() + 1
 	}
-	if st := s.sched.Stats(); s.isPaused() && st.Running > 0 {
+	inPlace := s.pausedInPlace()
+	if st := s.sched.Stats(); s.isPaused() && !inPlace && st.Running > 0 {
 		// The scheduler finishes running sequences on the old weights
 		// first, which a pause forbids.
-		return &apiError{status: http.StatusConflict, param: "model_path", msg: fmt.Sprintf("%d sequences are paused in flight: pause with mode abort, or continue generation, before updating the weights", st.Running)}
+		return &apiError{status: http.StatusConflict, param: "model_path", msg: fmt.Sprintf("%d sequences are paused in flight: pause with mode abort or in_place, or continue generation, before updating the weights", st.Running)}
 	}
 	start := time.Now()
 	m, err := s.opt.Load(req.ModelPath)
@@ -499,7 +506,14 @@ func (s *Server) updateWeightsFromDisk(w http.ResponseWriter, r *http.Request) e
 	if !reflect.DeepEqual(m.Config, s.cfg) {
 		return &apiError{status: http.StatusBadRequest, msg: fmt.Sprintf("model_path %s: its configuration differs from the served model's", req.ModelPath), sglang: true}
 	}
-	if err := s.sched.UpdateWeights(m, version); err != nil {
+	update := s.sched.UpdateWeights
+	if inPlace {
+		// Partial rollouts: the sequences in flight continue on the new
+		// weights (their caches recomputed), each token's version in
+		// meta_info.output_token_weight_versions.
+		update = s.sched.UpdateWeightsInPlace
+	}
+	if err := update(m, version); err != nil {
 		return &apiError{status: http.StatusInternalServerError, msg: err.Error(), sglang: true}
 	}
 	s.mu.Lock()
@@ -554,6 +568,9 @@ func (s *Server) pauseGeneration(w http.ResponseWriter, r *http.Request) error {
 		return badRequest("mode", "mode %q: want abort, retract or in_place", req.Mode)
 	}
 	s.pause()
+	s.pauseMu.Lock()
+	s.inPlace = req.Mode == "in_place"
+	s.pauseMu.Unlock()
 	aborted := 0
 	if req.Mode == "" || req.Mode == "abort" {
 		aborted = s.abortAll(errAborted)

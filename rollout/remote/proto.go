@@ -113,6 +113,9 @@ type sglMeta struct {
 	WeightVersions   []struct {
 		Version string `json:"version"`
 	} `json:"weight_versions"`
+	// OutputTokenWeightVersions is keel serve's version of each output
+	// token after an in-place update switched the request.
+	OutputTokenWeightVersions []int64 `json:"output_token_weight_versions"`
 	// OutputTokenLogprobs holds [logprob, token_id, text or null] per
 	// output token.
 	OutputTokenLogprobs         [][]json.RawMessage `json:"output_token_logprobs"`
@@ -263,11 +266,28 @@ func (p *sglang) sample(o *sglOutput, j job, bad func(field, format string, a ..
 	if len(m.WeightVersion) == 0 || json.Unmarshal(m.WeightVersion, &got) != nil {
 		return smp, bad("meta_info.weight_version", "missing or not a string (%s): the server cannot say which weights sampled this", snippet(m.WeightVersion))
 	}
-	if got != want {
+	version := j.version
+	if r.opt.InPlace {
+		// Partial rollouts: newer weights may have sampled it, or some of it.
+		v, err := strconv.ParseInt(got, 10, 64)
+		if err != nil || v < j.version {
+			return smp, bad("meta_info.weight_version", "%q, want %q or newer: the server does not hold this step's weights", got, want)
+		}
+		version = v
+	} else if got != want {
 		return smp, bad("meta_info.weight_version", "%q, want %q: the server does not hold this step's weights", got, want)
 	}
 	if len(m.WeightVersions) > 1 {
 		return smp, bad("meta_info.weight_versions", "%d versions sampled this response: weights changed during the request", len(m.WeightVersions))
+	}
+	if m.OutputTokenWeightVersions != nil {
+		if !r.opt.InPlace {
+			return smp, bad("meta_info.output_token_weight_versions", "weights changed during the request, which only in-place pushes allow")
+		}
+		if err := tokenVersions(m.OutputTokenWeightVersions, version, len(ids)); err != nil {
+			return smp, bad("meta_info.output_token_weight_versions", "%v", err)
+		}
+		smp.TokenVersions = m.OutputTokenWeightVersions
 	}
 	if smp.Finish, err = sglFinish(m.FinishReason, bad); err != nil {
 		return smp, err
@@ -294,7 +314,7 @@ func (p *sglang) sample(o *sglOutput, j job, bad func(field, format string, a ..
 			return smp, bad("meta_info.output_token_logprobs", "entry %d is for token %s, output_ids[%d] is %d", t, snippet(e[1]), t, ids[t])
 		}
 	}
-	smp.Tokens, smp.LogProbs, smp.Version = ids, lp, j.version
+	smp.Tokens, smp.LogProbs, smp.Version = ids, lp, version
 	if j.sp.Truncated() {
 		// Under truncation log mu is the truncated distribution's.
 		tl := m.OutputTokenSamplingLogprobs
@@ -437,7 +457,11 @@ func (p *sglang) push(ctx context.Context, s *server, dir string, version int64)
 		_, err := r.do(context.WithoutCancel(ctx), s, http.MethodPost, "/continue_generation", map[string]any{})
 		return err
 	}
-	if _, err := r.do(ctx, s, http.MethodPost, "/pause_generation", map[string]any{"mode": "abort"}); err != nil {
+	mode := "abort"
+	if r.opt.InPlace {
+		mode = "in_place"
+	}
+	if _, err := r.do(ctx, s, http.MethodPost, "/pause_generation", map[string]any{"mode": mode}); err != nil {
 		if ctx.Err() != nil {
 			cont() // the pause may have reached the server before ctx was done
 		}
@@ -473,6 +497,23 @@ func (p *sglang) push(ctx context.Context, s *server, dir string, version int64)
 	if json.Unmarshal(body, &info) != nil || json.Unmarshal(info.WeightVersion, &got) != nil || got != ver {
 		return &ServerError{Server: s.url, Op: "GET /get_model_info", Field: "weight_version",
 			Err: fmt.Errorf("%s after loading version %s from %s", snippet(info.WeightVersion), ver, dir)}
+	}
+	return nil
+}
+
+// tokenVersions checks an answer's per-token weight versions: one per
+// output token, the first the answer's weight_version, never going back.
+func tokenVersions(v []int64, first int64, n int) error {
+	if len(v) != n {
+		return fmt.Errorf("%d versions for %d output tokens", len(v), n)
+	}
+	if n > 0 && v[0] != first {
+		return fmt.Errorf("the first token is of version %d, weight_version says %d", v[0], first)
+	}
+	for t := 1; t < n; t++ {
+		if v[t] < v[t-1] {
+			return fmt.Errorf("token %d is of version %d, older than the token before (%d)", t, v[t], v[t-1])
+		}
 	}
 	return nil
 }

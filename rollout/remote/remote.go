@@ -145,6 +145,12 @@ type Options struct {
 	Events func(msg string)
 	// Client replaces the default HTTP client (tests).
 	Client *http.Client
+	// InPlace makes weight pushes partial rollouts (kind keel only): the
+	// servers are paused with mode in_place and the requests in flight
+	// continue on the new weights (keel serve recomputes their caches),
+	// each answer saying which version sampled each token; without it, a
+	// push aborts them and they are sent again.
+	InPlace bool
 }
 
 // Client is a Sampler of the RL loop (package rl) over HTTP inference
@@ -233,6 +239,9 @@ func New(opt Options) (*Client, error) {
 	}
 	if CheckKind(opt.Kind) != nil {
 		return nil, fmt.Errorf("remote rollout: unknown server kind %q (want %s)", opt.Kind, kindList())
+	}
+	if opt.InPlace && opt.Kind != KindKeel {
+		return nil, fmt.Errorf("remote rollout: in-place weight pushes (partial rollouts) need servers that report each token's weight version: kind %s, not %s", KindKeel, opt.Kind)
 	}
 	if err := opt.Config.Validate(); err != nil {
 		return nil, fmt.Errorf("remote rollout: %w", err)
