@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/keel-rl/keel/data"
+	"github.com/keel-rl/keel/internal/jsonfix"
 	"github.com/keel-rl/keel/tokenizer"
 )
 
@@ -416,7 +417,7 @@ func object(raw []byte, keys []string, field string) (map[string]json.RawMessage
 		prefix = fmt.Sprintf("field %q: ", field)
 	}
 	var m map[string]json.RawMessage
-	dec := json.NewDecoder(bytes.NewReader(quoteNonFinite(raw)))
+	dec := json.NewDecoder(bytes.NewReader(jsonfix.QuoteNonFinite(raw)))
 	if err := dec.Decode(&m); err != nil || m == nil {
 		return nil, fmt.Errorf("%s%s, want a JSON object", prefix, head(raw))
 	}
@@ -450,55 +451,11 @@ func str(raw json.RawMessage, field string) (string, error) {
 }
 
 // finite reads a member that must be a finite number (a quoted NaN or
-// Infinity, as quoteNonFinite leaves them, is refused by name).
+// Infinity, as jsonfix.QuoteNonFinite leaves them, is refused by name).
 func finite(raw json.RawMessage, field string) (float64, error) {
 	var f float64
 	if isNull(raw) || json.Unmarshal(raw, &f) != nil || math.IsInf(f, 0) || math.IsNaN(f) {
 		return 0, fmt.Errorf("field %q: %s, want a finite number", field, head(raw))
 	}
 	return f, nil
-}
-
-// quoteNonFinite quotes the bare NaN, Infinity and -Infinity outside
-// strings that some JSON writers emit (Python's json.dumps), so that the
-// answer parses and its check names the field holding one.
-func quoteNonFinite(b []byte) []byte {
-	if !bytes.Contains(b, []byte("NaN")) && !bytes.Contains(b, []byte("Infinity")) {
-		return b
-	}
-	out := make([]byte, 0, len(b)+8)
-	inString, escaped := false, false
-	for i := 0; i < len(b); i++ {
-		c := b[i]
-		if inString {
-			switch {
-			case escaped:
-				escaped = false
-			case c == '\\':
-				escaped = true
-			case c == '"':
-				inString = false
-			}
-			out = append(out, c)
-			continue
-		}
-		if c == '"' {
-			inString = true
-		}
-		word := ""
-		for _, w := range []string{"NaN", "Infinity", "-Infinity"} {
-			if bytes.HasPrefix(b[i:], []byte(w)) {
-				word = w
-			}
-		}
-		if word != "" {
-			out = append(out, '"')
-			out = append(out, word...)
-			out = append(out, '"')
-			i += len(word) - 1
-			continue
-		}
-		out = append(out, c)
-	}
-	return out
 }

@@ -10,6 +10,8 @@ import (
 	"os/exec"
 	"sync"
 	"time"
+
+	"github.com/keel-rl/keel/internal/jsonfix"
 )
 
 // maxLine bounds a command's answer line (a variable for tests).
@@ -164,7 +166,7 @@ func answerRequest(line []byte) (string, bool) {
 	var probe struct {
 		Request *string `json:"request"`
 	}
-	if json.Unmarshal(quoteNonFinite(line), &probe) != nil || probe.Request == nil {
+	if json.Unmarshal(jsonfix.QuoteNonFinite(line), &probe) != nil || probe.Request == nil {
 		return "", false
 	}
 	return *probe.Request, true

@@ -87,6 +87,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/keel-rl/keel/internal/jsonfix"
 )
 
 // Protocol is the version of the protocol this package speaks.
@@ -368,7 +370,7 @@ func str(raw json.RawMessage, field string) (string, error) {
 // known) and the field.
 func decode(raw []byte, nonce string, items []Item, out []Result) error {
 	var top json.RawMessage
-	dec := json.NewDecoder(bytes.NewReader(quoteNonFinite(raw)))
+	dec := json.NewDecoder(bytes.NewReader(jsonfix.QuoteNonFinite(raw)))
 	if err := dec.Decode(&top); err != nil {
 		return fmt.Errorf("answer: invalid JSON: %v (starts %q)", err, head(raw))
 	}
@@ -516,45 +518,4 @@ func head(b []byte) []byte {
 		return b[:80]
 	}
 	return b
-}
-
-// quoteNonFinite quotes the bare NaN, Infinity and -Infinity outside
-// strings that some JSON writers emit, so that the answer parses and its
-// check names the field holding one.
-func quoteNonFinite(b []byte) []byte {
-	var out []byte
-	inString, escaped := false, false
-	for i := 0; i < len(b); i++ {
-		c := b[i]
-		if inString {
-			switch {
-			case escaped:
-				escaped = false
-			case c == '\\':
-				escaped = true
-			case c == '"':
-				inString = false
-			}
-			out = append(out, c)
-			continue
-		}
-		if c == '"' {
-			inString = true
-		}
-		word := ""
-		for _, w := range []string{"NaN", "Infinity", "-Infinity"} {
-			if bytes.HasPrefix(b[i:], []byte(w)) {
-				word = w
-			}
-		}
-		if word != "" {
-			out = append(out, '"')
-			out = append(out, word...)
-			out = append(out, '"')
-			i += len(word) - 1
-			continue
-		}
-		out = append(out, c)
-	}
-	return out
 }
