@@ -41,15 +41,7 @@ func Demonstrate(ctx context.Context, e Environment, row *data.Example, teacher 
 		if err != nil {
 			return "", Outcome{}, err
 		}
-		out.Turns++
-		for name, v := range reply.Metrics {
-			if out.Metrics == nil {
-				out.Metrics = map[string]float64{}
-			}
-			out.Metrics[name] += v
-		}
-		if reply.Done {
-			out.Done, out.Reward, out.Correct = true, reply.Reward, reply.Correct
+		if out.take(reply) {
 			return b.String(), out, nil
 		}
 		replies = append(replies, reply.Messages)

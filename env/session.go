@@ -44,6 +44,22 @@ type Outcome struct {
 	Time time.Duration
 }
 
+// take counts a turn and its reply's metrics into o, and the episode's
+// end when the reply is done (which it reports).
+func (o *Outcome) take(reply Reply) bool {
+	o.Turns++
+	for k, v := range reply.Metrics {
+		if o.Metrics == nil {
+			o.Metrics = map[string]float64{}
+		}
+		o.Metrics[k] += v
+	}
+	if reply.Done {
+		o.Done, o.Reward, o.Correct = true, reply.Reward, reply.Correct
+	}
+	return reply.Done
+}
+
 // Session runs the episodes of one rollout call: n samples of each row,
 // as the rollout engine's Turns (GenerateTurns). It decodes each model
 // turn, hands it to its episode (started on the first turn), renders the
@@ -153,15 +169,7 @@ func (s *Session) Turn(t rollout.TurnEnd) ([]int32, bool, error) {
 	if err != nil {
 		return nil, false, fmt.Errorf("env: turn %d (row task %q): %w", t.Turn, row.Task, err)
 	}
-	out.Turns++
-	for k, v := range reply.Metrics {
-		if out.Metrics == nil {
-			out.Metrics = map[string]float64{}
-		}
-		out.Metrics[k] += v
-	}
-	if reply.Done {
-		out.Done, out.Reward, out.Correct = true, reply.Reward, reply.Correct
+	if out.take(reply) {
 		s.end(st)
 		return nil, true, nil
 	}
