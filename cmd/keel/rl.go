@@ -207,7 +207,11 @@ func rlHeader(r *rl.Recipe) string {
 			ro += ", switching weights mid-sequence"
 		}
 	}
-	return fmt.Sprintf("keel rl: %s, %s rollout, %d steps of %d prompts x %d samples in %d mini-batch(es), replay %s -> %s",
-		r.Algorithm.Objective, ro, r.Train.Steps, r.Train.PromptsPerStep, r.Train.GroupSize,
+	samples := "samples"
+	if r.Env.On() {
+		samples = fmt.Sprintf("episodes of %s (at most %d turns, %d tokens)", r.Env.Name, r.Env.MaxTurns, r.Env.MaxTokens)
+	}
+	return fmt.Sprintf("keel rl: %s, %s rollout, %d steps of %d prompts x %d %s in %d mini-batch(es), replay %s -> %s",
+		r.Algorithm.Objective, ro, r.Train.Steps, r.Train.PromptsPerStep, r.Train.GroupSize, samples,
 		r.Train.MiniBatches, r.Algorithm.Replay, r.Out)
 }
