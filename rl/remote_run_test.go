@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -18,6 +20,8 @@ import (
 	"github.com/keel-rl/keel/rollout/remote"
 	"github.com/keel-rl/keel/rollout/remote/remotetest"
 	"github.com/keel-rl/keel/run"
+	"github.com/keel-rl/keel/serve"
+	"github.com/keel-rl/keel/tokenizer"
 )
 
 // The RL loop and a run with rollout.servers, over fake servers that speak
@@ -248,5 +252,79 @@ func TestRemoteRunMatchesLocal(t *testing.T) {
 	}
 	if e := ev.All(); !strings.Contains(e, a.URL) || !strings.Contains(e, b.URL) {
 		t.Fatalf("events %q", e)
+	}
+}
+
+// switchCounting is the remote client counting the weights its
+// generations took in flight: at the first poll of each generation after
+// the first it waits until the trainer has published newer weights, so
+// that a push happens during the generation whatever the machine's speed.
+type switchCounting struct {
+	*remote.Client
+	l        *Loop
+	calls    int
+	switches int
+}
+
+func (c *switchCounting) GenerateSwitching(p [][]int32, n int, sp rollout.Sampling, next func() *rollout.Switch) ([]rollout.Sample, error) {
+	c.calls++
+	polls := 0
+	return c.Client.GenerateSwitching(p, n, sp, func() *rollout.Switch {
+		if polls++; polls == 1 && c.calls > 1 {
+			waitFresh(c.l)
+		}
+		sw := next()
+		if sw != nil {
+			c.switches++
+		}
+		return sw
+	})
+}
+
+// Partial rollouts on keel servers, in the loop: with rollout.partial:
+// switch the trainer's newer weights are pushed in place during a
+// generation (package remote tests that sequences in flight take them,
+// bit for bit), the loop's books stay right (every token's lag within [0,
+// k], the shares adding up to 1) and training goes on.
+func TestRemotePartialRollouts(t *testing.T) {
+	const k, steps = 2, 6
+	r := testRecipe(t, "train.steps=6", "rollout.max_staleness=2", "rollout.partial=switch")
+	l := testLoop(t, r, true)
+	t.Cleanup(l.Close)
+	policy := cpu(l).Model
+	var urls []string
+	for range 2 {
+		eng, err := rollout.New(policy, rollout.Options{Precision: rollout.Exact, Slots: 8, MaxLen: 32})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sched := rollout.NewScheduler(eng)
+		srv := serve.New(sched, tokenizer.NewChar(), policy.Config, 32, serve.Options{})
+		ts := httptest.NewServer(srv.Handler())
+		t.Cleanup(func() { ts.Close(); srv.Close(); eng.Close() })
+		urls = append(urls, ts.URL)
+	}
+	rs, err := remote.New(remote.Options{Servers: urls, Kind: remote.KindKeel, WeightsDir: t.TempDir(), Config: policy.Config, MaxLen: 32, InPlace: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rs.Close)
+	if err := rs.UpdateWeights(context.Background(), policy, 0); err != nil {
+		t.Fatal(err)
+	}
+	c := &switchCounting{Client: rs, l: l}
+	l.Sampler = c
+	_, ms := runSteps(t, l, steps)
+	for s, m := range ms {
+		var share float64
+		for d := 0; d <= k; d++ {
+			share += m["rollout/tokens_lag"+itoa(d)]
+		}
+		if math.Abs(share-1) > 1e-9 || m["rollout/lag_max"] > float64(min(k, s)) {
+			t.Fatalf("step %d: token shares by lag add up to %v, lag max %v", s+1, share, m["rollout/lag_max"])
+		}
+	}
+	if c.switches == 0 || rs.Version() < int64(steps-1-k) {
+		t.Fatalf("%d weight pushes during generations; the servers hold version %d", c.switches, rs.Version())
 	}
 }
