@@ -164,8 +164,12 @@ func runRL(args []string) error {
 // progressLine rewrites one terminal line with the step's headline numbers.
 func progressLine(w io.Writer, step, total int, m map[string]float64, elapsed time.Duration) {
 	eta := time.Duration(float64(elapsed) / float64(step) * float64(total-step))
-	fmt.Fprintf(w, "\r\033[Kstep %d/%d  reward %.3f  acc %.3f  k3 %.2e  entropy %.3f  %.0f tok/s  ETA %s",
-		step, total, m["reward/mean"], m["accuracy"], m["train_infer/k3"], m["entropy"],
+	turns := ""
+	if t, ok := m["env/turns"]; ok {
+		turns = fmt.Sprintf("  turns %.2f", t)
+	}
+	fmt.Fprintf(w, "\r\033[Kstep %d/%d  reward %.3f  acc %.3f%s  k3 %.2e  entropy %.3f  %.0f tok/s  ETA %s",
+		step, total, m["reward/mean"], m["accuracy"], turns, m["train_infer/k3"], m["entropy"],
 		m["tokens_per_s/rollout"], eta.Round(time.Second))
 }
 
