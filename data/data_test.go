@@ -610,13 +610,15 @@ type nestedRow struct {
 }
 
 // extra_info reads as JSON whatever its fields: nested structs as
-// objects, typed values, a null field as null, a null extra_info as none.
+// objects, typed values, a null field or nested struct as null, a null
+// extra_info as none.
 func TestParquetExtraInfo(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "x.parquet")
 	if err := parquet.WriteFile(p, []nestedRow{
 		{DataSource: "gsm8k", Prompt: "q1", Answer: "1", ExtraInfo: &nestedExtra{Split: ptr("test"), Meta: &nestedMeta{Level: ptr(int64(3)), Score: ptr(0.5), Hard: ptr(true)}}},
 		{DataSource: "gsm8k", Prompt: "q2", Answer: "2", ExtraInfo: &nestedExtra{Meta: &nestedMeta{Level: ptr(int64(1))}}},
 		{DataSource: "gsm8k", Prompt: "q3", Answer: "3"},
+		{DataSource: "gsm8k", Prompt: "q4", Answer: "4", ExtraInfo: &nestedExtra{Split: ptr("y")}},
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -624,7 +626,8 @@ func TestParquetExtraInfo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{`{"meta":{"hard":true,"level":3,"score":0.5},"split":"test"}`, `{"meta":{"hard":null,"level":1,"score":null},"split":null}`, ``}
+	want := []string{`{"meta":{"hard":true,"level":3,"score":0.5},"split":"test"}`, `{"meta":{"hard":null,"level":1,"score":null},"split":null}`, ``,
+		`{"meta":null,"split":"y"}`}
 	for i, w := range want {
 		if string(got[i].Extra) != w {
 			t.Errorf("row %d: extra_info %s, want %s", i, got[i].Extra, w)

@@ -195,6 +195,10 @@ type column struct {
 	index  int    // column index; -1: absent
 	maxDef int    // definition level of a present value
 	elem   int    // for a list leaf: the definition level of an element
+	// levels[k], for the leaves under extra_info, is the definition level
+	// at which the k-th field of the path is defined (a value below it:
+	// that field is null).
+	levels []int
 }
 
 var absent = column{index: -1}
@@ -278,6 +282,7 @@ func findLayout(s *parquet.Schema) (*layout, error) {
 	}
 	for p, c := range leaves {
 		if strings.HasPrefix(p, "extra_info.") && c.elem < 0 {
+			c.levels = pathLevels(s, strings.Split(p, "."))
 			l.extra = append(l.extra, c)
 		}
 	}
@@ -295,6 +300,32 @@ func findLayout(s *parquet.Schema) (*layout, error) {
 		return nil, errors.New(`missing column "reward_model.ground_truth" (or "answer", "ground_truth")`)
 	}
 	return l, nil
+}
+
+// pathLevels returns, for each field on path, the definition level at
+// which it is defined: the number of optional or repeated fields down to
+// and including it.
+func pathLevels(s *parquet.Schema, path []string) []int {
+	fields, level := s.Fields(), 0
+	out := make([]int, 0, len(path))
+	for _, name := range path {
+		var f parquet.Field
+		for _, x := range fields {
+			if x.Name() == name {
+				f = x
+				break
+			}
+		}
+		if f == nil {
+			break
+		}
+		if f.Optional() || f.Repeated() {
+			level++
+		}
+		out = append(out, level)
+		fields = f.Fields()
+	}
+	return out
 }
 
 // elemLevel is the definition level at which an element of the list on
@@ -470,69 +501,81 @@ func (l *layout) example(byCol [][]parquet.Value) (Example, error) {
 
 // extraInfo renders a row's extra_info struct as compact JSON (nil when
 // the file has none or the row's is null): strings, numbers and booleans
-// as themselves, nested structs as objects, a null field as null; a
-// non-finite float (which JSON cannot hold) as a string.
+// as themselves, nested structs as objects, a null field (or null nested
+// struct) as null. Lists and maps inside it are not read; a column of a
+// type JSON has no counterpart for (INT96 timestamps) is left out, and a
+// non-finite float becomes a string.
 func (l *layout) extraInfo(byCol [][]parquet.Value) (json.RawMessage, error) {
 	if len(l.extra) == 0 {
 		return nil, nil
 	}
 	root := map[string]any{}
-	seen := false
+	present := false
 	for _, c := range l.extra {
-		path := strings.Split(c.name, ".")[1:]
-		m := root
-		for _, k := range path[:len(path)-1] {
-			sub, ok := m[k].(map[string]any)
-			if !ok {
-				sub = map[string]any{}
-				m[k] = sub
-			}
-			m = sub
-		}
-		if len(byCol[c.index]) == 0 {
+		path := strings.Split(c.name, ".")
+		if len(byCol[c.index]) == 0 || len(c.levels) != len(path) {
 			continue
 		}
 		v := byCol[c.index][0]
-		if v.IsNull() || v.DefinitionLevel() < c.maxDef {
-			if v.DefinitionLevel() > 0 {
-				m[path[len(path)-1]] = nil
-				seen = true
+		d := v.DefinitionLevel()
+		// The shallowest field of the path that is null in this row.
+		k := len(path)
+		if v.IsNull() || d < c.maxDef {
+			for k = 0; k < len(path) && c.levels[k] <= d; k++ {
 			}
-			continue
 		}
-		jv, err := jsonValue(v)
-		if err != nil {
-			return nil, fmt.Errorf("column %q: %v", c.name, err)
+		if k == 0 {
+			continue // extra_info itself is null
 		}
-		m[path[len(path)-1]] = jv
-		seen = true
+		present = true
+		var val any
+		if k == len(path) {
+			jv, ok := jsonValue(v)
+			if !ok {
+				continue
+			}
+			val = jv
+		} else {
+			path = path[:k+1] // the null struct or field
+		}
+		m := root
+		for _, key := range path[1 : len(path)-1] {
+			sub, ok := m[key].(map[string]any)
+			if !ok {
+				sub = map[string]any{}
+				m[key] = sub
+			}
+			m = sub
+		}
+		m[path[len(path)-1]] = val
 	}
-	if !seen {
-		return nil, nil // extra_info itself is null
+	if !present {
+		return nil, nil
 	}
 	return json.Marshal(root)
 }
 
-// jsonValue is a Parquet value as encoding/json writes it.
-func jsonValue(v parquet.Value) (any, error) {
+// jsonValue is a Parquet value as encoding/json writes it; ok is false
+// for a type JSON has no counterpart for.
+func jsonValue(v parquet.Value) (any, bool) {
 	switch v.Kind() {
 	case parquet.ByteArray, parquet.FixedLenByteArray:
-		return string(v.ByteArray()), nil
+		return string(v.ByteArray()), true
 	case parquet.Int32:
-		return int64(v.Int32()), nil
+		return int64(v.Int32()), true
 	case parquet.Int64:
-		return v.Int64(), nil
+		return v.Int64(), true
 	case parquet.Float, parquet.Double:
 		f := v.Double()
 		if v.Kind() == parquet.Float {
 			f = float64(v.Float())
 		}
 		if math.IsNaN(f) || math.IsInf(f, 0) {
-			return strconv.FormatFloat(f, 'g', -1, 64), nil
+			return strconv.FormatFloat(f, 'g', -1, 64), true
 		}
-		return f, nil
+		return f, true
 	case parquet.Boolean:
-		return v.Boolean(), nil
+		return v.Boolean(), true
 	}
-	return nil, fmt.Errorf("unsupported value type %s", v.Kind())
+	return nil, false
 }

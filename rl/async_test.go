@@ -287,6 +287,9 @@ func TestPartialRolloutsSwitch(t *testing.T) {
 	if _, err := ParseRecipe([]byte(testRecipeYAML), append(remoteSwitch, "rollout.server_kind=sglang")); err == nil || !strings.HasPrefix(err.Error(), "rollout.partial") {
 		t.Errorf("switch on SGLang servers: err = %v", err)
 	}
+	if _, err := ParseRecipe([]byte(testRecipeYAML), append(remoteSwitch, "env.name=guess")); err == nil || !strings.HasPrefix(err.Error(), "rollout.partial") {
+		t.Errorf("switch on servers with an environment: err = %v", err)
+	}
 }
 
 // The exact encoding of batches sampled ahead: log mu's bits and the

@@ -231,7 +231,7 @@ func (l *Loop) Init() error {
 		return fmt.Errorf("rl: an environment needs a rollout that runs multi-turn episodes (%T does not) and a tokenizer", l.Sampler)
 	}
 	if _, ok := l.Sampler.(switchingSampler); l.R.Rollout.Partial == PartialSwitch && !ok {
-		return fmt.Errorf("rollout.partial: switch needs a rollout that takes new weights mid-sequence (the in-process engine); %T does not", l.Sampler)
+		return fmt.Errorf("rollout.partial: switch needs a rollout that takes new weights mid-sequence (the in-process engine, or keel servers); %T does not", l.Sampler)
 	}
 	if l.obj = l.R.Algorithm.objective(l.R.responseBudget()); l.obj == nil {
 		return fmt.Errorf("algorithm.objective: %q with no clip range, or unknown (want %s): build recipes with ParseRecipe", l.R.Algorithm.Objective, objectiveNames())

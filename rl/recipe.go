@@ -169,7 +169,7 @@ type RolloutSettings struct {
 	// timing. Exclusive with Staleness.
 	MaxStaleness int `yaml:"max_staleness,omitempty"`
 	// Partial says what a sequence in progress does when newer weights
-	// arrive (max_staleness, in-process engine): "finish" (the default:
+	// arrive (max_staleness; in process or on keel servers): "finish" (the default:
 	// a batch samples one version) or "switch" (partial rollouts: it
 	// continues on the new weights, every token carrying the version that
 	// sampled it and its log mu under that version).
@@ -838,6 +838,9 @@ func (r *Recipe) fillEnvCombinations() error {
 	}
 	if r.Reward.External() {
 		return bad("reward", "an environment gives the episodes' rewards: leave reward unset with env.name set")
+	}
+	if len(r.Rollout.Servers) > 0 && r.Rollout.Partial == PartialSwitch {
+		return bad("rollout.partial", "switch with an environment needs the in-process engine: remote episodes keep one weight version per turn's request")
 	}
 	return nil
 }

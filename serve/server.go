@@ -473,10 +473,13 @@ func (s *Server) checkSamples(field string, samples int) error {
 	return nil
 }
 
-// pause pauses the scheduler unless it is already (see pauseMu).
-func (s *Server) pause() {
+// pause pauses the scheduler unless it is already (see pauseMu), in
+// mode in_place or not: whether a weight update switches the sequences in
+// flight.
+func (s *Server) pause(inPlace bool) {
 	s.pauseMu.Lock()
 	defer s.pauseMu.Unlock()
+	s.inPlace = inPlace
 	if !s.paused {
 		s.sched.Pause()
 		s.paused = true

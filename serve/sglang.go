@@ -567,10 +567,7 @@ func (s *Server) pauseGeneration(w http.ResponseWriter, r *http.Request) error {
 	default:
 		return badRequest("mode", "mode %q: want abort, retract or in_place", req.Mode)
 	}
-	s.pause()
-	s.pauseMu.Lock()
-	s.inPlace = req.Mode == "in_place"
-	s.pauseMu.Unlock()
+	s.pause(req.Mode == "in_place")
 	aborted := 0
 	if req.Mode == "" || req.Mode == "abort" {
 		aborted = s.abortAll(errAborted)

@@ -101,6 +101,7 @@ func crossEval(ctx context.Context, p suitePlan, out string) error {
 // crossSettings is what a cached cross-evaluation was computed with; a
 // report is reused only when they all match and the model is not newer.
 type crossSettings struct {
+	Model        string  `json:"model"`
 	Precision    string  `json:"precision"`
 	EvalFile     string  `json:"eval_file"`
 	K            int     `json:"k"`
@@ -147,7 +148,7 @@ func cachedEval(ctx context.Context, model, file string, rec *rl.Recipe, prec st
 	if err != nil {
 		return 0, err
 	}
-	want := crossSettings{Precision: prec, EvalFile: evalFile, K: k, Temperature: rec.Rollout.Temperature,
+	want := crossSettings{Model: model, Precision: prec, EvalFile: evalFile, K: k, Temperature: rec.Rollout.Temperature,
 		MaxNewTokens: rec.Eval.MaxNewTokens, Seed: seed}
 	var cached crossReport
 	if b, err := os.ReadFile(file); err == nil {

@@ -56,7 +56,8 @@ type paperGrid struct {
 	// from MiniRL without its IS correction (REPRODUCTION.md, finding 1).
 	CrossEval []string
 	// MorePaths are arms of the grid also run at MoreSeeds: a comparison
-	// whose difference is small gets three seeds without tripling the grid.
+	// that carries a claim gets eight paired seeds without multiplying the
+	// whole grid.
 	MorePaths []string
 	MoreSeeds []uint64
 }

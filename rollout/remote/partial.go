@@ -20,7 +20,7 @@ const pollSwitch = 2 * time.Millisecond
 // sampled each token (Sample.TokenVersions), its Version is its first
 // token's. next is called from a goroutine of its own, never concurrently
 // with itself; a Switch it returns is released once pushed, saying
-// whether every live server loaded it.
+// whether some server loaded it (those that failed are dropped).
 func (r *Client) GenerateSwitching(prompts [][]int32, n int, sp rollout.Sampling, next func() *rollout.Switch) ([]rollout.Sample, error) {
 	if !r.opt.InPlace {
 		return nil, errors.New("rollout: weights changing during a remote rollout need in-place pushes (remote.Options.InPlace, kind keel)")
@@ -36,6 +36,11 @@ func (r *Client) GenerateSwitching(prompts [][]int32, n int, sp rollout.Sampling
 			case <-stop:
 				return
 			case <-t.C:
+			}
+			select {
+			case <-stop: // the generation ended meanwhile: no push for nothing
+				return
+			default:
 			}
 			sw := next()
 			if sw == nil {
