@@ -6,7 +6,8 @@ import (
 )
 
 // Turns drives multi-turn generation (GenerateTurns): at the end of each of
-// the model's turns (a stop token, or the turn's MaxNewTokens) it decides
+// the model's turns (a stop token, or a budget: the turn's, the episode's,
+// the engine's MaxLen) it decides
 // whether the sample goes on, and with which tokens the environment
 // answers. An implementation keeps each trajectory's state by (prompt,
 // index).
@@ -57,18 +58,19 @@ const turnSalt = 0x8cb92ba72f3d8dd7
 
 // GenerateTurns is Generate for multi-turn episodes: Sampling.MaxNewTokens
 // bounds each turn and Sampling.EpisodeTokens the whole trajectory, and at
-// the end of each turn turns decides whether the sample goes on. The observation tokens it answers with are appended to
-// the sequence and computed into the KV cache (their positions' routes
-// recorded) before the model's next turn; nothing already computed is
-// recomputed. A Sample's Tokens then hold the whole trajectory after the
-// prompt, its Observations where the observation tokens are (their
-// LogProbs and TruncLogProbs entries are 0, their TopLogProbs entries
-// zero values, not probabilities; an empty observation has no span), and
-// Finish is that of its
-// last turn, or "length" when an observation did not fit (the engine's
-// MaxLen, the episode's budget: the observation is then dropped). The
-// first turn draws from the stream Generate would use, later ones from
-// TurnSeed's; so results do not depend on how long turns takes to answer.
+// the end of each turn turns decides whether the sample goes on. The
+// observation tokens it answers with are appended to the sequence and
+// computed into the KV cache (their positions' routes recorded) before
+// the model's next turn; nothing already computed is recomputed. A
+// Sample's Tokens then hold the whole trajectory after the prompt, its
+// Observations where the observation tokens are (their LogProbs and
+// TruncLogProbs entries are 0, their TopLogProbs entries zero values, not
+// probabilities; an empty observation has no span), and Finish is that of
+// its last turn, or "length" when an observation did not fit (the
+// engine's MaxLen, the episode's budget: the observation is then
+// dropped). The first turn draws from the stream Generate would use,
+// later ones from TurnSeed's, so results do not depend on how long turns
+// takes to answer.
 func (e *Engine) GenerateTurns(prompts [][]int32, n int, sp Sampling, turns Turns) ([]Sample, error) {
 	return e.GenerateTurnsSwitching(prompts, n, sp, turns, nil)
 }
