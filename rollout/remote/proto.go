@@ -270,8 +270,11 @@ func (p *sglang) sample(o *sglOutput, j job, bad func(field, format string, a ..
 	if r.opt.InPlace {
 		// Partial rollouts: newer weights may have sampled it, or some of it.
 		v, err := strconv.ParseInt(got, 10, 64)
-		if err != nil || v < j.version {
-			return smp, bad("meta_info.weight_version", "%q, want %q or newer: the server does not hold this step's weights", got, want)
+		r.mu.Lock()
+		newest := r.newest
+		r.mu.Unlock()
+		if err != nil || v < j.version || v > newest {
+			return smp, bad("meta_info.weight_version", "%q, want %q to %d: the server does not hold weights of this run's steps", got, want, newest)
 		}
 		version = v
 	} else if got != want {

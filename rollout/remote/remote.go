@@ -178,6 +178,9 @@ type Client struct {
 	mu      sync.Mutex
 	servers []*server
 	version int64
+	// newest is the newest version pushed or being pushed: an in-place
+	// answer of a newer one comes from weights keel never sent.
+	newest int64
 	// Counters since the last Metrics call, and the last push's phases.
 	retries, dropped    int
 	lastWrite, lastLoad time.Duration
@@ -663,6 +666,7 @@ func (r *Client) UpdateWeights(ctx context.Context, m *model.Model, version int6
 	write := time.Since(t)
 	t = time.Now()
 	r.mu.Lock()
+	r.newest = max(r.newest, version)
 	servers := slices.Clone(r.servers)
 	wasAlive := make([]bool, len(servers))
 	for i, s := range servers {
