@@ -117,6 +117,8 @@ type Token struct {
 	LogProb      float32
 	TruncLogProb float32
 	Top          []TokenLogProb
+	// Version is the weight version that sampled the token.
+	Version int64
 }
 
 // slotState is one slot's sequence; its buffers are allocated once, with
@@ -632,7 +634,7 @@ func (g *gen) take(s *slotState) {
 	}
 	g.sampled++
 	if f := s.grp.onToken; f != nil {
-		f(s.idx, Token{ID: s.sampled, LogProb: s.sampLP, TruncLogProb: tlp, Top: top})
+		f(s.idx, Token{ID: s.sampled, LogProb: s.sampLP, TruncLogProb: tlp, Top: top, Version: e.version})
 	}
 	stop := pol.isStop(s.sampled)
 	if g.turns != nil { // the turn ends as a one-turn sample would; Turns decides what follows

@@ -60,11 +60,12 @@ type choice struct {
 
 // tokEvent is one sampled token, from the scheduler's goroutine.
 type tokEvent struct {
-	choice int
-	tok    int32
-	lp     float32
-	tlp    float32
-	top    []rollout.TokenLogProb
+	choice  int
+	tok     int32
+	lp      float32
+	tlp     float32
+	top     []rollout.TokenLogProb
+	version int64
 }
 
 // tokenQueue carries tokens from the scheduler's goroutine (OnToken,
@@ -145,6 +146,11 @@ func (g *generation) run(ctx context.Context, onToken func(c *choice, ev tokEven
 		c := g.choices[ev.choice]
 		if c.stopped {
 			return
+		}
+		if len(c.ids) == 0 {
+			// The sample's version, should its job end on stop strings
+			// before the engine's sample (which says it) comes back.
+			c.version = ev.version
 		}
 		c.ids = append(c.ids, ev.tok)
 		c.lps = append(c.lps, ev.lp)
@@ -228,7 +234,7 @@ func (g *generation) start(ctx context.Context, q *tokenQueue) (chan jobResult, 
 		req := rollout.Request{Prompt: jb.prompt, N: jb.n, Sampling: sp}
 		if g.tokens {
 			req.OnToken = func(index int, t rollout.Token) {
-				q.push(tokEvent{choice: base + index, tok: t.ID, lp: t.LogProb, tlp: t.TruncLogProb, top: slices.Clone(t.Top)})
+				q.push(tokEvent{choice: base + index, tok: t.ID, lp: t.LogProb, tlp: t.TruncLogProb, top: slices.Clone(t.Top), version: t.Version})
 			}
 		}
 		go func() {
