@@ -10,7 +10,6 @@ import (
 	"math"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -333,13 +332,13 @@ func decodeReply(raw []byte) (Reply, error) {
 	}
 	var r Reply
 	if v, ok := m["done"]; ok {
-		if isNull(v) || json.Unmarshal(v, &r.Done) != nil {
+		if jsonfix.IsNull(v) || json.Unmarshal(v, &r.Done) != nil {
 			return r, fmt.Errorf(`field "done": %s, want true or false`, head(v))
 		}
 	}
 	if v, ok := m["messages"]; ok {
 		var list []json.RawMessage
-		if isNull(v) || json.Unmarshal(v, &list) != nil {
+		if jsonfix.IsNull(v) || json.Unmarshal(v, &list) != nil {
 			return r, fmt.Errorf(`field "messages": %s, want an array of {"role", "content"}`, head(v))
 		}
 		for i, mv := range list {
@@ -392,7 +391,7 @@ func decodeReply(raw []byte) (Reply, error) {
 	}
 	if v, ok := m["metrics"]; ok {
 		var ms map[string]json.RawMessage
-		if isNull(v) || json.Unmarshal(v, &ms) != nil {
+		if jsonfix.IsNull(v) || json.Unmarshal(v, &ms) != nil {
 			return r, fmt.Errorf(`field "metrics": %s, want an object of numbers`, head(v))
 		}
 		r.Metrics = make(map[string]float64, len(ms))
@@ -424,27 +423,16 @@ func object(raw []byte, keys []string, field string) (map[string]json.RawMessage
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, fmt.Errorf("%sdata after the JSON object", prefix)
 	}
-	for k := range m {
-		if slices.Contains(keys, k) {
-			continue
-		}
-		for _, want := range keys {
-			if strings.EqualFold(k, want) {
-				return nil, fmt.Errorf("%sunknown key %q (keys are case-sensitive: want %q)", prefix, k, want)
-			}
-		}
-		return nil, fmt.Errorf("%sunknown key %q (want %s)", prefix, k, strings.Join(keys, ", "))
+	if err := jsonfix.CheckKeys(m, keys); err != nil {
+		return nil, fmt.Errorf("%s%v", prefix, err)
 	}
 	return m, nil
 }
 
-// isNull reports whether a member is JSON null.
-func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
-
 // str reads a string member.
 func str(raw json.RawMessage, field string) (string, error) {
 	var s string
-	if isNull(raw) || json.Unmarshal(raw, &s) != nil {
+	if jsonfix.IsNull(raw) || json.Unmarshal(raw, &s) != nil {
 		return "", fmt.Errorf("field %q: %s, want a string", field, head(raw))
 	}
 	return s, nil
@@ -454,7 +442,7 @@ func str(raw json.RawMessage, field string) (string, error) {
 // Infinity, as jsonfix.QuoteNonFinite leaves them, is refused by name).
 func finite(raw json.RawMessage, field string) (float64, error) {
 	var f float64
-	if isNull(raw) || json.Unmarshal(raw, &f) != nil || math.IsInf(f, 0) || math.IsNaN(f) {
+	if jsonfix.IsNull(raw) || json.Unmarshal(raw, &f) != nil || math.IsInf(f, 0) || math.IsNaN(f) {
 		return 0, fmt.Errorf("field %q: %s, want a finite number", field, head(raw))
 	}
 	return f, nil

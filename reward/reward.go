@@ -81,7 +81,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -339,27 +338,16 @@ func object(raw json.RawMessage, keys []string, field string) (map[string]json.R
 	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
 		return nil, fmt.Errorf("field %q: %s, want an object", field, head(raw))
 	}
-	for k := range m {
-		if slices.Contains(keys, k) {
-			continue
-		}
-		for _, want := range keys {
-			if strings.EqualFold(k, want) {
-				return nil, fmt.Errorf("field %q: unknown key %q (keys are case-sensitive: want %q)", field, k, want)
-			}
-		}
-		return nil, fmt.Errorf("field %q: unknown key %q (want %s)", field, k, strings.Join(keys, ", "))
+	if err := jsonfix.CheckKeys(m, keys); err != nil {
+		return nil, fmt.Errorf("field %q: %v", field, err)
 	}
 	return m, nil
 }
 
-// isNull reports whether a member is JSON null.
-func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
-
 // str reads a string member.
 func str(raw json.RawMessage, field string) (string, error) {
 	var s string
-	if isNull(raw) || json.Unmarshal(raw, &s) != nil {
+	if jsonfix.IsNull(raw) || json.Unmarshal(raw, &s) != nil {
 		return "", fmt.Errorf("field %q: %s, want a string", field, head(raw))
 	}
 	return s, nil
@@ -406,7 +394,7 @@ func decode(raw []byte, nonce string, items []Item, out []Result) error {
 		return errors.New(`answer: missing field "rewards"`)
 	}
 	var entries []json.RawMessage
-	if isNull(rw) || json.Unmarshal(rw, &entries) != nil {
+	if jsonfix.IsNull(rw) || json.Unmarshal(rw, &entries) != nil {
 		return fmt.Errorf("answer: field \"rewards\": %s, want an array", head(rw))
 	}
 	if len(entries) != len(items) {
@@ -420,7 +408,7 @@ func decode(raw []byte, nonce string, items []Item, out []Result) error {
 	for k, e := range entries {
 		field := fmt.Sprintf("rewards[%d]", k)
 		var m map[string]json.RawMessage
-		if isNull(e) || json.Unmarshal(e, &m) != nil {
+		if jsonfix.IsNull(e) || json.Unmarshal(e, &m) != nil {
 			return fmt.Errorf("answer: field %q: %s, want an object", field, head(e))
 		}
 		rawID, ok := m["id"]
@@ -492,7 +480,7 @@ func result(raw json.RawMessage, field string) (Result, error) {
 	}
 	if raw, ok := m["metrics"]; ok {
 		var ms map[string]json.RawMessage
-		if isNull(raw) || json.Unmarshal(raw, &ms) != nil {
+		if jsonfix.IsNull(raw) || json.Unmarshal(raw, &ms) != nil {
 			return Result{}, fmt.Errorf("field %q: %s, want an object of numbers", field+".metrics", head(raw))
 		}
 		for name, mv := range ms {

@@ -3,7 +3,13 @@
 // instead of failing on the syntax.
 package jsonfix
 
-import "bytes"
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+)
 
 // QuoteNonFinite quotes the bare NaN, Infinity and -Infinity outside
 // strings that some JSON writers emit (Python's json.dumps), so that the
@@ -49,3 +55,24 @@ func QuoteNonFinite(b []byte) []byte {
 	}
 	return out
 }
+
+// CheckKeys refuses a member of a decoded object whose key is not in
+// keys. Keys are case-sensitive: a key that differs from a wanted one
+// only in case is named with the spelling wanted.
+func CheckKeys(m map[string]json.RawMessage, keys []string) error {
+	for k := range m {
+		if slices.Contains(keys, k) {
+			continue
+		}
+		for _, want := range keys {
+			if strings.EqualFold(k, want) {
+				return fmt.Errorf("unknown key %q (keys are case-sensitive: want %q)", k, want)
+			}
+		}
+		return fmt.Errorf("unknown key %q (want %s)", k, strings.Join(keys, ", "))
+	}
+	return nil
+}
+
+// IsNull reports whether a member is JSON null.
+func IsNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }

@@ -1,6 +1,9 @@
 package jsonfix
 
-import "testing"
+import (
+	"encoding/json"
+	"testing"
+)
 
 func TestQuoteNonFinite(t *testing.T) {
 	for in, want := range map[string]string{
@@ -14,5 +17,25 @@ func TestQuoteNonFinite(t *testing.T) {
 		if got := string(QuoteNonFinite([]byte(in))); got != want {
 			t.Errorf("%s: %s, want %s", in, got, want)
 		}
+	}
+}
+
+func TestCheckKeys(t *testing.T) {
+	keys := []string{"done", "reward"}
+	m := map[string]json.RawMessage{"done": json.RawMessage("true")}
+	if err := CheckKeys(m, keys); err != nil {
+		t.Fatal(err)
+	}
+	m["Reward"] = json.RawMessage("1")
+	if err := CheckKeys(m, keys); err == nil || err.Error() != `unknown key "Reward" (keys are case-sensitive: want "reward")` {
+		t.Fatalf("err = %v", err)
+	}
+	delete(m, "Reward")
+	m["score"] = json.RawMessage("1")
+	if err := CheckKeys(m, keys); err == nil || err.Error() != `unknown key "score" (want done, reward)` {
+		t.Fatalf("err = %v", err)
+	}
+	if !IsNull(json.RawMessage(" null ")) || IsNull(json.RawMessage(`"null"`)) {
+		t.Fatal("IsNull")
 	}
 }
