@@ -87,18 +87,9 @@ func Run(e *rollout.Engine, tok *tokenizer.Tokenizer, ex []data.Example, k int, 
 	if err != nil {
 		return nil, err
 	}
-	rep := &Report{K: k, Samples: make([]ProblemResult, len(ex))}
-	for i := range rep.Samples {
-		rep.Samples[i].Example = ex[i]
-	}
-	for _, s := range samples {
-		pr := &rep.Samples[s.Prompt]
-		pr.Responses = append(pr.Responses, responseText(tok, end, s.Tokens))
-		pr.Lengths = append(pr.Lengths, len(s.Tokens))
-		pr.Rewards = append(pr.Rewards, scoreSample(tok, end, pr.Example, s.Tokens))
-	}
-	rep.summarise()
-	return rep, nil
+	return report(tok, end, ex, k, samples, func(s *rollout.Sample) (int, float64) {
+		return len(s.Tokens), scoreSample(tok, end, ex[s.Prompt], s.Tokens)
+	}), nil
 }
 
 // Episodes makes an evaluation multi-turn (RunEpisodes): each problem is
@@ -142,22 +133,32 @@ func RunEpisodes(e *rollout.Engine, tok *tokenizer.Tokenizer, ex []data.Example,
 	if err != nil {
 		return nil, err
 	}
-	rep := &Report{K: k, Samples: make([]ProblemResult, len(ex))}
-	for i := range rep.Samples {
-		rep.Samples[i].Example = ex[i]
-	}
-	for _, s := range samples {
-		pr := &rep.Samples[s.Prompt]
+	return report(tok, end, ex, k, samples, func(s *rollout.Sample) (int, float64) {
 		model := len(s.Tokens)
 		for _, o := range s.Observations {
 			model -= o.End - o.Start
 		}
+		return model, sess.Outcome(s.Prompt, s.Index).Correct
+	}), nil
+}
+
+// report gathers the samples of k per example into a summarised Report,
+// each response decoded, with the length and reward measure gives it.
+func report(tok *tokenizer.Tokenizer, end int32, ex []data.Example, k int, samples []rollout.Sample, measure func(*rollout.Sample) (int, float64)) *Report {
+	rep := &Report{K: k, Samples: make([]ProblemResult, len(ex))}
+	for i := range rep.Samples {
+		rep.Samples[i].Example = ex[i]
+	}
+	for i := range samples {
+		s := &samples[i]
+		pr := &rep.Samples[s.Prompt]
+		n, r := measure(s)
 		pr.Responses = append(pr.Responses, responseText(tok, end, s.Tokens))
-		pr.Lengths = append(pr.Lengths, model)
-		pr.Rewards = append(pr.Rewards, sess.Outcome(s.Prompt, s.Index).Correct)
+		pr.Lengths = append(pr.Lengths, n)
+		pr.Rewards = append(pr.Rewards, r)
 	}
 	rep.summarise()
-	return rep, nil
+	return rep
 }
 
 // responseText decodes a response without its final stop token.
