@@ -1,0 +1,150 @@
+// Row kernels of the training engine, in float32: RMSNorm and its
+// backward, SwiGLU and its backward, the per-head RMSNorm + RoPE of q and
+// k, RoPE's transpose, and the residual add. One block of KEEL_THREADS
+// threads owns a row (or a chunk of rows), so a row's bits do not depend
+// on the batch around it.
+
+// rmsnorm_fwd: y = x * inv * w with inv = 1/sqrt(mean(x^2) + eps), saved
+// per row for the backward. grid = rows, block = KEEL_THREADS.
+extern "C" __global__ void rmsnorm_fwd(float* __restrict__ y, float* __restrict__ inv,
+                                       const float* __restrict__ x, const float* __restrict__ w,
+                                       int n, int per, i64 stride, float eps) {
+  __shared__ float s[32];
+  const i64 r = blockIdx.x;
+  const i64 o = row_offset(r, n, per, stride);
+  float ss = 0.f;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    const float v = x[o + j];
+    ss = fmaf(v, v, ss);
+  }
+  ss = block_sum(ss, s);
+  const float iv = (float)(1.0 / sqrt((double)(ss / (float)n + eps)));
+  if (threadIdx.x == 0 && inv) inv[r] = iv;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) y[o + j] = x[o + j] * iv * w[j];
+}
+
+// rmsnorm_bwd: for each row, dx = inv*(dy*w) - x*inv^3*mean(dy*w*x)
+// (written, or added when acc), and the weight gradient dy*x*inv summed
+// over the rows of each chunk of 32 into dw_part[chunk*n ...] in row order
+// (sum_chunks adds the chunks). dx may alias dy when acc is 0.
+// grid = ceil(rows/32), block = KEEL_THREADS.
+#define NORM_CHUNK 32
+extern "C" __global__ void rmsnorm_bwd(float* dx, float* __restrict__ dw_part, const float* dy,
+                                       const float* __restrict__ x, const float* __restrict__ w,
+                                       const float* __restrict__ inv, int rows, int n, int per,
+                                       i64 stride, int acc) {
+  __shared__ double s[32];
+  const int c = blockIdx.x;
+  float* part = dw_part + (i64)c * n;
+  const int r1 = min(rows, (c + 1) * NORM_CHUNK);
+  for (int r = c * NORM_CHUNK; r < r1; r++) {
+    const i64 o = row_offset(r, n, per, stride);
+    double d = 0.0;
+    for (int j = threadIdx.x; j < n; j += blockDim.x)
+      d += (double)(dy[o + j] * w[j]) * (double)x[o + j];
+    d = block_sum_f64(d, s);
+    const double iv = inv[r];
+    const float k = (float)(iv * iv * iv * d / (double)n);
+    const float ivf = inv[r];
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+      const float g = dy[o + j], xv = x[o + j];
+      const float v = ivf * (g * w[j]) - xv * k;
+      const float pw = g * xv * ivf;
+      part[j] = r == c * NORM_CHUNK ? pw : part[j] + pw;
+      dx[o + j] = acc ? dx[o + j] + v : v;
+    }
+  }
+}
+
+// sum_chunks: out[j] (+)= sum over c of parts[c*n + j], c in order.
+// grid*block >= n.
+extern "C" __global__ void sum_chunks(float* __restrict__ out, const float* __restrict__ parts,
+                                      int chunks, int n, int acc) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= n) return;
+  float v = acc ? out[j] : 0.f;
+  for (int c = 0; c < chunks; c++) v += parts[(i64)c * n + j];
+  out[j] = v;
+}
+
+// swiglu_fwd: a = silu(g) * u, where each row of gu holds the gate and up
+// projections side by side ([rows, 2n]) and a is [rows, n].
+extern "C" __global__ void swiglu_fwd(float* __restrict__ a, const float* __restrict__ gu,
+                                      i64 rows, int n) {
+  const i64 total = rows * n;
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+    const i64 r = i / n, j = i % n;
+    const float g = gu[r * 2 * n + j], u = gu[r * 2 * n + n + j];
+    a[i] = g / (1.f + expf(-g)) * u;
+  }
+}
+
+// swiglu_bwd: from da [rows, n], dgu [rows, 2n] = (da*u*silu'(g), da*silu(g)).
+extern "C" __global__ void swiglu_bwd(float* __restrict__ dgu, const float* __restrict__ da,
+                                      const float* __restrict__ gu, i64 rows, int n) {
+  const i64 total = rows * n;
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+    const i64 r = i / n, j = i % n;
+    const float g = gu[r * 2 * n + j], u = gu[r * 2 * n + n + j];
+    const float sg = 1.f / (1.f + expf(-g));
+    const float silu = g * sg;
+    const float d = da[i];
+    dgu[r * 2 * n + j] = d * u * (sg * (1.f + g * (1.f - sg)));
+    dgu[r * 2 * n + n + j] = d * silu;
+  }
+}
+
+// norm_rope_fwd: for token t and head h, out = RoPE(RMSNorm(raw head row))
+// (Qwen3's q_norm/k_norm then rotate-half RoPE at position pos[t]),
+// saving each head row's inverse RMS in inv[t*heads + h]. Token t's heads
+// start at raw[t*raw_stride]; out is [T, heads*hd]; cos and sin are
+// [positions, hd/2]. grid = T, block = KEEL_THREADS: warp k does heads k,
+// k+8, ...
+extern "C" __global__ void norm_rope_fwd(float* __restrict__ out, float* __restrict__ inv,
+                                         const float* __restrict__ raw, const float* __restrict__ w,
+                                         const float* __restrict__ cosv, const float* __restrict__ sinv,
+                                         const int* __restrict__ pos, int heads, int hd, i64 raw_stride,
+                                         float eps) {
+  const i64 t = blockIdx.x;
+  const int half = hd / 2, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const float* cs = cosv + (i64)pos[t] * half;
+  const float* sn = sinv + (i64)pos[t] * half;
+  for (int h = threadIdx.x >> 5; h < heads; h += warps) {
+    const float* x = raw + t * raw_stride + (i64)h * hd;
+    float* y = out + (t * heads + h) * (i64)hd;
+    float ss = 0.f;
+    for (int i = lane; i < hd; i += 32) ss = fmaf(x[i], x[i], ss);
+    ss = warp_sum(ss);
+    const float iv = (float)(1.0 / sqrt((double)(ss / (float)hd + eps)));
+    if (lane == 0 && inv) inv[t * heads + h] = iv;
+    for (int i = lane; i < half; i += 32) {
+      const float a = x[i] * iv * w[i], b = x[i + half] * iv * w[i + half];
+      y[i] = a * cs[i] - b * sn[i];
+      y[i + half] = b * cs[i] + a * sn[i];
+    }
+  }
+}
+
+// rope_rows rotates the heads of every token in place by rotate-half RoPE
+// with the tables given: with the negated sines it is RoPE's transpose,
+// the backward. Token t's heads start at d[t*stride]. grid = T.
+extern "C" __global__ void rope_rows(float* d, const float* __restrict__ cosv,
+                                     const float* __restrict__ sinv, const int* __restrict__ pos,
+                                     int heads, int hd, i64 stride) {
+  const i64 t = blockIdx.x;
+  const int half = hd / 2;
+  const float* cs = cosv + (i64)pos[t] * half;
+  const float* sn = sinv + (i64)pos[t] * half;
+  for (int k = threadIdx.x; k < heads * half; k += blockDim.x) {
+    const int h = k / half, i = k % half;
+    float* x = d + t * stride + (i64)h * hd;
+    const float a = x[i], b = x[i + half];
+    x[i] = a * cs[i] - b * sn[i];
+    x[i + half] = b * cs[i] + a * sn[i];
+  }
+}
+
+// add: y += x over n elements (the residual stream).
+extern "C" __global__ void add(float* __restrict__ y, const float* __restrict__ x, i64 n) {
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) y[i] += x[i];
+}

@@ -1,0 +1,102 @@
+package cuda
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+)
+
+// nvrtcForTest loads NVRTC or skips, unless KEEL_REQUIRE_NVRTC is set (CI
+// installs Debian's libnvrtc11.2 and sets it, so that a kernel that does
+// not compile fails CI rather than a scarce GPU run).
+func nvrtcForTest(t *testing.T) *NVRTC {
+	t.Helper()
+	n, err := LoadNVRTC()
+	if err != nil {
+		if os.Getenv("KEEL_REQUIRE_NVRTC") != "" {
+			t.Fatalf("KEEL_REQUIRE_NVRTC is set but NVRTC does not load: %v", err)
+		}
+		t.Skipf("NVRTC not installed, kernels not compiled (Debian: apt-get install libnvrtc11.2 from non-free): %v", err)
+	}
+	return n
+}
+
+// TestEveryKernelCompiles compiles each embedded source for Ampere and
+// Hopper, as machine code and as PTX, with warnings shown.
+func TestEveryKernelCompiles(t *testing.T) {
+	n := nvrtcForTest(t)
+	t.Logf("NVRTC %s from %s, architectures %v", n.Version(), n.Path, n.Archs)
+	names := SourceNames()
+	if len(names) < 4 {
+		t.Fatalf("only %d kernel sources embedded: %v", len(names), names)
+	}
+	for _, name := range names {
+		src, err := Source(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tg := range []Target{{80, CodeCUBIN}, {90, CodeCUBIN}, {80, CodePTX}} {
+			img, log, err := n.Compile(src, name, tg, KernelOptions...)
+			if err != nil {
+				t.Errorf("%v", err)
+				continue
+			}
+			if strings.TrimSpace(log) != "" {
+				t.Errorf("%s for %s: compiler warnings:\n%s", name, tg, log)
+			}
+			if len(img) < 100 {
+				t.Errorf("%s for %s: %d-byte image", name, tg, len(img))
+			}
+			if tg.Code == CodePTX && !strings.Contains(string(img), ".target sm_80") {
+				t.Errorf("%s: PTX does not target sm_80", name)
+			}
+		}
+	}
+}
+
+// TestCompileErrorNamesSourceAndLine: a broken kernel's error carries
+// NVRTC's log with the file name and the line in that file (the prelude's
+// lines are not counted).
+func TestCompileErrorNamesSourceAndLine(t *testing.T) {
+	n := nvrtcForTest(t)
+	prelude, err := kernelFS.ReadFile("kernels/prelude.cuh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := string(prelude) + "\n#line 1 \"broken.cu\"\n" + "extern \"C\" __global__ void k(float* x) {\n  x[0] = y;\n}\n"
+	_, _, err = n.Compile(src, "broken.cu", Target{90, CodeCUBIN})
+	var ce *CompileError
+	if !errors.As(err, &ce) {
+		t.Fatalf("want a CompileError, got %v", err)
+	}
+	if !strings.Contains(err.Error(), "broken.cu(2)") || !strings.Contains(err.Error(), "identifier \"y\" is undefined") {
+		t.Errorf("error does not point at broken.cu line 2: %v", err)
+	}
+}
+
+func TestSourceUnknownName(t *testing.T) {
+	_, err := Source("nope.cu")
+	if err == nil || !strings.Contains(err.Error(), "rows.cu") {
+		t.Errorf("unknown source: %v (want the list of sources)", err)
+	}
+	if _, err := Source("prelude.cuh"); err == nil {
+		t.Error("the prelude is not a kernel source")
+	}
+}
+
+func TestTargetChoice(t *testing.T) {
+	n := &NVRTC{Major: 11, Minor: 8, Archs: []int{35, 50, 60, 70, 75, 80, 86, 89, 90}}
+	for _, c := range []struct {
+		arch int
+		want string
+	}{{90, "sm_90"}, {80, "sm_80"}, {100, "compute_90"}, {120, "compute_90"}, {87, "compute_86"}} {
+		got, err := n.Target(c.arch)
+		if err != nil || got.String() != c.want {
+			t.Errorf("Target(%d) = %v, %v; want %s", c.arch, got, err, c.want)
+		}
+	}
+	if _, err := n.Target(30); err == nil || !strings.Contains(err.Error(), "3.0") {
+		t.Errorf("Target(30): %v", err)
+	}
+}
