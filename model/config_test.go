@@ -247,7 +247,7 @@ func TestConfigRoundTrip(t *testing.T) {
 }
 
 func TestPresets(t *testing.T) {
-	if got := PresetNames(); !reflect.DeepEqual(got, []string{"small-moe", "tiny-dense", "tiny-moe"}) {
+	if got := PresetNames(); !reflect.DeepEqual(got, []string{"qwen3-0.6b", "qwen3-1.7b", "qwen3-30b-a3b", "small-moe", "tiny-dense", "tiny-moe"}) {
 		t.Errorf("PresetNames = %v", got)
 	}
 	if _, err := Preset("huge", 100); err == nil || !strings.Contains(err.Error(), "tiny-dense") {
@@ -277,5 +277,97 @@ func TestPresets(t *testing.T) {
 		if n, _ := c.paramCount(); n != int64(want) {
 			t.Errorf("%s: paramCount %d, want %d", name, n, want)
 		}
+	}
+}
+
+// The release-shaped presets are the releases' config.json (the vocabulary
+// aside), and have the releases' parameter counts, computed here by hand
+// and through NumParams: no model is allocated (0.6B floats are 2.4 GB).
+func TestQwen3Presets(t *testing.T) {
+	dense, err := ParseConfig([]byte(qwen3Dense))
+	if err != nil {
+		t.Fatal(err)
+	}
+	moe, err := ParseConfig([]byte(qwen3MoE))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]Config{"qwen3-0.6b": dense, "qwen3-30b-a3b": moe} {
+		got, err := Preset(name, 151936)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s:\n got %+v\nwant the release's %+v", name, got, want)
+		}
+	}
+	// Qwen3-1.7B's config.json differs from 0.6B's only in these two sizes.
+	want17 := dense
+	want17.HiddenSize, want17.IntermediateSize = 2048, 6144
+	if got, _ := Preset("qwen3-1.7b", 151936); !reflect.DeepEqual(got, want17) {
+		t.Errorf("qwen3-1.7b:\n got %+v\nwant %+v", got, want17)
+	}
+	// The small presets keep 4096 positions.
+	if c, _ := Preset("tiny-dense", 10); c.MaxPositionEmbeddings != 4096 {
+		t.Errorf("tiny-dense max_position_embeddings %d, want 4096", c.MaxPositionEmbeddings)
+	}
+
+	// Parameter counts with the Qwen3 vocabulary, by hand.
+	// qwen3-0.6b: q 2048·1024, k and v 1024·1024 each, o 1024·2048; q/k
+	// norms 2·128, layer norms 2·1024; MLP 3·3072·1024; 28 layers; tied
+	// embedding 151936·1024; final norm 1024.
+	//   layer = 6,291,456 + 2,304 + 9,437,184 = 15,730,944
+	//   total = 28·15,730,944 + 155,582,464 + 1,024 = 596,049,920
+	// qwen3-1.7b: q 2048·2048, k and v 1024·2048, o 2048·2048; norms
+	// 2·128 + 2·2048; MLP 3·6144·2048; tied embedding 151936·2048.
+	//   layer = 12,582,912 + 4,352 + 37,748,736 = 50,336,000
+	//   total = 28·50,336,000 + 311,164,928 + 2,048 = 1,720,574,976
+	// qwen3-30b-a3b: q 4096·2048, k and v 512·2048, o 2048·4096; norms
+	// 2·128 + 2·2048; router 128·2048; 128 experts × 3·768·2048; untied
+	// embedding and head 2·151936·2048.
+	//   layer = 18,874,368 + 4,352 + 262,144 + 603,979,776 = 623,120,640
+	//   total = 48·623,120,640 + 622,329,856 + 2,048 = 30,532,122,624
+	for name, want := range map[string]int64{
+		"qwen3-0.6b":    596_049_920,
+		"qwen3-1.7b":    1_720_574_976,
+		"qwen3-30b-a3b": 30_532_122_624,
+	} {
+		c, err := Preset(name, 151936)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := c.NumParams(); err != nil || got != want {
+			t.Errorf("%s: NumParams %d (%v), want %d", name, got, err, want)
+		}
+	}
+	// Without the vocabulary: 0.6B and 1.7B have 0.44B and 1.41B
+	// non-embedding parameters, 30B-A3B 29.9B, as the releases state.
+	for name, want := range map[string]int64{
+		"qwen3-0.6b":    28*15_730_944 + 1024,
+		"qwen3-1.7b":    28*50_336_000 + 2048,
+		"qwen3-30b-a3b": 48*623_120_640 + 2048,
+	} {
+		c, _ := Preset(name, 1)
+		n, _ := c.NumParams()
+		emb := int64(c.HiddenSize)
+		if !c.TieWordEmbeddings {
+			emb *= 2
+		}
+		if n-emb != want {
+			t.Errorf("%s: %d non-embedding parameters, want %d", name, n-emb, want)
+		}
+	}
+	// NumParams agrees with an allocated model on the small presets, and
+	// reports an invalid config.
+	for _, name := range []string{"tiny-dense", "tiny-moe", "small-moe"} {
+		c, _ := Preset(name, 37)
+		if n, err := c.NumParams(); err != nil || n != int64(New(c).NumParams()) {
+			t.Errorf("%s: NumParams %d (%v), New has %d", name, n, err, New(c).NumParams())
+		}
+	}
+	bad, _ := Preset("tiny-dense", 10)
+	bad.NumKeyValueHeads = 3
+	if _, err := bad.NumParams(); err == nil || !strings.Contains(err.Error(), "num_key_value_heads") {
+		t.Errorf("NumParams of an invalid config: %v", err)
 	}
 }

@@ -20,13 +20,16 @@ func init() {
 	})
 }
 
-const initUsage = `usage: keel init --preset NAME --vocab N --out DIR [--seed S] [--dtype f32|bf16] [--force]
+const initUsage = `usage: keel init --preset NAME --vocab N --out DIR [--layers N] [--seed S] [--dtype f32|bf16] [--force]
 
 Writes a Hugging Face model directory (config.json, model.safetensors) holding
 a freshly initialised Qwen3 or Qwen3-MoE model: normal(0, 0.02) weights,
 residual output projections scaled by 1/sqrt(2·layers), norms at 1. The same
 seed gives the same bits on every machine. DIR must be empty or absent unless
---force is given.
+--force is given. --layers changes the preset's number of decoder layers (for
+instance a few-layer qwen3-30b-a3b, whose 48 layers hold 30.5 billion
+parameters); the weights are allocated in memory in float32 before they are
+written.
 
 presets: %s
 
@@ -41,6 +44,7 @@ func runInit(args []string, stdout io.Writer) error {
 	}
 	preset := fset.String("preset", "", "model preset: "+strings.Join(model.PresetNames(), ", "))
 	vocab := fset.Int("vocab", 0, "vocabulary size (the tokenizer's)")
+	layers := fset.Int("layers", 0, "number of decoder layers (0: the preset's)")
 	seed := fset.Uint64("seed", 1, "random seed")
 	out := fset.String("out", "", "output directory")
 	dtype := fset.String("dtype", "f32", "stored weight type: f32 or bf16")
@@ -63,7 +67,7 @@ func runInit(args []string, stdout io.Writer) error {
 	case *dtype != "f32" && *dtype != "bf16":
 		return fmt.Errorf("--dtype %q: want f32 or bf16", *dtype)
 	}
-	cfg, err := model.Preset(*preset, *vocab)
+	cfg, err := initConfig(*preset, *vocab, *layers)
 	if err != nil {
 		return err
 	}
@@ -83,6 +87,25 @@ func runInit(args []string, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "wrote %s (%s, %d layers, vocab %d) to %s: %s parameters, %s weights, seed %d\n",
 		*preset, cfg.Architecture, cfg.NumHiddenLayers, cfg.VocabSize, *out, groupDigits(m.NumParams()), *dtype, *seed)
 	return nil
+}
+
+// initConfig returns the configuration keel init writes: the preset with
+// the vocabulary and, when layers is not 0, that many decoder layers.
+func initConfig(preset string, vocab, layers int) (model.Config, error) {
+	if layers < 0 {
+		return model.Config{}, fmt.Errorf("--layers must be positive (or 0 for the preset's), got %d", layers)
+	}
+	cfg, err := model.Preset(preset, vocab)
+	if err != nil {
+		return model.Config{}, err
+	}
+	if layers > 0 {
+		cfg.NumHiddenLayers = layers
+		if err := cfg.Validate(); err != nil {
+			return model.Config{}, fmt.Errorf("--layers %d: %w", layers, err)
+		}
+	}
+	return cfg, nil
 }
 
 // groupDigits formats n with thousands separators: 1234567 -> "1,234,567".

@@ -70,3 +70,56 @@ func TestGroupDigits(t *testing.T) {
 		}
 	}
 }
+
+// --layers changes the preset's depth. The configs are checked without
+// allocating weights (one qwen3-30b-a3b layer is 623M floats); the one
+// model written is a one-layer qwen3-0.6b with a 64-token vocabulary
+// (15.8M floats, 63 MB).
+func TestInitLayers(t *testing.T) {
+	c, err := initConfig("qwen3-30b-a3b", 64, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NumHiddenLayers != 2 || c.NumExperts != 128 || c.NumExpertsPerTok != 8 || c.VocabSize != 64 {
+		t.Errorf("qwen3-30b-a3b --layers 2: %+v", c)
+	}
+	// 2 layers × 623,120,640 + untied embedding and head 2·64·2048 + final norm 2048.
+	if n, err := c.NumParams(); err != nil || n != 2*623_120_640+2*64*2048+2048 {
+		t.Errorf("qwen3-30b-a3b --layers 2: %d parameters (%v)", n, err)
+	}
+	if c, err := initConfig("qwen3-30b-a3b", 64, 0); err != nil || c.NumHiddenLayers != 48 {
+		t.Errorf("--layers 0 keeps the preset's 48: %d (%v)", c.NumHiddenLayers, err)
+	}
+	for _, tc := range []struct {
+		layers int
+		want   string
+	}{
+		{-1, "--layers must be positive"},
+		{1 << 20, "--layers 1048576"}, // 6.5e14 parameters: Validate refuses
+	} {
+		if _, err := initConfig("qwen3-30b-a3b", 64, tc.layers); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("--layers %d: %v, want an error with %q", tc.layers, err, tc.want)
+		}
+	}
+	var out bytes.Buffer
+	if err := runInit([]string{"--preset", "tiny-dense", "--vocab", "10", "--layers", "-2", "--out", t.TempDir()}, &out); err == nil || !strings.Contains(err.Error(), "--layers") {
+		t.Errorf("runInit --layers -2: %v", err)
+	}
+
+	dir := filepath.Join(t.TempDir(), "m")
+	if err := runInit([]string{"--preset", "qwen3-0.6b", "--vocab", "64", "--layers", "1", "--dtype", "bf16", "--out", dir}, &out); err != nil {
+		t.Fatal(err)
+	}
+	got, err := model.ReadConfig(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.NumHiddenLayers != 1 || got.HiddenSize != 1024 || got.MaxPositionEmbeddings != 40960 {
+		t.Errorf("written config %+v", got)
+	}
+	// One layer (15,730,944, see model's preset test) + tied embedding
+	// 64·1024 + final norm 1024.
+	if !strings.Contains(out.String(), "1 layers") || !strings.Contains(out.String(), "15,797,504 parameters") {
+		t.Errorf("output %q", out.String())
+	}
+}

@@ -104,8 +104,10 @@ func searchDirs(getenv func(string) string) []string {
 	sites = append(sites, glob("/opt/*/.venv/lib/python3*/site-packages")...)
 	sites = append(sites, glob("/opt/conda/lib/python3*/site-packages")...)
 	for _, s := range sites {
-		// nvidia/cuda_nvrtc/lib (CUDA 12 wheels), nvidia/cu13/lib (CUDA 13).
-		add(newestFirst(glob(filepath.Join(s, "nvidia", "*", "lib")))...)
+		// nvidia/cu13/lib (CUDA 13 wheels, newest release first), then
+		// nvidia/cuda_nvrtc/lib, nvidia/cublas/lib (CUDA 12 wheels).
+		add(newestFirst(glob(filepath.Join(s, "nvidia", "cu[0-9]*", "lib")))...)
+		add(glob(filepath.Join(s, "nvidia", "*", "lib"))...)
 	}
 	return dirs
 }
@@ -116,8 +118,8 @@ func glob(pattern string) []string {
 }
 
 // newestFirst sorts paths so that higher version numbers come first
-// (cuda-12.8 before cuda-12.4, cu13 before cuda_nvrtc): reverse order,
-// digits compared as numbers.
+// (cuda-12.10 before cuda-12.9): reverse order, digits compared as
+// numbers.
 func newestFirst(paths []string) []string {
 	sort.SliceStable(paths, func(i, j int) bool { return versionLess(paths[j], paths[i]) })
 	return paths

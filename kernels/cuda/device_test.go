@@ -1,0 +1,486 @@
+package cuda
+
+// Kernels against the CPU kernels, on the GPU. These tests skip on a
+// machine without one (unless KEEL_REQUIRE_CUDA is set, as the GPU check
+// script sets it) and are built here into a test binary that the GPU
+// machine runs (tools/gpu/check.sh).
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"testing"
+
+	"github.com/keel-rl/keel/kernels"
+	"github.com/keel-rl/keel/model"
+)
+
+func deviceForTest(t *testing.T) *Device {
+	t.Helper()
+	d, err := Open(0)
+	if err != nil {
+		var le *LibraryError
+		if os.Getenv("KEEL_REQUIRE_CUDA") == "" && (errors.As(err, &le) || errors.Is(err, ErrNoDevice)) {
+			t.Skipf("no GPU: %v", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return d
+}
+
+// gpu wraps a device for the tests: buffers from host slices, launches
+// that fail the test, and results back.
+type gpu struct {
+	t   *testing.T
+	d   *Device
+	all []Buffer
+}
+
+func newGPU(t *testing.T) *gpu {
+	g := &gpu{t: t, d: deviceForTest(t)}
+	t.Cleanup(func() {
+		for _, b := range g.all {
+			g.d.Free(b)
+		}
+	})
+	return g
+}
+
+func bufOf[T any](g *gpu, src []T) Buffer {
+	g.t.Helper()
+	var zero T
+	size := int64(len(src)) * int64(sizeOf(zero))
+	b, err := g.d.Alloc(max(size, 8))
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	g.all = append(g.all, b)
+	if err := Upload(g.d, b, src); err != nil {
+		g.t.Fatal(err)
+	}
+	return b
+}
+
+func sizeOf(v any) int {
+	switch v.(type) {
+	case float64, int64, uint64:
+		return 8
+	case uint16:
+		return 2
+	default:
+		return 4
+	}
+}
+
+// poisoned is a float32 buffer of n NaNs: an element a kernel should
+// write and does not stays NaN and fails the comparison.
+func (g *gpu) poisoned(n int) Buffer {
+	p := make([]float32, n)
+	for i := range p {
+		p[i] = float32(math.NaN())
+	}
+	return bufOf(g, p)
+}
+
+func (g *gpu) launch(module, fn string, grid, block int, args ...any) {
+	g.t.Helper()
+	m, err := g.d.Module(module)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	f, err := m.Function(fn)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	if err := f.Launch(Dim3{X: grid}, Dim3{X: block}, 0, args...); err != nil {
+		g.t.Fatal(err)
+	}
+	if err := g.d.Sync(); err != nil {
+		g.t.Fatalf("%s: %v", fn, err)
+	}
+}
+
+func (g *gpu) f32(b Buffer, n int) []float32 {
+	g.t.Helper()
+	out := make([]float32, n)
+	if err := Download(g.d, out, b); err != nil {
+		g.t.Fatal(err)
+	}
+	return out
+}
+
+func randF32(r *rand.Rand, n int, scale float32) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(r.NormFloat64()) * scale
+	}
+	return x
+}
+
+// closeTo checks got against want elementwise: |got-want| <= tol*(1+|want|),
+// NaN never passing.
+func closeTo(t *testing.T, what string, got, want []float32, tol float64) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
+	}
+	worst, at := 0.0, -1
+	for i := range got {
+		g, w := float64(got[i]), float64(want[i])
+		e := math.Abs(g-w) / (1 + math.Abs(w))
+		if math.IsNaN(g) || math.IsNaN(e) {
+			t.Fatalf("%s[%d] = NaN (want %g): not written?", what, i, w)
+		}
+		if e > worst {
+			worst, at = e, i
+		}
+	}
+	if worst > tol {
+		t.Errorf("%s: error %.3g at %d (got %g, want %g) above %g", what, worst, at, got[at], want[at], tol)
+	}
+}
+
+func sameBits(t *testing.T, what string, got, want []float32) {
+	t.Helper()
+	for i := range got {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("%s[%d] = %g, want %g bit for bit", what, i, got[i], want[i])
+		}
+	}
+}
+
+// shapes are the row lengths the row kernels are checked on: one element,
+// odd sizes under and over a block, and long rows.
+var shapes = []int{1, 7, 129, 1000, 4096, 5000}
+
+func TestDeviceRMSNorm(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(1, 1))
+	for _, n := range shapes {
+		for _, rows := range []int{1, 3, 70} {
+			x, w, dy := randF32(r, rows*n, 1), randF32(r, n, 1), randF32(r, rows*n, 1)
+			const eps = 1e-6
+			y, inv := make([]float32, rows*n), make([]float32, rows)
+			dx, dw := make([]float32, rows*n), make([]float32, n)
+			for i := 0; i < rows; i++ {
+				inv[i] = kernels.RMSNorm(y[i*n:(i+1)*n], x[i*n:(i+1)*n], w, eps)
+				kernels.RMSNormBackward(dx[i*n:(i+1)*n], dw, dy[i*n:(i+1)*n], x[i*n:(i+1)*n], w, inv[i])
+			}
+			bx, bw, bdy := bufOf(g, x), bufOf(g, w), bufOf(g, dy)
+			by, binv := g.poisoned(rows*n), g.poisoned(rows)
+			g.launch("rows.cu", "rmsnorm_fwd", rows, 256, by, binv, bx, bw, n, 1, int64(n), float32(eps))
+			name := fmt.Sprintf("rows %d × %d", rows, n)
+			closeTo(t, name+" y", g.f32(by, rows*n), y, 1e-5)
+			closeTo(t, name+" inv", g.f32(binv, rows), inv, 1e-6)
+			chunks := (rows + 31) / 32
+			bdx, bpart, bdw := g.poisoned(rows*n), g.poisoned(chunks*n), g.poisoned(n)
+			g.launch("rows.cu", "rmsnorm_bwd", chunks, 256, bdx, bpart, bdy, bx, bw, binv, rows, n, 1, int64(n), 0)
+			g.launch("rows.cu", "sum_chunks", (n+255)/256, 256, bdw, bpart, chunks, n, 0)
+			closeTo(t, name+" dx", g.f32(bdx, rows*n), dx, 1e-5)
+			closeTo(t, name+" dw", g.f32(bdw, n), dw, 1e-5)
+		}
+	}
+}
+
+// TestDeviceBatchInvariance: a row's results alone and inside a batch of
+// 70 are the same bits (the contract the exact rollout rests on).
+func TestDeviceBatchInvariance(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(2, 2))
+	const n, rows, V = 1000, 70, 3001
+	x, w := randF32(r, rows*n, 1), randF32(r, n, 1)
+	bx, bw := bufOf(g, x), bufOf(g, w)
+	by, binv := g.poisoned(rows*n), g.poisoned(rows)
+	g.launch("rows.cu", "rmsnorm_fwd", rows, 256, by, binv, bx, bw, n, 1, int64(n), float32(1e-6))
+	all := g.f32(by, rows*n)
+	one := bufOf(g, x[37*n:38*n])
+	by1, binv1 := g.poisoned(n), g.poisoned(1)
+	g.launch("rows.cu", "rmsnorm_fwd", 1, 256, by1, binv1, one, bw, n, 1, int64(n), float32(1e-6))
+	sameBits(t, "rmsnorm row 37", g.f32(by1, n), all[37*n:38*n])
+
+	z := randF32(r, rows*V, 3)
+	bz := bufOf(g, z)
+	g.launch("head.cu", "logsoftmax_rows", rows, 256, bz, Buffer{}, V, float32(0.7))
+	allz := g.f32(bz, rows*V)
+	bz1 := bufOf(g, z[5*V:6*V])
+	g.launch("head.cu", "logsoftmax_rows", 1, 256, bz1, Buffer{}, V, float32(0.7))
+	sameBits(t, "logsoftmax row 5", g.f32(bz1, V), allz[5*V:6*V])
+}
+
+func TestDeviceSwiGLU(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(3, 3))
+	for _, n := range shapes {
+		rows := 5
+		gu, da := randF32(r, rows*2*n, 2), randF32(r, rows*n, 1)
+		a, dgu := make([]float32, rows*n), make([]float32, rows*2*n)
+		for i := 0; i < rows; i++ {
+			o := i * 2 * n
+			kernels.SwiGLU(a[i*n:(i+1)*n], gu[o:o+n], gu[o+n:o+2*n])
+			kernels.SwiGLUBackward(dgu[o:o+n], dgu[o+n:o+2*n], gu[o:o+n], gu[o+n:o+2*n], da[i*n:(i+1)*n])
+		}
+		bgu, bda := bufOf(g, gu), bufOf(g, da)
+		ba, bdgu := g.poisoned(rows*n), g.poisoned(rows*2*n)
+		g.launch("rows.cu", "swiglu_fwd", 64, 256, ba, bgu, int64(rows), n)
+		g.launch("rows.cu", "swiglu_bwd", 64, 256, bdgu, bda, bgu, int64(rows), n)
+		closeTo(t, fmt.Sprintf("swiglu n=%d", n), g.f32(ba, rows*n), a, 1e-6)
+		closeTo(t, fmt.Sprintf("swiglu backward n=%d", n), g.f32(bdgu, rows*2*n), dgu, 1e-6)
+	}
+}
+
+func TestDeviceNormRope(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(4, 4))
+	for _, c := range []struct{ T, heads, hd int }{{1, 1, 2}, {7, 16, 128}, {33, 9, 64}} {
+		stride := c.heads*c.hd + 3 // heads inside a wider row
+		raw, w := randF32(r, c.T*stride, 1), randF32(r, c.hd, 1)
+		pos := make([]int32, c.T)
+		for i := range pos {
+			pos[i] = int32(r.IntN(500))
+		}
+		cos, sin := model.RopeTables(c.hd, 1e6, 512)
+		half := c.hd / 2
+		out, inv := make([]float32, c.T*c.heads*c.hd), make([]float32, c.T*c.heads)
+		for i := 0; i < c.T; i++ {
+			p := int(pos[i])
+			kernels.NormRopeHeads(out[i*c.heads*c.hd:], raw[i*stride:], c.heads, w, cos[p*half:(p+1)*half], sin[p*half:(p+1)*half], 1e-6, inv[i*c.heads:])
+		}
+		bout, binv := g.poisoned(len(out)), g.poisoned(len(inv))
+		bcos, bsin, bpos := bufOf(g, cos), bufOf(g, sin), bufOf(g, pos)
+		g.launch("rows.cu", "norm_rope_fwd", c.T, 256, bout, binv, bufOf(g, raw), bufOf(g, w), bcos, bsin, bpos, c.heads, c.hd, int64(stride), float32(1e-6))
+		name := fmt.Sprintf("norm+rope %v", c)
+		closeTo(t, name, g.f32(bout, len(out)), out, 1e-5)
+		closeTo(t, name+" inv", g.f32(binv, len(inv)), inv, 1e-6)
+
+		// The backward's rotation: RoPE with negated sines, in place.
+		d := randF32(r, c.T*stride, 1)
+		want := append([]float32(nil), d...)
+		neg := make([]float32, len(sin))
+		for i, v := range sin {
+			neg[i] = -v
+		}
+		for i := 0; i < c.T; i++ {
+			p := int(pos[i])
+			kernels.RoPEHeads(want[i*stride:], c.heads, cos[p*half:(p+1)*half], neg[p*half:(p+1)*half])
+		}
+		bd := bufOf(g, d)
+		g.launch("rows.cu", "rope_rows", c.T, 256, bd, bcos, bufOf(g, neg), bpos, c.heads, c.hd, int64(stride))
+		closeTo(t, name+" rope backward", g.f32(bd, len(d)), want, 1e-6)
+	}
+}
+
+func TestDeviceHead(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(5, 5))
+	for _, V := range []int{2, 257, 151936} {
+		for _, temp := range []float32{1, 0.6} {
+			rows := 6
+			z := randF32(r, rows*V, 4)
+			logp := append([]float32(nil), z...)
+			ent := make([]float32, rows)
+			for i := 0; i < rows; i++ {
+				row := logp[i*V : (i+1)*V]
+				if temp != 1 {
+					for j := range row {
+						row[j] /= temp
+					}
+				}
+				kernels.LogSoftmax(row, row)
+				var h float64
+				for _, v := range row {
+					h -= math.Exp(float64(v)) * float64(v)
+				}
+				ent[i] = float32(h)
+			}
+			bz := bufOf(g, z)
+			g.launch("head.cu", "logsoftmax_rows", rows, 256, bz, Buffer{}, V, temp)
+			name := fmt.Sprintf("V=%d temp=%g", V, temp)
+			closeTo(t, name+" log-softmax", g.f32(bz, rows*V), logp, 2e-6)
+			bh := g.poisoned(rows)
+			g.launch("head.cu", "entropy_rows", rows, 256, bh, bz, V)
+			closeTo(t, name+" entropy", g.f32(bh, rows), ent, 1e-5)
+
+			targets := make([]int32, rows)
+			cl, ch := randF32(r, rows, 1), randF32(r, rows, 0.1)
+			for i := range targets {
+				targets[i] = int32(r.IntN(V))
+			}
+			targets[rows-1], cl[rows-1] = -1, 0 // the last row has no next token
+			cl[2], ch[2] = 0, 0                 // a row without coefficients
+			blp := g.poisoned(rows)
+			g.launch("head.cu", "gather_rows", 1, 256, blp, bz, bufOf(g, targets), rows, V)
+			wantLP := make([]float32, rows)
+			for i, tg := range targets {
+				if tg >= 0 {
+					wantLP[i] = logp[i*V+int(tg)]
+				}
+			}
+			closeTo(t, name+" gather", g.f32(blp, rows), wantLP, 0)
+
+			// The logits' gradient in float64 from the CPU's log-softmax.
+			want := make([]float32, rows*V)
+			for i := 0; i < rows; i++ {
+				row := logp[i*V : (i+1)*V]
+				for j, zv := range row {
+					p := math.Exp(float64(zv))
+					d := -float64(cl[i])*p - float64(ch[i])*p*(float64(zv)+float64(ent[i]))
+					if int32(j) == targets[i] {
+						d += float64(cl[i])
+					}
+					want[i*V+j] = float32(d / float64(temp))
+				}
+			}
+			bdz := g.poisoned(rows * V)
+			g.launch("head.cu", "head_bwd", rows, 256, bdz, bz, bufOf(g, cl), bufOf(g, ch), bufOf(g, targets), V, temp)
+			closeTo(t, name+" head backward", g.f32(bdz, rows*V), want, 1e-6)
+		}
+	}
+}
+
+// TestDeviceAdamW: the GPU's AdamW step is the CPU kernel's bit for bit
+// (both use correctly rounded float32 fused multiply-adds, sqrt and
+// division), and the gradient norm agrees to float64 rounding.
+func TestDeviceAdamW(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(6, 6))
+	const n = 100003
+	p, grad := randF32(r, n, 0.02), randF32(r, n, 1e-3)
+	m, v := randF32(r, n, 1e-4), randF32(r, n, 1e-4)
+	for i := range v {
+		v[i] *= v[i]
+	}
+	s := kernels.AdamWStep{GradScale: 0.7, Decay: 1 - 3e-4*0.01, Beta1: 0.9, OneMinusB1: 0.1, Beta2: 0.999, OneMinusB2: 0.001,
+		StepSize: float32(3e-4 / (1 - math.Pow(0.9, 3))), InvSqrtBC2: float32(1 / math.Sqrt(1-math.Pow(0.999, 3))), Eps: 1e-8}
+	bp, bg, bm, bv := bufOf(g, p), bufOf(g, grad), bufOf(g, m), bufOf(g, v)
+	g.launch("optim.cu", "adamw", 128, 256, bp, bg, bm, bv, int64(n), s.GradScale, s.Decay, s.Beta1, s.OneMinusB1, s.Beta2, s.OneMinusB2, s.StepSize, s.InvSqrtBC2, s.Eps)
+	kernels.AdamW(p, grad, m, v, s)
+	sameBits(t, "adamw p", g.f32(bp, n), p)
+	sameBits(t, "adamw m", g.f32(bm, n), m)
+	sameBits(t, "adamw v", g.f32(bv, n), v)
+
+	nb := (n + 8191) / 8192
+	part, err := g.d.Alloc(int64(nb) * 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.all = append(g.all, part)
+	out := bufOf(g, []float64{math.NaN()})
+	g.launch("optim.cu", "sumsq_blocks", nb, 256, part, bg, int64(n))
+	g.launch("optim.cu", "sum_f64", 1, 256, out, part, nb)
+	got := make([]float64, 1)
+	if err := Download(g.d, got, out); err != nil {
+		t.Fatal(err)
+	}
+	var want float64
+	for _, x := range grad {
+		want += float64(x) * float64(x)
+	}
+	if math.Abs(got[0]-want) > 1e-12*want {
+		t.Errorf("sum of squares %v, want %v", got[0], want)
+	}
+}
+
+func TestDeviceConvertAndEmbed(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(7, 7))
+	x := randF32(r, 4099, 10)
+	x[0], x[1], x[2] = float32(math.Inf(1)), 0x1.0101p0, 0x1.0181p0 // a tie (to even) and a round-up
+	bx := bufOf(g, x)
+	bb := bufOf(g, make([]uint16, len(x)))
+	g.launch("convert.cu", "f32_to_bf16", 16, 256, bb, bx, int64(len(x)))
+	got := make([]uint16, len(x))
+	if err := Download(g.d, got, bb); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]kernels.BF16, len(x))
+	kernels.ToBF16(want, x)
+	for i := range got {
+		if got[i] != uint16(want[i]) {
+			t.Fatalf("bf16[%d] of %g = %#x, want %#x", i, x[i], got[i], want[i])
+		}
+	}
+	back := g.poisoned(len(x))
+	g.launch("convert.cu", "bf16_to_f32", 16, 256, back, bb, int64(len(x)))
+	wantBack := make([]float32, len(x))
+	kernels.FromBF16(wantBack, want)
+	sameBits(t, "bf16 to f32", g.f32(back, len(x)), wantBack)
+
+	// Embedding: gather, and the backward grouped by token.
+	const V, H, T = 50, 33, 40
+	table := randF32(r, V*H, 1)
+	tokens := make([]int32, T)
+	for i := range tokens {
+		tokens[i] = int32(r.IntN(10)) // repeats
+	}
+	bxe := g.poisoned(T * H)
+	btok := bufOf(g, tokens)
+	g.launch("convert.cu", "embed_fwd", T, 256, bxe, bufOf(g, table), btok, H)
+	wantX := make([]float32, T*H)
+	for i, tk := range tokens {
+		copy(wantX[i*H:(i+1)*H], table[int(tk)*H:])
+	}
+	sameBits(t, "embedding", g.f32(bxe, T*H), wantX)
+	dx := randF32(r, T*H, 1)
+	dtable := randF32(r, V*H, 1)
+	wantD := append([]float32(nil), dtable...)
+	for i, tk := range tokens {
+		for j := 0; j < H; j++ {
+			wantD[int(tk)*H+j] += dx[i*H+j]
+		}
+	}
+	var uniq, offs, rows []int32
+	for tk := int32(0); tk < V; tk++ {
+		start := len(rows)
+		for i, x := range tokens {
+			if x == tk {
+				rows = append(rows, int32(i))
+			}
+		}
+		if len(rows) > start {
+			uniq = append(uniq, tk)
+			offs = append(offs, int32(start))
+		}
+	}
+	offs = append(offs, int32(len(rows)))
+	bd := bufOf(g, dtable)
+	g.launch("convert.cu", "embed_bwd", len(uniq), 256, bd, bufOf(g, dx), bufOf(g, uniq), bufOf(g, offs), bufOf(g, rows), H)
+	sameBits(t, "embedding backward", g.f32(bd, V*H), wantD)
+}
+
+// TestDeviceModuleCache: a second device handle loads the modules from
+// the on-disk cache.
+func TestDeviceModuleCache(t *testing.T) {
+	t.Setenv("KEEL_CACHE_DIR", t.TempDir())
+	d := deviceForTest(t)
+	t.Logf("device: %v", d)
+	m, err := d.Module("rows.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.CacheHit {
+		t.Error("first load hit an empty cache")
+	}
+	d2, err := Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d2.Close()
+	m2, err := d2.Module("rows.cu")
+	if err != nil || !m2.CacheHit {
+		t.Errorf("second load: hit %v, %v", m2 != nil && m2.CacheHit, err)
+	}
+	free, total, err := d.MemInfo()
+	if err != nil || free <= 0 || free > total {
+		t.Errorf("MemInfo = %d, %d, %v", free, total, err)
+	}
+	if _, err := d.Alloc(total * 2); !IsOutOfMemory(err) {
+		t.Errorf("allocating twice the device's memory: %v, want out of memory", err)
+	}
+}
