@@ -22,7 +22,7 @@ func deviceForTest(t *testing.T) *Device {
 	d, err := Open(0)
 	if err != nil {
 		var le *LibraryError
-		if os.Getenv("KEEL_REQUIRE_CUDA") == "" && (errors.As(err, &le) || errors.Is(err, ErrNoDevice)) {
+		if os.Getenv("KEEL_REQUIRE_CUDA") == "" && (errors.As(err, &le) || errors.Is(err, ErrNoDevice) || errors.Is(err, ErrNoCUDA)) {
 			t.Skipf("no GPU: %v", err)
 		}
 		t.Fatal(err)

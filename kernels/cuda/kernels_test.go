@@ -14,7 +14,7 @@ func nvrtcForTest(t *testing.T) *NVRTC {
 	t.Helper()
 	n, err := LoadNVRTC()
 	if err != nil {
-		if os.Getenv("KEEL_REQUIRE_NVRTC") != "" {
+		if os.Getenv("KEEL_REQUIRE_NVRTC") != "" && !errors.Is(err, ErrNoCUDA) {
 			t.Fatalf("KEEL_REQUIRE_NVRTC is set but NVRTC does not load: %v", err)
 		}
 		t.Skipf("NVRTC not installed, kernels not compiled (Debian: apt-get install libnvrtc11.2 from non-free): %v", err)

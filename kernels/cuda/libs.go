@@ -1,13 +1,12 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
-
-	"github.com/ebitengine/purego"
 )
 
 // A library is one of the shared libraries keel uses: what it is for a
@@ -31,6 +30,11 @@ var (
 		companions: []string{"libnvrtc-builtins.so.13.*", "libnvrtc-builtins.so.12.*", "libnvrtc-builtins.so.11.*", "libnvrtc-builtins.so"}}
 	libCublasLt = library{what: "cuBLASLt", names: []string{"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so.11", "libcublasLt.so"}}
 )
+
+// ErrNoCUDA is what every loader returns in a build without CUDA support
+// (an OS other than Linux, or a build with -tags nocuda, which gives a
+// fully static binary).
+var ErrNoCUDA = errors.New("no CUDA support in this build")
 
 // LibraryError says that a library could not be loaded: what was looked
 // for, in which folders, and why each file found there failed to load.
@@ -161,6 +165,9 @@ func digitsPrefix(s string) string {
 // dirs, then each soname through the loader's own search (ld.so.cache).
 // It returns the handle and the path or soname that was opened.
 func load(lib library, dirs []string) (uintptr, string, error) {
+	if loadDisabled != nil {
+		return 0, "", fmt.Errorf("cuda: %s not loaded: %w", lib.what, loadDisabled)
+	}
 	e := &LibraryError{What: lib.what, Names: lib.names, Dirs: dirs}
 	for _, d := range dirs {
 		for _, n := range lib.names {
@@ -169,7 +176,7 @@ func load(lib library, dirs []string) (uintptr, string, error) {
 				continue
 			}
 			loadCompanions(lib, d)
-			h, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+			h, err := dlopen(p)
 			if err == nil {
 				return h, p, nil
 			}
@@ -177,7 +184,7 @@ func load(lib library, dirs []string) (uintptr, string, error) {
 		}
 	}
 	for _, n := range lib.names {
-		if h, err := purego.Dlopen(n, purego.RTLD_NOW|purego.RTLD_GLOBAL); err == nil {
+		if h, err := dlopen(n); err == nil {
 			return h, n, nil
 		}
 	}
@@ -189,7 +196,7 @@ func load(lib library, dirs []string) (uintptr, string, error) {
 func loadCompanions(lib library, dir string) {
 	for _, pat := range lib.companions {
 		for _, p := range newestFirst(glob(filepath.Join(dir, pat))) {
-			if _, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_GLOBAL); err == nil {
+			if _, err := dlopen(p); err == nil {
 				return
 			}
 		}

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"sync"
 	"unsafe"
-
-	"github.com/ebitengine/purego"
 )
 
 // NVRTC is the CUDA runtime compiler, loaded from a shared library. It
@@ -101,16 +99,8 @@ func loadNVRTC(dirs []string) (*NVRTC, error) {
 	return n, nil
 }
 
-// register binds fn (a pointer to a func variable) to the symbol name of
-// the library h, as an error rather than purego's panic when the symbol is
-// missing (an older library than keel expects).
-func register(fn any, h uintptr, name string) error {
-	sym, err := purego.Dlsym(h, name)
-	if err != nil {
-		return fmt.Errorf("missing symbol %s (library too old?): %w", name, err)
-	}
-	purego.RegisterFunc(fn, sym)
-	return nil
+func missingSymbol(name string, err error) error {
+	return fmt.Errorf("missing symbol %s (library too old?): %w", name, err)
 }
 
 // Version is NVRTC's version as "major.minor".

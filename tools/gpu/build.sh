@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Builds, on this machine (Go, no GPU), what the GPU machine runs: the CUDA
+# package's test binary and keel itself, into tools/gpu/bin (git-ignored;
+# pass it to the device tool's carry). The GPU machine has no Go.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+mkdir -p tools/gpu/bin
+export CGO_ENABLED=0
+go test -c -ldflags='-s -w' -o tools/gpu/bin/cuda.test ./kernels/cuda
+go build -ldflags='-s -w' -o tools/gpu/bin/keel ./cmd/keel
+# Every kernel compiles here first (NVRTC from Debian's libnvrtc11.2).
+KEEL_REQUIRE_NVRTC=1 tools/gpu/bin/cuda.test -test.run 'TestEveryKernelCompiles' >/dev/null
+du -sh tools/gpu/bin/*

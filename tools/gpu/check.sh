@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The GPU checks, run on the device machine in one go (tools/gpu/build.sh
+# first, here; carry tools/gpu/bin). Prints one line per check and writes
+# the full logs under $OUT (or /tmp/keel-gpu when OUT is unset). Under 8
+# minutes on an H100.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-/tmp/keel-gpu}
+mkdir -p "$out"
+export KEEL_CACHE_DIR=$out/cache KEEL_REQUIRE_CUDA=1 KEEL_REQUIRE_NVRTC=1
+bin=tools/gpu/bin
+{ nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; } > "$out/gpu.txt" 2>&1
+echo "== $(head -1 "$out/gpu.txt")"
+echo "== keel device"
+timeout 120 $bin/keel device 2>&1 | tee "$out/device.txt"
+echo "== kernels against the CPU kernels (kernels/cuda device tests)"
+timeout 300 $bin/cuda.test -test.v -test.run 'Device|Compiles|NoDriver' > "$out/cuda-test.log" 2>&1
+rc=$?
+grep -E '^(--- |ok|FAIL|PASS)' "$out/cuda-test.log" | sed 's/^/  /'
+grep -E '^\s+\S+_test.go:[0-9]+:' "$out/cuda-test.log" | head -40 | sed 's/^/  /'
+echo "== cuda.test exit $rc"
+exit $rc
