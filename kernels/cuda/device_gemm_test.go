@@ -1,0 +1,205 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// gemmRef is C = (acc ? C : 0) + A·B in float64 with the strides of
+// gemm_f32.
+func gemmRef(c, a, b []float32, M, N, K int, sam, sak, sbk, sbn, ldc int, acc bool) []float32 {
+	out := append([]float32(nil), c...)
+	for m := 0; m < M; m++ {
+		for n := 0; n < N; n++ {
+			var s float64
+			for k := 0; k < K; k++ {
+				s += float64(a[m*sam+k*sak]) * float64(b[k*sbk+n*sbn])
+			}
+			if acc {
+				s += float64(c[m*ldc+n])
+			}
+			out[m*ldc+n] = float32(s)
+		}
+	}
+	return out
+}
+
+func (g *gpu) gemm(c, a, b Buffer, M, N, K, sam, sak, sbk, sbn, ldc int, acc bool) {
+	g.t.Helper()
+	m, err := g.d.Module("gemm.cu")
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	f, err := m.Function("gemm_f32")
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	a32 := 0
+	if acc {
+		a32 = 1
+	}
+	if err := f.Launch(Dim3{X: (N + 63) / 64, Y: (M + 63) / 64}, Dim3{X: 256}, 0, c, a, b, M, N, K,
+		int64(sam), int64(sak), int64(sbk), int64(sbn), int64(ldc), a32); err != nil {
+		g.t.Fatal(err)
+	}
+	if err := g.d.Sync(); err != nil {
+		g.t.Fatal(err)
+	}
+}
+
+// TestDeviceGemm checks the three products of a linear layer on odd
+// shapes against float64, and batch invariance: rows computed alone are
+// the same bits as inside a larger M.
+func TestDeviceGemm(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(8, 8))
+	for _, s := range []struct{ M, N, K int }{{1, 1, 1}, {1, 7, 129}, {70, 33, 65}, {130, 200, 1000}, {3, 4096, 16}} {
+		M, N, K := s.M, s.N, s.K
+		x, w, dy := randF32(r, M*K, 1), randF32(r, N*K, 1), randF32(r, M*N, 1)
+		bx, bw, bdy := bufOf(g, x), bufOf(g, w), bufOf(g, dy)
+		name := fmt.Sprintf("%dx%dx%d", M, N, K)
+		tol := 1e-6 * math.Sqrt(float64(max(K, M)))
+
+		y := g.poisoned(M * N)
+		g.gemm(y, bx, bw, M, N, K, K, 1, 1, K, N, false)
+		closeTo(t, name+" forward", g.f32(y, M*N), gemmRef(make([]float32, M*N), x, w, M, N, K, K, 1, 1, K, N, false), tol)
+
+		dx := g.poisoned(M * K)
+		g.gemm(dx, bdy, bw, M, K, N, N, 1, K, 1, K, false)
+		closeTo(t, name+" input grad", g.f32(dx, M*K), gemmRef(make([]float32, M*K), dy, w, M, K, N, N, 1, K, 1, K, false), tol)
+
+		dw0 := randF32(r, N*K, 1)
+		dw := bufOf(g, dw0)
+		g.gemm(dw, bdy, bx, N, K, M, 1, N, K, 1, K, true)
+		closeTo(t, name+" weight grad", g.f32(dw, N*K), gemmRef(dw0, dy, x, N, K, M, 1, N, K, 1, K, true), tol)
+
+		if M > 1 {
+			all := g.f32(y, M*N)
+			last := bufOf(g, x[(M-1)*K:])
+			y1 := g.poisoned(N)
+			g.gemm(y1, last, bw, 1, N, K, K, 1, 1, K, N, false)
+			sameBits(t, name+" last row alone", g.f32(y1, N), all[(M-1)*N:])
+		}
+	}
+}
+
+// attnRef is causal GQA attention in float64 over packed sequences, with
+// its backward for the upstream gradient dout.
+func attnRef(q, k, v, dout []float32, starts, lens []int, heads, kv, hd int) (out, dq, dk, dv []float64) {
+	T := 0
+	for _, l := range lens {
+		T += l
+	}
+	qd, kvd, group := heads*hd, kv*hd, heads/kv
+	scale := 1 / math.Sqrt(float64(hd))
+	out, dq = make([]float64, T*qd), make([]float64, T*qd)
+	dk, dv = make([]float64, T*kvd), make([]float64, T*kvd)
+	for s, st := range starts {
+		for h := 0; h < heads; h++ {
+			g := h / group
+			for i := st; i < st+lens[s]; i++ {
+				n := i - st + 1
+				p := make([]float64, n)
+				mx := math.Inf(-1)
+				for j := 0; j < n; j++ {
+					var d float64
+					for e := 0; e < hd; e++ {
+						d += float64(q[i*qd+h*hd+e]) * float64(k[(st+j)*kvd+g*hd+e])
+					}
+					p[j] = d * scale
+					mx = math.Max(mx, p[j])
+				}
+				var z float64
+				for j := range p {
+					p[j] = math.Exp(p[j] - mx)
+					z += p[j]
+				}
+				dp := make([]float64, n)
+				var D float64
+				for j := range p {
+					p[j] /= z
+					for e := 0; e < hd; e++ {
+						out[i*qd+h*hd+e] += p[j] * float64(v[(st+j)*kvd+g*hd+e])
+						dp[j] += float64(dout[i*qd+h*hd+e]) * float64(v[(st+j)*kvd+g*hd+e])
+					}
+				}
+				for j := range p {
+					D += p[j] * dp[j]
+				}
+				for j := range p {
+					ds := p[j] * (dp[j] - D) * scale
+					for e := 0; e < hd; e++ {
+						dq[i*qd+h*hd+e] += ds * float64(k[(st+j)*kvd+g*hd+e])
+						dk[(st+j)*kvd+g*hd+e] += ds * float64(q[i*qd+h*hd+e])
+						dv[(st+j)*kvd+g*hd+e] += p[j] * float64(dout[i*qd+h*hd+e])
+					}
+				}
+			}
+		}
+	}
+	return
+}
+
+func f64to32(x []float64) []float32 {
+	y := make([]float32, len(x))
+	for i, v := range x {
+		y[i] = float32(v)
+	}
+	return y
+}
+
+func TestDeviceAttention(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(9, 9))
+	for _, c := range []struct {
+		lens          []int
+		heads, kv, hd int
+	}{{[]int{1}, 1, 1, 2}, {[]int{5, 1, 40}, 4, 2, 32}, {[]int{70, 3}, 16, 8, 128}, {[]int{9}, 6, 3, 256}} {
+		var starts []int
+		T := 0
+		var seqStart, seqEnd []int32
+		for _, l := range c.lens {
+			starts = append(starts, T)
+			for i := 0; i < l; i++ {
+				seqStart = append(seqStart, int32(T))
+				seqEnd = append(seqEnd, int32(T+l))
+			}
+			T += l
+		}
+		qd, kvd := c.heads*c.hd, c.kv*c.hd
+		q, k, v, dout := randF32(r, T*qd, 1), randF32(r, T*kvd, 1), randF32(r, T*kvd, 1), randF32(r, T*qd, 1)
+		out, dq, dk, dv := attnRef(q, k, v, dout, starts, c.lens, c.heads, c.kv, c.hd)
+		bq, bk, bv, bdo := bufOf(g, q), bufOf(g, k), bufOf(g, v), bufOf(g, dout)
+		bst, ben := bufOf(g, seqStart), bufOf(g, seqEnd)
+		bout, blse := g.poisoned(T*qd), g.poisoned(T*c.heads)
+		scale := float32(1 / math.Sqrt(float64(c.hd)))
+		launch2 := func(fn string, y int, args ...any) {
+			m, err := g.d.Module("attn.cu")
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := m.Function(fn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Launch(Dim3{X: T, Y: (y + 3) / 4}, Dim3{X: 128}, 0, args...); err != nil {
+				t.Fatal(err)
+			}
+			if err := g.d.Sync(); err != nil {
+				t.Fatalf("%s: %v", fn, err)
+			}
+		}
+		launch2("attn_fwd", c.heads, bout, blse, bq, bk, bv, bst, c.heads, c.kv, c.hd, scale)
+		name := fmt.Sprintf("attention %v", c)
+		closeTo(t, name+" out", g.f32(bout, T*qd), f64to32(out), 1e-5)
+		bdq, bdsum := g.poisoned(T*qd), g.poisoned(T*c.heads)
+		bdk, bdv := g.poisoned(T*kvd), g.poisoned(T*kvd)
+		launch2("attn_bwd_q", c.heads, bdq, bdsum, bdo, bout, blse, bq, bk, bv, bst, c.heads, c.kv, c.hd, scale)
+		launch2("attn_bwd_kv", c.kv, bdk, bdv, bdo, blse, bdsum, bq, bk, bv, ben, c.heads, c.kv, c.hd, scale)
+		closeTo(t, name+" dq", g.f32(bdq, T*qd), f64to32(dq), 1e-4)
+		closeTo(t, name+" dk", g.f32(bdk, T*kvd), f64to32(dk), 1e-4)
+		closeTo(t, name+" dv", g.f32(bdv, T*kvd), f64to32(dv), 1e-4)
+	}
+}
