@@ -146,7 +146,7 @@ func (e *Engine) Forward(seqs [][]int32, opt ForwardOptions) (*Result, error) {
 	if err := e.checkModels(); err != nil {
 		return nil, err
 	}
-	if err := e.validateInput(seqs, opt); err != nil {
+	if err := validateInput(&e.Model.Config, seqs, opt); err != nil {
 		return nil, err
 	}
 	if e.fw == nil {
@@ -168,16 +168,37 @@ func (e *Engine) Backward(l Loss) error {
 		return errors.New("train: Backward called without a successful Forward")
 	}
 	f := e.fw
-	if err := checkShape("LogProb", l.LogProb, f.lens, false); err != nil {
+	if err := CheckLoss(l, f.lens); err != nil {
 		return err
 	}
-	if err := checkShape("Entropy", l.Entropy, f.lens, true); err != nil {
+	e.backward(f, l)
+	return nil
+}
+
+// CheckForward reports what a Trainer's Forward must refuse: a
+// configuration the engines cannot run, or input that does not fit it
+// (empty or too long sequences, tokens outside the vocabulary, a bad
+// temperature or replay). Every engine calls it, so that they refuse the
+// same input with the same words.
+func CheckForward(c *model.Config, seqs [][]int32, opt ForwardOptions) error {
+	if err := validateConfig(c); err != nil {
+		return err
+	}
+	return validateInput(c, seqs, opt)
+}
+
+// CheckLoss reports a Loss that does not match the last Forward's
+// sequences of lengths lens, or holds a non-finite coefficient.
+func CheckLoss(l Loss, lens []int) error {
+	if err := checkShape("LogProb", l.LogProb, lens, false); err != nil {
+		return err
+	}
+	if err := checkShape("Entropy", l.Entropy, lens, true); err != nil {
 		return err
 	}
 	if math.IsNaN(l.Aux) || math.IsInf(l.Aux, 0) {
 		return fmt.Errorf("train: Loss.Aux = %v is not finite", l.Aux)
 	}
-	e.backward(f, l)
 	return nil
 }
 
@@ -284,8 +305,7 @@ func validateConfig(c *model.Config) error {
 	return nil
 }
 
-func (e *Engine) validateInput(seqs [][]int32, opt ForwardOptions) error {
-	c := &e.Model.Config
+func validateInput(c *model.Config, seqs [][]int32, opt ForwardOptions) error {
 	if len(seqs) == 0 {
 		return errors.New("train: Forward: no sequences")
 	}

@@ -94,6 +94,10 @@ func NewTrainer(m *model.Model, cfg AdamWConfig, state *OptimState) (*Engine, er
 	return e, nil
 }
 
+// AdamW returns the optimiser configuration the state was saved with: a
+// resumed engine continues with it, whatever its device.
+func (s *OptimState) AdamW() (AdamWConfig, error) { return decodeAdamW(s.Config) }
+
 // decodeAdamW reads an AdamWConfig as OptimState.Config holds it: every
 // field named as AdamWConfig names it, nothing else.
 func decodeAdamW(b json.RawMessage) (AdamWConfig, error) {

@@ -12,11 +12,17 @@ bin=tools/gpu/bin
 { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; } > "$out/gpu.txt" 2>&1
 echo "== $(head -1 "$out/gpu.txt")"
 echo "== keel device"
-timeout 120 $bin/keel device 2>&1 | tee "$out/device.txt"
+timeout 60 $bin/keel device 2>&1 | tee "$out/device.txt"
 echo "== kernels against the CPU kernels (kernels/cuda device tests)"
-timeout 300 $bin/cuda.test -test.v -test.run 'Device|Compiles|NoDriver' > "$out/cuda-test.log" 2>&1
+timeout 180 $bin/cuda.test -test.v -test.run 'Device|Compiles|NoDriver' > "$out/cuda-test.log" 2>&1
 rc=$?
 grep -E '^(--- |ok|FAIL|PASS)' "$out/cuda-test.log" | sed 's/^/  /'
 grep -E '^\s+\S+_test.go:[0-9]+:' "$out/cuda-test.log" | head -40 | sed 's/^/  /'
 echo "== cuda.test exit $rc"
-exit $rc
+echo "== the CUDA training engine against the CPU engine (train/cuda)"
+timeout 180 $bin/traincuda.test -test.v > "$out/traincuda-test.log" 2>&1
+rc2=$?
+grep -E '^(\s*--- |ok|FAIL|PASS)' "$out/traincuda-test.log" | sed 's/^/  /'
+grep -E '^\s+\S+_test.go:[0-9]+:' "$out/traincuda-test.log" | head -40 | sed 's/^/  /'
+echo "== traincuda.test exit $rc2"
+[ $rc -eq 0 ] && [ $rc2 -eq 0 ]

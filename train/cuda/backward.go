@@ -1,0 +1,228 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+
+	kc "github.com/keel-rl/keel/kernels/cuda"
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/train"
+)
+
+// Backward accumulates into the engine's gradient the gradient of l with
+// respect to every parameter, from the activations the last Forward saved.
+func (e *Engine) Backward(l train.Loss) error {
+	if !e.valid || e.fw == nil {
+		return errors.New("train/cuda: Backward called without a successful Forward")
+	}
+	f := e.fw
+	if err := train.CheckLoss(l, f.lens); err != nil {
+		return err
+	}
+	if l.Aux != 0 && len(e.cfg.MoELayers()) > 0 {
+		return errors.New("train/cuda: the MoE auxiliary loss is not supported yet")
+	}
+	coefLP, coefH := make([]float32, f.T), make([]float32, f.T)
+	for s, st := range f.starts {
+		copy(coefLP[st:], l.LogProb[s])
+		if l.Entropy != nil {
+			copy(coefH[st:], l.Entropy[s])
+		}
+	}
+	var tmp fwdState // this call's scratch, freed on return
+	defer tmp.free(e.dev)
+	if err := e.backward(f, &tmp, coefLP, coefH); err != nil {
+		return fmt.Errorf("train/cuda: backward: %w", err)
+	}
+	return e.dev.Sync()
+}
+
+func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32) error {
+	d, T := e.dims(), f.T
+	m := e.host
+	dcl, err := e.floatBuf(tmp, coefLP)
+	if err != nil {
+		return err
+	}
+	dch, err := e.floatBuf(tmp, coefH)
+	if err != nil {
+		return err
+	}
+	dxf, err := e.buf(tmp, T*d.H)
+	if err != nil {
+		return err
+	}
+	if err := e.headBackward(f, dxf, dcl, dch); err != nil {
+		return err
+	}
+	chunks := (T*max(d.heads, 1) + 31) / 32
+	part, err := e.buf(tmp, chunks*max(d.H, d.hd))
+	if err != nil {
+		return err
+	}
+	// norm backward over rows of n (per to a group of stride), adding the
+	// weight gradient into gw.
+	normBack := func(dx, dy, x, w, inv, gw Buffer, rows, n, per, stride int, acc bool) error {
+		a := 0
+		if acc {
+			a = 1
+		}
+		ch := (rows + 31) / 32
+		if err := e.launch("rows.cu", "rmsnorm_bwd", kc.Dim3{X: ch}, block256, dx, part, dy, x, w, inv, rows, n, per, int64(stride), a); err != nil {
+			return err
+		}
+		return e.launch("rows.cu", "sum_chunks", kc.Dim3{X: (n + 255) / 256}, block256, gw, part, ch, n, 1)
+	}
+	dres, err := e.buf(tmp, T*d.H)
+	if err != nil {
+		return err
+	}
+	if err := normBack(dres, dxf, f.xL, e.param(e.w, m.Norm), f.invf, e.param(e.g, m.Norm), T, d.H, 1, d.H, false); err != nil {
+		return err
+	}
+	var da, dgu, dh, datt, dq, dk, dv, dsum Buffer
+	if err := e.bufs(tmp, span{&da, T * d.I}, span{&dgu, T * 2 * d.I}, span{&dh, T * d.H}, span{&datt, T * d.qd},
+		span{&dq, T * d.qd}, span{&dk, T * d.kvd}, span{&dv, T * d.kvd}, span{&dsum, T * d.heads}); err != nil {
+		return err
+	}
+	for li := len(m.Layers) - 1; li >= 0; li-- {
+		l := &m.Layers[li]
+		a := &f.layers[li]
+		w := func(p *model.Param) Buffer { return e.param(e.w, p) }
+		g := func(p *model.Param) Buffer { return e.param(e.g, p) }
+		upI := T*2*d.I - d.I
+		steps := []func() error{
+			// MLP: dres is the gradient at the layer's output.
+			func() error { return e.linearBackX(da, dres, w(l.Down), T, d.I, d.H, d.I, d.H, false) },
+			func() error { return e.linearBackW(g(l.Down), dres, a.a, T, d.I, d.H, d.H, d.I) },
+			func() error {
+				return e.launch("rows.cu", "swiglu_bwd", elemGrid(T*d.I), block256, dgu, da, a.gu, int64(T), d.I)
+			},
+			func() error { return e.linearBackX(dh, dgu, w(l.Gate), T, d.H, d.I, d.H, 2*d.I, false) },
+			func() error { return e.linearBackX(dh, sub(dgu, d.I, upI), w(l.Up), T, d.H, d.I, d.H, 2*d.I, true) },
+			func() error { return e.linearBackW(g(l.Gate), dgu, a.h2, T, d.H, d.I, 2*d.I, d.H) },
+			func() error { return e.linearBackW(g(l.Up), sub(dgu, d.I, upI), a.h2, T, d.H, d.I, 2*d.I, d.H) },
+			// dres becomes the gradient at xmid.
+			func() error {
+				return normBack(dres, dh, a.xmid, w(l.PostAttnNorm), a.inv2, g(l.PostAttnNorm), T, d.H, 1, d.H, true)
+			},
+			// Attention.
+			func() error { return e.linearBackX(datt, dres, w(l.O), T, d.qd, d.H, d.qd, d.H, false) },
+			func() error { return e.linearBackW(g(l.O), dres, a.att, T, d.qd, d.H, d.H, d.qd) },
+			func() error {
+				return e.launch("attn.cu", "attn_bwd_q", kc.Dim3{X: T, Y: (d.heads + 3) / 4}, kc.Dim3{X: 128},
+					dq, dsum, datt, a.att, a.lse, a.q, a.k, a.v, f.dStart, d.heads, d.kv, d.hd, d.scale)
+			},
+			func() error {
+				return e.launch("attn.cu", "attn_bwd_kv", kc.Dim3{X: T, Y: (d.kv + 3) / 4}, kc.Dim3{X: 128},
+					dk, dv, datt, a.lse, dsum, a.q, a.k, a.v, f.dEnd, d.heads, d.kv, d.hd, d.scale)
+			},
+			func() error {
+				return e.launch("rows.cu", "rope_rows", rowsGrid(T), block256, dq, e.rope.cos, e.rope.neg, f.dPos, d.heads, d.hd, int64(d.qd))
+			},
+			func() error {
+				return e.launch("rows.cu", "rope_rows", rowsGrid(T), block256, dk, e.rope.cos, e.rope.neg, f.dPos, d.kv, d.hd, int64(d.kvd))
+			},
+			// q_norm and k_norm, per head row, in place.
+			func() error {
+				return normBack(dq, dq, a.qraw, w(l.QNorm), a.invq, g(l.QNorm), T*d.heads, d.hd, d.heads, d.qd, false)
+			},
+			func() error {
+				return normBack(dk, dk, a.kraw, w(l.KNorm), a.invk, g(l.KNorm), T*d.kv, d.hd, d.kv, d.kvd, false)
+			},
+			func() error { return e.linearBackX(dh, dq, w(l.Q), T, d.H, d.qd, d.H, d.qd, false) },
+			func() error { return e.linearBackX(dh, dk, w(l.K), T, d.H, d.kvd, d.H, d.kvd, true) },
+			func() error { return e.linearBackX(dh, dv, w(l.V), T, d.H, d.kvd, d.H, d.kvd, true) },
+			func() error { return e.linearBackW(g(l.Q), dq, a.h1, T, d.H, d.qd, d.qd, d.H) },
+			func() error { return e.linearBackW(g(l.K), dk, a.h1, T, d.H, d.kvd, d.kvd, d.H) },
+			func() error { return e.linearBackW(g(l.V), dv, a.h1, T, d.H, d.kvd, d.kvd, d.H) },
+			// dres becomes the gradient at the layer's input.
+			func() error {
+				return normBack(dres, dh, a.x, w(l.InputNorm), a.inv1, g(l.InputNorm), T, d.H, 1, d.H, true)
+			},
+		}
+		for i, s := range steps {
+			if err := s(); err != nil {
+				return fmt.Errorf("layer %d, step %d: %w", li, i, err)
+			}
+		}
+	}
+	return e.embedBackward(f, tmp, dres)
+}
+
+func (e *Engine) floatBuf(f *fwdState, v []float32) (Buffer, error) {
+	b, err := e.buf(f, len(v))
+	if err != nil {
+		return b, err
+	}
+	return b, kc.Upload(e.dev, b, v)
+}
+
+// headBackward writes dxf, the gradient at the final norm's output, and
+// adds the LM head's (or the tied embedding's) gradient, chunk by chunk of
+// rows as the forward went, recomputing each chunk's log-softmax.
+func (e *Engine) headBackward(f *fwdState, dxf, dcl, dch Buffer) error {
+	d := e.dims()
+	C := min(headRows(d.V), f.T)
+	z, err := e.alloc(C * d.V)
+	if err != nil {
+		return err
+	}
+	defer e.dev.Free(z)
+	lm, glm := e.param(e.w, e.host.LMHead), e.param(e.g, e.host.LMHead)
+	for c0 := 0; c0 < f.T; c0 += C {
+		rows := min(C, f.T-c0)
+		xf := sub(f.xf, c0*d.H, rows*d.H)
+		steps := []func() error{
+			func() error { return e.linear(z, xf, lm, rows, d.H, d.V, d.V, d.H) },
+			func() error {
+				return e.launch("head.cu", "logsoftmax_rows", rowsGrid(rows), block256, z, Buffer{}, d.V, f.temp)
+			},
+			func() error {
+				return e.launch("head.cu", "head_bwd", rowsGrid(rows), block256, z, z, sub(dcl, c0, rows), sub(dch, c0, rows),
+					intSub(f.dTargets, c0, rows), d.V, f.temp)
+			},
+			func() error { return e.linearBackX(sub(dxf, c0*d.H, rows*d.H), z, lm, rows, d.H, d.V, d.H, d.V, false) },
+			func() error { return e.linearBackW(glm, z, xf, rows, d.H, d.V, d.V, d.H) },
+		}
+		for _, s := range steps {
+			if err := s(); err != nil {
+				return err
+			}
+		}
+	}
+	return e.dev.Sync() // z is freed on return
+}
+
+// embedBackward adds the rows of dx to the embedding's gradient, grouped by
+// token on the host so that each token's rows are added in order without
+// atomics.
+func (e *Engine) embedBackward(f, tmp *fwdState, dx Buffer) error {
+	rows := make([]int32, f.T)
+	for i := range rows {
+		rows[i] = int32(i)
+	}
+	sort.SliceStable(rows, func(a, b int) bool { return f.tokens[rows[a]] < f.tokens[rows[b]] })
+	var uniq, offs []int32
+	for i, r := range rows {
+		if i == 0 || f.tokens[r] != f.tokens[rows[i-1]] {
+			uniq = append(uniq, f.tokens[r])
+			offs = append(offs, int32(i))
+		}
+	}
+	offs = append(offs, int32(len(rows)))
+	bu, err := e.intBuf(tmp, uniq)
+	if err != nil {
+		return err
+	}
+	bo, err := e.intBuf(tmp, offs)
+	if err != nil {
+		return err
+	}
+	br, err := e.intBuf(tmp, rows)
+	if err != nil {
+		return err
+	}
+	return e.launch("convert.cu", "embed_bwd", kc.Dim3{X: len(uniq)}, block256, e.param(e.g, e.host.Embed), dx, bu, bo, br, e.cfg.HiddenSize)
+}

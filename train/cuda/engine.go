@@ -1,0 +1,318 @@
+// Package cuda is keel's training engine on an NVIDIA GPU: a train.Trainer
+// whose weights, gradients, optimiser state and activations live in device
+// memory and whose every operation is one of keel's CUDA kernels
+// (kernels/cuda), so the RL loop and keel sft drive it as they drive the
+// CPU engine.
+//
+// This first version computes in float32 with keel's own batch-invariant
+// kernels (a sequence's log-probs are the same bits alone and inside any
+// batch): the mode that is checked against the CPU engine. It trains the
+// dense Qwen3 layout; MoE layers and the bf16 mode come next.
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	kc "github.com/keel-rl/keel/kernels/cuda"
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/train"
+)
+
+// Engine is the GPU training engine. It is not safe for concurrent use.
+type Engine struct {
+	cfg    model.Config
+	dev    *kc.Device
+	host   *model.Model // the weights' host copy Weights returns
+	params []*model.Param
+	offs   map[*model.Param]int // element offset of each parameter in the arena
+
+	w, g Buffer // weights and gradients: the model's arena layout, float32
+	m, v Buffer // AdamW moments, allocated at the first Step or OptimState
+
+	optCfg train.AdamWConfig
+	step   int64
+
+	fns    map[string]*kc.Function
+	rope   ropeTables
+	fw     *fwdState
+	valid  bool
+	hostOK bool // host holds the device weights
+}
+
+// Buffer is a span of device memory.
+type Buffer = kc.Buffer
+
+var _ train.Trainer = (*Engine)(nil)
+
+// NewTrainer puts m on dev with an AdamW optimiser of configuration cfg,
+// or, given state (from a checkpoint, of either engine), exactly where
+// state left it: its configuration and moments. The host model m is not
+// kept: Weights returns a copy downloaded from the device.
+func NewTrainer(dev *kc.Device, m *model.Model, cfg train.AdamWConfig, state *train.OptimState) (*Engine, error) {
+	if state != nil {
+		var err error
+		if cfg, err = state.AdamW(); err != nil {
+			return nil, fmt.Errorf("train/cuda: optimiser state: %w", err)
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := m.Config
+	if err := train.CheckForward(&c, [][]int32{{0}}, train.ForwardOptions{}); err != nil {
+		return nil, err
+	}
+	if len(c.MoELayers()) > 0 {
+		return nil, errors.New("train/cuda: MoE layers are not supported on the GPU yet (use train.device: cpu)")
+	}
+	// Offsets come from the engine's own host model, whose arena has m's
+	// layout (model.New lays every model of a configuration out alike).
+	host := model.New(c)
+	e := &Engine{cfg: c, dev: dev, host: host, params: host.Params(), offs: map[*model.Param]int{}, optCfg: cfg, fns: map[string]*kc.Function{}}
+	off := 0
+	for _, p := range e.params {
+		e.offs[p] = off
+		off += p.Size()
+	}
+	if off != len(m.Arena) {
+		return nil, fmt.Errorf("train/cuda: parameters cover %d of %d arena elements", off, len(m.Arena))
+	}
+	var err error
+	if e.w, err = e.alloc(len(m.Arena)); err != nil {
+		return nil, err
+	}
+	if e.g, err = e.alloc(len(m.Arena)); err != nil {
+		e.Close()
+		return nil, err
+	}
+	if err := kc.Upload(dev, e.w, m.Arena); err != nil {
+		e.Close()
+		return nil, err
+	}
+	if err := dev.Zero(e.g); err != nil {
+		e.Close()
+		return nil, err
+	}
+	if state != nil {
+		if n := len(m.Arena); len(state.M) != n || len(state.V) != n {
+			e.Close()
+			return nil, fmt.Errorf("train/cuda: optimiser state has %d first and %d second moments, the model has %d parameters", len(state.M), len(state.V), n)
+		}
+		if err := e.moments(); err != nil {
+			e.Close()
+			return nil, err
+		}
+		if err := kc.Upload(dev, e.m, state.M); err != nil {
+			e.Close()
+			return nil, err
+		}
+		if err := kc.Upload(dev, e.v, state.V); err != nil {
+			e.Close()
+			return nil, err
+		}
+		e.step = state.Step
+	}
+	return e, nil
+}
+
+func (e *Engine) alloc(floats int) (Buffer, error) {
+	b, err := e.dev.Alloc(int64(max(floats, 1)) * 4)
+	if kc.IsOutOfMemory(err) {
+		free, total, _ := e.dev.MemInfo()
+		return b, fmt.Errorf("train/cuda: %w: %.2f GiB asked, %.2f of %.2f GiB free (see train/memplan for what a model needs)",
+			err, float64(floats)*4/(1<<30), float64(free)/(1<<30), float64(total)/(1<<30))
+	}
+	return b, err
+}
+
+// moments allocates the AdamW moments at zero, once.
+func (e *Engine) moments() error {
+	if e.m.Ptr != 0 {
+		return nil
+	}
+	n := len(e.host.Arena)
+	var err error
+	if e.m, err = e.alloc(n); err != nil {
+		return err
+	}
+	if e.v, err = e.alloc(n); err != nil {
+		return err
+	}
+	if err := e.dev.Zero(e.m); err != nil {
+		return err
+	}
+	return e.dev.Zero(e.v)
+}
+
+// param returns the device span of p in buffer b (weights or gradients).
+func (e *Engine) param(b Buffer, p *model.Param) Buffer {
+	return sub(b, e.offs[p], p.Size())
+}
+
+// sub is the span of n floats at element offset off of b.
+func sub(b Buffer, off, n int) Buffer {
+	return Buffer{Ptr: b.Ptr + uint64(off)*4, Size: int64(n) * 4}
+}
+
+// Config returns the model's architecture.
+func (e *Engine) Config() *model.Config { return &e.cfg }
+
+// ZeroGrad clears the accumulated gradient.
+func (e *Engine) ZeroGrad() {
+	if err := e.dev.Zero(e.g); err != nil {
+		panic(fmt.Sprintf("train/cuda: ZeroGrad: %v", err)) // a device that cannot memset is lost
+	}
+}
+
+// Steps counts the optimiser steps applied so far.
+func (e *Engine) Steps() int64 { return e.step }
+
+// Weights downloads the device weights into the engine's host model and
+// returns it (valid until the next Step).
+func (e *Engine) Weights() (*model.Model, error) {
+	if !e.hostOK {
+		if err := kc.Download(e.dev, e.host.Arena, e.w); err != nil {
+			return nil, err
+		}
+		e.hostOK = true
+	}
+	return e.host, nil
+}
+
+// OptimState downloads the optimiser's state.
+func (e *Engine) OptimState() (*train.OptimState, error) {
+	if err := e.moments(); err != nil {
+		return nil, err
+	}
+	n := len(e.host.Arena)
+	s := &train.OptimState{Step: e.step, M: make([]float32, n), V: make([]float32, n)}
+	if err := kc.Download(e.dev, s.M, e.m); err != nil {
+		return nil, err
+	}
+	if err := kc.Download(e.dev, s.V, e.v); err != nil {
+		return nil, err
+	}
+	var err error
+	s.Config, err = jsonConfig(e.optCfg)
+	return s, err
+}
+
+// Close frees the engine's device memory; the device stays open.
+func (e *Engine) Close() error {
+	if e.fw != nil {
+		e.fw.free(e.dev)
+		e.fw = nil
+	}
+	e.rope.free(e.dev)
+	for _, b := range []*Buffer{&e.w, &e.g, &e.m, &e.v} {
+		if b.Ptr != 0 {
+			e.dev.Free(*b)
+			*b = Buffer{}
+		}
+	}
+	e.valid = false
+	return nil
+}
+
+// fn returns kernel name of module mod, looked up once.
+func (e *Engine) fn(mod, name string) (*kc.Function, error) {
+	if f, ok := e.fns[name]; ok {
+		return f, nil
+	}
+	m, err := e.dev.Module(mod)
+	if err != nil {
+		return nil, err
+	}
+	f, err := m.Function(name)
+	if err != nil {
+		return nil, err
+	}
+	e.fns[name] = f
+	return f, nil
+}
+
+// Step applies one AdamW step at lr to the accumulated gradient clipped to
+// maxNorm (0: none) and returns the norm before clipping, or
+// train.ErrNonFinite, changing nothing, when the norm is not finite. The
+// per-step constants are the CPU optimiser's, and the kernel its float32
+// operations, so the two engines take the same step.
+func (e *Engine) Step(lr, maxNorm float64) (float64, error) {
+	if math.IsNaN(lr) || math.IsInf(lr, 0) || lr < 0 {
+		return 0, fmt.Errorf("adamw: learning rate %g, want a finite value >= 0", lr)
+	}
+	norm, err := e.gradNorm()
+	if err != nil {
+		return 0, err
+	}
+	if math.IsNaN(norm) || math.IsInf(norm, 0) {
+		return norm, train.ErrNonFinite
+	}
+	if err := e.moments(); err != nil {
+		return 0, err
+	}
+	e.valid, e.hostOK = false, false
+	c := e.optCfg
+	e.step++
+	t := float64(e.step)
+	bc1, bc2 := 1-math.Pow(c.Beta1, t), 1-math.Pow(c.Beta2, t)
+	f, err := e.fn("optim.cu", "adamw")
+	if err != nil {
+		return 0, err
+	}
+	scale := float32(train.ClipCoef(norm, maxNorm))
+	for _, p := range e.params {
+		decay := float32(1)
+		if c.DecayVectors || len(p.Shape) > 1 {
+			decay = float32(1 - lr*c.WeightDecay)
+		}
+		n := p.Size()
+		err := f.Launch(kc.Dim3{X: min((n+255)/256, 4096)}, kc.Dim3{X: 256}, 0,
+			e.param(e.w, p), e.param(e.g, p), e.param(e.m, p), e.param(e.v, p), int64(n),
+			scale, decay, float32(c.Beta1), float32(1-c.Beta1), float32(c.Beta2), float32(1-c.Beta2),
+			float32(lr/bc1), float32(1/math.Sqrt(bc2)), float32(c.Eps))
+		if err != nil {
+			return 0, err
+		}
+	}
+	return norm, e.dev.Sync()
+}
+
+// gradNorm is the global gradient norm: sums of squares in float64 over
+// blocks of 8192 elements, then the blocks in order.
+func (e *Engine) gradNorm() (float64, error) {
+	n := len(e.host.Arena)
+	nb := (n + 8191) / 8192
+	part, err := e.dev.Alloc(int64(nb+1) * 8)
+	if err != nil {
+		return 0, err
+	}
+	defer e.dev.Free(part)
+	out := Buffer{Ptr: part.Ptr + uint64(nb)*8, Size: 8}
+	f1, err := e.fn("optim.cu", "sumsq_blocks")
+	if err != nil {
+		return 0, err
+	}
+	f2, err := e.fn("optim.cu", "sum_f64")
+	if err != nil {
+		return 0, err
+	}
+	if err := f1.Launch(kc.Dim3{X: nb}, kc.Dim3{X: 256}, 0, part, e.g, int64(n)); err != nil {
+		return 0, err
+	}
+	if err := f2.Launch(kc.Dim3{X: 1}, kc.Dim3{X: 256}, 0, out, part, nb); err != nil {
+		return 0, err
+	}
+	s := make([]float64, 1)
+	if err := kc.Download(e.dev, s, out); err != nil {
+		return 0, err
+	}
+	return math.Sqrt(s[0]), nil
+}
+
+// Gradients downloads the accumulated gradient, in the arena's layout.
+func (e *Engine) Gradients() ([]float32, error) {
+	g := make([]float32, len(e.host.Arena))
+	return g, kc.Download(e.dev, g, e.g)
+}

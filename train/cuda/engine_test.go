@@ -1,0 +1,273 @@
+package cuda
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+
+	kc "github.com/keel-rl/keel/kernels/cuda"
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/train"
+)
+
+// TestMoERefusedBeforeTheDevice: a configuration the engine cannot train
+// is refused with a clear error before any device work.
+func TestMoERefusedBeforeTheDevice(t *testing.T) {
+	cfg, err := model.Preset("tiny-moe", 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = NewTrainer(nil, model.New(cfg), train.DefaultAdamWConfig(), nil)
+	if err == nil || !strings.Contains(err.Error(), "MoE") || !strings.Contains(err.Error(), "train.device: cpu") {
+		t.Errorf("MoE model: %v", err)
+	}
+	bad := train.DefaultAdamWConfig()
+	bad.Beta1 = 1.5
+	dense, _ := model.Preset("tiny-dense", 64)
+	if _, err := NewTrainer(nil, model.New(dense), bad, nil); err == nil {
+		t.Error("a bad AdamW configuration was accepted")
+	}
+}
+
+func deviceForTest(t *testing.T) *kc.Device {
+	t.Helper()
+	d, err := kc.Open(0)
+	if err != nil {
+		var le *kc.LibraryError
+		if os.Getenv("KEEL_REQUIRE_CUDA") == "" && (errors.As(err, &le) || errors.Is(err, kc.ErrNoDevice) || errors.Is(err, kc.ErrNoCUDA)) {
+			t.Skipf("no GPU: %v", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func randomSeqs(r *rand.Rand, vocab int, lens ...int) [][]int32 {
+	seqs := make([][]int32, len(lens))
+	for i, n := range lens {
+		for j := 0; j < n; j++ {
+			seqs[i] = append(seqs[i], int32(r.IntN(vocab)))
+		}
+	}
+	return seqs
+}
+
+func randomLoss(r *rand.Rand, seqs [][]int32) train.Loss {
+	var l train.Loss
+	for _, s := range seqs {
+		lp, h := make([]float32, len(s)-1), make([]float32, len(s)-1)
+		for i := range lp {
+			lp[i] = float32(r.NormFloat64()) / 10
+			h[i] = float32(r.NormFloat64()) / 100
+		}
+		l.LogProb = append(l.LogProb, lp)
+		l.Entropy = append(l.Entropy, h)
+	}
+	return l
+}
+
+func maxAbsDiff(t *testing.T, what string, got, want [][]float32, tol float64) {
+	t.Helper()
+	worst := 0.0
+	for s := range want {
+		for i := range want[s] {
+			d := math.Abs(float64(got[s][i] - want[s][i]))
+			if math.IsNaN(d) {
+				t.Fatalf("%s[%d][%d] is NaN", what, s, i)
+			}
+			worst = math.Max(worst, d)
+		}
+	}
+	t.Logf("%s: max |GPU - CPU| = %.3g", what, worst)
+	if worst > tol {
+		t.Errorf("%s: max |GPU - CPU| = %.3g above %g", what, worst, tol)
+	}
+}
+
+// relErr is ‖a − b‖/‖b‖ over one parameter's span.
+func relErr(a, b []float32) float64 {
+	var num, den float64
+	for i := range a {
+		d := float64(a[i] - b[i])
+		num += d * d
+		den += float64(b[i]) * float64(b[i])
+	}
+	if den == 0 {
+		return math.Sqrt(num)
+	}
+	return math.Sqrt(num / den)
+}
+
+// TestEngineAgainstCPU runs the same forward, backward and AdamW step on
+// both engines, float32 mode: log-probs within 1e-4, every parameter's
+// gradient within 1e-3 relative, the weights after one step within 1e-5;
+// a sequence's log-probs alone and inside the batch are the same bits;
+// and the run resumes on the CPU from the GPU's state.
+func TestEngineAgainstCPU(t *testing.T) {
+	dev := deviceForTest(t)
+	t.Logf("device: %v", dev)
+	for _, c := range []struct {
+		preset string
+		layers int
+		vocab  int
+	}{{"tiny-dense", 0, 300}, {"qwen3-0.6b", 2, 1000}} {
+		t.Run(c.preset, func(t *testing.T) {
+			cfg, err := model.Preset(c.preset, c.vocab)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.layers > 0 {
+				cfg.NumHiddenLayers = c.layers
+			}
+			m := model.New(cfg)
+			model.Init(m, 7)
+			opt := train.DefaultAdamWConfig()
+			cpu, err := train.NewTrainer(m, opt, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gpu, err := NewTrainer(dev, m, opt, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer gpu.Close()
+			r := rand.New(rand.NewPCG(1, 2))
+			seqs := randomSeqs(r, c.vocab, 17, 5, 40, 2)
+			fo := train.ForwardOptions{Temperature: 0.8}
+			want, err := cpu.Forward(seqs, fo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := gpu.Forward(seqs, fo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			maxAbsDiff(t, "log-probs", got.LogProbs, want.LogProbs, 1e-4)
+			maxAbsDiff(t, "entropies", got.Entropy, want.Entropy, 1e-4)
+
+			loss := randomLoss(r, seqs)
+			if err := cpu.Backward(loss); err != nil {
+				t.Fatal(err)
+			}
+			if err := gpu.Backward(loss); err != nil {
+				t.Fatal(err)
+			}
+			gg, err := gpu.Gradients()
+			if err != nil {
+				t.Fatal(err)
+			}
+			off := 0
+			for _, p := range cpu.Grad.Params() {
+				n := p.Size()
+				if e := relErr(gg[off:off+n], p.Data); e > 1e-3 || math.IsNaN(e) {
+					t.Errorf("gradient of %s: relative error %.3g", p.Name, e)
+				}
+				off += n
+			}
+
+			n1, err := cpu.Step(1e-3, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n2, err := gpu.Step(1e-3, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if math.Abs(n1-n2) > 1e-3*n1 {
+				t.Errorf("gradient norm: GPU %g, CPU %g", n2, n1)
+			}
+			gw, err := gpu.Weights()
+			if err != nil {
+				t.Fatal(err)
+			}
+			worst := 0.0
+			for i, v := range gw.Arena {
+				worst = math.Max(worst, math.Abs(float64(v-m.Arena[i])))
+			}
+			t.Logf("weights after one step: max |GPU - CPU| = %.3g (norm %g)", worst, n1)
+			if worst > 1e-5 {
+				t.Errorf("weights after one step differ by %.3g", worst)
+			}
+
+			// Batch invariance on the GPU.
+			all, err := gpu.Forward(seqs, fo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			one, err := gpu.Forward(seqs[2:3], fo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, v := range one.LogProbs[0] {
+				if math.Float32bits(v) != math.Float32bits(all.LogProbs[2][i]) {
+					t.Fatalf("sequence 2 position %d alone %v, in the batch %v", i, v, all.LogProbs[2][i])
+				}
+			}
+
+			// Resume on the CPU from the GPU's weights and optimiser state:
+			// the next step agrees with the CPU run's.
+			st, err := gpu.OptimState()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Step != 1 {
+				t.Errorf("optimiser state at step %d, want 1", st.Step)
+			}
+			wcopy := model.New(cfg)
+			copy(wcopy.Arena, gw.Arena)
+			resumed, err := train.NewTrainer(wcopy, opt, st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range []train.Trainer{cpu, resumed} {
+				if _, err := e.Forward(seqs, fo); err != nil {
+					t.Fatal(err)
+				}
+				e.ZeroGrad()
+				if err := e.Backward(loss); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := e.Step(1e-3, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			worst = 0
+			for i, v := range wcopy.Arena {
+				worst = math.Max(worst, math.Abs(float64(v-m.Arena[i])))
+			}
+			if worst > 2e-5 {
+				t.Errorf("resumed on the CPU, the second step differs by %.3g", worst)
+			}
+		})
+	}
+}
+
+// TestEngineErrors: Backward without Forward and mismatched losses are
+// errors, as on the CPU engine.
+func TestEngineErrors(t *testing.T) {
+	dev := deviceForTest(t)
+	cfg, _ := model.Preset("tiny-dense", 50)
+	m := model.New(cfg)
+	model.Init(m, 1)
+	e, err := NewTrainer(dev, m, train.DefaultAdamWConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if err := e.Backward(train.Loss{}); err == nil {
+		t.Error("Backward without Forward")
+	}
+	if _, err := e.Forward([][]int32{{1, 50}}, train.ForwardOptions{}); err == nil || !strings.Contains(err.Error(), "out of vocabulary") {
+		t.Errorf("token out of vocabulary: %v", err)
+	}
+	if _, err := e.Forward([][]int32{{1, 2, 3}}, train.ForwardOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Backward(train.Loss{LogProb: [][]float32{{1}}}); err == nil {
+		t.Error("a loss of the wrong shape was accepted")
+	}
+}

@@ -1,0 +1,376 @@
+package cuda
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+
+	kc "github.com/keel-rl/keel/kernels/cuda"
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/train"
+)
+
+func jsonConfig(c train.AdamWConfig) (json.RawMessage, error) { return json.Marshal(c) }
+
+// ropeTables are the RoPE cosines, sines and negated sines (the backward's
+// rotation) on the device, computed on the host by model.RopeTables as the
+// CPU engine computes them, for positions below n.
+type ropeTables struct {
+	n             int
+	cos, sin, neg Buffer
+}
+
+func (r *ropeTables) free(d *kc.Device) {
+	for _, b := range []Buffer{r.cos, r.sin, r.neg} {
+		if b.Ptr != 0 {
+			d.Free(b)
+		}
+	}
+	*r = ropeTables{}
+}
+
+func (e *Engine) ensureRope(n int) error {
+	if e.rope.n >= n {
+		return nil
+	}
+	n = max(n, 2*e.rope.n, 64)
+	e.rope.free(e.dev)
+	cos, sin := model.RopeTables(e.cfg.HeadDim, e.cfg.RopeTheta, n)
+	neg := make([]float32, len(sin))
+	for i, v := range sin {
+		neg[i] = -v
+	}
+	for _, t := range []struct {
+		b   *Buffer
+		src []float32
+	}{{&e.rope.cos, cos}, {&e.rope.sin, sin}, {&e.rope.neg, neg}} {
+		b, err := e.alloc(len(t.src))
+		if err != nil {
+			return err
+		}
+		*t.b = b
+		if err := kc.Upload(e.dev, b, t.src); err != nil {
+			return err
+		}
+	}
+	e.rope.n = n
+	return nil
+}
+
+// layerActs are what one decoder layer's backward needs, saved by the
+// forward (no recomputation yet).
+type layerActs struct {
+	x, h1, qraw, kraw, q, k, v, att, xmid, h2, gu, a Buffer
+	inv1, invq, invk, lse, inv2                      Buffer
+}
+
+// fwdState is one Forward's input and saved activations.
+type fwdState struct {
+	lens, starts []int
+	T            int
+	temp         float32
+	tokens       []int32 // packed
+	// device copies of the packed tokens, positions, each token's sequence
+	// start and end, and each row's next token (-1 at a sequence's end)
+	dTokens, dPos, dStart, dEnd, dTargets Buffer
+	layers                                []layerActs
+	xL, invf, xf                          Buffer // last residual, final norm
+	lp, ent                               Buffer // [T]
+	bufs                                  []Buffer
+}
+
+func (f *fwdState) free(d *kc.Device) {
+	for _, b := range f.bufs {
+		d.Free(b)
+	}
+	f.bufs = nil
+}
+
+func (e *Engine) buf(f *fwdState, floats int) (Buffer, error) {
+	b, err := e.alloc(floats)
+	if err == nil {
+		f.bufs = append(f.bufs, b)
+	}
+	return b, err
+}
+
+// span asks for n floats of device memory into *b.
+type span struct {
+	b *Buffer
+	n int
+}
+
+// bufs allocates each span as part of f (freed with f).
+func (e *Engine) bufs(f *fwdState, spans ...span) error {
+	for _, s := range spans {
+		var err error
+		if *s.b, err = e.buf(f, s.n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (e *Engine) intBuf(f *fwdState, v []int32) (Buffer, error) {
+	b, err := e.buf(f, len(v))
+	if err != nil {
+		return b, err
+	}
+	return b, kc.Upload(e.dev, b, v)
+}
+
+// Forward runs the model over seqs, saves what Backward needs and returns
+// the log-probabilities (and entropies) of every next token.
+func (e *Engine) Forward(seqs [][]int32, opt train.ForwardOptions) (*train.Result, error) {
+	e.valid = false
+	if err := train.CheckForward(&e.cfg, seqs, opt); err != nil {
+		return nil, err
+	}
+	if e.fw != nil {
+		e.fw.free(e.dev)
+	}
+	f := &fwdState{temp: 1}
+	e.fw = f
+	if opt.Temperature != 0 {
+		f.temp = float32(opt.Temperature)
+	}
+	var pos, start, end, targets []int32
+	maxLen := 0
+	for _, s := range seqs {
+		f.starts = append(f.starts, f.T)
+		f.lens = append(f.lens, len(s))
+		for i, t := range s {
+			f.tokens = append(f.tokens, t)
+			pos = append(pos, int32(i))
+			start = append(start, int32(f.T))
+			end = append(end, int32(f.T+len(s)))
+			next := int32(-1)
+			if i+1 < len(s) {
+				next = s[i+1]
+			}
+			targets = append(targets, next)
+		}
+		f.T += len(s)
+		maxLen = max(maxLen, len(s))
+	}
+	if err := e.ensureRope(maxLen); err != nil {
+		return nil, err
+	}
+	var err error
+	for _, t := range []struct {
+		b   *Buffer
+		src []int32
+	}{{&f.dTokens, f.tokens}, {&f.dPos, pos}, {&f.dStart, start}, {&f.dEnd, end}, {&f.dTargets, targets}} {
+		if *t.b, err = e.intBuf(f, t.src); err != nil {
+			return nil, err
+		}
+	}
+	if err := e.forward(f, opt); err != nil {
+		return nil, err
+	}
+	if err := e.dev.Sync(); err != nil {
+		return nil, err
+	}
+	res := &train.Result{LogProbs: make([][]float32, len(seqs))}
+	lp := make([]float32, f.T)
+	if err := kc.Download(e.dev, lp, f.lp); err != nil {
+		return nil, err
+	}
+	var ent []float32
+	if !opt.NoEntropy {
+		ent = make([]float32, f.T)
+		if err := kc.Download(e.dev, ent, f.ent); err != nil {
+			return nil, err
+		}
+		res.Entropy = make([][]float32, len(seqs))
+	}
+	for s, st := range f.starts {
+		n := f.lens[s] - 1
+		res.LogProbs[s] = lp[st : st+n : st+n]
+		if ent != nil {
+			res.Entropy[s] = ent[st : st+n : st+n]
+		}
+	}
+	e.valid = true
+	return res, nil
+}
+
+// launch runs kernel name of mod over grid × block.
+func (e *Engine) launch(mod, name string, grid, block kc.Dim3, args ...any) error {
+	fn, err := e.fn(mod, name)
+	if err != nil {
+		return err
+	}
+	return fn.Launch(grid, block, 0, args...)
+}
+
+func rowsGrid(rows int) kc.Dim3 { return kc.Dim3{X: rows} }
+
+var block256 = kc.Dim3{X: 256}
+
+// elemGrid is a grid-stride launch for n elements.
+func elemGrid(n int) kc.Dim3 { return kc.Dim3{X: max(1, min((n+255)/256, 8192))} }
+
+// gemm computes C[m*ldc+n] = (acc ? C : 0) + Σ_k A[m*sam+k*sak]·B[k*sbk+n*sbn].
+func (e *Engine) gemm(c, a, b Buffer, M, N, K, sam, sak, sbk, sbn, ldc int, acc bool) error {
+	flag := 0
+	if acc {
+		flag = 1
+	}
+	return e.launch("gemm.cu", "gemm_f32", kc.Dim3{X: (N + 63) / 64, Y: (M + 63) / 64}, block256,
+		c, a, b, M, N, K, int64(sam), int64(sak), int64(sbk), int64(sbn), int64(ldc), flag)
+}
+
+// linear: y[r, 0:out] (row stride ldy) = x[r, 0:in] (row stride ldx) · Wᵀ,
+// W [out, in].
+func (e *Engine) linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error {
+	return e.gemm(y, x, w, rows, out, in, ldx, 1, 1, in, ldy, false)
+}
+
+// linearBackX: dx[r, 0:in] (+)= dy[r, 0:out] · W.
+func (e *Engine) linearBackX(dx, dy, w Buffer, rows, in, out, lddx, lddy int, acc bool) error {
+	return e.gemm(dx, dy, w, rows, in, out, lddy, 1, in, 1, lddx, acc)
+}
+
+// linearBackW: dW[out, in] += Σ_r dy[r, o]·x[r, i].
+func (e *Engine) linearBackW(dw, dy, x Buffer, rows, in, out, lddy, ldx int) error {
+	return e.gemm(dw, dy, x, out, in, rows, 1, lddy, ldx, 1, in, true)
+}
+
+// headRows is the number of token rows whose logits are held at once,
+// as the CPU engine chooses it (a function of the vocabulary only).
+func headRows(v int) int { return max(16, (1<<24)/v) }
+
+type dims struct {
+	H, heads, kv, hd, qd, kvd, I, V int
+	eps, scale                      float32
+}
+
+func (e *Engine) dims() dims {
+	c := &e.cfg
+	d := dims{H: c.HiddenSize, heads: c.NumAttentionHeads, kv: c.NumKeyValueHeads, hd: c.HeadDim, I: c.IntermediateSize, V: c.VocabSize}
+	d.qd, d.kvd = d.heads*d.hd, d.kv*d.hd
+	d.eps = float32(c.RMSNormEps)
+	d.scale = float32(1 / math.Sqrt(float64(d.hd)))
+	return d
+}
+
+func (e *Engine) forward(f *fwdState, opt train.ForwardOptions) error {
+	d, T := e.dims(), f.T
+	m := e.host
+	if d.hd > 256 {
+		return fmt.Errorf("train/cuda: head_dim %d above the attention kernel's 256", d.hd)
+	}
+	x, err := e.buf(f, T*d.H)
+	if err != nil {
+		return err
+	}
+	if err := e.launch("convert.cu", "embed_fwd", rowsGrid(T), block256, x, e.param(e.w, m.Embed), f.dTokens, d.H); err != nil {
+		return err
+	}
+	f.layers = make([]layerActs, len(m.Layers))
+	for li := range m.Layers {
+		l := &m.Layers[li]
+		a := &f.layers[li]
+		a.x = x
+		if err := e.bufs(f, span{&a.h1, T * d.H}, span{&a.qraw, T * d.qd}, span{&a.kraw, T * d.kvd}, span{&a.q, T * d.qd},
+			span{&a.k, T * d.kvd}, span{&a.v, T * d.kvd}, span{&a.att, T * d.qd}, span{&a.xmid, T * d.H}, span{&a.h2, T * d.H},
+			span{&a.gu, T * 2 * d.I}, span{&a.a, T * d.I}, span{&a.inv1, T}, span{&a.invq, T * d.heads}, span{&a.invk, T * d.kv},
+			span{&a.lse, T * d.heads}, span{&a.inv2, T}); err != nil {
+			return err
+		}
+		steps := []func() error{
+			func() error {
+				return e.launch("rows.cu", "rmsnorm_fwd", rowsGrid(T), block256, a.h1, a.inv1, x, e.param(e.w, l.InputNorm), d.H, 1, int64(d.H), d.eps)
+			},
+			func() error { return e.linear(a.qraw, a.h1, e.param(e.w, l.Q), T, d.H, d.qd, d.qd, d.H) },
+			func() error { return e.linear(a.kraw, a.h1, e.param(e.w, l.K), T, d.H, d.kvd, d.kvd, d.H) },
+			func() error { return e.linear(a.v, a.h1, e.param(e.w, l.V), T, d.H, d.kvd, d.kvd, d.H) },
+			func() error {
+				return e.launch("rows.cu", "norm_rope_fwd", rowsGrid(T), block256, a.q, a.invq, a.qraw, e.param(e.w, l.QNorm),
+					e.rope.cos, e.rope.sin, f.dPos, d.heads, d.hd, int64(d.qd), d.eps)
+			},
+			func() error {
+				return e.launch("rows.cu", "norm_rope_fwd", rowsGrid(T), block256, a.k, a.invk, a.kraw, e.param(e.w, l.KNorm),
+					e.rope.cos, e.rope.sin, f.dPos, d.kv, d.hd, int64(d.kvd), d.eps)
+			},
+			func() error {
+				return e.launch("attn.cu", "attn_fwd", kc.Dim3{X: T, Y: (d.heads + 3) / 4}, kc.Dim3{X: 128},
+					a.att, a.lse, a.q, a.k, a.v, f.dStart, d.heads, d.kv, d.hd, d.scale)
+			},
+			// xmid = x + att·Woᵀ: the product into xmid, then the residual.
+			func() error { return e.linear(a.xmid, a.att, e.param(e.w, l.O), T, d.qd, d.H, d.H, d.qd) },
+			func() error { return e.launch("rows.cu", "add", elemGrid(T*d.H), block256, a.xmid, x, int64(T*d.H)) },
+			func() error {
+				return e.launch("rows.cu", "rmsnorm_fwd", rowsGrid(T), block256, a.h2, a.inv2, a.xmid, e.param(e.w, l.PostAttnNorm), d.H, 1, int64(d.H), d.eps)
+			},
+			func() error { return e.linear(a.gu, a.h2, e.param(e.w, l.Gate), T, d.H, d.I, 2*d.I, d.H) },
+			func() error {
+				return e.linear(sub(a.gu, d.I, T*2*d.I-d.I), a.h2, e.param(e.w, l.Up), T, d.H, d.I, 2*d.I, d.H)
+			},
+			func() error {
+				return e.launch("rows.cu", "swiglu_fwd", elemGrid(T*d.I), block256, a.a, a.gu, int64(T), d.I)
+			},
+		}
+		for _, s := range steps {
+			if err := s(); err != nil {
+				return fmt.Errorf("train/cuda: layer %d: %w", li, err)
+			}
+		}
+		// The next residual: xmid + a·Wdownᵀ.
+		next, err := e.buf(f, T*d.H)
+		if err != nil {
+			return err
+		}
+		if err := e.linear(next, a.a, e.param(e.w, l.Down), T, d.I, d.H, d.H, d.I); err != nil {
+			return err
+		}
+		if err := e.launch("rows.cu", "add", elemGrid(T*d.H), block256, next, a.xmid, int64(T*d.H)); err != nil {
+			return err
+		}
+		x = next
+	}
+	f.xL = x
+	if err := e.bufs(f, span{&f.invf, T}, span{&f.xf, T * d.H}, span{&f.lp, T}, span{&f.ent, T}); err != nil {
+		return err
+	}
+	if err := e.launch("rows.cu", "rmsnorm_fwd", rowsGrid(T), block256, f.xf, f.invf, x, e.param(e.w, m.Norm), d.H, 1, int64(d.H), d.eps); err != nil {
+		return err
+	}
+	return e.headForward(f, opt.NoEntropy)
+}
+
+// headForward computes, chunk by chunk of token rows, the log-softmax of
+// the logits at the temperature, each row's next-token log-prob and the
+// entropy.
+func (e *Engine) headForward(f *fwdState, noEntropy bool) error {
+	d := e.dims()
+	C := min(headRows(d.V), f.T)
+	z, err := e.alloc(C * d.V)
+	if err != nil {
+		return err
+	}
+	defer e.dev.Free(z)
+	lm := e.param(e.w, e.host.LMHead)
+	for c0 := 0; c0 < f.T; c0 += C {
+		rows := min(C, f.T-c0)
+		if err := e.linear(z, sub(f.xf, c0*d.H, rows*d.H), lm, rows, d.H, d.V, d.V, d.H); err != nil {
+			return err
+		}
+		if err := e.launch("head.cu", "logsoftmax_rows", rowsGrid(rows), block256, z, Buffer{}, d.V, f.temp); err != nil {
+			return err
+		}
+		if err := e.launch("head.cu", "gather_rows", kc.Dim3{X: (rows + 255) / 256}, block256, sub(f.lp, c0, rows), z, intSub(f.dTargets, c0, rows), rows, d.V); err != nil {
+			return err
+		}
+		if !noEntropy {
+			if err := e.launch("head.cu", "entropy_rows", rowsGrid(rows), block256, sub(f.ent, c0, rows), z, d.V); err != nil {
+				return err
+			}
+		}
+	}
+	return e.dev.Sync() // z is freed on return
+}
+
+// intSub is the span of n int32 at element offset off of b.
+func intSub(b Buffer, off, n int) Buffer { return sub(b, off, n) }
