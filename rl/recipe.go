@@ -22,6 +22,7 @@ import (
 	"github.com/keel-rl/keel/rollout"
 	"github.com/keel-rl/keel/rollout/remote"
 	"github.com/keel-rl/keel/train"
+	"github.com/keel-rl/keel/train/device"
 )
 
 // Recipe is an RL run as a YAML file describes it (README: "RL recipes"
@@ -250,6 +251,9 @@ type TrainSettings struct {
 	Beta2            float64 `yaml:"beta2"`
 	ClipNorm         float64 `yaml:"clip_norm"`
 	AuxLoss          float64 `yaml:"aux_loss"` // MoE load-balancing coefficient
+	// Device is where the training engine runs: cpu (the default), cuda
+	// or cuda:N (the GPU engine; dense models, float32, for now).
+	Device string `yaml:"device"`
 }
 
 // RLEval is the held-out evaluation: avg@k before training, every Every
@@ -660,6 +664,9 @@ func (r *Recipe) fillTrain() error {
 	}
 	if !(t.AuxLoss >= 0) || math.IsInf(t.AuxLoss, 0) {
 		return bad("train.aux_loss", "%g, want a finite value >= 0", t.AuxLoss)
+	}
+	if _, err := device.Parse(t.Device); err != nil {
+		return bad("train.device", "%v", err)
 	}
 	return nil
 }

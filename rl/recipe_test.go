@@ -247,6 +247,8 @@ func TestRecipeIncompatible(t *testing.T) {
 		{"mini_batches not dividing", recipeBase, []string{"train.mini_batches=3", "train.prompts_per_step=32"}, "train.mini_batches"},
 		{"mini_batches negative", recipeBase, []string{"train.mini_batches=-1"}, "train.mini_batches"},
 		{"mini_batches dividing", recipeBase, []string{"train.mini_batches=4", "train.prompts_per_step=32"}, ""},
+		{"train.device unknown", recipeBase, []string{"train.device=gpu"}, "train.device"},
+		{"train.device cuda:1", recipeBase, []string{"train.device=cuda:1"}, ""},
 		{"aggregation with minirl", recipeBase, []string{"algorithm.aggregation=token-mean"}, "algorithm.aggregation"},
 		{"aggregation with minirl-lennorm", recipeBase, []string{"algorithm.objective=minirl-lennorm", "algorithm.aggregation=seq-sum-mean"}, "algorithm.aggregation"},
 		{"aggregation with cispo", recipeBase, []string{"algorithm.objective=cispo", "algorithm.aggregation=token-mean"}, "algorithm.aggregation"},

@@ -19,6 +19,7 @@ import (
 	"github.com/keel-rl/keel/run"
 	"github.com/keel-rl/keel/tokenizer"
 	"github.com/keel-rl/keel/train"
+	"github.com/keel-rl/keel/train/device"
 )
 
 // Run executes a recipe in its run directory: a fresh run, or (resume)
@@ -243,10 +244,10 @@ func (u *runner) buildEngines() error {
 	return u.newEvalEngine()
 }
 
-// newTrainer returns the training engine for m: the CPU engine, the one
-// keel has.
+// newTrainer returns the training engine for m on the recipe's
+// train.device.
 func (u *runner) newTrainer(m *model.Model, optim *train.OptimState) (train.Trainer, error) {
-	t, err := train.NewTrainer(m, u.r.AdamW(), optim)
+	t, err := device.Trainer(u.r.Train.Device, m, u.r.AdamW(), optim)
 	if err != nil {
 		return nil, err
 	}

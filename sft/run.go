@@ -21,6 +21,7 @@ import (
 	"github.com/keel-rl/keel/run"
 	"github.com/keel-rl/keel/tokenizer"
 	"github.com/keel-rl/keel/train"
+	"github.com/keel-rl/keel/train/device"
 )
 
 // RunResult is what a finished run reports.
@@ -76,7 +77,7 @@ type runner struct {
 	sess     *run.Session
 	tok      *tokenizer.Tokenizer
 	st       loopState // as resumed (zero when fresh)
-	eng      *train.Engine
+	eng      train.Trainer
 	tr       *Trainer
 	metrics  *run.MetricsLog
 	res      *RunResult
@@ -131,7 +132,7 @@ func (rn *runner) open() error {
 	if sess.Resumed != nil {
 		optim = (*train.OptimState)(sess.Resumed.Optim)
 	}
-	eng, err := train.NewTrainer(m, r.Train.AdamW(), optim)
+	eng, err := device.Trainer(r.Train.Device, m, r.Train.AdamW(), optim)
 	if err != nil && optim != nil {
 		return fmt.Errorf("%s: checkpoint of step %d: %w", filepath.Join(r.Out, run.CheckpointsDir), sess.Step(), err)
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/keel-rl/keel/train"
+	"github.com/keel-rl/keel/train/device"
 )
 
 // Config holds the optimisation settings of a supervised run.
@@ -22,6 +23,9 @@ type Config struct {
 	ClipNorm    float64 `yaml:"clip_norm"` // global gradient-norm clip; 0 disables
 	AuxLoss     float64 `yaml:"aux_loss"`  // MoE load-balancing coefficient
 	Seed        uint64  `yaml:"seed"`      // data order
+	// Device is where the training engine runs: cpu (the default), cuda
+	// or cuda:N.
+	Device string `yaml:"device"`
 }
 
 // Defaults fills unset fields with values that train the built-in presets
@@ -71,6 +75,9 @@ func (c *Config) Validate() error {
 	}
 	if err := c.schedule().Validate(); err != nil {
 		return fmt.Errorf("sft: %w", err)
+	}
+	if _, err := device.Parse(c.Device); err != nil {
+		return fmt.Errorf("sft: train.device: %w", err)
 	}
 	return c.AdamW().Validate()
 }

@@ -25,4 +25,17 @@ rc2=$?
 grep -E '^(\s*--- |ok|FAIL|PASS)' "$out/traincuda-test.log" | sed 's/^/  /'
 grep -E '^\s+\S+_test.go:[0-9]+:' "$out/traincuda-test.log" | head -40 | sed 's/^/  /'
 echo "== traincuda.test exit $rc2"
+echo "== keel sft on a tiny dense model, train.device cpu against cuda (20 steps)"
+for d in cpu cuda; do
+  sed "s#^out: .*#out: $out/sft-$d#; /^train:/a\\  device: $d" tools/gpu/sft-dense.yaml > "$out/sft-$d.yaml"
+  timeout 120 $bin/keel sft --quiet --recipe "$out/sft-$d.yaml" > "$out/sft-$d.log" 2>&1
+  echo "  $d: exit $? ($(tail -1 "$out/sft-$d.log"))"
+done
+python3 - "$out" <<'PY'
+import json, sys
+rows = {d: [json.loads(l) for l in open(f"{sys.argv[1]}/sft-{d}/metrics.jsonl")] for d in ("cpu", "cuda")}
+for k in ("loss", "grad_norm"):
+    diffs = [abs(a[k] - b[k]) / max(1e-9, abs(a[k])) for a, b in zip(rows["cpu"], rows["cuda"])]
+    print(f"  {k}: {len(diffs)} steps, largest relative difference {max(diffs):.2e} (step {diffs.index(max(diffs)) + 1})")
+PY
 [ $rc -eq 0 ] && [ $rc2 -eq 0 ]

@@ -1,0 +1,71 @@
+// Package device opens the training engine a recipe's train.device names:
+// "cpu" (the default: the CPU engine, keel's reference) or "cuda" /
+// "cuda:N" (the GPU engine on GPU N, 0 by default). The RL loop and keel
+// sft reach either through train.Trainer, so there is one loop whatever
+// the device, and a checkpoint of one resumes on the other.
+package device
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	kc "github.com/keel-rl/keel/kernels/cuda"
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/train"
+	"github.com/keel-rl/keel/train/cuda"
+)
+
+// Parse checks a device name and returns the GPU ordinal for "cuda" and
+// "cuda:N", or -1 for "cpu" and "" (the CPU).
+func Parse(name string) (int, error) {
+	switch {
+	case name == "" || name == "cpu":
+		return -1, nil
+	case name == "cuda":
+		return 0, nil
+	case strings.HasPrefix(name, "cuda:"):
+		n, err := strconv.Atoi(name[len("cuda:"):])
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("device %q: want cpu, cuda or cuda:N with N a GPU number", name)
+		}
+		return n, nil
+	}
+	return 0, fmt.Errorf("device %q: want cpu, cuda or cuda:N", name)
+}
+
+// Trainer returns the training engine on device name for m, with AdamW
+// of configuration cfg or restored from state (see train.NewTrainer).
+func Trainer(name string, m *model.Model, cfg train.AdamWConfig, state *train.OptimState) (train.Trainer, error) {
+	gpu, err := Parse(name)
+	if err != nil {
+		return nil, err
+	}
+	if gpu < 0 {
+		return train.NewTrainer(m, cfg, state)
+	}
+	dev, err := kc.Open(gpu)
+	if err != nil {
+		return nil, fmt.Errorf("train.device %s: %w (keel device shows what keel finds)", name, err)
+	}
+	e, err := cuda.NewTrainer(dev, m, cfg, state)
+	if err != nil {
+		dev.Close()
+		return nil, err
+	}
+	return &gpuTrainer{Engine: e, dev: dev}, nil
+}
+
+// gpuTrainer closes its device with the engine.
+type gpuTrainer struct {
+	*cuda.Engine
+	dev *kc.Device
+}
+
+func (t *gpuTrainer) Close() error {
+	err := t.Engine.Close()
+	if e := t.dev.Close(); err == nil {
+		err = e
+	}
+	return err
+}
