@@ -254,7 +254,7 @@ func TestGateWeightsBackward(t *testing.T) {
 		g := make([]float32, len(ids))
 		model.GateWeights(g, p, ids, norm)
 		ds := make([]float32, E)
-		routerBackRow(ds, p, g, ids, dgt, auxG, norm)
+		RouterBackRow(ds, p, g, ids, dgt, auxG, norm)
 		s64 := toF64(s)
 		loss := func() float64 {
 			pp := refSoftmax(s64)

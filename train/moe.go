@@ -177,19 +177,20 @@ func (f *fwdState) moeBackward(a *layerAct, L, G *model.Layer, dout, dxn []float
 					kernels.Axpy(1, b.dxg[r*H:(r+1)*H], d)
 				}
 			}
-			routerBackRow(b.dp[t*E:(t+1)*E], mo.probs[t*E:(t+1)*E], mo.gates[t*k:(t+1)*k], mo.ids[t*k:(t+1)*k], b.dgt[t*k:(t+1)*k], auxGrad, c.NormTopKProb)
+			RouterBackRow(b.dp[t*E:(t+1)*E], mo.probs[t*E:(t+1)*E], mo.gates[t*k:(t+1)*k], mo.ids[t*k:(t+1)*k], b.dgt[t*k:(t+1)*k], auxGrad, c.NormTopKProb)
 		}
 	})
 	linearBackW(G.Router.Data, b.dp, a.xn2, T, H, E)
 	linearBackX(dxn, b.dp, L.Router.Data, T, H, E, true)
 }
 
-// routerBackRow writes to ds the gradient w.r.t. one token's router logits,
+// RouterBackRow writes to ds the gradient w.r.t. one token's router logits
+// (exported for the GPU engine, which routes on the host as this engine does),
 // given the full softmax p, the gates and experts ids, the gradient dg of
 // the gates and auxGrad, the gradient of the aux term w.r.t. p. With
 // g_i = p_i/S (norm): dp_i = (dg_i - Σ_k dg_k·g_k)/S for i in ids;
 // without: dp_i = dg_i. Then ds = p∘(dp - Σ p·dp).
-func routerBackRow(ds, p, gates []float32, ids []int32, dg, auxGrad []float32, norm bool) {
+func RouterBackRow(ds, p, gates []float32, ids []int32, dg, auxGrad []float32, norm bool) {
 	copy(ds, auxGrad)
 	if norm {
 		var sum, gdg float32

@@ -20,9 +20,6 @@ func (e *Engine) Backward(l train.Loss) error {
 	if err := train.CheckLoss(l, f.lens); err != nil {
 		return err
 	}
-	if l.Aux != 0 && len(e.cfg.MoELayers()) > 0 {
-		return errors.New("train/cuda: the MoE auxiliary loss is not supported yet")
-	}
 	coefLP, coefH := make([]float32, f.T), make([]float32, f.T)
 	for s, st := range f.starts {
 		copy(coefLP[st:], l.LogProb[s])
@@ -32,13 +29,13 @@ func (e *Engine) Backward(l train.Loss) error {
 	}
 	var tmp fwdState // this call's scratch, freed on return
 	defer tmp.free(e.dev)
-	if err := e.backward(f, &tmp, coefLP, coefH); err != nil {
+	if err := e.backward(f, &tmp, coefLP, coefH, l.Aux); err != nil {
 		return fmt.Errorf("train/cuda: backward: %w", err)
 	}
 	return e.dev.Sync()
 }
 
-func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32) error {
+func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64) error {
 	d, T := e.dims(), f.T
 	m := e.host
 	dcl, err := e.floatBuf(tmp, coefLP)
@@ -86,14 +83,27 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32) error {
 		span{&dq, T * d.qd}, span{&dk, T * d.kvd}, span{&dv, T * d.kvd}, span{&dsum, T * d.heads}); err != nil {
 		return err
 	}
+	// The aux loss's gradient w.r.t. every router probability p_t,e:
+	// Aux·E·c_e/N², the same for every token and MoE layer.
+	var auxGrad []float32
+	if nMoE := len(e.cfg.MoELayers()); nMoE > 0 {
+		auxGrad = make([]float32, e.cfg.NumExperts)
+		if aux != 0 {
+			n := float64(T * nMoE)
+			for i := range auxGrad {
+				auxGrad[i] = float32(aux * float64(e.cfg.NumExperts) * f.auxCnt[i] / (n * n))
+			}
+		}
+	}
 	for li := len(m.Layers) - 1; li >= 0; li-- {
 		l := &m.Layers[li]
 		a := &f.layers[li]
 		w := func(p *model.Param) Buffer { return e.param(e.w, p) }
 		g := func(p *model.Param) Buffer { return e.param(e.g, p) }
 		upI := T*2*d.I - d.I
-		steps := []func() error{
-			// MLP: dres is the gradient at the layer's output.
+		// The MLP or MoE block: dres is the gradient at the layer's
+		// output; dh becomes the gradient at h2.
+		mlp := []func() error{
 			func() error { return e.linearBackX(da, dres, w(l.Down), T, d.I, d.H, d.I, d.H, false) },
 			func() error { return e.linearBackW(g(l.Down), dres, a.a, T, d.I, d.H, d.H, d.I) },
 			func() error {
@@ -103,6 +113,16 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32) error {
 			func() error { return e.linearBackX(dh, sub(dgu, d.I, upI), w(l.Up), T, d.H, d.I, d.H, 2*d.I, true) },
 			func() error { return e.linearBackW(g(l.Gate), dgu, a.h2, T, d.H, d.I, 2*d.I, d.H) },
 			func() error { return e.linearBackW(g(l.Up), sub(dgu, d.I, upI), a.h2, T, d.H, d.I, 2*d.I, d.H) },
+		}
+		if a.moe != nil {
+			mlp = []func() error{func() error { return e.moeBackward(f, tmp, a.moe, l, a.h2, dres, dh, auxGrad) }}
+		}
+		for i, s := range mlp {
+			if err := s(); err != nil {
+				return fmt.Errorf("layer %d, MLP step %d: %w", li, i, err)
+			}
+		}
+		steps := []func() error{
 			// dres becomes the gradient at xmid.
 			func() error {
 				return normBack(dres, dh, a.xmid, w(l.PostAttnNorm), a.inv2, g(l.PostAttnNorm), T, d.H, 1, d.H, true)

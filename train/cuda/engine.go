@@ -7,11 +7,11 @@
 // This first version computes in float32 with keel's own batch-invariant
 // kernels (a sequence's log-probs are the same bits alone and inside any
 // batch): the mode that is checked against the CPU engine. It trains the
-// dense Qwen3 layout; MoE layers and the bf16 mode come next.
+// Qwen3 and Qwen3-MoE layouts (routing on the host, replay R2 and R3,
+// the load-balancing loss); the bf16 mode with cuBLASLt comes next.
 package cuda
 
 import (
-	"errors"
 	"fmt"
 	"math"
 
@@ -64,8 +64,8 @@ func NewTrainer(dev *kc.Device, m *model.Model, cfg train.AdamWConfig, state *tr
 	if err := train.CheckForward(&c, [][]int32{{0}}, train.ForwardOptions{}); err != nil {
 		return nil, err
 	}
-	if len(c.MoELayers()) > 0 {
-		return nil, errors.New("train/cuda: MoE layers are not supported on the GPU yet (use train.device: cpu)")
+	if dev == nil {
+		return nil, fmt.Errorf("train/cuda: no device")
 	}
 	// Offsets come from the engine's own host model, whose arena has m's
 	// layout (model.New lays every model of a configuration out alike).

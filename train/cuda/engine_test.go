@@ -13,22 +13,22 @@ import (
 	"github.com/keel-rl/keel/train"
 )
 
-// TestMoERefusedBeforeTheDevice: a configuration the engine cannot train
-// is refused with a clear error before any device work.
-func TestMoERefusedBeforeTheDevice(t *testing.T) {
-	cfg, err := model.Preset("tiny-moe", 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = NewTrainer(nil, model.New(cfg), train.DefaultAdamWConfig(), nil)
-	if err == nil || !strings.Contains(err.Error(), "MoE") || !strings.Contains(err.Error(), "train.device: cpu") {
-		t.Errorf("MoE model: %v", err)
+// TestNewTrainerChecksFirst: bad input is refused with a clear error
+// before any device work, also without a device.
+func TestNewTrainerChecksFirst(t *testing.T) {
+	dense, _ := model.Preset("tiny-dense", 64)
+	if _, err := NewTrainer(nil, model.New(dense), train.DefaultAdamWConfig(), nil); err == nil || !strings.Contains(err.Error(), "no device") {
+		t.Errorf("nil device: %v", err)
 	}
 	bad := train.DefaultAdamWConfig()
 	bad.Beta1 = 1.5
-	dense, _ := model.Preset("tiny-dense", 64)
-	if _, err := NewTrainer(nil, model.New(dense), bad, nil); err == nil {
-		t.Error("a bad AdamW configuration was accepted")
+	if _, err := NewTrainer(nil, model.New(dense), bad, nil); err == nil || !strings.Contains(err.Error(), "beta1") {
+		t.Errorf("a bad AdamW configuration: %v", err)
+	}
+	broken := dense
+	broken.NumKeyValueHeads = 3
+	if _, err := NewTrainer(nil, model.New(broken), train.DefaultAdamWConfig(), nil); err == nil || !strings.Contains(err.Error(), "num_key_value_heads") {
+		t.Errorf("a bad configuration: %v", err)
 	}
 }
 
@@ -114,7 +114,7 @@ func TestEngineAgainstCPU(t *testing.T) {
 		preset string
 		layers int
 		vocab  int
-	}{{"tiny-dense", 0, 300}, {"qwen3-0.6b", 2, 1000}} {
+	}{{"tiny-dense", 0, 300}, {"qwen3-0.6b", 2, 1000}, {"tiny-moe", 0, 300}, {"small-moe", 0, 300}} {
 		t.Run(c.preset, func(t *testing.T) {
 			cfg, err := model.Preset(c.preset, c.vocab)
 			if err != nil {
@@ -137,7 +137,32 @@ func TestEngineAgainstCPU(t *testing.T) {
 			defer gpu.Close()
 			r := rand.New(rand.NewPCG(1, 2))
 			seqs := randomSeqs(r, c.vocab, 17, 5, 40, 2)
-			fo := train.ForwardOptions{Temperature: 0.8}
+			moe := len(cfg.MoELayers()) > 0
+			fo := train.ForwardOptions{Temperature: 0.8, Record: moe}
+			if moe {
+				// R3: both engines replay the routes the CPU engine records
+				// on a first forward; then the second forward records live.
+				first, err := cpu.Forward(seqs, fo)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rfo := fo
+				rfo.Replay = first.Routes
+				want, err := cpu.Forward(seqs, rfo)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := gpu.Forward(seqs, rfo)
+				if err != nil {
+					t.Fatal(err)
+				}
+				maxAbsDiff(t, "log-probs under replay", got.LogProbs, want.LogProbs, 1e-4)
+				for s := range seqs {
+					if !got.Routes[s].Equal(first.Routes[s]) {
+						t.Errorf("sequence %d: the GPU engine did not use the replayed routes", s)
+					}
+				}
+			}
 			want, err := cpu.Forward(seqs, fo)
 			if err != nil {
 				t.Fatal(err)
@@ -148,8 +173,21 @@ func TestEngineAgainstCPU(t *testing.T) {
 			}
 			maxAbsDiff(t, "log-probs", got.LogProbs, want.LogProbs, 1e-4)
 			maxAbsDiff(t, "entropies", got.Entropy, want.Entropy, 1e-4)
+			if moe {
+				for s := range seqs {
+					if !got.Routes[s].Equal(want.Routes[s]) {
+						t.Errorf("sequence %d: live routes differ between the engines", s)
+					}
+				}
+				if math.Abs(got.AuxLoss-want.AuxLoss) > 1e-5*want.AuxLoss {
+					t.Errorf("aux loss: GPU %v, CPU %v", got.AuxLoss, want.AuxLoss)
+				}
+			}
 
 			loss := randomLoss(r, seqs)
+			if moe {
+				loss.Aux = 0.01
+			}
 			if err := cpu.Backward(loss); err != nil {
 				t.Fatal(err)
 			}

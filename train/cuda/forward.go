@@ -62,6 +62,7 @@ func (e *Engine) ensureRope(n int) error {
 type layerActs struct {
 	x, h1, qraw, kraw, q, k, v, att, xmid, h2, gu, a Buffer
 	inv1, invq, invk, lse, inv2                      Buffer
+	moe                                              *moeActs // nil in dense layers
 }
 
 // fwdState is one Forward's input and saved activations.
@@ -77,6 +78,9 @@ type fwdState struct {
 	xL, invf, xf                          Buffer // last residual, final norm
 	lp, ent                               Buffer // [T]
 	bufs                                  []Buffer
+	replay                                []*model.Routes
+	aux                                   float64   // the MoE load-balancing loss
+	auxCnt                                []float64 // per expert: (token, slot) pairs routed to it
 }
 
 func (f *fwdState) free(d *kc.Device) {
@@ -129,7 +133,7 @@ func (e *Engine) Forward(seqs [][]int32, opt train.ForwardOptions) (*train.Resul
 	if e.fw != nil {
 		e.fw.free(e.dev)
 	}
-	f := &fwdState{temp: 1}
+	f := &fwdState{temp: 1, replay: opt.Replay}
 	e.fw = f
 	if opt.Temperature != 0 {
 		f.temp = float32(opt.Temperature)
@@ -171,7 +175,7 @@ func (e *Engine) Forward(seqs [][]int32, opt train.ForwardOptions) (*train.Resul
 	if err := e.dev.Sync(); err != nil {
 		return nil, err
 	}
-	res := &train.Result{LogProbs: make([][]float32, len(seqs))}
+	res := &train.Result{LogProbs: make([][]float32, len(seqs)), AuxLoss: f.aux}
 	lp := make([]float32, f.T)
 	if err := kc.Download(e.dev, lp, f.lp); err != nil {
 		return nil, err
@@ -191,8 +195,38 @@ func (e *Engine) Forward(seqs [][]int32, opt train.ForwardOptions) (*train.Resul
 			res.Entropy[s] = ent[st : st+n : st+n]
 		}
 	}
+	if opt.Record {
+		res.Routes = f.routes(&e.cfg)
+	}
 	e.valid = true
 	return res, nil
+}
+
+// routes are the experts each sequence's tokens used in every MoE layer
+// (nil for a dense model).
+func (f *fwdState) routes(c *model.Config) []*model.Routes {
+	var moe []*moeActs
+	for _, a := range f.layers {
+		if a.moe != nil {
+			moe = append(moe, a.moe)
+		}
+	}
+	if len(moe) == 0 {
+		return nil
+	}
+	k := c.NumExpertsPerTok
+	out := make([]*model.Routes, len(f.lens))
+	for s, n := range f.lens {
+		rt := model.NewRoutes(n, len(moe), k, c.NumExperts)
+		for i := 0; i < n; i++ {
+			t := f.starts[s] + i
+			for l, mo := range moe {
+				rt.SetSlots(i, l, mo.ids[t*k:(t+1)*k])
+			}
+		}
+		out[s] = rt
+	}
+	return out
 }
 
 // launch runs kernel name of mod over grid × block.
@@ -269,66 +303,47 @@ func (e *Engine) forward(f *fwdState, opt train.ForwardOptions) error {
 		return err
 	}
 	f.layers = make([]layerActs, len(m.Layers))
+	E := e.cfg.NumExperts
+	cnt, psum := make([]float64, E), make([]float64, E)
+	nMoE := 0
 	for li := range m.Layers {
 		l := &m.Layers[li]
 		a := &f.layers[li]
 		a.x = x
 		if err := e.bufs(f, span{&a.h1, T * d.H}, span{&a.qraw, T * d.qd}, span{&a.kraw, T * d.kvd}, span{&a.q, T * d.qd},
 			span{&a.k, T * d.kvd}, span{&a.v, T * d.kvd}, span{&a.att, T * d.qd}, span{&a.xmid, T * d.H}, span{&a.h2, T * d.H},
-			span{&a.gu, T * 2 * d.I}, span{&a.a, T * d.I}, span{&a.inv1, T}, span{&a.invq, T * d.heads}, span{&a.invk, T * d.kv},
-			span{&a.lse, T * d.heads}, span{&a.inv2, T}); err != nil {
+			span{&a.inv1, T}, span{&a.invq, T * d.heads}, span{&a.invk, T * d.kv}, span{&a.lse, T * d.heads}, span{&a.inv2, T}); err != nil {
 			return err
 		}
-		steps := []func() error{
-			func() error {
-				return e.launch("rows.cu", "rmsnorm_fwd", rowsGrid(T), block256, a.h1, a.inv1, x, e.param(e.w, l.InputNorm), d.H, 1, int64(d.H), d.eps)
-			},
-			func() error { return e.linear(a.qraw, a.h1, e.param(e.w, l.Q), T, d.H, d.qd, d.qd, d.H) },
-			func() error { return e.linear(a.kraw, a.h1, e.param(e.w, l.K), T, d.H, d.kvd, d.kvd, d.H) },
-			func() error { return e.linear(a.v, a.h1, e.param(e.w, l.V), T, d.H, d.kvd, d.kvd, d.H) },
-			func() error {
-				return e.launch("rows.cu", "norm_rope_fwd", rowsGrid(T), block256, a.q, a.invq, a.qraw, e.param(e.w, l.QNorm),
-					e.rope.cos, e.rope.sin, f.dPos, d.heads, d.hd, int64(d.qd), d.eps)
-			},
-			func() error {
-				return e.launch("rows.cu", "norm_rope_fwd", rowsGrid(T), block256, a.k, a.invk, a.kraw, e.param(e.w, l.KNorm),
-					e.rope.cos, e.rope.sin, f.dPos, d.kv, d.hd, int64(d.kvd), d.eps)
-			},
-			func() error {
-				return e.launch("attn.cu", "attn_fwd", kc.Dim3{X: T, Y: (d.heads + 3) / 4}, kc.Dim3{X: 128},
-					a.att, a.lse, a.q, a.k, a.v, f.dStart, d.heads, d.kv, d.hd, d.scale)
-			},
-			// xmid = x + att·Woᵀ: the product into xmid, then the residual.
-			func() error { return e.linear(a.xmid, a.att, e.param(e.w, l.O), T, d.qd, d.H, d.H, d.qd) },
-			func() error { return e.launch("rows.cu", "add", elemGrid(T*d.H), block256, a.xmid, x, int64(T*d.H)) },
-			func() error {
-				return e.launch("rows.cu", "rmsnorm_fwd", rowsGrid(T), block256, a.h2, a.inv2, a.xmid, e.param(e.w, l.PostAttnNorm), d.H, 1, int64(d.H), d.eps)
-			},
-			func() error { return e.linear(a.gu, a.h2, e.param(e.w, l.Gate), T, d.H, d.I, 2*d.I, d.H) },
-			func() error {
-				return e.linear(sub(a.gu, d.I, T*2*d.I-d.I), a.h2, e.param(e.w, l.Up), T, d.H, d.I, 2*d.I, d.H)
-			},
-			func() error {
-				return e.launch("rows.cu", "swiglu_fwd", elemGrid(T*d.I), block256, a.a, a.gu, int64(T), d.I)
-			},
+		if err := e.attentionForward(f, a, l); err != nil {
+			return fmt.Errorf("train/cuda: layer %d: %w", li, err)
 		}
-		for _, s := range steps {
-			if err := s(); err != nil {
-				return fmt.Errorf("train/cuda: layer %d: %w", li, err)
-			}
-		}
-		// The next residual: xmid + a·Wdownᵀ.
+		// The next residual: xmid + the MLP's (or the MoE block's) output.
 		next, err := e.buf(f, T*d.H)
 		if err != nil {
 			return err
 		}
-		if err := e.linear(next, a.a, e.param(e.w, l.Down), T, d.I, d.H, d.H, d.I); err != nil {
-			return err
+		if l.Router != nil {
+			a.moe = &moeActs{ml: nMoE}
+			nMoE++
+			err = e.moeForward(f, a.moe, l, a.h2, a.xmid, next, cnt, psum)
+		} else {
+			err = e.mlpForward(f, a, l, next)
 		}
-		if err := e.launch("rows.cu", "add", elemGrid(T*d.H), block256, next, a.xmid, int64(T*d.H)); err != nil {
-			return err
+		if err != nil {
+			return fmt.Errorf("train/cuda: layer %d: %w", li, err)
 		}
 		x = next
+	}
+	// AuxLoss = E·Σ_e (c_e/N)·(Σ_n p_n,e / N) over N = tokens·MoE layers,
+	// as the CPU engine computes it.
+	f.aux, f.auxCnt = 0, cnt
+	if nMoE > 0 {
+		n := float64(T * nMoE)
+		for i := 0; i < E; i++ {
+			f.aux += cnt[i] / n * (psum[i] / n)
+		}
+		f.aux *= float64(E)
 	}
 	f.xL = x
 	if err := e.bufs(f, span{&f.invf, T}, span{&f.xf, T * d.H}, span{&f.lp, T}, span{&f.ent, T}); err != nil {
@@ -338,6 +353,70 @@ func (e *Engine) forward(f *fwdState, opt train.ForwardOptions) error {
 		return err
 	}
 	return e.headForward(f, opt.NoEntropy)
+}
+
+// attentionForward runs a layer's first half: from its input a.x to
+// xmid = x + attention(norm(x)) and h2 = norm(xmid).
+func (e *Engine) attentionForward(f *fwdState, a *layerActs, l *model.Layer) error {
+	d, T, x := e.dims(), f.T, a.x
+	steps := []func() error{
+		func() error {
+			return e.launch("rows.cu", "rmsnorm_fwd", rowsGrid(T), block256, a.h1, a.inv1, x, e.param(e.w, l.InputNorm), d.H, 1, int64(d.H), d.eps)
+		},
+		func() error { return e.linear(a.qraw, a.h1, e.param(e.w, l.Q), T, d.H, d.qd, d.qd, d.H) },
+		func() error { return e.linear(a.kraw, a.h1, e.param(e.w, l.K), T, d.H, d.kvd, d.kvd, d.H) },
+		func() error { return e.linear(a.v, a.h1, e.param(e.w, l.V), T, d.H, d.kvd, d.kvd, d.H) },
+		func() error {
+			return e.launch("rows.cu", "norm_rope_fwd", rowsGrid(T), block256, a.q, a.invq, a.qraw, e.param(e.w, l.QNorm),
+				e.rope.cos, e.rope.sin, f.dPos, d.heads, d.hd, int64(d.qd), d.eps)
+		},
+		func() error {
+			return e.launch("rows.cu", "norm_rope_fwd", rowsGrid(T), block256, a.k, a.invk, a.kraw, e.param(e.w, l.KNorm),
+				e.rope.cos, e.rope.sin, f.dPos, d.kv, d.hd, int64(d.kvd), d.eps)
+		},
+		func() error {
+			return e.launch("attn.cu", "attn_fwd", kc.Dim3{X: T, Y: (d.heads + 3) / 4}, kc.Dim3{X: 128},
+				a.att, a.lse, a.q, a.k, a.v, f.dStart, d.heads, d.kv, d.hd, d.scale)
+		},
+		// xmid = x + att·Woᵀ: the product into xmid, then the residual.
+		func() error { return e.linear(a.xmid, a.att, e.param(e.w, l.O), T, d.qd, d.H, d.H, d.qd) },
+		func() error { return e.launch("rows.cu", "add", elemGrid(T*d.H), block256, a.xmid, x, int64(T*d.H)) },
+		func() error {
+			return e.launch("rows.cu", "rmsnorm_fwd", rowsGrid(T), block256, a.h2, a.inv2, a.xmid, e.param(e.w, l.PostAttnNorm), d.H, 1, int64(d.H), d.eps)
+		},
+	}
+	for _, s := range steps {
+		if err := s(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mlpForward runs a dense layer's MLP on a.h2 and writes
+// next = xmid + down(silu(gate(h2))·up(h2)).
+func (e *Engine) mlpForward(f *fwdState, a *layerActs, l *model.Layer, next Buffer) error {
+	d, T := e.dims(), f.T
+	if err := e.bufs(f, span{&a.gu, T * 2 * d.I}, span{&a.a, T * d.I}); err != nil {
+		return err
+	}
+	steps := []func() error{
+		func() error { return e.linear(a.gu, a.h2, e.param(e.w, l.Gate), T, d.H, d.I, 2*d.I, d.H) },
+		func() error {
+			return e.linear(sub(a.gu, d.I, T*2*d.I-d.I), a.h2, e.param(e.w, l.Up), T, d.H, d.I, 2*d.I, d.H)
+		},
+		func() error {
+			return e.launch("rows.cu", "swiglu_fwd", elemGrid(T*d.I), block256, a.a, a.gu, int64(T), d.I)
+		},
+		func() error { return e.linear(next, a.a, e.param(e.w, l.Down), T, d.I, d.H, d.H, d.I) },
+		func() error { return e.launch("rows.cu", "add", elemGrid(T*d.H), block256, next, a.xmid, int64(T*d.H)) },
+	}
+	for _, s := range steps {
+		if err := s(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // headForward computes, chunk by chunk of token rows, the log-softmax of
