@@ -157,6 +157,11 @@ func (e *Engine) Forward(seqs [][]int32, opt train.ForwardOptions) (*train.Resul
 		f.T += len(s)
 		maxLen = max(maxLen, len(s))
 	}
+	if free, _, err := e.dev.MemInfo(); err != nil {
+		return nil, err
+	} else if err := checkActivations(&e.cfg, f.T, free); err != nil {
+		return nil, err
+	}
 	if err := e.ensureRope(maxLen); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,35 @@
+package cuda
+
+import (
+	"fmt"
+
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/train/memplan"
+)
+
+// checkActivations returns an error, before anything is allocated, when
+// the activations of a forward and backward over T tokens (train/memplan's
+// float32 plan without recomputation, which is what this engine keeps)
+// need more than free bytes: one clear error instead of an allocation
+// failing half way through a step.
+func checkActivations(cfg *model.Config, T int, free int64) error {
+	p, err := memplan.Plan(cfg, memplan.Shape{Seqs: 1, SeqLen: T}, memplan.Mode{Precision: memplan.FP32})
+	if err != nil {
+		return err
+	}
+	var need int64
+	var biggest memplan.Item
+	for _, it := range p.Items {
+		if it.Batch {
+			need += it.Bytes
+			if it.Bytes > biggest.Bytes {
+				biggest = it
+			}
+		}
+	}
+	if need <= free {
+		return nil
+	}
+	return fmt.Errorf("train/cuda: a micro-batch of %d tokens needs %.2f GiB of activations (the most: %s, %.2f GiB) and the GPU has %.2f GiB free: lower train.micro_batch_tokens (RL) or train.batch_tokens (SFT)",
+		T, float64(need)/(1<<30), biggest.Name, float64(biggest.Bytes)/(1<<30), float64(free)/(1<<30))
+}
