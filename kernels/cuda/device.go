@@ -5,6 +5,7 @@ import (
 	"math"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -32,7 +33,7 @@ type Device struct {
 	mu      sync.Mutex
 	modules map[string]*Module
 	nvrtc   *NVRTC
-	closed  bool
+	closed  atomic.Bool
 }
 
 // Device attributes (CUdevice_attribute).
@@ -106,7 +107,7 @@ func (d *Device) String() string {
 func (d *Device) do(f func() error) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	if d.closed {
+	if d.closed.Load() {
 		return fmt.Errorf("cuda: device %d is closed", d.Ordinal)
 	}
 	if err := d.drv.check(d.drv.ctxSetCurrent(d.ctx), "cuCtxSetCurrent"); err != nil {
@@ -120,17 +121,18 @@ func (d *Device) do(f func() error) error {
 func (d *Device) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.closed {
+	if d.closed.Load() {
 		return nil
 	}
 	err := d.do(func() error {
+		err := d.drv.check(d.drv.ctxSynchronize(), "cuCtxSynchronize")
 		for _, m := range d.modules {
 			d.drv.moduleUnload(m.handle)
 		}
-		return d.drv.check(d.drv.ctxSynchronize(), "cuCtxSynchronize")
+		return err
 	})
 	d.modules = nil
-	d.closed = true
+	d.closed.Store(true)
 	var dev int32
 	if e := d.drv.check(d.drv.deviceGet(&dev, int32(d.Ordinal)), "cuDeviceGet"); e == nil {
 		if e := d.drv.check(d.drv.primaryCtxRelease(dev), "cuDevicePrimaryCtxRelease"); err == nil {
@@ -170,12 +172,18 @@ func (d *Device) Alloc(n int64) (Buffer, error) {
 	return Buffer{Ptr: p, Size: n}, err
 }
 
-// Free releases b.
+// Free releases b, after the work issued so far (which may use it) is
+// done: cuMemFree does not promise to wait for it.
 func (d *Device) Free(b Buffer) error {
 	if b.Ptr == 0 {
 		return nil
 	}
-	return d.do(func() error { return d.drv.check(d.drv.memFree(b.Ptr), "cuMemFree") })
+	return d.do(func() error {
+		if err := d.drv.check(d.drv.ctxSynchronize(), "cuCtxSynchronize"); err != nil {
+			return err
+		}
+		return d.drv.check(d.drv.memFree(b.Ptr), "cuMemFree")
+	})
 }
 
 // Zero sets b's bytes to 0.
@@ -299,9 +307,10 @@ func (f *Function) SetMaxDynamicShared(n int) error {
 // Dim3 is a grid or block shape.
 type Dim3 struct{ X, Y, Z int }
 
+// dims returns the shape for the driver, a dimension left at 0 being 1.
 func (d Dim3) dims() (uint32, uint32, uint32, error) {
 	x, y, z := max(d.X, 1), max(d.Y, 1), max(d.Z, 1)
-	if x > math.MaxUint32 || y > 65535 || z > 65535 {
+	if d.X < 0 || d.Y < 0 || d.Z < 0 || x > math.MaxInt32 || y > 65535 || z > 65535 {
 		return 0, 0, 0, fmt.Errorf("cuda: launch shape %v out of range", d)
 	}
 	return uint32(x), uint32(y), uint32(z), nil
@@ -310,8 +319,13 @@ func (d Dim3) dims() (uint32, uint32, uint32, error) {
 // Launch runs f over grid × block with shared bytes of dynamic shared
 // memory on the default stream, without waiting. Each argument is a
 // Buffer (its address), an int (passed as int32), an int32, uint32,
-// int64, uint64, float32 or float64, in the kernel's parameter order.
+// int64, uint64, float32 or float64, in the kernel's parameter order. A
+// grid whose X is 0 (no rows to do) launches nothing; Y and Z left at 0
+// are 1.
 func (f *Function) Launch(grid, block Dim3, shared int, args ...any) error {
+	if grid.X == 0 {
+		return nil
+	}
 	gx, gy, gz, err := grid.dims()
 	if err != nil {
 		return err

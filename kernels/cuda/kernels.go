@@ -22,8 +22,11 @@ import (
 var kernelFS embed.FS
 
 // KernelOptions are the NVRTC options every kernel source is compiled
-// with, beyond the target and C++17: none that change results.
-var KernelOptions = []string{"-default-device", "--restrict"}
+// with, beyond the target and C++17. --fmad=false keeps a*b + c two
+// roundings, as the CPU kernels compute it unless they call a fused
+// multiply-add (the kernels call fmaf where the CPU fuses); no option
+// changes results otherwise (no fast math: division and sqrt are IEEE).
+var KernelOptions = []string{"-default-device", "--fmad=false"}
 
 // SourceNames lists the embedded kernel sources ("rows.cu", ...), sorted.
 func SourceNames() []string {

@@ -218,7 +218,8 @@ func (e *Engine) Close() error {
 
 // fn returns kernel name of module mod, looked up once.
 func (e *Engine) fn(mod, name string) (*kc.Function, error) {
-	if f, ok := e.fns[name]; ok {
+	key := mod + "/" + name
+	if f, ok := e.fns[key]; ok {
 		return f, nil
 	}
 	m, err := e.dev.Module(mod)
@@ -229,7 +230,7 @@ func (e *Engine) fn(mod, name string) (*kc.Function, error) {
 	if err != nil {
 		return nil, err
 	}
-	e.fns[name] = f
+	e.fns[key] = f
 	return f, nil
 }
 
@@ -254,8 +255,7 @@ func (e *Engine) Step(lr, maxNorm float64) (float64, error) {
 	}
 	e.valid, e.hostOK = false, false
 	c := e.optCfg
-	e.step++
-	t := float64(e.step)
+	t := float64(e.step + 1)
 	bc1, bc2 := 1-math.Pow(c.Beta1, t), 1-math.Pow(c.Beta2, t)
 	f, err := e.fn("optim.cu", "adamw")
 	if err != nil {
@@ -276,7 +276,11 @@ func (e *Engine) Step(lr, maxNorm float64) (float64, error) {
 			return 0, err
 		}
 	}
-	return norm, e.dev.Sync()
+	if err := e.dev.Sync(); err != nil {
+		return 0, err
+	}
+	e.step++
+	return norm, nil
 }
 
 // gradNorm is the global gradient norm: sums of squares in float64 over

@@ -35,7 +35,7 @@ extern "C" __global__ void entropy_rows(float* __restrict__ H, const float* __re
   double h = 0.0;
   for (int j = threadIdx.x; j < V; j += blockDim.x) {
     const float z = row[j];
-    h -= (double)(expf(z) * z);
+    h -= (double)expf(z) * (double)z;
   }
   h = block_sum_f64(h, sd);
   if (threadIdx.x == 0) H[blockIdx.x] = (float)h;
@@ -69,7 +69,7 @@ extern "C" __global__ void head_bwd(float* dz, const float* logp, const float* _
   float ent = 0.f;
   if (ch != 0.f) {
     double h = 0.0;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) h -= (double)(expf(z[j]) * z[j]);
+    for (int j = threadIdx.x; j < V; j += blockDim.x) h -= (double)expf(z[j]) * (double)z[j];
     ent = (float)block_sum_f64(h, sd);
   }
   const int tgt = cl != 0.f ? targets[r] : -1;

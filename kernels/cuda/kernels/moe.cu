@@ -49,7 +49,7 @@ extern "C" __global__ void moe_combine_bwd(float* __restrict__ dy, float* __rest
     double dot = 0.0;
     for (int j = threadIdx.x; j < H; j += blockDim.x) {
       const float d = dout[t * H + j];
-      dot += (double)(d * yg[r * H + j]);
+      dot += (double)d * (double)yg[r * H + j];
       dy[r * H + j] = g * d;
     }
     dot = block_sum_f64(dot, sd);

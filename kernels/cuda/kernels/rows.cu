@@ -41,7 +41,7 @@ extern "C" __global__ void rmsnorm_bwd(float* dx, float* __restrict__ dw_part, c
     const i64 o = row_offset(r, n, per, stride);
     double d = 0.0;
     for (int j = threadIdx.x; j < n; j += blockDim.x)
-      d += (double)(dy[o + j] * w[j]) * (double)x[o + j];
+      d += (double)dy[o + j] * (double)w[j] * (double)x[o + j];
     d = block_sum_f64(d, s);
     const double iv = inv[r];
     const float k = (float)(iv * iv * iv * d / (double)n);
@@ -49,7 +49,7 @@ extern "C" __global__ void rmsnorm_bwd(float* dx, float* __restrict__ dw_part, c
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
       const float g = dy[o + j], xv = x[o + j];
       const float v = ivf * (g * w[j]) - xv * k;
-      const float pw = g * xv * ivf;
+      const float pw = g * (xv * ivf);
       part[j] = r == c * NORM_CHUNK ? pw : part[j] + pw;
       dx[o + j] = acc ? dx[o + j] + v : v;
     }
