@@ -197,7 +197,7 @@ func (e *Engine) headBackward(f *fwdState, dxf, dcl, dch Buffer) error {
 		steps := []func() error{
 			func() error { return e.linear(z, xf, lm, rows, d.H, d.V, d.V, d.H) },
 			func() error {
-				return e.launch("head.cu", "logsoftmax_rows", rowsGrid(rows), block256, z, Buffer{}, d.V, f.temp)
+				return e.ops.LogSoftmax(z, Buffer{}, rows, d.V, f.temp)
 			},
 			func() error {
 				return e.launch("head.cu", "head_bwd", rowsGrid(rows), block256, z, z, sub(dcl, c0, rows), sub(dch, c0, rows),

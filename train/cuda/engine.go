@@ -34,7 +34,7 @@ type Engine struct {
 	optCfg train.AdamWConfig
 	step   int64
 
-	fns    map[string]*kc.Function
+	ops    *kc.Ops
 	rope   ropeTables
 	fw     *fwdState
 	valid  bool
@@ -70,7 +70,7 @@ func NewTrainer(dev *kc.Device, m *model.Model, cfg train.AdamWConfig, state *tr
 	// Offsets come from the engine's own host model, whose arena has m's
 	// layout (model.New lays every model of a configuration out alike).
 	host := model.New(c)
-	e := &Engine{cfg: c, dev: dev, host: host, params: host.Params(), offs: map[*model.Param]int{}, optCfg: cfg, fns: map[string]*kc.Function{}}
+	e := &Engine{cfg: c, dev: dev, host: host, params: host.Params(), offs: map[*model.Param]int{}, optCfg: cfg, ops: kc.NewOps(dev)}
 	off := 0
 	for _, p := range e.params {
 		e.offs[p] = off
@@ -216,24 +216,6 @@ func (e *Engine) Close() error {
 	return nil
 }
 
-// fn returns kernel name of module mod, looked up once.
-func (e *Engine) fn(mod, name string) (*kc.Function, error) {
-	key := mod + "/" + name
-	if f, ok := e.fns[key]; ok {
-		return f, nil
-	}
-	m, err := e.dev.Module(mod)
-	if err != nil {
-		return nil, err
-	}
-	f, err := m.Function(name)
-	if err != nil {
-		return nil, err
-	}
-	e.fns[key] = f
-	return f, nil
-}
-
 // Step applies one AdamW step at lr to the accumulated gradient clipped to
 // maxNorm (0: none) and returns the norm before clipping, or
 // train.ErrNonFinite, changing nothing, when the norm is not finite. The
@@ -257,10 +239,6 @@ func (e *Engine) Step(lr, maxNorm float64) (float64, error) {
 	c := e.optCfg
 	t := float64(e.step + 1)
 	bc1, bc2 := 1-math.Pow(c.Beta1, t), 1-math.Pow(c.Beta2, t)
-	f, err := e.fn("optim.cu", "adamw")
-	if err != nil {
-		return 0, err
-	}
 	scale := float32(train.ClipCoef(norm, maxNorm))
 	for _, p := range e.params {
 		decay := float32(1)
@@ -268,7 +246,7 @@ func (e *Engine) Step(lr, maxNorm float64) (float64, error) {
 			decay = float32(1 - lr*c.WeightDecay)
 		}
 		n := p.Size()
-		err := f.Launch(kc.Dim3{X: min((n+255)/256, 4096)}, kc.Dim3{X: 256}, 0,
+		err := e.ops.Launch("optim.cu", "adamw", kc.Dim3{X: min((n+255)/256, 4096)}, kc.Dim3{X: 256},
 			e.param(e.w, p), e.param(e.g, p), e.param(e.m, p), e.param(e.v, p), int64(n),
 			scale, decay, float32(c.Beta1), float32(1-c.Beta1), float32(c.Beta2), float32(1-c.Beta2),
 			float32(lr/bc1), float32(1/math.Sqrt(bc2)), float32(c.Eps))
@@ -294,18 +272,10 @@ func (e *Engine) gradNorm() (float64, error) {
 	}
 	defer e.dev.Free(part)
 	out := Buffer{Ptr: part.Ptr + uint64(nb)*8, Size: 8}
-	f1, err := e.fn("optim.cu", "sumsq_blocks")
-	if err != nil {
+	if err := e.ops.Launch("optim.cu", "sumsq_blocks", kc.Dim3{X: nb}, kc.Dim3{X: 256}, part, e.g, int64(n)); err != nil {
 		return 0, err
 	}
-	f2, err := e.fn("optim.cu", "sum_f64")
-	if err != nil {
-		return 0, err
-	}
-	if err := f1.Launch(kc.Dim3{X: nb}, kc.Dim3{X: 256}, 0, part, e.g, int64(n)); err != nil {
-		return 0, err
-	}
-	if err := f2.Launch(kc.Dim3{X: 1}, kc.Dim3{X: 256}, 0, out, part, nb); err != nil {
+	if err := e.ops.Launch("optim.cu", "sum_f64", kc.Dim3{X: 1}, kc.Dim3{X: 256}, out, part, nb); err != nil {
 		return 0, err
 	}
 	s := make([]float64, 1)

@@ -236,11 +236,7 @@ func (f *fwdState) routes(c *model.Config) []*model.Routes {
 
 // launch runs kernel name of mod over grid × block.
 func (e *Engine) launch(mod, name string, grid, block kc.Dim3, args ...any) error {
-	fn, err := e.fn(mod, name)
-	if err != nil {
-		return err
-	}
-	return fn.Launch(grid, block, 0, args...)
+	return e.ops.Launch(mod, name, grid, block, args...)
 }
 
 func rowsGrid(rows int) kc.Dim3 { return kc.Dim3{X: rows} }
@@ -250,30 +246,16 @@ var block256 = kc.Dim3{X: 256}
 // elemGrid is a grid-stride launch for n elements.
 func elemGrid(n int) kc.Dim3 { return kc.Dim3{X: max(1, min((n+255)/256, 8192))} }
 
-// gemm computes C[m*ldc+n] = (acc ? C : 0) + Σ_k A[m*sam+k*sak]·B[k*sbk+n*sbn].
-func (e *Engine) gemm(c, a, b Buffer, M, N, K, sam, sak, sbk, sbn, ldc int, acc bool) error {
-	flag := 0
-	if acc {
-		flag = 1
-	}
-	return e.launch("gemm.cu", "gemm_f32", kc.Dim3{X: (N + 63) / 64, Y: (M + 63) / 64}, block256,
-		c, a, b, M, N, K, int64(sam), int64(sak), int64(sbk), int64(sbn), int64(ldc), flag)
-}
-
-// linear: y[r, 0:out] (row stride ldy) = x[r, 0:in] (row stride ldx) · Wᵀ,
-// W [out, in].
 func (e *Engine) linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error {
-	return e.gemm(y, x, w, rows, out, in, ldx, 1, 1, in, ldy, false)
+	return e.ops.Linear(y, x, w, rows, in, out, ldy, ldx)
 }
 
-// linearBackX: dx[r, 0:in] (+)= dy[r, 0:out] · W.
 func (e *Engine) linearBackX(dx, dy, w Buffer, rows, in, out, lddx, lddy int, acc bool) error {
-	return e.gemm(dx, dy, w, rows, in, out, lddy, 1, in, 1, lddx, acc)
+	return e.ops.LinearBackX(dx, dy, w, rows, in, out, lddx, lddy, acc)
 }
 
-// linearBackW: dW[out, in] += Σ_r dy[r, o]·x[r, i].
 func (e *Engine) linearBackW(dw, dy, x Buffer, rows, in, out, lddy, ldx int) error {
-	return e.gemm(dw, dy, x, out, in, rows, 1, lddy, ldx, 1, in, true)
+	return e.ops.LinearBackW(dw, dy, x, rows, in, out, lddy, ldx)
 }
 
 // headRows is the number of token rows whose logits are held at once,
@@ -304,7 +286,7 @@ func (e *Engine) forward(f *fwdState, opt train.ForwardOptions) error {
 	if err != nil {
 		return err
 	}
-	if err := e.launch("convert.cu", "embed_fwd", rowsGrid(T), block256, x, e.param(e.w, m.Embed), f.dTokens, d.H); err != nil {
+	if err := e.ops.Gather(x, e.param(e.w, m.Embed), f.dTokens, T, d.H); err != nil {
 		return err
 	}
 	f.layers = make([]layerActs, len(m.Layers))
@@ -354,7 +336,7 @@ func (e *Engine) forward(f *fwdState, opt train.ForwardOptions) error {
 	if err := e.bufs(f, span{&f.invf, T}, span{&f.xf, T * d.H}, span{&f.lp, T}, span{&f.ent, T}); err != nil {
 		return err
 	}
-	if err := e.launch("rows.cu", "rmsnorm_fwd", rowsGrid(T), block256, f.xf, f.invf, x, e.param(e.w, m.Norm), d.H, 1, int64(d.H), d.eps); err != nil {
+	if err := e.ops.RMSNorm(f.xf, f.invf, x, e.param(e.w, m.Norm), T, d.H, d.eps); err != nil {
 		return err
 	}
 	return e.headForward(f, opt.NoEntropy)
@@ -366,28 +348,25 @@ func (e *Engine) attentionForward(f *fwdState, a *layerActs, l *model.Layer) err
 	d, T, x := e.dims(), f.T, a.x
 	steps := []func() error{
 		func() error {
-			return e.launch("rows.cu", "rmsnorm_fwd", rowsGrid(T), block256, a.h1, a.inv1, x, e.param(e.w, l.InputNorm), d.H, 1, int64(d.H), d.eps)
+			return e.ops.RMSNorm(a.h1, a.inv1, x, e.param(e.w, l.InputNorm), T, d.H, d.eps)
 		},
 		func() error { return e.linear(a.qraw, a.h1, e.param(e.w, l.Q), T, d.H, d.qd, d.qd, d.H) },
 		func() error { return e.linear(a.kraw, a.h1, e.param(e.w, l.K), T, d.H, d.kvd, d.kvd, d.H) },
 		func() error { return e.linear(a.v, a.h1, e.param(e.w, l.V), T, d.H, d.kvd, d.kvd, d.H) },
 		func() error {
-			return e.launch("rows.cu", "norm_rope_fwd", rowsGrid(T), block256, a.q, a.invq, a.qraw, e.param(e.w, l.QNorm),
-				e.rope.cos, e.rope.sin, f.dPos, d.heads, d.hd, int64(d.qd), d.eps)
+			return e.ops.NormRope(a.q, a.invq, a.qraw, e.param(e.w, l.QNorm), e.rope.cos, e.rope.sin, f.dPos, T, d.heads, d.hd, d.qd, d.eps)
 		},
 		func() error {
-			return e.launch("rows.cu", "norm_rope_fwd", rowsGrid(T), block256, a.k, a.invk, a.kraw, e.param(e.w, l.KNorm),
-				e.rope.cos, e.rope.sin, f.dPos, d.kv, d.hd, int64(d.kvd), d.eps)
+			return e.ops.NormRope(a.k, a.invk, a.kraw, e.param(e.w, l.KNorm), e.rope.cos, e.rope.sin, f.dPos, T, d.kv, d.hd, d.kvd, d.eps)
 		},
 		func() error {
-			return e.launch("attn.cu", "attn_fwd", kc.Dim3{X: T, Y: (d.heads + 3) / 4}, kc.Dim3{X: 128},
-				a.att, a.lse, a.q, a.k, a.v, f.dStart, d.heads, d.kv, d.hd, d.scale)
+			return e.ops.Attention(a.att, a.lse, a.q, a.k, a.v, f.dStart, T, d.heads, d.kv, d.hd, d.scale)
 		},
 		// xmid = x + att·Woᵀ: the product into xmid, then the residual.
 		func() error { return e.linear(a.xmid, a.att, e.param(e.w, l.O), T, d.qd, d.H, d.H, d.qd) },
-		func() error { return e.launch("rows.cu", "add", elemGrid(T*d.H), block256, a.xmid, x, int64(T*d.H)) },
+		func() error { return e.ops.Add(a.xmid, x, T*d.H) },
 		func() error {
-			return e.launch("rows.cu", "rmsnorm_fwd", rowsGrid(T), block256, a.h2, a.inv2, a.xmid, e.param(e.w, l.PostAttnNorm), d.H, 1, int64(d.H), d.eps)
+			return e.ops.RMSNorm(a.h2, a.inv2, a.xmid, e.param(e.w, l.PostAttnNorm), T, d.H, d.eps)
 		},
 	}
 	for _, s := range steps {
@@ -411,10 +390,10 @@ func (e *Engine) mlpForward(f *fwdState, a *layerActs, l *model.Layer, next Buff
 			return e.linear(sub(a.gu, d.I, T*2*d.I-d.I), a.h2, e.param(e.w, l.Up), T, d.H, d.I, 2*d.I, d.H)
 		},
 		func() error {
-			return e.launch("rows.cu", "swiglu_fwd", elemGrid(T*d.I), block256, a.a, a.gu, int64(T), d.I)
+			return e.ops.SwiGLU(a.a, a.gu, T, d.I)
 		},
 		func() error { return e.linear(next, a.a, e.param(e.w, l.Down), T, d.I, d.H, d.H, d.I) },
-		func() error { return e.launch("rows.cu", "add", elemGrid(T*d.H), block256, next, a.xmid, int64(T*d.H)) },
+		func() error { return e.ops.Add(next, a.xmid, T*d.H) },
 	}
 	for _, s := range steps {
 		if err := s(); err != nil {
@@ -441,7 +420,7 @@ func (e *Engine) headForward(f *fwdState, noEntropy bool) error {
 		if err := e.linear(z, sub(f.xf, c0*d.H, rows*d.H), lm, rows, d.H, d.V, d.V, d.H); err != nil {
 			return err
 		}
-		if err := e.launch("head.cu", "logsoftmax_rows", rowsGrid(rows), block256, z, Buffer{}, d.V, f.temp); err != nil {
+		if err := e.ops.LogSoftmax(z, Buffer{}, rows, d.V, f.temp); err != nil {
 			return err
 		}
 		if err := e.launch("head.cu", "gather_rows", kc.Dim3{X: (rows + 255) / 256}, block256, sub(f.lp, c0, rows), z, intSub(f.dTargets, c0, rows), rows, d.V); err != nil {

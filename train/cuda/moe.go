@@ -38,7 +38,7 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 	if err := e.linear(mo.dProbs, h2, e.param(e.w, L.Router), T, H, E, E, H); err != nil {
 		return err
 	}
-	if err := e.launch("moe.cu", "softmax_rows", rowsGrid(T), block256, mo.dProbs, E); err != nil {
+	if err := e.ops.Softmax(mo.dProbs, T, E); err != nil {
 		return err
 	}
 	mo.probs = make([]float32, T*E)
@@ -100,7 +100,7 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 		}
 	}
 	// Each token's input row once per slot, grouped by expert.
-	if err := e.launch("convert.cu", "embed_fwd", rowsGrid(R), block256, mo.xg, h2, mo.dTok, H); err != nil {
+	if err := e.ops.Gather(mo.xg, h2, mo.dTok, R, H); err != nil {
 		return err
 	}
 	for x := 0; x < E; x++ {
@@ -118,7 +118,7 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 			return err
 		}
 	}
-	if err := e.launch("rows.cu", "swiglu_fwd", elemGrid(R*I), block256, mo.ag, mo.gug, int64(R), I); err != nil {
+	if err := e.ops.SwiGLU(mo.ag, mo.gug, R, I); err != nil {
 		return err
 	}
 	for x := 0; x < E; x++ {
@@ -130,7 +130,7 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 			return err
 		}
 	}
-	return e.launch("moe.cu", "moe_combine", rowsGrid(T), block256, out, resid, mo.yg, mo.dGates, mo.dRow, k, H)
+	return e.ops.MoECombine(out, resid, mo.yg, mo.dGates, mo.dRow, T, k, H)
 }
 
 // moeBackward backpropagates the sparse block of layer L: from dout, the

@@ -1,0 +1,128 @@
+package cuda
+
+import (
+	"sync"
+)
+
+// Ops launches keel's kernels with the shapes the engines use. It is the
+// one place the training engine's forward and the rollout engine's
+// decoding step call them from, so that the exact rollout computes what
+// training computes, call for call, and its log mu is log pi_old bit for
+// bit. Launches are asynchronous on the device's default stream.
+type Ops struct {
+	Dev *Device
+
+	mu  sync.Mutex
+	fns map[string]*Function
+}
+
+// NewOps returns the launcher of d's kernels.
+func NewOps(d *Device) *Ops { return &Ops{Dev: d, fns: map[string]*Function{}} }
+
+// Floats is the span of n float32 (or int32) at element offset off of b.
+func (b Buffer) Floats(off, n int) Buffer {
+	return Buffer{Ptr: b.Ptr + uint64(off)*4, Size: int64(n) * 4}
+}
+
+// Launch runs kernel name of the embedded source mod over grid × block.
+func (o *Ops) Launch(mod, name string, grid, block Dim3, args ...any) error {
+	key := mod + "/" + name
+	o.mu.Lock()
+	f, ok := o.fns[key]
+	o.mu.Unlock()
+	if !ok {
+		m, err := o.Dev.Module(mod)
+		if err != nil {
+			return err
+		}
+		if f, err = m.Function(name); err != nil {
+			return err
+		}
+		o.mu.Lock()
+		o.fns[key] = f
+		o.mu.Unlock()
+	}
+	return f.Launch(grid, block, 0, args...)
+}
+
+var block256 = Dim3{X: 256}
+
+// elemGrid is a grid-stride launch for n elements.
+func elemGrid(n int) Dim3 { return Dim3{X: max(1, min((n+255)/256, 8192))} }
+
+// Gemm computes C[m*ldc+n] = (acc ? C : 0) + Σ_k A[m*sam+k*sak]·B[k*sbk+n*sbn]
+// with keel's batch-invariant float32 product (gemm.cu).
+func (o *Ops) Gemm(c, a, b Buffer, M, N, K, sam, sak, sbk, sbn, ldc int, acc bool) error {
+	flag := 0
+	if acc {
+		flag = 1
+	}
+	return o.Launch("gemm.cu", "gemm_f32", Dim3{X: (N + 63) / 64, Y: (M + 63) / 64}, block256,
+		c, a, b, M, N, K, int64(sam), int64(sak), int64(sbk), int64(sbn), int64(ldc), flag)
+}
+
+// Linear: y[r, 0:out] (row stride ldy) = x[r, 0:in] (row stride ldx) · Wᵀ,
+// W [out, in].
+func (o *Ops) Linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error {
+	return o.Gemm(y, x, w, rows, out, in, ldx, 1, 1, in, ldy, false)
+}
+
+// LinearBackX: dx[r, 0:in] (+)= dy[r, 0:out] · W.
+func (o *Ops) LinearBackX(dx, dy, w Buffer, rows, in, out, lddx, lddy int, acc bool) error {
+	return o.Gemm(dx, dy, w, rows, in, out, lddy, 1, in, 1, lddx, acc)
+}
+
+// LinearBackW: dW[out, in] += Σ_r dy[r, o]·x[r, i].
+func (o *Ops) LinearBackW(dw, dy, x Buffer, rows, in, out, lddy, ldx int) error {
+	return o.Gemm(dw, dy, x, out, in, rows, 1, lddy, ldx, 1, in, true)
+}
+
+// RMSNorm: y = x·inv·w over rows of n, saving inv per row (inv may be an
+// empty Buffer).
+func (o *Ops) RMSNorm(y, inv, x, w Buffer, rows, n int, eps float32) error {
+	return o.Launch("rows.cu", "rmsnorm_fwd", Dim3{X: rows}, block256, y, inv, x, w, n, 1, int64(n), eps)
+}
+
+// NormRope: per token and head, RoPE(RMSNorm(head row)) at the token's
+// position (pos, int32 per row), from raw (token rows of rawStride) into
+// out [rows, heads·hd], saving each head row's inverse RMS.
+func (o *Ops) NormRope(out, inv, raw, w, cos, sin, pos Buffer, rows, heads, hd, rawStride int, eps float32) error {
+	return o.Launch("rows.cu", "norm_rope_fwd", Dim3{X: rows}, block256, out, inv, raw, w, cos, sin, pos, heads, hd, int64(rawStride), eps)
+}
+
+// Attention: causal grouped-query attention over packed sequences
+// (seqStart, int32 per row, is where each row's sequence starts).
+func (o *Ops) Attention(out, lse, q, k, v, seqStart Buffer, rows, heads, kv, hd int, scale float32) error {
+	return o.Launch("attn.cu", "attn_fwd", Dim3{X: rows, Y: (heads + 3) / 4}, Dim3{X: 128}, out, lse, q, k, v, seqStart, heads, kv, hd, scale)
+}
+
+// Add: y += x over n elements.
+func (o *Ops) Add(y, x Buffer, n int) error {
+	return o.Launch("rows.cu", "add", elemGrid(n), block256, y, x, int64(n))
+}
+
+// SwiGLU: a = silu(g)·u from rows of gu = [g | u] (2n wide).
+func (o *Ops) SwiGLU(a, gu Buffer, rows, n int) error {
+	return o.Launch("rows.cu", "swiglu_fwd", elemGrid(rows*n), block256, a, gu, int64(rows), n)
+}
+
+// Gather: dst[r] = src[idx[r]], rows of n floats (idx int32).
+func (o *Ops) Gather(dst, src, idx Buffer, rows, n int) error {
+	return o.Launch("convert.cu", "embed_fwd", Dim3{X: rows}, block256, dst, src, idx, n)
+}
+
+// LogSoftmax: z = log-softmax(z/temp) in place over rows of V (the
+// division skipped at temp 1), lse per row when lse is not empty.
+func (o *Ops) LogSoftmax(z, lse Buffer, rows, V int, temp float32) error {
+	return o.Launch("head.cu", "logsoftmax_rows", Dim3{X: rows}, block256, z, lse, V, temp)
+}
+
+// Softmax: z = softmax(z) in place over rows of n (the MoE router).
+func (o *Ops) Softmax(z Buffer, rows, n int) error {
+	return o.Launch("moe.cu", "softmax_rows", Dim3{X: rows}, block256, z, n)
+}
+
+// MoECombine: out[t] = resid[t] + Σ_s gates[t·k+s]·yg[row[t·k+s]].
+func (o *Ops) MoECombine(out, resid, yg, gates, row Buffer, rows, k, H int) error {
+	return o.Launch("moe.cu", "moe_combine", Dim3{X: rows}, block256, out, resid, yg, gates, row, k, H)
+}
