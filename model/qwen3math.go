@@ -103,3 +103,27 @@ func CombineExperts(out, h, acc, gates []float32, ys [][]float32) {
 	}
 	kernels.Axpy(1, acc, out)
 }
+
+// GroupByExpert groups the (token, slot) pairs of ids ([tokens][k] expert
+// ids, k per token) by expert, tokens in order within an expert: expert
+// e's pairs are rows off[e]..off[e+1] of the grouped order, pair j (token
+// j/k, slot j%k) is grouped row row[j], and grouped row r holds token
+// tok[r]. The GPU engines run each expert over its rows as one product.
+func GroupByExpert(ids []int32, experts, k int) (off []int, row, tok []int32) {
+	off = make([]int, experts+1)
+	for _, id := range ids {
+		off[id+1]++
+	}
+	for e := 0; e < experts; e++ {
+		off[e+1] += off[e]
+	}
+	row, tok = make([]int32, len(ids)), make([]int32, len(ids))
+	fill := make([]int, experts)
+	for j, id := range ids {
+		r := off[id] + fill[id]
+		fill[id]++
+		row[j] = int32(r)
+		tok[r] = int32(j / k)
+	}
+	return off, row, tok
+}

@@ -111,3 +111,23 @@ func TestRopeTables(t *testing.T) {
 		}
 	}
 }
+
+func TestGroupByExpert(t *testing.T) {
+	// Three tokens, k = 2, experts 0..3: token 0 → (2, 0), token 1 → (0, 3),
+	// token 2 → (2, 1). By expert: 0: pairs 1 (token 0), 2 (token 1);
+	// 1: pair 5 (token 2); 2: pairs 0 (token 0), 4 (token 2); 3: pair 3.
+	off, row, tok := GroupByExpert([]int32{2, 0, 0, 3, 2, 1}, 4, 2)
+	wantOff := []int{0, 2, 3, 5, 6}
+	wantRow := []int32{3, 0, 1, 5, 4, 2}
+	wantTok := []int32{0, 1, 2, 0, 2, 1}
+	for i := range wantOff {
+		if off[i] != wantOff[i] {
+			t.Fatalf("off = %v, want %v", off, wantOff)
+		}
+	}
+	for i := range wantRow {
+		if row[i] != wantRow[i] || tok[i] != wantTok[i] {
+			t.Fatalf("row = %v, tok = %v; want %v, %v", row, tok, wantRow, wantTok)
+		}
+	}
+}

@@ -818,3 +818,8 @@ func (e *cpuBackend) headSoftmaxRows(_, lo, hi int) {
 		kernels.LogSoftmax(z, z)
 	}
 }
+
+// Fill sets the defaults of opt's zero fields for the model c (64 slots,
+// MaxLen up to 1024, StepRows at least 512) and checks the result: what
+// every backend, the CPU's or a GPU's, starts from.
+func (opt *Options) Fill(c *model.Config) error { return opt.fill(c) }

@@ -126,3 +126,20 @@ func (o *Ops) Softmax(z Buffer, rows, n int) error {
 func (o *Ops) MoECombine(out, resid, yg, gates, row Buffer, rows, k, H int) error {
 	return o.Launch("moe.cu", "moe_combine", Dim3{X: rows}, block256, out, resid, yg, gates, row, k, H)
 }
+
+// KVStore writes step rows' keys and values into the cache of their slot
+// at their position (slot, pos: int32 per row; caches [slots, maxLen, kvd]).
+func (o *Ops) KVStore(kcache, vcache, k, v, slot, pos Buffer, rows, maxLen, kvd int) error {
+	return o.Launch("attn.cu", "kv_store", Dim3{X: rows}, block256, kcache, vcache, k, v, slot, pos, maxLen, kvd)
+}
+
+// AttnDecode: each step row attends over positions [0, pos] of its slot's
+// cache, with the training forward's attention arithmetic.
+func (o *Ops) AttnDecode(out, q, kcache, vcache, slot, pos Buffer, rows, maxLen, heads, kv, hd int, scale float32) error {
+	return o.Launch("attn.cu", "attn_decode", Dim3{X: rows, Y: (heads + 3) / 4}, Dim3{X: 128}, out, q, kcache, vcache, slot, pos, maxLen, heads, kv, hd, scale)
+}
+
+// LogSoftmaxTemps: LogSoftmax with a temperature per row (0 meaning 1).
+func (o *Ops) LogSoftmaxTemps(z, temps Buffer, rows, V int) error {
+	return o.Launch("head.cu", "logsoftmax_rows_t", Dim3{X: rows}, block256, z, temps, V)
+}

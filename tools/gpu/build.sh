@@ -8,6 +8,7 @@ mkdir -p tools/gpu/bin
 export CGO_ENABLED=0
 go test -c -ldflags='-s -w' -o tools/gpu/bin/cuda.test ./kernels/cuda
 go test -c -ldflags='-s -w' -o tools/gpu/bin/traincuda.test ./train/cuda
+go test -c -ldflags='-s -w' -o tools/gpu/bin/rolloutcuda.test ./rollout/cuda
 go build -ldflags='-s -w' -o tools/gpu/bin/keel ./cmd/keel
 # Every kernel compiles here first (NVRTC from Debian's libnvrtc11.2).
 KEEL_REQUIRE_NVRTC=1 tools/gpu/bin/cuda.test -test.run 'TestEveryKernelCompiles' >/dev/null

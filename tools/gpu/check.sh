@@ -25,6 +25,12 @@ rc2=$?
 grep -E '^(\s*--- |ok|FAIL|PASS)' "$out/traincuda-test.log" | sed 's/^/  /'
 grep -E '^\s+\S+_test.go:[0-9]+:' "$out/traincuda-test.log" | head -40 | sed 's/^/  /'
 echo "== traincuda.test exit $rc2"
+echo "== the CUDA rollout backend: exact against the GPU training engine, and against the CPU rollout (rollout/cuda)"
+timeout 120 $bin/rolloutcuda.test -test.v > "$out/rolloutcuda-test.log" 2>&1
+rc3=$?
+grep -E '^(\s*--- |ok|FAIL|PASS)' "$out/rolloutcuda-test.log" | sed 's/^/  /'
+grep -E '^\s+\S+_test.go:[0-9]+:' "$out/rolloutcuda-test.log" | head -20 | sed 's/^/  /'
+echo "== rolloutcuda.test exit $rc3"
 echo "== keel sft on a tiny dense model, train.device cpu against cuda (20 steps)"
 for d in cpu cuda; do
   sed "s#^out: .*#out: $out/sft-$d#; /^train:/a\\  device: $d" tools/gpu/sft-dense.yaml > "$out/sft-$d.yaml"
@@ -38,4 +44,4 @@ for k in ("loss", "grad_norm"):
     diffs = [abs(a[k] - b[k]) / max(1e-9, abs(a[k])) for a, b in zip(rows["cpu"], rows["cuda"])]
     print(f"  {k}: {len(diffs)} steps, largest relative difference {max(diffs):.2e} (step {diffs.index(max(diffs)) + 1})")
 PY
-[ $rc -eq 0 ] && [ $rc2 -eq 0 ]
+[ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ]

@@ -45,7 +45,7 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 	if err := kc.Download(e.dev, mo.probs, mo.dProbs); err != nil {
 		return err
 	}
-	mo.ids, mo.gates, mo.row = make([]int32, R), make([]float32, R), make([]int32, R)
+	mo.ids, mo.gates = make([]int32, R), make([]float32, R)
 	for s, st := range f.starts {
 		var r *model.Routes
 		if s < len(f.replay) {
@@ -63,21 +63,10 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 		}
 	}
 	// Group the (token, slot) pairs by expert, tokens in order.
-	mo.off = make([]int, E+1)
-	for _, id := range mo.ids {
-		mo.off[id+1]++
-	}
+	var tok []int32
+	mo.off, mo.row, tok = model.GroupByExpert(mo.ids, E, k)
 	for x := 0; x < E; x++ {
-		cnt[x] += float64(mo.off[x+1])
-		mo.off[x+1] += mo.off[x]
-	}
-	tok := make([]int32, R)
-	fill := make([]int, E)
-	for j, id := range mo.ids {
-		r := mo.off[id] + fill[id]
-		fill[id]++
-		mo.row[j] = int32(r)
-		tok[r] = int32(j / k)
+		cnt[x] += float64(mo.off[x+1] - mo.off[x])
 	}
 	for t := 0; t < T; t++ {
 		for x := 0; x < E; x++ {

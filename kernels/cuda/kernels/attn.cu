@@ -10,28 +10,25 @@
 #define ATT_PER (ATT_HD_MAX / 32)
 #define ATT_WARPS 4
 
-// attn_fwd: out = softmax(q k^T * scale) v with an online softmax over the
-// keys in order; lse = the log-sum-exp of the scaled scores.
-// grid = (T, ceil(heads/ATT_WARPS)), block = 32*ATT_WARPS.
-extern "C" __global__ void attn_fwd(float* __restrict__ out, float* __restrict__ lse,
-                                    const float* __restrict__ q, const float* __restrict__ k,
-                                    const float* __restrict__ v, const int* __restrict__ seq_start,
-                                    int heads, int kv, int hd, float scale) {
-  const int i = blockIdx.x, lane = threadIdx.x & 31;
-  const int h = blockIdx.y * ATT_WARPS + (threadIdx.x >> 5);
-  if (h >= heads) return;
-  const int g = h / (heads / kv);
-  const i64 qd = (i64)heads * hd, kvd = (i64)kv * hd;
+// attend computes one (query row, head) output with the online softmax
+// over n keys and values at kb[j*kvstride], vb[j*kvstride], j = 0..n-1
+// in order, run by one warp: the training forward and the rollout's
+// decoding step both call it, so a row attends to the same keys with the
+// same operations in the same order and gets the same bits.
+__device__ __forceinline__ void attend(float* __restrict__ out, float* __restrict__ lse,
+                                       const float* __restrict__ qrow, const float* __restrict__ kb,
+                                       const float* __restrict__ vb, i64 kvstride, int n, int hd,
+                                       float scale, int lane) {
   float qr[ATT_PER], acc[ATT_PER];
 #pragma unroll
   for (int e = 0; e < ATT_PER; e++) {
     const int d = lane + 32 * e;
-    qr[e] = d < hd ? q[i * qd + (i64)h * hd + d] : 0.f;
+    qr[e] = d < hd ? qrow[d] : 0.f;
     acc[e] = 0.f;
   }
   float mx = -__int_as_float(0x7f800000), l = 0.f;
-  for (int j = seq_start[i]; j <= i; j++) {
-    const float* kr = k + j * kvd + (i64)g * hd;
+  for (int j = 0; j < n; j++) {
+    const float* kr = kb + j * kvstride;
     float s = 0.f;
 #pragma unroll
     for (int e = 0; e < ATT_PER; e++) {
@@ -42,7 +39,7 @@ extern "C" __global__ void attn_fwd(float* __restrict__ out, float* __restrict__
     const float mn = fmaxf(mx, s);
     const float corr = expf(mx - mn), p = expf(s - mn);
     l = l * corr + p;
-    const float* vr = v + j * kvd + (i64)g * hd;
+    const float* vr = vb + j * kvstride;
 #pragma unroll
     for (int e = 0; e < ATT_PER; e++) {
       const int d = lane + 32 * e;
@@ -53,9 +50,57 @@ extern "C" __global__ void attn_fwd(float* __restrict__ out, float* __restrict__
 #pragma unroll
   for (int e = 0; e < ATT_PER; e++) {
     const int d = lane + 32 * e;
-    if (d < hd) out[i * qd + (i64)h * hd + d] = acc[e] / l;
+    if (d < hd) out[d] = acc[e] / l;
   }
-  if (lane == 0) lse[(i64)i * heads + h] = mx + logf(l);
+  if (lane == 0 && lse) *lse = mx + logf(l);
+}
+
+// attn_fwd: out = softmax(q k^T * scale) v over each row's sequence
+// prefix; lse = the log-sum-exp of the scaled scores.
+// grid = (T, ceil(heads/ATT_WARPS)), block = 32*ATT_WARPS.
+extern "C" __global__ void attn_fwd(float* __restrict__ out, float* __restrict__ lse,
+                                    const float* __restrict__ q, const float* __restrict__ k,
+                                    const float* __restrict__ v, const int* __restrict__ seq_start,
+                                    int heads, int kv, int hd, float scale) {
+  const int i = blockIdx.x, lane = threadIdx.x & 31;
+  const int h = blockIdx.y * ATT_WARPS + (threadIdx.x >> 5);
+  if (h >= heads) return;
+  const int g = h / (heads / kv);
+  const i64 qd = (i64)heads * hd, kvd = (i64)kv * hd;
+  const i64 j0 = seq_start[i];
+  attend(out + i * qd + (i64)h * hd, lse + (i64)i * heads + h, q + i * qd + (i64)h * hd,
+         k + j0 * kvd + (i64)g * hd, v + j0 * kvd + (i64)g * hd, kvd, (int)(i - j0 + 1), hd, scale, lane);
+}
+
+// kv_store writes each step row's keys and values into the cache of its
+// slot at its position: cache [slots, max_len, kvd]. grid = rows.
+extern "C" __global__ void kv_store(float* __restrict__ kc, float* __restrict__ vc,
+                                    const float* __restrict__ k, const float* __restrict__ v,
+                                    const int* __restrict__ slot, const int* __restrict__ pos,
+                                    int max_len, int kvd) {
+  const i64 r = blockIdx.x;
+  const i64 o = ((i64)slot[r] * max_len + pos[r]) * kvd;
+  for (int j = threadIdx.x; j < kvd; j += blockDim.x) {
+    kc[o + j] = k[r * kvd + j];
+    vc[o + j] = v[r * kvd + j];
+  }
+}
+
+// attn_decode: the rollout's attention: step row r attends over positions
+// [0, pos[r]] of its slot's cache, with attend as the training forward
+// does. grid = (rows, ceil(heads/ATT_WARPS)), block = 32*ATT_WARPS.
+extern "C" __global__ void attn_decode(float* __restrict__ out, const float* __restrict__ q,
+                                       const float* __restrict__ kc, const float* __restrict__ vc,
+                                       const int* __restrict__ slot, const int* __restrict__ pos,
+                                       int max_len, int heads, int kv, int hd, float scale) {
+  const int r = blockIdx.x, lane = threadIdx.x & 31;
+  const int h = blockIdx.y * ATT_WARPS + (threadIdx.x >> 5);
+  if (h >= heads) return;
+  const int g = h / (heads / kv);
+  const i64 qd = (i64)heads * hd, kvd = (i64)kv * hd;
+  const i64 base = (i64)slot[r] * max_len * kvd + (i64)g * hd;
+  attend(out + r * qd + (i64)h * hd, 0, q + r * qd + (i64)h * hd, kc + base, vc + base, kvd, pos[r] + 1, hd,
+         scale, lane);
 }
 
 // attn_bwd_q: for query row i and head h, D = dO.O (saved in dsum for

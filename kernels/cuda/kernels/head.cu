@@ -3,13 +3,13 @@
 // sum_t coef_lp[t]*log p(target_t) + coef_h[t]*H_t with respect to the
 // logits. One block of KEEL_THREADS per row.
 
-// logsoftmax_rows: z = z/temp (skipped at temp 1, element by element as
-// the rollout engine divides), then z -= logsumexp(z), in place; lse[r]
-// gets the log-sum-exp when lse is not null. grid = rows.
-extern "C" __global__ void logsoftmax_rows(float* z, float* lse, int V, float temp) {
+// logsoftmax_row: row = row/temp (skipped at temp 1, element by element
+// as the rollout engine divides), then row -= logsumexp(row), in place, by
+// one block; returns the log-sum-exp. The training forward and the
+// rollout's step both use it.
+__device__ float logsoftmax_row(float* row, int V, float temp) {
   __shared__ float s[32];
   __shared__ double sd[32];
-  float* row = z + (i64)blockIdx.x * V;
   float mx = -__int_as_float(0x7f800000);
   for (int j = threadIdx.x; j < V; j += blockDim.x) {
     float v = row[j];
@@ -24,8 +24,22 @@ extern "C" __global__ void logsoftmax_rows(float* z, float* lse, int V, float te
   for (int j = threadIdx.x; j < V; j += blockDim.x) sum += (double)expf(row[j] - mx);
   sum = block_sum_f64(sum, sd);
   const float l = (float)((double)mx + log(sum));
-  if (threadIdx.x == 0 && lse) lse[blockIdx.x] = l;
   for (int j = threadIdx.x; j < V; j += blockDim.x) row[j] -= l;
+  return l;
+}
+
+// logsoftmax_rows: each row's log-softmax at temperature temp; lse[r]
+// gets the log-sum-exp when lse is not null. grid = rows.
+extern "C" __global__ void logsoftmax_rows(float* z, float* lse, int V, float temp) {
+  const float l = logsoftmax_row(z + (i64)blockIdx.x * V, V, temp);
+  if (threadIdx.x == 0 && lse) lse[blockIdx.x] = l;
+}
+
+// logsoftmax_rows_t: the same with a temperature per row (0 means 1: a
+// greedy row reports the untempered distribution). grid = rows.
+extern "C" __global__ void logsoftmax_rows_t(float* z, const float* __restrict__ temps, int V) {
+  const float t = temps[blockIdx.x];
+  logsoftmax_row(z + (i64)blockIdx.x * V, V, t == 0.f ? 1.f : t);
 }
 
 // entropy_rows: H[r] = -sum_v p_v log p_v from the log-softmax rows.

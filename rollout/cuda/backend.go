@@ -1,0 +1,386 @@
+// Package cuda is the rollout engine's GPU backend: a rollout.Backend whose
+// weights and KV cache live in device memory, so that the rollout's
+// batcher, scheduler, seeds and sampling (host code, written once) drive a
+// GPU as they drive the CPU backend.
+//
+// This first version runs in exact precision: the decoding step calls the
+// training engine's own batch-invariant kernels (kernels/cuda.Ops), call
+// for call, so log mu equals the GPU training engine's log pi_old bit for
+// bit and the routes are identical. Sampling stays on the host, which
+// copies each step's output rows' log-probabilities back; the bf16 and fp8
+// modes and sampling on the device come next.
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	kc "github.com/keel-rl/keel/kernels/cuda"
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/rollout"
+)
+
+type Buffer = kc.Buffer
+
+// Backend is the GPU decoding step. It is used by one rollout.Engine.
+type Backend struct {
+	cfg  model.Config
+	opt  rollout.Options
+	dev  *kc.Device
+	ops  *kc.Ops
+	host *model.Model // the parameter layout
+	offs map[*model.Param]int
+	w    Buffer
+
+	kcache, vcache []Buffer // per layer: [slots, max_len, kv·hd]
+	cos, sin       Buffer
+	s              scratch
+	bufs           []Buffer
+	err            error // a failed CopyPrefix, reported by the next Step
+}
+
+// scratch is one step's device memory, sized for Options.StepRows rows.
+type scratch struct {
+	slot, pos, tok, outRow, temps                   Buffer
+	x, h1, qraw, kraw, q, k, v, att, xmid, h2, next Buffer
+	gu, a                                           Buffer // dense MLP
+	xo, logits                                      Buffer // output rows
+	probs, gates, row, gtok, xg, gug, ag, yg        Buffer // MoE
+}
+
+// span asks for n floats of device memory into *b.
+type span struct {
+	b *Buffer
+	n int
+}
+
+var _ rollout.Backend = (*Backend)(nil)
+
+// New puts m on dev for decoding with opt (defaults filled as for the CPU
+// backend). Only exact precision is supported so far. The KV cache is
+// float32, [layers][slots][max_len][kv·hd] for keys and for values; a
+// cache that does not fit the device's free memory is an error naming
+// what to lower.
+func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) {
+	c := m.Config
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if err := opt.Fill(&c); err != nil {
+		return nil, err
+	}
+	if opt.Precision != rollout.Exact {
+		return nil, fmt.Errorf("rollout/cuda: precision %v is not supported on the GPU yet (exact is)", opt.Precision)
+	}
+	if c.HeadDim > 256 {
+		return nil, fmt.Errorf("rollout/cuda: head_dim %d above the attention kernel's 256", c.HeadDim)
+	}
+	if dev == nil {
+		return nil, errors.New("rollout/cuda: no device")
+	}
+	kvd := c.NumKeyValueHeads * c.HeadDim
+	cache := int64(c.NumHiddenLayers) * 2 * int64(opt.Slots) * int64(opt.MaxLen) * int64(kvd) * 4
+	if free, _, err := dev.MemInfo(); err != nil {
+		return nil, err
+	} else if cache > free {
+		return nil, fmt.Errorf("rollout/cuda: the KV cache of %d slots × %d positions needs %.2f GiB, %.2f GiB are free: lower rollout.slots or the response budget",
+			opt.Slots, opt.MaxLen, float64(cache)/(1<<30), float64(free)/(1<<30))
+	}
+	host := model.New(c)
+	b := &Backend{cfg: c, opt: opt, dev: dev, ops: kc.NewOps(dev), host: host, offs: map[*model.Param]int{}}
+	off := 0
+	for _, p := range host.Params() {
+		b.offs[p] = off
+		off += p.Size()
+	}
+	if err := b.alloc(); err != nil {
+		b.Close()
+		return nil, err
+	}
+	if err := b.Load(m); err != nil {
+		b.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *Backend) buf(floats int) (Buffer, error) {
+	x, err := b.dev.Alloc(int64(max(floats, 1)) * 4)
+	if err == nil {
+		b.bufs = append(b.bufs, x)
+	}
+	return x, err
+}
+
+func (b *Backend) alloc() error {
+	c, o := &b.cfg, &b.opt
+	R, S, H, V := o.StepRows, o.Slots, c.HiddenSize, c.VocabSize
+	hd, qd, kvd := c.HeadDim, c.NumAttentionHeads*c.HeadDim, c.NumKeyValueHeads*c.HeadDim
+	I := c.IntermediateSize
+	var err error
+	if b.w, err = b.buf(len(b.host.Arena)); err != nil {
+		return err
+	}
+	b.kcache, b.vcache = make([]Buffer, c.NumHiddenLayers), make([]Buffer, c.NumHiddenLayers)
+	for l := range b.kcache {
+		if b.kcache[l], err = b.buf(S * o.MaxLen * kvd); err != nil {
+			return err
+		}
+		if b.vcache[l], err = b.buf(S * o.MaxLen * kvd); err != nil {
+			return err
+		}
+	}
+	cos, sin := model.RopeTables(hd, c.RopeTheta, o.MaxLen)
+	if b.cos, err = b.buf(len(cos)); err != nil {
+		return err
+	}
+	if b.sin, err = b.buf(len(sin)); err != nil {
+		return err
+	}
+	if err := kc.Upload(b.dev, b.cos, cos); err != nil {
+		return err
+	}
+	if err := kc.Upload(b.dev, b.sin, sin); err != nil {
+		return err
+	}
+	s := &b.s
+	E, k, Im := c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
+	spans := []span{{&s.slot, R}, {&s.pos, R}, {&s.tok, R}, {&s.outRow, S}, {&s.temps, S},
+		{&s.x, R * H}, {&s.h1, R * H}, {&s.qraw, R * qd}, {&s.kraw, R * kvd}, {&s.q, R * qd}, {&s.k, R * kvd}, {&s.v, R * kvd},
+		{&s.att, R * qd}, {&s.xmid, R * H}, {&s.h2, R * H}, {&s.next, R * H}, {&s.xo, S * H}, {&s.logits, S * V}}
+	if len(c.MoELayers()) < c.NumHiddenLayers {
+		spans = append(spans, span{&s.gu, R * 2 * I}, span{&s.a, R * I})
+	}
+	if len(c.MoELayers()) > 0 {
+		for _, x := range []span{{&s.probs, R * E}, {&s.gates, R * k}, {&s.row, R * k}, {&s.gtok, R * k}, {&s.xg, R * k * H},
+			{&s.gug, R * k * 2 * Im}, {&s.ag, R * k * Im}, {&s.yg, R * k * H}} {
+			spans = append(spans, x)
+		}
+	}
+	for _, sp := range spans {
+		if *sp.b, err = b.buf(sp.n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Config returns the model's configuration.
+func (b *Backend) Config() model.Config { return b.cfg }
+
+// Options returns the backend's sizes and precision.
+func (b *Backend) Options() rollout.Options { return b.opt }
+
+// Load copies m's weights to the device.
+func (b *Backend) Load(m *model.Model) error {
+	if len(m.Arena) != len(b.host.Arena) {
+		return fmt.Errorf("rollout/cuda: Load: %d parameters, the backend's model has %d", len(m.Arena), len(b.host.Arena))
+	}
+	return kc.Upload(b.dev, b.w, m.Arena)
+}
+
+// CopyPrefix copies the cached keys and values of positions [0, n) of
+// slot src to slot dst in every layer.
+func (b *Backend) CopyPrefix(dst, src, n int) {
+	if n <= 0 || dst == src || b.err != nil {
+		return
+	}
+	kvd := b.cfg.NumKeyValueHeads * b.cfg.HeadDim
+	L := b.opt.MaxLen * kvd
+	for l := range b.kcache {
+		for _, c := range []Buffer{b.kcache[l], b.vcache[l]} {
+			if err := b.dev.Copy(c.Floats(dst*L, n*kvd), c.Floats(src*L, n*kvd), int64(n*kvd)*4); err != nil {
+				b.err = err
+				return
+			}
+		}
+	}
+}
+
+// Close frees the device memory (the device stays open: it is the
+// caller's).
+func (b *Backend) Close() {
+	for _, x := range b.bufs {
+		b.dev.Free(x)
+	}
+	b.bufs = nil
+}
+
+func (b *Backend) param(p *model.Param) Buffer { return b.w.Floats(b.offs[p], p.Size()) }
+
+// Step runs the rows of sb through the model: keys and values into the
+// cache, the output rows' log-probabilities and every row's routes into
+// sb.
+func (b *Backend) Step(sb *rollout.StepBatch) error {
+	if b.err != nil {
+		return b.err
+	}
+	R, nOut := sb.Rows(), len(sb.OutRow)
+	if R == 0 {
+		return nil
+	}
+	c := &b.cfg
+	s, o := &b.s, b.ops
+	H, V, hd := c.HiddenSize, c.VocabSize, c.HeadDim
+	heads, kv := c.NumAttentionHeads, c.NumKeyValueHeads
+	qd, kvd := heads*hd, kv*hd
+	eps := float32(c.RMSNormEps)
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	for _, u := range []struct {
+		dst Buffer
+		src []int32
+	}{{s.slot, sb.Slot}, {s.pos, sb.Pos}, {s.tok, sb.Tok}, {s.outRow, sb.OutRow}} {
+		if err := kc.Upload(b.dev, u.dst, u.src); err != nil {
+			return err
+		}
+	}
+	if err := kc.Upload(b.dev, s.temps, sb.OutTemp); err != nil {
+		return err
+	}
+	x, next := s.x, s.next
+	if err := o.Gather(x, b.param(b.host.Embed), s.tok, R, H); err != nil {
+		return err
+	}
+	ml := 0
+	for li := range b.host.Layers {
+		l := &b.host.Layers[li]
+		steps := []func() error{
+			func() error { return o.RMSNorm(s.h1, Buffer{}, x, b.param(l.InputNorm), R, H, eps) },
+			func() error { return o.Linear(s.qraw, s.h1, b.param(l.Q), R, H, qd, qd, H) },
+			func() error { return o.Linear(s.kraw, s.h1, b.param(l.K), R, H, kvd, kvd, H) },
+			func() error { return o.Linear(s.v, s.h1, b.param(l.V), R, H, kvd, kvd, H) },
+			func() error {
+				return o.NormRope(s.q, Buffer{}, s.qraw, b.param(l.QNorm), b.cos, b.sin, s.pos, R, heads, hd, qd, eps)
+			},
+			func() error {
+				return o.NormRope(s.k, Buffer{}, s.kraw, b.param(l.KNorm), b.cos, b.sin, s.pos, R, kv, hd, kvd, eps)
+			},
+			func() error {
+				return o.KVStore(b.kcache[li], b.vcache[li], s.k, s.v, s.slot, s.pos, R, b.opt.MaxLen, kvd)
+			},
+			func() error {
+				return o.AttnDecode(s.att, s.q, b.kcache[li], b.vcache[li], s.slot, s.pos, R, b.opt.MaxLen, heads, kv, hd, scale)
+			},
+			func() error { return o.Linear(s.xmid, s.att, b.param(l.O), R, qd, H, H, qd) },
+			func() error { return o.Add(s.xmid, x, R*H) },
+			func() error { return o.RMSNorm(s.h2, Buffer{}, s.xmid, b.param(l.PostAttnNorm), R, H, eps) },
+		}
+		for _, st := range steps {
+			if err := st(); err != nil {
+				return fmt.Errorf("rollout/cuda: layer %d: %w", li, err)
+			}
+		}
+		var err error
+		if l.Router != nil {
+			err = b.moe(sb, ml, l, R, next)
+			ml++
+		} else {
+			err = b.mlp(l, R, next)
+		}
+		if err != nil {
+			return fmt.Errorf("rollout/cuda: layer %d: %w", li, err)
+		}
+		x, next = next, x
+	}
+	if nOut == 0 {
+		return b.dev.Sync()
+	}
+	// The output rows only: gather, final norm, LM head, log-softmax at
+	// each row's temperature (per-row kernels: the same bits as over all
+	// rows).
+	steps := []func() error{
+		func() error { return o.Gather(s.xo, x, s.outRow, nOut, H) },
+		func() error { return o.RMSNorm(s.h1, Buffer{}, s.xo, b.param(b.host.Norm), nOut, H, eps) },
+		func() error { return o.Linear(s.logits, s.h1, b.param(b.host.LMHead), nOut, H, V, V, H) },
+		func() error { return o.LogSoftmaxTemps(s.logits, s.temps, nOut, V) },
+	}
+	for _, st := range steps {
+		if err := st(); err != nil {
+			return fmt.Errorf("rollout/cuda: head: %w", err)
+		}
+	}
+	return kc.Download(b.dev, sb.LogProbs[:nOut*V], s.logits)
+}
+
+// mlp runs a dense layer's MLP on the step's h2 into next = xmid + MLP.
+func (b *Backend) mlp(l *model.Layer, R int, next Buffer) error {
+	c, s, o := &b.cfg, &b.s, b.ops
+	H, I := c.HiddenSize, c.IntermediateSize
+	steps := []func() error{
+		func() error { return o.Linear(s.gu, s.h2, b.param(l.Gate), R, H, I, 2*I, H) },
+		func() error { return o.Linear(s.gu.Floats(I, R*2*I-I), s.h2, b.param(l.Up), R, H, I, 2*I, H) },
+		func() error { return o.SwiGLU(s.a, s.gu, R, I) },
+		func() error { return o.Linear(next, s.a, b.param(l.Down), R, I, H, H, I) },
+		func() error { return o.Add(next, s.xmid, R*H) },
+	}
+	for _, st := range steps {
+		if err := st(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// moe runs the ml-th MoE layer on the step's h2 into next, routing on the
+// host as the GPU training engine does (live top-k: the rollout has no
+// replay), and writes every row's experts into sb.Routes[ml].
+func (b *Backend) moe(sb *rollout.StepBatch, ml int, l *model.Layer, R int, next Buffer) error {
+	c, s, o := &b.cfg, &b.s, b.ops
+	H, E, k, I := c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
+	if err := o.Linear(s.probs, s.h2, b.param(l.Router), R, H, E, E, H); err != nil {
+		return err
+	}
+	if err := o.Softmax(s.probs, R, E); err != nil {
+		return err
+	}
+	probs := make([]float32, R*E)
+	if err := kc.Download(b.dev, probs, s.probs); err != nil {
+		return err
+	}
+	ids, gates := sb.Routes[ml][:R*k], make([]float32, R*k)
+	for r := 0; r < R; r++ {
+		model.TopK(ids[r*k:(r+1)*k], probs[r*E:(r+1)*E])
+		model.GateWeights(gates[r*k:(r+1)*k], probs[r*E:(r+1)*E], ids[r*k:(r+1)*k], c.NormTopKProb)
+	}
+	off, row, tok := model.GroupByExpert(ids, E, k)
+	if err := kc.Upload(b.dev, s.gates, gates); err != nil {
+		return err
+	}
+	if err := kc.Upload(b.dev, s.row, row); err != nil {
+		return err
+	}
+	if err := kc.Upload(b.dev, s.gtok, tok); err != nil {
+		return err
+	}
+	if err := o.Gather(s.xg, s.h2, s.gtok, R*k, H); err != nil {
+		return err
+	}
+	for x := 0; x < E; x++ {
+		r0, n := off[x], off[x+1]-off[x]
+		if n == 0 {
+			continue
+		}
+		ex := &l.Experts[x]
+		xg, gu := s.xg.Floats(r0*H, n*H), s.gug.Floats(r0*2*I, n*2*I)
+		if err := o.Linear(gu, xg, b.param(ex.Gate), n, H, I, 2*I, H); err != nil {
+			return err
+		}
+		if err := o.Linear(gu.Floats(I, n*2*I-I), xg, b.param(ex.Up), n, H, I, 2*I, H); err != nil {
+			return err
+		}
+	}
+	if err := o.SwiGLU(s.ag, s.gug, R*k, I); err != nil {
+		return err
+	}
+	for x := 0; x < E; x++ {
+		r0, n := off[x], off[x+1]-off[x]
+		if n == 0 {
+			continue
+		}
+		if err := o.Linear(s.yg.Floats(r0*H, n*H), s.ag.Floats(r0*I, n*I), b.param(l.Experts[x].Down), n, I, H, H, I); err != nil {
+			return err
+		}
+	}
+	return o.MoECombine(next, s.xmid, s.yg, s.gates, s.row, R, k, H)
+}

@@ -1,0 +1,180 @@
+package cuda
+
+import (
+	"errors"
+	"math"
+	"os"
+	"strings"
+	"testing"
+
+	kc "github.com/keel-rl/keel/kernels/cuda"
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/rollout"
+	"github.com/keel-rl/keel/train"
+	traincuda "github.com/keel-rl/keel/train/cuda"
+)
+
+// TestNewChecksFirst: what the backend cannot do is refused before any
+// device work, also without a device.
+func TestNewChecksFirst(t *testing.T) {
+	cfg, _ := model.Preset("tiny-dense", 64)
+	m := model.New(cfg)
+	if _, err := New(nil, m, rollout.Options{Precision: rollout.BF16}); err == nil || !strings.Contains(err.Error(), "exact") {
+		t.Errorf("bf16: %v", err)
+	}
+	if _, err := New(nil, m, rollout.Options{}); err == nil || !strings.Contains(err.Error(), "no device") {
+		t.Errorf("nil device: %v", err)
+	}
+	if _, err := New(nil, m, rollout.Options{Slots: 4, StepRows: 2}); err == nil || !strings.Contains(err.Error(), "step rows") {
+		t.Errorf("step rows below slots: %v", err)
+	}
+}
+
+func deviceForTest(t *testing.T) *kc.Device {
+	t.Helper()
+	d, err := kc.Open(0)
+	if err != nil {
+		var le *kc.LibraryError
+		if os.Getenv("KEEL_REQUIRE_CUDA") == "" && (errors.As(err, &le) || errors.Is(err, kc.ErrNoDevice) || errors.Is(err, kc.ErrNoCUDA)) {
+			t.Skipf("no GPU: %v", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func testModel(t *testing.T, preset string) *model.Model {
+	cfg, err := model.Preset(preset, 96)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := model.New(cfg)
+	model.Init(m, 11)
+	return m
+}
+
+var prompts = [][]int32{{1, 5, 9, 13}, {2, 4}, {7, 7, 7, 7, 7, 7, 7, 7, 7}}
+
+// TestExactAgainstTrainingEngine: in exact precision the GPU rollout's log
+// mu of every sampled token is the GPU training engine's log pi_old of it,
+// bit for bit, and an MoE model's routes are the same at every position.
+func TestExactAgainstTrainingEngine(t *testing.T) {
+	dev := deviceForTest(t)
+	for _, preset := range []string{"tiny-dense", "tiny-moe"} {
+		t.Run(preset, func(t *testing.T) {
+			m := testModel(t, preset)
+			b, err := New(dev, m, rollout.Options{Slots: 8, MaxLen: 64})
+			if err != nil {
+				t.Fatal(err)
+			}
+			eng, err := rollout.NewWithBackend(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer eng.Close()
+			sp := rollout.Sampling{Temperature: 0.9, MaxNewTokens: 40, Seed: 3}
+			samples, err := eng.Generate(prompts, 4, sp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr, err := traincuda.NewTrainer(dev, m, train.DefaultAdamWConfig(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Close()
+			var seqs [][]int32
+			for _, s := range samples {
+				seqs = append(seqs, append(append([]int32(nil), prompts[s.Prompt]...), s.Tokens...))
+			}
+			moe := len(m.Config.MoELayers()) > 0
+			res, err := tr.Forward(seqs, train.ForwardOptions{Temperature: sp.Temperature, Record: moe})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tokens := 0
+			for i, s := range samples {
+				p := len(prompts[s.Prompt])
+				for j, lm := range s.LogProbs {
+					lp := res.LogProbs[i][p-1+j]
+					if math.Float32bits(lm) != math.Float32bits(lp) {
+						t.Fatalf("sample %d token %d: log mu %v, log pi_old %v: not bit for bit", i, j, lm, lp)
+					}
+					tokens++
+				}
+				if moe {
+					rt, want := s.Routes, res.Routes[i]
+					for pos := 0; pos < min(rt.Tokens, want.Tokens); pos++ {
+						for l := 0; l < rt.Layers; l++ {
+							for k := 0; k < rt.K; k++ {
+								if rt.At(pos, l, k) != want.At(pos, l, k) {
+									t.Fatalf("sample %d position %d layer %d: rollout expert %d, training %d", i, pos, l, rt.At(pos, l, k), want.At(pos, l, k))
+								}
+							}
+						}
+					}
+				}
+			}
+			t.Logf("%d tokens of %d samples: log mu == log pi_old bit for bit", tokens, len(samples))
+		})
+	}
+}
+
+// TestAgainstCPURollout: the GPU and CPU rollouts (exact) sample the same
+// tokens for the same seeds, except where a probability lies within
+// rounding of a sampling boundary; log mu agrees within 1e-4 wherever the
+// tokens so far agree.
+func TestAgainstCPURollout(t *testing.T) {
+	dev := deviceForTest(t)
+	for _, preset := range []string{"tiny-moe", "small-moe"} {
+		t.Run(preset, func(t *testing.T) {
+			m := testModel(t, preset)
+			opt := rollout.Options{Slots: 8, MaxLen: 64}
+			b, err := New(dev, m, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gpu, err := rollout.NewWithBackend(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer gpu.Close()
+			cpu, err := rollout.New(m, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cpu.Close()
+			sp := rollout.Sampling{Temperature: 1, MaxNewTokens: 40, Seed: 5}
+			gs, err := gpu.Generate(prompts, 8, sp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs, err := cpu.Generate(prompts, 8, sp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			same, worst := 0, 0.0
+			for i := range gs {
+				n := min(len(gs[i].Tokens), len(cs[i].Tokens))
+				equal := len(gs[i].Tokens) == len(cs[i].Tokens)
+				for j := 0; j < n; j++ {
+					if gs[i].Tokens[j] != cs[i].Tokens[j] {
+						equal = false
+						break
+					}
+					worst = math.Max(worst, math.Abs(float64(gs[i].LogProbs[j]-cs[i].LogProbs[j])))
+				}
+				if equal {
+					same++
+				}
+			}
+			t.Logf("%d of %d samples identical; max |log mu GPU - CPU| while the tokens agree: %.3g", same, len(gs), worst)
+			if worst > 1e-4 {
+				t.Errorf("log mu differs by %.3g", worst)
+			}
+			if same < len(gs)*3/4 {
+				t.Errorf("only %d of %d samples identical", same, len(gs))
+			}
+		})
+	}
+}
