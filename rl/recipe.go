@@ -19,7 +19,9 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/keel-rl/keel/env"
+	kc "github.com/keel-rl/keel/kernels/cuda"
 	"github.com/keel-rl/keel/rollout"
+	rolldevice "github.com/keel-rl/keel/rollout/device"
 	"github.com/keel-rl/keel/rollout/remote"
 	"github.com/keel-rl/keel/train"
 	"github.com/keel-rl/keel/train/device"
@@ -48,6 +50,9 @@ type Recipe struct {
 	// Env makes rollouts multi-turn episodes of an environment (tools,
 	// games); unset, each response is one turn scored by the reward.
 	Env EnvSettings `yaml:"env,omitempty"`
+	// Device puts both engines on one device (cpu, cuda or cuda:N): the
+	// default of train.device and rollout.device.
+	Device string `yaml:"device,omitempty"`
 }
 
 // EnvSettings choose a multi-turn environment (package env): a built-in
@@ -193,6 +198,9 @@ type RolloutSettings struct {
 	RequestTimeout float64 `yaml:"request_timeout,omitempty"`
 	// MaxConcurrency bounds the requests (prompts) in flight per server.
 	MaxConcurrency int `yaml:"max_concurrency,omitempty"`
+	// Device is where the in-process engine decodes: cpu (the default),
+	// cuda or cuda:N (the GPU backend; exact precision so far).
+	Device string `yaml:"device,omitempty"`
 }
 
 // Algorithm is the objective, its corrections and Routing Replay.
@@ -443,6 +451,13 @@ func (r *Recipe) fill() error {
 	if r.Model.Path == "" {
 		return bad("model.path", "a model directory is required")
 	}
+	if _, err := kc.ParseDevice(r.Device); err != nil {
+		return bad("device", "%v", err)
+	}
+	orDefault(&r.Train.Device, r.Device)
+	if len(r.Rollout.Servers) == 0 {
+		orDefault(&r.Rollout.Device, r.Device)
+	}
 	// In order: the algorithm and eval sections default to the rollout's
 	// budget, filled by then.
 	for _, f := range []func() error{
@@ -506,8 +521,15 @@ func (ro *RolloutSettings) fill(out string) error {
 			return bad("rollout", "server_kind, weights_dir, request_timeout and max_concurrency configure remote rollout: give rollout.servers too, or leave them unset")
 		}
 		orDefault(&ro.Precision, "exact")
-		if _, err := rollout.ParsePrecision(ro.Precision); err != nil {
+		p, err := rollout.ParsePrecision(ro.Precision)
+		if err != nil {
 			return bad("rollout.precision", "%v", err)
+		}
+		if _, err := kc.ParseDevice(ro.Device); err != nil {
+			return bad("rollout.device", "%v", err)
+		}
+		if err := rolldevice.Check(ro.Device, p); err != nil {
+			return bad("rollout.device", "%s with rollout.precision %s: %v", ro.Device, ro.Precision, err)
 		}
 	}
 	orDefault(&ro.Temperature, 1)
@@ -929,6 +951,9 @@ func (w *RewardSettings) fill() error {
 // (rollout.servers set); out is the run directory, home of the default
 // weights directory.
 func (ro *RolloutSettings) fillRemote(out string) error {
+	if ro.Device != "" {
+		return bad("rollout.device", "%q places the in-process engine; with rollout.servers the servers decode: leave it unset", ro.Device)
+	}
 	if ro.Precision != "" {
 		return bad("rollout.precision", "%q sets the in-process engine's precision; with rollout.servers every server runs its own: leave it unset", ro.Precision)
 	}

@@ -249,6 +249,10 @@ func TestRecipeIncompatible(t *testing.T) {
 		{"mini_batches dividing", recipeBase, []string{"train.mini_batches=4", "train.prompts_per_step=32"}, ""},
 		{"train.device unknown", recipeBase, []string{"train.device=gpu"}, "train.device"},
 		{"train.device cuda:1", recipeBase, []string{"train.device=cuda:1"}, ""},
+		{"device unknown", recipeBase, []string{"device=tpu"}, "device"},
+		{"rollout.device with fp8", recipeBase, []string{"rollout.device=cuda", "rollout.precision=fp8"}, "rollout.device"},
+		{"device cuda sets both", recipeBase, []string{"device=cuda", "rollout.precision=exact"}, ""},
+		{"device cuda with fp8 rollout", recipeBase, []string{"device=cuda", "rollout.precision=fp8"}, "rollout.device"},
 		{"aggregation with minirl", recipeBase, []string{"algorithm.aggregation=token-mean"}, "algorithm.aggregation"},
 		{"aggregation with minirl-lennorm", recipeBase, []string{"algorithm.objective=minirl-lennorm", "algorithm.aggregation=seq-sum-mean"}, "algorithm.aggregation"},
 		{"aggregation with cispo", recipeBase, []string{"algorithm.objective=cispo", "algorithm.aggregation=token-mean"}, "algorithm.aggregation"},
@@ -577,5 +581,22 @@ func TestToolRecipesParse(t *testing.T) {
 		if _, err := ReadRecipe(f, nil); err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+// TestRecipeDevice: device puts both engines on one device unless a
+// section names its own; remote rollout keeps no rollout device.
+func TestRecipeDevice(t *testing.T) {
+	r := parseRecipeOK(t, recipeBase, "device=cuda")
+	if r.Train.Device != "cuda" || r.Rollout.Device != "cuda" {
+		t.Errorf("device=cuda gave train.device %q, rollout.device %q", r.Train.Device, r.Rollout.Device)
+	}
+	r = parseRecipeOK(t, recipeBase, "device=cuda:1", "train.device=cpu")
+	if r.Train.Device != "cpu" || r.Rollout.Device != "cuda:1" {
+		t.Errorf("device=cuda:1 with train.device=cpu gave %q, %q", r.Train.Device, r.Rollout.Device)
+	}
+	r = parseRecipeOK(t, recipeBase, "device=cuda", "rollout.servers=[http://127.0.0.1:1]", "rollout.weights_dir=/tmp/w")
+	if r.Train.Device != "cuda" || r.Rollout.Device != "" {
+		t.Errorf("device=cuda with servers gave %q, %q", r.Train.Device, r.Rollout.Device)
 	}
 }

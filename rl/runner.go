@@ -15,6 +15,7 @@ import (
 	"github.com/keel-rl/keel/internal/builtin"
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rollout"
+	rolldevice "github.com/keel-rl/keel/rollout/device"
 	"github.com/keel-rl/keel/rollout/remote"
 	"github.com/keel-rl/keel/run"
 	"github.com/keel-rl/keel/tokenizer"
@@ -283,7 +284,7 @@ func (u *runner) newSampler() (Sampler, error) {
 		return rs, nil
 	}
 	prec, _ := rollout.ParsePrecision(ro.Precision)
-	eng, err := rollout.New(u.policy, rollout.Options{Precision: prec, Slots: ro.Slots, MaxLen: maxLen})
+	eng, err := rolldevice.Engine(ro.Device, u.policy, rollout.Options{Precision: prec, Slots: ro.Slots, MaxLen: maxLen})
 	if err != nil {
 		return nil, err
 	}
@@ -312,7 +313,13 @@ func (u *runner) newEvalEngine() error {
 	if maxPos > 0 {
 		evLen = min(evLen, maxPos)
 	}
-	eng, err := rollout.New(u.policy, rollout.Options{Precision: ep, Slots: r.Rollout.Slots, MaxLen: evLen})
+	// The evaluation decodes where the rollout does, unless its precision
+	// is one only the CPU engine has.
+	dev := r.Rollout.Device
+	if rolldevice.Check(dev, ep) != nil {
+		dev = "cpu"
+	}
+	eng, err := rolldevice.Engine(dev, u.policy, rollout.Options{Precision: ep, Slots: r.Rollout.Slots, MaxLen: evLen})
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"unsafe"
 )
@@ -194,3 +196,21 @@ func DeviceCount() (int, error) {
 }
 
 func gib(n uint64) string { return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30)) }
+
+// ParseDevice reads a device name as recipes give it: "cuda" or "cuda:N"
+// is GPU 0 or N; "cpu" and "" are the CPU (-1).
+func ParseDevice(name string) (int, error) {
+	switch {
+	case name == "" || name == "cpu":
+		return -1, nil
+	case name == "cuda":
+		return 0, nil
+	case strings.HasPrefix(name, "cuda:"):
+		n, err := strconv.Atoi(name[len("cuda:"):])
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("device %q: want cpu, cuda or cuda:N with N a GPU number", name)
+		}
+		return n, nil
+	}
+	return 0, fmt.Errorf("device %q: want cpu, cuda or cuda:N", name)
+}

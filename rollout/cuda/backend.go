@@ -38,6 +38,7 @@ type Backend struct {
 	s              scratch
 	bufs           []Buffer
 	err            error // a failed CopyPrefix, reported by the next Step
+	ownDevice      bool  // Close closes dev (Open)
 }
 
 // scratch is one step's device memory, sized for Options.StepRows rows.
@@ -198,13 +199,17 @@ func (b *Backend) CopyPrefix(dst, src, n int) {
 	}
 }
 
-// Close frees the device memory (the device stays open: it is the
-// caller's).
+// Close frees the device memory, and closes the device when Open opened
+// it (a device given to New stays the caller's).
 func (b *Backend) Close() {
 	for _, x := range b.bufs {
 		b.dev.Free(x)
 	}
 	b.bufs = nil
+	if b.ownDevice {
+		b.dev.Close()
+		b.ownDevice = false
+	}
 }
 
 func (b *Backend) param(p *model.Param) Buffer { return b.w.Floats(b.offs[p], p.Size()) }
@@ -383,4 +388,20 @@ func (b *Backend) moe(sb *rollout.StepBatch, ml int, l *model.Layer, R int, next
 		}
 	}
 	return o.MoECombine(next, s.xmid, s.yg, s.gates, s.row, R, k, H)
+}
+
+// Open opens GPU ordinal and puts m on it (New); the backend closes the
+// device when it is closed.
+func Open(ordinal int, m *model.Model, opt rollout.Options) (*Backend, error) {
+	dev, err := kc.Open(ordinal)
+	if err != nil {
+		return nil, fmt.Errorf("rollout on cuda:%d: %w (keel device shows what keel finds)", ordinal, err)
+	}
+	b, err := New(dev, m, opt)
+	if err != nil {
+		dev.Close()
+		return nil, err
+	}
+	b.ownDevice = true
+	return b, nil
 }

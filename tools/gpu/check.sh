@@ -39,9 +39,33 @@ for d in cpu cuda; do
 done
 python3 - "$out" <<'PY'
 import json, sys
-rows = {d: [json.loads(l) for l in open(f"{sys.argv[1]}/sft-{d}/metrics.jsonl")] for d in ("cpu", "cuda")}
+try:
+    rows = {d: [json.loads(l) for l in open(f"{sys.argv[1]}/sft-{d}/metrics.jsonl")] for d in ("cpu", "cuda")}
+except OSError as e:
+    print("  no metrics:", e)
+    sys.exit(0)
 for k in ("loss", "grad_norm"):
     diffs = [abs(a[k] - b[k]) / max(1e-9, abs(a[k])) for a, b in zip(rows["cpu"], rows["cuda"])]
     print(f"  {k}: {len(diffs)} steps, largest relative difference {max(diffs):.2e} (step {diffs.index(max(diffs)) + 1})")
+PY
+echo "== keel rl, the built-in quickstart for 4 steps in exact precision, device cpu against cuda"
+for d in cpu cuda; do
+  timeout 200 $bin/keel rl --set device=$d --set rollout.precision=exact --set train.steps=4 --set train.warmup=0 \
+    --set eval.skip=true --set out=$out/rl-$d > "$out/rl-$d.log" 2>&1
+  echo "  $d: exit $? ($(tail -1 "$out/rl-$d.log"))"
+done
+python3 - "$out" <<'PY'
+import json, sys
+rows = {}
+for d in ("cpu", "cuda"):
+    try:
+        rows[d] = [json.loads(l) for l in open(f"{sys.argv[1]}/rl-{d}/metrics.jsonl")]
+    except OSError as e:
+        print("  no metrics for", d, e)
+        sys.exit(0)
+for a, b in zip(rows["cpu"], rows["cuda"]):
+    print("  step %d  reward %.4f / %.4f  grad_norm %.5f / %.5f  k3 %.2e / %.2e  step time %.2f s / %.2f s" % (
+        a["step"], a["reward/mean"], b["reward/mean"], a["grad_norm"], b["grad_norm"],
+        a.get("train_infer/k3", 0), b.get("train_infer/k3", 0), a["time/step"], b["time/step"]))
 PY
 [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ]

@@ -7,8 +7,6 @@ package device
 
 import (
 	"fmt"
-	"strconv"
-	"strings"
 
 	kc "github.com/keel-rl/keel/kernels/cuda"
 	"github.com/keel-rl/keel/model"
@@ -18,21 +16,7 @@ import (
 
 // Parse checks a device name and returns the GPU ordinal for "cuda" and
 // "cuda:N", or -1 for "cpu" and "" (the CPU).
-func Parse(name string) (int, error) {
-	switch {
-	case name == "" || name == "cpu":
-		return -1, nil
-	case name == "cuda":
-		return 0, nil
-	case strings.HasPrefix(name, "cuda:"):
-		n, err := strconv.Atoi(name[len("cuda:"):])
-		if err != nil || n < 0 {
-			return 0, fmt.Errorf("device %q: want cpu, cuda or cuda:N with N a GPU number", name)
-		}
-		return n, nil
-	}
-	return 0, fmt.Errorf("device %q: want cpu, cuda or cuda:N", name)
-}
+func Parse(name string) (int, error) { return kc.ParseDevice(name) }
 
 // Trainer returns the training engine on device name for m, with AdamW
 // of configuration cfg or restored from state (see train.NewTrainer).
