@@ -12,6 +12,7 @@ import (
 
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rollout"
+	rolldevice "github.com/keel-rl/keel/rollout/device"
 	"github.com/keel-rl/keel/tokenizer"
 )
 
@@ -111,6 +112,7 @@ func runSample(args []string) error {
 	prompt := fs.String("prompt", "", "a prompt as text (needs the model directory's tokenizer.json)")
 	out := fs.String("output", "", "output JSONL file (default: standard output)")
 	prec := fs.String("precision", "exact", "exact, fp32, bf16, fp8 or fp4")
+	device := fs.String("device", "cpu", "where the engine decodes: cpu, cuda or cuda:N (the GPU runs exact precision so far)")
 	var sf sampleFlags
 	sf.register(fs)
 	if help, err := parseFlags(fs, args); help || err != nil {
@@ -129,6 +131,9 @@ func runSample(args []string) error {
 	p, err := rollout.ParsePrecision(*prec)
 	if err != nil {
 		return fmt.Errorf("--precision: %w", err)
+	}
+	if err := rolldevice.Check(*device, p); err != nil {
+		return fmt.Errorf("--device: %w", err)
 	}
 	sp, err := sf.sampling()
 	if err != nil {
@@ -152,7 +157,7 @@ func runSample(args []string) error {
 	} else if prompts, err = lpReadInput(*in, &m.Config); err != nil {
 		return err
 	}
-	e, err := rollout.New(m, sf.engineOptions(&m.Config, prompts, p))
+	e, err := rolldevice.Engine(*device, m, sf.engineOptions(&m.Config, prompts, p))
 	if err != nil {
 		return err
 	}

@@ -108,6 +108,8 @@ func TestSampleCommandErrors(t *testing.T) {
 		{[]string{"--model", dir, "--input", good, "--max-new-tokens", "0"}, "max new tokens"},
 		{[]string{"--model", dir, "--prompt", "hello"}, "needs a tokenizer.json"},
 		{[]string{"--model", dir}, "--input or --prompt"},
+		{[]string{"--model", dir, "--input", good, "--device", "cuda", "--precision", "fp8"}, "exact precision only"},
+		{[]string{"--model", dir, "--input", good, "--device", "tpu"}, "want cpu, cuda"},
 	} {
 		if err := runSample(c.args); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: err = %v, want one mentioning %q", c.args, err, c.want)

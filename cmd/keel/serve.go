@@ -15,6 +15,7 @@ import (
 
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rollout"
+	rolldevice "github.com/keel-rl/keel/rollout/device"
 	"github.com/keel-rl/keel/serve"
 	"github.com/keel-rl/keel/tokenizer"
 )
@@ -45,6 +46,7 @@ func runServe(args []string) error {
 	fs.Usage = func() { fmt.Fprint(fs.Output(), serveUsage); fs.PrintDefaults() }
 	dir := fs.String("model", "", "Hugging Face model directory (config.json, safetensors, tokenizer.json)")
 	prec := fs.String("precision", "exact", "rollout precision: exact, fp32, bf16, fp8 or fp4")
+	device := fs.String("device", "cpu", "where the engine decodes: cpu, cuda or cuda:N (the GPU runs exact precision so far)")
 	addr := fs.String("addr", "127.0.0.1:30000", "address to listen on")
 	key := fs.String("api-key", "", "require this key (default: $KEEL_API_KEY, else none)")
 	name := fs.String("served-model-name", "", "the model's name for clients (default: the directory's name)")
@@ -69,6 +71,9 @@ func runServe(args []string) error {
 	if err != nil {
 		return fmt.Errorf("--precision: %w", err)
 	}
+	if err := rolldevice.Check(*device, p); err != nil {
+		return fmt.Errorf("--device: %w", err)
+	}
 	if *key == "" {
 		*key = os.Getenv("KEEL_API_KEY")
 	}
@@ -87,7 +92,7 @@ func runServe(args []string) error {
 	if L < 2 || L > m.Config.MaxPositionEmbeddings {
 		return fmt.Errorf("--max-len %d, want 2 to the model's %d positions", L, m.Config.MaxPositionEmbeddings)
 	}
-	e, err := rollout.New(m, rollout.Options{Precision: p, Slots: *slots, MaxLen: L})
+	e, err := rolldevice.Engine(*device, m, rollout.Options{Precision: p, Slots: *slots, MaxLen: L})
 	if err != nil {
 		return err
 	}
