@@ -1,13 +1,11 @@
 package cuda
 
 import (
-	"errors"
 	"math"
-	"os"
 	"strings"
 	"testing"
 
-	kc "github.com/keel-rl/keel/kernels/cuda"
+	"github.com/keel-rl/keel/internal/cudatest"
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rollout"
 	"github.com/keel-rl/keel/train"
@@ -30,20 +28,6 @@ func TestNewChecksFirst(t *testing.T) {
 	}
 }
 
-func deviceForTest(t *testing.T) *kc.Device {
-	t.Helper()
-	d, err := kc.Open(0)
-	if err != nil {
-		var le *kc.LibraryError
-		if os.Getenv("KEEL_REQUIRE_CUDA") == "" && (errors.As(err, &le) || errors.Is(err, kc.ErrNoDevice) || errors.Is(err, kc.ErrNoCUDA)) {
-			t.Skipf("no GPU: %v", err)
-		}
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	return d
-}
-
 func testModel(t *testing.T, preset string) *model.Model {
 	cfg, err := model.Preset(preset, 96)
 	if err != nil {
@@ -60,7 +44,7 @@ var prompts = [][]int32{{1, 5, 9, 13}, {2, 4}, {7, 7, 7, 7, 7, 7, 7, 7, 7}}
 // mu of every sampled token is the GPU training engine's log pi_old of it,
 // bit for bit, and an MoE model's routes are the same at every position.
 func TestExactAgainstTrainingEngine(t *testing.T) {
-	dev := deviceForTest(t)
+	dev := cudatest.Device(t)
 	for _, preset := range []string{"tiny-dense", "tiny-moe"} {
 		t.Run(preset, func(t *testing.T) {
 			m := testModel(t, preset)
@@ -125,7 +109,7 @@ func TestExactAgainstTrainingEngine(t *testing.T) {
 // rounding of a sampling boundary; log mu agrees within 1e-4 wherever the
 // tokens so far agree.
 func TestAgainstCPURollout(t *testing.T) {
-	dev := deviceForTest(t)
+	dev := cudatest.Device(t)
 	for _, preset := range []string{"tiny-moe", "small-moe"} {
 		t.Run(preset, func(t *testing.T) {
 			m := testModel(t, preset)

@@ -1,13 +1,12 @@
 package cuda
 
 import (
-	"errors"
 	"math"
 	"math/rand/v2"
-	"os"
 	"strings"
 	"testing"
 
+	"github.com/keel-rl/keel/internal/cudatest"
 	"github.com/keel-rl/keel/kernels"
 	kc "github.com/keel-rl/keel/kernels/cuda"
 	"github.com/keel-rl/keel/model"
@@ -31,20 +30,6 @@ func TestNewTrainerChecksFirst(t *testing.T) {
 	if _, err := NewTrainer(nil, model.New(broken), train.DefaultAdamWConfig(), nil); err == nil || !strings.Contains(err.Error(), "num_key_value_heads") {
 		t.Errorf("a bad configuration: %v", err)
 	}
-}
-
-func deviceForTest(t *testing.T) *kc.Device {
-	t.Helper()
-	d, err := kc.Open(0)
-	if err != nil {
-		var le *kc.LibraryError
-		if os.Getenv("KEEL_REQUIRE_CUDA") == "" && (errors.As(err, &le) || errors.Is(err, kc.ErrNoDevice) || errors.Is(err, kc.ErrNoCUDA)) {
-			t.Skipf("no GPU: %v", err)
-		}
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	return d
 }
 
 func randomSeqs(r *rand.Rand, vocab int, lens ...int) [][]int32 {
@@ -109,7 +94,7 @@ func relErr(a, b []float32) float64 {
 // a sequence's log-probs alone and inside the batch are the same bits;
 // and the run resumes on the CPU from the GPU's state.
 func TestEngineAgainstCPU(t *testing.T) {
-	dev := deviceForTest(t)
+	dev := cudatest.Device(t)
 	t.Logf("device: %v", dev)
 	for _, c := range []struct {
 		preset string
@@ -335,7 +320,7 @@ func sameFloats(a, b []float32) bool {
 // TestEngineErrors: Backward without Forward and mismatched losses are
 // errors, as on the CPU engine.
 func TestEngineErrors(t *testing.T) {
-	dev := deviceForTest(t)
+	dev := cudatest.Device(t)
 	cfg, _ := model.Preset("tiny-dense", 50)
 	m := model.New(cfg)
 	model.Init(m, 1)
