@@ -82,11 +82,17 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 	}
 	kvd := c.NumKeyValueHeads * c.HeadDim
 	cache := int64(c.NumHiddenLayers) * 2 * int64(opt.Slots) * int64(opt.MaxLen) * int64(kvd) * 4
+	params, err := c.NumParams()
+	if err != nil {
+		return nil, err
+	}
+	weights := params * 4
+	logits := int64(opt.Slots) * int64(c.VocabSize) * 4
 	if free, _, err := dev.MemInfo(); err != nil {
 		return nil, err
-	} else if cache > free {
-		return nil, fmt.Errorf("rollout/cuda: the KV cache of %d slots × %d positions needs %.2f GiB, %.2f GiB are free: lower rollout.slots or the response budget",
-			opt.Slots, opt.MaxLen, float64(cache)/(1<<30), float64(free)/(1<<30))
+	} else if need := cache + weights + logits; need > free {
+		return nil, fmt.Errorf("rollout/cuda: %.2f GiB needed (the KV cache of %d slots × %d positions %.2f GiB, the weights %.2f GiB, the logits of %d rows %.2f GiB), %.2f GiB are free: lower rollout.slots or the response budget",
+			float64(need)/(1<<30), opt.Slots, opt.MaxLen, float64(cache)/(1<<30), float64(weights)/(1<<30), opt.Slots, float64(logits)/(1<<30), float64(free)/(1<<30))
 	}
 	host := model.New(c)
 	b := &Backend{cfg: c, opt: opt, dev: dev, ops: kc.NewOps(dev), host: host, offs: map[*model.Param]int{}}
@@ -221,6 +227,9 @@ func (b *Backend) Step(sb *rollout.StepBatch) error {
 	if b.err != nil {
 		return b.err
 	}
+	if err := b.checkBatch(sb); err != nil {
+		return err
+	}
 	R, nOut := sb.Rows(), len(sb.OutRow)
 	if R == 0 {
 		return nil
@@ -306,6 +315,38 @@ func (b *Backend) Step(sb *rollout.StepBatch) error {
 		}
 	}
 	return kc.Download(b.dev, sb.LogProbs[:nOut*V], s.logits)
+}
+
+// checkBatch refuses a step batch that does not fit the backend: a slot or
+// position out of range would write another slot's cache on the device,
+// where nothing stops it.
+func (b *Backend) checkBatch(sb *rollout.StepBatch) error {
+	R, outs := sb.Rows(), len(sb.OutRow)
+	nMoE := len(b.cfg.MoELayers())
+	switch {
+	case len(sb.Pos) != R || len(sb.Tok) != R || len(sb.OutTemp) != outs:
+		return errors.New("rollout/cuda: step batch: rows or output rows of different lengths")
+	case R > b.opt.StepRows || outs > b.opt.Slots:
+		return fmt.Errorf("rollout/cuda: step batch of %d rows and %d output rows, limits %d and %d", R, outs, b.opt.StepRows, b.opt.Slots)
+	case len(sb.LogProbs) < outs*b.cfg.VocabSize || len(sb.Routes) != nMoE:
+		return errors.New("rollout/cuda: step batch: log-probs or routes not allocated for the model")
+	}
+	for _, r := range sb.Routes {
+		if len(r) < R*b.cfg.NumExpertsPerTok {
+			return errors.New("rollout/cuda: step batch: routes not allocated for its rows")
+		}
+	}
+	for r := 0; r < R; r++ {
+		if s, p, t := sb.Slot[r], sb.Pos[r], sb.Tok[r]; s < 0 || int(s) >= b.opt.Slots || p < 0 || int(p) >= b.opt.MaxLen || t < 0 || int(t) >= b.cfg.VocabSize {
+			return fmt.Errorf("rollout/cuda: step row %d: slot %d, position %d, token %d out of range", r, s, p, t)
+		}
+	}
+	for _, o := range sb.OutRow {
+		if o < 0 || int(o) >= R {
+			return fmt.Errorf("rollout/cuda: output row %d of %d rows", o, R)
+		}
+	}
+	return nil
 }
 
 // mlp runs a dense layer's MLP on the step's h2 into next = xmid + MLP.

@@ -42,7 +42,7 @@ func Check(name string, p rollout.Precision) error {
 		return err
 	}
 	if gpu >= 0 && p != rollout.Exact {
-		return fmt.Errorf("the GPU rollout runs exact precision only so far, not %v", p)
+		return fmt.Errorf("the GPU rollout runs exact precision only so far, not %v (set rollout.precision: exact, or rollout.device: cpu)", p)
 	}
 	return nil
 }

@@ -79,14 +79,26 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		return err
 	}
 	var da, dgu, dh, datt, dq, dk, dv, dsum Buffer
-	if err := e.bufs(tmp, span{&da, T * d.I}, span{&dgu, T * 2 * d.I}, span{&dh, T * d.H}, span{&datt, T * d.qd},
+	if err := e.bufs(tmp, span{&dh, T * d.H}, span{&datt, T * d.qd},
 		span{&dq, T * d.qd}, span{&dk, T * d.kvd}, span{&dv, T * d.kvd}, span{&dsum, T * d.heads}); err != nil {
 		return err
+	}
+	nMoE := len(e.cfg.MoELayers())
+	if nMoE < e.cfg.NumHiddenLayers { // dense layers
+		if err := e.bufs(tmp, span{&da, T * d.I}, span{&dgu, T * 2 * d.I}); err != nil {
+			return err
+		}
+	}
+	var msc *moeScratch
+	if nMoE > 0 {
+		if msc, err = e.newMoEScratch(tmp, T); err != nil {
+			return err
+		}
 	}
 	// The aux loss's gradient w.r.t. every router probability p_t,e:
 	// Aux·E·c_e/N², the same for every token and MoE layer.
 	var auxGrad []float32
-	if nMoE := len(e.cfg.MoELayers()); nMoE > 0 {
+	if nMoE > 0 {
 		auxGrad = make([]float32, e.cfg.NumExperts)
 		if aux != 0 {
 			n := float64(T * nMoE)
@@ -115,7 +127,7 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			func() error { return e.linearBackW(g(l.Up), sub(dgu, d.I, upI), a.h2, T, d.H, d.I, 2*d.I, d.H) },
 		}
 		if a.moe != nil {
-			mlp = []func() error{func() error { return e.moeBackward(f, tmp, a.moe, l, a.h2, dres, dh, auxGrad) }}
+			mlp = []func() error{func() error { return e.moeBackward(f, msc, a.moe, l, a.h2, dres, dh, auxGrad) }}
 		}
 		for i, s := range mlp {
 			if err := s(); err != nil {

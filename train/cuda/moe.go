@@ -122,18 +122,28 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 	return e.ops.MoECombine(out, resid, mo.yg, mo.dGates, mo.dRow, T, k, H)
 }
 
+// moeScratch is the MoE backward's scratch, allocated once per Backward
+// and shared by the MoE layers (one layer's gradients exist at a time).
+type moeScratch struct{ dy, dgt, da, dgu, dxg, dp Buffer }
+
+func (e *Engine) newMoEScratch(tmp *fwdState, T int) (*moeScratch, error) {
+	c := &e.cfg
+	H, E, k, I := c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
+	R := T * k
+	s := &moeScratch{}
+	err := e.bufs(tmp, span{&s.dy, R * H}, span{&s.dgt, R}, span{&s.da, R * I}, span{&s.dgu, R * 2 * I}, span{&s.dxg, R * H}, span{&s.dp, T * E})
+	return s, err
+}
+
 // moeBackward backpropagates the sparse block of layer L: from dout, the
 // gradient at the block's output, it writes dh2, the gradient at its input
 // (the post-attention norm's output), and adds the experts' and router's
 // weight gradients. auxGrad[e] is d(Aux·AuxLoss)/dp_t,e.
-func (e *Engine) moeBackward(f, tmp *fwdState, mo *moeActs, L *model.Layer, h2, dout, dh2 Buffer, auxGrad []float32) error {
+func (e *Engine) moeBackward(f *fwdState, sc *moeScratch, mo *moeActs, L *model.Layer, h2, dout, dh2 Buffer, auxGrad []float32) error {
 	c := &e.cfg
 	T, H, E, k, I := f.T, c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
 	R := T * k
-	var dy, dgt, da, dgu, dxg, dp Buffer
-	if err := e.bufs(tmp, span{&dy, R * H}, span{&dgt, R}, span{&da, R * I}, span{&dgu, R * 2 * I}, span{&dxg, R * H}, span{&dp, T * E}); err != nil {
-		return err
-	}
+	dy, dgt, da, dgu, dxg, dp := sc.dy, sc.dgt, sc.da, sc.dgu, sc.dxg, sc.dp
 	if err := e.launch("moe.cu", "moe_combine_bwd", rowsGrid(T), block256, dy, dgt, dout, mo.yg, mo.dGates, mo.dRow, k, H); err != nil {
 		return err
 	}
