@@ -11,6 +11,7 @@ import (
 
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/train"
+	"github.com/keel-rl/keel/train/device"
 )
 
 // GemmShape is one (M, K, N) matrix product shape.
@@ -37,15 +38,41 @@ type TrainResult struct {
 // forward-only passes and full training steps on seqs random sequences of
 // seqLen tokens for about d each, returning the best rates seen.
 func Train(preset string, vocab, seqs, seqLen int, d time.Duration) (TrainResult, error) {
+	return TrainOn(TrainSpec{Device: "cpu", Preset: preset, Vocab: vocab, Seqs: seqs, SeqLen: seqLen, Time: d})
+}
+
+// TrainSpec is one row of the training table: where, which model, what
+// batch, for how long.
+type TrainSpec struct {
+	Device string // cpu, cuda or cuda:N (train/device)
+	Preset string
+	Layers int // 0: the preset's
+	Vocab  int
+	Seqs   int
+	SeqLen int
+	Time   time.Duration
+}
+
+// TrainOn times the training engine spec.Device names, as Train does the
+// CPU engine's. A GPU engine's Forward and Step return after the device
+// has finished (they copy results back), so wall-clock rates are its own.
+func TrainOn(spec TrainSpec) (TrainResult, error) {
+	preset, vocab, seqs, seqLen, d := spec.Preset, spec.Vocab, spec.Seqs, spec.SeqLen, spec.Time
 	cfg, err := model.Preset(preset, vocab)
 	if err != nil {
 		return TrainResult{}, err
+	}
+	if spec.Layers > 0 {
+		cfg.NumHiddenLayers = spec.Layers
+		if err := cfg.Validate(); err != nil {
+			return TrainResult{}, err
+		}
 	}
 	m := model.New(cfg)
 	model.Init(m, 1)
 	// The Trainer contract, as the RL loop and keel sft drive it.
 	var eng train.Trainer
-	if eng, err = train.NewTrainer(m, train.DefaultAdamWConfig(), nil); err != nil {
+	if eng, err = device.Trainer(spec.Device, m, train.DefaultAdamWConfig(), nil); err != nil {
 		return TrainResult{}, err
 	}
 	defer eng.Close()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/keel-rl/keel/bench"
 	"github.com/keel-rl/keel/kernels"
+	kc "github.com/keel-rl/keel/kernels/cuda"
 	"github.com/keel-rl/keel/rollout"
 )
 
@@ -21,6 +22,7 @@ func init() {
 }
 
 type benchReport struct {
+	Device      string               `json:"device,omitempty"` // the GPU, for --device cuda
 	CPU         string               `json:"cpu_path"`
 	Threads     int                  `json:"threads"`
 	Gemm        []benchGemmRow       `json:"gemm"`
@@ -56,6 +58,9 @@ type benchOptions struct {
 	decodePrecs         []rollout.Precision
 	decodeGroup         int
 	rlPrec, servePrec   rollout.Precision
+	device              string
+	layers              int
+	peakTFLOPS          float64
 	serveClients        int
 }
 
@@ -96,11 +101,26 @@ func parseBenchFlags(args []string) (*benchOptions, error) {
 	noServe := fs.Bool("no-serve", false, "skip the keel serve table")
 	servePrec := fs.String("serve-precision", "fp8", "rollout precision of the keel serve table")
 	serveClients := fs.Int("serve-clients", 64, "concurrent requests in the keel serve table")
+	dev := fs.String("device", "cpu", "where the training table runs: cpu, or cuda / cuda:N (then only the training table, MFU against --peak-tflops)")
+	layers := fs.Int("layers", 0, "decoder layers of the benchmarked presets (0: each preset's)")
+	peak := fs.Float64("peak-tflops", 989.4, "with --device cuda: the card's dense bf16 peak, TFLOP/s, for MFU (H100 and H200 SXM: 989.4)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	o := &benchOptions{vocab: *vocab, seqs: *seqs, seqLen: *seqLen, dur: *dur, quick: *quick, noGemm: *noGemm, json: *asJSON,
-		noDecode: *noDecode, noRL: *noRL, noServe: *noServe, decodeGroup: *decodeGroup, serveClients: *serveClients}
+		noDecode: *noDecode, noRL: *noRL, noServe: *noServe, decodeGroup: *decodeGroup, serveClients: *serveClients,
+		device: *dev, layers: *layers, peakTFLOPS: *peak}
+	gpu, err := kc.ParseDevice(*dev)
+	if err != nil {
+		return nil, fmt.Errorf("--device: %w", err)
+	}
+	if gpu >= 0 {
+		// The GPU engines' other tables are not written yet: training only.
+		o.noGemm, o.noDecode, o.noRL, o.noServe = true, true, true, true
+	}
+	if *layers < 0 || !(*peak > 0) {
+		return nil, fmt.Errorf("--layers must be >= 0 and --peak-tflops positive")
+	}
 	for _, p := range strings.Split(*presets, ",") {
 		o.presets = append(o.presets, strings.TrimSpace(p))
 	}
@@ -110,7 +130,6 @@ func parseBenchFlags(args []string) (*benchOptions, error) {
 	if o.seqLen < 2 || o.seqs < 1 {
 		return nil, fmt.Errorf("--len must be at least 2 and --seqs at least 1")
 	}
-	var err error
 	if o.decodePrecs, err = parsePrecisions(*decodePrec, "--decode-precisions"); err != nil {
 		return nil, err
 	}
@@ -152,8 +171,17 @@ func measure(o *benchOptions) (*benchReport, error) {
 			rep.Gemm = append(rep.Gemm, row)
 		}
 	}
+	if gpu, _ := kc.ParseDevice(o.device); gpu >= 0 {
+		d, err := kc.Open(gpu)
+		if err != nil {
+			return nil, fmt.Errorf("--device %s: %w", o.device, err)
+		}
+		rep.Device = d.String()
+		d.Close()
+		rep.PeakGFLOPS = o.peakTFLOPS * 1000
+	}
 	for _, p := range o.presets {
-		r, err := bench.Train(p, o.vocab, o.seqs, o.seqLen, o.dur)
+		r, err := bench.TrainOn(bench.TrainSpec{Device: o.device, Preset: p, Layers: o.layers, Vocab: o.vocab, Seqs: o.seqs, SeqLen: o.seqLen, Time: o.dur})
 		if err != nil {
 			return nil, err
 		}
@@ -205,7 +233,11 @@ func measure(o *benchOptions) (*benchReport, error) {
 
 // printBench writes the report's tables and what each measured.
 func printBench(rep *benchReport) error {
-	fmt.Printf("keel bench: kernels %s, %d threads\n\n", rep.CPU, rep.Threads)
+	if rep.Device != "" {
+		fmt.Printf("keel bench: %s (the float32 GPU engine; MFU against the card's bf16 peak)\n\n", rep.Device)
+	} else {
+		fmt.Printf("keel bench: kernels %s, %d threads\n\n", rep.CPU, rep.Threads)
+	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	if len(rep.Gemm) > 0 {
 		fmt.Fprintln(w, "GEMM M\tK\tN\tf32 GFLOP/s\tbf16 GFLOP/s\tbf16/f32\t")

@@ -3,6 +3,9 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/keel-rl/keel/bench"
 )
 
 // Bad decode flags are refused before any measurement runs (a typo must
@@ -18,10 +21,27 @@ func TestBenchFlagErrors(t *testing.T) {
 		{[]string{"--decode-slots", "64,x"}, `--decode-slots: "x" is not a positive count`},
 		{[]string{"--decode-precisions", "fp16"}, "--decode-precisions"},
 		{[]string{"--len", "1"}, "--len must be at least 2"},
+		{[]string{"--device", "tpu"}, `--device: device "tpu"`},
+		{[]string{"--layers", "-1"}, "--layers must be >= 0"},
 	} {
 		args := append([]string{"--presets", "no-such-preset", "--no-gemm"}, c.args...)
 		if err := runBench(args); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: err = %v, want %q", c.args, err, c.want)
 		}
+	}
+}
+
+// TestBenchTrainOnLayers: the training table's --layers reaches the model
+// (a Qwen3-0.6B shape of one layer and a tiny vocabulary trains on the
+// CPU engine in a moment).
+func TestBenchTrainOnLayers(t *testing.T) {
+	r, err := bench.TrainOn(bench.TrainSpec{Device: "cpu", Preset: "qwen3-0.6b", Layers: 1, Vocab: 64, Seqs: 1, SeqLen: 8, Time: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One layer of the 0.6B shape: 15,730,944 parameters, the tied
+	// embedding 64 × 1024 and the final norm 1024.
+	if want := 15730944 + 64*1024 + 1024; r.Params != want || r.TokensPerS <= 0 {
+		t.Errorf("params %d (want %d), %v tokens/s", r.Params, want, r.TokensPerS)
 	}
 }
