@@ -44,13 +44,14 @@ func Train(preset string, vocab, seqs, seqLen int, d time.Duration) (TrainResult
 // TrainSpec is one row of the training table: where, which model, what
 // batch, for how long.
 type TrainSpec struct {
-	Device string // cpu, cuda or cuda:N (train/device)
-	Preset string
-	Layers int // 0: the preset's
-	Vocab  int
-	Seqs   int
-	SeqLen int
-	Time   time.Duration
+	Device    string // cpu, cuda or cuda:N (train/device)
+	Precision string // fp32 (the default) or bf16 (GPU)
+	Preset    string
+	Layers    int // 0: the preset's
+	Vocab     int
+	Seqs      int
+	SeqLen    int
+	Time      time.Duration
 }
 
 // TrainOn times the training engine spec.Device names, as Train does the
@@ -72,7 +73,7 @@ func TrainOn(spec TrainSpec) (TrainResult, error) {
 	model.Init(m, 1)
 	// The Trainer contract, as the RL loop and keel sft drive it.
 	var eng train.Trainer
-	if eng, err = device.Trainer(spec.Device, m, train.DefaultAdamWConfig(), nil); err != nil {
+	if eng, err = device.Trainer(spec.Device, spec.Precision, m, train.DefaultAdamWConfig(), nil); err != nil {
 		return TrainResult{}, err
 	}
 	defer eng.Close()

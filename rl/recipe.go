@@ -260,8 +260,11 @@ type TrainSettings struct {
 	ClipNorm         float64 `yaml:"clip_norm"`
 	AuxLoss          float64 `yaml:"aux_loss"` // MoE load-balancing coefficient
 	// Device is where the training engine runs: cpu (the default), cuda
-	// or cuda:N (the GPU engine; dense models, float32, for now).
+	// or cuda:N (the GPU engine).
 	Device string `yaml:"device"`
+	// Precision of the training engine's products: fp32 (the default) or
+	// bf16 (the GPU engine's mixed precision).
+	Precision string `yaml:"precision,omitempty"`
 }
 
 // RLEval is the held-out evaluation: avg@k before training, every Every
@@ -689,6 +692,9 @@ func (r *Recipe) fillTrain() error {
 	}
 	if _, err := device.Parse(t.Device); err != nil {
 		return bad("train.device", "%v", err)
+	}
+	if err := device.CheckPrecision(t.Device, t.Precision); err != nil {
+		return bad("train.precision", "%v", err)
 	}
 	return nil
 }

@@ -250,6 +250,8 @@ func TestRecipeIncompatible(t *testing.T) {
 		{"train.device unknown", recipeBase, []string{"train.device=gpu"}, "train.device"},
 		{"train.device cuda:1", recipeBase, []string{"train.device=cuda:1"}, ""},
 		{"device unknown", recipeBase, []string{"device=tpu"}, "device"},
+		{"bf16 on the CPU", recipeBase, []string{"train.precision=bf16"}, "train.precision"},
+		{"bf16 on the GPU", recipeBase, []string{"train.device=cuda", "train.precision=bf16"}, ""},
 		{"rollout.device with fp8", recipeBase, []string{"rollout.device=cuda", "rollout.precision=fp8"}, "rollout.device"},
 		{"device cuda sets both", recipeBase, []string{"device=cuda", "rollout.precision=exact"}, ""},
 		{"device cuda with fp8 rollout", recipeBase, []string{"device=cuda", "rollout.precision=fp8"}, "rollout.device"},

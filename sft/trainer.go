@@ -26,6 +26,8 @@ type Config struct {
 	// Device is where the training engine runs: cpu (the default), cuda
 	// or cuda:N.
 	Device string `yaml:"device"`
+	// Precision of the products: fp32 (the default) or bf16 (GPU).
+	Precision string `yaml:"precision,omitempty"`
 }
 
 // Defaults fills unset fields with values that train the built-in presets
@@ -78,6 +80,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := device.Parse(c.Device); err != nil {
 		return fmt.Errorf("sft: train.device: %w", err)
+	}
+	if err := device.CheckPrecision(c.Device, c.Precision); err != nil {
+		return fmt.Errorf("sft: train.precision: %w", err)
 	}
 	return c.AdamW().Validate()
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/keel-rl/keel/kernels"
 	kc "github.com/keel-rl/keel/kernels/cuda"
 	"github.com/keel-rl/keel/rollout"
+	"github.com/keel-rl/keel/train/device"
 )
 
 func init() {
@@ -22,16 +23,17 @@ func init() {
 }
 
 type benchReport struct {
-	Device      string               `json:"device,omitempty"` // the GPU, for --device cuda
-	CPU         string               `json:"cpu_path"`
-	Threads     int                  `json:"threads"`
-	Gemm        []benchGemmRow       `json:"gemm"`
-	PeakGFLOPS  float64              `json:"peak_gflops_f32_1024"`
-	Train       []bench.TrainResult  `json:"train"`
-	Utilisation map[string]float64   `json:"mfu"`
-	Decode      []benchDecodeRow     `json:"decode,omitempty"`
-	RL          []bench.RLStepResult `json:"rl_step,omitempty"`
-	Serve       []bench.ServeResult  `json:"serve,omitempty"`
+	Device         string               `json:"device,omitempty"` // the GPU, for --device cuda
+	TrainPrecision string               `json:"train_precision,omitempty"`
+	CPU            string               `json:"cpu_path"`
+	Threads        int                  `json:"threads"`
+	Gemm           []benchGemmRow       `json:"gemm"`
+	PeakGFLOPS     float64              `json:"peak_gflops_f32_1024"`
+	Train          []bench.TrainResult  `json:"train"`
+	Utilisation    map[string]float64   `json:"mfu"`
+	Decode         []benchDecodeRow     `json:"decode,omitempty"`
+	RL             []bench.RLStepResult `json:"rl_step,omitempty"`
+	Serve          []bench.ServeResult  `json:"serve,omitempty"`
 }
 
 type benchDecodeRow struct {
@@ -58,7 +60,7 @@ type benchOptions struct {
 	decodePrecs         []rollout.Precision
 	decodeGroup         int
 	rlPrec, servePrec   rollout.Precision
-	device              string
+	device, trainPrec   string
 	layers              int
 	peakTFLOPS          float64
 	serveClients        int
@@ -103,16 +105,20 @@ func parseBenchFlags(args []string) (*benchOptions, error) {
 	serveClients := fs.Int("serve-clients", 64, "concurrent requests in the keel serve table")
 	dev := fs.String("device", "cpu", "where the training table runs: cpu, or cuda / cuda:N (then only the training table, MFU against --peak-tflops)")
 	layers := fs.Int("layers", 0, "decoder layers of the benchmarked presets (0: each preset's)")
+	trainPrec := fs.String("train-precision", "fp32", "the training engine's products: fp32, or bf16 (with --device cuda)")
 	peak := fs.Float64("peak-tflops", 989.4, "with --device cuda: the card's dense bf16 peak, TFLOP/s, for MFU (H100 and H200 SXM: 989.4)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	o := &benchOptions{vocab: *vocab, seqs: *seqs, seqLen: *seqLen, dur: *dur, quick: *quick, noGemm: *noGemm, json: *asJSON,
 		noDecode: *noDecode, noRL: *noRL, noServe: *noServe, decodeGroup: *decodeGroup, serveClients: *serveClients,
-		device: *dev, layers: *layers, peakTFLOPS: *peak}
+		device: *dev, layers: *layers, peakTFLOPS: *peak, trainPrec: *trainPrec}
 	gpu, err := kc.ParseDevice(*dev)
 	if err != nil {
 		return nil, fmt.Errorf("--device: %w", err)
+	}
+	if err := device.CheckPrecision(*dev, *trainPrec); err != nil {
+		return nil, fmt.Errorf("--train-precision: %w", err)
 	}
 	if gpu >= 0 {
 		// The GPU engines' other tables are not written yet: training only.
@@ -176,12 +182,12 @@ func measure(o *benchOptions) (*benchReport, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--device %s: %w", o.device, err)
 		}
-		rep.Device = d.String()
+		rep.Device, rep.TrainPrecision = d.String(), o.trainPrec
 		d.Close()
 		rep.PeakGFLOPS = o.peakTFLOPS * 1000
 	}
 	for _, p := range o.presets {
-		r, err := bench.TrainOn(bench.TrainSpec{Device: o.device, Preset: p, Layers: o.layers, Vocab: o.vocab, Seqs: o.seqs, SeqLen: o.seqLen, Time: o.dur})
+		r, err := bench.TrainOn(bench.TrainSpec{Device: o.device, Precision: o.trainPrec, Preset: p, Layers: o.layers, Vocab: o.vocab, Seqs: o.seqs, SeqLen: o.seqLen, Time: o.dur})
 		if err != nil {
 			return nil, err
 		}
@@ -234,7 +240,7 @@ func measure(o *benchOptions) (*benchReport, error) {
 // printBench writes the report's tables and what each measured.
 func printBench(rep *benchReport) error {
 	if rep.Device != "" {
-		fmt.Printf("keel bench: %s (the float32 GPU engine; MFU against the card's bf16 peak)\n\n", rep.Device)
+		fmt.Printf("keel bench: %s (the GPU engine, %s products; MFU against the card's bf16 peak)\n\n", rep.Device, rep.TrainPrecision)
 	} else {
 		fmt.Printf("keel bench: kernels %s, %d threads\n\n", rep.CPU, rep.Threads)
 	}

@@ -3,19 +3,34 @@ package cuda
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
+	"unsafe"
 )
 
 // CublasLt is NVIDIA's matrix-product library, loaded from a shared
-// library: keel's GEMMs (bf16 inputs, fp32 accumulation; fp8 on Hopper)
-// go through it, everything else through keel's own kernels.
+// library: the bf16 mode's products (bf16 inputs, float32 accumulation and
+// output) go through it, everything else through keel's own kernels.
 type CublasLt struct {
 	// Path is the file (or soname) that was loaded.
 	Path string
 	// Version is cublasLtGetVersion's: major*10000 + minor*100 + patch.
 	Version int
 
-	getVersion func() uintptr
+	getVersion    func() uintptr
+	create        func(h *uintptr) int32
+	destroy       func(h uintptr) int32
+	descCreate    func(d *uintptr, compute int32, scale int32) int32
+	descDestroy   func(d uintptr) int32
+	descSetAttr   func(d uintptr, attr int32, buf unsafe.Pointer, size uintptr) int32
+	layoutCreate  func(l *uintptr, typ int32, rows, cols uint64, ld int64) int32
+	layoutDestroy func(l uintptr) int32
+	prefCreate    func(p *uintptr) int32
+	prefDestroy   func(p uintptr) int32
+	prefSetAttr   func(p uintptr, attr int32, buf unsafe.Pointer, size uintptr) int32
+	heuristic     func(h, desc, a, b, c, d, pref uintptr, requested int32, results unsafe.Pointer, returned *int32) int32
+	matmul        func(h, desc uintptr, alpha unsafe.Pointer, a uint64, adesc uintptr, b uint64, bdesc uintptr, beta unsafe.Pointer, c uint64, cdesc uintptr, d uint64, ddesc uintptr, algo unsafe.Pointer, ws uint64, wsSize uintptr, stream uintptr) int32
+	statusString  func(s int32) string
 }
 
 var (
@@ -37,8 +52,31 @@ func loadCublasLt(dirs []string) (*CublasLt, error) {
 		return nil, err
 	}
 	c := &CublasLt{Path: path}
-	if err := register(&c.getVersion, h, "cublasLtGetVersion"); err != nil {
-		return nil, fmt.Errorf("cuda: %s: %w", path, err)
+	for _, s := range []struct {
+		fn   any
+		name string
+	}{
+		{&c.getVersion, "cublasLtGetVersion"},
+		{&c.create, "cublasLtCreate"},
+		{&c.destroy, "cublasLtDestroy"},
+		{&c.descCreate, "cublasLtMatmulDescCreate"},
+		{&c.descDestroy, "cublasLtMatmulDescDestroy"},
+		{&c.descSetAttr, "cublasLtMatmulDescSetAttribute"},
+		{&c.layoutCreate, "cublasLtMatrixLayoutCreate"},
+		{&c.layoutDestroy, "cublasLtMatrixLayoutDestroy"},
+		{&c.prefCreate, "cublasLtMatmulPreferenceCreate"},
+		{&c.prefDestroy, "cublasLtMatmulPreferenceDestroy"},
+		{&c.prefSetAttr, "cublasLtMatmulPreferenceSetAttribute"},
+		{&c.heuristic, "cublasLtMatmulAlgoGetHeuristic"},
+		{&c.matmul, "cublasLtMatmul"},
+	} {
+		if err := register(s.fn, h, s.name); err != nil {
+			return nil, fmt.Errorf("cuda: %s: %w", path, err)
+		}
+	}
+	// The status's text (CUDA 11.4 and later); a number otherwise.
+	if register(&c.statusString, h, "cublasLtGetStatusString") != nil {
+		c.statusString = func(s int32) string { return fmt.Sprintf("status %d", s) }
 	}
 	c.Version = int(c.getVersion())
 	return c, nil
@@ -47,4 +85,179 @@ func loadCublasLt(dirs []string) (*CublasLt, error) {
 // VersionString is the version as "major.minor.patch".
 func (c *CublasLt) VersionString() string {
 	return fmt.Sprintf("%d.%d.%d", c.Version/10000, c.Version/100%100, c.Version%100)
+}
+
+// cuBLAS and CUDA enumerations keel uses.
+const (
+	blasComputeF32   = 68 // CUBLAS_COMPUTE_32F
+	dataF32          = 0  // CUDA_R_32F
+	dataBF16         = 14 // CUDA_R_16BF
+	descTransA       = 3  // CUBLASLT_MATMUL_DESC_TRANSA
+	descTransB       = 4  // CUBLASLT_MATMUL_DESC_TRANSB
+	prefMaxWorkspace = 1  // CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
+	// heuristicResultBytes is sizeof(cublasLtMatmulHeuristicResult_t):
+	// the algorithm (8 uint64), workspaceSize, state, wavesCount, 4 ints.
+	heuristicResultBytes = 64 + 8 + 4 + 4 + 16
+)
+
+// BlasWorkspaceBytes is the workspace each device's cuBLASLt handle gets.
+const BlasWorkspaceBytes = 32 << 20
+
+// Blas is one device's cuBLASLt handle, workspace and plans (a descriptor
+// set and an algorithm per product shape). Safe for concurrent use.
+type Blas struct {
+	lt  *CublasLt
+	dev *Device
+	h   uintptr
+	ws  Buffer
+
+	mu    sync.Mutex
+	plans map[gemmKey]*gemmPlan
+}
+
+type gemmKey struct {
+	transA, transB bool
+	m, n, k        int
+	lda, ldb, ldc  int
+}
+
+type gemmPlan struct {
+	desc, a, b, c uintptr
+	algo          [heuristicResultBytes]byte
+}
+
+// Blas returns the device's cuBLASLt handle, made at first use.
+func (d *Device) Blas() (*Blas, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.blas != nil {
+		return d.blas, nil
+	}
+	lt, err := LoadCublasLt()
+	if err != nil {
+		return nil, err
+	}
+	b := &Blas{lt: lt, dev: d, plans: map[gemmKey]*gemmPlan{}}
+	if b.ws, err = d.Alloc(BlasWorkspaceBytes); err != nil {
+		return nil, err
+	}
+	if err := d.do(func() error { return b.check(lt.create(&b.h), "cublasLtCreate") }); err != nil {
+		d.Free(b.ws)
+		return nil, err
+	}
+	d.blas = b
+	return b, nil
+}
+
+func (b *Blas) check(s int32, what string) error {
+	if s == 0 {
+		return nil
+	}
+	return fmt.Errorf("cuda: %s: cuBLASLt status %d (%s)", what, s, b.lt.statusString(s))
+}
+
+// close releases the handle and the plans (Device.Close calls it).
+func (b *Blas) close() {
+	for _, p := range b.plans {
+		b.lt.layoutDestroy(p.a)
+		b.lt.layoutDestroy(p.b)
+		b.lt.layoutDestroy(p.c)
+		b.lt.descDestroy(p.desc)
+	}
+	b.lt.destroy(b.h)
+}
+
+// GemmBF16 computes, in cuBLAS's column-major terms,
+// C[m×n] = op(A)·op(B) + (acc ? C : 0), A and B bf16, C float32, with
+// float32 accumulation: op(A) is A (k columns of m, ld lda) or its
+// transpose (transA), likewise B. On the default stream, without waiting.
+func (b *Blas) GemmBF16(transA, transB bool, m, n, k int, A Buffer, lda int, B Buffer, ldb int, C Buffer, ldc int, acc bool) error {
+	if m <= 0 || n <= 0 || k <= 0 {
+		return nil
+	}
+	p, err := b.plan(gemmKey{transA, transB, m, n, k, lda, ldb, ldc})
+	if err != nil {
+		return err
+	}
+	alpha, beta := new(float32), new(float32)
+	*alpha = 1
+	if acc {
+		*beta = 1
+	}
+	err = b.dev.do(func() error {
+		return b.check(b.lt.matmul(b.h, p.desc, unsafe.Pointer(alpha), A.Ptr, p.a, B.Ptr, p.b, unsafe.Pointer(beta),
+			C.Ptr, p.c, C.Ptr, p.c, unsafe.Pointer(&p.algo[0]), b.ws.Ptr, uintptr(b.ws.Size), 0),
+			fmt.Sprintf("cublasLtMatmul(%d×%d×%d)", m, n, k))
+	})
+	runtime.KeepAlive(alpha)
+	runtime.KeepAlive(beta)
+	return err
+}
+
+// plan returns (making once) the descriptors and algorithm of a shape.
+func (b *Blas) plan(key gemmKey) (*gemmPlan, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if p, ok := b.plans[key]; ok {
+		return p, nil
+	}
+	p := &gemmPlan{}
+	lt := b.lt
+	op := func(t bool) int32 {
+		if t {
+			return 1 // CUBLAS_OP_T
+		}
+		return 0
+	}
+	dims := func(t bool, rows, cols int) (uint64, uint64) {
+		if t {
+			return uint64(cols), uint64(rows)
+		}
+		return uint64(rows), uint64(cols)
+	}
+	err := b.dev.do(func() error {
+		if err := b.check(lt.descCreate(&p.desc, blasComputeF32, dataF32), "cublasLtMatmulDescCreate"); err != nil {
+			return err
+		}
+		ta, tb := op(key.transA), op(key.transB)
+		if err := b.check(lt.descSetAttr(p.desc, descTransA, unsafe.Pointer(&ta), 4), "set TRANSA"); err != nil {
+			return err
+		}
+		if err := b.check(lt.descSetAttr(p.desc, descTransB, unsafe.Pointer(&tb), 4), "set TRANSB"); err != nil {
+			return err
+		}
+		ar, ac := dims(key.transA, key.m, key.k)
+		br, bc := dims(key.transB, key.k, key.n)
+		if err := b.check(lt.layoutCreate(&p.a, dataBF16, ar, ac, int64(key.lda)), "layout A"); err != nil {
+			return err
+		}
+		if err := b.check(lt.layoutCreate(&p.b, dataBF16, br, bc, int64(key.ldb)), "layout B"); err != nil {
+			return err
+		}
+		if err := b.check(lt.layoutCreate(&p.c, dataF32, uint64(key.m), uint64(key.n), int64(key.ldc)), "layout C"); err != nil {
+			return err
+		}
+		var pref uintptr
+		if err := b.check(lt.prefCreate(&pref), "cublasLtMatmulPreferenceCreate"); err != nil {
+			return err
+		}
+		defer lt.prefDestroy(pref)
+		ws := uint64(b.ws.Size)
+		if err := b.check(lt.prefSetAttr(pref, prefMaxWorkspace, unsafe.Pointer(&ws), 8), "set workspace"); err != nil {
+			return err
+		}
+		var n int32
+		if err := b.check(lt.heuristic(b.h, p.desc, p.a, p.b, p.c, p.c, pref, 1, unsafe.Pointer(&p.algo[0]), &n), "cublasLtMatmulAlgoGetHeuristic"); err != nil {
+			return err
+		}
+		if n < 1 {
+			return fmt.Errorf("cuda: cuBLASLt has no algorithm for a %d×%d×%d bf16 product", key.m, key.n, key.k)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	b.plans[key] = p
+	return p, nil
 }

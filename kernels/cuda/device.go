@@ -33,6 +33,7 @@ type Device struct {
 	mu      sync.Mutex
 	modules map[string]*Module
 	nvrtc   *NVRTC
+	blas    *Blas
 	closed  atomic.Bool
 }
 
@@ -126,6 +127,11 @@ func (d *Device) Close() error {
 	}
 	err := d.do(func() error {
 		err := d.drv.check(d.drv.ctxSynchronize(), "cuCtxSynchronize")
+		if d.blas != nil {
+			d.blas.close()
+			d.drv.memFree(d.blas.ws.Ptr)
+			d.blas = nil
+		}
 		for _, m := range d.modules {
 			d.drv.moduleUnload(m.handle)
 		}

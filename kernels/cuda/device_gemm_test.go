@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/keel-rl/keel/kernels"
 )
 
 // gemmRef is C = (acc ? C : 0) + A·B in float64 with the strides of
@@ -220,5 +222,76 @@ func TestDeviceAttention(t *testing.T) {
 		closeTo(t, name+" dq", g.f32(bdq, T*qd), f64to32(dq), 1e-4)
 		closeTo(t, name+" dk", g.f32(bdk, T*kvd), f64to32(dk), 1e-4)
 		closeTo(t, name+" dv", g.f32(bdv, T*kvd), f64to32(dv), 1e-4)
+	}
+}
+
+// TestDeviceGemmBF16: cuBLASLt's bf16 products, in the three layouts of a
+// linear layer (row-major X·Wᵀ, dY·W and dYᵀ·X through the column-major
+// mapping the training engine uses), against float64 over the
+// bf16-rounded operands.
+func TestDeviceGemmBF16(t *testing.T) {
+	g := newGPU(t)
+	blas, err := g.d.Blas()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(10, 10))
+	round := func(x []float32) []float32 {
+		b := make([]kernels.BF16, len(x))
+		kernels.ToBF16(b, x)
+		y := make([]float32, len(x))
+		kernels.FromBF16(y, b)
+		return y
+	}
+	toBF16 := func(x []float32) Buffer {
+		b := make([]kernels.BF16, len(x))
+		kernels.ToBF16(b, x)
+		u := make([]uint16, len(b))
+		for i, v := range b {
+			u[i] = uint16(v)
+		}
+		return bufOf(g, u)
+	}
+	for _, s := range []struct{ M, N, K int }{{1, 8, 16}, {70, 33, 64}, {256, 1024, 512}} {
+		M, N, K := s.M, s.N, s.K
+		x, w, dy := randF32(r, M*K, 1), randF32(r, N*K, 1), randF32(r, M*N, 1)
+		xr, wr, dyr := round(x), round(w), round(dy)
+		bx, bw, bdy := toBF16(x), toBF16(w), toBF16(dy)
+		name := fmt.Sprintf("bf16 %dx%dx%d", M, N, K)
+
+		// Y[M,N] = X·Wᵀ: column-major Yᶜ (N×M) = (Wᶜ)ᵀ·Xᶜ.
+		y := g.poisoned(M * N)
+		if err := blas.GemmBF16(true, false, N, M, K, bw, K, bx, K, y, N, false); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.d.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		want, bound := gemmRef(make([]float32, M*N), xr, wr, M, N, K, K, 1, 1, K, N, false)
+		withinBound(t, name+" forward", g.f32(y, M*N), want, bound)
+
+		// dX[M,K] += dY·W: dXᶜ (K×M) = Wᶜ·dYᶜ.
+		dx0 := randF32(r, M*K, 1)
+		dx := bufOf(g, dx0)
+		if err := blas.GemmBF16(false, false, K, M, N, bw, K, bdy, N, dx, K, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.d.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		want, bound = gemmRef(dx0, dyr, wr, M, K, N, N, 1, K, 1, K, true)
+		withinBound(t, name+" input grad", g.f32(dx, M*K), want, bound)
+
+		// dW[N,K] += dYᵀ·X: dWᶜ (K×N) = Xᶜ·(dYᶜ)ᵀ.
+		dw0 := randF32(r, N*K, 1)
+		dw := bufOf(g, dw0)
+		if err := blas.GemmBF16(false, true, K, N, M, bx, K, bdy, N, dw, K, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.d.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		want, bound = gemmRef(dw0, dyr, xr, N, K, M, 1, N, K, 1, K, true)
+		withinBound(t, name+" weight grad", g.f32(dw, N*K), want, bound)
 	}
 }

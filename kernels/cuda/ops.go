@@ -143,3 +143,14 @@ func (o *Ops) AttnDecode(out, q, kcache, vcache, slot, pos Buffer, rows, maxLen,
 func (o *Ops) LogSoftmaxTemps(z, temps Buffer, rows, V int) error {
 	return o.Launch("head.cu", "logsoftmax_rows_t", Dim3{X: rows}, block256, z, temps, V)
 }
+
+// ToBF16 rounds n floats of src into dst (bf16, half the bytes).
+func (o *Ops) ToBF16(dst, src Buffer, n int) error {
+	return o.Launch("convert.cu", "f32_to_bf16", elemGrid(n), block256, dst, src, int64(n))
+}
+
+// ToBF16Rows rounds rows of cols floats, ld apart in src, into dst as
+// contiguous bf16 rows.
+func (o *Ops) ToBF16Rows(dst, src Buffer, rows, cols, ld int) error {
+	return o.Launch("convert.cu", "f32_to_bf16_2d", Dim3{X: rows}, block256, dst, src, cols, int64(ld))
+}

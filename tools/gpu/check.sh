@@ -71,9 +71,11 @@ PY
 echo "== training speed on this card: keel (float32 engine) and PyTorch (transformers + SDPA, fused AdamW), same shapes"
 for spec in "qwen3-0.6b 0 4 2048" "qwen3-30b-a3b 2 2 2048"; do
   set -- $spec
-  timeout 150 $bin/keel bench --device cuda --presets $1 --layers $2 --vocab 151936 --seqs $3 --len $4 --time 1ms --json \
-    > "$out/bench-keel-$1.json" 2> "$out/bench-keel-$1.err"
-  echo "  keel $1 layers $2, $3 x $4: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$1.json" 2>/dev/null || tail -1 "$out/bench-keel-$1.err")"
+  for prec in fp32 bf16; do
+    timeout 150 $bin/keel bench --device cuda --train-precision $prec --presets $1 --layers $2 --vocab 151936 --seqs $3 --len $4 --time 1ms --json \
+      > "$out/bench-keel-$1-$prec.json" 2> "$out/bench-keel-$1-$prec.err"
+    echo "  keel $1 $prec, layers $2, $3 x $4: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$1-$prec.json" 2>/dev/null || tail -1 "$out/bench-keel-$1-$prec.err")"
+  done
   for mode in fp32 bf16; do
     timeout 150 python3 tools/gpu/torch_train.py --preset $1 --layers $2 --seqs $3 --len $4 --mode $mode > "$out/bench-torch-$1-$mode.json" 2> "$out/bench-torch-$1-$mode.err"
     echo "  torch $1 $mode: exit $? $(tail -1 "$out/bench-torch-$1-$mode.json" 2>/dev/null || tail -1 "$out/bench-torch-$1-$mode.err")"

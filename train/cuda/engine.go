@@ -38,8 +38,11 @@ type Engine struct {
 	rope   ropeTables
 	fw     *fwdState
 	valid  bool
-	hostOK bool // host holds the device weights
+	hostOK bool       // host holds the device weights
+	bf     *bf16State // the bf16 mode's storage; nil in fp32
 }
+
+func errorf(format string, a ...any) error { return fmt.Errorf("train/cuda: "+format, a...) }
 
 // Buffer is a span of device memory.
 type Buffer = kc.Buffer
@@ -206,6 +209,7 @@ func (e *Engine) Close() error {
 		e.fw = nil
 	}
 	e.rope.free(e.dev)
+	e.freeBF16()
 	for _, b := range []*Buffer{&e.w, &e.g, &e.m, &e.v} {
 		if b.Ptr != 0 {
 			e.dev.Free(*b)
@@ -258,6 +262,9 @@ func (e *Engine) Step(lr, maxNorm float64) (float64, error) {
 		return 0, err
 	}
 	e.step++
+	if e.bf != nil {
+		e.bf.fresh = false
+	}
 	return norm, nil
 }
 

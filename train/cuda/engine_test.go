@@ -342,3 +342,98 @@ func TestEngineErrors(t *testing.T) {
 		t.Error("a loss of the wrong shape was accepted")
 	}
 }
+
+// TestEngineBF16 checks the bf16 mode against the CPU engine (float32).
+// The tolerance: a product of bf16 operands carries a relative rounding
+// of up to 2⁻⁹ per operand, which the float32 sums average over K terms;
+// the CPU rollout's own bf16 mode differs from its training engine by a
+// mean |Δ log p| of 1.1e-3 on the quickstart model (README, keel probe).
+// So: mean |Δ log p| at most 5e-3 and max at most 0.1 on dense models
+// (no router to flip), each parameter's gradient within 5e-2 relative,
+// and a step that refreshes the bf16 weights (the next forward moves).
+func TestEngineBF16(t *testing.T) {
+	dev := cudatest.Device(t)
+	for _, c := range []struct {
+		preset        string
+		layers, vocab int
+	}{{"tiny-dense", 0, 300}, {"qwen3-0.6b", 2, 1000}} {
+		t.Run(c.preset, func(t *testing.T) {
+			cfg, err := model.Preset(c.preset, c.vocab)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.layers > 0 {
+				cfg.NumHiddenLayers = c.layers
+			}
+			m := model.New(cfg)
+			model.Init(m, 7)
+			opt := train.DefaultAdamWConfig()
+			cpu, err := train.NewTrainer(m, opt, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gpu, err := NewTrainer(dev, m, opt, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer gpu.Close()
+			if err := gpu.SetPrecision(BF16); err != nil {
+				t.Fatal(err)
+			}
+			r := rand.New(rand.NewPCG(3, 4))
+			seqs := randomSeqs(r, c.vocab, 33, 7, 64)
+			fo := train.ForwardOptions{Temperature: 0.8}
+			want, err := cpu.Forward(seqs, fo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := gpu.Forward(seqs, fo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var sum, worst float64
+			n := 0
+			for s := range want.LogProbs {
+				for i, w := range want.LogProbs[s] {
+					d := math.Abs(float64(got.LogProbs[s][i] - w))
+					sum += d
+					worst = math.Max(worst, d)
+					n++
+				}
+			}
+			t.Logf("bf16 log-probs against the CPU engine: mean |Δ| %.3g, max %.3g over %d tokens", sum/float64(n), worst, n)
+			if sum/float64(n) > 5e-3 || worst > 0.1 || math.IsNaN(sum) {
+				t.Errorf("bf16 log-probs: mean |Δ| %.3g (limit 5e-3), max %.3g (limit 0.1)", sum/float64(n), worst)
+			}
+			loss := randomLoss(r, seqs)
+			if err := cpu.Backward(loss); err != nil {
+				t.Fatal(err)
+			}
+			if err := gpu.Backward(loss); err != nil {
+				t.Fatal(err)
+			}
+			gg, err := gpu.Gradients()
+			if err != nil {
+				t.Fatal(err)
+			}
+			off := 0
+			for _, p := range cpu.Grad.Params() {
+				n := p.Size()
+				if e := relErr(gg[off:off+n], p.Data); e > 5e-2 || math.IsNaN(e) {
+					t.Errorf("bf16 gradient of %s: relative error %.3g", p.Name, e)
+				}
+				off += n
+			}
+			if _, err := gpu.Step(1e-2, 1); err != nil {
+				t.Fatal(err)
+			}
+			after, err := gpu.Forward(seqs, fo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after.LogProbs[0][0] == got.LogProbs[0][0] && after.LogProbs[2][10] == got.LogProbs[2][10] {
+				t.Error("a step at lr 1e-2 left the bf16 forward unchanged: the bf16 weights were not refreshed")
+			}
+		})
+	}
+}

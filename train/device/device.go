@@ -18,9 +18,32 @@ import (
 // "cuda:N", or -1 for "cpu" and "" (the CPU).
 func Parse(name string) (int, error) { return kc.ParseDevice(name) }
 
+// CheckPrecision reports a training precision the device's engine does
+// not have: the CPU engine trains in float32; the GPU engine in fp32 or
+// bf16 (its products).
+func CheckPrecision(name, precision string) error {
+	gpu, err := Parse(name)
+	if err != nil {
+		return err
+	}
+	switch {
+	case precision == "" || precision == cuda.FP32:
+		return nil
+	case precision == cuda.BF16 && gpu >= 0:
+		return nil
+	case precision == cuda.BF16:
+		return fmt.Errorf("precision bf16 is the GPU engine's (train.device: cuda); the CPU engine trains in fp32")
+	}
+	return fmt.Errorf("precision %q: want fp32 or bf16", precision)
+}
+
 // Trainer returns the training engine on device name for m, with AdamW
-// of configuration cfg or restored from state (see train.NewTrainer).
-func Trainer(name string, m *model.Model, cfg train.AdamWConfig, state *train.OptimState) (train.Trainer, error) {
+// of configuration cfg or restored from state (see train.NewTrainer), its
+// products in precision (fp32, the default, or bf16 on a GPU).
+func Trainer(name, precision string, m *model.Model, cfg train.AdamWConfig, state *train.OptimState) (train.Trainer, error) {
+	if err := CheckPrecision(name, precision); err != nil {
+		return nil, err
+	}
 	gpu, err := Parse(name)
 	if err != nil {
 		return nil, err
@@ -33,6 +56,11 @@ func Trainer(name string, m *model.Model, cfg train.AdamWConfig, state *train.Op
 		return nil, fmt.Errorf("train.device %s: %w (keel device shows what keel finds)", name, err)
 	}
 	e, err := cuda.NewTrainer(dev, m, cfg, state)
+	if err == nil {
+		if err = e.SetPrecision(precision); err != nil {
+			e.Close()
+		}
+	}
 	if err != nil {
 		dev.Close()
 		return nil, err

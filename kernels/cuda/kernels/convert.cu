@@ -34,3 +34,10 @@ extern "C" __global__ void embed_bwd(float* __restrict__ dtable, const float* __
     dst[j] = v;
   }
 }
+
+// f32_to_bf16_2d: out [rows, cols] (contiguous) = bf16(in), in's rows ld
+// apart: a product's operand taken out of a wider matrix. grid = rows.
+extern "C" __global__ void f32_to_bf16_2d(bf16_t* __restrict__ out, const float* __restrict__ in, int cols, i64 ld) {
+  const i64 r = blockIdx.x;
+  for (int j = threadIdx.x; j < cols; j += blockDim.x) out[r * cols + j] = f32_to_bf16(in[r * ld + j]);
+}
