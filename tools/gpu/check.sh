@@ -1,43 +1,58 @@
 #!/usr/bin/env bash
-# The GPU checks, run on the device machine in one go (tools/gpu/build.sh
-# first, here; carry tools/gpu/bin). Prints one line per check and writes
-# the full logs under $OUT (or /tmp/keel-gpu when OUT is unset). Under 8
-# minutes on an H100.
+# The GPU checks, run on the device machine (tools/gpu/build.sh first,
+# here; carry tools/gpu/bin). Sections, in order, each printing a line per
+# check and writing full logs under $OUT (or /tmp/keel-gpu):
+#   tests  keel device; the kernels against the CPU kernels; the training
+#          engine against the CPU engine; the rollout backend against the
+#          training engine and the CPU rollout (about 2-3 minutes)
+#   e2e    keel sft and the quickstart's first RL steps on cpu and cuda
+#   speed  training tokens/s and MFU: keel (fp32, bf16) and PyTorch
+#          (fp32, bf16 autocast) on the Qwen3-0.6B and 30B-A3B shapes
+# Usage: bash tools/gpu/check.sh [tests] [e2e] [speed]   (none: all three)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/keel-gpu}
 mkdir -p "$out"
 export KEEL_CACHE_DIR=$out/cache KEEL_REQUIRE_CUDA=1 KEEL_REQUIRE_NVRTC=1
 bin=tools/gpu/bin
+sections=${*:-tests e2e speed}
+status=0
+
+# gotest NAME BINARY TIMEOUT [ARGS]: runs a test binary, prints its verdicts
+# and failure lines, and records a failure.
+gotest() {
+  local name=$1 binary=$2 limit=$3
+  shift 3
+  timeout "$limit" "$bin/$binary" -test.v "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  grep -E '^(\s*--- |ok|FAIL|PASS)' "$out/$name.log" | sed 's/^/  /'
+  grep -E '^\s+\S+_test.go:[0-9]+:' "$out/$name.log" | head -40 | sed 's/^/  /'
+  echo "== $name exit $rc"
+  [ $rc -eq 0 ] || status=1
+}
+
 { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; } > "$out/gpu.txt" 2>&1
-echo "== $(head -1 "$out/gpu.txt")"
-echo "== keel device"
-timeout 60 $bin/keel device 2>&1 | tee "$out/device.txt"
-echo "== kernels against the CPU kernels (kernels/cuda device tests)"
-timeout 180 $bin/cuda.test -test.v -test.run 'Device|Compiles|NoDriver' > "$out/cuda-test.log" 2>&1
-rc=$?
-grep -E '^(--- |ok|FAIL|PASS)' "$out/cuda-test.log" | sed 's/^/  /'
-grep -E '^\s+\S+_test.go:[0-9]+:' "$out/cuda-test.log" | head -40 | sed 's/^/  /'
-echo "== cuda.test exit $rc"
-echo "== the CUDA training engine against the CPU engine (train/cuda)"
-timeout 180 $bin/traincuda.test -test.v > "$out/traincuda-test.log" 2>&1
-rc2=$?
-grep -E '^(\s*--- |ok|FAIL|PASS)' "$out/traincuda-test.log" | sed 's/^/  /'
-grep -E '^\s+\S+_test.go:[0-9]+:' "$out/traincuda-test.log" | head -40 | sed 's/^/  /'
-echo "== traincuda.test exit $rc2"
-echo "== the CUDA rollout backend: exact against the GPU training engine, and against the CPU rollout (rollout/cuda)"
-timeout 120 $bin/rolloutcuda.test -test.v > "$out/rolloutcuda-test.log" 2>&1
-rc3=$?
-grep -E '^(\s*--- |ok|FAIL|PASS)' "$out/rolloutcuda-test.log" | sed 's/^/  /'
-grep -E '^\s+\S+_test.go:[0-9]+:' "$out/rolloutcuda-test.log" | head -20 | sed 's/^/  /'
-echo "== rolloutcuda.test exit $rc3"
-echo "== keel sft on a tiny dense model, train.device cpu against cuda (20 steps)"
-for d in cpu cuda; do
-  sed "s#^out: .*#out: $out/sft-$d#; /^train:/a\\  device: $d" tools/gpu/sft-dense.yaml > "$out/sft-$d.yaml"
-  timeout 120 $bin/keel sft --quiet --recipe "$out/sft-$d.yaml" > "$out/sft-$d.log" 2>&1
-  echo "  $d: exit $? ($(tail -1 "$out/sft-$d.log"))"
-done
-python3 - "$out" <<'PY'
+echo "== $(head -1 "$out/gpu.txt") (sections: $sections)"
+
+if [[ " $sections " == *" tests "* ]]; then
+  echo "== keel device"
+  timeout 60 $bin/keel device 2>&1 | tee "$out/device.txt"
+  echo "== kernels against the CPU kernels (kernels/cuda)"
+  gotest kernels cuda.test 180 -test.run 'Device|Compiles|NoDriver'
+  echo "== the CUDA training engine against the CPU engine (train/cuda)"
+  gotest engine traincuda.test 180
+  echo "== the CUDA rollout backend: exact against the GPU training engine, and against the CPU rollout (rollout/cuda)"
+  gotest rollout rolloutcuda.test 120
+fi
+
+if [[ " $sections " == *" e2e "* ]]; then
+  echo "== keel sft on a tiny dense model, train.device cpu against cuda (20 steps)"
+  for d in cpu cuda; do
+    sed "s#^out: .*#out: $out/sft-$d#; /^train:/a\\  device: $d" tools/gpu/sft-dense.yaml > "$out/sft-$d.yaml"
+    timeout 120 $bin/keel sft --quiet --recipe "$out/sft-$d.yaml" > "$out/sft-$d.log" 2>&1 || status=1
+    echo "  $d: $(tail -1 "$out/sft-$d.log")"
+  done
+  python3 - "$out" <<'PY'
 import json, sys
 try:
     rows = {d: [json.loads(l) for l in open(f"{sys.argv[1]}/sft-{d}/metrics.jsonl")] for d in ("cpu", "cuda")}
@@ -48,13 +63,13 @@ for k in ("loss", "grad_norm"):
     diffs = [abs(a[k] - b[k]) / max(1e-9, abs(a[k])) for a, b in zip(rows["cpu"], rows["cuda"])]
     print(f"  {k}: {len(diffs)} steps, largest relative difference {max(diffs):.2e} (step {diffs.index(max(diffs)) + 1})")
 PY
-echo "== keel rl, the built-in quickstart for 4 steps in exact precision, device cpu against cuda"
-for d in cpu cuda; do
-  timeout 200 $bin/keel rl --set device=$d --set rollout.precision=exact --set train.steps=4 --set train.warmup=0 \
-    --set eval.skip=true --set out=$out/rl-$d > "$out/rl-$d.log" 2>&1
-  echo "  $d: exit $? ($(tail -1 "$out/rl-$d.log"))"
-done
-python3 - "$out" <<'PY'
+  echo "== keel rl, the built-in quickstart for 4 steps in exact precision, device cpu against cuda"
+  for d in cpu cuda; do
+    timeout 200 $bin/keel rl --set device=$d --set rollout.precision=exact --set train.steps=4 --set train.warmup=0 \
+      --set eval.skip=true --set out=$out/rl-$d > "$out/rl-$d.log" 2>&1 || status=1
+    echo "  $d: $(tail -1 "$out/rl-$d.log")"
+  done
+  python3 - "$out" <<'PY'
 import json, sys
 rows = {}
 for d in ("cpu", "cuda"):
@@ -68,17 +83,20 @@ for a, b in zip(rows["cpu"], rows["cuda"]):
         a["step"], a["reward/mean"], b["reward/mean"], a["grad_norm"], b["grad_norm"],
         a.get("train_infer/k3", 0), b.get("train_infer/k3", 0), a["time/step"], b["time/step"]))
 PY
-echo "== training speed on this card: keel (float32 engine) and PyTorch (transformers + SDPA, fused AdamW), same shapes"
-for spec in "qwen3-0.6b 0 4 2048" "qwen3-30b-a3b 2 2 2048"; do
-  set -- $spec
-  for prec in fp32 bf16; do
-    timeout 150 $bin/keel bench --device cuda --train-precision $prec --presets $1 --layers $2 --vocab 151936 --seqs $3 --len $4 --time 1ms --json \
-      > "$out/bench-keel-$1-$prec.json" 2> "$out/bench-keel-$1-$prec.err"
-    echo "  keel $1 $prec, layers $2, $3 x $4: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$1-$prec.json" 2>/dev/null || tail -1 "$out/bench-keel-$1-$prec.err")"
+fi
+
+if [[ " $sections " == *" speed "* ]]; then
+  echo "== training speed on this card: keel and PyTorch (transformers + SDPA, fused AdamW), same shapes"
+  for spec in "qwen3-0.6b 0 4 2048" "qwen3-30b-a3b 2 2 2048"; do
+    set -- $spec
+    for prec in fp32 bf16; do
+      timeout 150 $bin/keel bench --device cuda --train-precision $prec --presets $1 --layers $2 --vocab 151936 --seqs $3 --len $4 --time 1ms --json \
+        > "$out/bench-keel-$1-$prec.json" 2> "$out/bench-keel-$1-$prec.err"
+      echo "  keel $1 $prec, layers $2, $3 x $4: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$1-$prec.json" 2>/dev/null || tail -1 "$out/bench-keel-$1-$prec.err")"
+      timeout 150 python3 tools/gpu/torch_train.py --preset $1 --layers $2 --seqs $3 --len $4 --mode $prec \
+        > "$out/bench-torch-$1-$prec.json" 2> "$out/bench-torch-$1-$prec.err"
+      echo "  torch $1 $prec: exit $? $(tail -1 "$out/bench-torch-$1-$prec.json" 2>/dev/null || tail -1 "$out/bench-torch-$1-$prec.err")"
+    done
   done
-  for mode in fp32 bf16; do
-    timeout 150 python3 tools/gpu/torch_train.py --preset $1 --layers $2 --seqs $3 --len $4 --mode $mode > "$out/bench-torch-$1-$mode.json" 2> "$out/bench-torch-$1-$mode.err"
-    echo "  torch $1 $mode: exit $? $(tail -1 "$out/bench-torch-$1-$mode.json" 2>/dev/null || tail -1 "$out/bench-torch-$1-$mode.err")"
-  done
-done
-[ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ]
+fi
+exit $status
