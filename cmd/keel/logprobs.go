@@ -12,6 +12,7 @@ import (
 
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/train"
+	"github.com/keel-rl/keel/train/device"
 )
 
 func init() {
@@ -35,7 +36,7 @@ type lpOutput struct {
 	Routes   [][][]int `json:"routes,omitempty"`
 }
 
-const lpUsage = `usage: keel logprobs --model DIR --input FILE.jsonl [--output FILE] [--batch-tokens N]
+const lpUsage = `usage: keel logprobs --model DIR --input FILE.jsonl [--output FILE] [--batch-tokens N] [--device cpu|cuda] [--precision fp32|bf16]
 
 Scores every sequence of FILE.jsonl (one {"tokens": [ids]} object per line)
 with the training engine in float32 and writes one line per input line:
@@ -57,6 +58,8 @@ func runLogprobs(args []string) error {
 	in := fs.String("input", "", "JSONL file of {\"tokens\": [ids]} lines")
 	out := fs.String("output", "", "output JSONL file (default: standard output)")
 	batchTokens := fs.Int("batch-tokens", 8192, "tokens per forward pass (sequences are never split)")
+	dev := fs.String("device", "cpu", "the training engine's device: cpu, cuda or cuda:N")
+	prec := fs.String("precision", "fp32", "the engine's products: fp32, or bf16 (GPU)")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
@@ -70,6 +73,9 @@ func runLogprobs(args []string) error {
 	case *batchTokens <= 0:
 		return fmt.Errorf("--batch-tokens = %d, want > 0", *batchTokens)
 	}
+	if err := device.CheckPrecision(*dev, *prec); err != nil {
+		return fmt.Errorf("--device %s --precision %s: %w", *dev, *prec, err)
+	}
 	m, err := model.Load(*dir)
 	if err != nil {
 		return err
@@ -78,7 +84,15 @@ func runLogprobs(args []string) error {
 	if err != nil {
 		return err
 	}
-	return writeOutput(*out, func(w io.Writer) error { return lpScore(w, m, seqs, *batchTokens) })
+	if *dev == "cpu" && *prec == "fp32" {
+		return writeOutput(*out, func(w io.Writer) error { return lpScore(w, m, seqs, *batchTokens) })
+	}
+	eng, err := device.Trainer(*dev, *prec, m, train.DefaultAdamWConfig(), nil)
+	if err != nil {
+		return err
+	}
+	defer eng.Close()
+	return writeOutput(*out, func(w io.Writer) error { return lpScoreOn(w, eng, m, seqs, *batchTokens) })
 }
 
 // lpReadInput reads and validates every line before any work, so that a bad
@@ -140,11 +154,16 @@ func lpParseLine(b []byte, cfg *model.Config) ([]int32, error) {
 	return toks, nil
 }
 
-// lpScore runs the sequences through the training engine in batches of about
-// batchTokens tokens and writes one JSON line per sequence, in input order.
-// The engine is batch invariant, so the batching does not change any value.
+// lpScore runs the sequences through the CPU training engine in batches
+// of about batchTokens tokens and writes one JSON line per sequence, in
+// input order. The engine is batch invariant, so the batching does not
+// change any value.
 func lpScore(w io.Writer, m *model.Model, seqs [][]int32, batchTokens int) error {
-	eng := train.New(m)
+	return lpScoreOn(w, train.New(m), m, seqs, batchTokens)
+}
+
+// lpScoreOn is lpScore with the engine eng.
+func lpScoreOn(w io.Writer, eng train.Trainer, m *model.Model, seqs [][]int32, batchTokens int) error {
 	moe := len(m.Config.MoELayers()) > 0
 	enc := json.NewEncoder(w)
 	for lo := 0; lo < len(seqs); {

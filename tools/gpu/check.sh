@@ -6,16 +6,19 @@
 #          engine against the CPU engine; the rollout backend against the
 #          training engine and the CPU rollout (about 2-3 minutes)
 #   e2e    keel sft and the quickstart's first RL steps on cpu and cuda
+#   hf     keel's log-probs (fp32, bf16) against transformers on a
+#          Qwen3-0.6B-shaped model of two layers and a 30B-A3B-shaped one
+#          of one
 #   speed  training tokens/s and MFU: keel (fp32, bf16) and PyTorch
 #          (fp32, bf16 autocast) on the Qwen3-0.6B and 30B-A3B shapes
-# Usage: bash tools/gpu/check.sh [tests] [e2e] [speed]   (none: all three)
+# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed]   (none: all)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/keel-gpu}
 mkdir -p "$out"
 export KEEL_CACHE_DIR=$out/cache KEEL_REQUIRE_CUDA=1 KEEL_REQUIRE_NVRTC=1
 bin=tools/gpu/bin
-sections=${*:-tests e2e speed}
+sections=${*:-tests e2e hf speed}
 status=0
 
 # gotest NAME BINARY TIMEOUT [ARGS]: runs a test binary, prints its verdicts
@@ -83,6 +86,23 @@ for a, b in zip(rows["cpu"], rows["cuda"]):
         a["step"], a["reward/mean"], b["reward/mean"], a["grad_norm"], b["grad_norm"],
         a.get("train_infer/k3", 0), b.get("train_infer/k3", 0), a["time/step"], b["time/step"]))
 PY
+fi
+
+if [[ " $sections " == *" hf "* ]]; then
+  echo "== keel against Hugging Face transformers: log-probs of 8 random sequences of 256 tokens"
+  python3 -c "import random, json; r=random.Random(3); [print(json.dumps({'tokens': [r.randrange(151936) for _ in range(256)]})) for _ in range(8)]" > "$out/hf-tokens.jsonl"
+  for pl in qwen3-0.6b:2 qwen3-30b-a3b:1; do
+    p=${pl%:*} layers=${pl#*:}
+    timeout 120 $bin/keel init --preset $p --layers $layers --vocab 151936 --out "$out/hf-$p" --force > "$out/hf-$p-init.log" 2>&1 || { status=1; echo "  $p: keel init failed: $(tail -1 "$out/hf-$p-init.log")"; continue; }
+    ok=1
+    for prec in fp32 bf16; do
+      timeout 120 $bin/keel logprobs --model "$out/hf-$p" --input "$out/hf-tokens.jsonl" --device cuda --precision $prec \
+        --output "$out/hf-$p-keel-$prec.jsonl" > "$out/hf-$p-keel-$prec.log" 2>&1 || { ok=0; status=1; echo "  $p keel $prec: $(tail -1 "$out/hf-$p-keel-$prec.log")"; }
+    done
+    [ $ok -eq 1 ] || continue
+    echo "  $p ($layers layers):"
+    timeout 200 python3 tools/gpu/hf_logprobs.py "$out/hf-$p" "$out/hf-tokens.jsonl" "$out/hf-$p-keel-fp32.jsonl" "$out/hf-$p-keel-bf16.jsonl" 2>"$out/hf-$p.err" || { status=1; tail -3 "$out/hf-$p.err"; }
+  done
 fi
 
 if [[ " $sections " == *" speed "* ]]; then
