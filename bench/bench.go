@@ -46,6 +46,7 @@ func Train(preset string, vocab, seqs, seqLen int, d time.Duration) (TrainResult
 type TrainSpec struct {
 	Device    string // cpu, cuda or cuda:N (train/device)
 	Precision string // fp32 (the default) or bf16 (GPU)
+	Recompute bool   // activation checkpointing (GPU)
 	Preset    string
 	Layers    int // 0: the preset's
 	Vocab     int
@@ -73,7 +74,7 @@ func TrainOn(spec TrainSpec) (TrainResult, error) {
 	model.Init(m, 1)
 	// The Trainer contract, as the RL loop and keel sft drive it.
 	var eng train.Trainer
-	if eng, err = device.Trainer(spec.Device, spec.Precision, m, train.DefaultAdamWConfig(), nil); err != nil {
+	if eng, err = device.Trainer(device.Options{Device: spec.Device, Precision: spec.Precision, Recompute: spec.Recompute}, m, train.DefaultAdamWConfig(), nil); err != nil {
 		return TrainResult{}, err
 	}
 	defer eng.Close()

@@ -265,6 +265,13 @@ type TrainSettings struct {
 	// Precision of the training engine's products: fp32 (the default) or
 	// bf16 (the GPU engine's mixed precision).
 	Precision string `yaml:"precision,omitempty"`
+	// Recompute turns on activation checkpointing (the GPU engine).
+	Recompute bool `yaml:"recompute,omitempty"`
+}
+
+// Engine returns the training engine's options.
+func (t *TrainSettings) Engine() device.Options {
+	return device.Options{Device: t.Device, Precision: t.Precision, Recompute: t.Recompute}
 }
 
 // RLEval is the held-out evaluation: avg@k before training, every Every
@@ -693,8 +700,8 @@ func (r *Recipe) fillTrain() error {
 	if _, err := device.Parse(t.Device); err != nil {
 		return bad("train.device", "%v", err)
 	}
-	if err := device.CheckPrecision(t.Device, t.Precision); err != nil {
-		return bad("train.precision", "%v", err)
+	if err := t.Engine().Check(); err != nil {
+		return bad("train", "%v", err)
 	}
 	return nil
 }

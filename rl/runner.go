@@ -248,7 +248,7 @@ func (u *runner) buildEngines() error {
 // newTrainer returns the training engine for m on the recipe's
 // train.device.
 func (u *runner) newTrainer(m *model.Model, optim *train.OptimState) (train.Trainer, error) {
-	t, err := device.Trainer(u.r.Train.Device, u.r.Train.Precision, m, u.r.AdamW(), optim)
+	t, err := device.Trainer(u.r.Train.Engine(), m, u.r.AdamW(), optim)
 	if err != nil {
 		return nil, err
 	}

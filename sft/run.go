@@ -132,7 +132,7 @@ func (rn *runner) open() error {
 	if sess.Resumed != nil {
 		optim = (*train.OptimState)(sess.Resumed.Optim)
 	}
-	eng, err := device.Trainer(r.Train.Device, r.Train.Precision, m, r.Train.AdamW(), optim)
+	eng, err := device.Trainer(r.Train.Engine(), m, r.Train.AdamW(), optim)
 	if err != nil && optim != nil {
 		return fmt.Errorf("%s: checkpoint of step %d: %w", filepath.Join(r.Out, run.CheckpointsDir), sess.Step(), err)
 	}

@@ -28,6 +28,13 @@ type Config struct {
 	Device string `yaml:"device"`
 	// Precision of the products: fp32 (the default) or bf16 (GPU).
 	Precision string `yaml:"precision,omitempty"`
+	// Recompute turns on activation checkpointing (GPU).
+	Recompute bool `yaml:"recompute,omitempty"`
+}
+
+// Engine returns the training engine's options.
+func (c Config) Engine() device.Options {
+	return device.Options{Device: c.Device, Precision: c.Precision, Recompute: c.Recompute}
 }
 
 // Defaults fills unset fields with values that train the built-in presets
@@ -81,8 +88,8 @@ func (c *Config) Validate() error {
 	if _, err := device.Parse(c.Device); err != nil {
 		return fmt.Errorf("sft: train.device: %w", err)
 	}
-	if err := device.CheckPrecision(c.Device, c.Precision); err != nil {
-		return fmt.Errorf("sft: train.precision: %w", err)
+	if err := c.Engine().Check(); err != nil {
+		return fmt.Errorf("sft: train: %w", err)
 	}
 	return c.AdamW().Validate()
 }

@@ -61,6 +61,7 @@ type benchOptions struct {
 	decodeGroup         int
 	rlPrec, servePrec   rollout.Precision
 	device, trainPrec   string
+	recompute           bool
 	layers              int
 	peakTFLOPS          float64
 	serveClients        int
@@ -106,6 +107,7 @@ func parseBenchFlags(args []string) (*benchOptions, error) {
 	dev := fs.String("device", "cpu", "where the training table runs: cpu, or cuda / cuda:N (then only the training table, MFU against --peak-tflops)")
 	layers := fs.Int("layers", 0, "decoder layers of the benchmarked presets (0: each preset's)")
 	trainPrec := fs.String("train-precision", "fp32", "the training engine's products: fp32, or bf16 (with --device cuda)")
+	recompute := fs.Bool("recompute", false, "with --device cuda: activation checkpointing in the training table")
 	peak := fs.Float64("peak-tflops", 989.4, "with --device cuda: the card's dense bf16 peak, TFLOP/s, for MFU (H100 and H200 SXM: 989.4)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -117,9 +119,10 @@ func parseBenchFlags(args []string) (*benchOptions, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--device: %w", err)
 	}
-	if err := device.CheckPrecision(*dev, *trainPrec); err != nil {
-		return nil, fmt.Errorf("--train-precision: %w", err)
+	if err := (device.Options{Device: *dev, Precision: *trainPrec, Recompute: *recompute}).Check(); err != nil {
+		return nil, fmt.Errorf("--train-precision/--recompute: %w", err)
 	}
+	o.recompute = *recompute
 	if gpu >= 0 {
 		// The GPU engines' other tables are not written yet: training only.
 		o.noGemm, o.noDecode, o.noRL, o.noServe = true, true, true, true
@@ -187,7 +190,7 @@ func measure(o *benchOptions) (*benchReport, error) {
 		rep.PeakGFLOPS = o.peakTFLOPS * 1000
 	}
 	for _, p := range o.presets {
-		r, err := bench.TrainOn(bench.TrainSpec{Device: o.device, Precision: o.trainPrec, Preset: p, Layers: o.layers, Vocab: o.vocab, Seqs: o.seqs, SeqLen: o.seqLen, Time: o.dur})
+		r, err := bench.TrainOn(bench.TrainSpec{Device: o.device, Precision: o.trainPrec, Recompute: o.recompute, Preset: p, Layers: o.layers, Vocab: o.vocab, Seqs: o.seqs, SeqLen: o.seqLen, Time: o.dur})
 		if err != nil {
 			return nil, err
 		}

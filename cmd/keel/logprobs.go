@@ -73,7 +73,7 @@ func runLogprobs(args []string) error {
 	case *batchTokens <= 0:
 		return fmt.Errorf("--batch-tokens = %d, want > 0", *batchTokens)
 	}
-	if err := device.CheckPrecision(*dev, *prec); err != nil {
+	if err := (device.Options{Device: *dev, Precision: *prec}).Check(); err != nil {
 		return fmt.Errorf("--device %s --precision %s: %w", *dev, *prec, err)
 	}
 	m, err := model.Load(*dir)
@@ -87,7 +87,7 @@ func runLogprobs(args []string) error {
 	if *dev == "cpu" && *prec == "fp32" {
 		return writeOutput(*out, func(w io.Writer) error { return lpScore(w, m, seqs, *batchTokens) })
 	}
-	eng, err := device.Trainer(*dev, *prec, m, train.DefaultAdamWConfig(), nil)
+	eng, err := device.Trainer(device.Options{Device: *dev, Precision: *prec}, m, train.DefaultAdamWConfig(), nil)
 	if err != nil {
 		return err
 	}

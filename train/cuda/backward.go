@@ -107,9 +107,20 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			}
 		}
 	}
+	var redo Buffer // with recomputation: the recomputed layer's output, unused
+	if e.recompute {
+		if redo, err = e.buf(tmp, T*d.H); err != nil {
+			return err
+		}
+	}
 	for li := len(m.Layers) - 1; li >= 0; li-- {
 		l := &m.Layers[li]
 		a := &f.layers[li]
+		if e.recompute {
+			if err := e.recomputeLayer(f, a, l, redo); err != nil {
+				return fmt.Errorf("layer %d, recomputing: %w", li, err)
+			}
+		}
 		w := func(p *model.Param) Buffer { return e.param(e.w, p) }
 		g := func(p *model.Param) Buffer { return e.param(e.g, p) }
 		upI := T*2*d.I - d.I
@@ -181,6 +192,21 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		}
 	}
 	return e.embedBackward(f, tmp, dres)
+}
+
+// recomputeLayer runs layer l's forward again from its saved input a.x
+// into a's (shared) activations, for its backward. The routing of an MoE
+// layer comes out the same (the same kernels on the same input, or the
+// same replayed routes); its statistics were counted by the forward.
+func (e *Engine) recomputeLayer(f *fwdState, a *layerActs, l *model.Layer, out Buffer) error {
+	if err := e.attentionForward(f, a, l); err != nil {
+		return err
+	}
+	if a.moe != nil {
+		E := e.cfg.NumExperts
+		return e.moeForward(f, a.moe, l, a.h2, a.xmid, out, make([]float64, E), make([]float64, E))
+	}
+	return e.mlpForward(f, a, l, out)
 }
 
 func (e *Engine) floatBuf(f *fwdState, v []float32) (Buffer, error) {

@@ -40,7 +40,16 @@ type Engine struct {
 	valid  bool
 	hostOK bool       // host holds the device weights
 	bf     *bf16State // the bf16 mode's storage; nil in fp32
+	// recompute keeps only each layer's input from the forward and
+	// recomputes the layer's activations in the backward (activation
+	// checkpointing): one layer's activations in memory instead of all.
+	recompute bool
 }
+
+// SetRecompute turns activation checkpointing on or off (from the next
+// Forward). The gradients are the same bits either way: the backward
+// recomputes each layer with the same kernels on the same input.
+func (e *Engine) SetRecompute(on bool) { e.recompute = on }
 
 func errorf(format string, a ...any) error { return fmt.Errorf("train/cuda: "+format, a...) }
 

@@ -79,8 +79,9 @@ type fwdState struct {
 	lp, ent                               Buffer // [T]
 	bufs                                  []Buffer
 	replay                                []*model.Routes
-	aux                                   float64   // the MoE load-balancing loss
-	auxCnt                                []float64 // per expert: (token, slot) pairs routed to it
+	work                                  *layerActs // with recomputation: the layers' shared activations
+	aux                                   float64    // the MoE load-balancing loss
+	auxCnt                                []float64  // per expert: (token, slot) pairs routed to it
 }
 
 func (f *fwdState) free(d *kc.Device) {
@@ -159,7 +160,7 @@ func (e *Engine) Forward(seqs [][]int32, opt train.ForwardOptions) (*train.Resul
 	}
 	if free, _, err := e.dev.MemInfo(); err != nil {
 		return nil, err
-	} else if err := checkActivations(&e.cfg, f.T, free); err != nil {
+	} else if err := checkActivations(&e.cfg, f.T, free, e.recompute); err != nil {
 		return nil, err
 	}
 	if err := e.ensureRope(maxLen); err != nil {
@@ -309,12 +310,14 @@ func (e *Engine) forward(f *fwdState, opt train.ForwardOptions) error {
 	for li := range m.Layers {
 		l := &m.Layers[li]
 		a := &f.layers[li]
-		a.x = x
-		if err := e.bufs(f, span{&a.h1, T * d.H}, span{&a.qraw, T * d.qd}, span{&a.kraw, T * d.kvd}, span{&a.q, T * d.qd},
-			span{&a.k, T * d.kvd}, span{&a.v, T * d.kvd}, span{&a.att, T * d.qd}, span{&a.xmid, T * d.H}, span{&a.h2, T * d.H},
-			span{&a.inv1, T}, span{&a.invq, T * d.heads}, span{&a.invk, T * d.kv}, span{&a.lse, T * d.heads}, span{&a.inv2, T}); err != nil {
+		if l.Router != nil {
+			a.moe = &moeActs{ml: nMoE}
+			nMoE++
+		}
+		if err := e.layerBufs(f, a, l); err != nil {
 			return err
 		}
+		a.x = x
 		if err := e.attentionForward(f, a, l); err != nil {
 			return fmt.Errorf("train/cuda: layer %d: %w", li, err)
 		}
@@ -324,8 +327,6 @@ func (e *Engine) forward(f *fwdState, opt train.ForwardOptions) error {
 			return err
 		}
 		if l.Router != nil {
-			a.moe = &moeActs{ml: nMoE}
-			nMoE++
 			err = e.moeForward(f, a.moe, l, a.h2, a.xmid, next, cnt, psum)
 		} else {
 			err = e.mlpForward(f, a, l, next)
@@ -353,6 +354,58 @@ func (e *Engine) forward(f *fwdState, opt train.ForwardOptions) error {
 		return err
 	}
 	return e.headForward(f, opt.NoEntropy)
+}
+
+// layerBufs gives layer l's activations a their device memory: their own
+// (saved for the backward), or, with recomputation, the one set every
+// layer shares, which the backward fills again layer by layer from the
+// layer's saved input. a.moe's host routing stays per layer either way.
+func (e *Engine) layerBufs(f *fwdState, a *layerActs, l *model.Layer) error {
+	if e.recompute {
+		if f.work == nil {
+			f.work = &layerActs{moe: &moeActs{}}
+			if err := e.allocLayer(f, f.work, true, len(e.cfg.MoELayers()) > 0); err != nil {
+				return err
+			}
+		}
+		moe := a.moe
+		*a = *f.work
+		a.moe = nil
+		if moe != nil {
+			dev := *f.work.moe
+			dev.ml = moe.ml
+			a.moe = &dev
+		}
+		return nil
+	}
+	return e.allocLayer(f, a, l.Router == nil, l.Router != nil)
+}
+
+// allocLayer allocates a layer's activations: attention's, and a dense
+// MLP's or an MoE block's (device side) as asked.
+func (e *Engine) allocLayer(f *fwdState, a *layerActs, dense, moe bool) error {
+	d, T := e.dims(), f.T
+	if err := e.bufs(f, span{&a.h1, T * d.H}, span{&a.qraw, T * d.qd}, span{&a.kraw, T * d.kvd}, span{&a.q, T * d.qd},
+		span{&a.k, T * d.kvd}, span{&a.v, T * d.kvd}, span{&a.att, T * d.qd}, span{&a.xmid, T * d.H}, span{&a.h2, T * d.H},
+		span{&a.inv1, T}, span{&a.invq, T * d.heads}, span{&a.invk, T * d.kv}, span{&a.lse, T * d.heads}, span{&a.inv2, T}); err != nil {
+		return err
+	}
+	if dense {
+		if err := e.bufs(f, span{&a.gu, T * 2 * d.I}, span{&a.a, T * d.I}); err != nil {
+			return err
+		}
+	}
+	if moe {
+		c := &e.cfg
+		E, k, H, I := c.NumExperts, c.NumExpertsPerTok, c.HiddenSize, c.MoeIntermediateSize
+		R := T * k
+		mo := a.moe
+		if err := e.bufs(f, span{&mo.dProbs, T * E}, span{&mo.dGates, R}, span{&mo.dRow, R}, span{&mo.dTok, R},
+			span{&mo.xg, R * H}, span{&mo.gug, R * 2 * I}, span{&mo.ag, R * I}, span{&mo.yg, R * H}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // attentionForward runs a layer's first half: from its input a.x to
@@ -394,9 +447,6 @@ func (e *Engine) attentionForward(f *fwdState, a *layerActs, l *model.Layer) err
 // next = xmid + down(silu(gate(h2))·up(h2)).
 func (e *Engine) mlpForward(f *fwdState, a *layerActs, l *model.Layer, next Buffer) error {
 	d, T := e.dims(), f.T
-	if err := e.bufs(f, span{&a.gu, T * 2 * d.I}, span{&a.a, T * d.I}); err != nil {
-		return err
-	}
 	steps := []func() error{
 		func() error { return e.linear(a.gu, a.h2, e.param(e.w, l.Gate), T, d.H, d.I, 2*d.I, d.H) },
 		func() error {

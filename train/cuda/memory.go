@@ -9,11 +9,11 @@ import (
 
 // checkActivations returns an error, before anything is allocated, when
 // the activations of a forward and backward over T tokens (train/memplan's
-// float32 plan without recomputation, which is what this engine keeps)
-// need more than free bytes: one clear error instead of an allocation
-// failing half way through a step.
-func checkActivations(cfg *model.Config, T int, free int64) error {
-	p, err := memplan.Plan(cfg, memplan.Shape{Seqs: 1, SeqLen: T}, memplan.Mode{Precision: memplan.FP32})
+// float32 plan, with or without recomputation) need more than free bytes:
+// one clear error instead of an allocation failing half way through a
+// step.
+func checkActivations(cfg *model.Config, T int, free int64, recompute bool) error {
+	p, err := memplan.Plan(cfg, memplan.Shape{Seqs: 1, SeqLen: T}, memplan.Mode{Precision: memplan.FP32, Recompute: recompute})
 	if err != nil {
 		return err
 	}
@@ -30,6 +30,10 @@ func checkActivations(cfg *model.Config, T int, free int64) error {
 	if need <= free {
 		return nil
 	}
-	return fmt.Errorf("train/cuda: a micro-batch of %d tokens needs %.2f GiB of activations (the most: %s, %.2f GiB) and the GPU has %.2f GiB free: lower train.micro_batch_tokens (RL) or train.batch_tokens (SFT)",
-		T, float64(need)/(1<<30), biggest.Name, float64(biggest.Bytes)/(1<<30), float64(free)/(1<<30))
+	hint := "turn on train.recompute, or lower"
+	if recompute {
+		hint = "lower"
+	}
+	return fmt.Errorf("train/cuda: a micro-batch of %d tokens needs %.2f GiB of activations (the most: %s, %.2f GiB) and the GPU has %.2f GiB free: %s train.micro_batch_tokens (RL) or train.batch_tokens (SFT)",
+		T, float64(need)/(1<<30), biggest.Name, float64(biggest.Bytes)/(1<<30), float64(free)/(1<<30), hint)
 }

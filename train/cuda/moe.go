@@ -31,10 +31,6 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 	c := &e.cfg
 	T, H, E, k, I := f.T, c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
 	R := T * k
-	if err := e.bufs(f, span{&mo.dProbs, T * E}, span{&mo.dGates, R}, span{&mo.dRow, R}, span{&mo.dTok, R},
-		span{&mo.xg, R * H}, span{&mo.gug, R * 2 * I}, span{&mo.ag, R * I}, span{&mo.yg, R * H}); err != nil {
-		return err
-	}
 	if err := e.linear(mo.dProbs, h2, e.param(e.w, L.Router), T, H, E, E, H); err != nil {
 		return err
 	}

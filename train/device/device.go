@@ -18,33 +18,42 @@ import (
 // "cuda:N", or -1 for "cpu" and "" (the CPU).
 func Parse(name string) (int, error) { return kc.ParseDevice(name) }
 
-// CheckPrecision reports a training precision the device's engine does
-// not have: the CPU engine trains in float32; the GPU engine in fp32 or
-// bf16 (its products).
-func CheckPrecision(name, precision string) error {
-	gpu, err := Parse(name)
+// Options choose a training engine.
+type Options struct {
+	Device    string // cpu (or ""), cuda or cuda:N
+	Precision string // the products: fp32 (or ""), or bf16 on a GPU
+	Recompute bool   // activation checkpointing, on a GPU
+}
+
+// Check reports options no engine has: an unknown device, bf16 or
+// recomputation on the CPU engine (which trains in float32 and keeps its
+// activations), an unknown precision.
+func (o Options) Check() error {
+	gpu, err := Parse(o.Device)
 	if err != nil {
 		return err
 	}
 	switch {
-	case precision == "" || precision == cuda.FP32:
-		return nil
-	case precision == cuda.BF16 && gpu >= 0:
-		return nil
-	case precision == cuda.BF16:
+	case o.Precision == "" || o.Precision == cuda.FP32:
+	case o.Precision == cuda.BF16 && gpu >= 0:
+	case o.Precision == cuda.BF16:
 		return fmt.Errorf("precision bf16 is the GPU engine's (train.device: cuda); the CPU engine trains in fp32")
+	default:
+		return fmt.Errorf("precision %q: want fp32 or bf16", o.Precision)
 	}
-	return fmt.Errorf("precision %q: want fp32 or bf16", precision)
+	if o.Recompute && gpu < 0 {
+		return fmt.Errorf("recompute is the GPU engine's (train.device: cuda); the CPU engine keeps its activations")
+	}
+	return nil
 }
 
-// Trainer returns the training engine on device name for m, with AdamW
-// of configuration cfg or restored from state (see train.NewTrainer), its
-// products in precision (fp32, the default, or bf16 on a GPU).
-func Trainer(name, precision string, m *model.Model, cfg train.AdamWConfig, state *train.OptimState) (train.Trainer, error) {
-	if err := CheckPrecision(name, precision); err != nil {
+// Trainer returns the training engine o names for m, with AdamW of
+// configuration cfg or restored from state (see train.NewTrainer).
+func Trainer(o Options, m *model.Model, cfg train.AdamWConfig, state *train.OptimState) (train.Trainer, error) {
+	if err := o.Check(); err != nil {
 		return nil, err
 	}
-	gpu, err := Parse(name)
+	gpu, err := Parse(o.Device)
 	if err != nil {
 		return nil, err
 	}
@@ -53,11 +62,11 @@ func Trainer(name, precision string, m *model.Model, cfg train.AdamWConfig, stat
 	}
 	dev, err := kc.Open(gpu)
 	if err != nil {
-		return nil, fmt.Errorf("train.device %s: %w (keel device shows what keel finds)", name, err)
+		return nil, fmt.Errorf("train.device %s: %w (keel device shows what keel finds)", o.Device, err)
 	}
 	e, err := cuda.NewTrainer(dev, m, cfg, state)
 	if err == nil {
-		if err = e.SetPrecision(precision); err != nil {
+		if err = e.SetPrecision(o.Precision); err != nil {
 			e.Close()
 		}
 	}
@@ -65,6 +74,7 @@ func Trainer(name, precision string, m *model.Model, cfg train.AdamWConfig, stat
 		dev.Close()
 		return nil, err
 	}
+	e.SetRecompute(o.Recompute)
 	return &gpuTrainer{Engine: e, dev: dev}, nil
 }
 

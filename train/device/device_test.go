@@ -31,7 +31,7 @@ func TestParse(t *testing.T) {
 func TestTrainerCPU(t *testing.T) {
 	cfg, _ := model.Preset("tiny-dense", 40)
 	m := model.New(cfg)
-	tr, err := Trainer("cpu", "", m, train.DefaultAdamWConfig(), nil)
+	tr, err := Trainer(Options{Device: "cpu"}, m, train.DefaultAdamWConfig(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,20 +42,26 @@ func TestTrainerCPU(t *testing.T) {
 	if _, err := kc.DeviceCount(); err == nil {
 		t.Skip("a GPU driver is here: the error path is not reachable")
 	}
-	_, err = Trainer("cuda", "", m, train.DefaultAdamWConfig(), nil)
+	_, err = Trainer(Options{Device: "cuda"}, m, train.DefaultAdamWConfig(), nil)
 	var le *kc.LibraryError
 	if err == nil || !strings.Contains(err.Error(), "keel device") || !(errors.As(err, &le) || errors.Is(err, kc.ErrNoCUDA) || errors.Is(err, kc.ErrNoDevice)) {
 		t.Errorf("cuda without a GPU: %v", err)
 	}
 }
 
-func TestCheckPrecision(t *testing.T) {
+func TestOptionsCheck(t *testing.T) {
 	for _, c := range []struct {
-		dev, prec string
-		ok        bool
-	}{{"cpu", "", true}, {"cpu", "fp32", true}, {"cpu", "bf16", false}, {"cuda", "bf16", true}, {"cuda:1", "fp32", true}, {"cuda", "fp16", false}} {
-		if err := CheckPrecision(c.dev, c.prec); (err == nil) != c.ok {
-			t.Errorf("CheckPrecision(%q, %q) = %v", c.dev, c.prec, err)
+		o  Options
+		ok bool
+	}{
+		{Options{Device: "cpu"}, true}, {Options{Device: "cpu", Precision: "fp32"}, true},
+		{Options{Device: "cpu", Precision: "bf16"}, false}, {Options{Device: "cuda", Precision: "bf16"}, true},
+		{Options{Device: "cuda:1", Precision: "fp32"}, true}, {Options{Device: "cuda", Precision: "fp16"}, false},
+		{Options{Device: "cpu", Recompute: true}, false}, {Options{Device: "cuda", Recompute: true}, true},
+		{Options{Device: "gpu"}, false},
+	} {
+		if err := c.o.Check(); (err == nil) != c.ok {
+			t.Errorf("%+v.Check() = %v", c.o, err)
 		}
 	}
 }
