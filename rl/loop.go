@@ -452,8 +452,21 @@ func (l *Loop) oldLogProbs(mbs [][]*Sample, samples []*Sample) error {
 	return nil
 }
 
-// push sends the trainer's new weights to the rollout as version step.
+// push sends the trainer's new weights to the rollout as version step:
+// device to device when the sampler can take them from the trainer (both
+// engines on one GPU), else through the host.
 func (l *Loop) push(ctx context.Context, step int) error {
+	if d, ok := l.Sampler.(interface {
+		UpdateWeightsFrom(ctx context.Context, src any, version int64) (bool, error)
+	}); ok {
+		done, err := d.UpdateWeightsFrom(ctx, l.Trainer, int64(step))
+		if err != nil {
+			return fmt.Errorf("weight push: %w", err)
+		}
+		if done {
+			return nil
+		}
+	}
 	w, err := l.Trainer.Weights()
 	if err == nil {
 		err = l.Sampler.UpdateWeights(ctx, w, int64(step))

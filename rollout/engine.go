@@ -159,6 +159,34 @@ func (e *Engine) UpdateWeights(ctx context.Context, m *model.Model, version int6
 	return nil
 }
 
+// UpdateWeightsFrom loads new weights straight from src, a training
+// engine, when the backend can take them from it without the host (a GPU
+// backend and a GPU training engine on the same device: a device-to-device
+// copy), and reports whether it did; if not, the caller pushes through
+// UpdateWeights. src's configuration must be the engine's.
+func (e *Engine) UpdateWeightsFrom(ctx context.Context, src any, version int64) (bool, error) {
+	lf, ok := e.b.(interface{ LoadFrom(src any) (bool, error) })
+	if !ok {
+		return false, nil
+	}
+	if c, ok := src.(interface{ Config() *model.Config }); !ok || c.Config() == nil || !reflect.DeepEqual(*c.Config(), e.cfg) {
+		return false, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return false, fmt.Errorf("rollout: UpdateWeightsFrom: %w", err)
+	}
+	done, err := lf.LoadFrom(src)
+	if err != nil {
+		e.loadErr = fmt.Errorf("rollout: UpdateWeightsFrom: %w", err)
+		return false, e.loadErr
+	}
+	if done {
+		e.loadErr = nil
+		e.version = version
+	}
+	return done, nil
+}
+
 // checkModel refuses a model UpdateWeights cannot load. It reads only what
 // New set, so any goroutine may call it.
 func (e *Engine) checkModel(m *model.Model) error {

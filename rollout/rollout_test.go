@@ -772,3 +772,49 @@ func TestTinyTemperatureRefused(t *testing.T) {
 		t.Errorf("Do, temperature 1e-40: err = %v", err)
 	}
 }
+
+// fakeLoader is a backend that takes weights from a source device to
+// device (as the GPU backend does from a GPU training engine).
+type fakeLoader struct {
+	Backend
+	loaded any
+}
+
+func (f *fakeLoader) LoadFrom(src any) (bool, error) { f.loaded = src; return true, nil }
+
+type fakeSource struct{ cfg model.Config }
+
+func (s fakeSource) Config() *model.Config { return &s.cfg }
+
+// TestUpdateWeightsFrom: the CPU backend takes no device push (the loop
+// then pushes through the host); a backend that does gets the source, and
+// the version moves; a source of another configuration is not pushed.
+func TestUpdateWeightsFrom(t *testing.T) {
+	m := randomModel(moeConfig(), 9)
+	e, err := New(m, Options{Slots: 2, MaxLen: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if done, err := e.UpdateWeightsFrom(context.Background(), fakeSource{m.Config}, 3); done || err != nil {
+		t.Errorf("CPU backend: done %v, %v", done, err)
+	}
+	b, err := newCPUBackend(m, Options{Slots: 2, MaxLen: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := &fakeLoader{Backend: b}
+	e2, err := NewWithBackend(fl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e2.Close()
+	src := &fakeSource{m.Config}
+	if done, err := e2.UpdateWeightsFrom(context.Background(), src, 5); !done || err != nil || e2.Version() != 5 || fl.loaded != any(src) {
+		t.Errorf("device push: done %v, %v, version %d", done, err, e2.Version())
+	}
+	other := fakeSource{randomModel(denseConfig(), 1).Config}
+	if done, _ := e2.UpdateWeightsFrom(context.Background(), other, 6); done || e2.Version() != 5 {
+		t.Errorf("a source of another configuration was pushed")
+	}
+}

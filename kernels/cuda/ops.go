@@ -154,3 +154,10 @@ func (o *Ops) ToBF16(dst, src Buffer, n int) error {
 func (o *Ops) ToBF16Rows(dst, src Buffer, rows, cols, ld int) error {
 	return o.Launch("convert.cu", "f32_to_bf16_2d", Dim3{X: rows}, block256, dst, src, cols, int64(ld))
 }
+
+// DeviceWeights is implemented by a GPU training engine: its weights (the
+// model's arena layout, float32) in device memory, which a rollout backend
+// on the same GPU copies device to device instead of through the host.
+type DeviceWeights interface {
+	DeviceWeights() (*Device, Buffer)
+}

@@ -187,6 +187,22 @@ func (b *Backend) Load(m *model.Model) error {
 	return kc.Upload(b.dev, b.w, m.Arena)
 }
 
+// LoadFrom copies the weights of src device to device when src is a GPU
+// training engine (kernels/cuda.DeviceWeights) on the same GPU with this
+// model's layout, and reports whether it did; otherwise the caller loads
+// through the host (Load).
+func (b *Backend) LoadFrom(src any) (bool, error) {
+	dw, ok := src.(kc.DeviceWeights)
+	if !ok {
+		return false, nil
+	}
+	dev, w := dw.DeviceWeights()
+	if dev == nil || dev.Ordinal != b.dev.Ordinal || w.Size != b.w.Size {
+		return false, nil
+	}
+	return true, b.dev.Copy(b.w, w, w.Size)
+}
+
 // CopyPrefix copies the cached keys and values of positions [0, n) of
 // slot src to slot dst in every layer.
 func (b *Backend) CopyPrefix(dst, src, n int) {

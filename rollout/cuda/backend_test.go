@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"context"
 	"math"
 	"strings"
 	"testing"
@@ -200,4 +201,62 @@ func sameRoutesAt(a, b *model.Routes, pos int) bool {
 		}
 	}
 	return true
+}
+
+// TestWeightPushDeviceToDevice: after a training step on the GPU engine,
+// the rollout takes the new weights device to device
+// (Engine.UpdateWeightsFrom), and its log mu is the trained engine's log
+// pi_old bit for bit, as after a push through the host.
+func TestWeightPushDeviceToDevice(t *testing.T) {
+	dev := cudatest.Device(t)
+	m := testModel(t, "tiny-moe")
+	b, err := New(dev, m, rollout.Options{Slots: 8, MaxLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := rollout.NewWithBackend(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	tr, err := traincuda.NewTrainer(dev, m, train.DefaultAdamWConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	seqs := [][]int32{{1, 2, 3, 4, 5, 6, 7, 8}, {9, 10, 11}}
+	if _, err := tr.Forward(seqs, train.ForwardOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Backward(train.Loss{LogProb: [][]float32{{1, -1, 1, -1, 1, -1, 1}, {0.5, 0.5}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.Step(1e-2, 0); err != nil {
+		t.Fatal(err)
+	}
+	done, err := eng.UpdateWeightsFrom(context.Background(), tr, 1)
+	if err != nil || !done {
+		t.Fatalf("UpdateWeightsFrom: %v, %v (want a device-to-device push)", done, err)
+	}
+	sp := rollout.Sampling{Temperature: 1, MaxNewTokens: 30, Seed: 9}
+	samples, err := eng.Generate(prompts, 2, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all [][]int32
+	for _, s := range samples {
+		all = append(all, append(append([]int32(nil), prompts[s.Prompt]...), s.Tokens...))
+	}
+	res, err := tr.Forward(all, train.ForwardOptions{Temperature: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range samples {
+		p := len(prompts[s.Prompt])
+		for j, lm := range s.LogProbs {
+			if math.Float32bits(lm) != math.Float32bits(res.LogProbs[i][p-1+j]) {
+				t.Fatalf("after the device push, sample %d token %d: log mu %v, log pi_old %v", i, j, lm, res.LogProbs[i][p-1+j])
+			}
+		}
+	}
 }

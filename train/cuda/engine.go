@@ -306,3 +306,8 @@ func (e *Engine) Gradients() ([]float32, error) {
 	g := make([]float32, len(e.host.Arena))
 	return g, kc.Download(e.dev, g, e.g)
 }
+
+// DeviceWeights returns the device and the float32 weights (the model's
+// arena layout), valid until the next Step: a rollout backend on the same
+// GPU copies them device to device (kernels/cuda.DeviceWeights).
+func (e *Engine) DeviceWeights() (*kc.Device, Buffer) { return e.dev, e.w }
