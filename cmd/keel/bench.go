@@ -28,7 +28,7 @@ type benchReport struct {
 	CPU            string               `json:"cpu_path"`
 	Threads        int                  `json:"threads"`
 	Gemm           []benchGemmRow       `json:"gemm"`
-	PeakGFLOPS     float64              `json:"peak_gflops_f32_1024"`
+	PeakGFLOPS     float64              `json:"peak_gflops"` // keel's float32 GEMM at 1024³, or the card's bf16 peak (--device cuda)
 	Train          []bench.TrainResult  `json:"train"`
 	Utilisation    map[string]float64   `json:"mfu"`
 	Decode         []benchDecodeRow     `json:"decode,omitempty"`
@@ -310,7 +310,10 @@ func printBenchNotes(rep *benchReport) {
 	if len(rep.Decode) > 0 {
 		fmt.Println("\ndecode: 32-token prompts, 96 new tokens each at temperature 1, all sequences concurrent, \"per prompt\" samples sharing each prompt's prefill; tokens/s counts generated tokens (prefill time included); vs forward = over the forward tok/s above.")
 	}
-	if rep.PeakGFLOPS > 0 {
+	switch {
+	case rep.Device != "":
+		fmt.Printf("\nMFU: model FLOPs of a training step (3 × forward, GEMMs and attention) per second over the card's dense bf16 peak given by --peak-tflops (%.1f TFLOP/s).\n", rep.PeakGFLOPS/1000)
+	case rep.PeakGFLOPS > 0:
 		fmt.Printf("\nMFU: model FLOPs of a training step (3 × forward, GEMMs and attention) per second over keel's float32 GEMM at 1024³ (%.1f GFLOP/s) in this run.\n", rep.PeakGFLOPS)
 	}
 }

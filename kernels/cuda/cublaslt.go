@@ -95,6 +95,7 @@ const (
 	descTransA       = 3  // CUBLASLT_MATMUL_DESC_TRANSA
 	descTransB       = 4  // CUBLASLT_MATMUL_DESC_TRANSB
 	prefMaxWorkspace = 1  // CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
+	prefMinAlignA    = 5  // CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES (B, C, D follow)
 	// heuristicResultBytes is sizeof(cublasLtMatmulHeuristicResult_t):
 	// the algorithm (8 uint64), workspaceSize, state, wavesCount, 4 ints.
 	heuristicResultBytes = 64 + 8 + 4 + 4 + 16
@@ -119,6 +120,23 @@ type gemmKey struct {
 	transA, transB bool
 	m, n, k        int
 	lda, ldb, ldc  int
+	// The operands' alignments in bytes (at most 256): an algorithm
+	// chosen for aligned pointers may not run on others, so they are part
+	// of the plan.
+	alignA, alignB, alignC uint32
+}
+
+// maxPlans bounds the cached plans: an MoE step's experts see many token
+// counts, each a shape of its own.
+const maxPlans = 4096
+
+// alignment is the largest power of two up to 256 dividing p.
+func alignment(p uint64) uint32 {
+	a := uint32(1)
+	for a < 256 && p%uint64(2*a) == 0 {
+		a *= 2
+	}
+	return a
 }
 
 type gemmPlan struct {
@@ -158,13 +176,19 @@ func (b *Blas) check(s int32, what string) error {
 
 // close releases the handle and the plans (Device.Close calls it).
 func (b *Blas) close() {
-	for _, p := range b.plans {
+	b.closePlans()
+	b.lt.destroy(b.h)
+}
+
+// closePlans destroys every cached plan's descriptors.
+func (b *Blas) closePlans() {
+	for k, p := range b.plans {
 		b.lt.layoutDestroy(p.a)
 		b.lt.layoutDestroy(p.b)
 		b.lt.layoutDestroy(p.c)
 		b.lt.descDestroy(p.desc)
+		delete(b.plans, k)
 	}
-	b.lt.destroy(b.h)
 }
 
 // GemmBF16 computes, in cuBLAS's column-major terms,
@@ -175,7 +199,7 @@ func (b *Blas) GemmBF16(transA, transB bool, m, n, k int, A Buffer, lda int, B B
 	if m <= 0 || n <= 0 || k <= 0 {
 		return nil
 	}
-	p, err := b.plan(gemmKey{transA, transB, m, n, k, lda, ldb, ldc})
+	p, err := b.plan(gemmKey{transA, transB, m, n, k, lda, ldb, ldc, alignment(A.Ptr), alignment(B.Ptr), alignment(C.Ptr)})
 	if err != nil {
 		return err
 	}
@@ -200,6 +224,12 @@ func (b *Blas) plan(key gemmKey) (*gemmPlan, error) {
 	defer b.mu.Unlock()
 	if p, ok := b.plans[key]; ok {
 		return p, nil
+	}
+	if len(b.plans) >= maxPlans {
+		b.dev.do(func() error {
+			b.closePlans()
+			return nil
+		})
 	}
 	p := &gemmPlan{}
 	lt := b.lt
@@ -245,6 +275,11 @@ func (b *Blas) plan(key gemmKey) (*gemmPlan, error) {
 		ws := uint64(b.ws.Size)
 		if err := b.check(lt.prefSetAttr(pref, prefMaxWorkspace, unsafe.Pointer(&ws), 8), "set workspace"); err != nil {
 			return err
+		}
+		for i, a := range []uint32{key.alignA, key.alignB, key.alignC, key.alignC} {
+			if err := b.check(lt.prefSetAttr(pref, prefMinAlignA+int32(i), unsafe.Pointer(&a), 4), "set alignment"); err != nil {
+				return err
+			}
 		}
 		var n int32
 		if err := b.check(lt.heuristic(b.h, p.desc, p.a, p.b, p.c, p.c, pref, 1, unsafe.Pointer(&p.algo[0]), &n), "cublasLtMatmulAlgoGetHeuristic"); err != nil {

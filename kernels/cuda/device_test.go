@@ -413,6 +413,25 @@ func TestDeviceConvertAndEmbed(t *testing.T) {
 			t.Fatalf("bf16[%d] of %g = %#x, want %#x", i, x[i], got[i], want[i])
 		}
 	}
+	// Rows out of a wider matrix (ld > cols) into contiguous bf16 rows.
+	const nr, cols, ld = 7, 300, 333
+	wide := randF32(r, nr*ld, 5)
+	b2 := bufOf(g, make([]uint16, nr*cols))
+	g.launch("convert.cu", "f32_to_bf16_2d", nr, 256, b2, bufOf(g, wide), cols, int64(ld))
+	got2 := make([]uint16, nr*cols)
+	if err := Download(g.d, got2, b2); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < nr; i++ {
+		want2 := make([]kernels.BF16, cols)
+		kernels.ToBF16(want2, wide[i*ld:i*ld+cols])
+		for j := range want2 {
+			if got2[i*cols+j] != uint16(want2[j]) {
+				t.Fatalf("f32_to_bf16_2d row %d col %d = %#x, want %#x", i, j, got2[i*cols+j], want2[j])
+			}
+		}
+	}
+
 	back := g.poisoned(len(x))
 	g.launch("convert.cu", "bf16_to_f32", 16, 256, back, bb, int64(len(x)))
 	wantBack := make([]float32, len(x))

@@ -219,7 +219,14 @@ func TestWeightPushDeviceToDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer eng.Close()
-	tr, err := traincuda.NewTrainer(dev, m, train.DefaultAdamWConfig(), nil)
+	// The trainer opens the GPU on its own, as train/device does: two
+	// Device values on the GPU's one primary context.
+	dev2, err := kc.Open(dev.Ordinal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev2.Close()
+	tr, err := traincuda.NewTrainer(dev2, m, train.DefaultAdamWConfig(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

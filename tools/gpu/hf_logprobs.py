@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 
 
 def hf_logprobs(model_dir, seqs, dtype):
-    m = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=dtype, attn_implementation="sdpa").cuda().eval()
+    m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").cuda().eval()
     out = []
     with torch.no_grad():
         for s in seqs:

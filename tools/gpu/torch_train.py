@@ -33,13 +33,10 @@ def build(preset, layers, vocab):
     if layers:
         p["num_hidden_layers"] = layers
     p.update(vocab_size=vocab, rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=40960)
+    p["attn_implementation"] = "sdpa"
     if moe:
-        cfg = Qwen3MoeConfig(**p)
-        cfg._attn_implementation = "sdpa"
-        return Qwen3MoeForCausalLM(cfg)
-    cfg = Qwen3Config(**p)
-    cfg._attn_implementation = "sdpa"
-    return Qwen3ForCausalLM(cfg)
+        return Qwen3MoeForCausalLM(Qwen3MoeConfig(**p))
+    return Qwen3ForCausalLM(Qwen3Config(**p))
 
 
 def main():

@@ -108,7 +108,7 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		}
 	}
 	var redo Buffer // with recomputation: the recomputed layer's output, unused
-	if e.recompute {
+	if f.recompute {
 		if redo, err = e.buf(tmp, T*d.H); err != nil {
 			return err
 		}
@@ -116,7 +116,7 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 	for li := len(m.Layers) - 1; li >= 0; li-- {
 		l := &m.Layers[li]
 		a := &f.layers[li]
-		if e.recompute {
+		if f.recompute {
 			if err := e.recomputeLayer(f, a, l, redo); err != nil {
 				return fmt.Errorf("layer %d, recomputing: %w", li, err)
 			}

@@ -32,9 +32,9 @@ type bf16State struct {
 // SetPrecision chooses the products' precision (FP32, the default, or
 // BF16).
 func (e *Engine) SetPrecision(p string) error {
+	e.freeBF16()
 	switch p {
 	case FP32, "":
-		e.bf = nil
 		return nil
 	case BF16:
 	default:

@@ -356,7 +356,7 @@ func TestEngineBF16(t *testing.T) {
 	for _, c := range []struct {
 		preset        string
 		layers, vocab int
-	}{{"tiny-dense", 0, 300}, {"qwen3-0.6b", 2, 1000}} {
+	}{{"tiny-dense", 0, 300}, {"qwen3-0.6b", 2, 1000}, {"tiny-moe", 0, 300}} {
 		t.Run(c.preset, func(t *testing.T) {
 			cfg, err := model.Preset(c.preset, c.vocab)
 			if err != nil {
@@ -383,6 +383,15 @@ func TestEngineBF16(t *testing.T) {
 			r := rand.New(rand.NewPCG(3, 4))
 			seqs := randomSeqs(r, c.vocab, 33, 7, 64)
 			fo := train.ForwardOptions{Temperature: 0.8}
+			if len(cfg.MoELayers()) > 0 {
+				// The MoE model replays the CPU engine's routes, so that
+				// no router near-tie flips between the precisions.
+				first, err := cpu.Forward(seqs, train.ForwardOptions{Record: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				fo.Replay = first.Routes
+			}
 			want, err := cpu.Forward(seqs, fo)
 			if err != nil {
 				t.Fatal(err)
@@ -456,34 +465,51 @@ func TestEngineRecompute(t *testing.T) {
 			if moe {
 				loss.Aux = 0.01
 			}
-			var grads [2][]float32
-			var lps [2][][]float32
-			for i, rc := range []bool{false, true} {
-				e, err := NewTrainer(dev, m, train.DefaultAdamWConfig(), nil)
+			var replay []*model.Routes
+			for _, name := range []string{"live", "replayed"} {
+				var grads [2][]float32
+				var res [2]*train.Result
+				for i, rc := range []bool{false, true} {
+					e, err := NewTrainer(dev, m, train.DefaultAdamWConfig(), nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					e.SetRecompute(rc)
+					if res[i], err = e.Forward(seqs, train.ForwardOptions{Temperature: 0.7, Record: moe, Replay: replay}); err != nil {
+						t.Fatal(err)
+					}
+					if err := e.Backward(loss); err != nil {
+						t.Fatal(err)
+					}
+					if grads[i], err = e.Gradients(); err != nil {
+						t.Fatal(err)
+					}
+					e.Close()
+				}
+				for s := range res[0].LogProbs {
+					if !sameFloats(res[0].LogProbs[s], res[1].LogProbs[s]) {
+						t.Fatalf("%s routes, sequence %d: log-probs differ with recomputation", name, s)
+					}
+					if moe && !res[0].Routes[s].Equal(res[1].Routes[s]) {
+						t.Fatalf("%s routes, sequence %d: recorded routes differ with recomputation", name, s)
+					}
+				}
+				if !sameFloats(grads[0], grads[1]) {
+					t.Errorf("%s routes: gradients differ with recomputation", name)
+				}
+				if !moe {
+					break
+				}
+				// The second round replays routes of another seed's model,
+				// so that replay is not what live routing would give.
+				other := model.New(cfg)
+				model.Init(other, 99)
+				ce, _ := train.NewTrainer(other, train.DefaultAdamWConfig(), nil)
+				rr, err := ce.Forward(seqs, train.ForwardOptions{Record: true})
 				if err != nil {
 					t.Fatal(err)
 				}
-				e.SetRecompute(rc)
-				res, err := e.Forward(seqs, train.ForwardOptions{Temperature: 0.7, Record: moe})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := e.Backward(loss); err != nil {
-					t.Fatal(err)
-				}
-				if grads[i], err = e.Gradients(); err != nil {
-					t.Fatal(err)
-				}
-				lps[i] = res.LogProbs
-				e.Close()
-			}
-			for s := range lps[0] {
-				if !sameFloats(lps[0][s], lps[1][s]) {
-					t.Fatalf("sequence %d: log-probs differ with recomputation", s)
-				}
-			}
-			if !sameFloats(grads[0], grads[1]) {
-				t.Error("gradients differ with recomputation")
+				replay = rr.Routes
 			}
 		})
 	}

@@ -80,6 +80,7 @@ type fwdState struct {
 	bufs                                  []Buffer
 	replay                                []*model.Routes
 	work                                  *layerActs // with recomputation: the layers' shared activations
+	recompute                             bool       // this forward's setting, which its backward follows
 	aux                                   float64    // the MoE load-balancing loss
 	auxCnt                                []float64  // per expert: (token, slot) pairs routed to it
 }
@@ -134,7 +135,7 @@ func (e *Engine) Forward(seqs [][]int32, opt train.ForwardOptions) (*train.Resul
 	if e.fw != nil {
 		e.fw.free(e.dev)
 	}
-	f := &fwdState{temp: 1, replay: opt.Replay}
+	f := &fwdState{temp: 1, replay: opt.Replay, recompute: e.recompute}
 	e.fw = f
 	if opt.Temperature != 0 {
 		f.temp = float32(opt.Temperature)
@@ -361,10 +362,11 @@ func (e *Engine) forward(f *fwdState, opt train.ForwardOptions) error {
 // layer shares, which the backward fills again layer by layer from the
 // layer's saved input. a.moe's host routing stays per layer either way.
 func (e *Engine) layerBufs(f *fwdState, a *layerActs, l *model.Layer) error {
-	if e.recompute {
+	if f.recompute {
 		if f.work == nil {
 			f.work = &layerActs{moe: &moeActs{}}
-			if err := e.allocLayer(f, f.work, true, len(e.cfg.MoELayers()) > 0); err != nil {
+			nMoE := len(e.cfg.MoELayers())
+			if err := e.allocLayer(f, f.work, nMoE < e.cfg.NumHiddenLayers, nMoE > 0); err != nil {
 				return err
 			}
 		}

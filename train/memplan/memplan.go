@@ -38,9 +38,9 @@
 //     output (I_moe), and the experts' outputs before gating (top_k·H; the
 //     gate weights' gradient needs them).
 //   - With Recompute (activation checkpointing) only each layer's input is
-//     kept; backward recomputes one layer at a time, so one layer's
-//     activations exist at once (the larger of a dense and an MoE layer
-//     when the model has both).
+//     kept; backward recomputes one layer at a time into one shared set of
+//     a layer's activations (room for a dense and an MoE block when the
+//     model has both kinds).
 //   - Beyond the layers: the final norm's input and output (2H) and its
 //     inverse RMS; the LM head computes log-probabilities over chunks of
 //     at most HeadChunkTokens tokens, holding one chunk's fp32 logits and
@@ -166,7 +166,6 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	router := 4*E + 16*k // logits, and id, gate, row, token per slot
 	routed := c.mul(a, k, H)
 	experts := c.mul(a, k, c.add(3*Im, H))
-	moe := c.add(router, routed, experts)
 	// Backward's activation gradients, per token, for one layer.
 	gradDense := mlp
 	gradMoE := c.add(c.mul(a, k, c.add(3*Im, 2*H)), 4*k, 4*E)
@@ -195,13 +194,9 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	add(fmt.Sprintf("layer inputs (%s)", layers(L)), c.mul(L, T, H, a), true)
 	nAttn, nDense, nMoE := L, Ld, Lm
 	if m.Recompute {
-		nAttn, nDense, nMoE = 1, 0, 0
-		switch {
-		case Lm > 0 && (Ld == 0 || moe > mlp):
-			nMoE = 1
-		case Ld > 0:
-			nDense = 1
-		}
+		// One shared set of a layer's activations, with room for either
+		// kind of block when the model has both.
+		nAttn, nDense, nMoE = 1, min(Ld, 1), min(Lm, 1)
 	}
 	label := func(n int64) string {
 		if m.Recompute {

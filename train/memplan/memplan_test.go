@@ -161,7 +161,9 @@ func TestPlanByHand(t *testing.T) {
 		{"activation gradients (1 layer)", 1240, true},
 		{"cuBLASLt workspace", ws, false},
 	})
-	// Recompute keeps one layer: the MoE one (184 bytes a token > 72).
+	// Recompute keeps one shared layer with room for both kinds of block
+	// (the model has a dense layer and an MoE one): the dense MLP's 360
+	// bytes and the MoE block's.
 	r = mustPlan(t, m, Shape{1, 5}, Mode{Precision: BF16, Recompute: true})
 	checkItems(t, "tiny MoE bf16 recompute", r, []Item{
 		{"master weights (fp32)", 5984, false},
@@ -170,6 +172,7 @@ func TestPlanByHand(t *testing.T) {
 		{"AdamW m and v (fp32)", 11968, false},
 		{"layer inputs (2 layers)", 160, true},
 		{"attention activations (1 layer, recomputed)", 740, true},
+		{"MLP activations (1 layer, recomputed)", 360, true},
 		{"MoE router logits and routes (1 layer, recomputed)", 240, true},
 		{"MoE routed token copies (1 layer, recomputed)", 160, true},
 		{"MoE expert activations (1 layer, recomputed)", 520, true},
