@@ -34,6 +34,29 @@ func BenchDecode(preset string, vocab int, p Precision, slots, promptLen, newTok
 // groups of group samples per prompt (slots/group distinct prompts), the
 // shape of an RL rollout: the samples of a prompt share its prefill.
 func BenchDecodeGroups(preset string, vocab int, p Precision, slots, group, promptLen, newTokens int, d time.Duration) (DecodeResult, error) {
+	return BenchDecodeOn(DecodeSpec{Preset: preset, Vocab: vocab, Precision: p, Slots: slots, Group: group, PromptLen: promptLen, NewTokens: newTokens, Time: d})
+}
+
+// DecodeSpec is one decode measurement: the model (a preset, its layers
+// optionally changed), the engine and the load.
+type DecodeSpec struct {
+	Preset    string
+	Layers    int // 0: the preset's
+	Vocab     int
+	Precision Precision
+	Slots     int
+	Group     int // samples per prompt
+	PromptLen int
+	NewTokens int
+	Time      time.Duration
+	// NewEngine makes the engine (nil: New, the CPU engine); a GPU
+	// backend's engine comes from rollout/device.
+	NewEngine func(m *model.Model, opt Options) (*Engine, error)
+}
+
+// BenchDecodeOn measures what spec asks, as BenchDecodeGroups does.
+func BenchDecodeOn(spec DecodeSpec) (DecodeResult, error) {
+	preset, vocab, p, slots, group, promptLen, newTokens, d := spec.Preset, spec.Vocab, spec.Precision, spec.Slots, spec.Group, spec.PromptLen, spec.NewTokens, spec.Time
 	res := DecodeResult{Preset: preset, Precision: p, Slots: slots, SamplesPerPrompt: group, PromptLen: promptLen, NewTokens: newTokens}
 	if group < 1 || slots%group != 0 {
 		return res, fmt.Errorf("rollout bench: %d samples per prompt do not divide %d sequences", group, slots)
@@ -42,9 +65,16 @@ func BenchDecodeGroups(preset string, vocab int, p Precision, slots, group, prom
 	if err != nil {
 		return res, err
 	}
+	if spec.Layers > 0 {
+		cfg.NumHiddenLayers = spec.Layers
+	}
 	m := model.New(cfg)
 	model.Init(m, 1)
-	e, err := New(m, Options{Precision: p, Slots: slots, MaxLen: promptLen + newTokens})
+	newEngine := spec.NewEngine
+	if newEngine == nil {
+		newEngine = New
+	}
+	e, err := newEngine(m, Options{Precision: p, Slots: slots, MaxLen: promptLen + newTokens})
 	if err != nil {
 		return res, err
 	}

@@ -14,7 +14,9 @@ import (
 	"github.com/keel-rl/keel/bench"
 	"github.com/keel-rl/keel/kernels"
 	kc "github.com/keel-rl/keel/kernels/cuda"
+	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rollout"
+	rolldevice "github.com/keel-rl/keel/rollout/device"
 	"github.com/keel-rl/keel/train/device"
 )
 
@@ -62,6 +64,7 @@ type benchOptions struct {
 	rlPrec, servePrec   rollout.Precision
 	device, trainPrec   string
 	recompute           bool
+	gpuDecode           bool
 	layers              int
 	peakTFLOPS          float64
 	serveClients        int
@@ -124,7 +127,9 @@ func parseBenchFlags(args []string) (*benchOptions, error) {
 	}
 	o.recompute = *recompute
 	if gpu >= 0 {
-		// The GPU engines' other tables are not written yet: training only.
+		// On a GPU: the training table and, unless --no-decode, the
+		// decode table (exact precision, the GPU rollout backend).
+		o.gpuDecode = !o.noDecode
 		o.noGemm, o.noDecode, o.noRL, o.noServe = true, true, true, true
 	}
 	if *layers < 0 || !(*peak > 0) {
@@ -197,6 +202,27 @@ func measure(o *benchOptions) (*benchReport, error) {
 		rep.Train = append(rep.Train, r)
 		if rep.PeakGFLOPS > 0 {
 			rep.Utilisation[r.Preset] = r.TrainGFLOPS / rep.PeakGFLOPS
+		}
+	}
+	if gpu, _ := kc.ParseDevice(o.device); gpu >= 0 && o.gpuDecode {
+		for _, p := range o.presets {
+			for _, n := range o.decodeSlots {
+				r, err := rollout.BenchDecodeOn(rollout.DecodeSpec{Preset: p, Layers: o.layers, Vocab: o.vocab, Precision: rollout.Exact,
+					Slots: n, Group: o.decodeGroup, PromptLen: 32, NewTokens: 96, Time: o.dur,
+					NewEngine: func(m *model.Model, opt rollout.Options) (*rollout.Engine, error) {
+						return rolldevice.Engine(o.device, m, opt)
+					}})
+				if err != nil {
+					return nil, err
+				}
+				row := benchDecodeRow{DecodeResult: r, PrecisionName: "exact"}
+				for _, t := range rep.Train {
+					if t.Preset == p && t.FwdTokensPerS > 0 {
+						row.VsForward = r.TokensPerS / t.FwdTokensPerS
+					}
+				}
+				rep.Decode = append(rep.Decode, row)
+			}
 		}
 	}
 	for _, tr := range rep.Train {
