@@ -4,11 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"runtime"
-	"strconv"
-	"strings"
 
+	"github.com/keel-rl/keel/internal/sysmem"
 	"github.com/keel-rl/keel/kernels"
 	"github.com/keel-rl/keel/model"
 )
@@ -172,28 +170,11 @@ func checkCacheSize(c *model.Config, opt *Options) error {
 	}
 	per := float64(c.NumHiddenLayers) * float64(c.NumKeyValueHeads*c.HeadDim) * 2 * elem // K and V
 	bytes := per * float64(opt.Slots) * float64(opt.MaxLen)
-	if mem, ok := physicalMemory(); ok && bytes > float64(mem) {
+	if mem, ok := sysmem.Total(); ok && bytes > float64(mem) {
 		return fmt.Errorf("rollout: the KV cache would take %.1f GB (%d slots × %d positions × %d layers × %d K and V values × %g bytes), more than this machine's %.1f GB: lower the slots or the maximum length",
 			bytes/1e9, opt.Slots, opt.MaxLen, c.NumHiddenLayers, 2*c.NumKeyValueHeads*c.HeadDim, elem, float64(mem)/1e9)
 	}
 	return nil
-}
-
-// physicalMemory returns the machine's memory in bytes where the system
-// says (Linux's /proc/meminfo), else false.
-func physicalMemory() (uint64, bool) {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0, false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 2 && f[0] == "MemTotal:" {
-			kb, err := strconv.ParseUint(f[1], 10, 64)
-			return kb * 1024, err == nil
-		}
-	}
-	return 0, false
 }
 
 // Config returns the model configuration the backend serves.

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/keel-rl/keel/internal/sysmem"
 	"github.com/keel-rl/keel/internal/testmodel"
 	"github.com/keel-rl/keel/kernels"
 	"github.com/keel-rl/keel/model"
@@ -498,7 +499,7 @@ func TestNewBadOptions(t *testing.T) {
 			t.Errorf("%+v: err = %v, want one mentioning %q", c.opt, err, c.want)
 		}
 	}
-	if _, ok := physicalMemory(); !ok {
+	if _, ok := sysmem.Total(); !ok {
 		t.Skip("no /proc/meminfo")
 	}
 	big := denseConfig()

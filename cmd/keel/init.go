@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/keel-rl/keel/internal/sysmem"
 	"github.com/keel-rl/keel/model"
 )
 
@@ -78,6 +79,12 @@ func runInit(args []string, stdout io.Writer) error {
 		return err
 	case len(entries) > 0 && !*force:
 		return fmt.Errorf("%s is not empty; use --force to overwrite its model files", *out)
+	}
+	if n, err := cfg.NumParams(); err == nil {
+		if mem, ok := sysmem.Total(); ok && uint64(n)*4 > mem {
+			return fmt.Errorf("--preset %s with %d layers has %s parameters: %.1f GB in float32, more than this machine's %.1f GB of memory (use --layers to make fewer)",
+				*preset, cfg.NumHiddenLayers, groupDigits(int(n)), float64(n)*4/1e9, float64(mem)/1e9)
+		}
 	}
 	m := model.New(cfg)
 	model.Init(m, *seed)

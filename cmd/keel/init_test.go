@@ -2,11 +2,13 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/keel-rl/keel/internal/sysmem"
 	"github.com/keel-rl/keel/model"
 )
 
@@ -121,5 +123,17 @@ func TestInitLayers(t *testing.T) {
 	// 64·1024 + final norm 1024.
 	if !strings.Contains(out.String(), "1 layers") || !strings.Contains(out.String(), "15,797,504 parameters") {
 		t.Errorf("output %q", out.String())
+	}
+}
+
+// TestInitRefusesWhatCannotFit: a preset whose float32 weights exceed the
+// machine's memory is refused before anything is allocated.
+func TestInitRefusesWhatCannotFit(t *testing.T) {
+	if mem, ok := sysmem.Total(); !ok || mem > 100e9 {
+		t.Skip("this machine could hold the weights: the test would make them")
+	}
+	err := runInit([]string{"--preset", "qwen3-30b-a3b", "--vocab", "151936", "--out", t.TempDir()}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "--layers") || !strings.Contains(err.Error(), "122.1 GB") {
+		t.Errorf("the full 30B-A3B preset: %v", err)
 	}
 }
