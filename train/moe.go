@@ -185,7 +185,7 @@ func (f *fwdState) moeBackward(a *layerAct, L, G *model.Layer, dout, dxn []float
 }
 
 // RouterBackRow writes to ds the gradient w.r.t. one token's router logits
-// (exported for the GPU engine, which routes on the host as this engine does),
+// (exported as the reference of the GPU engine's router_bwd kernel),
 // given the full softmax p, the gates and experts ids, the gradient dg of
 // the gates and auxGrad, the gradient of the aux term w.r.t. p. With
 // g_i = p_i/S (norm): dp_i = (dg_i - Σ_k dg_k·g_k)/S for i in ids;

@@ -15,6 +15,7 @@ import (
 
 	"github.com/keel-rl/keel/kernels"
 	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/train"
 )
 
 func deviceForTest(t *testing.T) *Device {
@@ -508,5 +509,94 @@ func TestDeviceModuleCache(t *testing.T) {
 	}
 	if _, err := d.Alloc(total * 2); !IsOutOfMemory(err) {
 		t.Errorf("allocating twice the device's memory: %v, want out of memory", err)
+	}
+}
+
+// TestDeviceMoERoute: the device's expert choice and gates are
+// model.TopK's and GateWeights' bit for bit (ties to the lower expert, a
+// NaN below every number, replayed rows taken as given), and its router
+// gradient is train.RouterBackRow's.
+func TestDeviceMoERoute(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(12, 12))
+	for _, c := range []struct{ T, E, k int }{{1, 8, 2}, {37, 128, 8}, {5, 16, 4}} {
+		T, E, k := c.T, c.E, c.k
+		probs := make([]float32, T*E)
+		for tk := 0; tk < T; tk++ {
+			row := probs[tk*E : (tk+1)*E]
+			var sum float32
+			for e := range row {
+				row[e] = float32(math.Exp(r.NormFloat64()))
+				sum += row[e]
+			}
+			for e := range row {
+				row[e] /= sum
+			}
+		}
+		probs[1%(T*E)] = probs[0] // a tie
+		if T > 2 {
+			probs[2*E+3] = float32(math.NaN()) // a NaN in token 2
+		}
+		replay := make([]int32, T*k)
+		for tk := range T {
+			replay[tk*k] = -1
+			if tk%3 == 1 { // every third token replays experts E-1, E-2, ...
+				for s := 0; s < k; s++ {
+					replay[tk*k+s] = int32(E - 1 - s)
+				}
+			}
+		}
+		for _, norm := range []bool{true, false} {
+			bp := bufOf(g, probs)
+			bids, bgates := bufOf(g, make([]int32, T*k)), g.poisoned(T*k)
+			ops := NewOps(g.d)
+			if err := ops.MoERoute(bids, bgates, bp, bufOf(g, replay), T, E, k, norm); err != nil {
+				t.Fatal(err)
+			}
+			if err := g.d.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			ids := make([]int32, T*k)
+			if err := Download(g.d, ids, bids); err != nil {
+				t.Fatal(err)
+			}
+			gates := g.f32(bgates, T*k)
+			wantIDs, wantG := make([]int32, T*k), make([]float32, T*k)
+			for tk := 0; tk < T; tk++ {
+				w := wantIDs[tk*k : (tk+1)*k]
+				if replay[tk*k] >= 0 {
+					copy(w, replay[tk*k:(tk+1)*k])
+				} else {
+					model.TopK(w, probs[tk*E:(tk+1)*E])
+				}
+				model.GateWeights(wantG[tk*k:(tk+1)*k], probs[tk*E:(tk+1)*E], w, norm)
+			}
+			for i := range ids {
+				if ids[i] != wantIDs[i] {
+					t.Fatalf("T %d E %d k %d norm %v: expert %d = %d, want %d", T, E, k, norm, i, ids[i], wantIDs[i])
+				}
+			}
+			sameBits(t, fmt.Sprintf("gates E %d norm %v", E, norm), gates, wantG)
+
+			// The router's gradient.
+			dg, aux := randF32(r, T*k, 1), randF32(r, E, 0.01)
+			want := make([]float32, T*E)
+			for tk := 0; tk < T; tk++ {
+				train.RouterBackRow(want[tk*E:(tk+1)*E], probs[tk*E:(tk+1)*E], wantG[tk*k:(tk+1)*k], wantIDs[tk*k:(tk+1)*k], dg[tk*k:(tk+1)*k], aux, norm)
+			}
+			bds := g.poisoned(T * E)
+			n := 0
+			if norm {
+				n = 1
+			}
+			g.launch("moe.cu", "router_bwd", (T+127)/128, 128, bds, bp, bgates, bids, bufOf(g, dg), bufOf(g, aux), T, E, k, n)
+			got := g.f32(bds, T*E)
+			for i := range got {
+				if math.IsNaN(float64(want[i])) {
+					got[i], want[i] = 0, 0 // token 2's NaN spreads alike on both
+				}
+			}
+			sameBits(t, fmt.Sprintf("router gradient E %d norm %v", E, norm), got, want)
+		}
 	}
 }

@@ -161,3 +161,15 @@ func (o *Ops) ToBF16Rows(dst, src Buffer, rows, cols, ld int) error {
 type DeviceWeights interface {
 	DeviceWeights() (*Device, Buffer)
 }
+
+// MoERoute chooses each of rows tokens' k experts (ids, int32) and gate
+// weights from the router softmax probs [rows, E], as model.TopK and
+// model.GateWeights do, or takes the experts from replay (int32 [rows, k])
+// when it is not empty, for the tokens whose first slot there is >= 0.
+func (o *Ops) MoERoute(ids, gates, probs, replay Buffer, rows, E, k int, norm bool) error {
+	n := 0
+	if norm {
+		n = 1
+	}
+	return o.Launch("moe.cu", "moe_route", Dim3{X: (rows + 127) / 128}, Dim3{X: 128}, ids, gates, probs, replay, rows, E, k, n)
+}

@@ -47,7 +47,7 @@ type scratch struct {
 	x, h1, qraw, kraw, q, k, v, att, xmid, h2, next Buffer
 	gu, a                                           Buffer // dense MLP
 	xo, logits                                      Buffer // output rows
-	probs, gates, row, gtok, xg, gug, ag, yg        Buffer // MoE
+	probs, gates, row, gtok, ids, xg, gug, ag, yg   Buffer // MoE
 }
 
 // span asks for n floats of device memory into *b.
@@ -160,7 +160,7 @@ func (b *Backend) alloc() error {
 		spans = append(spans, span{&s.gu, R * 2 * I}, span{&s.a, R * I})
 	}
 	if len(c.MoELayers()) > 0 {
-		for _, x := range []span{{&s.probs, R * E}, {&s.gates, R * k}, {&s.row, R * k}, {&s.gtok, R * k}, {&s.xg, R * k * H},
+		for _, x := range []span{{&s.probs, R * E}, {&s.gates, R * k}, {&s.row, R * k}, {&s.gtok, R * k}, {&s.ids, R * k}, {&s.xg, R * k * H},
 			{&s.gug, R * k * 2 * Im}, {&s.ag, R * k * Im}, {&s.yg, R * k * H}} {
 			spans = append(spans, x)
 		}
@@ -384,8 +384,8 @@ func (b *Backend) mlp(l *model.Layer, R int, next Buffer) error {
 	return nil
 }
 
-// moe runs the ml-th MoE layer on the step's h2 into next, routing on the
-// host as the GPU training engine does (live top-k: the rollout has no
+// moe runs the ml-th MoE layer on the step's h2 into next, routing with
+// the GPU training engine's kernel (live top-k: the rollout has no
 // replay), and writes every row's experts into sb.Routes[ml].
 func (b *Backend) moe(sb *rollout.StepBatch, ml int, l *model.Layer, R int, next Buffer) error {
 	c, s, o := &b.cfg, &b.s, b.ops
@@ -396,19 +396,17 @@ func (b *Backend) moe(sb *rollout.StepBatch, ml int, l *model.Layer, R int, next
 	if err := o.Softmax(s.probs, R, E); err != nil {
 		return err
 	}
-	probs := make([]float32, R*E)
-	if err := kc.Download(b.dev, probs, s.probs); err != nil {
+	// The experts and gates on the device, with the training engine's
+	// kernel; the experts come back as the step's routes and to group the
+	// rows by expert.
+	if err := o.MoERoute(s.ids, s.gates, s.probs, Buffer{}, R, E, k, c.NormTopKProb); err != nil {
 		return err
 	}
-	ids, gates := sb.Routes[ml][:R*k], make([]float32, R*k)
-	for r := 0; r < R; r++ {
-		model.TopK(ids[r*k:(r+1)*k], probs[r*E:(r+1)*E])
-		model.GateWeights(gates[r*k:(r+1)*k], probs[r*E:(r+1)*E], ids[r*k:(r+1)*k], c.NormTopKProb)
+	ids := sb.Routes[ml][:R*k]
+	if err := kc.Download(b.dev, ids, s.ids); err != nil {
+		return err
 	}
 	off, row, tok := model.GroupByExpert(ids, E, k)
-	if err := kc.Upload(b.dev, s.gates, gates); err != nil {
-		return err
-	}
 	if err := kc.Upload(b.dev, s.row, row); err != nil {
 		return err
 	}

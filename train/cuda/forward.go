@@ -403,6 +403,7 @@ func (e *Engine) allocLayer(f *fwdState, a *layerActs, dense, moe bool) error {
 		R := T * k
 		mo := a.moe
 		if err := e.bufs(f, span{&mo.dProbs, T * E}, span{&mo.dGates, R}, span{&mo.dRow, R}, span{&mo.dTok, R},
+			span{&mo.dIds, R}, span{&mo.dReplay, R}, span{&mo.dPsum, 2 * E},
 			span{&mo.xg, R * H}, span{&mo.gug, R * 2 * I}, span{&mo.ag, R * I}, span{&mo.yg, R * H}); err != nil {
 			return err
 		}

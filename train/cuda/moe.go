@@ -3,24 +3,22 @@ package cuda
 import (
 	kc "github.com/keel-rl/keel/kernels/cuda"
 	"github.com/keel-rl/keel/model"
-	"github.com/keel-rl/keel/train"
 )
 
-// moeActs are one sparse MoE block's routing (host) and saved activations
-// (device). The router's softmax comes to the host, where the experts are
-// chosen (top-k, or the replayed ones) and the (token, slot) pairs grouped
-// by expert with the CPU engine's functions, so both engines route alike
-// and a route is the same whichever engine computed the probabilities
-// (up to probabilities within rounding of each other).
+// moeActs are one sparse MoE block's routing and saved activations. The
+// experts and gates are chosen on the device by model.TopK's and
+// GateWeights' own scans (moe.cu's moe_route), so the GPU engines route as
+// the CPU engine does, up to probabilities within rounding of each other;
+// the host gets the experts back to group the (token, slot) pairs by
+// expert.
 type moeActs struct {
-	ml    int       // index among the MoE layers
-	probs []float32 // [T, E] router softmax
-	ids   []int32   // [T, k] experts, in slot order
-	gates []float32 // [T, k]
-	row   []int32   // [T, k]: the grouped row of each (token, slot)
-	off   []int     // [E+1]: expert e's rows are off[e]..off[e+1]
+	ml  int     // index among the MoE layers
+	ids []int32 // [T, k] experts, in slot order
+	row []int32 // [T, k]: the grouped row of each (token, slot)
+	off []int   // [E+1]: expert e's rows are off[e]..off[e+1]
 	// device
 	dProbs, dGates, dRow, dTok Buffer
+	dIds, dReplay, dPsum       Buffer // [T, k] int32 ×2, [E] float64
 	xg, gug, ag, yg            Buffer // [R, H], [R, 2I], [R, I], [R, H], R = T·k
 }
 
@@ -37,26 +35,43 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 	if err := e.ops.Softmax(mo.dProbs, T, E); err != nil {
 		return err
 	}
-	mo.probs = make([]float32, T*E)
-	if err := kc.Download(e.dev, mo.probs, mo.dProbs); err != nil {
+	// The experts and gates on the device (model.TopK and GateWeights'
+	// scans), or the replayed experts uploaded; the host gets the ids back
+	// to group the rows by expert.
+	var replay Buffer
+	if f.replay != nil {
+		rep := make([]int32, R)
+		for i := range rep {
+			rep[i] = -1 // routed live
+		}
+		for s, st := range f.starts {
+			if s < len(f.replay) && f.replay[s] != nil {
+				for i := 0; i < f.lens[s]; i++ {
+					f.replay[s].Slots(rep[(st+i)*k:(st+i+1)*k], i, mo.ml)
+				}
+			}
+		}
+		replay = mo.dReplay
+		if err := kc.Upload(e.dev, replay, rep); err != nil {
+			return err
+		}
+	}
+	if err := e.ops.MoERoute(mo.dIds, mo.dGates, mo.dProbs, replay, T, E, k, c.NormTopKProb); err != nil {
 		return err
 	}
-	mo.ids, mo.gates = make([]int32, R), make([]float32, R)
-	for s, st := range f.starts {
-		var r *model.Routes
-		if s < len(f.replay) {
-			r = f.replay[s]
-		}
-		for i := 0; i < f.lens[s]; i++ {
-			t := st + i
-			ids, p := mo.ids[t*k:(t+1)*k], mo.probs[t*E:(t+1)*E]
-			if r != nil {
-				r.Slots(ids, i, mo.ml)
-			} else {
-				model.TopK(ids, p)
-			}
-			model.GateWeights(mo.gates[t*k:(t+1)*k], p, ids, c.NormTopKProb)
-		}
+	mo.ids = make([]int32, R)
+	if err := kc.Download(e.dev, mo.ids, mo.dIds); err != nil {
+		return err
+	}
+	ps := make([]float64, E)
+	if err := e.ops.Launch("moe.cu", "moe_psum", kc.Dim3{X: (E + 127) / 128}, kc.Dim3{X: 128}, mo.dPsum, mo.dProbs, T, E); err != nil {
+		return err
+	}
+	if err := kc.Download(e.dev, ps, mo.dPsum); err != nil {
+		return err
+	}
+	for x := range psum {
+		psum[x] += ps[x]
 	}
 	// Group the (token, slot) pairs by expert, tokens in order.
 	var tok []int32
@@ -64,25 +79,11 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 	for x := 0; x < E; x++ {
 		cnt[x] += float64(mo.off[x+1] - mo.off[x])
 	}
-	for t := 0; t < T; t++ {
-		for x := 0; x < E; x++ {
-			psum[x] += float64(mo.probs[t*E+x])
-		}
+	if err := kc.Upload(e.dev, mo.dRow, mo.row); err != nil {
+		return err
 	}
-	for _, u := range []struct {
-		b   Buffer
-		src any
-	}{{mo.dGates, mo.gates}, {mo.dRow, mo.row}, {mo.dTok, tok}} {
-		var err error
-		switch v := u.src.(type) {
-		case []float32:
-			err = kc.Upload(e.dev, u.b, v)
-		case []int32:
-			err = kc.Upload(e.dev, u.b, v)
-		}
-		if err != nil {
-			return err
-		}
+	if err := kc.Upload(e.dev, mo.dTok, tok); err != nil {
+		return err
 	}
 	// Each token's input row once per slot, grouped by expert.
 	if err := e.ops.Gather(mo.xg, h2, mo.dTok, R, H); err != nil {
@@ -120,14 +121,14 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 
 // moeScratch is the MoE backward's scratch, allocated once per Backward
 // and shared by the MoE layers (one layer's gradients exist at a time).
-type moeScratch struct{ dy, dgt, da, dgu, dxg, dp Buffer }
+type moeScratch struct{ dy, dgt, da, dgu, dxg, dp, aux Buffer }
 
 func (e *Engine) newMoEScratch(tmp *fwdState, T int) (*moeScratch, error) {
 	c := &e.cfg
 	H, E, k, I := c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
 	R := T * k
 	s := &moeScratch{}
-	err := e.bufs(tmp, span{&s.dy, R * H}, span{&s.dgt, R}, span{&s.da, R * I}, span{&s.dgu, R * 2 * I}, span{&s.dxg, R * H}, span{&s.dp, T * E})
+	err := e.bufs(tmp, span{&s.dy, R * H}, span{&s.dgt, R}, span{&s.da, R * I}, span{&s.dgu, R * 2 * I}, span{&s.dxg, R * H}, span{&s.dp, T * E}, span{&s.aux, E})
 	return s, err
 }
 
@@ -184,16 +185,16 @@ func (e *Engine) moeBackward(f *fwdState, sc *moeScratch, mo *moeActs, L *model.
 	if err := e.launch("moe.cu", "moe_gather_sum", rowsGrid(T), block256, dh2, dxg, mo.dRow, k, H); err != nil {
 		return err
 	}
-	// The router's gradient on the host, as the CPU engine computes it.
-	dgate := make([]float32, R)
-	if err := kc.Download(e.dev, dgate, dgt); err != nil {
+	// The router's gradient, as train.RouterBackRow computes it.
+	if err := kc.Upload(e.dev, sc.aux, auxGrad); err != nil {
 		return err
 	}
-	ds := make([]float32, T*E)
-	for t := 0; t < T; t++ {
-		train.RouterBackRow(ds[t*E:(t+1)*E], mo.probs[t*E:(t+1)*E], mo.gates[t*k:(t+1)*k], mo.ids[t*k:(t+1)*k], dgate[t*k:(t+1)*k], auxGrad, c.NormTopKProb)
+	norm := 0
+	if c.NormTopKProb {
+		norm = 1
 	}
-	if err := kc.Upload(e.dev, dp, ds); err != nil {
+	if err := e.ops.Launch("moe.cu", "router_bwd", kc.Dim3{X: (T + 127) / 128}, kc.Dim3{X: 128},
+		dp, mo.dProbs, mo.dGates, mo.dIds, dgt, sc.aux, T, E, k, norm); err != nil {
 		return err
 	}
 	if err := e.linearBackW(e.param(e.g, L.Router), dp, h2, T, H, E, E, H); err != nil {
