@@ -196,7 +196,7 @@ func RouterBackRow(ds, p, gates []float32, ids []int32, dg, auxGrad []float32, n
 		var sum, gdg float32
 		for s, id := range ids {
 			sum += p[id]
-			gdg += dg[s] * gates[s]
+			gdg += float32(dg[s] * gates[s]) // the conversion forbids fusing: two roundings, as the GPU's router_bwd
 		}
 		for s, id := range ids {
 			ds[id] += (dg[s] - gdg) / sum
@@ -208,7 +208,7 @@ func RouterBackRow(ds, p, gates []float32, ids []int32, dg, auxGrad []float32, n
 	}
 	var pdp float32
 	for e := range ds {
-		pdp += p[e] * ds[e]
+		pdp += float32(p[e] * ds[e])
 	}
 	for e := range ds {
 		ds[e] = p[e] * (ds[e] - pdp)

@@ -533,70 +533,114 @@ func TestDeviceMoERoute(t *testing.T) {
 				row[e] /= sum
 			}
 		}
-		probs[1%(T*E)] = probs[0] // a tie
+		// A tie inside the top k: token 0's largest probability twice.
+		best := 0
+		for e := 1; e < E; e++ {
+			if probs[e] > probs[best] {
+				best = e
+			}
+		}
+		probs[(best+1)%E] = probs[best]
 		if T > 2 {
-			probs[2*E+3] = float32(math.NaN()) // a NaN in token 2
+			// NaNs in a live token: at expert 0 (where the scan starts)
+			// and in the middle.
+			probs[2*E], probs[2*E+E/2] = float32(math.NaN()), float32(math.NaN())
 		}
 		replay := make([]int32, T*k)
 		for tk := range T {
 			replay[tk*k] = -1
-			if tk%3 == 1 { // every third token replays experts E-1, E-2, ...
-				for s := 0; s < k; s++ {
-					replay[tk*k+s] = int32(E - 1 - s)
+			if tk%3 == 1 { // every third token replays experts 0, E-1, E-2, ...
+				replay[tk*k] = 0
+				for s := 1; s < k; s++ {
+					replay[tk*k+s] = int32(E - s)
 				}
 			}
 		}
-		for _, norm := range []bool{true, false} {
-			bp := bufOf(g, probs)
-			bids, bgates := bufOf(g, make([]int32, T*k)), g.poisoned(T*k)
-			ops := NewOps(g.d)
-			if err := ops.MoERoute(bids, bgates, bp, bufOf(g, replay), T, E, k, norm); err != nil {
-				t.Fatal(err)
-			}
-			if err := g.d.Sync(); err != nil {
-				t.Fatal(err)
-			}
-			ids := make([]int32, T*k)
-			if err := Download(g.d, ids, bids); err != nil {
-				t.Fatal(err)
-			}
-			gates := g.f32(bgates, T*k)
-			wantIDs, wantG := make([]int32, T*k), make([]float32, T*k)
+		bp := bufOf(g, probs)
+		// The probability mass per expert, float64 in token order.
+		bps := bufOf(g, make([]float64, E))
+		g.launch("moe.cu", "moe_psum", (E+127)/128, 128, bps, bp, T, E)
+		gotPS := make([]float64, E)
+		if err := Download(g.d, gotPS, bps); err != nil {
+			t.Fatal(err)
+		}
+		for e := 0; e < E; e++ {
+			var want float64
 			for tk := 0; tk < T; tk++ {
-				w := wantIDs[tk*k : (tk+1)*k]
-				if replay[tk*k] >= 0 {
-					copy(w, replay[tk*k:(tk+1)*k])
-				} else {
-					model.TopK(w, probs[tk*E:(tk+1)*E])
-				}
-				model.GateWeights(wantG[tk*k:(tk+1)*k], probs[tk*E:(tk+1)*E], w, norm)
+				want += float64(probs[tk*E+e])
 			}
-			for i := range ids {
-				if ids[i] != wantIDs[i] {
-					t.Fatalf("T %d E %d k %d norm %v: expert %d = %d, want %d", T, E, k, norm, i, ids[i], wantIDs[i])
-				}
+			if math.IsNaN(want) != math.IsNaN(gotPS[e]) || (!math.IsNaN(want) && math.Float64bits(gotPS[e]) != math.Float64bits(want)) {
+				t.Fatalf("psum[%d] = %v, want %v", e, gotPS[e], want)
 			}
-			sameBits(t, fmt.Sprintf("gates E %d norm %v", E, norm), gates, wantG)
+		}
+		for _, withReplay := range []bool{false, true} {
+			for _, norm := range []bool{true, false} {
+				minus := make([]int32, T*k)
+				for i := range minus {
+					minus[i] = -1
+				}
+				bids, bgates := bufOf(g, minus), g.poisoned(T*k)
+				rep := Buffer{}
+				if withReplay {
+					rep = bufOf(g, replay)
+				}
+				if err := NewOps(g.d).MoERoute(bids, bgates, bp, rep, T, E, k, norm); err != nil {
+					t.Fatal(err)
+				}
+				if err := g.d.Sync(); err != nil {
+					t.Fatal(err)
+				}
+				ids := make([]int32, T*k)
+				if err := Download(g.d, ids, bids); err != nil {
+					t.Fatal(err)
+				}
+				gates := g.f32(bgates, T*k)
+				wantIDs, wantG := make([]int32, T*k), make([]float32, T*k)
+				for tk := 0; tk < T; tk++ {
+					w := wantIDs[tk*k : (tk+1)*k]
+					if withReplay && replay[tk*k] >= 0 {
+						copy(w, replay[tk*k:(tk+1)*k])
+					} else {
+						model.TopK(w, probs[tk*E:(tk+1)*E])
+					}
+					model.GateWeights(wantG[tk*k:(tk+1)*k], probs[tk*E:(tk+1)*E], w, norm)
+				}
+				name := fmt.Sprintf("T %d E %d k %d norm %v replay %v", T, E, k, norm, withReplay)
+				for i := range ids {
+					if ids[i] != wantIDs[i] {
+						t.Fatalf("%s: expert %d = %d, want %d", name, i, ids[i], wantIDs[i])
+					}
+				}
+				for i := range gates {
+					if math.IsNaN(float64(wantG[i])) != math.IsNaN(float64(gates[i])) ||
+						(!math.IsNaN(float64(wantG[i])) && math.Float32bits(gates[i]) != math.Float32bits(wantG[i])) {
+						t.Fatalf("%s: gate %d = %v, want %v", name, i, gates[i], wantG[i])
+					}
+				}
 
-			// The router's gradient.
-			dg, aux := randF32(r, T*k, 1), randF32(r, E, 0.01)
-			want := make([]float32, T*E)
-			for tk := 0; tk < T; tk++ {
-				train.RouterBackRow(want[tk*E:(tk+1)*E], probs[tk*E:(tk+1)*E], wantG[tk*k:(tk+1)*k], wantIDs[tk*k:(tk+1)*k], dg[tk*k:(tk+1)*k], aux, norm)
-			}
-			bds := g.poisoned(T * E)
-			n := 0
-			if norm {
-				n = 1
-			}
-			g.launch("moe.cu", "router_bwd", (T+127)/128, 128, bds, bp, bgates, bids, bufOf(g, dg), bufOf(g, aux), T, E, k, n)
-			got := g.f32(bds, T*E)
-			for i := range got {
-				if math.IsNaN(float64(want[i])) {
-					got[i], want[i] = 0, 0 // token 2's NaN spreads alike on both
+				// The router's gradient.
+				dg, aux := randF32(r, T*k, 1), randF32(r, E, 0.01)
+				want := make([]float32, T*E)
+				for tk := 0; tk < T; tk++ {
+					train.RouterBackRow(want[tk*E:(tk+1)*E], probs[tk*E:(tk+1)*E], wantG[tk*k:(tk+1)*k], wantIDs[tk*k:(tk+1)*k], dg[tk*k:(tk+1)*k], aux, norm)
 				}
+				bds := g.poisoned(T * E)
+				n := 0
+				if norm {
+					n = 1
+				}
+				g.launch("moe.cu", "router_bwd", (T+127)/128, 128, bds, bp, bgates, bids, bufOf(g, dg), bufOf(g, aux), T, E, k, n)
+				got := g.f32(bds, T*E)
+				for i := range got {
+					if math.IsNaN(float64(want[i])) {
+						if !math.IsNaN(float64(got[i])) {
+							t.Fatalf("%s: router gradient %d = %v, want NaN (token 2's NaN)", name, i, got[i])
+						}
+						got[i], want[i] = 0, 0
+					}
+				}
+				sameBits(t, name+" router gradient", got, want)
 			}
-			sameBits(t, fmt.Sprintf("router gradient E %d norm %v", E, norm), got, want)
 		}
 	}
 }

@@ -89,12 +89,7 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			return err
 		}
 	}
-	var msc *moeScratch
-	if nMoE > 0 {
-		if msc, err = e.newMoEScratch(tmp, T); err != nil {
-			return err
-		}
-	}
+
 	// The aux loss's gradient w.r.t. every router probability p_t,e:
 	// Aux·E·c_e/N², the same for every token and MoE layer.
 	var auxGrad []float32
@@ -105,6 +100,12 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			for i := range auxGrad {
 				auxGrad[i] = float32(aux * float64(e.cfg.NumExperts) * f.auxCnt[i] / (n * n))
 			}
+		}
+	}
+	var msc *moeScratch
+	if nMoE > 0 {
+		if msc, err = e.newMoEScratch(tmp, T, auxGrad); err != nil {
+			return err
 		}
 	}
 	var redo Buffer // with recomputation: the recomputed layer's output, unused
@@ -138,7 +139,7 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			func() error { return e.linearBackW(g(l.Up), sub(dgu, d.I, upI), a.h2, T, d.H, d.I, 2*d.I, d.H) },
 		}
 		if a.moe != nil {
-			mlp = []func() error{func() error { return e.moeBackward(f, msc, a.moe, l, a.h2, dres, dh, auxGrad) }}
+			mlp = []func() error{func() error { return e.moeBackward(f, msc, a.moe, l, a.h2, dres, dh) }}
 		}
 		for i, s := range mlp {
 			if err := s(); err != nil {
@@ -203,8 +204,7 @@ func (e *Engine) recomputeLayer(f *fwdState, a *layerActs, l *model.Layer, out B
 		return err
 	}
 	if a.moe != nil {
-		E := e.cfg.NumExperts
-		return e.moeForward(f, a.moe, l, a.h2, a.xmid, out, make([]float64, E), make([]float64, E))
+		return e.moeForward(f, a.moe, l, a.h2, a.xmid, out, nil, nil)
 	}
 	return e.mlpForward(f, a, l, out)
 }

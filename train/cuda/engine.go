@@ -4,11 +4,13 @@
 // (kernels/cuda), so the RL loop and keel sft drive it as they drive the
 // CPU engine.
 //
-// This first version computes in float32 with keel's own batch-invariant
+// By default it computes in float32 with keel's own batch-invariant
 // kernels (a sequence's log-probs are the same bits alone and inside any
-// batch): the mode that is checked against the CPU engine. It trains the
-// Qwen3 and Qwen3-MoE layouts (routing on the host, replay R2 and R3,
-// the load-balancing loss); the bf16 mode with cuBLASLt comes next.
+// batch): the mode that is checked against the CPU engine and that the
+// exact GPU rollout pairs with. It trains the Qwen3 and Qwen3-MoE layouts (routing on the device by the CPU engine's
+// own scans, replay R2 and R3, the load-balancing loss); the bf16 mode
+// computes the products in cuBLASLt (bf16.go), and recomputation keeps
+// one layer's activations.
 package cuda
 
 import (

@@ -360,7 +360,7 @@ func (e *Engine) forward(f *fwdState, opt train.ForwardOptions) error {
 // layerBufs gives layer l's activations a their device memory: their own
 // (saved for the backward), or, with recomputation, the one set every
 // layer shares, which the backward fills again layer by layer from the
-// layer's saved input. a.moe's host routing stays per layer either way.
+// layer's saved input. a.moe's experts (host) stay per layer either way.
 func (e *Engine) layerBufs(f *fwdState, a *layerActs, l *model.Layer) error {
 	if f.recompute {
 		if f.work == nil {

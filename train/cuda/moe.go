@@ -24,7 +24,8 @@ type moeActs struct {
 
 // moeForward runs the sparse block of layer L on h2 (the post-attention
 // norm's output) and writes out = resid + Σ_s gate_s·expert_s(h2). It adds
-// the layer's expert counts and router probability sums to cnt and psum.
+// the layer's expert counts and router probability sums to cnt and psum
+// (nil when recomputing: counted once, by the forward).
 func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid, out Buffer, cnt, psum []float64) error {
 	c := &e.cfg
 	T, H, E, k, I := f.T, c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
@@ -39,7 +40,7 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 	// scans), or the replayed experts uploaded; the host gets the ids back
 	// to group the rows by expert.
 	var replay Buffer
-	if f.replay != nil {
+	if anyReplay(f.replay) {
 		rep := make([]int32, R)
 		for i := range rep {
 			rep[i] = -1 // routed live
@@ -63,20 +64,22 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 	if err := kc.Download(e.dev, mo.ids, mo.dIds); err != nil {
 		return err
 	}
-	ps := make([]float64, E)
-	if err := e.ops.Launch("moe.cu", "moe_psum", kc.Dim3{X: (E + 127) / 128}, kc.Dim3{X: 128}, mo.dPsum, mo.dProbs, T, E); err != nil {
-		return err
-	}
-	if err := kc.Download(e.dev, ps, mo.dPsum); err != nil {
-		return err
-	}
-	for x := range psum {
-		psum[x] += ps[x]
+	if psum != nil { // a recomputation counts nothing again
+		ps := make([]float64, E)
+		if err := e.ops.Launch("moe.cu", "moe_psum", kc.Dim3{X: (E + 127) / 128}, kc.Dim3{X: 128}, mo.dPsum, mo.dProbs, T, E); err != nil {
+			return err
+		}
+		if err := kc.Download(e.dev, ps, mo.dPsum); err != nil {
+			return err
+		}
+		for x := range psum {
+			psum[x] += ps[x]
+		}
 	}
 	// Group the (token, slot) pairs by expert, tokens in order.
 	var tok []int32
 	mo.off, mo.row, tok = model.GroupByExpert(mo.ids, E, k)
-	for x := 0; x < E; x++ {
+	for x := 0; x < E && cnt != nil; x++ {
 		cnt[x] += float64(mo.off[x+1] - mo.off[x])
 	}
 	if err := kc.Upload(e.dev, mo.dRow, mo.row); err != nil {
@@ -123,20 +126,34 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 // and shared by the MoE layers (one layer's gradients exist at a time).
 type moeScratch struct{ dy, dgt, da, dgu, dxg, dp, aux Buffer }
 
-func (e *Engine) newMoEScratch(tmp *fwdState, T int) (*moeScratch, error) {
+// newMoEScratch also uploads auxGrad[e] = d(Aux·AuxLoss)/dp_t,e, the same
+// for every token and MoE layer.
+func (e *Engine) newMoEScratch(tmp *fwdState, T int, auxGrad []float32) (*moeScratch, error) {
 	c := &e.cfg
 	H, E, k, I := c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
 	R := T * k
 	s := &moeScratch{}
-	err := e.bufs(tmp, span{&s.dy, R * H}, span{&s.dgt, R}, span{&s.da, R * I}, span{&s.dgu, R * 2 * I}, span{&s.dxg, R * H}, span{&s.dp, T * E}, span{&s.aux, E})
-	return s, err
+	if err := e.bufs(tmp, span{&s.dy, R * H}, span{&s.dgt, R}, span{&s.da, R * I}, span{&s.dgu, R * 2 * I}, span{&s.dxg, R * H}, span{&s.dp, T * E}, span{&s.aux, E}); err != nil {
+		return nil, err
+	}
+	return s, kc.Upload(e.dev, s.aux, auxGrad)
+}
+
+// anyReplay reports whether some sequence replays routes.
+func anyReplay(r []*model.Routes) bool {
+	for _, x := range r {
+		if x != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // moeBackward backpropagates the sparse block of layer L: from dout, the
 // gradient at the block's output, it writes dh2, the gradient at its input
 // (the post-attention norm's output), and adds the experts' and router's
-// weight gradients. auxGrad[e] is d(Aux·AuxLoss)/dp_t,e.
-func (e *Engine) moeBackward(f *fwdState, sc *moeScratch, mo *moeActs, L *model.Layer, h2, dout, dh2 Buffer, auxGrad []float32) error {
+// weight gradients.
+func (e *Engine) moeBackward(f *fwdState, sc *moeScratch, mo *moeActs, L *model.Layer, h2, dout, dh2 Buffer) error {
 	c := &e.cfg
 	T, H, E, k, I := f.T, c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
 	R := T * k
@@ -185,10 +202,8 @@ func (e *Engine) moeBackward(f *fwdState, sc *moeScratch, mo *moeActs, L *model.
 	if err := e.launch("moe.cu", "moe_gather_sum", rowsGrid(T), block256, dh2, dxg, mo.dRow, k, H); err != nil {
 		return err
 	}
-	// The router's gradient, as train.RouterBackRow computes it.
-	if err := kc.Upload(e.dev, sc.aux, auxGrad); err != nil {
-		return err
-	}
+	// The router's gradient, as train.RouterBackRow computes it (sc.aux
+	// holds the aux loss's gradient).
 	norm := 0
 	if c.NormTopKProb {
 		norm = 1

@@ -32,8 +32,8 @@
 //   - A dense MLP saves its gate and up outputs (2I) and the SwiGLU output
 //     (I; down_proj's input). An MoE block saves the router logits (E,
 //     fp32; the softmax overwrites them), the routes (top_k expert ids,
-//     gate weights, assignment rows and their tokens: 4 int32/fp32 per
-//     slot), the routed token copies (top_k·H, grouped by expert), per
+//     replayed ids, gate weights, assignment rows and their tokens: 5
+//     int32/fp32 per slot), the routed token copies (top_k·H, grouped by expert), per
 //     routed copy the experts' gate and up outputs (2·I_moe) and SwiGLU
 //     output (I_moe), and the experts' outputs before gating (top_k·H; the
 //     gate weights' gradient needs them).
@@ -163,7 +163,7 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	// Per token, per layer (see the package comment).
 	attn := c.add(c.mul(a, c.add(3*H, 3*Q, 3*K)), 4*(2+2*nh+nkv))
 	mlp := c.mul(a, 3*I)
-	router := 4*E + 16*k // logits, and id, gate, row, token per slot
+	router := 4*E + 20*k // logits, and id, replayed id, gate, row, token per slot
 	routed := c.mul(a, k, H)
 	experts := c.mul(a, k, c.add(3*Im, H))
 	// Backward's activation gradients, per token, for one layer.

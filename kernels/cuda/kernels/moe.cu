@@ -1,8 +1,10 @@
-// The sparse MoE block's row kernels, in float32. The routing itself (top-k
-// or replayed experts, gate weights, grouping tokens by expert) is done on
-// the host with the CPU engine's own functions, so both engines route
-// alike; these kernels move rows and combine the experts' outputs, each
-// token's slots in slot order (no atomics).
+// The sparse MoE block's kernels, in float32: the router's softmax, the
+// choice of experts and gates (moe_route, the same scans as model.TopK and
+// model.GateWeights, so every engine routes alike), the probability mass
+// of the load-balancing loss, the combination of the experts' outputs in
+// slot order (no atomics) and the backward of all of it, the router's
+// gradient as train.RouterBackRow computes it. The host only groups the
+// (token, slot) pairs by expert, from the experts' ids.
 
 // softmax_rows: z = softmax(z) in place, one block per row.
 extern "C" __global__ void softmax_rows(float* z, int V) {
