@@ -212,9 +212,48 @@ func TestDeviceAttention(t *testing.T) {
 				t.Fatalf("%s: %v", fn, err)
 			}
 		}
-		launch2("attn_fwd", c.heads, bout, blse, bq, bk, bv, bst, c.heads, c.kv, c.hd, scale)
+		// The training engine's tiled kernel (through Ops), against
+		// float64, and bit for bit against the per-row kernel and the
+		// rollout's decoding step over a KV cache holding the same rows.
+		ops := NewOps(g.d)
+		if err := ops.Attention(bout, blse, bq, bk, bv, bst, T, c.heads, c.kv, c.hd, scale); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.d.Sync(); err != nil {
+			t.Fatal(err)
+		}
 		name := fmt.Sprintf("attention %v", c)
-		closeTo(t, name+" out", g.f32(bout, T*qd), f64to32(out), 1e-5)
+		tiled := g.f32(bout, T*qd)
+		closeTo(t, name+" out", tiled, f64to32(out), 1e-5)
+		rowOut, rowLse := g.poisoned(T*qd), g.poisoned(T*c.heads)
+		launch2("attn_fwd", c.heads, rowOut, rowLse, bq, bk, bv, bst, c.heads, c.kv, c.hd, scale)
+		sameBits(t, name+" tiled against per-row", tiled, g.f32(rowOut, T*qd))
+		sameBits(t, name+" tiled against per-row lse", g.f32(blse, T*c.heads), g.f32(rowLse, T*c.heads))
+		// The decoding step: sequence s in slot s, its rows at positions
+		// 0..len-1, all attending at once.
+		maxLen := 0
+		for _, l := range c.lens {
+			maxLen = max(maxLen, l)
+		}
+		var slot, pos []int32
+		for s, l := range c.lens {
+			for i := 0; i < l; i++ {
+				slot, pos = append(slot, int32(s)), append(pos, int32(i))
+			}
+		}
+		kcache, vcache := g.poisoned(len(c.lens)*maxLen*kvd), g.poisoned(len(c.lens)*maxLen*kvd)
+		bslot, bpos := bufOf(g, slot), bufOf(g, pos)
+		dec := g.poisoned(T * qd)
+		if err := ops.KVStore(kcache, vcache, bk, bv, bslot, bpos, T, maxLen, kvd); err != nil {
+			t.Fatal(err)
+		}
+		if err := ops.AttnDecode(dec, bq, kcache, vcache, bslot, bpos, T, maxLen, c.heads, c.kv, c.hd, scale); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.d.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		sameBits(t, name+" tiled against decoding", tiled, g.f32(dec, T*qd))
 		bdq, bdsum := g.poisoned(T*qd), g.poisoned(T*c.heads)
 		bdk, bdv := g.poisoned(T*kvd), g.poisoned(T*kvd)
 		launch2("attn_bwd_q", c.heads, bdq, bdsum, bdo, bout, blse, bq, bk, bv, bst, c.heads, c.kv, c.hd, scale)

@@ -100,3 +100,33 @@ func TestTargetChoice(t *testing.T) {
 		t.Errorf("Target(30): %v", err)
 	}
 }
+
+// TestKernelsDoNotSpill compiles every kernel for Hopper with ptxas's
+// resource report: a kernel whose registers spill to local memory (a
+// register array indexed at run time, say) or that needs a stack frame
+// fails here, not as a slow kernel on a GPU.
+func TestKernelsDoNotSpill(t *testing.T) {
+	n := nvrtcForTest(t)
+	for _, name := range SourceNames() {
+		src, err := Source(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, log, err := n.Compile(src, name, Target{90, CodeCUBIN}, append(KernelOptions, "--ptxas-options=-v")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fn := ""
+		for _, line := range strings.Split(log, "\n") {
+			if i := strings.Index(line, "Compiling entry function '"); i >= 0 {
+				fn = strings.SplitN(line[i+len("Compiling entry function '"):], "'", 2)[0]
+			}
+			if strings.Contains(line, "stack frame") && !strings.Contains(line, " 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads") {
+				t.Errorf("%s: %s: %s", name, fn, strings.TrimSpace(line))
+			}
+		}
+		if !strings.Contains(log, "spill stores") {
+			t.Errorf("%s: no resource report in ptxas's log:\n%s", name, log)
+		}
+	}
+}

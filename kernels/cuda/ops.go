@@ -91,9 +91,11 @@ func (o *Ops) NormRope(out, inv, raw, w, cos, sin, pos Buffer, rows, heads, hd, 
 }
 
 // Attention: causal grouped-query attention over packed sequences
-// (seqStart, int32 per row, is where each row's sequence starts).
+// (seqStart, int32 per row, is where each row's sequence starts; the
+// sequences lie in order), by the tiled kernel: each row's bits are the
+// per-row kernel's and the decoding step's.
 func (o *Ops) Attention(out, lse, q, k, v, seqStart Buffer, rows, heads, kv, hd int, scale float32) error {
-	return o.Launch("attn.cu", "attn_fwd", Dim3{X: rows, Y: (heads + 3) / 4}, Dim3{X: 128}, out, lse, q, k, v, seqStart, heads, kv, hd, scale)
+	return o.Launch("attn.cu", "attn_fwd_tiled", Dim3{X: (rows + 31) / 32, Y: heads}, Dim3{X: 256}, out, lse, q, k, v, seqStart, rows, heads, kv, hd, scale)
 }
 
 // Add: y += x over n elements.

@@ -10,11 +10,45 @@
 #define ATT_PER (ATT_HD_MAX / 32)
 #define ATT_WARPS 4
 
+// attend_key folds key j (its key row kr and value row vr) into one query
+// row's online-softmax state (acc, mx, l), run by one warp. Every
+// attention kernel of the forward (the training engine's tiled one, the
+// per-row one, the rollout's decoding step) calls it key by key in the
+// same order, so a row gets the same bits from each.
+__device__ __forceinline__ void attend_key(float (&acc)[ATT_PER], float& mx, float& l, const float (&qr)[ATT_PER],
+                                           const float* kr, const float* vr, int hd, float scale, int lane) {
+  float s = 0.f;
+#pragma unroll
+  for (int e = 0; e < ATT_PER; e++) {
+    const int d = lane + 32 * e;
+    if (d < hd) s = fmaf(qr[e], kr[d], s);
+  }
+  s = warp_sum(s) * scale;
+  const float mn = fmaxf(mx, s);
+  const float corr = expf(mx - mn), p = expf(s - mn);
+  l = l * corr + p;
+#pragma unroll
+  for (int e = 0; e < ATT_PER; e++) {
+    const int d = lane + 32 * e;
+    if (d < hd) acc[e] = fmaf(p, vr[d], acc[e] * corr);
+  }
+  mx = mn;
+}
+
+// attend_finish writes a row's output acc/l and its log-sum-exp.
+__device__ __forceinline__ void attend_finish(float* __restrict__ out, float* __restrict__ lse, const float (&acc)[ATT_PER],
+                                              float mx, float l, int hd, int lane) {
+#pragma unroll
+  for (int e = 0; e < ATT_PER; e++) {
+    const int d = lane + 32 * e;
+    if (d < hd) out[d] = acc[e] / l;
+  }
+  if (lane == 0 && lse) *lse = mx + logf(l);
+}
+
 // attend computes one (query row, head) output with the online softmax
 // over n keys and values at kb[j*kvstride], vb[j*kvstride], j = 0..n-1
-// in order, run by one warp: the training forward and the rollout's
-// decoding step both call it, so a row attends to the same keys with the
-// same operations in the same order and gets the same bits.
+// in order, run by one warp (the per-row kernels).
 __device__ __forceinline__ void attend(float* __restrict__ out, float* __restrict__ lse,
                                        const float* __restrict__ qrow, const float* __restrict__ kb,
                                        const float* __restrict__ vb, i64 kvstride, int n, int hd,
@@ -27,32 +61,71 @@ __device__ __forceinline__ void attend(float* __restrict__ out, float* __restric
     acc[e] = 0.f;
   }
   float mx = -__int_as_float(0x7f800000), l = 0.f;
-  for (int j = 0; j < n; j++) {
-    const float* kr = kb + j * kvstride;
-    float s = 0.f;
+  for (int j = 0; j < n; j++) attend_key(acc, mx, l, qr, kb + j * kvstride, vb + j * kvstride, hd, scale, lane);
+  attend_finish(out, lse, acc, mx, l, hd, lane);
+}
+
+// The tiled forward: a block takes ATT_QT consecutive query rows of one
+// head, ATT_TW warps each owning ATT_QT/ATT_TW of them (rows w, w+ATT_TW,
+// ...), and walks their keys in tiles of ATT_KT rows staged in shared
+// memory, each tile's keys in order: every row still sees its keys in
+// order 0..n-1 through attend_key, so its bits are the per-row kernel's,
+// with each key and value read from device memory once per block instead
+// of once per row.
+#define ATT_QT 32
+#define ATT_TW 8
+#define ATT_RW (ATT_QT / ATT_TW)
+#define ATT_KT 16
+
+// attn_fwd_tiled: as attn_fwd. grid = (ceil(T/ATT_QT), heads),
+// block = 32*ATT_TW.
+extern "C" __global__ void __launch_bounds__(32 * ATT_TW) attn_fwd_tiled(
+    float* __restrict__ out, float* __restrict__ lse, const float* __restrict__ q, const float* __restrict__ k,
+    const float* __restrict__ v, const int* __restrict__ seq_start, int T, int heads, int kv, int hd, float scale) {
+  __shared__ float Ks[ATT_KT][ATT_HD_MAX];
+  __shared__ float Vs[ATT_KT][ATT_HD_MAX];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int i0 = blockIdx.x * ATT_QT, h = blockIdx.y;
+  const int g = h / (heads / kv);
+  const i64 qd = (i64)heads * hd, kvd = (i64)kv * hd;
+  const int last = min(T, i0 + ATT_QT) - 1;
+  float qr[ATT_RW][ATT_PER], acc[ATT_RW][ATT_PER], mx[ATT_RW], l[ATT_RW];
+  int row[ATT_RW], start[ATT_RW];
+#pragma unroll
+  for (int r = 0; r < ATT_RW; r++) {
+    row[r] = i0 + w + ATT_TW * r;
+    start[r] = row[r] < T ? seq_start[row[r]] : 0;
+    mx[r] = -__int_as_float(0x7f800000);
+    l[r] = 0.f;
 #pragma unroll
     for (int e = 0; e < ATT_PER; e++) {
       const int d = lane + 32 * e;
-      if (d < hd) s = fmaf(qr[e], kr[d], s);
+      qr[r][e] = (row[r] < T && d < hd) ? q[row[r] * qd + (i64)h * hd + d] : 0.f;
+      acc[r][e] = 0.f;
     }
-    s = warp_sum(s) * scale;
-    const float mn = fmaxf(mx, s);
-    const float corr = expf(mx - mn), p = expf(s - mn);
-    l = l * corr + p;
-    const float* vr = vb + j * kvstride;
+  }
+  // Packed sequences start in order, so the block's first row has the
+  // earliest start.
+  for (int jt = seq_start[i0]; jt <= last; jt += ATT_KT) {
+    const int nk = min(ATT_KT, last + 1 - jt);
+    __syncthreads();
+    for (int x = threadIdx.x; x < nk * hd; x += blockDim.x) {
+      const int jj = x / hd, d = x % hd;
+      Ks[jj][d] = k[(i64)(jt + jj) * kvd + (i64)g * hd + d];
+      Vs[jj][d] = v[(i64)(jt + jj) * kvd + (i64)g * hd + d];
+    }
+    __syncthreads();
+    for (int jj = 0; jj < nk; jj++) {
+      const int j = jt + jj;
 #pragma unroll
-    for (int e = 0; e < ATT_PER; e++) {
-      const int d = lane + 32 * e;
-      if (d < hd) acc[e] = fmaf(p, vr[d], acc[e] * corr);
+      for (int r = 0; r < ATT_RW; r++)
+        if (row[r] < T && start[r] <= j && j <= row[r]) attend_key(acc[r], mx[r], l[r], qr[r], Ks[jj], Vs[jj], hd, scale, lane);
     }
-    mx = mn;
   }
 #pragma unroll
-  for (int e = 0; e < ATT_PER; e++) {
-    const int d = lane + 32 * e;
-    if (d < hd) out[d] = acc[e] / l;
-  }
-  if (lane == 0 && lse) *lse = mx + logf(l);
+  for (int r = 0; r < ATT_RW; r++)
+    if (row[r] < T)
+      attend_finish(out + row[r] * qd + (i64)h * hd, lse + (i64)row[r] * heads + h, acc[r], mx[r], l[r], hd, lane);
 }
 
 // attn_fwd: out = softmax(q k^T * scale) v over each row's sequence
