@@ -45,27 +45,23 @@ func withinBound(t *testing.T, what string, got, want []float32, bound []float64
 	}
 }
 
+// gemm runs the product through Ops.Gemm (which picks the tile size by
+// shape).
 func (g *gpu) gemm(c, a, b Buffer, M, N, K, sam, sak, sbk, sbn, ldc int, acc bool) {
 	g.t.Helper()
-	m, err := g.d.Module("gemm.cu")
-	if err != nil {
-		g.t.Fatal(err)
-	}
-	f, err := m.Function("gemm_f32")
-	if err != nil {
-		g.t.Fatal(err)
-	}
-	a32 := 0
-	if acc {
-		a32 = 1
-	}
-	if err := f.Launch(Dim3{X: (N + 63) / 64, Y: (M + 63) / 64}, Dim3{X: 256}, 0, c, a, b, M, N, K,
-		int64(sam), int64(sak), int64(sbk), int64(sbn), int64(ldc), a32); err != nil {
+	if err := NewOps(g.d).Gemm(c, a, b, M, N, K, sam, sak, sbk, sbn, ldc, acc); err != nil {
 		g.t.Fatal(err)
 	}
 	if err := g.d.Sync(); err != nil {
 		g.t.Fatal(err)
 	}
+}
+
+// gemmKernel runs one of the two GEMM kernels by name, whatever the shape.
+func (g *gpu) gemmKernel(name string, tile int, c, a, b Buffer, M, N, K, sam, sak, sbk, sbn, ldc int) {
+	g.t.Helper()
+	g.launch2D("gemm.cu", name, Dim3{X: (N + tile - 1) / tile, Y: (M + tile - 1) / tile}, 256,
+		c, a, b, M, N, K, int64(sam), int64(sak), int64(sbk), int64(sbn), int64(ldc), 0)
 }
 
 // TestDeviceGemm checks the three products of a linear layer on odd
@@ -74,7 +70,7 @@ func (g *gpu) gemm(c, a, b Buffer, M, N, K, sam, sak, sbk, sbn, ldc int, acc boo
 func TestDeviceGemm(t *testing.T) {
 	g := newGPU(t)
 	r := rand.New(rand.NewPCG(8, 8))
-	for _, s := range []struct{ M, N, K int }{{1, 1, 1}, {1, 7, 129}, {70, 33, 65}, {130, 200, 1000}, {3, 4096, 16}} {
+	for _, s := range []struct{ M, N, K int }{{1, 1, 1}, {1, 7, 129}, {70, 33, 65}, {130, 200, 1000}, {3, 4096, 16}, {300, 260, 77}} {
 		M, N, K := s.M, s.N, s.K
 		x, w, dy := randF32(r, M*K, 1), randF32(r, N*K, 1), randF32(r, M*N, 1)
 		bx, bw, bdy := bufOf(g, x), bufOf(g, w), bufOf(g, dy)
@@ -96,6 +92,11 @@ func TestDeviceGemm(t *testing.T) {
 		want, bound = gemmRef(dw0, dy, x, N, K, M, 1, N, K, 1, K, true)
 		withinBound(t, name+" weight grad", g.f32(dw, N*K), want, bound)
 
+		// Both kernels, whatever Ops would choose: the same bits.
+		y64, y128 := g.poisoned(M*N), g.poisoned(M*N)
+		g.gemmKernel("gemm_f32", 64, y64, bx, bw, M, N, K, K, 1, 1, K, N)
+		g.gemmKernel("gemm_f32_128", 128, y128, bx, bw, M, N, K, K, 1, 1, K, N)
+		sameBits(t, name+" 128-tile kernel against the 64-tile one", g.f32(y128, M*N), g.f32(y64, M*N))
 		if M > 1 {
 			all := g.f32(y, M*N)
 			last := bufOf(g, x[(M-1)*K:])

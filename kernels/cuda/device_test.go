@@ -108,6 +108,25 @@ func (g *gpu) launch(module, fn string, grid, block int, args ...any) {
 	}
 }
 
+// launch2D is launch with a two-dimensional grid.
+func (g *gpu) launch2D(module, fn string, grid Dim3, block int, args ...any) {
+	g.t.Helper()
+	m, err := g.d.Module(module)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	f, err := m.Function(fn)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	if err := f.Launch(grid, Dim3{X: block}, 0, args...); err != nil {
+		g.t.Fatal(err)
+	}
+	if err := g.d.Sync(); err != nil {
+		g.t.Fatalf("%s: %v", fn, err)
+	}
+}
+
 func (g *gpu) f32(b Buffer, n int) []float32 {
 	g.t.Helper()
 	out := make([]float32, n)

@@ -51,11 +51,16 @@ var block256 = Dim3{X: 256}
 func elemGrid(n int) Dim3 { return Dim3{X: max(1, min((n+255)/256, 8192))} }
 
 // Gemm computes C[m*ldc+n] = (acc ? C : 0) + Σ_k A[m*sam+k*sak]·B[k*sbk+n*sbn]
-// with keel's batch-invariant float32 product (gemm.cu).
+// with keel's batch-invariant float32 product (gemm.cu): 128 × 128 tiles
+// when M and N allow, else 64 × 64, the same bits either way.
 func (o *Ops) Gemm(c, a, b Buffer, M, N, K, sam, sak, sbk, sbn, ldc int, acc bool) error {
 	flag := 0
 	if acc {
 		flag = 1
+	}
+	if M >= 128 && N >= 128 { // the same bits from bigger tiles
+		return o.Launch("gemm.cu", "gemm_f32_128", Dim3{X: (N + 127) / 128, Y: (M + 127) / 128}, block256,
+			c, a, b, M, N, K, int64(sam), int64(sak), int64(sbk), int64(sbn), int64(ldc), flag)
 	}
 	return o.Launch("gemm.cu", "gemm_f32", Dim3{X: (N + 63) / 64, Y: (M + 63) / 64}, block256,
 		c, a, b, M, N, K, int64(sam), int64(sak), int64(sbk), int64(sbn), int64(ldc), flag)

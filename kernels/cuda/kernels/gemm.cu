@@ -63,3 +63,58 @@ extern "C" __global__ void __launch_bounds__(256) gemm_f32(
     }
   }
 }
+
+// gemm_f32_128: the same product with 128 x 128 output tiles (each thread
+// 8 x 8 outputs), for large M and N. Every output element is the same
+// fused multiply-add chain over k = 0..K-1 as in gemm_f32, so the two
+// kernels give the same bits and the choice between them (by shape) keeps
+// the batch invariance. grid = (ceil(N/128), ceil(M/128)), block = 256.
+#define G2T 128
+#define G2K 8
+extern "C" __global__ void __launch_bounds__(256) gemm_f32_128(
+    float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ B, int M, int N, int K,
+    i64 sam, i64 sak, i64 sbk, i64 sbn, i64 ldc, int acc) {
+  __shared__ float As[G2K][G2T + 4];
+  __shared__ float Bs[G2K][G2T + 4];
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int m0 = blockIdx.y * G2T, n0 = blockIdx.x * G2T;
+  float c[8][8];
+#pragma unroll
+  for (int i = 0; i < 8; i++)
+#pragma unroll
+    for (int j = 0; j < 8; j++) c[i][j] = 0.f;
+  for (int k0 = 0; k0 < K; k0 += G2K) {
+    for (int e = threadIdx.x; e < G2T * G2K; e += 256) {
+      const int r = e / G2K, kk = e % G2K;
+      const int m = m0 + r, n = n0 + r, k = k0 + kk;
+      As[kk][r] = (m < M && k < K) ? A[m * sam + k * sak] : 0.f;
+      Bs[kk][r] = (n < N && k < K) ? B[k * sbk + n * sbn] : 0.f;
+    }
+    __syncthreads();
+    const int kn = min(G2K, K - k0);
+    for (int kk = 0; kk < kn; kk++) {
+      float a[8], b[8];
+#pragma unroll
+      for (int i = 0; i < 8; i++) a[i] = As[kk][ty + 16 * i];
+#pragma unroll
+      for (int j = 0; j < 8; j++) b[j] = Bs[kk][tx + 16 * j];
+#pragma unroll
+      for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) c[i][j] = fmaf(a[i], b[j], c[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    const int m = m0 + ty + 16 * i;
+    if (m >= M) continue;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      const int n = n0 + tx + 16 * j;
+      if (n >= N) continue;
+      float* p = C + m * ldc + n;
+      *p = acc ? *p + c[i][j] : c[i][j];
+    }
+  }
+}
