@@ -3,12 +3,14 @@
 // batcher, scheduler, seeds and sampling (host code, written once) drive a
 // GPU as they drive the CPU backend.
 //
-// This first version runs in exact precision: the decoding step calls the
-// training engine's own batch-invariant kernels (kernels/cuda.Ops), call
-// for call, so log mu equals the GPU training engine's log pi_old bit for
-// bit and the routes are identical. Sampling stays on the host, which
-// copies each step's output rows' log-probabilities back; the bf16 and fp8
-// modes and sampling on the device come next.
+// In exact precision the decoding step calls the training engine's own
+// batch-invariant kernels (kernels/cuda.Ops), call for call, so log mu
+// equals the GPU training engine's float32 log pi_old bit for bit and the
+// routes are identical. In bf16 the products go to cuBLASLt from a bf16
+// copy of the weights (kernels/cuda.BF16Linear); the KV cache and the rest
+// stay float32 (the CPU engine's bf16 also rounds the cache). Sampling
+// stays on the host, which copies each step's output rows'
+// log-probabilities back; fp8 and sampling on the device come next.
 package cuda
 
 import (
@@ -37,8 +39,9 @@ type Backend struct {
 	cos, sin       Buffer
 	s              scratch
 	bufs           []Buffer
-	err            error // a failed CopyPrefix, reported by the next Step
-	ownDevice      bool  // Close closes dev (Open)
+	err            error          // a failed CopyPrefix, reported by the next Step
+	ownDevice      bool           // Close closes dev (Open)
+	bf             *kc.BF16Linear // bf16 precision's products; nil in exact
 }
 
 // scratch is one step's device memory, sized for Options.StepRows rows.
@@ -71,8 +74,8 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 	if err := opt.Fill(&c); err != nil {
 		return nil, err
 	}
-	if opt.Precision != rollout.Exact {
-		return nil, fmt.Errorf("rollout/cuda: precision %v is not supported on the GPU yet (exact is)", opt.Precision)
+	if opt.Precision != rollout.Exact && opt.Precision != rollout.BF16 {
+		return nil, fmt.Errorf("rollout/cuda: precision %v is not supported on the GPU yet (exact and bf16 are)", opt.Precision)
 	}
 	if c.HeadDim > 256 {
 		return nil, fmt.Errorf("rollout/cuda: head_dim %d above the attention kernel's 256", c.HeadDim)
@@ -104,6 +107,12 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 	if err := b.alloc(); err != nil {
 		b.Close()
 		return nil, err
+	}
+	if opt.Precision == rollout.BF16 {
+		if b.bf, err = kc.NewBF16Linear(b.ops, b.w, len(host.Arena)); err != nil {
+			b.Close()
+			return nil, err
+		}
 	}
 	if err := b.Load(m); err != nil {
 		b.Close()
@@ -184,6 +193,9 @@ func (b *Backend) Load(m *model.Model) error {
 	if len(m.Arena) != len(b.host.Arena) {
 		return fmt.Errorf("rollout/cuda: Load: %d parameters, the backend's model has %d", len(m.Arena), len(b.host.Arena))
 	}
+	if b.bf != nil {
+		b.bf.Stale()
+	}
 	return kc.Upload(b.dev, b.w, m.Arena)
 }
 
@@ -199,6 +211,9 @@ func (b *Backend) LoadFrom(src any) (bool, error) {
 	dev, w := dw.DeviceWeights()
 	if dev == nil || dev.Ordinal != b.dev.Ordinal || w.Size != b.w.Size {
 		return false, nil
+	}
+	if b.bf != nil {
+		b.bf.Stale()
 	}
 	return true, b.dev.Copy(b.w, w, w.Size)
 }
@@ -224,6 +239,10 @@ func (b *Backend) CopyPrefix(dst, src, n int) {
 // Close frees the device memory, and closes the device when Open opened
 // it (a device given to New stays the caller's).
 func (b *Backend) Close() {
+	if b.bf != nil {
+		b.bf.Free()
+		b.bf = nil
+	}
 	for _, x := range b.bufs {
 		b.dev.Free(x)
 	}
@@ -235,6 +254,15 @@ func (b *Backend) Close() {
 }
 
 func (b *Backend) param(p *model.Param) Buffer { return b.w.Floats(b.offs[p], p.Size()) }
+
+// linear is Ops.Linear in exact precision (the training engine's product,
+// bit for bit), cuBLASLt's bf16 product in bf16.
+func (b *Backend) linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error {
+	if b.bf != nil {
+		return b.bf.Linear(y, x, w, rows, in, out, ldy, ldx)
+	}
+	return b.ops.Linear(y, x, w, rows, in, out, ldy, ldx)
+}
 
 // Step runs the rows of sb through the model: keys and values into the
 // cache, the output rows' log-probabilities and every row's routes into
@@ -277,9 +305,9 @@ func (b *Backend) Step(sb *rollout.StepBatch) error {
 		l := &b.host.Layers[li]
 		steps := []func() error{
 			func() error { return o.RMSNorm(s.h1, Buffer{}, x, b.param(l.InputNorm), R, H, eps) },
-			func() error { return o.Linear(s.qraw, s.h1, b.param(l.Q), R, H, qd, qd, H) },
-			func() error { return o.Linear(s.kraw, s.h1, b.param(l.K), R, H, kvd, kvd, H) },
-			func() error { return o.Linear(s.v, s.h1, b.param(l.V), R, H, kvd, kvd, H) },
+			func() error { return b.linear(s.qraw, s.h1, b.param(l.Q), R, H, qd, qd, H) },
+			func() error { return b.linear(s.kraw, s.h1, b.param(l.K), R, H, kvd, kvd, H) },
+			func() error { return b.linear(s.v, s.h1, b.param(l.V), R, H, kvd, kvd, H) },
 			func() error {
 				return o.NormRope(s.q, Buffer{}, s.qraw, b.param(l.QNorm), b.cos, b.sin, s.pos, R, heads, hd, qd, eps)
 			},
@@ -292,7 +320,7 @@ func (b *Backend) Step(sb *rollout.StepBatch) error {
 			func() error {
 				return o.AttnDecode(s.att, s.q, b.kcache[li], b.vcache[li], s.slot, s.pos, R, b.opt.MaxLen, heads, kv, hd, scale)
 			},
-			func() error { return o.Linear(s.xmid, s.att, b.param(l.O), R, qd, H, H, qd) },
+			func() error { return b.linear(s.xmid, s.att, b.param(l.O), R, qd, H, H, qd) },
 			func() error { return o.Add(s.xmid, x, R*H) },
 			func() error { return o.RMSNorm(s.h2, Buffer{}, s.xmid, b.param(l.PostAttnNorm), R, H, eps) },
 		}
@@ -322,7 +350,7 @@ func (b *Backend) Step(sb *rollout.StepBatch) error {
 	steps := []func() error{
 		func() error { return o.Gather(s.xo, x, s.outRow, nOut, H) },
 		func() error { return o.RMSNorm(s.h1, Buffer{}, s.xo, b.param(b.host.Norm), nOut, H, eps) },
-		func() error { return o.Linear(s.logits, s.h1, b.param(b.host.LMHead), nOut, H, V, V, H) },
+		func() error { return b.linear(s.logits, s.h1, b.param(b.host.LMHead), nOut, H, V, V, H) },
 		func() error { return o.LogSoftmaxTemps(s.logits, s.temps, nOut, V) },
 	}
 	for _, st := range steps {
@@ -370,10 +398,10 @@ func (b *Backend) mlp(l *model.Layer, R int, next Buffer) error {
 	c, s, o := &b.cfg, &b.s, b.ops
 	H, I := c.HiddenSize, c.IntermediateSize
 	steps := []func() error{
-		func() error { return o.Linear(s.gu, s.h2, b.param(l.Gate), R, H, I, 2*I, H) },
-		func() error { return o.Linear(s.gu.Floats(I, R*2*I-I), s.h2, b.param(l.Up), R, H, I, 2*I, H) },
+		func() error { return b.linear(s.gu, s.h2, b.param(l.Gate), R, H, I, 2*I, H) },
+		func() error { return b.linear(s.gu.Floats(I, R*2*I-I), s.h2, b.param(l.Up), R, H, I, 2*I, H) },
 		func() error { return o.SwiGLU(s.a, s.gu, R, I) },
-		func() error { return o.Linear(next, s.a, b.param(l.Down), R, I, H, H, I) },
+		func() error { return b.linear(next, s.a, b.param(l.Down), R, I, H, H, I) },
 		func() error { return o.Add(next, s.xmid, R*H) },
 	}
 	for _, st := range steps {
@@ -390,7 +418,7 @@ func (b *Backend) mlp(l *model.Layer, R int, next Buffer) error {
 func (b *Backend) moe(sb *rollout.StepBatch, ml int, l *model.Layer, R int, next Buffer) error {
 	c, s, o := &b.cfg, &b.s, b.ops
 	H, E, k, I := c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
-	if err := o.Linear(s.probs, s.h2, b.param(l.Router), R, H, E, E, H); err != nil {
+	if err := b.linear(s.probs, s.h2, b.param(l.Router), R, H, E, E, H); err != nil {
 		return err
 	}
 	if err := o.Softmax(s.probs, R, E); err != nil {
@@ -423,10 +451,10 @@ func (b *Backend) moe(sb *rollout.StepBatch, ml int, l *model.Layer, R int, next
 		}
 		ex := &l.Experts[x]
 		xg, gu := s.xg.Floats(r0*H, n*H), s.gug.Floats(r0*2*I, n*2*I)
-		if err := o.Linear(gu, xg, b.param(ex.Gate), n, H, I, 2*I, H); err != nil {
+		if err := b.linear(gu, xg, b.param(ex.Gate), n, H, I, 2*I, H); err != nil {
 			return err
 		}
-		if err := o.Linear(gu.Floats(I, n*2*I-I), xg, b.param(ex.Up), n, H, I, 2*I, H); err != nil {
+		if err := b.linear(gu.Floats(I, n*2*I-I), xg, b.param(ex.Up), n, H, I, 2*I, H); err != nil {
 			return err
 		}
 	}
@@ -438,7 +466,7 @@ func (b *Backend) moe(sb *rollout.StepBatch, ml int, l *model.Layer, R int, next
 		if n == 0 {
 			continue
 		}
-		if err := o.Linear(s.yg.Floats(r0*H, n*H), s.ag.Floats(r0*I, n*I), b.param(l.Experts[x].Down), n, I, H, H, I); err != nil {
+		if err := b.linear(s.yg.Floats(r0*H, n*H), s.ag.Floats(r0*I, n*I), b.param(l.Experts[x].Down), n, I, H, H, I); err != nil {
 			return err
 		}
 	}

@@ -20,8 +20,11 @@ func TestEngineAndCheck(t *testing.T) {
 	if _, err := Engine("gpu", m, rollout.Options{}); err == nil || !strings.Contains(err.Error(), "want cpu, cuda") {
 		t.Errorf("device gpu: %v", err)
 	}
-	if err := Check("cuda", rollout.FP8); err == nil || !strings.Contains(err.Error(), "exact") {
+	if err := Check("cuda", rollout.FP8); err == nil || !strings.Contains(err.Error(), "exact and bf16") {
 		t.Errorf("cuda with fp8: %v", err)
+	}
+	if err := Check("cuda", rollout.BF16); err != nil {
+		t.Errorf("cuda with bf16: %v", err)
 	}
 	if err := Check("cuda:1", rollout.Exact); err != nil {
 		t.Errorf("cuda:1 exact: %v", err)

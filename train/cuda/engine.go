@@ -40,8 +40,8 @@ type Engine struct {
 	rope   ropeTables
 	fw     *fwdState
 	valid  bool
-	hostOK bool       // host holds the device weights
-	bf     *bf16State // the bf16 mode's storage; nil in fp32
+	hostOK bool           // host holds the device weights
+	bf     *kc.BF16Linear // the bf16 mode's products; nil in fp32
 	// recompute keeps only each layer's input from the forward and
 	// recomputes the layer's activations in the backward (activation
 	// checkpointing): one layer's activations in memory instead of all.
@@ -274,7 +274,7 @@ func (e *Engine) Step(lr, maxNorm float64) (float64, error) {
 	}
 	e.step++
 	if e.bf != nil {
-		e.bf.fresh = false
+		e.bf.Stale()
 	}
 	return norm, nil
 }

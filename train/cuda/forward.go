@@ -252,7 +252,7 @@ func elemGrid(n int) kc.Dim3 { return kc.Dim3{X: max(1, min((n+255)/256, 8192))}
 // Wᵀ, W [out, in] a span of the weights, in the engine's precision.
 func (e *Engine) linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error {
 	if e.bf != nil {
-		return e.linear16(y, x, w, rows, in, out, ldy, ldx)
+		return e.bf.Linear(y, x, w, rows, in, out, ldy, ldx)
 	}
 	return e.ops.Linear(y, x, w, rows, in, out, ldy, ldx)
 }
@@ -260,7 +260,7 @@ func (e *Engine) linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error {
 // linearBackX: dx[r, 0:in] (+)= dy[r, 0:out] · W.
 func (e *Engine) linearBackX(dx, dy, w Buffer, rows, in, out, lddx, lddy int, acc bool) error {
 	if e.bf != nil {
-		return e.linearBackX16(dx, dy, w, rows, in, out, lddx, lddy, acc)
+		return e.bf.BackX(dx, dy, w, rows, in, out, lddx, lddy, acc)
 	}
 	return e.ops.LinearBackX(dx, dy, w, rows, in, out, lddx, lddy, acc)
 }
@@ -268,7 +268,7 @@ func (e *Engine) linearBackX(dx, dy, w Buffer, rows, in, out, lddx, lddy int, ac
 // linearBackW: dW[out, in] += Σ_r dy[r, o]·x[r, i].
 func (e *Engine) linearBackW(dw, dy, x Buffer, rows, in, out, lddy, ldx int) error {
 	if e.bf != nil {
-		return e.linearBackW16(dw, dy, x, rows, in, out, lddy, ldx)
+		return e.bf.BackW(dw, dy, x, rows, in, out, lddy, ldx)
 	}
 	return e.ops.LinearBackW(dw, dy, x, rows, in, out, lddy, ldx)
 }

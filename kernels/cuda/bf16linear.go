@@ -1,0 +1,139 @@
+package cuda
+
+import "fmt"
+
+// BF16Linear computes a model's linear layers from a bf16 copy of its
+// float32 weights through cuBLASLt (bf16 operands, float32 accumulation and
+// output), rounding each activation operand to bf16 as it enters a
+// product: the products of mixed-precision training and of the bf16
+// rollout. Weight spans passed to it are spans of the float32 arena it
+// mirrors. Not batch invariant: cuBLASLt chooses its algorithm by shape.
+type BF16Linear struct {
+	ops   *Ops
+	blas  *Blas
+	arena Buffer // the float32 weights
+	w16   Buffer // their bf16 copy
+	n     int    // floats in the arena
+	fresh bool   // w16 holds the arena's current values
+	a, b  Buffer // operand scratch, grown as products need
+	aN    int
+	bN    int
+}
+
+// NewBF16Linear mirrors the float32 arena of n floats.
+func NewBF16Linear(o *Ops, arena Buffer, n int) (*BF16Linear, error) {
+	blas, err := o.Dev.Blas()
+	if err != nil {
+		return nil, err
+	}
+	l := &BF16Linear{ops: o, blas: blas, arena: arena, n: n}
+	if l.w16, err = o.Dev.Alloc(int64(max(n, 1)) * 2); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// Stale says the float32 weights changed (a step, a load): the next
+// product rounds them again.
+func (l *BF16Linear) Stale() { l.fresh = false }
+
+// Free releases the bf16 copy and the scratch.
+func (l *BF16Linear) Free() {
+	for _, b := range []Buffer{l.w16, l.a, l.b} {
+		if b.Ptr != 0 {
+			l.ops.Dev.Free(b)
+		}
+	}
+	*l = BF16Linear{}
+}
+
+func (l *BF16Linear) weights() error {
+	if l.fresh {
+		return nil
+	}
+	if err := l.ops.ToBF16(l.w16, l.arena, l.n); err != nil {
+		return err
+	}
+	l.fresh = true
+	return nil
+}
+
+// w16span is the bf16 span of a span of the float32 arena.
+func (l *BF16Linear) w16span(w Buffer) (Buffer, error) {
+	if w.Ptr < l.arena.Ptr || w.Ptr+uint64(w.Size) > l.arena.Ptr+uint64(l.arena.Size) {
+		return Buffer{}, fmt.Errorf("cuda: a bf16 product's weight is not in the arena it mirrors")
+	}
+	off := (w.Ptr - l.arena.Ptr) / 4
+	return Buffer{Ptr: l.w16.Ptr + off*2, Size: w.Size / 2}, nil
+}
+
+// operand rounds rows × cols floats of src (rows ld apart) into scratch
+// slot which (0 or 1) as contiguous bf16, growing it as needed (a grown
+// slot is freed after the work that uses it: Free synchronises).
+func (l *BF16Linear) operand(which int, src Buffer, rows, cols, ld int) (Buffer, error) {
+	buf, have := &l.a, &l.aN
+	if which == 1 {
+		buf, have = &l.b, &l.bN
+	}
+	n := rows * cols
+	if n > *have {
+		if buf.Ptr != 0 {
+			l.ops.Dev.Free(*buf)
+		}
+		var err error
+		if *buf, err = l.ops.Dev.Alloc(int64(max(n, 1)) * 2); err != nil {
+			*have = 0
+			return Buffer{}, err
+		}
+		*have = n
+	}
+	return *buf, l.ops.ToBF16Rows(*buf, src, rows, cols, ld)
+}
+
+// The products, in cuBLASLt's column-major terms (a row-major [r, c]
+// matrix with ld is a column-major c × r one).
+
+// Linear: y[r, 0:out] = x[r, 0:in] · Wᵀ; column-major yᶜ = (Wᶜ)ᵀ · xᶜ.
+func (l *BF16Linear) Linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error {
+	if err := l.weights(); err != nil {
+		return err
+	}
+	w16, err := l.w16span(w)
+	if err != nil {
+		return err
+	}
+	x16, err := l.operand(0, x, rows, in, ldx)
+	if err != nil {
+		return err
+	}
+	return l.blas.GemmBF16(true, false, out, rows, in, w16, in, x16, in, y, ldy, false)
+}
+
+// BackX: dx[r, 0:in] (+)= dy[r, 0:out] · W; dxᶜ = Wᶜ · dyᶜ.
+func (l *BF16Linear) BackX(dx, dy, w Buffer, rows, in, out, lddx, lddy int, acc bool) error {
+	if err := l.weights(); err != nil {
+		return err
+	}
+	w16, err := l.w16span(w)
+	if err != nil {
+		return err
+	}
+	dy16, err := l.operand(0, dy, rows, out, lddy)
+	if err != nil {
+		return err
+	}
+	return l.blas.GemmBF16(false, false, in, rows, out, w16, in, dy16, out, dx, lddx, acc)
+}
+
+// BackW: dW[out, in] += dyᵀ · x; dWᶜ = xᶜ · (dyᶜ)ᵀ.
+func (l *BF16Linear) BackW(dw, dy, x Buffer, rows, in, out, lddy, ldx int) error {
+	x16, err := l.operand(0, x, rows, in, ldx)
+	if err != nil {
+		return err
+	}
+	dy16, err := l.operand(1, dy, rows, out, lddy)
+	if err != nil {
+		return err
+	}
+	return l.blas.GemmBF16(false, true, in, out, rows, x16, in, dy16, out, dw, in, true)
+}
