@@ -28,7 +28,7 @@ func NewBF16Linear(o *Ops, arena Buffer, n int) (*BF16Linear, error) {
 	}
 	l := &BF16Linear{ops: o, blas: blas, arena: arena, n: n}
 	if l.w16, err = o.Dev.Alloc(int64(max(n, 1)) * 2); err != nil {
-		return nil, err
+		return nil, outOfMemory(o.Dev, "the bf16 copy of the weights", int64(n)*2, err)
 	}
 	return l, nil
 }
@@ -83,7 +83,7 @@ func (l *BF16Linear) operand(which int, src Buffer, rows, cols, ld int) (Buffer,
 		var err error
 		if *buf, err = l.ops.Dev.Alloc(int64(max(n, 1)) * 2); err != nil {
 			*have = 0
-			return Buffer{}, err
+			return Buffer{}, outOfMemory(l.ops.Dev, "a bf16 product's operand", int64(n)*2, err)
 		}
 		*have = n
 	}
@@ -136,4 +136,15 @@ func (l *BF16Linear) BackW(dw, dy, x Buffer, rows, in, out, lddy, ldx int) error
 		return err
 	}
 	return l.blas.GemmBF16(false, true, in, out, rows, x16, in, dy16, out, dw, in, true)
+}
+
+// outOfMemory adds to an allocation's failure for want of memory what was
+// asked and what the device has free.
+func outOfMemory(d *Device, what string, bytes int64, err error) error {
+	if !IsOutOfMemory(err) {
+		return err
+	}
+	free, total, _ := d.MemInfo()
+	return fmt.Errorf("%w: %s needs %.2f GiB, %.2f of %.2f GiB free (a smaller micro-batch, train.recompute or fewer rollout slots leave more)",
+		err, what, float64(bytes)/(1<<30), float64(free)/(1<<30), float64(total)/(1<<30))
 }

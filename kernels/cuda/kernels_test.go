@@ -3,6 +3,7 @@ package cuda
 import (
 	"errors"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -101,32 +102,35 @@ func TestTargetChoice(t *testing.T) {
 	}
 }
 
-// TestKernelsDoNotSpill compiles every kernel for Hopper with ptxas's
-// resource report: a kernel whose registers spill to local memory (a
-// register array indexed at run time, say) or that needs a stack frame
-// fails here, not as a slow kernel on a GPU.
+// TestKernelsDoNotSpill compiles every kernel for Ampere and Hopper with
+// ptxas's resource report: a kernel whose registers spill to local memory
+// (a register array indexed at run time, say) or that needs a stack frame
+// fails here, not as a slow kernel on a GPU. Every kernel must have its
+// report line, all zeros.
 func TestKernelsDoNotSpill(t *testing.T) {
 	n := nvrtcForTest(t)
+	report := regexp.MustCompile(`(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads`)
 	for _, name := range SourceNames() {
 		src, err := Source(name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, log, err := n.Compile(src, name, Target{90, CodeCUBIN}, append(KernelOptions, "--ptxas-options=-v")...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fn := ""
-		for _, line := range strings.Split(log, "\n") {
-			if i := strings.Index(line, "Compiling entry function '"); i >= 0 {
-				fn = strings.SplitN(line[i+len("Compiling entry function '"):], "'", 2)[0]
+		for _, arch := range []int{80, 90} {
+			_, log, err := n.Compile(src, name, Target{arch, CodeCUBIN}, append(KernelOptions, "--ptxas-options=-v")...)
+			if err != nil {
+				t.Fatal(err)
 			}
-			if strings.Contains(line, "stack frame") && !strings.Contains(line, " 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads") {
-				t.Errorf("%s: %s: %s", name, fn, strings.TrimSpace(line))
+			entries := strings.Count(log, "Compiling entry function")
+			lines := report.FindAllStringSubmatch(log, -1)
+			if entries == 0 || len(lines) != entries {
+				t.Errorf("%s for sm_%d: %d entry functions, %d resource reports in ptxas's log:\n%s", name, arch, entries, len(lines), log)
+				continue
 			}
-		}
-		if !strings.Contains(log, "spill stores") {
-			t.Errorf("%s: no resource report in ptxas's log:\n%s", name, log)
+			for _, m := range lines {
+				if m[1] != "0" || m[2] != "0" || m[3] != "0" {
+					t.Errorf("%s for sm_%d: %s", name, arch, m[0])
+				}
+			}
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"fmt"
 	"sync"
 )
 
@@ -100,6 +101,9 @@ func (o *Ops) NormRope(out, inv, raw, w, cos, sin, pos Buffer, rows, heads, hd, 
 // sequences lie in order), by the tiled kernel: each row's bits are the
 // per-row kernel's and the decoding step's.
 func (o *Ops) Attention(out, lse, q, k, v, seqStart Buffer, rows, heads, kv, hd int, scale float32) error {
+	if err := checkHeads(heads, kv, hd); err != nil {
+		return err
+	}
 	return o.Launch("attn.cu", "attn_fwd_tiled", Dim3{X: (rows + 31) / 32, Y: heads}, Dim3{X: 256}, out, lse, q, k, v, seqStart, rows, heads, kv, hd, scale)
 }
 
@@ -143,6 +147,9 @@ func (o *Ops) KVStore(kcache, vcache, k, v, slot, pos Buffer, rows, maxLen, kvd 
 // AttnDecode: each step row attends over positions [0, pos] of its slot's
 // cache, with the training forward's attention arithmetic.
 func (o *Ops) AttnDecode(out, q, kcache, vcache, slot, pos Buffer, rows, maxLen, heads, kv, hd int, scale float32) error {
+	if err := checkHeads(heads, kv, hd); err != nil {
+		return err
+	}
 	return o.Launch("attn.cu", "attn_decode", Dim3{X: rows, Y: (heads + 3) / 4}, Dim3{X: 128}, out, q, kcache, vcache, slot, pos, maxLen, heads, kv, hd, scale)
 }
 
@@ -179,4 +186,15 @@ func (o *Ops) MoERoute(ids, gates, probs, replay Buffer, rows, E, k int, norm bo
 		n = 1
 	}
 	return o.Launch("moe.cu", "moe_route", Dim3{X: (rows + 127) / 128}, Dim3{X: 128}, ids, gates, probs, replay, rows, E, k, n)
+}
+
+// attnHeadDimMax is attn.cu's ATT_HD_MAX: the largest head_dim its
+// registers and shared memory hold.
+const attnHeadDimMax = 256
+
+func checkHeads(heads, kv, hd int) error {
+	if hd < 1 || hd > attnHeadDimMax || kv < 1 || heads < 1 || heads%kv != 0 {
+		return fmt.Errorf("cuda: attention with %d heads, %d KV heads, head_dim %d: want KV heads dividing heads and head_dim 1 to %d", heads, kv, hd, attnHeadDimMax)
+	}
+	return nil
 }

@@ -62,7 +62,7 @@ type span struct {
 var _ rollout.Backend = (*Backend)(nil)
 
 // New puts m on dev for decoding with opt (defaults filled as for the CPU
-// backend). Only exact precision is supported so far. The KV cache is
+// backend), in exact or bf16 precision. The KV cache is
 // float32, [layers][slots][max_len][kv·hd] for keys and for values; a
 // cache that does not fit the device's free memory is an error naming
 // what to lower.
@@ -90,6 +90,9 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 		return nil, err
 	}
 	weights := params * 4
+	if opt.Precision == rollout.BF16 {
+		weights += params * 2 // the bf16 copy the products read
+	}
 	logits := int64(opt.Slots) * int64(c.VocabSize) * 4
 	if free, _, err := dev.MemInfo(); err != nil {
 		return nil, err

@@ -275,7 +275,12 @@ func TestWeightPushDeviceToDevice(t *testing.T) {
 // flip); and a device push refreshes its bf16 weights.
 func TestBF16Rollout(t *testing.T) {
 	dev := cudatest.Device(t)
-	m := testModel(t, "tiny-dense")
+	for _, preset := range []string{"tiny-dense", "tiny-moe"} {
+		t.Run(preset, func(t *testing.T) { bf16Rollout(t, dev, testModel(t, preset)) })
+	}
+}
+
+func bf16Rollout(t *testing.T, dev *kc.Device, m *model.Model) {
 	b, err := New(dev, m, rollout.Options{Precision: rollout.BF16, Slots: 8, MaxLen: 64})
 	if err != nil {
 		t.Fatal(err)
@@ -290,17 +295,26 @@ func TestBF16Rollout(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tr.Close()
+	moe := len(m.Config.MoELayers()) > 0
 	sp := rollout.Sampling{Temperature: 1, MaxNewTokens: 40, Seed: 4}
-	for round := 0; round < 2; round++ {
+	for round := 0; round < 3; round++ {
 		samples, err := eng.Generate(prompts, 4, sp)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var seqs [][]int32
+		var routes []*model.Routes
 		for _, s := range samples {
 			seqs = append(seqs, append(append([]int32(nil), prompts[s.Prompt]...), s.Tokens...))
+			routes = append(routes, s.Routes)
 		}
-		res, err := tr.Forward(seqs, train.ForwardOptions{Temperature: 1})
+		// An MoE model's trainer replays the rollout's routes (R3), so
+		// that a near-tie the bf16 router flipped is not counted.
+		fo := train.ForwardOptions{Temperature: 1}
+		if moe {
+			fo.Replay = routes
+		}
+		res, err := tr.Forward(seqs, fo)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -321,17 +335,28 @@ func TestBF16Rollout(t *testing.T) {
 		if sum/float64(n) > 5e-3 || diff == 0 || math.IsNaN(sum) {
 			t.Errorf("round %d: mean |Δ| %.3g, %d of %d differ", round, sum/float64(n), diff, n)
 		}
-		// A training step and a device push; the next round's rollout must
-		// follow the new weights (its discrepancy stays bf16's, not a
-		// step's).
+		// A training step, then the new weights pushed device to device
+		// (round 0) or through the host (round 1): the next round's
+		// rollout must follow them (a step's change at lr 1e-2 is far
+		// above bf16's 5e-3).
 		if err := tr.Backward(randomLossFor(seqs)); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := tr.Step(1e-2, 0); err != nil {
 			t.Fatal(err)
 		}
-		if done, err := eng.UpdateWeightsFrom(context.Background(), tr, int64(round+1)); err != nil || !done {
-			t.Fatalf("device push: %v, %v", done, err)
+		if round == 0 {
+			if done, err := eng.UpdateWeightsFrom(context.Background(), tr, 1); err != nil || !done {
+				t.Fatalf("device push: %v, %v", done, err)
+			}
+		} else {
+			w, err := tr.Weights()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := eng.UpdateWeights(context.Background(), w, int64(round+1)); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 }
