@@ -92,20 +92,7 @@ func (g *gpu) poisoned(n int) Buffer {
 
 func (g *gpu) launch(module, fn string, grid, block int, args ...any) {
 	g.t.Helper()
-	m, err := g.d.Module(module)
-	if err != nil {
-		g.t.Fatal(err)
-	}
-	f, err := m.Function(fn)
-	if err != nil {
-		g.t.Fatal(err)
-	}
-	if err := f.Launch(Dim3{X: grid}, Dim3{X: block}, 0, args...); err != nil {
-		g.t.Fatal(err)
-	}
-	if err := g.d.Sync(); err != nil {
-		g.t.Fatalf("%s: %v", fn, err)
-	}
+	g.launch2D(module, fn, Dim3{X: grid}, block, args...)
 }
 
 // launch2D is launch with a two-dimensional grid.

@@ -40,6 +40,22 @@ func testModel(t *testing.T, preset string) *model.Model {
 	return m
 }
 
+// gpuEngine is a rollout engine on the GPU backend, closed with t.
+func gpuEngine(t *testing.T, dev *kc.Device, m *model.Model, opt rollout.Options) *rollout.Engine {
+	t.Helper()
+	b, err := New(dev, m, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := rollout.NewWithBackend(b)
+	if err != nil {
+		b.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(eng.Close)
+	return eng
+}
+
 var prompts = [][]int32{{1, 5, 9, 13}, {2, 4}, {7, 7, 7, 7, 7, 7, 7, 7, 7}}
 
 // TestExactAgainstTrainingEngine: in exact precision the GPU rollout's log
@@ -69,15 +85,7 @@ func TestExactAgainstTrainingEngine(t *testing.T) {
 }
 
 func exactAgainstTraining(t *testing.T, dev *kc.Device, m *model.Model, opt rollout.Options, temp float64) {
-	b, err := New(dev, m, opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	eng, err := rollout.NewWithBackend(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
+	eng := gpuEngine(t, dev, m, opt)
 	sp := rollout.Sampling{Temperature: temp, MaxNewTokens: 40, Seed: 3}
 	samples, err := eng.Generate(prompts, 4, sp)
 	if err != nil {
@@ -210,15 +218,7 @@ func sameRoutesAt(a, b *model.Routes, pos int) bool {
 func TestWeightPushDeviceToDevice(t *testing.T) {
 	dev := cudatest.Device(t)
 	m := testModel(t, "tiny-moe")
-	b, err := New(dev, m, rollout.Options{Slots: 8, MaxLen: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	eng, err := rollout.NewWithBackend(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
+	eng := gpuEngine(t, dev, m, rollout.Options{Slots: 8, MaxLen: 64})
 	// The trainer opens the GPU on its own, as train/device does: two
 	// Device values on the GPU's one primary context.
 	dev2, err := kc.Open(dev.Ordinal)
@@ -281,15 +281,7 @@ func TestBF16Rollout(t *testing.T) {
 }
 
 func bf16Rollout(t *testing.T, dev *kc.Device, m *model.Model) {
-	b, err := New(dev, m, rollout.Options{Precision: rollout.BF16, Slots: 8, MaxLen: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	eng, err := rollout.NewWithBackend(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
+	eng := gpuEngine(t, dev, m, rollout.Options{Precision: rollout.BF16, Slots: 8, MaxLen: 64})
 	tr, err := traincuda.NewTrainer(dev, m, train.DefaultAdamWConfig(), nil)
 	if err != nil {
 		t.Fatal(err)

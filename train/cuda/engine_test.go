@@ -32,6 +32,31 @@ func TestNewTrainerChecksFirst(t *testing.T) {
 	}
 }
 
+// enginePair makes a preset model (with layers layers when not 0, seed 7)
+// and the CPU and GPU engines over it, the GPU one closed with t.
+func enginePair(t *testing.T, dev *kc.Device, preset string, layers, vocab int) (model.Config, *model.Model, *train.Engine, *Engine) {
+	t.Helper()
+	cfg, err := model.Preset(preset, vocab)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if layers > 0 {
+		cfg.NumHiddenLayers = layers
+	}
+	m := model.New(cfg)
+	model.Init(m, 7)
+	cpu, err := train.NewTrainer(m, train.DefaultAdamWConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpu, err := NewTrainer(dev, m, train.DefaultAdamWConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gpu.Close() })
+	return cfg, m, cpu, gpu
+}
+
 func randomSeqs(r *rand.Rand, vocab int, lens ...int) [][]int32 {
 	seqs := make([][]int32, len(lens))
 	for i, n := range lens {
@@ -102,25 +127,8 @@ func TestEngineAgainstCPU(t *testing.T) {
 		vocab  int
 	}{{"tiny-dense", 0, 300}, {"qwen3-0.6b", 2, 1000}, {"tiny-moe", 0, 300}, {"small-moe", 0, 300}} {
 		t.Run(c.preset, func(t *testing.T) {
-			cfg, err := model.Preset(c.preset, c.vocab)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if c.layers > 0 {
-				cfg.NumHiddenLayers = c.layers
-			}
-			m := model.New(cfg)
-			model.Init(m, 7)
+			cfg, m, cpu, gpu := enginePair(t, dev, c.preset, c.layers, c.vocab)
 			opt := train.DefaultAdamWConfig()
-			cpu, err := train.NewTrainer(m, opt, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			gpu, err := NewTrainer(dev, m, opt, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer gpu.Close()
 			r := rand.New(rand.NewPCG(1, 2))
 			seqs := randomSeqs(r, c.vocab, 17, 5, 40, 2)
 			moe := len(cfg.MoELayers()) > 0
@@ -358,25 +366,7 @@ func TestEngineBF16(t *testing.T) {
 		layers, vocab int
 	}{{"tiny-dense", 0, 300}, {"qwen3-0.6b", 2, 1000}, {"tiny-moe", 0, 300}} {
 		t.Run(c.preset, func(t *testing.T) {
-			cfg, err := model.Preset(c.preset, c.vocab)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if c.layers > 0 {
-				cfg.NumHiddenLayers = c.layers
-			}
-			m := model.New(cfg)
-			model.Init(m, 7)
-			opt := train.DefaultAdamWConfig()
-			cpu, err := train.NewTrainer(m, opt, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			gpu, err := NewTrainer(dev, m, opt, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer gpu.Close()
+			cfg, _, cpu, gpu := enginePair(t, dev, c.preset, c.layers, c.vocab)
 			if err := gpu.SetPrecision(BF16); err != nil {
 				t.Fatal(err)
 			}
