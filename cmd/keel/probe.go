@@ -12,7 +12,9 @@ import (
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rl"
 	"github.com/keel-rl/keel/rollout"
+	rolldevice "github.com/keel-rl/keel/rollout/device"
 	"github.com/keel-rl/keel/train"
+	"github.com/keel-rl/keel/train/device"
 )
 
 func init() {
@@ -69,6 +71,7 @@ func runProbe(args []string) error {
 	in := fs.String("input", "", `JSONL file of {"tokens": [ids]} prompts`)
 	precs := fs.String("precision", "exact,fp32,bf16,fp8,fp4", "comma-separated rollout precisions to measure")
 	jsonOut := fs.String("json", "", "also write the measures to this JSON file")
+	dev := fs.String("device", "cpu", "where both engines run: cpu, or cuda / cuda:N (the GPU rollout has exact and bf16)")
 	var sf sampleFlags
 	sf.register(fs)
 	fs.Lookup("n").DefValue, sf.n = "4", 4
@@ -88,6 +91,11 @@ func runProbe(args []string) error {
 	if err != nil {
 		return err
 	}
+	for _, p := range modes {
+		if err := rolldevice.Check(*dev, p); err != nil {
+			return fmt.Errorf("--device %s --precision %s: %w", *dev, p, err)
+		}
+	}
 	sp, err := sf.sampling()
 	if err != nil {
 		return err
@@ -102,7 +110,7 @@ func runProbe(args []string) error {
 	}
 	var rows []probeRow
 	for _, p := range modes {
-		row, err := probeMode(m, prompts, p, &sf, sp)
+		row, err := probeMode(*dev, m, prompts, p, &sf, sp)
 		if err != nil {
 			return fmt.Errorf("%s: %w", p, err)
 		}
@@ -116,15 +124,22 @@ func runProbe(args []string) error {
 }
 
 // probeMode samples with one precision and compares with the training
-// engine on the same tokens (rl.Probe).
-func probeMode(m *model.Model, prompts [][]int32, p rollout.Precision, sf *sampleFlags, sp rollout.Sampling) (probeRow, error) {
+// engine (float32) on the same tokens (rl.Probe), both on device dev.
+func probeMode(dev string, m *model.Model, prompts [][]int32, p rollout.Precision, sf *sampleFlags, sp rollout.Sampling) (probeRow, error) {
 	row := probeRow{Precision: p.String()}
-	e, err := rollout.New(m, sf.engineOptions(&m.Config, prompts, p))
+	e, err := rolldevice.Engine(dev, m, sf.engineOptions(&m.Config, prompts, p))
 	if err != nil {
 		return row, err
 	}
 	defer e.Close()
-	r, err := rl.Probe(train.New(m), e, prompts, sf.n, sp, 8192)
+	var t train.Trainer = train.New(m)
+	if dev != "cpu" {
+		if t, err = device.Trainer(device.Options{Device: dev}, m, train.DefaultAdamWConfig(), nil); err != nil {
+			return row, err
+		}
+		defer t.Close()
+	}
+	r, err := rl.Probe(t, e, prompts, sf.n, sp, 8192)
 	if err != nil {
 		return row, err
 	}
