@@ -255,6 +255,34 @@ func TestDeviceAttention(t *testing.T) {
 			t.Fatal(err)
 		}
 		sameBits(t, name+" tiled against decoding", tiled, g.f32(dec, T*qd))
+		// The bf16 cache: decoding over it is decoding over a float32
+		// cache of the bf16-rounded keys and values, bit for bit.
+		round := func(x []float32) []float32 {
+			b := make([]kernels.BF16, len(x))
+			kernels.ToBF16(b, x)
+			y := make([]float32, len(x))
+			kernels.FromBF16(y, b)
+			return y
+		}
+		kc16 := bufOf(g, make([]uint16, len(c.lens)*maxLen*kvd))
+		vc16 := bufOf(g, make([]uint16, len(c.lens)*maxLen*kvd))
+		dec16, decRounded := g.poisoned(T*qd), g.poisoned(T*qd)
+		if err := ops.KVStoreBF16(kc16, vc16, bk, bv, bslot, bpos, T, maxLen, kvd); err != nil {
+			t.Fatal(err)
+		}
+		if err := ops.AttnDecodeBF16(dec16, bq, kc16, vc16, bslot, bpos, T, maxLen, c.heads, c.kv, c.hd, scale); err != nil {
+			t.Fatal(err)
+		}
+		if err := ops.KVStore(kcache, vcache, bufOf(g, round(k)), bufOf(g, round(v)), bslot, bpos, T, maxLen, kvd); err != nil {
+			t.Fatal(err)
+		}
+		if err := ops.AttnDecode(decRounded, bq, kcache, vcache, bslot, bpos, T, maxLen, c.heads, c.kv, c.hd, scale); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.d.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		sameBits(t, name+" bf16 cache against rounded float32 cache", g.f32(dec16, T*qd), g.f32(decRounded, T*qd))
 		bdq, bdsum := g.poisoned(T*qd), g.poisoned(T*c.heads)
 		bdk, bdv := g.poisoned(T*kvd), g.poisoned(T*kvd)
 		launch2("attn_bwd_q", c.heads, bdq, bdsum, bdo, bout, blse, bq, bk, bv, bst, c.heads, c.kv, c.hd, scale)

@@ -198,3 +198,18 @@ func checkHeads(heads, kv, hd int) error {
 	}
 	return nil
 }
+
+// KVStoreBF16 is KVStore into bfloat16 caches (keys and values rounded
+// once, to nearest even).
+func (o *Ops) KVStoreBF16(kcache, vcache, k, v, slot, pos Buffer, rows, maxLen, kvd int) error {
+	return o.Launch("attn.cu", "kv_store_bf16", Dim3{X: rows}, block256, kcache, vcache, k, v, slot, pos, maxLen, kvd)
+}
+
+// AttnDecodeBF16 is AttnDecode over bfloat16 caches: the same arithmetic
+// on the widened keys and values.
+func (o *Ops) AttnDecodeBF16(out, q, kcache, vcache, slot, pos Buffer, rows, maxLen, heads, kv, hd int, scale float32) error {
+	if err := checkHeads(heads, kv, hd); err != nil {
+		return err
+	}
+	return o.Launch("attn.cu", "attn_decode_bf16", Dim3{X: rows, Y: (heads + 3) / 4}, Dim3{X: 128}, out, q, kcache, vcache, slot, pos, maxLen, heads, kv, hd, scale)
+}

@@ -6,9 +6,10 @@
 // In exact precision the decoding step calls the training engine's own
 // batch-invariant kernels (kernels/cuda.Ops), call for call, so log mu
 // equals the GPU training engine's float32 log pi_old bit for bit and the
-// routes are identical. In bf16 the products go to cuBLASLt from a bf16
-// copy of the weights (kernels/cuda.BF16Linear); the KV cache and the rest
-// stay float32 (the CPU engine's bf16 also rounds the cache). Sampling
+// routes are identical. In bf16, as the CPU engine's bf16 mode, the
+// products go to cuBLASLt from a bf16 copy of the weights
+// (kernels/cuda.BF16Linear) and the KV cache holds bfloat16 keys and
+// values (rounded once, attended in float32); the rest stays float32. Sampling
 // stays on the host, which copies each step's output rows'
 // log-probabilities back; fp8 and sampling on the device come next.
 package cuda
@@ -63,9 +64,9 @@ var _ rollout.Backend = (*Backend)(nil)
 
 // New puts m on dev for decoding with opt (defaults filled as for the CPU
 // backend), in exact or bf16 precision. The KV cache is
-// float32, [layers][slots][max_len][kv·hd] for keys and for values; a
-// cache that does not fit the device's free memory is an error naming
-// what to lower.
+// [layers][slots][max_len][kv·hd] for keys and for values (float32, or
+// bfloat16 in bf16 precision); a cache that does not fit the device's
+// free memory is an error naming what to lower.
 func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) {
 	c := m.Config
 	if err := c.Validate(); err != nil {
@@ -84,7 +85,11 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 		return nil, errors.New("rollout/cuda: no device")
 	}
 	kvd := c.NumKeyValueHeads * c.HeadDim
-	cache := int64(c.NumHiddenLayers) * 2 * int64(opt.Slots) * int64(opt.MaxLen) * int64(kvd) * 4
+	elem := int64(4) // the cache's element: float32, or bf16 in bf16 precision
+	if opt.Precision == rollout.BF16 {
+		elem = 2
+	}
+	cache := int64(c.NumHiddenLayers) * 2 * int64(opt.Slots) * int64(opt.MaxLen) * int64(kvd) * elem
 	params, err := c.NumParams()
 	if err != nil {
 		return nil, err
@@ -142,11 +147,15 @@ func (b *Backend) alloc() error {
 		return err
 	}
 	b.kcache, b.vcache = make([]Buffer, c.NumHiddenLayers), make([]Buffer, c.NumHiddenLayers)
+	cacheFloats := S * o.MaxLen * kvd
+	if b.bf16Cache() {
+		cacheFloats = (cacheFloats + 1) / 2 // bf16 elements, two a float
+	}
 	for l := range b.kcache {
-		if b.kcache[l], err = b.buf(S * o.MaxLen * kvd); err != nil {
+		if b.kcache[l], err = b.buf(cacheFloats); err != nil {
 			return err
 		}
-		if b.vcache[l], err = b.buf(S * o.MaxLen * kvd); err != nil {
+		if b.vcache[l], err = b.buf(cacheFloats); err != nil {
 			return err
 		}
 	}
@@ -227,11 +236,18 @@ func (b *Backend) CopyPrefix(dst, src, n int) {
 	if n <= 0 || dst == src || b.err != nil {
 		return
 	}
-	kvd := b.cfg.NumKeyValueHeads * b.cfg.HeadDim
-	L := b.opt.MaxLen * kvd
+	kvd := int64(b.cfg.NumKeyValueHeads * b.cfg.HeadDim)
+	es := int64(4) // bytes an element
+	if b.bf16Cache() {
+		es = 2
+	}
+	slotBytes, size := int64(b.opt.MaxLen)*kvd*es, int64(n)*kvd*es
+	at := func(c Buffer, slot int) Buffer {
+		return Buffer{Ptr: c.Ptr + uint64(int64(slot)*slotBytes), Size: size}
+	}
 	for l := range b.kcache {
 		for _, c := range []Buffer{b.kcache[l], b.vcache[l]} {
-			if err := b.dev.Copy(c.Floats(dst*L, n*kvd), c.Floats(src*L, n*kvd), int64(n*kvd)*4); err != nil {
+			if err := b.dev.Copy(at(c, dst), at(c, src), size); err != nil {
 				b.err = err
 				return
 			}
@@ -257,6 +273,10 @@ func (b *Backend) Close() {
 }
 
 func (b *Backend) param(p *model.Param) Buffer { return b.w.Floats(b.offs[p], p.Size()) }
+
+// bf16Cache reports whether the KV cache holds bfloat16 (bf16 precision,
+// as the CPU engine's bf16 keeps it) rather than float32.
+func (b *Backend) bf16Cache() bool { return b.opt.Precision == rollout.BF16 }
 
 // linear is Ops.Linear in exact precision (the training engine's product,
 // bit for bit), cuBLASLt's bf16 product in bf16.
@@ -318,9 +338,15 @@ func (b *Backend) Step(sb *rollout.StepBatch) error {
 				return o.NormRope(s.k, Buffer{}, s.kraw, b.param(l.KNorm), b.cos, b.sin, s.pos, R, kv, hd, kvd, eps)
 			},
 			func() error {
+				if b.bf16Cache() {
+					return o.KVStoreBF16(b.kcache[li], b.vcache[li], s.k, s.v, s.slot, s.pos, R, b.opt.MaxLen, kvd)
+				}
 				return o.KVStore(b.kcache[li], b.vcache[li], s.k, s.v, s.slot, s.pos, R, b.opt.MaxLen, kvd)
 			},
 			func() error {
+				if b.bf16Cache() {
+					return o.AttnDecodeBF16(s.att, s.q, b.kcache[li], b.vcache[li], s.slot, s.pos, R, b.opt.MaxLen, heads, kv, hd, scale)
+				}
 				return o.AttnDecode(s.att, s.q, b.kcache[li], b.vcache[li], s.slot, s.pos, R, b.opt.MaxLen, heads, kv, hd, scale)
 			},
 			func() error { return b.linear(s.xmid, s.att, b.param(l.O), R, qd, H, H, qd) },

@@ -10,18 +10,25 @@
 #define ATT_PER (ATT_HD_MAX / 32)
 #define ATT_WARPS 4
 
+// ld reads element i of a key or value row, widened to float32 (the bf16
+// KV cache's rows are rounded once when written).
+__device__ __forceinline__ float ld(const float* p, int i) { return p[i]; }
+__device__ __forceinline__ float ld(const bf16_t* p, int i) { return bf16_to_f32(p[i]); }
+
 // attend_key folds key j (its key row kr and value row vr) into one query
 // row's online-softmax state (acc, mx, l), run by one warp. Every
 // attention kernel of the forward (the training engine's tiled one, the
 // per-row one, the rollout's decoding step) calls it key by key in the
-// same order, so a row gets the same bits from each.
+// same order, so a row gets the same bits from each (on float32 rows; the
+// bf16 cache's rows go through the same arithmetic once widened).
+template <typename T>
 __device__ __forceinline__ void attend_key(float (&acc)[ATT_PER], float& mx, float& l, const float (&qr)[ATT_PER],
-                                           const float* kr, const float* vr, int hd, float scale, int lane) {
+                                           const T* kr, const T* vr, int hd, float scale, int lane) {
   float s = 0.f;
 #pragma unroll
   for (int e = 0; e < ATT_PER; e++) {
     const int d = lane + 32 * e;
-    if (d < hd) s = fmaf(qr[e], kr[d], s);
+    if (d < hd) s = fmaf(qr[e], ld(kr, d), s);
   }
   s = warp_sum(s) * scale;
   const float mn = fmaxf(mx, s);
@@ -30,7 +37,7 @@ __device__ __forceinline__ void attend_key(float (&acc)[ATT_PER], float& mx, flo
 #pragma unroll
   for (int e = 0; e < ATT_PER; e++) {
     const int d = lane + 32 * e;
-    if (d < hd) acc[e] = fmaf(p, vr[d], acc[e] * corr);
+    if (d < hd) acc[e] = fmaf(p, ld(vr, d), acc[e] * corr);
   }
   mx = mn;
 }
@@ -49,9 +56,10 @@ __device__ __forceinline__ void attend_finish(float* __restrict__ out, float* __
 // attend computes one (query row, head) output with the online softmax
 // over n keys and values at kb[j*kvstride], vb[j*kvstride], j = 0..n-1
 // in order, run by one warp (the per-row kernels).
+template <typename T>
 __device__ __forceinline__ void attend(float* __restrict__ out, float* __restrict__ lse,
-                                       const float* __restrict__ qrow, const float* __restrict__ kb,
-                                       const float* __restrict__ vb, i64 kvstride, int n, int hd,
+                                       const float* __restrict__ qrow, const T* __restrict__ kb,
+                                       const T* __restrict__ vb, i64 kvstride, int n, int hd,
                                        float scale, int lane) {
   float qr[ATT_PER], acc[ATT_PER];
 #pragma unroll
@@ -290,4 +298,33 @@ extern "C" __global__ void attn_bwd_kv(float* __restrict__ dk, float* __restrict
       dv[o + d] = dva[e];
     }
   }
+}
+
+// kv_store_bf16 is kv_store into a bfloat16 cache (the bf16 rollout's):
+// keys and values rounded once, to nearest even. grid = rows.
+extern "C" __global__ void kv_store_bf16(bf16_t* __restrict__ kc, bf16_t* __restrict__ vc,
+                                         const float* __restrict__ k, const float* __restrict__ v,
+                                         const int* __restrict__ slot, const int* __restrict__ pos,
+                                         int max_len, int kvd) {
+  const i64 r = blockIdx.x;
+  const i64 o = ((i64)slot[r] * max_len + pos[r]) * kvd;
+  for (int j = threadIdx.x; j < kvd; j += blockDim.x) {
+    kc[o + j] = f32_to_bf16(k[r * kvd + j]);
+    vc[o + j] = f32_to_bf16(v[r * kvd + j]);
+  }
+}
+
+// attn_decode_bf16 is attn_decode over a bfloat16 cache.
+extern "C" __global__ void attn_decode_bf16(float* __restrict__ out, const float* __restrict__ q,
+                                            const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
+                                            const int* __restrict__ slot, const int* __restrict__ pos,
+                                            int max_len, int heads, int kv, int hd, float scale) {
+  const int r = blockIdx.x, lane = threadIdx.x & 31;
+  const int h = blockIdx.y * ATT_WARPS + (threadIdx.x >> 5);
+  if (h >= heads) return;
+  const int g = h / (heads / kv);
+  const i64 qd = (i64)heads * hd, kvd = (i64)kv * hd;
+  const i64 base = (i64)slot[r] * max_len * kvd + (i64)g * hd;
+  attend(out + r * qd + (i64)h * hd, (float*)0, q + r * qd + (i64)h * hd, kc + base, vc + base, kvd, pos[r] + 1, hd,
+         scale, lane);
 }
