@@ -1,3 +1,17 @@
+package cuda
+
+import "testing"
+
+func TestAlignment(t *testing.T) {
+	for _, c := range []struct {
+		p    uint64
+		want uint32
+	}{{0x1000, 256}, {0x1004, 4}, {0x1002, 2}, {0x1001, 1}, {0x1040, 64}, {0x1080, 128}, {0, 256}} {
+		if got := alignment(c.p); got != c.want {
+			t.Errorf("alignment(%#x) = %d, want %d", c.p, got, c.want)
+		}
+	}
+}
 
 func TestCheckHeads(t *testing.T) {
 	for _, c := range []struct {
