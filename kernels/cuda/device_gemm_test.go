@@ -363,3 +363,83 @@ func TestDeviceGemmBF16(t *testing.T) {
 		withinBound(t, name+" weight grad", g.f32(dw, N*K), want, bound)
 	}
 }
+
+// TestDeviceFP8 checks the fp8 emulation: the per-row e4m3 quantisation is
+// kernels.QuantizeE4M3Rows' bit for bit (values and scales, across
+// magnitudes that reach the subnormal and saturating paths, an all-zero
+// row and a row with a NaN), and FP8Linear's product is the product of
+// the quantised operands, scaled, within float32 summation error.
+func TestDeviceFP8(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(13, 13))
+	const rows, cols, ld = 9, 300, 310
+	src := make([]float32, rows*ld)
+	for i := range src {
+		src[i] = float32(math.Ldexp(r.NormFloat64(), r.IntN(30)-15))
+	}
+	for j := 0; j < cols; j++ {
+		src[3*ld+j] = 0 // an all-zero row
+	}
+	src[5*ld+7] = float32(math.NaN())
+	dst := bufOf(g, make([]uint16, rows*cols))
+	sc := g.poisoned(rows)
+	ops := NewOps(g.d)
+	if err := ops.QuantE4M3Rows(dst, sc, bufOf(g, src), rows, cols, ld); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]uint16, rows*cols)
+	if err := Download(g.d, got, dst); err != nil {
+		t.Fatal(err)
+	}
+	gotS := g.f32(sc, rows)
+	want, wantS := make([]kernels.BF16, rows*cols), make([]float32, rows)
+	kernels.QuantizeE4M3Rows(want, wantS, src, rows, cols, ld)
+	for i := range want {
+		w := uint16(want[i])
+		nan := w&0x7f80 == 0x7f80 && w&0x7f != 0
+		if got[i] != w && !(nan && got[i]&0x7f80 == 0x7f80 && got[i]&0x7f != 0) {
+			t.Fatalf("e4m3 value %d: %#x, want %#x", i, got[i], w)
+		}
+	}
+	for i := range wantS {
+		if math.Float32bits(gotS[i]) != math.Float32bits(wantS[i]) && !(math.IsNaN(float64(gotS[i])) && math.IsNaN(float64(wantS[i]))) {
+			t.Fatalf("scale of row %d: %v, want %v", i, gotS[i], wantS[i])
+		}
+	}
+
+	// The product: y = X·Wᵀ for a weight W [out, in] inside an arena.
+	const M, N, K = 37, 70, 96
+	x, w := randF32(r, M*K, 1), randF32(r, N*K, 0.05)
+	arena := append(make([]float32, 5), w...) // the weight at offset 5
+	ba := bufOf(g, arena)
+	fl, err := NewFP8Linear(ops, ba, len(arena), []Matrix{{Off: 5, Rows: N, Cols: K}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fl.Free()
+	y := g.poisoned(M * N)
+	if err := fl.Linear(y, bufOf(g, x), ba.Floats(5, N*K), M, K, N, N, K); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	qx, sx := make([]kernels.BF16, M*K), make([]float32, M)
+	qw, sw := make([]kernels.BF16, N*K), make([]float32, N)
+	kernels.QuantizeE4M3Rows(qx, sx, x, M, K, K)
+	kernels.QuantizeE4M3Rows(qw, sw, w, N, K, K)
+	fx, fw := make([]float32, M*K), make([]float32, N*K)
+	kernels.FromBF16(fx, qx)
+	kernels.FromBF16(fw, qw)
+	ref, bound := gemmRef(make([]float32, M*N), fx, fw, M, N, K, K, 1, 1, K, N, false)
+	for i := 0; i < M; i++ {
+		for j := 0; j < N; j++ {
+			ref[i*N+j] = float32(float64(ref[i*N+j]) * float64(sx[i]) * float64(sw[j]))
+			bound[i*N+j] = bound[i*N+j]*float64(sx[i])*float64(sw[j]) + 4*0x1p-24*math.Abs(float64(ref[i*N+j]))
+		}
+	}
+	withinBound(t, "fp8 product", g.f32(y, M*N), ref, bound)
+}

@@ -9,7 +9,10 @@
 // routes are identical. In bf16, as the CPU engine's bf16 mode, the
 // products go to cuBLASLt from a bf16 copy of the weights
 // (kernels/cuda.BF16Linear) and the KV cache holds bfloat16 keys and
-// values (rounded once, attended in float32); the rest stays float32. Sampling
+// values (rounded once, attended in float32); the rest stays float32. In
+// fp8 the products are the CPU fp8's: e4m3 weights per output channel and
+// activations per token (kernels/cuda.FP8Linear, emulated through the bf16
+// GEMM), with the same bf16 cache. Sampling
 // stays on the host, which copies each step's output rows'
 // log-probabilities back; fp8 and sampling on the device come next.
 package cuda
@@ -40,9 +43,9 @@ type Backend struct {
 	cos, sin       Buffer
 	s              scratch
 	bufs           []Buffer
-	err            error          // a failed CopyPrefix, reported by the next Step
-	ownDevice      bool           // Close closes dev (Open)
-	bf             *kc.BF16Linear // bf16 precision's products; nil in exact
+	err            error    // a failed CopyPrefix, reported by the next Step
+	ownDevice      bool     // Close closes dev (Open)
+	bf             products // bf16 and fp8 precision's products; nil in exact
 }
 
 // scratch is one step's device memory, sized for Options.StepRows rows.
@@ -54,6 +57,14 @@ type scratch struct {
 	probs, gates, row, gtok, ids, xg, gug, ag, yg   Buffer // MoE
 }
 
+// products are the reduced-precision linear layers: kernels/cuda's
+// BF16Linear (bf16) or FP8Linear (fp8).
+type products interface {
+	Linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error
+	Stale()
+	Free()
+}
+
 // span asks for n floats of device memory into *b.
 type span struct {
 	b *Buffer
@@ -63,9 +74,9 @@ type span struct {
 var _ rollout.Backend = (*Backend)(nil)
 
 // New puts m on dev for decoding with opt (defaults filled as for the CPU
-// backend), in exact or bf16 precision. The KV cache is
+// backend), in exact, bf16 or fp8 precision. The KV cache is
 // [layers][slots][max_len][kv·hd] for keys and for values (float32, or
-// bfloat16 in bf16 precision); a cache that does not fit the device's
+// bfloat16 in bf16 and fp8 precision); a cache that does not fit the device's
 // free memory is an error naming what to lower.
 func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) {
 	c := m.Config
@@ -75,8 +86,8 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 	if err := opt.Fill(&c); err != nil {
 		return nil, err
 	}
-	if opt.Precision != rollout.Exact && opt.Precision != rollout.BF16 {
-		return nil, fmt.Errorf("rollout/cuda: precision %v is not supported on the GPU yet (exact and bf16 are)", opt.Precision)
+	if opt.Precision != rollout.Exact && opt.Precision != rollout.BF16 && opt.Precision != rollout.FP8 {
+		return nil, fmt.Errorf("rollout/cuda: precision %v is not supported on the GPU yet (exact, bf16 and fp8 are)", opt.Precision)
 	}
 	if c.HeadDim > 256 {
 		return nil, fmt.Errorf("rollout/cuda: head_dim %d above the attention kernel's 256", c.HeadDim)
@@ -85,8 +96,8 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 		return nil, errors.New("rollout/cuda: no device")
 	}
 	kvd := c.NumKeyValueHeads * c.HeadDim
-	elem := int64(4) // the cache's element: float32, or bf16 in bf16 precision
-	if opt.Precision == rollout.BF16 {
+	elem := int64(4) // the cache's element: float32, or bf16 in bf16 and fp8
+	if opt.Precision == rollout.BF16 || opt.Precision == rollout.FP8 {
 		elem = 2
 	}
 	cache := int64(c.NumHiddenLayers) * 2 * int64(opt.Slots) * int64(opt.MaxLen) * int64(kvd) * elem
@@ -95,8 +106,8 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 		return nil, err
 	}
 	weights := params * 4
-	if opt.Precision == rollout.BF16 {
-		weights += params * 2 // the bf16 copy the products read
+	if opt.Precision == rollout.BF16 || opt.Precision == rollout.FP8 {
+		weights += params * 2 // the bf16 (or e4m3-valued) copy the products read
 	}
 	logits := int64(opt.Slots) * int64(c.VocabSize) * 4
 	if free, _, err := dev.MemInfo(); err != nil {
@@ -116,11 +127,21 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 		b.Close()
 		return nil, err
 	}
-	if opt.Precision == rollout.BF16 {
-		if b.bf, err = kc.NewBF16Linear(b.ops, b.w, len(host.Arena)); err != nil {
-			b.Close()
-			return nil, err
+	switch opt.Precision {
+	case rollout.BF16:
+		b.bf, err = kc.NewBF16Linear(b.ops, b.w, len(host.Arena))
+	case rollout.FP8:
+		var mats []kc.Matrix
+		for _, p := range host.Params() {
+			if len(p.Shape) == 2 {
+				mats = append(mats, kc.Matrix{Off: b.offs[p], Rows: p.Shape[0], Cols: p.Shape[1]})
+			}
 		}
+		b.bf, err = kc.NewFP8Linear(b.ops, b.w, len(host.Arena), mats)
+	}
+	if err != nil {
+		b.Close()
+		return nil, err
 	}
 	if err := b.Load(m); err != nil {
 		b.Close()
@@ -274,9 +295,11 @@ func (b *Backend) Close() {
 
 func (b *Backend) param(p *model.Param) Buffer { return b.w.Floats(b.offs[p], p.Size()) }
 
-// bf16Cache reports whether the KV cache holds bfloat16 (bf16 precision,
-// as the CPU engine's bf16 keeps it) rather than float32.
-func (b *Backend) bf16Cache() bool { return b.opt.Precision == rollout.BF16 }
+// bf16Cache reports whether the KV cache holds bfloat16 (bf16 and fp8
+// precision, as the CPU engine keeps it) rather than float32.
+func (b *Backend) bf16Cache() bool {
+	return b.opt.Precision == rollout.BF16 || b.opt.Precision == rollout.FP8
+}
 
 // linear is Ops.Linear in exact precision (the training engine's product,
 // bit for bit), cuBLASLt's bf16 product in bf16.

@@ -1,6 +1,6 @@
 // Package device opens the in-process rollout engine a recipe's
 // rollout.device names: "cpu" (the default) or "cuda" / "cuda:N" (the GPU
-// backend, exact and bf16 precision so far). The batcher, scheduler, seeds and
+// backend, exact, bf16 and fp8 precision so far). The batcher, scheduler, seeds and
 // sampling are the same host code on either.
 package device
 
@@ -35,14 +35,14 @@ func Engine(name string, m *model.Model, opt rollout.Options) (*rollout.Engine, 
 }
 
 // Check reports a device and precision the in-process engine cannot run
-// together: the GPU backend decodes in exact and bf16 precision, so far.
+// together: the GPU backend decodes in exact, bf16 and fp8 precision, so far.
 func Check(name string, p rollout.Precision) error {
 	gpu, err := kc.ParseDevice(name)
 	if err != nil {
 		return err
 	}
-	if gpu >= 0 && p != rollout.Exact && p != rollout.BF16 {
-		return fmt.Errorf("the GPU rollout runs exact and bf16 precision so far, not %v (set rollout.precision: exact or bf16, or rollout.device: cpu)", p)
+	if gpu >= 0 && p != rollout.Exact && p != rollout.BF16 && p != rollout.FP8 {
+		return fmt.Errorf("the GPU rollout runs exact, bf16 and fp8 precision so far, not %v (set rollout.precision: exact, bf16 or fp8, or rollout.device: cpu)", p)
 	}
 	return nil
 }

@@ -41,3 +41,58 @@ extern "C" __global__ void f32_to_bf16_2d(bf16_t* __restrict__ out, const float*
   const i64 r = blockIdx.x;
   for (int j = threadIdx.x; j < cols; j += blockDim.x) out[r * cols + j] = f32_to_bf16(in[r * ld + j]);
 }
+
+// round_e4m3 rounds x to the nearest float8 e4m3 value, ties to even,
+// saturating at +-448, NaN kept, as kernels.RoundE4M3 does (bit for bit).
+__device__ __forceinline__ float round_e4m3(float x) {
+  const u32 u = __float_as_uint(x);
+  const u32 sign = u & 0x80000000u;
+  u32 a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return x;  // NaN
+  if (a >= 0x43e00000u) {
+    a = 0x43e00000u;  // |x| >= 448: saturate
+  } else if (a < 0x3c800000u) {
+    // |x| < 2^-6: a multiple of 2^-9, to nearest even through float32's
+    // step in [2^14, 2^15).
+    const float f = __fadd_rn(__uint_as_float(a), 16384.f);
+    a = __float_as_uint(__fsub_rn(f, 16384.f));
+  } else {
+    a += 0x7ffffu + ((a >> 20) & 1u);
+    a &= ~0xfffffu;
+  }
+  return __uint_as_float(sign | a);
+}
+
+// quant_e4m3_rows quantises each row of src (rows ld apart, cols wide) to
+// e4m3 with one scale per row, as kernels.QuantizeE4M3Rows does: scale =
+// max|row| / 448 (a NaN or Inf in the row makes it non-finite), out =
+// round_e4m3(x / scale) stored as bf16 (exact), zeros when the scale is 0.
+// grid = rows, block = KEEL_THREADS.
+extern "C" __global__ void quant_e4m3_rows(bf16_t* __restrict__ out, float* __restrict__ scale,
+                                           const float* __restrict__ src, int cols, i64 ld) {
+  __shared__ u32 sm[32];
+  const i64 r = blockIdx.x;
+  const float* row = src + r * ld;
+  u32 mx = 0;
+  for (int j = threadIdx.x; j < cols; j += blockDim.x) mx = max(mx, __float_as_uint(row[j]) & 0x7fffffffu);
+  for (int o = 16; o > 0; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  if (l == 0) sm[w] = mx;
+  __syncthreads();
+  mx = l < (int)(blockDim.x >> 5) ? sm[l] : 0u;
+  for (int o = 16; o > 0; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  const float s = __uint_as_float(mx) / 448.f;
+  if (threadIdx.x == 0) scale[r] = s;
+  bf16_t* o = out + r * cols;
+  for (int j = threadIdx.x; j < cols; j += blockDim.x)
+    o[j] = s == 0.f ? (bf16_t)0 : (bf16_t)(__float_as_uint(round_e4m3(row[j] / s)) >> 16);
+}
+
+// scale_rows_cols: y[r, c] = y[r, c] * sx[r] * sw[c], the fp8 product's
+// epilogue (the per-token and per-channel scales). grid = rows.
+extern "C" __global__ void scale_rows_cols(float* __restrict__ y, const float* __restrict__ sx,
+                                           const float* __restrict__ sw, int cols, i64 ldy) {
+  const i64 r = blockIdx.x;
+  const float a = sx[r];
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) y[r * ldy + c] = y[r * ldy + c] * a * sw[c];
+}
