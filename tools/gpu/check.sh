@@ -73,9 +73,9 @@ PY
       > "$out/probe-$d.txt" 2>&1 || status=1
     echo "  $d:"; sed 's/^/    /' "$out/probe-$d.txt"
   done
-  echo "== keel rl, the built-in quickstart for 4 steps in exact precision, device cpu against cuda"
+  echo "== keel rl, the built-in quickstart (fp8 rollout) for 4 steps, device cpu against cuda"
   for d in cpu cuda; do
-    timeout 200 $bin/keel rl --set device=$d --set rollout.precision=exact --set train.steps=4 --set train.warmup=0 \
+    timeout 200 $bin/keel rl --set device=$d --set train.steps=4 --set train.warmup=0 \
       --set eval.skip=true --set out=$out/rl-$d > "$out/rl-$d.log" 2>&1 || status=1
     echo "  $d: $(tail -1 "$out/rl-$d.log")"
   done
