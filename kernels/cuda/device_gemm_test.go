@@ -381,8 +381,21 @@ func TestDeviceFP8(t *testing.T) {
 		src[3*ld+j] = 0 // an all-zero row
 	}
 	src[5*ld+7] = float32(math.NaN())
+	// Row 6: its largest magnitude is 448·2⁻³, so its scale is 2⁻³ and
+	// x/scale is exact: ties and edges of the e4m3 grid, in scale units
+	// (each with its rounding): 1.0625 → 1 and 1.1875 → 1.25 (ties to
+	// even), 3·2⁻¹⁰ → 2⁻⁸ and 15·2⁻¹⁰ → 2⁻⁶ (subnormal ties, the second
+	// into the normal range), 400 → 384 and 432 → 448, -0, a float32
+	// subnormal.
+	edges := []float32{448, 1.0625, 1.1875, 3 * 0x1p-10, 15 * 0x1p-10, 400, 432, float32(math.Copysign(0, -1)), 0x1p-140, -1.0625}
+	for j := range cols {
+		src[6*ld+j] = 0
+	}
+	for j, v := range edges {
+		src[6*ld+j] = v * 0x1p-3
+	}
 	dst := bufOf(g, make([]uint16, rows*cols))
-	sc := g.poisoned(rows)
+	sc := bufOf(g, make([]float32, rows)) // not NaN: a row whose scale is NaN must write it
 	ops := NewOps(g.d)
 	if err := ops.QuantE4M3Rows(dst, sc, bufOf(g, src), rows, cols, ld); err != nil {
 		t.Fatal(err)
@@ -409,10 +422,25 @@ func TestDeviceFP8(t *testing.T) {
 			t.Fatalf("scale of row %d: %v, want %v", i, gotS[i], wantS[i])
 		}
 	}
+	for j, w := range []float32{448, 1, 1.25, 0x1p-8, 0x1p-6, 384, 448} {
+		var b [1]kernels.BF16
+		kernels.ToBF16(b[:], []float32{w})
+		if got[6*cols+j] != uint16(b[0]) {
+			t.Errorf("edge %d (%v): %#x, want %v", j, edges[j], got[6*cols+j], w)
+		}
+	}
+	if wantS[6] != 0x1p-3 {
+		t.Errorf("the edge row's scale is %v, not 2⁻³: the test's premise is wrong", wantS[6])
+	}
 
 	// The product: y = X·Wᵀ for a weight W [out, in] inside an arena.
-	const M, N, K = 37, 70, 96
-	x, w := randF32(r, M*K, 1), randF32(r, N*K, 0.05)
+	// The product y = X·Wᵀ for a weight W [out, in] inside an arena, with
+	// X's rows wider than in and y's wider than out (as for gate and up);
+	// then the weights change and Stale makes the next product use them.
+	const M, N, K, ldx, ldy = 37, 70, 96, 100, 75
+	x := randF32(r, M*ldx, 1)
+	bx := bufOf(g, x)
+	w := randF32(r, N*K, 0.05)
 	arena := append(make([]float32, 5), w...) // the weight at offset 5
 	ba := bufOf(g, arena)
 	fl, err := NewFP8Linear(ops, ba, len(arena), []Matrix{{Off: 5, Rows: N, Cols: K}})
@@ -420,26 +448,38 @@ func TestDeviceFP8(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fl.Free()
-	y := g.poisoned(M * N)
-	if err := fl.Linear(y, bufOf(g, x), ba.Floats(5, N*K), M, K, N, N, K); err != nil {
-		t.Fatal(err)
-	}
-	if err := g.d.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	qx, sx := make([]kernels.BF16, M*K), make([]float32, M)
-	qw, sw := make([]kernels.BF16, N*K), make([]float32, N)
-	kernels.QuantizeE4M3Rows(qx, sx, x, M, K, K)
-	kernels.QuantizeE4M3Rows(qw, sw, w, N, K, K)
-	fx, fw := make([]float32, M*K), make([]float32, N*K)
-	kernels.FromBF16(fx, qx)
-	kernels.FromBF16(fw, qw)
-	ref, bound := gemmRef(make([]float32, M*N), fx, fw, M, N, K, K, 1, 1, K, N, false)
-	for i := 0; i < M; i++ {
-		for j := 0; j < N; j++ {
-			ref[i*N+j] = float32(float64(ref[i*N+j]) * float64(sx[i]) * float64(sw[j]))
-			bound[i*N+j] = bound[i*N+j]*float64(sx[i])*float64(sw[j]) + 4*0x1p-24*math.Abs(float64(ref[i*N+j]))
+	for round := 0; round < 2; round++ {
+		if round == 1 {
+			w = randF32(r, N*K, 0.05)
+			if err := Upload(g.d, ba.Floats(5, N*K), w); err != nil {
+				t.Fatal(err)
+			}
+			fl.Stale()
 		}
+		y := g.poisoned(M * ldy)
+		if err := fl.Linear(y, bx, ba.Floats(5, N*K), M, K, N, ldy, ldx); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.d.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		qx, sx := make([]kernels.BF16, M*K), make([]float32, M)
+		qw, sw := make([]kernels.BF16, N*K), make([]float32, N)
+		kernels.QuantizeE4M3Rows(qx, sx, x, M, K, ldx)
+		kernels.QuantizeE4M3Rows(qw, sw, w, N, K, K)
+		fx, fw := make([]float32, M*K), make([]float32, N*K)
+		kernels.FromBF16(fx, qx)
+		kernels.FromBF16(fw, qw)
+		ref, bound := gemmRef(make([]float32, M*N), fx, fw, M, N, K, K, 1, 1, K, N, false)
+		gy := g.f32(y, M*ldy)
+		got := make([]float32, M*N)
+		for i := 0; i < M; i++ {
+			copy(got[i*N:(i+1)*N], gy[i*ldy:])
+			for j := 0; j < N; j++ {
+				ref[i*N+j] = float32(float64(ref[i*N+j]) * float64(sw[j]) * float64(sx[i]))
+				bound[i*N+j] = bound[i*N+j]*float64(sx[i])*float64(sw[j]) + 4*0x1p-24*math.Abs(float64(ref[i*N+j]))
+			}
+		}
+		withinBound(t, fmt.Sprintf("fp8 product, round %d", round), got, ref, bound)
 	}
-	withinBound(t, "fp8 product", g.f32(y, M*N), ref, bound)
 }

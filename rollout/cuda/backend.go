@@ -14,7 +14,7 @@
 // activations per token (kernels/cuda.FP8Linear, emulated through the bf16
 // GEMM), with the same bf16 cache. Sampling
 // stays on the host, which copies each step's output rows'
-// log-probabilities back; fp8 and sampling on the device come next.
+// log-probabilities back; fp4 and sampling on the device come next.
 package cuda
 
 import (
@@ -133,7 +133,9 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 	case rollout.FP8:
 		var mats []kc.Matrix
 		for _, p := range host.Params() {
-			if len(p.Shape) == 2 {
+			// Every matrix a product reads (an untied embedding is only
+			// gathered from).
+			if len(p.Shape) == 2 && (p != host.Embed || host.LMHead == host.Embed) {
 				mats = append(mats, kc.Matrix{Off: b.offs[p], Rows: p.Shape[0], Cols: p.Shape[1]})
 			}
 		}
@@ -302,7 +304,7 @@ func (b *Backend) bf16Cache() bool {
 }
 
 // linear is Ops.Linear in exact precision (the training engine's product,
-// bit for bit), cuBLASLt's bf16 product in bf16.
+// bit for bit), the bf16 or fp8 products otherwise.
 func (b *Backend) linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error {
 	if b.bf != nil {
 		return b.bf.Linear(y, x, w, rows, in, out, ldy, ldx)

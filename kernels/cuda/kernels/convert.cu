@@ -85,14 +85,15 @@ extern "C" __global__ void quant_e4m3_rows(bf16_t* __restrict__ out, float* __re
   if (threadIdx.x == 0) scale[r] = s;
   bf16_t* o = out + r * cols;
   for (int j = threadIdx.x; j < cols; j += blockDim.x)
-    o[j] = s == 0.f ? (bf16_t)0 : (bf16_t)(__float_as_uint(round_e4m3(row[j] / s)) >> 16);
+    o[j] = s == 0.f ? (bf16_t)0 : f32_to_bf16(round_e4m3(row[j] / s));  // exact for e4m3 values
 }
 
-// scale_rows_cols: y[r, c] = y[r, c] * sx[r] * sw[c], the fp8 product's
-// epilogue (the per-token and per-channel scales). grid = rows.
+// scale_rows_cols: y[r, c] = (y[r, c] * sw[c]) * sx[r], the fp8 product's
+// epilogue (the per-channel, then the per-token scale, in the CPU's
+// order). grid = rows.
 extern "C" __global__ void scale_rows_cols(float* __restrict__ y, const float* __restrict__ sx,
                                            const float* __restrict__ sw, int cols, i64 ldy) {
   const i64 r = blockIdx.x;
   const float a = sx[r];
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) y[r * ldy + c] = y[r * ldy + c] * a * sw[c];
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) y[r * ldy + c] = y[r * ldy + c] * sw[c] * a;
 }
