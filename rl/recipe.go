@@ -199,7 +199,7 @@ type RolloutSettings struct {
 	// MaxConcurrency bounds the requests (prompts) in flight per server.
 	MaxConcurrency int `yaml:"max_concurrency,omitempty"`
 	// Device is where the in-process engine decodes: cpu (the default),
-	// cuda or cuda:N (the GPU backend; exact, bf16 and fp8 precision so far).
+	// cuda or cuda:N (the GPU backend: exact, bf16, fp8 and fp4 precision).
 	Device string `yaml:"device,omitempty"`
 }
 

@@ -71,7 +71,7 @@ func runProbe(args []string) error {
 	in := fs.String("input", "", `JSONL file of {"tokens": [ids]} prompts`)
 	precs := fs.String("precision", "exact,fp32,bf16,fp8,fp4", "comma-separated rollout precisions to measure")
 	jsonOut := fs.String("json", "", "also write the measures to this JSON file")
-	dev := fs.String("device", "cpu", "where both engines run: cpu, or cuda / cuda:N (the GPU rollout has exact, bf16 and fp8)")
+	dev := fs.String("device", "cpu", "where both engines run: cpu, or cuda / cuda:N (the GPU rollout has exact, bf16, fp8 and fp4)")
 	var sf sampleFlags
 	sf.register(fs)
 	fs.Lookup("n").DefValue, sf.n = "4", 4

@@ -49,7 +49,7 @@ func TestProbeCommandErrors(t *testing.T) {
 		{[]string{"--input", good}, "--model is required"},
 		{[]string{"--model", dir, "--input", bad}, "bad.jsonl:2"},
 		{[]string{"--model", dir, "--input", good, "--top-p", "2"}, "top-p"},
-		{[]string{"--model", dir, "--input", good, "--device", "cuda", "--precision", "exact,fp4"}, "--device cuda --precision fp4"},
+		{[]string{"--model", dir, "--input", good, "--device", "cuda", "--precision", "exact,fp32"}, "--device cuda --precision fp32"},
 		{[]string{"--model", dir, "--input", good, "--device", "tpu"}, "want cpu, cuda"},
 	} {
 		if err := runProbe(c.args); err == nil || !strings.Contains(err.Error(), c.want) {

@@ -112,7 +112,7 @@ func runSample(args []string) error {
 	prompt := fs.String("prompt", "", "a prompt as text (needs the model directory's tokenizer.json)")
 	out := fs.String("output", "", "output JSONL file (default: standard output)")
 	prec := fs.String("precision", "exact", "exact, fp32, bf16, fp8 or fp4")
-	device := fs.String("device", "cpu", "where the engine decodes: cpu, cuda or cuda:N (the GPU runs exact, bf16 and fp8 precision so far)")
+	device := fs.String("device", "cpu", "where the engine decodes: cpu, cuda or cuda:N (the GPU runs exact, bf16, fp8 and fp4; not the CPU's fp32)")
 	var sf sampleFlags
 	sf.register(fs)
 	if help, err := parseFlags(fs, args); help || err != nil {

@@ -108,7 +108,7 @@ func TestSampleCommandErrors(t *testing.T) {
 		{[]string{"--model", dir, "--input", good, "--max-new-tokens", "0"}, "max new tokens"},
 		{[]string{"--model", dir, "--prompt", "hello"}, "needs a tokenizer.json"},
 		{[]string{"--model", dir}, "--input or --prompt"},
-		{[]string{"--model", dir, "--input", good, "--device", "cuda", "--precision", "fp4"}, "exact, bf16 and fp8 precision so far"},
+		{[]string{"--model", dir, "--input", good, "--device", "cuda", "--precision", "fp32"}, "on the GPU exact is float32"},
 		{[]string{"--model", dir, "--input", good, "--device", "tpu"}, "want cpu, cuda"},
 	} {
 		if err := runSample(c.args); err == nil || !strings.Contains(err.Error(), c.want) {

@@ -46,7 +46,7 @@ func runServe(args []string) error {
 	fs.Usage = func() { fmt.Fprint(fs.Output(), serveUsage); fs.PrintDefaults() }
 	dir := fs.String("model", "", "Hugging Face model directory (config.json, safetensors, tokenizer.json)")
 	prec := fs.String("precision", "exact", "rollout precision: exact, fp32, bf16, fp8 or fp4")
-	device := fs.String("device", "cpu", "where the engine decodes: cpu, cuda or cuda:N (the GPU runs exact, bf16 and fp8 precision so far)")
+	device := fs.String("device", "cpu", "where the engine decodes: cpu, cuda or cuda:N (the GPU runs exact, bf16, fp8 and fp4; not the CPU's fp32)")
 	addr := fs.String("addr", "127.0.0.1:30000", "address to listen on")
 	key := fs.String("api-key", "", "require this key (default: $KEEL_API_KEY, else none)")
 	name := fs.String("served-model-name", "", "the model's name for clients (default: the directory's name)")

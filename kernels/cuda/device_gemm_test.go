@@ -367,7 +367,7 @@ func TestDeviceGemmBF16(t *testing.T) {
 // TestDeviceFP8 checks the fp8 emulation: the per-row e4m3 quantisation is
 // kernels.QuantizeE4M3Rows' bit for bit (values and scales, across
 // magnitudes that reach the subnormal and saturating paths, an all-zero
-// row and a row with a NaN), and FP8Linear's product is the product of
+// row and a row with a NaN), and QuantLinear's product is the product of
 // the quantised operands, scaled, within float32 summation error.
 func TestDeviceFP8(t *testing.T) {
 	g := newGPU(t)
@@ -443,7 +443,7 @@ func TestDeviceFP8(t *testing.T) {
 	w := randF32(r, N*K, 0.05)
 	arena := append(make([]float32, 5), w...) // the weight at offset 5
 	ba := bufOf(g, arena)
-	fl, err := NewFP8Linear(ops, ba, len(arena), []Matrix{{Off: 5, Rows: N, Cols: K}})
+	fl, err := NewQuantLinear(ops, ba, len(arena), []Matrix{{Off: 5, Rows: N, Cols: K}}, FormatFP8)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -481,5 +481,47 @@ func TestDeviceFP8(t *testing.T) {
 			}
 		}
 		withinBound(t, fmt.Sprintf("fp8 product, round %d", round), got, ref, bound)
+	}
+}
+
+// TestDeviceNVFP4: the fp4 weight quantiser is kernels.PackNVFP4's: the
+// values it makes times the row's scale are kernels.FakeQuantNVFP4Rows'
+// bit for bit, over rows of mixed magnitudes whose width is not a multiple
+// of the 16-input block, an all-zero row and a row holding an Inf.
+func TestDeviceNVFP4(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(14, 14))
+	const rows, cols, ld = 7, 203, 210
+	src := make([]float32, rows*ld)
+	for i := range src {
+		src[i] = float32(math.Ldexp(r.NormFloat64(), r.IntN(24)-12))
+	}
+	for j := 0; j < cols; j++ {
+		src[2*ld+j] = 0
+	}
+	src[4*ld+100] = float32(math.Inf(1))
+	dst := bufOf(g, make([]uint16, rows*cols))
+	sc := bufOf(g, make([]float32, rows))
+	if err := NewOps(g.d).Launch("convert.cu", FormatFP4, Dim3{X: rows}, block256, dst, sc, bufOf(g, src), cols, int64(ld)); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	q := make([]uint16, rows*cols)
+	if err := Download(g.d, q, dst); err != nil {
+		t.Fatal(err)
+	}
+	s := g.f32(sc, rows)
+	want := append([]float32(nil), src...)
+	kernels.FakeQuantNVFP4Rows(want, rows, cols, ld)
+	for i := 0; i < rows; i++ {
+		for j := 0; j < cols; j++ {
+			got := math.Float32frombits(uint32(q[i*cols+j])<<16) * s[i]
+			w := want[i*ld+j]
+			if math.Float32bits(got) != math.Float32bits(w) && !(math.IsNaN(float64(got)) && math.IsNaN(float64(w))) {
+				t.Fatalf("row %d col %d (%v): %v, want %v", i, j, src[i*ld+j], got, w)
+			}
+		}
 	}
 }

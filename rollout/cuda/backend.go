@@ -11,10 +11,11 @@
 // (kernels/cuda.BF16Linear) and the KV cache holds bfloat16 keys and
 // values (rounded once, attended in float32); the rest stays float32. In
 // fp8 the products are the CPU fp8's: e4m3 weights per output channel and
-// activations per token (kernels/cuda.FP8Linear, emulated through the bf16
-// GEMM), with the same bf16 cache. Sampling
+// activations per token (kernels/cuda.QuantLinear, emulated through the
+// bf16 GEMM), with the same bf16 cache; fp4 likewise with the CPU's
+// NVFP4-style weights. Sampling
 // stays on the host, which copies each step's output rows'
-// log-probabilities back; fp4 and sampling on the device come next.
+// log-probabilities back; sampling on the device comes next.
 package cuda
 
 import (
@@ -58,7 +59,7 @@ type scratch struct {
 }
 
 // products are the reduced-precision linear layers: kernels/cuda's
-// BF16Linear (bf16) or FP8Linear (fp8).
+// BF16Linear (bf16) or QuantLinear (fp8, fp4).
 type products interface {
 	Linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error
 	Stale()
@@ -74,9 +75,9 @@ type span struct {
 var _ rollout.Backend = (*Backend)(nil)
 
 // New puts m on dev for decoding with opt (defaults filled as for the CPU
-// backend), in exact, bf16 or fp8 precision. The KV cache is
+// backend), in exact, bf16, fp8 or fp4 precision. The KV cache is
 // [layers][slots][max_len][kv·hd] for keys and for values (float32, or
-// bfloat16 in bf16 and fp8 precision); a cache that does not fit the device's
+// bfloat16 in bf16, fp8 and fp4); a cache that does not fit the device's
 // free memory is an error naming what to lower.
 func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) {
 	c := m.Config
@@ -86,8 +87,8 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 	if err := opt.Fill(&c); err != nil {
 		return nil, err
 	}
-	if opt.Precision != rollout.Exact && opt.Precision != rollout.BF16 && opt.Precision != rollout.FP8 {
-		return nil, fmt.Errorf("rollout/cuda: precision %v is not supported on the GPU yet (exact, bf16 and fp8 are)", opt.Precision)
+	if opt.Precision == rollout.FP32 {
+		return nil, fmt.Errorf("rollout/cuda: precision fp32 (the CPU engine's own float32 kernels) has no GPU form; exact is the GPU's float32")
 	}
 	if c.HeadDim > 256 {
 		return nil, fmt.Errorf("rollout/cuda: head_dim %d above the attention kernel's 256", c.HeadDim)
@@ -96,8 +97,8 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 		return nil, errors.New("rollout/cuda: no device")
 	}
 	kvd := c.NumKeyValueHeads * c.HeadDim
-	elem := int64(4) // the cache's element: float32, or bf16 in bf16 and fp8
-	if opt.Precision == rollout.BF16 || opt.Precision == rollout.FP8 {
+	elem := int64(4) // the cache's element: float32 in exact, else bf16
+	if opt.Precision != rollout.Exact {
 		elem = 2
 	}
 	cache := int64(c.NumHiddenLayers) * 2 * int64(opt.Slots) * int64(opt.MaxLen) * int64(kvd) * elem
@@ -106,8 +107,8 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 		return nil, err
 	}
 	weights := params * 4
-	if opt.Precision == rollout.BF16 || opt.Precision == rollout.FP8 {
-		weights += params * 2 // the bf16 (or e4m3-valued) copy the products read
+	if opt.Precision != rollout.Exact {
+		weights += params * 2 // the bf16 (or quantised) copy the products read
 	}
 	logits := int64(opt.Slots) * int64(c.VocabSize) * 4
 	if free, _, err := dev.MemInfo(); err != nil {
@@ -130,7 +131,7 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 	switch opt.Precision {
 	case rollout.BF16:
 		b.bf, err = kc.NewBF16Linear(b.ops, b.w, len(host.Arena))
-	case rollout.FP8:
+	case rollout.FP8, rollout.FP4:
 		var mats []kc.Matrix
 		for _, p := range host.Params() {
 			// Every matrix a product reads (an untied embedding is only
@@ -139,7 +140,11 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 				mats = append(mats, kc.Matrix{Off: b.offs[p], Rows: p.Shape[0], Cols: p.Shape[1]})
 			}
 		}
-		b.bf, err = kc.NewFP8Linear(b.ops, b.w, len(host.Arena), mats)
+		format := kc.FormatFP8
+		if opt.Precision == rollout.FP4 {
+			format = kc.FormatFP4
+		}
+		b.bf, err = kc.NewQuantLinear(b.ops, b.w, len(host.Arena), mats, format)
 	}
 	if err != nil {
 		b.Close()
@@ -297,11 +302,9 @@ func (b *Backend) Close() {
 
 func (b *Backend) param(p *model.Param) Buffer { return b.w.Floats(b.offs[p], p.Size()) }
 
-// bf16Cache reports whether the KV cache holds bfloat16 (bf16 and fp8
-// precision, as the CPU engine keeps it) rather than float32.
-func (b *Backend) bf16Cache() bool {
-	return b.opt.Precision == rollout.BF16 || b.opt.Precision == rollout.FP8
-}
+// bf16Cache reports whether the KV cache holds bfloat16 (bf16, fp8 and
+// fp4, as the CPU engine keeps it) rather than float32 (exact).
+func (b *Backend) bf16Cache() bool { return b.opt.Precision != rollout.Exact }
 
 // linear is Ops.Linear in exact precision (the training engine's product,
 // bit for bit), the bf16 or fp8 products otherwise.

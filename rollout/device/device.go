@@ -1,6 +1,6 @@
 // Package device opens the in-process rollout engine a recipe's
 // rollout.device names: "cpu" (the default) or "cuda" / "cuda:N" (the GPU
-// backend, exact, bf16 and fp8 precision so far). The batcher, scheduler, seeds and
+// backend, exact, bf16, fp8 and fp4 precision). The batcher, scheduler, seeds and
 // sampling are the same host code on either.
 package device
 
@@ -35,14 +35,14 @@ func Engine(name string, m *model.Model, opt rollout.Options) (*rollout.Engine, 
 }
 
 // Check reports a device and precision the in-process engine cannot run
-// together: the GPU backend decodes in exact, bf16 and fp8 precision, so far.
+// together: the GPU backend decodes in exact, bf16, fp8 and fp4 precision (not the CPU's fp32).
 func Check(name string, p rollout.Precision) error {
 	gpu, err := kc.ParseDevice(name)
 	if err != nil {
 		return err
 	}
-	if gpu >= 0 && p != rollout.Exact && p != rollout.BF16 && p != rollout.FP8 {
-		return fmt.Errorf("the GPU rollout runs exact, bf16 and fp8 precision so far, not %v (set rollout.precision: exact, bf16 or fp8, or rollout.device: cpu)", p)
+	if gpu >= 0 && p == rollout.FP32 {
+		return fmt.Errorf("precision fp32 is the CPU engine's own float32 kernels; on the GPU exact is float32 (set rollout.precision: exact, or rollout.device: cpu)")
 	}
 	return nil
 }

@@ -20,7 +20,10 @@ func TestEngineAndCheck(t *testing.T) {
 	if _, err := Engine("gpu", m, rollout.Options{}); err == nil || !strings.Contains(err.Error(), "want cpu, cuda") {
 		t.Errorf("device gpu: %v", err)
 	}
-	if err := Check("cuda", rollout.FP4); err == nil || !strings.Contains(err.Error(), "exact, bf16 and fp8") {
+	if err := Check("cuda", rollout.FP32); err == nil || !strings.Contains(err.Error(), "on the GPU exact is float32") {
+		t.Errorf("cuda with fp32: %v", err)
+	}
+	if err := Check("cuda", rollout.FP4); err != nil {
 		t.Errorf("cuda with fp4: %v", err)
 	}
 	if err := Check("cuda", rollout.FP8); err != nil {

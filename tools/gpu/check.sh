@@ -66,10 +66,10 @@ for k in ("loss", "grad_norm"):
     diffs = [abs(a[k] - b[k]) / max(1e-9, abs(a[k])) for a, b in zip(rows["cpu"], rows["cuda"])]
     print(f"  {k}: {len(diffs)} steps, largest relative difference {max(diffs):.2e} (step {diffs.index(max(diffs)) + 1})")
 PY
-  echo "== keel probe on the GPU (exact, bf16, fp8 against the GPU training engine) and on the CPU"
+  echo "== keel probe on the GPU (exact, bf16, fp8, fp4 against the GPU training engine) and on the CPU"
   python3 -c "import random, json; r=random.Random(5); [print(json.dumps({'tokens': [1] + [r.randrange(3, 120) for _ in range(20)]})) for _ in range(32)]" > "$out/probe-prompts.jsonl"
   for d in cuda cpu; do
-    timeout 120 $bin/keel probe --model models/tiny-moe-base --input "$out/probe-prompts.jsonl" --device $d --precision exact,bf16,fp8 \
+    timeout 120 $bin/keel probe --model models/tiny-moe-base --input "$out/probe-prompts.jsonl" --device $d --precision exact,bf16,fp8,fp4 \
       > "$out/probe-$d.txt" 2>&1 || status=1
     echo "  $d:"; sed 's/^/    /' "$out/probe-$d.txt"
   done

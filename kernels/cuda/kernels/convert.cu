@@ -97,3 +97,70 @@ extern "C" __global__ void scale_rows_cols(float* __restrict__ y, const float* _
   const float a = sx[r];
   for (int c = threadIdx.x; c < cols; c += blockDim.x) y[r * ldy + c] = y[r * ldy + c] * sw[c] * a;
 }
+
+// round_e2m1 rounds x to the nearest float4 e2m1 value (0, 0.5, 1, 1.5, 2,
+// 3, 4, 6), ties to even, saturating at 6, NaN kept: kernels.RoundE2M1.
+__device__ __forceinline__ float round_e2m1(float x) {
+  if (x != x) return x;
+  const double a = fabs((double)x);
+  double q;
+  if (a <= 0.25) q = 0;
+  else if (a < 0.75) q = 0.5;
+  else if (a <= 1.25) q = 1;
+  else if (a < 1.75) q = 1.5;
+  else if (a <= 2.5) q = 2;
+  else if (a < 3.5) q = 3;
+  else if (a <= 5) q = 4;
+  else q = 6;
+  return (float)copysign(q, (double)x);
+}
+
+// quant_nvfp4_rows quantises each row of src (rows ld apart, cols wide)
+// NVFP4-style as kernels.PackNVFP4 does (the fp4 rollout's weights): the
+// row's power-of-two scale s = 2^ceil(log2(max|row| / (6·448))) (1 for an
+// all-zero row, NaN with zeros for a row holding NaN or Inf), per block of
+// 16 inputs an e4m3 scale bs = round_e4m3(max|block| / 6 / s), and values
+// round_e2m1(x / (bs·s))·bs, stored as bf16 (exact). grid = rows.
+extern "C" __global__ void quant_nvfp4_rows(bf16_t* __restrict__ out, float* __restrict__ scale,
+                                            const float* __restrict__ src, int cols, i64 ld) {
+  __shared__ u32 sm[32];
+  __shared__ int bad[1];
+  const i64 r = blockIdx.x;
+  const float* row = src + r * ld;
+  bf16_t* o = out + r * cols;
+  if (threadIdx.x == 0) bad[0] = 0;
+  __syncthreads();
+  u32 mx = 0;
+  for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+    const u32 a = __float_as_uint(row[j]) & 0x7fffffffu;
+    if (a >= 0x7f800000u) bad[0] = 1;  // NaN or Inf: any thread may set it
+    mx = max(mx, a);
+  }
+  for (int q = 16; q > 0; q >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, q));
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  if (l == 0) sm[w] = mx;
+  __syncthreads();
+  mx = l < (int)(blockDim.x >> 5) ? sm[l] : 0u;
+  for (int q = 16; q > 0; q >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, q));
+  if (bad[0] || mx == 0) {
+    if (threadIdx.x == 0) scale[r] = bad[0] ? __int_as_float(0x7fffffff) : 1.f;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) o[j] = 0;
+    return;
+  }
+  // ceil(log2(x)) exactly, from x's binary exponent: x = f·2^e, f in
+  // [0.5, 1), so log2 x is in [e-1, e) and equals e-1 only for f = 0.5.
+  int e;
+  const double f = frexp((double)__uint_as_float(mx) / (6.0 * 448.0), &e);
+  const float s = (float)ldexp(1.0, f == 0.5 ? e - 1 : e);
+  if (threadIdx.x == 0) scale[r] = s;
+  for (int b0 = threadIdx.x * 16; b0 < cols; b0 += blockDim.x * 16) {
+    const int b1 = min(b0 + 16, cols);
+    float bm = 0.f;
+    for (int j = b0; j < b1; j++) bm = fmaxf(bm, fabsf(row[j]));
+    const float bs = round_e4m3(bm / 6.f / s);
+    for (int j = b0; j < b1; j++) {
+      const float q = bs != 0.f ? round_e2m1(row[j] / (bs * s)) * bs : 0.f;
+      o[j] = f32_to_bf16(q);
+    }
+  }
+}

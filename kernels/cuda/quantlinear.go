@@ -1,0 +1,150 @@
+package cuda
+
+import "fmt"
+
+// Matrix is a weight matrix in a float32 arena: element offset, rows
+// (output channels) and columns (inputs).
+type Matrix struct{ Off, Rows, Cols int }
+
+// Weight formats of QuantLinear.
+const (
+	// FormatFP8: e4m3 values with one scale per output channel
+	// (kernels.QuantizeE4M3Rows), the fp8 rollout's weights.
+	FormatFP8 = "quant_e4m3_rows"
+	// FormatFP4: NVFP4-style, e2m1 values with an e4m3 scale per block
+	// of 16 inputs and a power-of-two scale per output channel
+	// (kernels.PackNVFP4), the fp4 rollout's weights.
+	FormatFP4 = "quant_nvfp4_rows"
+)
+
+// QuantLinear computes a model's linear layers as the CPU rollout's fp8
+// and fp4 precisions define them: weights quantised in the format given
+// (the CPU's rules, the same bits), activations to float8 e4m3 with one
+// scale per token, the product of the quantised values (exact in bf16) in
+// cuBLASLt's bf16 GEMM with float32 accumulation, then the channel and
+// token scales. It emulates fp8 and fp4 tensor-core products' numbers on
+// any GPU cuBLASLt's bf16 runs on, at bf16 speed.
+type QuantLinear struct {
+	ops    *Ops
+	blas   *Blas
+	format string // the weights' quantisation kernel
+	arena  Buffer
+	n      int
+	mats   map[uint64]Matrix // by the matrix's address in the arena
+	soff   map[uint64]int    // its first row's index in wscale
+	w8     Buffer            // the quantised weights, bf16, arena layout
+	ws     Buffer            // per-row weight scales
+	fresh  bool
+	x8     Buffer // an activation operand, bf16
+	sx     Buffer // its per-row scales
+	xN     int
+	sN     int
+}
+
+// NewQuantLinear mirrors the float32 arena of n floats whose product
+// weights are mats, quantised in format (FormatFP8 or FormatFP4).
+func NewQuantLinear(o *Ops, arena Buffer, n int, mats []Matrix, format string) (*QuantLinear, error) {
+	if format != FormatFP8 && format != FormatFP4 {
+		return nil, fmt.Errorf("cuda: unknown weight format %q", format)
+	}
+	blas, err := o.Dev.Blas()
+	if err != nil {
+		return nil, err
+	}
+	l := &QuantLinear{ops: o, blas: blas, format: format, arena: arena, n: n, mats: map[uint64]Matrix{}, soff: map[uint64]int{}}
+	rows := 0
+	for _, m := range mats {
+		if m.Off < 0 || m.Rows < 1 || m.Cols < 1 || m.Off+m.Rows*m.Cols > n {
+			return nil, fmt.Errorf("cuda: fp8 weight at %d [%d, %d] outside an arena of %d", m.Off, m.Rows, m.Cols, n)
+		}
+		p := arena.Ptr + uint64(m.Off)*4
+		l.mats[p], l.soff[p] = m, rows
+		rows += m.Rows
+	}
+	if l.w8, err = o.Dev.Alloc(int64(max(n, 1)) * 2); err != nil {
+		return nil, outOfMemory(o.Dev, "the quantised copy of the weights", int64(n)*2, err)
+	}
+	if l.ws, err = o.Dev.Alloc(int64(max(rows, 1)) * 4); err != nil {
+		o.Dev.Free(l.w8)
+		return nil, err
+	}
+	return l, nil
+}
+
+// Stale says the float32 weights changed: the next product quantises
+// them again.
+func (l *QuantLinear) Stale() { l.fresh = false }
+
+// Free releases the device memory.
+func (l *QuantLinear) Free() {
+	for _, b := range []Buffer{l.w8, l.ws, l.x8, l.sx} {
+		if b.Ptr != 0 {
+			l.ops.Dev.Free(b)
+		}
+	}
+	*l = QuantLinear{}
+}
+
+// QuantE4M3Rows quantises rows of src (ld apart, cols wide) into dst
+// (bf16, contiguous) with one scale per row into scale.
+func (o *Ops) QuantE4M3Rows(dst, scale, src Buffer, rows, cols, ld int) error {
+	return o.Launch("convert.cu", "quant_e4m3_rows", Dim3{X: rows}, block256, dst, scale, src, cols, int64(ld))
+}
+
+func (l *QuantLinear) weights() error {
+	if l.fresh {
+		return nil
+	}
+	for p, m := range l.mats {
+		dst := Buffer{Ptr: l.w8.Ptr + uint64(m.Off)*2, Size: int64(m.Rows*m.Cols) * 2}
+		sc := l.ws.Floats(l.soff[p], m.Rows)
+		src := Buffer{Ptr: p, Size: int64(m.Rows*m.Cols) * 4}
+		if err := l.ops.Launch("convert.cu", l.format, Dim3{X: m.Rows}, block256, dst, sc, src, m.Cols, int64(m.Cols)); err != nil {
+			return err
+		}
+	}
+	l.fresh = true
+	return nil
+}
+
+// Linear: y[r, 0:out] = x[r, 0:in] · Wᵀ as described above; w is one of
+// the matrices given to NewQuantLinear.
+func (l *QuantLinear) Linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error {
+	if err := l.weights(); err != nil {
+		return err
+	}
+	m, ok := l.mats[w.Ptr]
+	if !ok || m.Rows != out || m.Cols != in {
+		return fmt.Errorf("cuda: a quantised product's weight [%d, %d] is not one of the quantised matrices", out, in)
+	}
+	if n := rows * in; n > l.xN {
+		if l.x8.Ptr != 0 {
+			l.ops.Dev.Free(l.x8)
+		}
+		var err error
+		if l.x8, err = l.ops.Dev.Alloc(int64(n) * 2); err != nil {
+			l.xN = 0
+			return outOfMemory(l.ops.Dev, "a quantised product's operand", int64(n)*2, err)
+		}
+		l.xN = n
+	}
+	if rows > l.sN {
+		if l.sx.Ptr != 0 {
+			l.ops.Dev.Free(l.sx)
+		}
+		var err error
+		if l.sx, err = l.ops.Dev.Alloc(int64(rows) * 4); err != nil {
+			l.sN = 0
+			return err
+		}
+		l.sN = rows
+	}
+	if err := l.ops.QuantE4M3Rows(l.x8, l.sx, x, rows, in, ldx); err != nil {
+		return err
+	}
+	w8 := Buffer{Ptr: l.w8.Ptr + uint64(m.Off)*2, Size: int64(out*in) * 2}
+	if err := l.blas.GemmBF16(true, false, out, rows, in, w8, in, l.x8, in, y, ldy, false); err != nil {
+		return err
+	}
+	return l.ops.Launch("convert.cu", "scale_rows_cols", Dim3{X: rows}, block256, y, l.sx, l.ws.Floats(l.soff[w.Ptr], out), out, int64(ldy))
+}
