@@ -184,6 +184,26 @@ extern "C" __global__ void attn_decode(float* __restrict__ out, const float* __r
          scale, lane);
 }
 
+// score_pair returns, summed over the warp, s = scale * a.x and dp = b.y for
+// register rows a, b (element lane+32e) and memory rows x, y: the two dot
+// products both attention backward kernels take per (query, key) pair.
+__device__ __forceinline__ void score_pair(float& s, float& dp, const float (&a)[ATT_PER],
+                                           const float* __restrict__ x, const float (&b)[ATT_PER],
+                                           const float* __restrict__ y, int hd, float scale, int lane) {
+  s = 0.f;
+  dp = 0.f;
+#pragma unroll
+  for (int e = 0; e < ATT_PER; e++) {
+    const int d = lane + 32 * e;
+    if (d < hd) {
+      s = fmaf(a[e], x[d], s);
+      dp = fmaf(b[e], y[d], dp);
+    }
+  }
+  s = warp_sum(s) * scale;
+  dp = warp_sum(dp);
+}
+
 // attn_bwd_q: for query row i and head h, D = dO.O (saved in dsum for
 // attn_bwd_kv) and dq = scale * sum_j P_ij (dO.v_j - D) k_j.
 // grid = (T, ceil(heads/ATT_WARPS)), block = 32*ATT_WARPS.
@@ -214,17 +234,8 @@ extern "C" __global__ void attn_bwd_q(float* __restrict__ dq, float* __restrict_
   for (int j = seq_start[i]; j <= i; j++) {
     const float* kr = k + j * kvd + (i64)g * hd;
     const float* vr = v + j * kvd + (i64)g * hd;
-    float s = 0.f, dp = 0.f;
-#pragma unroll
-    for (int e = 0; e < ATT_PER; e++) {
-      const int d = lane + 32 * e;
-      if (d < hd) {
-        s = fmaf(qr[e], kr[d], s);
-        dp = fmaf(dor[e], vr[d], dp);
-      }
-    }
-    s = warp_sum(s) * scale;
-    dp = warp_sum(dp);
+    float s, dp;
+    score_pair(s, dp, qr, kr, dor, vr, hd, scale, lane);
     const float ds = expf(s - L) * (dp - D) * scale;
 #pragma unroll
     for (int e = 0; e < ATT_PER; e++) {
@@ -267,17 +278,8 @@ extern "C" __global__ void attn_bwd_kv(float* __restrict__ dk, float* __restrict
     for (int i = j; i < seq_end[j]; i++) {
       const float* qr = q + i * qd + (i64)h * hd;
       const float* dor = dout + i * qd + (i64)h * hd;
-      float s = 0.f, dp = 0.f;
-#pragma unroll
-      for (int e = 0; e < ATT_PER; e++) {
-        const int d = lane + 32 * e;
-        if (d < hd) {
-          s = fmaf(qr[d], kr[e], s);
-          dp = fmaf(dor[d], vr[e], dp);
-        }
-      }
-      s = warp_sum(s) * scale;
-      dp = warp_sum(dp);
+      float s, dp;  // fmaf is commutative: the same bits as q.k and dO.v
+      score_pair(s, dp, kr, qr, vr, dor, hd, scale, lane);
       const float p = expf(s - lse[(i64)i * heads + h]);
       const float ds = p * (dp - dsum[(i64)i * heads + h]) * scale;
 #pragma unroll
