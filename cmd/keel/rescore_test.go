@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -13,7 +15,7 @@ func TestRescoredTable(t *testing.T) {
 		"a": {1: 0.40, 2: 0.42, 3: 0.41, 9: 0.5},
 		"b": {1: 0.38, 2: 0.41, 3: 0.37},
 	}
-	got := rescoredTable("a", "b", scores, 32)
+	got := rescoredTable("a", "b", scores, 32, 7)
 	// d = 2, 1, 4 points: mean 2.33, sd 1.528, half-width 4.303 x 1.528 / sqrt(3) = 3.80.
 	for _, want := range []string{"avg@32", "| a | b | 3 | s1 +2.00, s2 +1.00, s3 +4.00 | +2.33 | [-1.46, +6.13] | 3 / 0 / 0 | not established |"} {
 		if !strings.Contains(got, want) {
@@ -23,5 +25,103 @@ func TestRescoredTable(t *testing.T) {
 	line := evaluatorLine("m", 8, []float64{0.30, 0.32, 0.31})
 	if !strings.Contains(line, "mean 0.310, standard deviation 1.00 points") {
 		t.Fatalf("%s", line)
+	}
+}
+
+// keel rescore on a directory of runs: every final model of the two arms
+// scored at factor x eval.k on one seed, the evaluator's five seeds, the
+// paired table (the four models are one file, so every difference is 0),
+// and a second call that only reads what the first one wrote.
+func TestRescoreCommand(t *testing.T) {
+	wd, _ := os.Getwd()
+	defer os.Chdir(wd)
+	if err := os.Chdir("../.."); err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	evalFile := filepath.Join(out, "heldout.jsonl")
+	lines, err := os.ReadFile("recipes/heldout-d2-4.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := strings.SplitAfterN(string(lines), "\n", 4)[:3]
+	if err := os.WriteFile(evalFile, []byte(strings.Join(first, "")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	recipe := "name: x\nmodel:\n  path: models/tiny-moe-base\ndata:\n  tasks: [arithmetic]\n  n: 10\nrollout:\n  max_new_tokens: 8\neval:\n  file: " + evalFile + "\n  k: 1\n"
+	grid := filepath.Join(out, "g")
+	for _, name := range []string{"a-s1", "a-s2", "b-s1", "b-s2", "c-s1"} {
+		dir := filepath.Join(grid, name)
+		if err := os.MkdirAll(filepath.Join(dir, "model"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{"config.json", "model.safetensors", "tokenizer.json"} {
+			b, err := os.ReadFile(filepath.Join("models/tiny-moe-base", f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "model", f), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for f, text := range map[string]string{"recipe.yaml": recipe, "metrics.jsonl": ""} {
+			if err := os.WriteFile(filepath.Join(dir, f), []byte(text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, bad := range [][]string{
+		{grid},
+		{grid, "--compare", "a,z"},
+		{grid, "--compare", "a,b", "--factor", "0"},
+	} {
+		if err := runRescore(bad); err == nil {
+			t.Errorf("keel rescore %q: no error", bad)
+		}
+	}
+	if err := runRescore([]string{grid, "--compare", "a,b", "--factor", "2", "--seed", "5"}); err != nil {
+		t.Fatal(err)
+	}
+	dir := grid + "-rescored"
+	for _, f := range []string{"a-s1", "a-s2", "b-s1", "b-s2", "evaluator-seed11", "evaluator-seed15"} {
+		if _, err := os.Stat(filepath.Join(dir, f+".json")); err != nil {
+			t.Errorf("missing evaluation: %v", err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "c-s1.json")); err == nil {
+		t.Error("arm c was scored")
+	}
+	table, err := os.ReadFile(filepath.Join(dir, "table.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"avg@2, sampling seed 5", "| a | b | 2 | s1 +0.00, s2 +0.00 | +0.00 |", "0 / 0 / 2"} {
+		if !strings.Contains(string(table), want) {
+			t.Errorf("missing %q in\n%s", want, table)
+		}
+	}
+	// The second call reuses every evaluation: make them unreadable as
+	// models would be, and it must still answer from the cache.
+	for _, name := range []string{"a-s1", "a-s2", "b-s1", "b-s2"} {
+		if err := os.Remove(filepath.Join(grid, name, "model", "tokenizer.json")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := runRescore([]string{grid, "--compare", "a,b", "--factor", "2", "--seed", "5"}); err != nil {
+		t.Fatalf("cached rescore: %v", err)
+	}
+}
+
+// A run directory that is no arm's seed is refused by name.
+func TestSeededRunsRefusesUnseeded(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "plain")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "metrics.jsonl"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := seededRuns([]string{dir}); err == nil || !strings.Contains(err.Error(), "plain") {
+		t.Fatalf("got %v", err)
 	}
 }
