@@ -90,12 +90,67 @@ type Backend interface {
 // order model.TopK gives them (most probable first, lower id first on
 // ties), from the softmax of the router's logits; only the first Rows()*k
 // entries of each are written. Routes is nil for dense models.
+//
+// Drawing on the backend (a Drawer whose Draws reports true; others never
+// see Draw set): Draw[o] (len(Draw) == len(OutRow)) is -1 for an output
+// row the batcher samples itself from LogProbs, as above, and otherwise
+// asks the backend to draw the row's token by DrawRow's rule from the
+// log-probabilities it computed (Draw[o] the uniform in [0, 1); at
+// temperature 0 it is ignored and the draw is the argmax), writing the
+// token to Drawn[o] and its log-probability to DrawnLP[o] instead of the
+// row's LogProbs, which it need not write. So a GPU moves a token and a
+// float per row to the host, not a vocabulary of floats.
 type StepBatch struct {
 	Slot, Pos, Tok []int32   // per row
 	OutRow         []int32   // per output row: its step row
 	OutTemp        []float32 // per output row: its temperature
 	LogProbs       []float32 // [Slots][vocab]: the first len(OutRow) rows are the step's
 	Routes         [][]int32 // per MoE layer: [StepRows][k], the first Rows() rows the step's
+
+	Draw    []float64 // per output row: its uniform, or -1 (the batcher samples)
+	Drawn   []int32   // [Slots]: per output row with Draw >= 0, the token drawn
+	DrawnLP []float32 // [Slots]: its log-probability under the row's LogProbs
+}
+
+// A Drawer is a Backend that can draw output rows' tokens itself
+// (StepBatch.Draw): a GPU backend, where copying every output row's
+// log-probabilities to the host would cost more than the step. The draw
+// follows DrawRow's rule, so the same seeds give the same samples (up to
+// a probability within rounding of a sampling boundary) as the batcher's
+// own sampling; the batcher still samples the rows whose policy truncates
+// (top-k, top-p) or reports top log-probabilities.
+type Drawer interface {
+	Backend
+	// Draws reports whether Step honours StepBatch.Draw; if false the
+	// batcher never sets it.
+	Draws() bool
+}
+
+// DrawRow is the rule by which an untruncated policy draws a token from
+// the log-probabilities z (tempered and normalised, as StepBatch.LogProbs)
+// with the uniform u in [0, 1): at temperature 0 the most probable token
+// (the lowest id among equals); otherwise the first token, in token order,
+// at which the running float64 sum of exp(z) exceeds u times the sum over
+// the whole row, tokens of probability 0 never drawn. It returns the token
+// and z at it. A Drawer's draw is checked against it.
+func DrawRow(z []float32, u float64, temp float32) (int32, float32) {
+	if temp == 0 {
+		return greedy(z)
+	}
+	i := drawFull(z, make([]float32, len(z)), u)
+	return int32(i), z[i]
+}
+
+// greedy returns the most probable token of z (the lowest id among
+// equals) and z at it.
+func greedy(z []float32) (int32, float32) {
+	best := 0
+	for i, v := range z {
+		if v > z[best] {
+			best = i
+		}
+	}
+	return int32(best), z[best]
 }
 
 // newStepBatch allocates a batch for the limits of opt and the model c.
@@ -105,6 +160,7 @@ func newStepBatch(c *model.Config, opt Options) StepBatch {
 		Tok:    make([]int32, 0, opt.StepRows),
 		OutRow: make([]int32, 0, opt.Slots), OutTemp: make([]float32, 0, opt.Slots),
 		LogProbs: make([]float32, opt.Slots*c.VocabSize),
+		Draw:     make([]float64, 0, opt.Slots), Drawn: make([]int32, opt.Slots), DrawnLP: make([]float32, opt.Slots),
 	}
 	for i := 0; i < c.NumHiddenLayers; i++ {
 		if c.IsMoELayer(i) {
@@ -120,7 +176,7 @@ func (b *StepBatch) Rows() int { return len(b.Slot) }
 // reset empties the rows and output rows, keeping the buffers.
 func (b *StepBatch) reset() {
 	b.Slot, b.Pos, b.Tok = b.Slot[:0], b.Pos[:0], b.Tok[:0]
-	b.OutRow, b.OutTemp = b.OutRow[:0], b.OutTemp[:0]
+	b.OutRow, b.OutTemp, b.Draw = b.OutRow[:0], b.OutTemp[:0], b.Draw[:0]
 }
 
 // add appends a row: token tok at position pos of slot's sequence.
@@ -130,10 +186,11 @@ func (b *StepBatch) add(slot, pos int, tok int32) {
 	b.Tok = append(b.Tok, tok)
 }
 
-// output makes the last row an output row at temperature temp, returning
-// its output index.
+// output makes the last row an output row at temperature temp, sampled
+// by the batcher (Draw -1), returning its output index.
 func (b *StepBatch) output(temp float32) int {
 	b.OutRow = append(b.OutRow, int32(len(b.Slot)-1))
 	b.OutTemp = append(b.OutTemp, temp)
+	b.Draw = append(b.Draw, -1)
 	return len(b.OutRow) - 1
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/keel-rl/keel/model"
@@ -240,4 +242,128 @@ func TestSchedulerBackendError(t *testing.T) {
 	}
 	want := generate(t, m, Options{Slots: 2, MaxLen: 24}, nil, [][]int32{r.Prompt}, r.N, r.Sampling)
 	identical(t, got, want)
+}
+
+// drawingBackend is a Drawer over another backend: after its step it
+// draws the rows the batcher asks it to by DrawRow, then spoils those
+// rows' log-probabilities (NaN), as a GPU backend leaves them unwritten,
+// so that a batcher that read them would sample garbage. badToken, when
+// not 0, is drawn instead (a broken backend).
+type drawingBackend struct {
+	Backend
+	drawn, mixed int // rows drawn; steps with drawn and host-sampled rows
+	badToken     int32
+}
+
+func (d *drawingBackend) Draws() bool { return true }
+
+func (d *drawingBackend) Step(b *StepBatch) error {
+	if err := d.Backend.Step(b); err != nil {
+		return err
+	}
+	V := d.Config().VocabSize
+	host := 0
+	for o, u := range b.Draw {
+		if u < 0 {
+			host++
+			continue
+		}
+		z := b.LogProbs[o*V : (o+1)*V]
+		b.Drawn[o], b.DrawnLP[o] = DrawRow(z, u, b.OutTemp[o])
+		if d.badToken != 0 {
+			b.Drawn[o] = d.badToken
+		}
+		for i := range z {
+			z[i] = float32(math.NaN())
+		}
+		d.drawn++
+	}
+	if host > 0 && host < len(b.Draw) {
+		d.mixed++
+	}
+	return nil
+}
+
+// A backend that draws the tokens itself gives the batcher's own samples
+// bit for bit: the same uniforms from the same streams, drawn by the same
+// rule, for every untruncated policy (greedy included), while truncated
+// ones and those that report top log-probabilities are still sampled by
+// the batcher (steps mixing the two included, through the scheduler);
+// and a token out of the vocabulary is an error, not a panic.
+func TestBackendDraws(t *testing.T) {
+	for _, cfg := range []model.Config{denseConfig(), moeConfig()} {
+		m := randomModel(cfg, 31)
+		prompts := testPrompts(rand.New(rand.NewPCG(31, 31)), cfg.VocabSize, 9, 1, 14, 4, 6)
+		opt := Options{Precision: FP8, Slots: 5, StepRows: 7, MaxLen: 40}
+		ref, err := New(m, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ref.Close()
+		cb, err := newCPUBackend(m, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := &drawingBackend{Backend: cb}
+		e, err := NewWithBackend(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		for _, sp := range []Sampling{
+			{Temperature: 1, MaxNewTokens: 10, Seed: 4},
+			{Temperature: 0.7, MaxNewTokens: 8, Seed: 9, Stop: []int32{3}},
+			{MaxNewTokens: 7},
+			{Temperature: 0.8, TopK: 5, TopP: 0.9, MaxNewTokens: 9, Seed: 5},
+			{Temperature: 1, TopLogProbs: 2, MaxNewTokens: 6, Seed: 6},
+		} {
+			before := d.drawn
+			want, err := ref.Generate(prompts, 3, sp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := e.Generate(prompts, 3, sp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			identical(t, got, want)
+			if drew := d.drawn > before; drew != (!sp.Truncated() && sp.TopLogProbs == 0) {
+				t.Fatalf("%+v: the backend drew %d rows", sp, d.drawn-before)
+			}
+		}
+		reqs := mixedRequests(rand.New(rand.NewPCG(31, uint64(cfg.NumExperts))), cfg.VocabSize, 14)
+		want := reference(t, m, FP8, reqs)
+		s := NewScheduler(e)
+		got, _ := serve(t, s, reqs)
+		s.Close()
+		for i := range reqs {
+			identical(t, got[i], want[i])
+		}
+		if d.mixed == 0 {
+			t.Fatal("no step mixed drawn and sampled rows")
+		}
+		d.badToken = int32(cfg.VocabSize)
+		if _, err := e.Generate(prompts, 1, Sampling{Temperature: 1, MaxNewTokens: 3}); err == nil || !strings.Contains(err.Error(), "drew token") {
+			t.Fatalf("a token out of the vocabulary: %v", err)
+		}
+	}
+}
+
+// DrawRow by hand: the inverse CDF in token order over exp(z), a token of
+// probability 0 never drawn, and the argmax (lowest id first) at
+// temperature 0.
+func TestDrawRow(t *testing.T) {
+	ln := func(p float64) float32 { return float32(math.Log(p)) }
+	z := []float32{ln(0.25), float32(math.Inf(-1)), ln(0.5), ln(0.25)}
+	for _, c := range []struct {
+		u    float64
+		want int32
+	}{{0, 0}, {0.2499, 0}, {0.2501, 2}, {0.7499, 2}, {0.7501, 3}, {0.999999, 3}} {
+		if got, lp := DrawRow(z, c.u, 1); got != c.want || lp != z[c.want] {
+			t.Errorf("u %v: token %d (%v), want %d", c.u, got, lp, c.want)
+		}
+	}
+	if got, _ := DrawRow([]float32{-2, -0.5, -0.5, -3}, 0.9, 0); got != 1 {
+		t.Errorf("greedy: token %d, want 1", got)
+	}
 }

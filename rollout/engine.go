@@ -46,7 +46,8 @@ type Engine struct {
 	ownPool bool
 
 	vocab int
-	nMoE  int // MoE layers
+	nMoE  int  // MoE layers
+	draws bool // the backend draws untruncated policies' tokens (Drawer)
 
 	batch StepBatch // the current step's rows and outputs
 	gs    genState  // Generate's slots and scratch
@@ -100,6 +101,9 @@ func newEngine(b Backend, pool *kernels.Pool, own bool) (*Engine, error) {
 		pool = kernels.NewPool(runtime.GOMAXPROCS(0))
 	}
 	e := &Engine{b: b, cfg: c, opt: opt, pool: pool, ownPool: own, vocab: c.VocabSize}
+	if d, ok := b.(Drawer); ok {
+		e.draws = d.Draws()
+	}
 	for i := 0; i < c.NumHiddenLayers; i++ {
 		if c.IsMoELayer(i) {
 			e.nMoE++

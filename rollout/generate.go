@@ -553,6 +553,11 @@ func (g *gen) step() error {
 	if err := e.b.Step(&e.batch); err != nil {
 		return fmt.Errorf("rollout: forward step: %w", err)
 	}
+	for o, d := range e.batch.Draw {
+		if t := e.batch.Drawn[o]; d >= 0 && (t < 0 || int(t) >= e.vocab) {
+			return fmt.Errorf("rollout: forward step: the backend drew token %d for output row %d, vocabulary %d", t, o, e.vocab)
+		}
+	}
 	g.recordRoutes()
 	e.pool.Run(len(e.batch.OutRow), g.fnSamp)
 	for i := range g.slots {
@@ -662,8 +667,20 @@ func (g *gen) take(s *slotState) {
 
 // output makes the step's last row slot s's output row, to be tempered
 // at its group's temperature.
+//
+// Where the backend draws (Drawer) and the policy lets it, the row's
+// uniform is taken from the sequence's stream here, as sampleOne would
+// take it after the step: the same seeds give the same draws either way.
 func (g *gen) output(s *slotState) {
-	s.outIdx = g.e.batch.output(float32(s.grp.pol.sp.Temperature))
+	e, pol := g.e, s.grp.pol
+	s.outIdx = e.batch.output(float32(pol.sp.Temperature))
+	if e.draws && pol.backendDraws() {
+		u := 0.0
+		if pol.sp.Temperature != 0 {
+			u = uniform(&s.rng)
+		}
+		e.batch.Draw[s.outIdx] = u
+	}
 }
 
 // recordRoutes copies the step's routes into the slots' route buffers.
@@ -741,6 +758,10 @@ func (g *gen) sampleRows(w, lo, hi int) {
 	b := &e.batch
 	for o := lo; o < hi; o++ {
 		s := &g.slots[b.Slot[b.OutRow[o]]]
+		if b.Draw[o] >= 0 { // drawn by the backend
+			s.sampled, s.sampLP, s.sTLP = b.Drawn[o], b.DrawnLP[o], b.DrawnLP[o]
+			continue
+		}
 		z := b.LogProbs[o*e.vocab : (o+1)*e.vocab]
 		s.sampled, s.sampLP, s.sTLP = s.grp.pol.sampleOne(z, &s.rng, g.idBuf[w], g.pBuf[w])
 		if n := s.grp.pol.sp.TopLogProbs; n > 0 {

@@ -72,15 +72,10 @@ func topTokens(top []TokenLogProb, z []float32) {
 // that the few ulps by which Σ exp(z) misses 1 never bias the last token.
 func (pl *policy) sampleOne(z []float32, rng *rand.PCG, ids []int32, p []float32) (int32, float32, float32) {
 	if pl.sp.Temperature == 0 {
-		best := 0
-		for i, v := range z {
-			if v > z[best] {
-				best = i
-			}
-		}
-		return int32(best), z[best], 0
+		best, lp := greedy(z)
+		return best, lp, 0
 	}
-	u := float64(rng.Uint64()>>11) * 0x1p-53
+	u := uniform(rng)
 	p = p[:len(z)]
 	if !pl.sp.Truncated() {
 		i := drawFull(z, p, u)
@@ -103,6 +98,16 @@ func (pl *policy) sampleOne(z []float32, rng *rand.PCG, ids []int32, p []float32
 		}
 	}
 	return pick, z[pick], float32(float64(z[pick]) - math.Log(kept))
+}
+
+// uniform is a draw's uniform in [0, 1): 53 random bits.
+func uniform(rng *rand.PCG) float64 { return float64(rng.Uint64()>>11) * 0x1p-53 }
+
+// backendDraws reports whether the backend can draw the tokens of this
+// policy (untruncated, no top log-probabilities): the batcher then passes
+// the uniform (Drawer, StepBatch.Draw) instead of sampling.
+func (pl *policy) backendDraws() bool {
+	return !pl.sp.Truncated() && pl.sp.TopLogProbs == 0
 }
 
 // drawBlock is the number of tokens whose probabilities drawFull sums in

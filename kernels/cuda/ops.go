@@ -158,6 +158,21 @@ func (o *Ops) LogSoftmaxTemps(z, temps Buffer, rows, V int) error {
 	return o.Launch("head.cu", "logsoftmax_rows_t", Dim3{X: rows}, block256, z, temps, V)
 }
 
+// DrawMaxVocab is the largest vocabulary DrawRows draws from (its
+// kernel's shared table of partial sums).
+const DrawMaxVocab = 512 * 1024
+
+// DrawRows draws, for every one of rows log-softmax rows of z [rows, V]
+// whose uniform u[r] (float64) is >= 0, a token by rollout.DrawRow's rule
+// (temps[r] == 0: the argmax) into tok[r] (int32), with z at it in
+// lp[r]; rows with u[r] < 0 are left alone. V <= DrawMaxVocab.
+func (o *Ops) DrawRows(tok, lp, z, u, temps Buffer, rows, V int) error {
+	if V > DrawMaxVocab {
+		return fmt.Errorf("cuda: DrawRows over a vocabulary of %d, at most %d", V, DrawMaxVocab)
+	}
+	return o.Launch("head.cu", "draw_rows", Dim3{X: rows}, block256, tok, lp, z, u, temps, V)
+}
+
 // ToBF16 rounds n floats of src into dst (bf16, half the bytes).
 func (o *Ops) ToBF16(dst, src Buffer, n int) error {
 	return o.Launch("convert.cu", "f32_to_bf16", elemGrid(n), block256, dst, src, int64(n))

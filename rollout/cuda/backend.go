@@ -13,9 +13,12 @@
 // fp8 the products are the CPU fp8's: e4m3 weights per output channel and
 // activations per token (kernels/cuda.QuantLinear, emulated through the
 // bf16 GEMM), with the same bf16 cache; fp4 likewise with the CPU's
-// NVFP4-style weights. Sampling
-// stays on the host, which copies each step's output rows'
-// log-probabilities back; sampling on the device comes next.
+// NVFP4-style weights. The backend is a rollout.Drawer: an output row
+// whose policy neither truncates nor reports top log-probabilities is
+// drawn on the device from the uniform the batcher passes (draw_rows,
+// rollout.DrawRow's rule), so a step copies a token and a float per such
+// row to the host instead of its vocabulary's log-probabilities; the
+// others' rows are copied back for the host's sampler.
 package cuda
 
 import (
@@ -55,6 +58,7 @@ type scratch struct {
 	x, h1, qraw, kraw, q, k, v, att, xmid, h2, next Buffer
 	gu, a                                           Buffer // dense MLP
 	xo, logits                                      Buffer // output rows
+	draw, drawn, drawnLP                            Buffer // per output row: uniform (float64), token, log-prob
 	probs, gates, row, gtok, ids, xg, gug, ag, yg   Buffer // MoE
 }
 
@@ -72,7 +76,11 @@ type span struct {
 	n int
 }
 
-var _ rollout.Backend = (*Backend)(nil)
+var _ rollout.Drawer = (*Backend)(nil)
+
+// Draws reports that Step draws the rows the batcher asks it to
+// (rollout.StepBatch.Draw), unless the vocabulary is beyond the kernel's.
+func (b *Backend) Draws() bool { return b.cfg.VocabSize <= kc.DrawMaxVocab }
 
 // New puts m on dev for decoding with opt (defaults filled as for the CPU
 // backend), in exact, bf16, fp8 or fp4 precision. The KV cache is
@@ -204,7 +212,8 @@ func (b *Backend) alloc() error {
 	E, k, Im := c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
 	spans := []span{{&s.slot, R}, {&s.pos, R}, {&s.tok, R}, {&s.outRow, S}, {&s.temps, S},
 		{&s.x, R * H}, {&s.h1, R * H}, {&s.qraw, R * qd}, {&s.kraw, R * kvd}, {&s.q, R * qd}, {&s.k, R * kvd}, {&s.v, R * kvd},
-		{&s.att, R * qd}, {&s.xmid, R * H}, {&s.h2, R * H}, {&s.next, R * H}, {&s.xo, S * H}, {&s.logits, S * V}}
+		{&s.att, R * qd}, {&s.xmid, R * H}, {&s.h2, R * H}, {&s.next, R * H}, {&s.xo, S * H}, {&s.logits, S * V},
+		{&s.draw, 2 * S}, {&s.drawn, S}, {&s.drawnLP, S}}
 	if len(c.MoELayers()) < c.NumHiddenLayers {
 		spans = append(spans, span{&s.gu, R * 2 * I}, span{&s.a, R * I})
 	}
@@ -415,7 +424,43 @@ func (b *Backend) Step(sb *rollout.StepBatch) error {
 			return fmt.Errorf("rollout/cuda: head: %w", err)
 		}
 	}
-	return kc.Download(b.dev, sb.LogProbs[:nOut*V], s.logits)
+	return b.outputs(sb, nOut)
+}
+
+// outputs draws the output rows the batcher asked the device to draw and
+// copies the rest's log-probabilities to the host: all of them in one
+// copy when no row is drawn, else row by row.
+func (b *Backend) outputs(sb *rollout.StepBatch, nOut int) error {
+	V, s := b.cfg.VocabSize, &b.s
+	drawn := 0
+	for _, u := range sb.Draw {
+		if u >= 0 {
+			drawn++
+		}
+	}
+	if drawn == 0 {
+		return kc.Download(b.dev, sb.LogProbs[:nOut*V], s.logits)
+	}
+	if err := kc.Upload(b.dev, s.draw, sb.Draw[:nOut]); err != nil {
+		return err
+	}
+	if err := b.ops.DrawRows(s.drawn, s.drawnLP, s.logits, s.draw, s.temps, nOut, V); err != nil {
+		return fmt.Errorf("rollout/cuda: drawing: %w", err)
+	}
+	if err := kc.Download(b.dev, sb.Drawn[:nOut], s.drawn); err != nil {
+		return err
+	}
+	if err := kc.Download(b.dev, sb.DrawnLP[:nOut], s.drawnLP); err != nil {
+		return err
+	}
+	for o, u := range sb.Draw[:nOut] {
+		if u < 0 {
+			if err := kc.Download(b.dev, sb.LogProbs[o*V:(o+1)*V], s.logits.Floats(o*V, V)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // checkBatch refuses a step batch that does not fit the backend: a slot or
@@ -425,11 +470,11 @@ func (b *Backend) checkBatch(sb *rollout.StepBatch) error {
 	R, outs := sb.Rows(), len(sb.OutRow)
 	nMoE := len(b.cfg.MoELayers())
 	switch {
-	case len(sb.Pos) != R || len(sb.Tok) != R || len(sb.OutTemp) != outs:
+	case len(sb.Pos) != R || len(sb.Tok) != R || len(sb.OutTemp) != outs || (len(sb.Draw) != 0 && len(sb.Draw) != outs):
 		return errors.New("rollout/cuda: step batch: rows or output rows of different lengths")
 	case R > b.opt.StepRows || outs > b.opt.Slots:
 		return fmt.Errorf("rollout/cuda: step batch of %d rows and %d output rows, limits %d and %d", R, outs, b.opt.StepRows, b.opt.Slots)
-	case len(sb.LogProbs) < outs*b.cfg.VocabSize || len(sb.Routes) != nMoE:
+	case len(sb.LogProbs) < outs*b.cfg.VocabSize || len(sb.Routes) != nMoE || (len(sb.Draw) != 0 && (len(sb.Drawn) < outs || len(sb.DrawnLP) < outs)):
 		return errors.New("rollout/cuda: step batch: log-probs or routes not allocated for the model")
 	}
 	for _, r := range sb.Routes {

@@ -3,6 +3,7 @@ package cuda
 import (
 	"context"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -384,4 +385,103 @@ func randomLossFor(seqs [][]int32) train.Loss {
 		l.LogProb = append(l.LogProb, c)
 	}
 	return l
+}
+
+// TestDeviceDraw: the rows the device draws (draw_rows) are
+// rollout.DrawRow's draws from the same log-probabilities, which the same
+// step copied back with no row drawn: greedy rows exactly, sampled rows
+// except where the uniform falls within rounding of a boundary between two
+// tokens (the device's partial sums add in another order), and the drawn
+// log-probability is the row's own at the token, bit for bit; a row left
+// to the host still gets its log-probabilities. Vocabularies of one
+// partial-sum block and of several.
+func TestDeviceDraw(t *testing.T) {
+	dev := cudatest.Device(t)
+	for _, vocab := range []int{96, 3000} {
+		cfg, err := model.Preset("tiny-moe", vocab)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := model.New(cfg)
+		model.Init(m, 13)
+		b, err := New(dev, m, rollout.Options{Slots: 8, MaxLen: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		opt := b.Options()
+		temps := []float32{1, 0.7, 0, 1.3, 1, 0, 0.9, 1}
+		batch := func() *rollout.StepBatch {
+			sb := &rollout.StepBatch{LogProbs: make([]float32, opt.Slots*vocab),
+				Drawn: make([]int32, opt.Slots), DrawnLP: make([]float32, opt.Slots)}
+			for range cfg.MoELayers() {
+				sb.Routes = append(sb.Routes, make([]int32, opt.StepRows*cfg.NumExpertsPerTok))
+			}
+			for slot := range opt.Slots {
+				sb.Slot, sb.Pos = append(sb.Slot, int32(slot)), append(sb.Pos, 0)
+				sb.Tok = append(sb.Tok, int32(slot*37%vocab))
+				sb.OutRow, sb.OutTemp = append(sb.OutRow, int32(slot)), append(sb.OutTemp, temps[slot])
+			}
+			return sb
+		}
+		ref := batch()
+		if err := b.Step(ref); err != nil {
+			t.Fatal(err)
+		}
+		r := rand.New(rand.NewPCG(uint64(vocab), 1))
+		near, drawn := 0, 0
+		for trial := 0; trial < 200; trial++ {
+			sb := batch()
+			for range sb.OutRow {
+				sb.Draw = append(sb.Draw, r.Float64())
+			}
+			host := trial % opt.Slots
+			sb.Draw[host] = -1
+			if err := b.Step(sb); err != nil {
+				t.Fatal(err)
+			}
+			for o, u := range sb.Draw {
+				z := ref.LogProbs[o*vocab : (o+1)*vocab]
+				if u < 0 {
+					for i, v := range sb.LogProbs[o*vocab : (o+1)*vocab] {
+						if math.Float32bits(v) != math.Float32bits(z[i]) {
+							t.Fatalf("vocab %d, host row %d: log-prob %d is %v, the step alone gave %v", vocab, o, i, v, z[i])
+						}
+					}
+					continue
+				}
+				drawn++
+				got := sb.Drawn[o]
+				if got < 0 || int(got) >= vocab || math.Float32bits(sb.DrawnLP[o]) != math.Float32bits(z[got]) {
+					t.Fatalf("vocab %d, row %d: token %d with log-prob %v", vocab, o, got, sb.DrawnLP[o])
+				}
+				want, _ := rollout.DrawRow(z, u, temps[o])
+				if got == want {
+					continue
+				}
+				if temps[o] == 0 || !nearBoundary(z, u, min(got, want)) {
+					t.Fatalf("vocab %d, row %d (temperature %v), u %v: device drew %d, DrawRow %d", vocab, o, temps[o], u, got, want)
+				}
+				near++
+			}
+		}
+		b.Close()
+		t.Logf("vocab %d: %d rows drawn on the device, %d differ from DrawRow at a boundary within rounding", vocab, drawn, near)
+		if near > drawn/100 {
+			t.Errorf("vocab %d: %d of %d draws differ", vocab, near, drawn)
+		}
+	}
+}
+
+// nearBoundary reports whether u times the total of exp(z) lies within
+// rounding of the running sum that ends at token i (float64, token order).
+func nearBoundary(z []float32, u float64, i int32) bool {
+	var total, cum float64
+	for j, v := range z {
+		p := math.Exp(float64(v))
+		total += p
+		if j <= int(i) {
+			cum += p
+		}
+	}
+	return math.Abs(cum-u*total) <= 1e-6*total
 }

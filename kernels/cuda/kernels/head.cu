@@ -95,3 +95,105 @@ extern "C" __global__ void head_bwd(float* dz, const float* logp, const float* _
     d[j] = v;
   }
 }
+
+// DRAW_BLOCK is the span of tokens whose probabilities draw_rows sums as
+// one partial sum (as the host's sampler does, rollout.DrawRow), and
+// DRAW_MAX_BLOCKS bounds the vocabulary a row may have (524,288 tokens).
+#define DRAW_BLOCK 512
+#define DRAW_MAX_BLOCKS 1024
+
+// draw_rows draws the token of every output row r with u[r] >= 0 from its
+// log-probabilities z[r] (tempered and normalised, logsoftmax_rows_t) by
+// rollout.DrawRow's rule, writing it to tok[r] and z at it to lp[r]:
+// at temperature 0 the most probable token, the lowest id among equals;
+// otherwise inverse CDF in token order, the first token at which the
+// running float64 sum of exp(z) exceeds u[r] times the row's total, a
+// token of probability 0 never drawn. The sums of exp over each
+// DRAW_BLOCK tokens are taken by one warp each, then thread 0 finds the
+// block where the draw lands and scans its tokens one by one: the same
+// draws as the host's sampler except where u falls within a few ulps of a
+// boundary between two tokens. Rows with u[r] < 0 are left alone (the host
+// samples them). grid = rows, block = KEEL_THREADS.
+extern "C" __global__ void draw_rows(int* __restrict__ tok, float* __restrict__ lp, const float* __restrict__ z,
+                                     const double* __restrict__ u, const float* __restrict__ temps, int V) {
+  __shared__ double sums[DRAW_MAX_BLOCKS];
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  const i64 r = blockIdx.x;
+  const double ur = u[r];
+  if (ur < 0.0) return;
+  const float* row = z + r * V;
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, warps = blockDim.x >> 5;
+  if (temps[r] == 0.f) {
+    // Argmax: each thread's first maximum over its tokens (ascending),
+    // then the warps' and the block's, the lower id winning ties.
+    float bv = -__int_as_float(0x7f800000);
+    int bi = V;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+      const float v = row[j];
+      if (v > bv || bi == V) {
+        bv = v;
+        bi = j;
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (l == 0) {
+      sv[w] = bv;
+      si[w] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int k = 1; k < warps; k++) {
+        if (sv[k] > bv || (sv[k] == bv && si[k] < bi)) {
+          bv = sv[k];
+          bi = si[k];
+        }
+      }
+      if (bi >= V) bi = 0;  // a row of NaN: token 0, as the host's scan
+      tok[r] = bi;
+      lp[r] = row[bi];
+    }
+    return;
+  }
+  const int nb = (V + DRAW_BLOCK - 1) / DRAW_BLOCK;
+  for (int b = w; b < nb; b += warps) {
+    const int hi = min((b + 1) * DRAW_BLOCK, V);
+    double s = 0.0;
+    for (int j = b * DRAW_BLOCK + l; j < hi; j += 32) s += (double)expf(row[j]);
+    s = warp_sum_f64(s);
+    if (l == 0) sums[b] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  double total = 0.0;
+  for (int b = 0; b < nb; b++) total += sums[b];
+  const double target = ur * total;
+  double cum = 0.0;
+  int b = 0;
+  for (; b < nb && cum + sums[b] <= target; b++) cum += sums[b];
+  int pick = -1;
+  for (int j = b * DRAW_BLOCK; j < V; j++) {
+    const float p = expf(row[j]);
+    if (p == 0.f) continue;
+    cum += (double)p;
+    if (cum > target) {
+      pick = j;
+      break;
+    }
+  }
+  // Rounding left the target unreached: the last token of probability
+  // above 0.
+  for (int j = V - 1; pick < 0 && j > 0; j--) {
+    if (expf(row[j]) != 0.f) pick = j;
+  }
+  if (pick < 0) pick = 0;
+  tok[r] = pick;
+  lp[r] = row[pick];
+}
