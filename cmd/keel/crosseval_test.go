@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -25,48 +27,7 @@ func TestCrossEval(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := t.TempDir()
-	evalFile := filepath.Join(out, "heldout.jsonl")
-	lines, err := os.ReadFile("recipes/heldout-d2-4.jsonl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	first := strings.SplitAfterN(string(lines), "\n", 5)[:4]
-	if err := os.WriteFile(evalFile, []byte(strings.Join(first, "")), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	recipe := `name: x
-model:
-  path: models/tiny-moe-base
-data:
-  tasks: [arithmetic]
-  n: 10
-rollout:
-  precision: fp8
-  max_new_tokens: 12
-eval:
-  file: ` + evalFile + `
-  k: 2
-`
-	var runs []rl.SweepRun
-	for _, name := range []string{"a-s1", "a-s2", "b-s1"} {
-		dir := filepath.Join(out, "g", name)
-		if err := os.MkdirAll(filepath.Join(dir, "model"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range []string{"config.json", "model.safetensors", "tokenizer.json"} {
-			b, err := os.ReadFile(filepath.Join("models/tiny-moe-base", f))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(dir, "model", f), b, 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := os.WriteFile(filepath.Join(dir, "recipe.yaml"), []byte(recipe), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		runs = append(runs, rl.SweepRun{Dir: dir, Seed: uint64(name[len(name)-1] - '0')})
-	}
+	evalFile, runs := fakeRuns(t, out, []string{"a-s1", "a-s2", "b-s1"}, 4, "rollout:\n  precision: fp8\n  max_new_tokens: 12\n", 2)
 	plan := suitePlan{grid: paperGrid{Name: "g", CrossEval: []string{"a"}}, runs: runs}
 	if err := crossEval(context.Background(), plan, out); err != nil {
 		t.Fatal(err)
@@ -160,4 +121,50 @@ func readCross(t *testing.T, file string) crossReport {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// fakeRuns makes finished runs OUT/g/NAME (NAME-sSEED) whose final model
+// is the built-in tiny-moe-base and whose recipe evaluates on the first
+// problems of the held-out file (copied to OUT/heldout.jsonl) at k, with
+// the rollout settings given (YAML). The working directory is the
+// repository's root.
+func fakeRuns(t *testing.T, out string, names []string, problems int, rolloutYAML string, k int) (string, []rl.SweepRun) {
+	t.Helper()
+	evalFile := filepath.Join(out, "heldout.jsonl")
+	lines, err := os.ReadFile("recipes/heldout-d2-4.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := strings.SplitAfterN(string(lines), "\n", problems+1)[:problems]
+	if err := os.WriteFile(evalFile, []byte(strings.Join(first, "")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	recipe := fmt.Sprintf("name: x\nmodel:\n  path: models/tiny-moe-base\ndata:\n  tasks: [arithmetic]\n  n: 10\n%seval:\n  file: %s\n  k: %d\n", rolloutYAML, evalFile, k)
+	var runs []rl.SweepRun
+	for _, name := range names {
+		dir := filepath.Join(out, "g", name)
+		if err := os.MkdirAll(filepath.Join(dir, "model"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{"config.json", "model.safetensors", "tokenizer.json"} {
+			b, err := os.ReadFile(filepath.Join("models/tiny-moe-base", f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "model", f), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for f, text := range map[string]string{"recipe.yaml": recipe, "metrics.jsonl": ""} {
+			if err := os.WriteFile(filepath.Join(dir, f), []byte(text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		seed, err := strconv.ParseUint(name[strings.LastIndex(name, "-s")+2:], 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs = append(runs, rl.SweepRun{Dir: dir, Seed: seed})
+	}
+	return evalFile, runs
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -39,37 +40,8 @@ func TestRescoreCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := t.TempDir()
-	evalFile := filepath.Join(out, "heldout.jsonl")
-	lines, err := os.ReadFile("recipes/heldout-d2-4.jsonl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	first := strings.SplitAfterN(string(lines), "\n", 4)[:3]
-	if err := os.WriteFile(evalFile, []byte(strings.Join(first, "")), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	recipe := "name: x\nmodel:\n  path: models/tiny-moe-base\ndata:\n  tasks: [arithmetic]\n  n: 10\nrollout:\n  max_new_tokens: 8\neval:\n  file: " + evalFile + "\n  k: 1\n"
-	grid := filepath.Join(out, "g")
-	for _, name := range []string{"a-s1", "a-s2", "b-s1", "b-s2", "c-s1"} {
-		dir := filepath.Join(grid, name)
-		if err := os.MkdirAll(filepath.Join(dir, "model"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range []string{"config.json", "model.safetensors", "tokenizer.json"} {
-			b, err := os.ReadFile(filepath.Join("models/tiny-moe-base", f))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(dir, "model", f), b, 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		for f, text := range map[string]string{"recipe.yaml": recipe, "metrics.jsonl": ""} {
-			if err := os.WriteFile(filepath.Join(dir, f), []byte(text), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	_, runs := fakeRuns(t, out, []string{"a-s1", "a-s2", "b-s1", "b-s2", "c-s1"}, 3, "rollout:\n  max_new_tokens: 8\n", 1)
+	grid := filepath.Dir(runs[0].Dir)
 	for _, bad := range [][]string{
 		{grid},
 		{grid, "--compare", "a,z"},
@@ -100,15 +72,29 @@ func TestRescoreCommand(t *testing.T) {
 			t.Errorf("missing %q in\n%s", want, table)
 		}
 	}
-	// The second call reuses every evaluation: make them unreadable as
-	// models would be, and it must still answer from the cache.
-	for _, name := range []string{"a-s1", "a-s2", "b-s1", "b-s2"} {
+	// The second call reuses every evaluation: plant scores, make the
+	// models unreadable, and the table must be the planted scores'.
+	for name, avg := range map[string]float64{"a-s1": 0.5, "a-s2": 0.4, "b-s1": 0.45, "b-s2": 0.42} {
+		f := filepath.Join(dir, name+".json")
+		r := readCross(t, f)
+		r.Scores[0].AvgAtK = avg
+		b, _ := json.Marshal(r)
+		if err := os.WriteFile(f, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
 		if err := os.Remove(filepath.Join(grid, name, "model", "tokenizer.json")); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if err := runRescore([]string{grid, "--compare", "a,b", "--factor", "2", "--seed", "5"}); err != nil {
 		t.Fatalf("cached rescore: %v", err)
+	}
+	table, err = os.ReadFile(filepath.Join(dir, "table.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "| a | b | 2 | s1 +5.00, s2 -2.00 | +1.50 |"; !strings.Contains(string(table), want) {
+		t.Errorf("missing %q in\n%s", want, table)
 	}
 }
 
