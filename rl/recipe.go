@@ -201,6 +201,12 @@ type RolloutSettings struct {
 	// Device is where the in-process engine decodes: cpu (the default),
 	// cuda or cuda:N (the GPU backend: exact, bf16, fp8 and fp4 precision).
 	Device string `yaml:"device,omitempty"`
+	// GPUMemory is the share of the GPU's free memory, once what the
+	// training engine on the same GPU will take is set aside, that the
+	// rollout engines (the training rollout's and the evaluation's) may
+	// take; each decodes with as many of Slots as fit in it (samples do not
+	// depend on the number of slots). 0: 0.9.
+	GPUMemory float64 `yaml:"gpu_memory,omitempty"`
 }
 
 // Algorithm is the objective, its corrections and Routing Replay.
@@ -559,6 +565,9 @@ func (ro *RolloutSettings) fill(out string) error {
 	orDefault(&ro.Slots, 256)
 	if ro.Slots < 1 {
 		return bad("rollout.slots", "%d, want >= 1", ro.Slots)
+	}
+	if !(ro.GPUMemory >= 0 && ro.GPUMemory <= 1) {
+		return bad("rollout.gpu_memory", "%g, want within (0, 1] (0: 0.9)", ro.GPUMemory)
 	}
 	if ro.Staleness < 0 || ro.Staleness > maxStaleness {
 		return bad("rollout.staleness", "%d, want within [0, %d] (0: the synchronous loop)", ro.Staleness, maxStaleness)

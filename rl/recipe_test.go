@@ -280,6 +280,8 @@ func TestRecipeIncompatible(t *testing.T) {
 		{"temperature negative", recipeBase, []string{"rollout.temperature=-1"}, "rollout.temperature"},
 		{"temperature infinite", recipeBase, []string{"rollout.temperature=.inf"}, "rollout.temperature"},
 		{"top_p above 1", recipeBase, []string{"rollout.top_p=1.5"}, "rollout.top_p"},
+		{"gpu_memory above 1", recipeBase, []string{"rollout.gpu_memory=1.5"}, "rollout.gpu_memory"},
+		{"gpu_memory below 0", recipeBase, []string{"rollout.gpu_memory=-0.1"}, "rollout.gpu_memory"},
 		{"group_size 1", recipeBase, []string{"train.group_size=1"}, "train.group_size"},
 		{"steps negative", recipeBase, []string{"train.steps=-2"}, "train.steps"},
 		{"missing model.path", "data:\n  tasks: [linear]\neval:\n  skip: true\n", nil, "model.path"},

@@ -20,7 +20,7 @@ import (
 	"github.com/keel-rl/keel/run"
 	"github.com/keel-rl/keel/tokenizer"
 	"github.com/keel-rl/keel/train"
-	"github.com/keel-rl/keel/train/device"
+	traindevice "github.com/keel-rl/keel/train/device"
 )
 
 // Run executes a recipe in its run directory: a fresh run, or (resume)
@@ -248,7 +248,7 @@ func (u *runner) buildEngines() error {
 // newTrainer returns the training engine for m on the recipe's
 // train.device.
 func (u *runner) newTrainer(m *model.Model, optim *train.OptimState) (train.Trainer, error) {
-	t, err := device.Trainer(u.r.Train.Engine(), m, u.r.AdamW(), optim)
+	t, err := traindevice.Trainer(u.r.Train.Engine(), m, u.r.AdamW(), optim)
 	if err != nil {
 		return nil, err
 	}
@@ -284,12 +284,93 @@ func (u *runner) newSampler() (Sampler, error) {
 		return rs, nil
 	}
 	prec, _ := rollout.ParsePrecision(ro.Precision)
-	eng, err := rolldevice.Engine(ro.Device, u.policy, rollout.Options{Precision: prec, Slots: ro.Slots, MaxLen: maxLen})
+	reserve, err := u.gpuReserve(ro.Device, maxLen, true)
+	if err != nil {
+		return nil, err
+	}
+	eng, err := u.newEngine(ro.Device, "rollout", rollout.Options{Precision: prec, Slots: ro.Slots, MaxLen: maxLen, Reserve: reserve, MemoryFraction: ro.GPUMemory})
 	if err != nil {
 		return nil, err
 	}
 	u.defers(eng.Close)
 	return eng, nil
+}
+
+// newEngine opens an in-process rollout engine on device and says so when
+// fewer slots than asked fit in a GPU's memory.
+func (u *runner) newEngine(device, what string, opt rollout.Options) (*rollout.Engine, error) {
+	eng, err := rolldevice.Engine(device, u.policy, opt)
+	if err != nil {
+		return nil, err
+	}
+	if got := eng.Options().Slots; got < opt.Slots && u.pr.Warn != nil {
+		u.pr.Warn(fmt.Sprintf("%s on %s: %d of rollout.slots' %d fit in the GPU's memory beside the training engine (rollout.gpu_memory); samples are the same, decoding slower", what, device, got, opt.Slots))
+	}
+	return eng, nil
+}
+
+// evalSlotShare is the share of rollout.slots the training rollout leaves
+// room for on a GPU it shares with the held-out evaluation's engine, which
+// is built after it.
+const evalSlotShare = 4
+
+// evalEngineSpec is what gpuReserve needs of the held-out evaluation's
+// engine: its device ("" when there is none), precision and length.
+type evalEngineSpec struct {
+	device string
+	prec   rollout.Precision
+	maxLen int
+}
+
+// gpuReserve returns gpuReserve's answer for this run's engines.
+func (u *runner) gpuReserve(device string, maxLen int, first bool) (int64, error) {
+	var ev evalEngineSpec
+	if first && !u.r.Eval.Skip {
+		ev.device, ev.prec, ev.maxLen = u.evalEngineSettings()
+	}
+	return gpuReserve(u.r, &u.policy.Config, device, maxLen, first, ev)
+}
+
+// gpuReserve is the device memory an in-process rollout engine on device
+// (with sequences of up to maxLen tokens) leaves free for what shares its
+// GPU and is not there yet: the training engine on the same GPU, whose
+// weights, gradients and optimiser state are built after the training
+// rollout (first), as are a KL reference model's, and whose activations
+// are allocated at every step (train/memplan's plan for the largest
+// micro-batch); and, for the training rollout, the held-out evaluation's
+// engine ev with 1/evalSlotShare of the slots. On the CPU: nothing.
+func gpuReserve(r *Recipe, cfg *model.Config, device string, maxLen int, first bool, ev evalEngineSpec) (int64, error) {
+	gpu, err := rolldevice.Ordinal(device)
+	if err != nil || gpu < 0 {
+		return 0, err
+	}
+	var reserve int64
+	te := r.Train.Engine()
+	if tg, _ := traindevice.Parse(te.Device); tg == gpu {
+		plan, err := te.Plan(cfg, max(r.Train.MicroBatchTokens, maxLen))
+		if err != nil {
+			return 0, fmt.Errorf("train: memory plan: %w", err)
+		}
+		act := plan.Activations()
+		reserve += act
+		if first {
+			reserve += plan.Total() - act
+			if r.Algorithm.KLCoef > 0 {
+				reserve += plan.Total() - act
+			}
+		}
+	}
+	if first && ev.device != "" {
+		if eg, _ := rolldevice.Ordinal(ev.device); eg == gpu {
+			slots := max(1, r.Rollout.Slots/evalSlotShare)
+			mem, _, err := rolldevice.Memory(ev.device, cfg, rollout.Options{Precision: ev.prec, Slots: slots, MaxLen: ev.maxLen})
+			if err != nil {
+				return 0, fmt.Errorf("eval: %w", err)
+			}
+			reserve += mem.Total(slots)
+		}
+	}
+	return reserve, nil
 }
 
 // newEvalEngine makes the held-out evaluation's own rollout engine, in
@@ -299,6 +380,26 @@ func (u *runner) newEvalEngine() error {
 	if r.Eval.Skip {
 		return nil
 	}
+	dev, ep, evLen := u.evalEngineSettings()
+	reserve, err := u.gpuReserve(dev, evLen, false)
+	if err != nil {
+		return err
+	}
+	eng, err := u.newEngine(dev, "the evaluation", rollout.Options{Precision: ep, Slots: r.Rollout.Slots, MaxLen: evLen, Reserve: reserve, MemoryFraction: r.Rollout.GPUMemory})
+	if err != nil {
+		return err
+	}
+	u.evalEng = eng
+	u.defers(eng.Close)
+	return nil
+}
+
+// evalEngineSettings returns the held-out evaluation engine's device,
+// precision and sequence length: where the rollout decodes, unless
+// eval.precision is one only the CPU engine has, and long enough for the
+// longest held-out prompt and the response budget.
+func (u *runner) evalEngineSettings() (string, rollout.Precision, int) {
+	r := u.r
 	maxPos := u.policy.Config.MaxPositionEmbeddings
 	ep, _ := rollout.ParsePrecision(r.Eval.Precision)
 	budget := r.Eval.MaxNewTokens
@@ -313,19 +414,11 @@ func (u *runner) newEvalEngine() error {
 	if maxPos > 0 {
 		evLen = min(evLen, maxPos)
 	}
-	// The evaluation decodes where the rollout does, unless its precision
-	// is one only the CPU engine has.
 	dev := r.Rollout.Device
 	if rolldevice.Check(dev, ep) != nil {
 		dev = "cpu"
 	}
-	eng, err := rolldevice.Engine(dev, u.policy, rollout.Options{Precision: ep, Slots: r.Rollout.Slots, MaxLen: evLen})
-	if err != nil {
-		return err
-	}
-	u.evalEng = eng
-	u.defers(eng.Close)
-	return nil
+	return dev, ep, evLen
 }
 
 // evaluate scores the policy's current weights on the held-out set.

@@ -25,6 +25,15 @@ type Options struct {
 	// sequence plus prompt rows being prefilled. Default max(Slots, 512);
 	// at least Slots.
 	StepRows int
+
+	// On a GPU the backend sizes itself to the device's memory: it takes
+	// at most MemoryFraction (0: 0.9) of what is free less Reserve bytes
+	// (what the training engine will allocate on the same device after
+	// it), and decodes with as many of Slots as fit there. Samples do not
+	// depend on the number of slots, only the speed does. The CPU backend
+	// ignores both.
+	Reserve        int64
+	MemoryFraction float64
 }
 
 // Engine is the rollout engine: the batcher (slots, continuous batching,

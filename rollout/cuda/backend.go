@@ -76,6 +76,27 @@ type span struct {
 	n int
 }
 
+// spans lists the scratch of a step of o.StepRows rows and o.Slots output
+// rows, in floats: what alloc allocates and Plan counts.
+func (s *scratch) spans(c *model.Config, o *rollout.Options) []span {
+	R, S, H, V := o.StepRows, o.Slots, c.HiddenSize, c.VocabSize
+	qd, kvd := c.NumAttentionHeads*c.HeadDim, c.NumKeyValueHeads*c.HeadDim
+	I := c.IntermediateSize
+	E, k, Im := c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
+	spans := []span{{&s.slot, R}, {&s.pos, R}, {&s.tok, R}, {&s.outRow, S}, {&s.temps, S},
+		{&s.x, R * H}, {&s.h1, R * H}, {&s.qraw, R * qd}, {&s.kraw, R * kvd}, {&s.q, R * qd}, {&s.k, R * kvd}, {&s.v, R * kvd},
+		{&s.att, R * qd}, {&s.xmid, R * H}, {&s.h2, R * H}, {&s.next, R * H}, {&s.xo, S * H}, {&s.logits, S * V},
+		{&s.draw, 2 * S}, {&s.drawn, S}, {&s.drawnLP, S}}
+	if len(c.MoELayers()) < c.NumHiddenLayers {
+		spans = append(spans, span{&s.gu, R * 2 * I}, span{&s.a, R * I})
+	}
+	if len(c.MoELayers()) > 0 {
+		spans = append(spans, span{&s.probs, R * E}, span{&s.gates, R * k}, span{&s.row, R * k}, span{&s.gtok, R * k},
+			span{&s.ids, R * k}, span{&s.xg, R * k * H}, span{&s.gug, R * k * 2 * Im}, span{&s.ag, R * k * Im}, span{&s.yg, R * k * H})
+	}
+	return spans
+}
+
 var _ rollout.Drawer = (*Backend)(nil)
 
 // Draws reports that Step draws the rows the batcher asks it to
@@ -85,8 +106,10 @@ func (b *Backend) Draws() bool { return b.cfg.VocabSize <= kc.DrawMaxVocab }
 // New puts m on dev for decoding with opt (defaults filled as for the CPU
 // backend), in exact, bf16, fp8 or fp4 precision. The KV cache is
 // [layers][slots][max_len][kv·hd] for keys and for values (float32, or
-// bfloat16 in bf16, fp8 and fp4); a cache that does not fit the device's
-// free memory is an error naming what to lower.
+// bfloat16 in bf16, fp8 and fp4), for as many of opt.Slots as fit in the
+// device memory opt allows (Plan, Options.Reserve and MemoryFraction;
+// Options() reports the slots kept); a model that does not fit with one
+// slot is an error naming what to lower.
 func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) {
 	c := m.Config
 	if err := c.Validate(); err != nil {
@@ -101,29 +124,22 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 	if c.HeadDim > 256 {
 		return nil, fmt.Errorf("rollout/cuda: head_dim %d above the attention kernel's 256", c.HeadDim)
 	}
+	if opt.MemoryFraction < 0 || opt.MemoryFraction > 1 {
+		return nil, fmt.Errorf("rollout/cuda: memory fraction %g, want (0, 1]", opt.MemoryFraction)
+	}
 	if dev == nil {
 		return nil, errors.New("rollout/cuda: no device")
 	}
-	kvd := c.NumKeyValueHeads * c.HeadDim
-	elem := int64(4) // the cache's element: float32 in exact, else bf16
-	if opt.Precision != rollout.Exact {
-		elem = 2
-	}
-	cache := int64(c.NumHiddenLayers) * 2 * int64(opt.Slots) * int64(opt.MaxLen) * int64(kvd) * elem
-	params, err := c.NumParams()
+	mem, err := Plan(&c, opt)
 	if err != nil {
 		return nil, err
 	}
-	weights := params * 4
-	if opt.Precision != rollout.Exact {
-		weights += params * 2 // the bf16 (or quantised) copy the products read
-	}
-	logits := int64(opt.Slots) * int64(c.VocabSize) * 4
-	if free, _, err := dev.MemInfo(); err != nil {
+	free, _, err := dev.MemInfo()
+	if err != nil {
 		return nil, err
-	} else if need := cache + weights + logits; need > free {
-		return nil, fmt.Errorf("rollout/cuda: %.2f GiB needed (the KV cache of %d slots × %d positions %.2f GiB, the weights %.2f GiB, the logits of %d rows %.2f GiB), %.2f GiB are free: lower rollout.slots or the response budget",
-			float64(need)/(1<<30), opt.Slots, opt.MaxLen, float64(cache)/(1<<30), float64(weights)/(1<<30), opt.Slots, float64(logits)/(1<<30), float64(free)/(1<<30))
+	}
+	if opt.Slots, err = fitSlots(mem, free, opt.Reserve, opt.MemoryFraction, opt.Slots); err != nil {
+		return nil, err
 	}
 	host := model.New(c)
 	b := &Backend{cfg: c, opt: opt, dev: dev, ops: kc.NewOps(dev), host: host, offs: map[*model.Param]int{}}
@@ -175,15 +191,13 @@ func (b *Backend) buf(floats int) (Buffer, error) {
 
 func (b *Backend) alloc() error {
 	c, o := &b.cfg, &b.opt
-	R, S, H, V := o.StepRows, o.Slots, c.HiddenSize, c.VocabSize
-	hd, qd, kvd := c.HeadDim, c.NumAttentionHeads*c.HeadDim, c.NumKeyValueHeads*c.HeadDim
-	I := c.IntermediateSize
+	hd, kvd := c.HeadDim, c.NumKeyValueHeads*c.HeadDim
 	var err error
 	if b.w, err = b.buf(len(b.host.Arena)); err != nil {
 		return err
 	}
 	b.kcache, b.vcache = make([]Buffer, c.NumHiddenLayers), make([]Buffer, c.NumHiddenLayers)
-	cacheFloats := S * o.MaxLen * kvd
+	cacheFloats := o.Slots * o.MaxLen * kvd
 	if b.bf16Cache() {
 		cacheFloats = (cacheFloats + 1) / 2 // bf16 elements, two a float
 	}
@@ -208,21 +222,7 @@ func (b *Backend) alloc() error {
 	if err := kc.Upload(b.dev, b.sin, sin); err != nil {
 		return err
 	}
-	s := &b.s
-	E, k, Im := c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
-	spans := []span{{&s.slot, R}, {&s.pos, R}, {&s.tok, R}, {&s.outRow, S}, {&s.temps, S},
-		{&s.x, R * H}, {&s.h1, R * H}, {&s.qraw, R * qd}, {&s.kraw, R * kvd}, {&s.q, R * qd}, {&s.k, R * kvd}, {&s.v, R * kvd},
-		{&s.att, R * qd}, {&s.xmid, R * H}, {&s.h2, R * H}, {&s.next, R * H}, {&s.xo, S * H}, {&s.logits, S * V},
-		{&s.draw, 2 * S}, {&s.drawn, S}, {&s.drawnLP, S}}
-	if len(c.MoELayers()) < c.NumHiddenLayers {
-		spans = append(spans, span{&s.gu, R * 2 * I}, span{&s.a, R * I})
-	}
-	if len(c.MoELayers()) > 0 {
-		for _, x := range []span{{&s.probs, R * E}, {&s.gates, R * k}, {&s.row, R * k}, {&s.gtok, R * k}, {&s.ids, R * k}, {&s.xg, R * k * H},
-			{&s.gug, R * k * 2 * Im}, {&s.ag, R * k * Im}, {&s.yg, R * k * H}} {
-			spans = append(spans, x)
-		}
-	}
+	spans := b.s.spans(c, o)
 	for _, sp := range spans {
 		if *sp.b, err = b.buf(sp.n); err != nil {
 			return err

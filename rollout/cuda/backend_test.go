@@ -29,6 +29,47 @@ func TestNewChecksFirst(t *testing.T) {
 	if _, err := New(nil, m, rollout.Options{Slots: 4, StepRows: 2}); err == nil || !strings.Contains(err.Error(), "step rows") {
 		t.Errorf("step rows below slots: %v", err)
 	}
+	if _, err := New(nil, m, rollout.Options{MemoryFraction: 1.5}); err == nil || !strings.Contains(err.Error(), "memory fraction") {
+		t.Errorf("memory fraction 1.5: %v", err)
+	}
+}
+
+// TestDeviceMemoryPlan: New allocates what Plan says (within the
+// allocator's rounding), and with a reserve that leaves room for three
+// slots it keeps three.
+func TestDeviceMemoryPlan(t *testing.T) {
+	dev := cudatest.Device(t)
+	m := testModel(t, "tiny-moe")
+	opt := rollout.Options{Slots: 64, MaxLen: 8192}
+	mem, err := Plan(&m.Config, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	free0, _, err := dev.MemInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(dev, m, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	free1, _, _ := dev.MemInfo()
+	b.Close()
+	used := free0 - free1
+	t.Logf("planned %.1f MiB, allocated %.1f MiB", float64(mem.Total(64))/(1<<20), float64(used)/(1<<20))
+	if used < mem.Total(64)-(1<<20) || used > mem.Total(64)+(256<<20) {
+		t.Errorf("allocated %d bytes, planned %d", used, mem.Total(64))
+	}
+	opt.MemoryFraction = 0.9
+	opt.Reserve = free0 - int64(float64(mem.Total(3)+mem.PerSlot/2)/0.9)
+	b, err = New(dev, m, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if got := b.Options().Slots; got != 3 {
+		t.Errorf("%d slots kept, want 3", got)
+	}
 }
 
 func testModel(t *testing.T, preset string) *model.Model {

@@ -46,3 +46,18 @@ func Check(name string, p rollout.Precision) error {
 	}
 	return nil
 }
+
+// Memory returns the device memory Engine(name, ...) would take for a
+// model of config c with opt, and whether name is a GPU: the CPU
+// engine's memory is the host's, and counts for nothing here.
+func Memory(name string, c *model.Config, opt rollout.Options) (cuda.Memory, bool, error) {
+	gpu, err := kc.ParseDevice(name)
+	if err != nil || gpu < 0 {
+		return cuda.Memory{}, false, err
+	}
+	m, err := cuda.Plan(c, opt)
+	return m, true, err
+}
+
+// Ordinal returns the GPU a device name selects, or -1 for the CPU.
+func Ordinal(name string) (int, error) { return kc.ParseDevice(name) }

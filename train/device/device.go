@@ -12,6 +12,7 @@ import (
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/train"
 	"github.com/keel-rl/keel/train/cuda"
+	"github.com/keel-rl/keel/train/memplan"
 )
 
 // Parse checks a device name and returns the GPU ordinal for "cuda" and
@@ -90,4 +91,19 @@ func (t *gpuTrainer) Close() error {
 		err = e
 	}
 	return err
+}
+
+// Plan returns the GPU memory the engine o names needs for a model of
+// config c trained on micro-batches of up to tokens tokens (train/memplan),
+// or nil on the CPU.
+func (o Options) Plan(c *model.Config, tokens int) (*memplan.Budget, error) {
+	gpu, err := Parse(o.Device)
+	if err != nil || gpu < 0 {
+		return nil, err
+	}
+	prec := o.Precision
+	if prec == "" {
+		prec = memplan.FP32
+	}
+	return memplan.Plan(c, memplan.Shape{Seqs: 1, SeqLen: tokens}, memplan.Mode{Precision: prec, Recompute: o.Recompute})
 }

@@ -267,6 +267,18 @@ func (c *calc) add(xs ...int64) int64 {
 	return s
 }
 
+// Activations returns the sum of the items that depend on the
+// micro-batch (Item.Batch): what the engine allocates at each step.
+func (b *Budget) Activations() int64 {
+	var n int64
+	for _, it := range b.Items {
+		if it.Batch {
+			n += it.Bytes
+		}
+	}
+	return n
+}
+
 // Total returns the sum of the items.
 func (b *Budget) Total() int64 {
 	var t int64

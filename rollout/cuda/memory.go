@@ -1,0 +1,91 @@
+package cuda
+
+import (
+	"fmt"
+
+	kc "github.com/keel-rl/keel/kernels/cuda"
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/rollout"
+)
+
+// DefaultMemoryFraction is the share of a GPU's free memory (less
+// rollout.Options.Reserve) the backend takes when Options.MemoryFraction
+// is 0: the rest is the margin for the CUDA libraries' own allocations and
+// fragmentation.
+const DefaultMemoryFraction = 0.9
+
+// Memory is the device memory the backend takes for a model and options:
+// a part that does not depend on the number of slots and a part per slot.
+type Memory struct {
+	// Fixed: the float32 weights, their bf16 or quantised copy (not in
+	// exact), the RoPE tables, a step's scratch for Options.StepRows rows
+	// and the reduced-precision products' operands and workspace.
+	Fixed int64
+	// PerSlot: one slot's keys and values for Options.MaxLen positions in
+	// every layer (float32 in exact, bf16 otherwise) and its output row
+	// (logits over the vocabulary and the draw).
+	PerSlot int64
+}
+
+// Total returns the bytes for slots slots.
+func (m Memory) Total(slots int) int64 { return m.Fixed + int64(slots)*m.PerSlot }
+
+// Plan returns what New would allocate for a model c with options opt
+// (defaults filled as New fills them), before anything is allocated: the
+// runner sizes the rollout beside the training engine with it.
+func Plan(c *model.Config, opt rollout.Options) (Memory, error) {
+	cfg := *c
+	if err := cfg.Validate(); err != nil {
+		return Memory{}, err
+	}
+	if err := opt.Fill(&cfg); err != nil {
+		return Memory{}, err
+	}
+	params, err := cfg.NumParams()
+	if err != nil {
+		return Memory{}, err
+	}
+	kvd := int64(cfg.NumKeyValueHeads * cfg.HeadDim)
+	elem := int64(4) // the cache's element: float32 in exact, else bf16
+	var m Memory
+	m.Fixed = params * 4
+	if opt.Precision != rollout.Exact {
+		elem = 2
+		// The bf16 (or quantised, stored in bf16's room) weights, and the
+		// largest operand a product rounds (a step's rows × the widest
+		// input), and cuBLASLt's workspace.
+		widest := max(cfg.HiddenSize, cfg.NumAttentionHeads*cfg.HeadDim, cfg.IntermediateSize, cfg.MoeIntermediateSize)
+		m.Fixed += params*2 + int64(opt.StepRows)*int64(widest)*2 + kc.BlasWorkspaceBytes
+	}
+	m.Fixed += int64(opt.MaxLen) * int64(cfg.HeadDim/2) * 2 * 4 // cos and sin
+	var s scratch
+	for _, sp := range s.spans(&cfg, &opt) {
+		m.Fixed += int64(max(sp.n, 1)) * 4
+	}
+	// spans counted Slots output rows; move them to the per-slot part.
+	out := int64(cfg.HiddenSize+cfg.VocabSize+6) * 4
+	m.Fixed -= int64(opt.Slots) * out
+	m.PerSlot = int64(cfg.NumHiddenLayers)*2*int64(opt.MaxLen)*kvd*elem + out
+	return m, nil
+}
+
+// fitSlots returns how many of want slots fit in the share fraction of
+// free less reserve bytes of device memory, given m: want when all fit,
+// fewer when not (a sample does not depend on the number of slots, only
+// the speed does), an error naming the figures when not even one does.
+func fitSlots(m Memory, free, reserve int64, fraction float64, want int) (int, error) {
+	if fraction == 0 {
+		fraction = DefaultMemoryFraction
+	}
+	budget := int64(float64(free-reserve) * fraction)
+	if n := (budget - m.Fixed) / max(m.PerSlot, 1); budget > m.Fixed && n >= 1 {
+		return int(min(n, int64(want))), nil
+	}
+	gib := func(b int64) float64 { return float64(b) / (1 << 30) }
+	kept := ""
+	if reserve > 0 {
+		kept = fmt.Sprintf(" less %.2f GiB kept for the training engine", gib(reserve))
+	}
+	return 0, fmt.Errorf("rollout/cuda: the weights and a step's buffers need %.2f GiB and one slot's KV cache %.2f GiB, but the rollout may take %.2f GiB (%.0f%% of the %.2f GiB free%s): lower the response budget or the prompt length, raise rollout.gpu_memory, or decode on another device",
+		gib(m.Fixed), gib(m.PerSlot), gib(max(budget, 0)), 100*fraction, gib(free), kept)
+}

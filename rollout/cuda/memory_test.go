@@ -1,0 +1,90 @@
+package cuda
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/rollout"
+)
+
+// Plan by hand for tiny-dense (H 128, I 384, 4 layers, 4 heads and 2 KV
+// heads of 32, tied embedding) at vocabulary 100, 4 slots of 16
+// positions, 8 step rows.
+func TestPlanByHand(t *testing.T) {
+	cfg, err := model.Preset("tiny-dense", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Plan(&cfg, rollout.Options{Precision: rollout.Exact, Slots: 4, MaxLen: 16, StepRows: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Parameters: embedding 100·128 = 12,800; a layer's q, o 128·128, k, v
+	// 64·128, gate, up, down 384·128, norms 128+128+32+32 = 196,928; the
+	// final norm 128: 800,640.
+	const params = 12800 + 4*196928 + 128
+	// Per row (float32): slot, pos, tok 3; x, h1, xmid, h2, next 5·128;
+	// qraw, q, att 3·128; kraw, k, v 3·64; gate|up 768, SwiGLU 384.
+	const perRow = 3 + 640 + 384 + 192 + 768 + 384
+	const rope = 16 * 16 * 2 * 4 // positions × head_dim/2 × cos, sin
+	if want := int64(params*4 + rope + 8*perRow*4); m.Fixed != want {
+		t.Errorf("fixed %d bytes, want %d", m.Fixed, want)
+	}
+	// A slot: K and V of 16 positions × 64 in 4 layers (float32), and its
+	// output row: hidden 128, logits 100, out row, temperature, draw (2),
+	// token, log-prob.
+	if want := int64(4*2*16*64*4 + (128+100+6)*4); m.PerSlot != want {
+		t.Errorf("per slot %d bytes, want %d", m.PerSlot, want)
+	}
+	if m.Total(3) != m.Fixed+3*m.PerSlot {
+		t.Error("Total")
+	}
+	// bf16: the cache's element halves; the weights' bf16 copy, the
+	// products' operand (8 rows × the widest input, 384) and cuBLASLt's
+	// workspace join the fixed part.
+	b, err := Plan(&cfg, rollout.Options{Precision: rollout.BF16, Slots: 4, MaxLen: 16, StepRows: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := m.Fixed + params*2 + 8*384*2 + 32<<20; b.Fixed != want {
+		t.Errorf("bf16 fixed %d bytes, want %d", b.Fixed, want)
+	}
+	if want := int64(4*2*16*64*2 + (128+100+6)*4); b.PerSlot != want {
+		t.Errorf("bf16 per slot %d bytes, want %d", b.PerSlot, want)
+	}
+	if _, err := Plan(&cfg, rollout.Options{Slots: 4, StepRows: 2}); err == nil {
+		t.Error("step rows below slots accepted")
+	}
+}
+
+// fitSlots by hand: 10 GiB fixed and 1 GiB a slot, 40 GiB free, 20 kept
+// for the trainer, 90% of the rest (18 GiB) for the rollout: 8 slots.
+func TestFitSlots(t *testing.T) {
+	const gib = 1 << 30
+	m := Memory{Fixed: 10 * gib, PerSlot: gib}
+	for _, c := range []struct {
+		reserve  int64
+		fraction float64
+		want, n  int
+	}{
+		{20 * gib, 0.9, 256, 8},
+		{20 * gib, 0.9, 4, 4},
+		{20 * gib, 0, 256, 8}, // the default fraction
+		{20 * gib, 1, 256, 10},
+		{0, 0.5, 256, 10},
+		{28 * gib, 1, 256, 2},
+	} {
+		n, err := fitSlots(m, 40*gib, c.reserve, c.fraction, c.want)
+		if err != nil || n != c.n {
+			t.Errorf("reserve %d GiB, fraction %v, want %d: %d slots (%v), want %d", c.reserve/gib, c.fraction, c.want, n, err, c.n)
+		}
+	}
+	_, err := fitSlots(m, 40*gib, 29*gib, 0.9, 256) // 9.9 GiB: not even the weights
+	if err == nil || !strings.Contains(err.Error(), "10.00 GiB") || !strings.Contains(err.Error(), "29.00 GiB kept for the training engine") {
+		t.Errorf("got %v", err)
+	}
+	if _, err := fitSlots(m, 40*gib, 60*gib, 0.9, 256); err == nil {
+		t.Error("a reserve above what is free accepted")
+	}
+}
