@@ -16,6 +16,7 @@ import (
 	kc "github.com/keel-rl/keel/kernels/cuda"
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rollout"
+	rollcuda "github.com/keel-rl/keel/rollout/cuda"
 	rolldevice "github.com/keel-rl/keel/rollout/device"
 	"github.com/keel-rl/keel/train/device"
 )
@@ -30,7 +31,8 @@ type benchReport struct {
 	CPU            string               `json:"cpu_path"`
 	Threads        int                  `json:"threads"`
 	Gemm           []benchGemmRow       `json:"gemm"`
-	PeakGFLOPS     float64              `json:"peak_gflops"` // keel's float32 GEMM at 1024³, or the card's bf16 peak (--device cuda)
+	PeakGFLOPS     float64              `json:"peak_gflops"`             // keel's float32 GEMM at 1024³, or the card's bf16 peak (--device cuda)
+	PeakGBPerS     float64              `json:"peak_gb_per_s,omitempty"` // the card's memory bandwidth (--device cuda)
 	Train          []bench.TrainResult  `json:"train"`
 	Utilisation    map[string]float64   `json:"mfu"`
 	Decode         []benchDecodeRow     `json:"decode,omitempty"`
@@ -42,6 +44,12 @@ type benchDecodeRow struct {
 	rollout.DecodeResult
 	PrecisionName string  `json:"precision_name"`
 	VsForward     float64 `json:"vs_forward"` // decode tokens/s over the training engine's forward tokens/s
+	// On a GPU: the weights and KV cache a decoding step reads
+	// (rollout/cuda.StepBytes, at the mean context) times the steps per
+	// second (generated tokens/s over the sequences), and that over the
+	// card's bandwidth (--peak-gbps).
+	GBPerS    float64 `json:"gb_per_s,omitempty"`
+	Bandwidth float64 `json:"bandwidth,omitempty"`
 }
 
 type benchGemmRow struct {
@@ -67,6 +75,7 @@ type benchOptions struct {
 	gpuDecode           bool
 	layers              int
 	peakTFLOPS          float64
+	peakGBPerS          float64
 	serveClients        int
 }
 
@@ -112,12 +121,13 @@ func parseBenchFlags(args []string) (*benchOptions, error) {
 	trainPrec := fs.String("train-precision", "fp32", "the training engine's products: fp32, or bf16 (with --device cuda)")
 	recompute := fs.Bool("recompute", false, "with --device cuda: activation checkpointing in the training table")
 	peak := fs.Float64("peak-tflops", 989.4, "with --device cuda: the card's dense bf16 peak, TFLOP/s, for MFU (H100 and H200 SXM: 989.4)")
+	peakGB := fs.Float64("peak-gbps", 3350, "with --device cuda: the card's memory bandwidth, GB/s, for the decode table (H100 SXM: 3350, H200: 4800)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	o := &benchOptions{vocab: *vocab, seqs: *seqs, seqLen: *seqLen, dur: *dur, quick: *quick, noGemm: *noGemm, json: *asJSON,
 		noDecode: *noDecode, noRL: *noRL, noServe: *noServe, decodeGroup: *decodeGroup, serveClients: *serveClients,
-		device: *dev, layers: *layers, peakTFLOPS: *peak, trainPrec: *trainPrec}
+		device: *dev, layers: *layers, peakTFLOPS: *peak, peakGBPerS: *peakGB, trainPrec: *trainPrec}
 	gpu, err := kc.ParseDevice(*dev)
 	if err != nil {
 		return nil, fmt.Errorf("--device: %w", err)
@@ -128,12 +138,13 @@ func parseBenchFlags(args []string) (*benchOptions, error) {
 	o.recompute = *recompute
 	if gpu >= 0 {
 		// On a GPU: the training table and, unless --no-decode, the
-		// decode table (exact precision, the GPU rollout backend).
+		// decode table (the GPU rollout backend, in --decode-precisions
+		// but the CPU's own fp32).
 		o.gpuDecode = !o.noDecode
 		o.noGemm, o.noDecode, o.noRL, o.noServe = true, true, true, true
 	}
-	if *layers < 0 || !(*peak > 0) {
-		return nil, fmt.Errorf("--layers must be >= 0 and --peak-tflops positive")
+	if *layers < 0 || !(*peak > 0) || !(*peakGB > 0) {
+		return nil, fmt.Errorf("--layers must be >= 0 and --peak-tflops and --peak-gbps positive")
 	}
 	for _, p := range strings.Split(*presets, ",") {
 		o.presets = append(o.presets, strings.TrimSpace(p))
@@ -205,23 +216,24 @@ func measure(o *benchOptions) (*benchReport, error) {
 		}
 	}
 	if gpu, _ := kc.ParseDevice(o.device); gpu >= 0 && o.gpuDecode {
+		rep.PeakGBPerS = o.peakGBPerS
 		for _, p := range o.presets {
 			for _, n := range o.decodeSlots {
-				r, err := rollout.BenchDecodeOn(rollout.DecodeSpec{Preset: p, Layers: o.layers, Vocab: o.vocab, Precision: rollout.Exact,
-					Slots: n, Group: o.decodeGroup, PromptLen: 32, NewTokens: 96, Time: o.dur,
-					NewEngine: func(m *model.Model, opt rollout.Options) (*rollout.Engine, error) {
-						return rolldevice.Engine(o.device, m, opt)
-					}})
-				if err != nil {
-					return nil, err
-				}
-				row := benchDecodeRow{DecodeResult: r, PrecisionName: "exact"}
-				for _, t := range rep.Train {
-					if t.Preset == p && t.FwdTokensPerS > 0 {
-						row.VsForward = r.TokensPerS / t.FwdTokensPerS
+				for _, prec := range o.decodePrecs {
+					if prec == rollout.FP32 {
+						continue // the CPU engine's own kernels: no GPU form
 					}
+					row, err := benchGPUDecode(o, p, prec, n)
+					if err != nil {
+						return nil, err
+					}
+					for _, t := range rep.Train {
+						if t.Preset == p && t.FwdTokensPerS > 0 {
+							row.VsForward = row.TokensPerS / t.FwdTokensPerS
+						}
+					}
+					rep.Decode = append(rep.Decode, row)
 				}
-				rep.Decode = append(rep.Decode, row)
 			}
 		}
 	}
@@ -297,13 +309,45 @@ func printBench(rep *benchReport) error {
 	return nil
 }
 
+// benchGPUDecode measures one decode row on the GPU rollout backend, with
+// the bandwidth its steps reach.
+func benchGPUDecode(o *benchOptions, preset string, prec rollout.Precision, slots int) (benchDecodeRow, error) {
+	const promptLen, newTokens = 32, 96
+	var cfg model.Config
+	r, err := rollout.BenchDecodeOn(rollout.DecodeSpec{Preset: preset, Layers: o.layers, Vocab: o.vocab, Precision: prec,
+		Slots: slots, Group: o.decodeGroup, PromptLen: promptLen, NewTokens: newTokens, Time: o.dur,
+		NewEngine: func(m *model.Model, opt rollout.Options) (*rollout.Engine, error) {
+			cfg = m.Config
+			return rolldevice.Engine(o.device, m, opt)
+		}})
+	if err != nil {
+		return benchDecodeRow{}, err
+	}
+	row := benchDecodeRow{DecodeResult: r, PrecisionName: prec.String()}
+	step, err := rollcuda.StepBytes(&cfg, prec, slots, promptLen+newTokens/2)
+	if err != nil {
+		return row, err
+	}
+	row.GBPerS = step * r.TokensPerS / float64(slots) / 1e9
+	row.Bandwidth = row.GBPerS / o.peakGBPerS
+	return row, nil
+}
+
 // printBenchTables writes the decode, RL-step and serve tables.
 func printBenchTables(w io.Writer, rep *benchReport) {
 	if len(rep.Decode) > 0 {
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "decode model\tsequences\tper prompt\tprecision\tgenerated tok/s\tvs forward\t")
+		if rep.PeakGBPerS > 0 {
+			fmt.Fprintln(w, "decode model\tsequences\tper prompt\tprecision\tgenerated tok/s\tvs forward\tweights+KV GB/s\tof bandwidth\t")
+		} else {
+			fmt.Fprintln(w, "decode model\tsequences\tper prompt\tprecision\tgenerated tok/s\tvs forward\t")
+		}
 		for _, d := range rep.Decode {
-			fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%.0f\t%.0f%%\t\n", d.Preset, d.Slots, d.SamplesPerPrompt, d.PrecisionName, d.TokensPerS, 100*d.VsForward)
+			fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%.0f\t%.0f%%\t", d.Preset, d.Slots, d.SamplesPerPrompt, d.PrecisionName, d.TokensPerS, 100*d.VsForward)
+			if rep.PeakGBPerS > 0 {
+				fmt.Fprintf(w, "%.0f\t%.1f%%\t", d.GBPerS, 100*d.Bandwidth)
+			}
+			fmt.Fprintln(w)
 		}
 	}
 	if len(rep.RL) > 0 {
@@ -335,6 +379,9 @@ func printBenchNotes(rep *benchReport) {
 	}
 	if len(rep.Decode) > 0 {
 		fmt.Println("\ndecode: 32-token prompts, 96 new tokens each at temperature 1, all sequences concurrent, \"per prompt\" samples sharing each prompt's prefill; tokens/s counts generated tokens (prefill time included); vs forward = over the forward tok/s above.")
+		if rep.PeakGBPerS > 0 {
+			fmt.Printf("weights+KV GB/s: the bytes one decoding step reads (the weights in the precision's storage, MoE experts in the share the step's tokens route to, every sequence's keys and values at the mean context of 80 positions) times steps per second; of bandwidth: over --peak-gbps (%.0f GB/s). Prefill time counts, so both are lower bounds.\n", rep.PeakGBPerS)
+		}
 	}
 	switch {
 	case rep.Device != "":

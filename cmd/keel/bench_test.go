@@ -23,6 +23,7 @@ func TestBenchFlagErrors(t *testing.T) {
 		{[]string{"--len", "1"}, "--len must be at least 2"},
 		{[]string{"--device", "tpu"}, `--device: device "tpu"`},
 		{[]string{"--layers", "-1"}, "--layers must be >= 0"},
+		{[]string{"--peak-gbps", "0"}, "--peak-gbps positive"},
 	} {
 		args := append([]string{"--presets", "no-such-preset", "--no-gemm"}, c.args...)
 		if err := runBench(args); err == nil || !strings.Contains(err.Error(), c.want) {
@@ -43,5 +44,24 @@ func TestBenchTrainOnLayers(t *testing.T) {
 	// embedding 64 × 1024 and the final norm 1024.
 	if want := 15730944 + 64*1024 + 1024; r.Params != want || r.TokensPerS <= 0 {
 		t.Errorf("params %d (want %d), %v tokens/s", r.Params, want, r.TokensPerS)
+	}
+}
+
+// The decode table shows the bandwidth columns when the report has the
+// card's bandwidth (a GPU run), and not otherwise.
+func TestBenchDecodeTable(t *testing.T) {
+	row := benchDecodeRow{PrecisionName: "bf16", VsForward: 0.5, GBPerS: 1675, Bandwidth: 0.5}
+	row.Preset, row.Slots, row.SamplesPerPrompt, row.TokensPerS = "qwen3-0.6b", 256, 1, 12345
+	var b strings.Builder
+	printBenchTables(&b, &benchReport{Decode: []benchDecodeRow{row}, PeakGBPerS: 3350})
+	for _, want := range []string{"weights+KV GB/s\tof bandwidth", "qwen3-0.6b\t256\t1\tbf16\t12345\t50%\t1675\t50.0%\t"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("missing %q in\n%s", want, b.String())
+		}
+	}
+	b.Reset()
+	printBenchTables(&b, &benchReport{Decode: []benchDecodeRow{row}})
+	if strings.Contains(b.String(), "GB/s") {
+		t.Errorf("bandwidth columns without a card:\n%s", b.String())
 	}
 }

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"math"
 
 	kc "github.com/keel-rl/keel/kernels/cuda"
 	"github.com/keel-rl/keel/model"
@@ -88,4 +89,36 @@ func fitSlots(m Memory, free, reserve int64, fraction float64, want int) (int, e
 	}
 	return 0, fmt.Errorf("rollout/cuda: the weights and a step's buffers need %.2f GiB and one slot's KV cache %.2f GiB, but the rollout may take %.2f GiB (%.0f%% of the %.2f GiB free%s): lower the response budget or the prompt length, raise rollout.gpu_memory, or decode on another device",
 		gib(m.Fixed), gib(m.PerSlot), gib(max(budget, 0)), 100*fraction, gib(free), kept)
+}
+
+// StepBytes is the device memory one decoding step of slots sequences
+// reads, each at context positions: every weight matrix the products read
+// (float32 in exact, the bf16 or quantised copy's 2 bytes otherwise; an
+// untied embedding is only gathered from, a few rows, and not counted),
+// an MoE layer's experts in the share that slots tokens are expected to
+// route to at least once (1 - (1 - k/E)^slots each, routes taken as
+// uniform), and the keys and values of every slot. Over the step's time
+// it is the bandwidth a decode reaches, the roofline of memory-bound
+// decoding.
+func StepBytes(c *model.Config, p rollout.Precision, slots, context int) (float64, error) {
+	params, err := c.NumParams()
+	if err != nil {
+		return 0, err
+	}
+	w := float64(params)
+	if !c.TieWordEmbeddings {
+		w -= float64(c.VocabSize) * float64(c.HiddenSize)
+	}
+	if moe := len(c.MoELayers()); moe > 0 {
+		E, k := float64(c.NumExperts), float64(c.NumExpertsPerTok)
+		experts := E * 3 * float64(c.HiddenSize) * float64(c.MoeIntermediateSize) * float64(moe)
+		touched := 1 - math.Pow(1-k/E, float64(slots))
+		w -= experts * (1 - touched)
+	}
+	elem := 2.0
+	if p == rollout.Exact {
+		elem = 4
+	}
+	kv := float64(slots) * float64(c.NumHiddenLayers) * 2 * float64(c.NumKeyValueHeads*c.HeadDim) * elem * float64(context)
+	return w*elem + kv, nil
 }

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"math"
 	"strings"
 	"testing"
 
@@ -86,5 +87,37 @@ func TestFitSlots(t *testing.T) {
 	}
 	if _, err := fitSlots(m, 40*gib, 60*gib, 0.9, 256); err == nil {
 		t.Error("a reserve above what is free accepted")
+	}
+}
+
+// StepBytes by hand: tiny-dense at vocabulary 100 (800,640 parameters,
+// the tied embedding read as the LM head) reads its weights and 4 slots ×
+// 4 layers × K and V × 64 × 10 positions; tiny-moe's experts (8 of them,
+// 2 a token, 3 × 128 × 128 each in 4 layers) count in the share one token
+// touches, 1/4, and all but 0.75^64 of them at 64 tokens.
+func TestStepBytesByHand(t *testing.T) {
+	dense, _ := model.Preset("tiny-dense", 100)
+	got, err := StepBytes(&dense, rollout.Exact, 4, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 800640.0*4 + 4*4*2*64*4*10; got != want {
+		t.Errorf("dense, exact: %v bytes, want %v", got, want)
+	}
+	if got, _ := StepBytes(&dense, rollout.BF16, 4, 10); got != 800640.0*2+4*4*2*64*2*10 {
+		t.Errorf("dense, bf16: %v bytes", got)
+	}
+	moe, _ := model.Preset("tiny-moe", 100)
+	params, _ := moe.NumParams()
+	experts := 8.0 * 3 * 128 * 128 * 4
+	for _, c := range []struct {
+		slots   int
+		touched float64
+	}{{1, 0.25}, {64, 1 - math.Pow(0.75, 64)}} {
+		got, _ := StepBytes(&moe, rollout.BF16, c.slots, 1)
+		want := (float64(params)-experts*(1-c.touched))*2 + float64(c.slots)*4*2*64*2
+		if math.Abs(got-want) > 1e-6*want {
+			t.Errorf("moe, %d slots: %v bytes, want %v", c.slots, got, want)
+		}
 	}
 }
