@@ -187,9 +187,9 @@ func (u *runner) loadEvalSet() error {
 }
 
 // buildEngines makes the rollout sampler (in process or remote), the
-// training engine (with the checkpoint's optimiser state when resuming),
-// the reference model for a KL penalty, the loop and the evaluation
-// engine.
+// evaluation engine, the training engine (with the checkpoint's optimiser
+// state when resuming), the reference model for a KL penalty and the
+// loop.
 func (u *runner) buildEngines() error {
 	r := u.r
 	sampler, err := u.newSampler()
@@ -197,6 +197,11 @@ func (u *runner) buildEngines() error {
 		return err
 	}
 	if err := sampler.UpdateWeights(context.Background(), u.policy, int64(u.res.Resumed)); err != nil {
+		return err
+	}
+	// The rollout engines first: on a GPU they size themselves to what the
+	// training engines will leave free (gpuReserve).
+	if err := u.newEvalEngine(); err != nil {
 		return err
 	}
 	var optim *train.OptimState
@@ -239,10 +244,7 @@ func (u *runner) buildEngines() error {
 			return err
 		}
 	}
-	if err := u.loop.Init(); err != nil {
-		return err
-	}
-	return u.newEvalEngine()
+	return u.loop.Init()
 }
 
 // newTrainer returns the training engine for m on the recipe's
@@ -261,15 +263,7 @@ func (u *runner) newTrainer(m *model.Model, optim *train.OptimState) (train.Trai
 // prompt and the response budget.
 func (u *runner) newSampler() (Sampler, error) {
 	ro := &u.r.Rollout
-	maxPos := u.policy.Config.MaxPositionEmbeddings
-	longest := 0
-	for _, p := range u.prompts {
-		longest = max(longest, len(p.IDs))
-	}
-	maxLen := longest + u.r.responseBudget()
-	if maxPos > 0 {
-		maxLen = min(maxLen, maxPos)
-	}
+	maxLen := u.sequenceLen()
 	if len(ro.Servers) > 0 {
 		// Remote rollout: the servers run their own precision; each step's
 		// weights reach them through ro.WeightsDir.
@@ -284,7 +278,7 @@ func (u *runner) newSampler() (Sampler, error) {
 		return rs, nil
 	}
 	prec, _ := rollout.ParsePrecision(ro.Precision)
-	reserve, err := u.gpuReserve(ro.Device, maxLen, true)
+	reserve, err := u.gpuReserve(ro.Device, true)
 	if err != nil {
 		return nil, err
 	}
@@ -294,6 +288,20 @@ func (u *runner) newSampler() (Sampler, error) {
 	}
 	u.defers(eng.Close)
 	return eng, nil
+}
+
+// sequenceLen is the longest training sequence: the longest prompt and
+// the response budget, within the model's positions.
+func (u *runner) sequenceLen() int {
+	longest := 0
+	for _, p := range u.prompts {
+		longest = max(longest, len(p.IDs))
+	}
+	n := longest + u.r.responseBudget()
+	if maxPos := u.policy.Config.MaxPositionEmbeddings; maxPos > 0 {
+		n = min(n, maxPos)
+	}
+	return n
 }
 
 // newEngine opens an in-process rollout engine on device and says so when
@@ -323,23 +331,24 @@ type evalEngineSpec struct {
 }
 
 // gpuReserve returns gpuReserve's answer for this run's engines.
-func (u *runner) gpuReserve(device string, maxLen int, first bool) (int64, error) {
+func (u *runner) gpuReserve(device string, withEval bool) (int64, error) {
 	var ev evalEngineSpec
-	if first && !u.r.Eval.Skip {
+	if withEval && !u.r.Eval.Skip {
 		ev.device, ev.prec, ev.maxLen = u.evalEngineSettings()
 	}
-	return gpuReserve(u.r, &u.policy.Config, device, maxLen, first, ev)
+	return gpuReserve(u.r, &u.policy.Config, device, u.sequenceLen(), ev)
 }
 
 // gpuReserve is the device memory an in-process rollout engine on device
-// (with sequences of up to maxLen tokens) leaves free for what shares its
-// GPU and is not there yet: the training engine on the same GPU, whose
-// weights, gradients and optimiser state are built after the training
-// rollout (first), as are a KL reference model's, and whose activations
-// are allocated at every step (train/memplan's plan for the largest
-// micro-batch); and, for the training rollout, the held-out evaluation's
-// engine ev with 1/evalSlotShare of the slots. On the CPU: nothing.
-func gpuReserve(r *Recipe, cfg *model.Config, device string, maxLen int, first bool, ev evalEngineSpec) (int64, error) {
+// leaves free for what shares its GPU and is built after it (buildEngines
+// builds the rollout engines first): the training engine on the same GPU
+// (train/memplan's plan for sequences of up to trainLen tokens, or
+// micro-batches of train.micro_batch_tokens: its weights, gradients,
+// AdamW moments, activations), a KL reference model's engine (the same
+// but the moments: it never steps), and the held-out evaluation's engine
+// ev (device "" for none) with 1/evalSlotShare of the slots. On the CPU:
+// nothing.
+func gpuReserve(r *Recipe, cfg *model.Config, device string, trainLen int, ev evalEngineSpec) (int64, error) {
 	gpu, err := rolldevice.Ordinal(device)
 	if err != nil || gpu < 0 {
 		return 0, err
@@ -347,23 +356,21 @@ func gpuReserve(r *Recipe, cfg *model.Config, device string, maxLen int, first b
 	var reserve int64
 	te := r.Train.Engine()
 	if tg, _ := traindevice.Parse(te.Device); tg == gpu {
-		plan, err := te.Plan(cfg, max(r.Train.MicroBatchTokens, maxLen))
+		plan, err := te.Plan(cfg, max(r.Train.MicroBatchTokens, trainLen))
 		if err != nil {
 			return 0, fmt.Errorf("train: memory plan: %w", err)
 		}
-		act := plan.Activations()
-		reserve += act
-		if first {
-			reserve += plan.Total() - act
-			if r.Algorithm.KLCoef > 0 {
-				reserve += plan.Total() - act
-			}
+		reserve += plan.Total()
+		if r.Algorithm.KLCoef > 0 {
+			reserve += plan.Total() - 8*plan.Params // no AdamW moments
 		}
 	}
-	if first && ev.device != "" {
+	if ev.device != "" {
 		if eg, _ := rolldevice.Ordinal(ev.device); eg == gpu {
 			slots := max(1, r.Rollout.Slots/evalSlotShare)
-			mem, _, err := rolldevice.Memory(ev.device, cfg, rollout.Options{Precision: ev.prec, Slots: slots, MaxLen: ev.maxLen})
+			// Its step rows are those of all the slots (rollout.Options).
+			opt := rollout.Options{Precision: ev.prec, Slots: slots, MaxLen: ev.maxLen, StepRows: max(r.Rollout.Slots, 512)}
+			mem, _, err := rolldevice.Memory(ev.device, cfg, opt)
 			if err != nil {
 				return 0, fmt.Errorf("eval: %w", err)
 			}
@@ -381,7 +388,7 @@ func (u *runner) newEvalEngine() error {
 		return nil
 	}
 	dev, ep, evLen := u.evalEngineSettings()
-	reserve, err := u.gpuReserve(dev, evLen, false)
+	reserve, err := u.gpuReserve(dev, false)
 	if err != nil {
 		return err
 	}

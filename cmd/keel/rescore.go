@@ -76,7 +76,10 @@ func runRescore(args []string) error {
 	}
 	dir := *out
 	if dir == "" {
-		dir = filepath.Clean(filepath.Dir(runs[0].Dir)) + "-rescored"
+		dir = "rescored" // runs in the working directory
+		if parent := filepath.Dir(runs[0].Dir); parent != "." {
+			dir = parent + "-rescored"
+		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -151,11 +154,11 @@ func rescoreArms(ctx context.Context, runs []rl.SweepRun, a, b, dir string, fact
 		return "", err
 	}
 	scores := map[string]map[int]float64{a: {}, b: {}}
-	var first *rl.Recipe
+	var first *rl.Recipe // the evaluator's noise is measured on arm a's first model
 	var firstModel string
 	k := 0
 	for _, run := range runs {
-		name := strings.TrimSuffix(filepath.Base(run.Dir), fmt.Sprintf("-s%d", run.Seed))
+		name := seedSuffix.ReplaceAllString(filepath.Base(run.Dir), "")
 		if name != a && name != b {
 			continue
 		}
@@ -171,8 +174,14 @@ func rescoreArms(ctx context.Context, runs []rl.SweepRun, a, b, dir string, fact
 		if rec.Eval.Skip {
 			return "", fmt.Errorf("%s: rescoring needs eval.file", run.Dir)
 		}
-		if first == nil {
-			first, firstModel, k = rec, model, rec.Eval.K
+		switch {
+		case k == 0:
+			k = rec.Eval.K
+		case rec.Eval.K != k:
+			return "", fmt.Errorf("%s: eval.k %d, other runs %d: rescoring compares models scored alike", run.Dir, rec.Eval.K, k)
+		}
+		if first == nil && name == a {
+			first, firstModel = rec, model
 		}
 		avg, err := cachedEval(ctx, model, filepath.Join(dir, filepath.Base(run.Dir)+".json"), rec, "exact", factor*k, seed)
 		if err != nil {
@@ -181,7 +190,7 @@ func rescoreArms(ctx context.Context, runs []rl.SweepRun, a, b, dir string, fact
 		scores[name][int(run.Seed)] = avg
 	}
 	if first == nil {
-		return "", fmt.Errorf("no finished run of arm %q or %q to rescore", a, b)
+		return "", fmt.Errorf("no finished run of arm %q to rescore", a)
 	}
 	var noise []float64
 	for _, s := range evaluatorSeeds {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/keel-rl/keel/kernels"
 	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/rollout"
 	"github.com/keel-rl/keel/train"
 )
 
@@ -649,4 +650,99 @@ func TestDeviceMoERoute(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestDeviceDrawRows: draw_rows against rollout.DrawRow on the same
+// log-softmax rows: vocabularies of one partial-sum block, a few, and
+// Qwen3's 151,936 (each warp sums many blocks); rows with tokens of
+// probability 0 (-inf), mass only in the last block, a one-hot row; greedy
+// rows with ties (the lowest id wins); rows left to the host untouched.
+// A draw may differ only where the uniform lies within rounding of a
+// boundary between two tokens (the partial sums add in another order).
+func TestDeviceDrawRows(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(9, 9))
+	inf := float32(math.Inf(-1))
+	for _, V := range []int{7, 2000, 151936} {
+		const rows = 12
+		z := randF32(r, rows*V, 3)
+		temps := make([]float32, rows)
+		u := make([]float64, rows)
+		for i := 0; i < rows; i++ {
+			row := z[i*V : (i+1)*V]
+			temps[i], u[i] = 1, r.Float64()
+			switch i {
+			case 1: // a third of the tokens impossible
+				for j := range row {
+					if j%3 == 0 {
+						row[j] = inf
+					}
+				}
+			case 2: // all the mass in the last block
+				for j := range row[:V-min(V, 300)] {
+					row[j] = inf
+				}
+			case 3: // one token
+				for j := range row {
+					row[j] = inf
+				}
+				row[V/2] = 0
+			case 4, 5: // greedy, with a tie for the maximum
+				temps[i] = 0
+				row[V-1], row[V/3] = 9, 9
+			case 6: // left to the host
+				u[i] = -1
+			case 7: // the extremes of the uniform
+				u[i] = 0
+			case 8:
+				u[i] = math.Nextafter(1, 0)
+			}
+			kernels.LogSoftmax(row, row)
+		}
+		bz, bu, bt := bufOf(g, z), bufOf(g, u), bufOf(g, temps)
+		tok := bufOf(g, make([]int32, rows))
+		lp := g.poisoned(rows)
+		ops := NewOps(g.d)
+		if err := ops.DrawRows(tok, lp, bz, bu, bt, rows, V); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]int32, rows)
+		if err := Download(g.d, got, tok); err != nil {
+			t.Fatal(err)
+		}
+		glp := g.f32(lp, rows)
+		for i := 0; i < rows; i++ {
+			row := z[i*V : (i+1)*V]
+			if u[i] < 0 {
+				if got[i] != 0 || !math.IsNaN(float64(glp[i])) {
+					t.Errorf("V=%d row %d (host's): token %d, log-prob %v written", V, i, got[i], glp[i])
+				}
+				continue
+			}
+			want, wlp := rollout.DrawRow(row, u[i], temps[i])
+			if got[i] < 0 || int(got[i]) >= V || math.Float32bits(glp[i]) != math.Float32bits(row[got[i]]) {
+				t.Fatalf("V=%d row %d: token %d, log-prob %v", V, i, got[i], glp[i])
+			}
+			if got[i] == want {
+				continue
+			}
+			if temps[i] == 0 || row[got[i]] == inf || !nearBoundary(row, u[i], min(got[i], want)) {
+				t.Errorf("V=%d row %d (temperature %v, u %v): device drew %d (%v), DrawRow %d (%v)", V, i, temps[i], u[i], got[i], glp[i], want, wlp)
+			}
+		}
+	}
+}
+
+// nearBoundary reports whether u times the total of exp(z) lies within
+// rounding of the running sum that ends at token i.
+func nearBoundary(z []float32, u float64, i int32) bool {
+	var total, cum float64
+	for j, v := range z {
+		p := math.Exp(float64(v))
+		total += p
+		if j <= int(i) {
+			cum += p
+		}
+	}
+	return math.Abs(cum-u*total) <= 1e-6*total
 }

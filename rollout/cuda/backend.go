@@ -125,7 +125,7 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 		return nil, fmt.Errorf("rollout/cuda: head_dim %d above the attention kernel's 256", c.HeadDim)
 	}
 	if opt.MemoryFraction < 0 || opt.MemoryFraction > 1 {
-		return nil, fmt.Errorf("rollout/cuda: memory fraction %g, want (0, 1]", opt.MemoryFraction)
+		return nil, fmt.Errorf("rollout/cuda: memory fraction %g, want within [0, 1] (0: %g)", opt.MemoryFraction, DefaultMemoryFraction)
 	}
 	if dev == nil {
 		return nil, errors.New("rollout/cuda: no device")

@@ -57,6 +57,11 @@ func Plan(c *model.Config, opt rollout.Options) (Memory, error) {
 		// input), and cuBLASLt's workspace.
 		widest := max(cfg.HiddenSize, cfg.NumAttentionHeads*cfg.HeadDim, cfg.IntermediateSize, cfg.MoeIntermediateSize)
 		m.Fixed += params*2 + int64(opt.StepRows)*int64(widest)*2 + kc.BlasWorkspaceBytes
+		if opt.Precision == rollout.FP8 || opt.Precision == rollout.FP4 {
+			// A scale per output row of every quantised matrix, and one
+			// per step row for the activations.
+			m.Fixed += (matrixRows(&cfg) + int64(opt.StepRows)) * 4
+		}
 	}
 	m.Fixed += int64(opt.MaxLen) * int64(cfg.HeadDim/2) * 2 * 4 // cos and sin
 	var s scratch
@@ -68,6 +73,24 @@ func Plan(c *model.Config, opt rollout.Options) (Memory, error) {
 	m.Fixed -= int64(opt.Slots) * out
 	m.PerSlot = int64(cfg.NumHiddenLayers)*2*int64(opt.MaxLen)*kvd*elem + out
 	return m, nil
+}
+
+// matrixRows counts the output rows of the matrices the products read:
+// every layer's projections, router and experts, and the LM head (an
+// untied embedding is only gathered from).
+func matrixRows(c *model.Config) int64 {
+	H, qd, kvd := int64(c.HiddenSize), int64(c.NumAttentionHeads*c.HeadDim), int64(c.NumKeyValueHeads*c.HeadDim)
+	rows := int64(c.VocabSize)
+	for l := 0; l < c.NumHiddenLayers; l++ {
+		rows += qd + 2*kvd + H
+		if c.IsMoELayer(l) {
+			E := int64(c.NumExperts)
+			rows += E + E*(2*int64(c.MoeIntermediateSize)+H)
+		} else {
+			rows += 2*int64(c.IntermediateSize) + H
+		}
+	}
+	return rows
 }
 
 // fitSlots returns how many of want slots fit in the share fraction of
@@ -83,12 +106,13 @@ func fitSlots(m Memory, free, reserve int64, fraction float64, want int) (int, e
 		return int(min(n, int64(want))), nil
 	}
 	gib := func(b int64) float64 { return float64(b) / (1 << 30) }
-	kept := ""
+	kept, hint := "", "lower the response budget or the prompt length, raise rollout.gpu_memory, or decode on another device (rollout.device)"
 	if reserve > 0 {
-		kept = fmt.Sprintf(" less %.2f GiB kept for the training engine", gib(reserve))
+		kept = fmt.Sprintf(" less %.2f GiB set aside for the training engine and the other rollout engine built after this one", gib(reserve))
+		hint = "lower train.micro_batch_tokens or turn on train.recompute (the training engine's share), lower the response budget, or put the engines on different devices (train.device, rollout.device)"
 	}
-	return 0, fmt.Errorf("rollout/cuda: the weights and a step's buffers need %.2f GiB and one slot's KV cache %.2f GiB, but the rollout may take %.2f GiB (%.0f%% of the %.2f GiB free%s): lower the response budget or the prompt length, raise rollout.gpu_memory, or decode on another device",
-		gib(m.Fixed), gib(m.PerSlot), gib(max(budget, 0)), 100*fraction, gib(free), kept)
+	return 0, fmt.Errorf("rollout/cuda: the weights and a step's buffers need %.2f GiB and one slot's KV cache %.2f GiB, but the rollout may take %.2f GiB (%.0f%% of the %.2f GiB free%s): %s",
+		gib(m.Fixed), gib(m.PerSlot), gib(max(budget, 0)), 100*fraction, gib(free), kept, hint)
 }
 
 // StepBytes is the device memory one decoding step of slots sequences

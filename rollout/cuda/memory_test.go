@@ -54,6 +54,16 @@ func TestPlanByHand(t *testing.T) {
 	if want := int64(4*2*16*64*2 + (128+100+6)*4); b.PerSlot != want {
 		t.Errorf("bf16 per slot %d bytes, want %d", b.PerSlot, want)
 	}
+	// fp8: bf16's, and a scale per output row of every matrix (a layer's
+	// q 128, k and v 64, o 128, gate and up 384, down 128; the head 100)
+	// and per step row.
+	f, err := Plan(&cfg, rollout.Options{Precision: rollout.FP8, Slots: 4, MaxLen: 16, StepRows: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := b.Fixed + (4*(128+64+64+128+384+384+128)+100+8)*4; f.Fixed != want || f.PerSlot != b.PerSlot {
+		t.Errorf("fp8: fixed %d bytes, want %d", f.Fixed, want)
+	}
 	if _, err := Plan(&cfg, rollout.Options{Slots: 4, StepRows: 2}); err == nil {
 		t.Error("step rows below slots accepted")
 	}
@@ -82,7 +92,7 @@ func TestFitSlots(t *testing.T) {
 		}
 	}
 	_, err := fitSlots(m, 40*gib, 29*gib, 0.9, 256) // 9.9 GiB: not even the weights
-	if err == nil || !strings.Contains(err.Error(), "10.00 GiB") || !strings.Contains(err.Error(), "29.00 GiB kept for the training engine") {
+	if err == nil || !strings.Contains(err.Error(), "10.00 GiB") || !strings.Contains(err.Error(), "29.00 GiB set aside for the training engine") || !strings.Contains(err.Error(), "train.micro_batch_tokens") {
 		t.Errorf("got %v", err)
 	}
 	if _, err := fitSlots(m, 40*gib, 60*gib, 0.9, 256); err == nil {
