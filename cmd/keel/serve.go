@@ -50,7 +50,7 @@ func runServe(args []string) error {
 	addr := fs.String("addr", "127.0.0.1:30000", "address to listen on")
 	key := fs.String("api-key", "", "require this key (default: $KEEL_API_KEY, else none)")
 	name := fs.String("served-model-name", "", "the model's name for clients (default: the directory's name)")
-	slots := fs.Int("slots", 64, "sequences decoded at once")
+	slots := fs.Int("slots", 64, "sequences decoded at once (on a GPU: as many of them as fit in 90% of its free memory; the banner says how many)")
 	maxLen := fs.Int("max-len", 0, "tokens of prompt and response per sequence (default: the model's max_position_embeddings)")
 	maxN := fs.Int("max-n", 64, "samples one request may ask for, over all its prompts")
 	drain := fs.Duration("drain-timeout", 2*time.Minute, "how long SIGTERM waits for requests in flight")
@@ -118,7 +118,7 @@ func runServe(args []string) error {
 	defer stop()
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
-	fmt.Printf("keel serve: %s (%s, %s, %d slots x %d tokens) on http://%s\n", *name, m.Config.Architecture, p, *slots, L, ln.Addr())
+	fmt.Printf("keel serve: %s (%s, %s, %d slots x %d tokens) on http://%s\n", *name, m.Config.Architecture, p, e.Options().Slots, L, ln.Addr())
 	select {
 	case err := <-errc:
 		srv.Close()
