@@ -1,6 +1,10 @@
 package rollout
 
-import "github.com/keel-rl/keel/model"
+import (
+	"math"
+
+	"github.com/keel-rl/keel/model"
+)
 
 // Backend is the forward pass of a rollout Engine: the model's weights, a
 // KV cache of Options().Slots sequences of up to Options().MaxLen
@@ -139,6 +143,23 @@ func DrawRow(z []float32, u float64, temp float32) (int32, float32) {
 	}
 	i := drawFull(z, make([]float32, len(z)), u)
 	return int32(i), z[i]
+}
+
+// NearDrawBoundary reports whether u times the total of exp(z) lies
+// within rounding (1e-6 of the total) of the running sum that ends at
+// token i: where two exact implementations of DrawRow's rule, adding in
+// different orders, may draw neighbouring tokens. A Drawer's tests accept
+// a draw other than DrawRow's only there.
+func NearDrawBoundary(z []float32, u float64, i int32) bool {
+	var total, cum float64
+	for j, v := range z {
+		p := math.Exp(float64(v))
+		total += p
+		if j <= int(i) {
+			cum += p
+		}
+	}
+	return math.Abs(cum-u*total) <= 1e-6*total
 }
 
 // greedy returns the most probable token of z (the lowest id among

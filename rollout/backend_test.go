@@ -363,6 +363,17 @@ func TestDrawRow(t *testing.T) {
 			t.Errorf("u %v: token %d (%v), want %d", c.u, got, lp, c.want)
 		}
 	}
+	// The boundaries of z's inverse CDF lie at 0.25 (after token 0) and
+	// 0.75 (after token 2).
+	for _, c := range []struct {
+		u    float64
+		i    int32
+		want bool
+	}{{0.25, 0, true}, {0.2500001, 0, true}, {0.3, 0, false}, {0.75, 2, true}, {0.75, 0, false}} {
+		if got := NearDrawBoundary(z, c.u, c.i); got != c.want {
+			t.Errorf("NearDrawBoundary(u %v, token %d) = %v", c.u, c.i, got)
+		}
+	}
 	if got, _ := DrawRow([]float32{-2, -0.5, -0.5, -3}, 0.9, 0); got != 1 {
 		t.Errorf("greedy: token %d, want 1", got)
 	}

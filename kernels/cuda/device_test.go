@@ -726,23 +726,9 @@ func TestDeviceDrawRows(t *testing.T) {
 			if got[i] == want {
 				continue
 			}
-			if temps[i] == 0 || row[got[i]] == inf || !nearBoundary(row, u[i], min(got[i], want)) {
+			if temps[i] == 0 || row[got[i]] == inf || !rollout.NearDrawBoundary(row, u[i], min(got[i], want)) {
 				t.Errorf("V=%d row %d (temperature %v, u %v): device drew %d (%v), DrawRow %d (%v)", V, i, temps[i], u[i], got[i], glp[i], want, wlp)
 			}
 		}
 	}
-}
-
-// nearBoundary reports whether u times the total of exp(z) lies within
-// rounding of the running sum that ends at token i.
-func nearBoundary(z []float32, u float64, i int32) bool {
-	var total, cum float64
-	for j, v := range z {
-		p := math.Exp(float64(v))
-		total += p
-		if j <= int(i) {
-			cum += p
-		}
-	}
-	return math.Abs(cum-u*total) <= 1e-6*total
 }

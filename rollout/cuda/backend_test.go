@@ -511,7 +511,7 @@ func TestDeviceDraw(t *testing.T) {
 				if got == want {
 					continue
 				}
-				if temps[o] == 0 || !nearBoundary(z, u, min(got, want)) {
+				if temps[o] == 0 || !rollout.NearDrawBoundary(z, u, min(got, want)) {
 					t.Fatalf("vocab %d, row %d (temperature %v), u %v: device drew %d, DrawRow %d", vocab, o, temps[o], u, got, want)
 				}
 				near++
@@ -523,18 +523,4 @@ func TestDeviceDraw(t *testing.T) {
 			t.Errorf("vocab %d: %d of %d draws differ", vocab, near, drawn)
 		}
 	}
-}
-
-// nearBoundary reports whether u times the total of exp(z) lies within
-// rounding of the running sum that ends at token i (float64, token order).
-func nearBoundary(z []float32, u float64, i int32) bool {
-	var total, cum float64
-	for j, v := range z {
-		p := math.Exp(float64(v))
-		total += p
-		if j <= int(i) {
-			cum += p
-		}
-	}
-	return math.Abs(cum-u*total) <= 1e-6*total
 }
