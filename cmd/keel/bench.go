@@ -202,6 +202,9 @@ func measure(o *benchOptions) (*benchReport, error) {
 			return nil, fmt.Errorf("--device %s: %w", o.device, err)
 		}
 		rep.Device, rep.TrainPrecision = d.String(), o.trainPrec
+		if d.Emulated {
+			rep.Device += " [emulated on the CPU: no GPU figure]"
+		}
 		d.Close()
 		rep.PeakGFLOPS = o.peakTFLOPS * 1000
 	}

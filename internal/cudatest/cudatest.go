@@ -25,3 +25,14 @@ func Device(t testing.TB) *kc.Device {
 	t.Cleanup(func() { d.Close() })
 	return d
 }
+
+// Larger skips t (a subtest on a larger model) under -short, which is how
+// CI runs the GPU tests on the CUDA emulator (tools/cudaemu): there every
+// launch runs on one CPU core, and the tiny models cover the same code.
+// The GPU check script runs without -short.
+func Larger(t *testing.T, what string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("%s: larger model, run without -short", what)
+	}
+}

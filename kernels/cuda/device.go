@@ -25,6 +25,9 @@ type Device struct {
 	Memory int64
 	// Driver is the driver's CUDA version (12080 for 12.8).
 	Driver int
+	// Emulated is true on keel's CUDA emulator (tools/cudaemu), which runs
+	// the kernels on the CPU to test them: its timings are no GPU's.
+	Emulated bool
 
 	drv   *driver
 	ctx   uintptr
@@ -66,7 +69,7 @@ func Open(ordinal int) (*Device, error) {
 	if err := drv.check(drv.deviceGet(&dev, int32(ordinal)), "cuDeviceGet(%d)", ordinal); err != nil {
 		return nil, err
 	}
-	d := &Device{Ordinal: ordinal, drv: drv, modules: map[string]*Module{}}
+	d := &Device{Ordinal: ordinal, drv: drv, modules: map[string]*Module{}, Emulated: drv.emulated}
 	name := make([]byte, 256)
 	if err := drv.check(drv.deviceGetName(&name[0], int32(len(name)), dev), "cuDeviceGetName"); err != nil {
 		return nil, err

@@ -22,5 +22,11 @@ func register(fn any, h uintptr, name string) error {
 	return nil
 }
 
+// hasSymbol says whether the library h defines name.
+func hasSymbol(h uintptr, name string) bool {
+	_, err := purego.Dlsym(h, name)
+	return err == nil
+}
+
 // loadDisabled is nil: this build loads CUDA's libraries.
 var loadDisabled error

@@ -20,5 +20,7 @@ func dlopen(name string) (uintptr, error) { return 0, errNoCUDA }
 
 func register(fn any, h uintptr, name string) error { return missingSymbol(name, errNoCUDA) }
 
+func hasSymbol(h uintptr, name string) bool { return false }
+
 // loadDisabled is why this build loads no CUDA library.
 var loadDisabled = errNoCUDA

@@ -13,7 +13,8 @@ import (
 // driver holds the CUDA driver API's entry points keel uses, bound once
 // per process from libcuda.
 type driver struct {
-	path string
+	path     string
+	emulated bool // keel's CUDA emulator (tools/cudaemu)
 
 	init              func(flags uint32) int32
 	driverGetVersion  func(v *int32) int32
@@ -63,7 +64,7 @@ func bindDriver(dirs []string) (*driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &driver{path: path}
+	d := &driver{path: path, emulated: hasSymbol(h, emulatorMark)}
 	syms := []struct {
 		fn   any
 		name string
@@ -112,6 +113,10 @@ func bindDriver(dirs []string) (*driver, error) {
 	}
 	return d, nil
 }
+
+// emulatorMark is the symbol the libraries of keel's CUDA emulator
+// (tools/cudaemu) define, and no NVIDIA library does.
+const emulatorMark = "keel_cuda_emulator"
 
 // The driver's result codes keel tells apart.
 const (

@@ -21,6 +21,12 @@ type NVRTC struct {
 	// Archs are the compute capabilities it compiles for (90 for sm_90).
 	Archs []int
 
+	// Emulated is true for the NVRTC of keel's CUDA emulator
+	// (tools/cudaemu), which builds kernels for the CPU: it accepts what
+	// g++ accepts, so the checks that a kernel compiles for a GPU need the
+	// real one.
+	Emulated bool
+
 	mu sync.Mutex // NVRTC 11 is not documented as safe for concurrent use
 
 	version           func(major, minor *int32) int32
@@ -56,7 +62,7 @@ func loadNVRTC(dirs []string) (*NVRTC, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &NVRTC{Path: path}
+	n := &NVRTC{Path: path, Emulated: hasSymbol(h, emulatorMark)}
 	syms := []struct {
 		fn   any
 		name string

@@ -44,7 +44,7 @@ func TestDeviceMemoryPlan(t *testing.T) {
 	m := testModel(t, "tiny-moe")
 	const slack = 256 << 20
 	for _, prec := range []rollout.Precision{rollout.Exact, rollout.BF16, rollout.FP8} {
-		opt := rollout.Options{Precision: prec, Slots: 64, MaxLen: 8192}
+		opt := rollout.Options{Precision: prec, Slots: 64, MaxLen: m.Config.MaxPositionEmbeddings}
 		mem, err := Plan(&m.Config, opt)
 		if err != nil {
 			t.Fatal(err)
@@ -65,7 +65,7 @@ func TestDeviceMemoryPlan(t *testing.T) {
 			t.Errorf("%s: allocated %d bytes, planned %d", prec, used, mem.Total(64))
 		}
 	}
-	opt := rollout.Options{Slots: 64, MaxLen: 8192, MemoryFraction: 0.9}
+	opt := rollout.Options{Slots: 64, MaxLen: m.Config.MaxPositionEmbeddings, MemoryFraction: 0.9}
 	mem, _ := Plan(&m.Config, opt)
 	free0, _, _ := dev.MemInfo()
 	opt.Reserve = free0 - int64(float64(mem.Total(3)+mem.PerSlot/2)/0.9)
@@ -189,6 +189,9 @@ func TestAgainstCPURollout(t *testing.T) {
 	dev := cudatest.Device(t)
 	for _, preset := range []string{"tiny-moe", "small-moe"} {
 		t.Run(preset, func(t *testing.T) {
+			if preset == "small-moe" {
+				cudatest.Larger(t, preset)
+			}
 			m := testModel(t, preset)
 			opt := rollout.Options{Slots: 8, MaxLen: 64}
 			b, err := New(dev, m, opt)

@@ -127,6 +127,9 @@ func TestEngineAgainstCPU(t *testing.T) {
 		vocab  int
 	}{{"tiny-dense", 0, 300}, {"qwen3-0.6b", 2, 1000}, {"tiny-moe", 0, 300}, {"small-moe", 0, 300}} {
 		t.Run(c.preset, func(t *testing.T) {
+			if c.preset == "qwen3-0.6b" || c.preset == "small-moe" {
+				cudatest.Larger(t, c.preset)
+			}
 			cfg, m, cpu, gpu := enginePair(t, dev, c.preset, c.layers, c.vocab)
 			opt := train.DefaultAdamWConfig()
 			r := rand.New(rand.NewPCG(1, 2))
@@ -366,6 +369,9 @@ func TestEngineBF16(t *testing.T) {
 		layers, vocab int
 	}{{"tiny-dense", 0, 300}, {"qwen3-0.6b", 2, 1000}, {"tiny-moe", 0, 300}} {
 		t.Run(c.preset, func(t *testing.T) {
+			if c.preset == "qwen3-0.6b" {
+				cudatest.Larger(t, c.preset)
+			}
 			cfg, _, cpu, gpu := enginePair(t, dev, c.preset, c.layers, c.vocab)
 			if err := gpu.SetPrecision(BF16); err != nil {
 				t.Fatal(err)

@@ -1,0 +1,217 @@
+// The emulator's cuBLASLt: the matmul keel asks for (kernels/cuda/
+// cublaslt.go), D = alpha·op(A)·op(B) + beta·C over column-major layouts,
+// bf16 A and B, float32 C and D, float32 compute and scale, computed in
+// float64 and rounded once. Everything else (other types, orders, epilogues,
+// batched layouts) is refused with CUBLAS_STATUS_NOT_SUPPORTED and a
+// message, so that keel cannot come to depend on something the emulator
+// does not check. The shapes are checked as the library does: op(A) is
+// m×k, op(B) k×n, C and D m×n, each leading dimension at least its rows,
+// and every operand inside one device allocation.
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <string>
+#include <vector>
+
+#define API extern "C" __attribute__((visibility("default")))
+
+enum {
+  SUCCESS = 0,
+  NOT_INITIALIZED = 1,
+  INVALID_VALUE = 7,
+  EXECUTION_FAILED = 13,
+  NOT_SUPPORTED = 15,
+};
+enum { R_32F = 0, R_16BF = 14, COMPUTE_32F = 68 };
+
+namespace {
+
+struct Desc {
+  int compute, scale, transa = 0, transb = 0;
+};
+struct Layout {
+  int type;
+  uint64_t rows, cols;
+  int64_t ld;
+};
+struct Pref {
+  uint64_t workspace = 0;
+};
+
+int refuse(const std::string& what) {
+  fprintf(stderr, "keel CUDA emulator: cuBLASLt: %s\n", what.c_str());
+  return NOT_SUPPORTED;
+}
+
+int invalid(const std::string& what) {
+  fprintf(stderr, "keel CUDA emulator: cuBLASLt: %s\n", what.c_str());
+  return INVALID_VALUE;
+}
+
+// in_allocation asks the emulator's driver whether an operand lies in one
+// allocation.
+bool in_allocation(const char* what, uint64_t p, const Layout* l) {
+  typedef int (*check_fn)(const char*, uint64_t, uint64_t);
+  static check_fn check = (check_fn)dlsym(RTLD_DEFAULT, "keel_emu_check_range");
+  if (!check) return true;
+  uint64_t elem = l->type == R_16BF ? 2 : 4;
+  return check(what, p, ((l->cols - 1) * (uint64_t)l->ld + l->rows) * elem);
+}
+
+// shapes checks a product's descriptors and returns m, n, k.
+int shapes(const Desc* d, const Layout* a, const Layout* b, const Layout* c, const Layout* dd, uint64_t* m, uint64_t* n,
+           uint64_t* k) {
+  if (!d || !a || !b || !c || !dd) return invalid("a null descriptor");
+  if (d->compute != COMPUTE_32F || d->scale != R_32F)
+    return refuse("compute type " + std::to_string(d->compute) + ", scale type " + std::to_string(d->scale) +
+                  " (emulated: CUBLAS_COMPUTE_32F with CUDA_R_32F scale)");
+  if (a->type != R_16BF || b->type != R_16BF || c->type != R_32F || dd->type != R_32F)
+    return refuse("types A " + std::to_string(a->type) + ", B " + std::to_string(b->type) + ", C " +
+                  std::to_string(c->type) + ", D " + std::to_string(dd->type) + " (emulated: bf16, bf16, f32, f32)");
+  if (c->rows != dd->rows || c->cols != dd->cols || c->ld != dd->ld) return refuse("C and D with different layouts");
+  *m = dd->rows;
+  *n = dd->cols;
+  *k = d->transa ? a->rows : a->cols;
+  const uint64_t am = d->transa ? a->cols : a->rows;
+  const uint64_t bk = d->transb ? b->cols : b->rows, bn = d->transb ? b->rows : b->cols;
+  if (am != *m || bk != *k || bn != *n)
+    return invalid("op(A) is " + std::to_string(am) + "×" + std::to_string(*k) + ", op(B) " + std::to_string(bk) +
+                   "×" + std::to_string(bn) + ", D " + std::to_string(*m) + "×" + std::to_string(*n));
+  return SUCCESS;
+}
+
+float bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+}  // namespace
+
+API size_t cublasLtGetVersion() { return 130000; }
+API const char* cublasLtGetStatusString(int s) {
+  switch (s) {
+    case SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+  }
+  return "CUBLAS_STATUS_UNKNOWN";
+}
+API int cublasLtCreate(uintptr_t* h) {
+  *h = 1;
+  return SUCCESS;
+}
+API int cublasLtDestroy(uintptr_t h) { return h == 1 ? SUCCESS : NOT_INITIALIZED; }
+API int cublasLtMatmulDescCreate(uintptr_t* d, int compute, int scale) {
+  *d = (uintptr_t) new Desc{compute, scale};
+  return SUCCESS;
+}
+API int cublasLtMatmulDescDestroy(uintptr_t d) {
+  delete (Desc*)d;
+  return SUCCESS;
+}
+API int cublasLtMatmulDescSetAttribute(uintptr_t d, int attr, const void* buf, size_t size) {
+  Desc* desc = (Desc*)d;
+  if (!desc || size != 4) return invalid("descriptor attribute of " + std::to_string(size) + " bytes");
+  int32_t v;
+  memcpy(&v, buf, 4);
+  if (v != 0 && v != 1) return refuse("transpose operation " + std::to_string(v) + " (emulated: N and T)");
+  switch (attr) {
+    case 3: desc->transa = v; return SUCCESS;
+    case 4: desc->transb = v; return SUCCESS;
+  }
+  return refuse("matmul descriptor attribute " + std::to_string(attr));
+}
+API int cublasLtMatrixLayoutCreate(uintptr_t* l, int type, uint64_t rows, uint64_t cols, int64_t ld) {
+  if (rows == 0 || cols == 0 || ld < (int64_t)rows)
+    return invalid("layout " + std::to_string(rows) + "×" + std::to_string(cols) + " with leading dimension " +
+                   std::to_string(ld));
+  *l = (uintptr_t) new Layout{type, rows, cols, ld};
+  return SUCCESS;
+}
+API int cublasLtMatrixLayoutDestroy(uintptr_t l) {
+  delete (Layout*)l;
+  return SUCCESS;
+}
+API int cublasLtMatmulPreferenceCreate(uintptr_t* p) {
+  *p = (uintptr_t) new Pref{};
+  return SUCCESS;
+}
+API int cublasLtMatmulPreferenceDestroy(uintptr_t p) {
+  delete (Pref*)p;
+  return SUCCESS;
+}
+API int cublasLtMatmulPreferenceSetAttribute(uintptr_t p, int attr, const void* buf, size_t size) {
+  Pref* pref = (Pref*)p;
+  if (attr == 1 && size == 8) {
+    memcpy(&pref->workspace, buf, 8);
+    return SUCCESS;
+  }
+  if (attr >= 5 && attr <= 8 && size == 4) {  // minimum alignments of A, B, C, D
+    uint32_t a;
+    memcpy(&a, buf, 4);
+    return a && !(a & (a - 1)) ? SUCCESS : invalid("alignment " + std::to_string(a));
+  }
+  return refuse("preference attribute " + std::to_string(attr) + " of " + std::to_string(size) + " bytes");
+}
+
+// A heuristic result is 96 bytes: the algorithm (64), the workspace it
+// needs (8), its state (4), waves (4), reserved (16).
+API int cublasLtMatmulAlgoGetHeuristic(uintptr_t h, uintptr_t d, uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t dd,
+                                       uintptr_t pref, int requested, void* results, int* returned) {
+  if (h != 1 || !pref || requested < 1) return invalid("heuristic arguments");
+  uint64_t m, n, k;
+  int s = shapes((Desc*)d, (Layout*)a, (Layout*)b, (Layout*)c, (Layout*)dd, &m, &n, &k);
+  if (s != SUCCESS) return s;
+  memset(results, 0, 96);
+  memcpy(results, "keel-emu", 8);
+  *returned = 1;
+  return SUCCESS;
+}
+
+API int cublasLtMatmul(uintptr_t h, uintptr_t d, const float* alpha, uint64_t A, uintptr_t ad, uint64_t B, uintptr_t bd,
+                       const float* beta, uint64_t C, uintptr_t cd, uint64_t D, uintptr_t dd, const void* algo,
+                       uint64_t ws, size_t ws_size, uintptr_t stream) {
+  (void)ws;
+  (void)ws_size;
+  if (h != 1 || stream) return invalid("handle or stream");
+  if (!algo || memcmp(algo, "keel-emu", 8) != 0) return invalid("an algorithm not from the heuristic");
+  uint64_t m, n, k;
+  const Desc* desc = (const Desc*)d;
+  const Layout *la = (const Layout*)ad, *lb = (const Layout*)bd, *lc = (const Layout*)cd;
+  int s = shapes(desc, la, lb, lc, (const Layout*)dd, &m, &n, &k);
+  if (s != SUCCESS) return s;
+  if (!in_allocation("cuBLASLt A", A, la) || !in_allocation("cuBLASLt B", B, lb) ||
+      !in_allocation("cuBLASLt C", C, lc) || !in_allocation("cuBLASLt D", D, lc))
+    return invalid("an operand outside the device's allocations");
+  const uint16_t* a = (const uint16_t*)A;
+  const uint16_t* b = (const uint16_t*)B;
+  const float* cm = (const float*)C;
+  float* dm = (float*)D;
+  // Rows of op(A) and columns of op(B), widened once, each contiguous in k.
+  std::vector<float> ar(m * k), bc(n * k);
+  for (uint64_t i = 0; i < m; i++)
+    for (uint64_t p = 0; p < k; p++) ar[i * k + p] = bf16(desc->transa ? a[p + i * la->ld] : a[i + p * la->ld]);
+  for (uint64_t j = 0; j < n; j++)
+    for (uint64_t p = 0; p < k; p++) bc[j * k + p] = bf16(desc->transb ? b[j + p * lb->ld] : b[p + j * lb->ld]);
+  const double al = *alpha, be = *beta;
+  for (uint64_t j = 0; j < n; j++)
+    for (uint64_t i = 0; i < m; i++) {
+      const float* x = &ar[i * k];
+      const float* y = &bc[j * k];
+      double acc = 0;
+      for (uint64_t p = 0; p < k; p++) acc += (double)x[p] * y[p];
+      double v = al * acc;
+      if (be != 0) v += be * cm[i + j * lc->ld];
+      dm[i + j * lc->ld] = (float)v;
+    }
+  return SUCCESS;
+}
+
+// keel_cuda_emulator marks the library as the emulator's (kernels/cuda reads it).
+API const int keel_cuda_emulator = 1;

@@ -1,0 +1,402 @@
+// The emulator's CUDA driver: the part of the driver API keel calls
+// (kernels/cuda/driver.go), on the CPU. Device memory is host memory, one
+// mapping per allocation with a page that faults right after it and its
+// bytes set to 0xff (NaN as floats) so that a read past the end crashes
+// and a read of memory never written shows; every copy is checked against
+// the allocations. Kernels are the shared objects the emulator's NVRTC
+// builds; cuLaunchKernel runs them through keel_emu_launch
+// (keel_cuda_emu.h), synchronously.
+//
+// Settings (environment): KEEL_CUDA_EMU_MEMORY, the device's memory in
+// MiB (default 4096); KEEL_CUDA_EMU_ARCH, its compute capability (default
+// 90); KEEL_CUDA_EMU_TRACE=1 prints every launch and allocation to
+// stderr; KEEL_CUDA_EMU_PROFILE=1 prints each kernel's launches and time
+// when the context is released; KEEL_CUDA_EMU_KEEP=1 keeps the modules'
+// files in /tmp, so that gdb and perf see the kernels' symbols.
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+
+#define API extern "C" __attribute__((visibility("default")))
+
+typedef int CUresult;
+enum {
+  OK = 0,
+  INVALID_VALUE = 1,
+  OUT_OF_MEMORY = 2,
+  NOT_INITIALIZED = 3,
+  INVALID_IMAGE = 200,
+  INVALID_HANDLE = 400,
+  NOT_FOUND = 500,
+  LAUNCH_FAILED = 719,
+  NOT_SUPPORTED = 801,
+};
+
+namespace {
+
+struct Alloc {
+  void* map;
+  size_t map_bytes, bytes;
+};
+
+std::mutex mu;
+std::map<uint64_t, Alloc> allocs;  // by device address
+uint64_t used;
+bool inited;
+
+bool trace() {
+  static int t = -1;
+  if (t < 0) t = getenv("KEEL_CUDA_EMU_TRACE") && strcmp(getenv("KEEL_CUDA_EMU_TRACE"), "1") == 0;
+  return t;
+}
+
+uint64_t total_memory() {
+  const char* s = getenv("KEEL_CUDA_EMU_MEMORY");
+  long mib = s ? atol(s) : 0;
+  return (uint64_t)(mib > 0 ? mib : 4096) << 20;
+}
+
+int arch() {
+  const char* s = getenv("KEEL_CUDA_EMU_ARCH");
+  int a = s ? atoi(s) : 0;
+  return a >= 50 && a <= 200 ? a : 90;
+}
+
+void complain(const char* what, const std::string& msg) { fprintf(stderr, "keel CUDA emulator: %s: %s\n", what, msg.c_str()); }
+
+// within says whether [p, p+n) lies inside one allocation (mu held).
+bool within(uint64_t p, uint64_t n) {
+  auto it = allocs.upper_bound(p);
+  if (it == allocs.begin()) return false;
+  --it;
+  return p >= it->first && p + n <= it->first + it->second.bytes && p + n >= p;
+}
+
+std::string hex(uint64_t p) {
+  char b[32];
+  snprintf(b, sizeof b, "0x%llx", (unsigned long long)p);
+  return b;
+}
+
+bool check_range(const char* what, uint64_t p, uint64_t n) {
+  if (n == 0) return true;
+  std::lock_guard<std::mutex> l(mu);
+  if (within(p, n)) return true;
+  complain(what, std::to_string(n) + " bytes at " + hex(p) + " are not inside one allocation");
+  return false;
+}
+
+struct Module {
+  void* handle;
+  int (*launch)(void (*)(void**), void**, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, char*, int);
+};
+
+struct Function {
+  Module* mod;
+  void (*thunk)(void**);
+  int bounds;
+  std::string name;
+};
+
+double now_ms() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+// Per-kernel launch counts and times, printed at exit when
+// KEEL_CUDA_EMU_PROFILE=1: where an emulated test spends its time.
+struct Prof {
+  long launches = 0;
+  double ms = 0;
+};
+std::map<std::string, Prof> prof;
+std::mutex prof_mu;
+
+bool profiling() {
+  static int p = -1;
+  if (p < 0) p = getenv("KEEL_CUDA_EMU_PROFILE") && strcmp(getenv("KEEL_CUDA_EMU_PROFILE"), "1") == 0;
+  return p;
+}
+
+void print_profile() {
+  std::lock_guard<std::mutex> l(prof_mu);
+  double total = 0;
+  for (auto& [k, v] : prof) total += v.ms;
+  fprintf(stderr, "keel CUDA emulator: %.0f ms in kernels\n", total);
+  for (auto& [k, v] : prof) fprintf(stderr, "  %-24s %8ld launches %10.1f ms\n", k.c_str(), v.launches, v.ms);
+  prof.clear();
+}
+
+struct Event {
+  double ms;
+};
+
+}  // namespace
+
+// keel_emu_check_range lets the emulator's cuBLASLt check its operands.
+API int keel_emu_check_range(const char* what, uint64_t p, uint64_t n) { return check_range(what, p, n); }
+
+API CUresult cuInit(unsigned flags) {
+  if (flags != 0) return INVALID_VALUE;
+  inited = true;
+  return OK;
+}
+API CUresult cuDriverGetVersion(int* v) {
+  *v = 13000;
+  return OK;
+}
+API CUresult cuDeviceGetCount(int* n) {
+  *n = 1;
+  return OK;
+}
+API CUresult cuDeviceGet(int* dev, int ordinal) {
+  if (ordinal != 0) return INVALID_VALUE;
+  *dev = 0;
+  return OK;
+}
+API CUresult cuDeviceGetName(char* name, int n, int dev) {
+  if (dev != 0 || n <= 0) return INVALID_VALUE;
+  snprintf(name, n, "keel CUDA emulator (CPU)");
+  return OK;
+}
+API CUresult cuDeviceGetAttribute(int* v, int attr, int dev) {
+  if (dev != 0) return INVALID_VALUE;
+  switch (attr) {
+    case 16:  // multiprocessors
+      *v = 4;
+      return OK;
+    case 75:
+      *v = arch() / 10;
+      return OK;
+    case 76:
+      *v = arch() % 10;
+      return OK;
+  }
+  complain("cuDeviceGetAttribute", "attribute " + std::to_string(attr) + " is not emulated");
+  return INVALID_VALUE;
+}
+API CUresult cuDeviceTotalMem_v2(size_t* bytes, int dev) {
+  if (dev != 0) return INVALID_VALUE;
+  *bytes = total_memory();
+  return OK;
+}
+API CUresult cuDevicePrimaryCtxRetain(uintptr_t* ctx, int dev) {
+  if (dev != 0) return INVALID_VALUE;
+  *ctx = 1;
+  return OK;
+}
+// Releasing the context prints the profile (a Go program does not run
+// atexit handlers).
+API CUresult cuDevicePrimaryCtxRelease_v2(int dev) {
+  if (profiling()) print_profile();
+  return dev == 0 ? OK : INVALID_VALUE;
+}
+API CUresult cuCtxSetCurrent(uintptr_t ctx) { return ctx == 1 ? OK : INVALID_HANDLE; }
+API CUresult cuCtxSynchronize() { return OK; }
+
+API CUresult cuMemAlloc_v2(uint64_t* ptr, size_t bytes) {
+  if (!inited) return NOT_INITIALIZED;
+  if (bytes == 0) return INVALID_VALUE;
+  std::lock_guard<std::mutex> l(mu);
+  if (used + bytes > total_memory()) return OUT_OF_MEMORY;
+  const size_t page = 4096;
+  size_t rounded = (bytes + 255) / 256 * 256;  // cuMemAlloc aligns to 256 bytes
+  size_t body = (rounded + page - 1) / page * page;
+  size_t map_bytes = body + page;
+  void* m = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return OUT_OF_MEMORY;
+  mprotect((char*)m + body, page, PROT_NONE);
+  // The buffer ends where the fault page begins (give or take the
+  // rounding to 256 bytes), so a kernel reading past it crashes.
+  char* p = (char*)m + (body - rounded);
+  memset(p, 0xff, rounded);
+  allocs[(uint64_t)p] = Alloc{m, map_bytes, bytes};
+  used += bytes;
+  *ptr = (uint64_t)p;
+  if (trace()) fprintf(stderr, "emu: alloc %zu at %p\n", bytes, p);
+  return OK;
+}
+API CUresult cuMemFree_v2(uint64_t ptr) {
+  std::lock_guard<std::mutex> l(mu);
+  auto it = allocs.find(ptr);
+  if (it == allocs.end()) {
+    complain("cuMemFree", hex(ptr) + " is not an allocation");
+    return INVALID_VALUE;
+  }
+  munmap(it->second.map, it->second.map_bytes);
+  used -= it->second.bytes;
+  allocs.erase(it);
+  return OK;
+}
+API CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
+  std::lock_guard<std::mutex> l(mu);
+  *total = total_memory();
+  *free_bytes = *total - used;
+  return OK;
+}
+API CUresult cuMemcpyHtoD_v2(uint64_t dst, const void* src, size_t n) {
+  if (!check_range("cuMemcpyHtoD", dst, n)) return INVALID_VALUE;
+  memcpy((void*)dst, src, n);
+  return OK;
+}
+API CUresult cuMemcpyDtoH_v2(void* dst, uint64_t src, size_t n) {
+  if (!check_range("cuMemcpyDtoH", src, n)) return INVALID_VALUE;
+  memcpy(dst, (const void*)src, n);
+  return OK;
+}
+API CUresult cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, size_t n) {
+  if (!check_range("cuMemcpyDtoD (destination)", dst, n) || !check_range("cuMemcpyDtoD (source)", src, n))
+    return INVALID_VALUE;
+  memmove((void*)dst, (const void*)src, n);
+  return OK;
+}
+API CUresult cuMemsetD8_v2(uint64_t dst, unsigned char v, size_t n) {
+  if (!check_range("cuMemsetD8", dst, n)) return INVALID_VALUE;
+  memset((void*)dst, v, n);
+  return OK;
+}
+
+// An image is "KEELEMU1", its length (8 bytes, little endian), then the
+// bytes of the shared object the emulator's NVRTC built.
+API CUresult cuModuleLoadData(uintptr_t* mod, const void* image) {
+  const char* p = (const char*)image;
+  if (memcmp(p, "KEELEMU1", 8) != 0) {
+    complain("cuModuleLoadData", "not an image from the emulator's NVRTC");
+    return INVALID_IMAGE;
+  }
+  uint64_t n;
+  memcpy(&n, p + 8, 8);
+  char path[] = "/tmp/keel-emu-module-XXXXXX";
+  int fd = mkstemp(path);
+  if (fd < 0) return INVALID_IMAGE;
+  bool ok = write(fd, p + 16, n) == (ssize_t)n;
+  close(fd);
+  void* h = ok ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : nullptr;
+  const char* keep = getenv("KEEL_CUDA_EMU_KEEP");  // leave the file for gdb and perf
+  if (!keep || strcmp(keep, "1") != 0) unlink(path);
+  else fprintf(stderr, "keel CUDA emulator: module kept at %s\n", path);
+  if (!h) {
+    complain("cuModuleLoadData", dlerror());
+    return INVALID_IMAGE;
+  }
+  Module* m = new Module{h, nullptr};
+  *(void**)&m->launch = dlsym(h, "keel_emu_launch");
+  if (!m->launch) {
+    delete m;
+    return INVALID_IMAGE;
+  }
+  *mod = (uintptr_t)m;
+  return OK;
+}
+// cuModuleUnload keeps the shared object loaded: its thread-local state
+// may still be held by threads, and the memory is small.
+API CUresult cuModuleUnload(uintptr_t mod) { return mod ? OK : INVALID_HANDLE; }
+API CUresult cuModuleGetFunction(uintptr_t* fn, uintptr_t mod, const char* name) {
+  Module* m = (Module*)mod;
+  if (!m) return INVALID_HANDLE;
+  std::string thunk = std::string("keel_emu_thunk_") + name, bounds = std::string("keel_emu_bounds_") + name;
+  void* t = dlsym(m->handle, thunk.c_str());
+  const int* b = (const int*)dlsym(m->handle, bounds.c_str());
+  if (!t || !b) return NOT_FOUND;
+  Function* f = new Function{m, nullptr, *b, name};
+  *(void**)&f->thunk = t;
+  *fn = (uintptr_t)f;
+  return OK;
+}
+API CUresult cuFuncSetAttribute(uintptr_t fn, int attr, int v) {
+  if (!fn) return INVALID_HANDLE;
+  if (attr == 8 && v >= 0 && v <= 227 * 1024) return OK;  // max dynamic shared memory
+  complain("cuFuncSetAttribute", "attribute " + std::to_string(attr) + " = " + std::to_string(v) + " is not emulated");
+  return INVALID_VALUE;
+}
+API CUresult cuLaunchKernel(uintptr_t fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                            unsigned shared, uintptr_t stream, void** params, void** extra) {
+  Function* f = (Function*)fn;
+  if (!f) return INVALID_HANDLE;
+  if (extra || stream) {
+    complain(f->name.c_str(), "launch with extra parameters or a stream: not emulated");
+    return NOT_SUPPORTED;
+  }
+  if (shared > 0) {
+    complain(f->name.c_str(), "dynamic shared memory: not emulated (no kernel of keel's uses it)");
+    return NOT_SUPPORTED;
+  }
+  const unsigned long threads = (unsigned long)bx * by * bz;
+  if (gx == 0 || gy == 0 || gz == 0 || gy > 65535 || gz > 65535 || bz > 64 || threads > (unsigned long)f->bounds) {
+    complain(f->name.c_str(), "grid " + std::to_string(gx) + "×" + std::to_string(gy) + "×" + std::to_string(gz) +
+                                  ", block of " + std::to_string(threads) + " threads (the kernel allows " +
+                                  std::to_string(f->bounds) + ")");
+    return INVALID_VALUE;
+  }
+  if (trace()) fprintf(stderr, "emu: launch %s grid %u,%u,%u block %u,%u,%u\n", f->name.c_str(), gx, gy, gz, bx, by, bz);
+  char err[600];
+  const double t0 = profiling() ? now_ms() : 0;
+  if (f->mod->launch(f->thunk, params, gx, gy, gz, bx, by, bz, err, sizeof err) != 0) {
+    complain(f->name.c_str(), err);
+    return LAUNCH_FAILED;
+  }
+  if (profiling()) {
+    std::lock_guard<std::mutex> l(prof_mu);
+    Prof& p = prof[f->name];
+    p.launches++;
+    p.ms += now_ms() - t0;
+  }
+  return OK;
+}
+
+API CUresult cuEventCreate(uintptr_t* ev, unsigned flags) {
+  (void)flags;
+  *ev = (uintptr_t) new Event{0};
+  return OK;
+}
+API CUresult cuEventRecord(uintptr_t ev, uintptr_t stream) {
+  if (!ev || stream) return INVALID_HANDLE;
+  ((Event*)ev)->ms = now_ms();
+  return OK;
+}
+API CUresult cuEventSynchronize(uintptr_t ev) { return ev ? OK : INVALID_HANDLE; }
+API CUresult cuEventElapsedTime(float* ms, uintptr_t start, uintptr_t end) {
+  if (!start || !end) return INVALID_HANDLE;
+  *ms = (float)(((Event*)end)->ms - ((Event*)start)->ms);
+  return OK;
+}
+API CUresult cuEventDestroy_v2(uintptr_t ev) {
+  delete (Event*)ev;
+  return OK;
+}
+
+static const char* names(int r, bool name) {
+  switch (r) {
+    case OK: return name ? "CUDA_SUCCESS" : "no error";
+    case INVALID_VALUE: return name ? "CUDA_ERROR_INVALID_VALUE" : "invalid argument";
+    case OUT_OF_MEMORY: return name ? "CUDA_ERROR_OUT_OF_MEMORY" : "out of memory";
+    case NOT_INITIALIZED: return name ? "CUDA_ERROR_NOT_INITIALIZED" : "initialization error";
+    case INVALID_IMAGE: return name ? "CUDA_ERROR_INVALID_IMAGE" : "device kernel image is invalid";
+    case INVALID_HANDLE: return name ? "CUDA_ERROR_INVALID_HANDLE" : "invalid resource handle";
+    case NOT_FOUND: return name ? "CUDA_ERROR_NOT_FOUND" : "named symbol not found";
+    case LAUNCH_FAILED: return name ? "CUDA_ERROR_LAUNCH_FAILED" : "unspecified launch failure (see the emulator's message on stderr)";
+    case NOT_SUPPORTED: return name ? "CUDA_ERROR_NOT_SUPPORTED" : "operation not supported by the emulator";
+  }
+  return nullptr;
+}
+API CUresult cuGetErrorName(int r, const char** s) {
+  *s = names(r, true);
+  return *s ? OK : INVALID_VALUE;
+}
+API CUresult cuGetErrorString(int r, const char** s) {
+  *s = names(r, false);
+  return *s ? OK : INVALID_VALUE;
+}
+
+// keel_cuda_emulator marks the library as the emulator's (kernels/cuda reads it).
+API const int keel_cuda_emulator = 1;

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs keel's GPU tests on the CUDA emulator: builds the emulator's
+# libraries (build.sh), then the device tests of kernels/cuda, train/cuda
+# and rollout/cuda with KEEL_CUDA_LIBS pointing at them, so that every
+# kernel and the engines' device code run on the CPU. No GPU figure comes
+# out of this; what it shows is that the code is right where a GPU would
+# run it. Arguments go to go test (e.g. -short, -run TestEngine).
+# KEEL_CUDA_EMU_ORDER=reverse runs each block's threads last first.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+lib=$(bash tools/cudaemu/build.sh)
+cache=$(mktemp -d)
+trap 'rm -rf "$cache"' EXIT
+export KEEL_CUDA_LIBS=$lib KEEL_CACHE_DIR=$cache KEEL_REQUIRE_CUDA=1
+go test -count=1 -timeout 30m "$@" ./kernels/cuda ./train/cuda ./rollout/cuda
