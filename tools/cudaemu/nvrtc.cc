@@ -206,7 +206,7 @@ API int nvrtcCompileProgram(uintptr_t prog, int nopt, const char* const* opts) {
     }
   }
   const char* cxx = getenv("KEEL_CUDA_EMU_CXX");
-  int rc = run({cxx && *cxx ? cxx : "g++", "-std=c++17", "-O2", "-g", "-march=native", "-fPIC", "-shared", "-ffp-contract=off",
+  int rc = run({cxx && *cxx ? cxx : "g++", "-std=c++17", "-O3", "-g", "-march=native", "-fPIC", "-shared", "-ffp-contract=off",
                 "-fno-fast-math", "-fvisibility=hidden", "-fno-strict-aliasing", "-Wno-unknown-pragmas",
                 "-x", "c++", src, "-o", obj},
                &p->log);
