@@ -48,10 +48,30 @@ struct Alloc {
   size_t map_bytes, bytes;
 };
 
+// intact says whether the bytes of a's mapping around its buffer p (the
+// slack before it, and after it up to the fault page) still hold the 0xff
+// they were given: a kernel or copy that wrote out of bounds changed them.
+bool intact(uint64_t p, const Alloc& a) {
+  const unsigned char* m = (const unsigned char*)a.map;
+  const unsigned char* b = (const unsigned char*)p;
+  const unsigned char* end = m + a.map_bytes - 4096;
+  for (const unsigned char* q = m; q < b; q++)
+    if (*q != 0xff) return false;
+  for (const unsigned char* q = b + a.bytes; q < end; q++)
+    if (*q != 0xff) return false;
+  return true;
+}
+
 std::mutex mu;
 std::map<uint64_t, Alloc> allocs;  // by device address
 uint64_t used;
 bool inited;
+
+bool check_every_launch() {
+  static int c = -1;
+  if (c < 0) c = getenv("KEEL_CUDA_EMU_CHECK") && strcmp(getenv("KEEL_CUDA_EMU_CHECK"), "1") == 0;
+  return c;
+}
 
 bool trace() {
   static int t = -1;
@@ -217,9 +237,11 @@ API CUresult cuMemAlloc_v2(uint64_t* ptr, size_t bytes) {
   if (m == MAP_FAILED) return OUT_OF_MEMORY;
   mprotect((char*)m + body, page, PROT_NONE);
   // The buffer ends where the fault page begins (give or take the
-  // rounding to 256 bytes), so a kernel reading past it crashes.
+  // rounding to 256 bytes), so a kernel reading past it crashes; the bytes
+  // around it are 0xff too, checked when it is freed (or after every
+  // launch, with KEEL_CUDA_EMU_CHECK=1).
   char* p = (char*)m + (body - rounded);
-  memset(p, 0xff, rounded);
+  memset(m, 0xff, body);
   allocs[(uint64_t)p] = Alloc{m, map_bytes, bytes};
   used += bytes;
   *ptr = (uint64_t)p;
@@ -232,6 +254,11 @@ API CUresult cuMemFree_v2(uint64_t ptr) {
   if (it == allocs.end()) {
     complain("cuMemFree", hex(ptr) + " is not an allocation");
     return INVALID_VALUE;
+  }
+  if (!intact(ptr, it->second)) {  // memory corrupted: stop here, as a sanitizer would
+    complain("cuMemFree", "the bytes around the allocation of " + std::to_string(it->second.bytes) + " at " +
+                              hex(ptr) + " were written out of bounds (KEEL_CUDA_EMU_CHECK=1 finds the kernel)");
+    abort();
   }
   munmap(it->second.map, it->second.map_bytes);
   used -= it->second.bytes;
@@ -344,6 +371,14 @@ API CUresult cuLaunchKernel(uintptr_t fn, unsigned gx, unsigned gy, unsigned gz,
   if (f->mod->launch(f->thunk, params, gx, gy, gz, bx, by, bz, err, sizeof err) != 0) {
     complain(f->name.c_str(), err);
     return LAUNCH_FAILED;
+  }
+  if (check_every_launch()) {
+    std::lock_guard<std::mutex> l(mu);
+    for (auto& [p, a] : allocs)
+      if (!intact(p, a)) {
+        complain(f->name.c_str(), "wrote around the allocation of " + std::to_string(a.bytes) + " bytes at " + hex(p));
+        return LAUNCH_FAILED;
+      }
   }
   if (profiling()) {
     std::lock_guard<std::mutex> l(prof_mu);

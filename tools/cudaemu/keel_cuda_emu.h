@@ -39,8 +39,13 @@
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 // One launch runs at a time in a module (keel_emu_launch holds a lock), so
-// a block's shared memory is a plain static.
-#define __shared__ static
+// a block's shared memory is a plain static, in a section of its own that
+// is set to 0xff (NaN as floats) before every block: a read of shared
+// memory the block has not written shows, as it would on a GPU, where it
+// holds whatever the last block left.
+#define __shared__ static __attribute__((section("keel_emu_shared"), aligned(16)))
+extern "C" char __start_keel_emu_shared[] __attribute__((weak, visibility("hidden")));
+extern "C" char __stop_keel_emu_shared[] __attribute__((weak, visibility("hidden")));
 
 struct uint3 {
   unsigned int x, y, z;
@@ -288,6 +293,8 @@ inline bool run_block(Runner* r) {
     f->shfl = 0;
     start(r, i);
   }
+  if (__start_keel_emu_shared != __stop_keel_emu_shared)
+    memset(__start_keel_emu_shared, 0xff, __stop_keel_emu_shared - __start_keel_emu_shared);
   const int nw = (n + 31) / 32;
   memset(r->warps, 0, sizeof(Warp) * nw);
   for (int k = 0; k < nw; k++) {

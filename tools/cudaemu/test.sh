@@ -11,5 +11,9 @@ cd "$(dirname "$0")/../.."
 lib=$(bash tools/cudaemu/build.sh)
 cache=$(mktemp -d)
 trap 'rm -rf "$cache"' EXIT
+# The emulator's own tests first: what it computes and what it refuses
+# (the refusals print their messages; "ok" ends a passing run).
+g++ -std=c++17 -O1 -Wall -o "$cache/selftest" tools/cudaemu/selftest.cc -ldl
+"$cache/selftest" "$lib" 2> "$cache/selftest.log" || { cat "$cache/selftest.log"; exit 1; }
 export KEEL_CUDA_LIBS=$lib KEEL_CACHE_DIR=$cache KEEL_REQUIRE_CUDA=1
 go test -count=1 -timeout 30m "$@" ./kernels/cuda ./train/cuda ./rollout/cuda
