@@ -118,7 +118,7 @@ func runServe(args []string) error {
 	defer stop()
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
-	fmt.Printf("keel serve: %s (%s, %s, %d slots x %d tokens) on http://%s\n", *name, m.Config.Architecture, p, e.Options().Slots, L, ln.Addr())
+	fmt.Printf("keel serve: %s (%s, %s on %s, %d slots x %d tokens) on http://%s\n", *name, m.Config.Architecture, p, *device, e.Options().Slots, L, ln.Addr())
 	select {
 	case err := <-errc:
 		srv.Close()
