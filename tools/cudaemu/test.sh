@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs keel's GPU tests on the CUDA emulator: builds the emulator's
 # libraries (build.sh), then the device tests of kernels/cuda, train/cuda
-# and rollout/cuda with KEEL_CUDA_LIBS pointing at them, so that every
+# and rollout/cuda, and keel rl on the GPU (cmd/keel's TestRLOnGPU), with
+# KEEL_CUDA_LIBS pointing at them, so that every
 # kernel and the engines' device code run on the CPU. No GPU figure comes
 # out of this; what it shows is that the code is right where a GPU would
 # run it. Arguments go to go test (e.g. -short, -run TestEngine).
@@ -17,3 +18,5 @@ g++ -std=c++17 -O1 -Wall -o "$cache/selftest" tools/cudaemu/selftest.cc -ldl
 "$cache/selftest" "$lib" 2> "$cache/selftest.log" || { cat "$cache/selftest.log"; exit 1; }
 export KEEL_CUDA_LIBS=$lib KEEL_CACHE_DIR=$cache KEEL_REQUIRE_CUDA=1
 go test -count=1 -timeout 30m "$@" ./kernels/cuda ./train/cuda ./rollout/cuda
+# keel rl end to end with both engines on the (emulated) GPU.
+go test -count=1 -timeout 30m "$@" -run 'OnGPU' ./cmd/keel

@@ -9,6 +9,7 @@ export CGO_ENABLED=0
 go test -c -ldflags='-s -w' -o tools/gpu/bin/cuda.test ./kernels/cuda
 go test -c -ldflags='-s -w' -o tools/gpu/bin/traincuda.test ./train/cuda
 go test -c -ldflags='-s -w' -o tools/gpu/bin/rolloutcuda.test ./rollout/cuda
+go test -c -ldflags='-s -w' -o tools/gpu/bin/keelcmd.test ./cmd/keel
 go build -ldflags='-s -w' -o tools/gpu/bin/keel ./cmd/keel
 # Every kernel compiles here first (NVRTC from Debian's libnvrtc11.2).
 KEEL_REQUIRE_NVRTC=1 tools/gpu/bin/cuda.test -test.run 'TestEveryKernelCompiles' >/dev/null

@@ -4,7 +4,8 @@
 # check and writing full logs under $OUT (or /tmp/keel-gpu):
 #   tests  keel device; the kernels against the CPU kernels; the training
 #          engine against the CPU engine; the rollout backend against the
-#          training engine and the CPU rollout (about 2-3 minutes)
+#          training engine and the CPU rollout; keel rl on the GPU (exact
+#          rollout, resume) (about 3 minutes)
 #   e2e    keel sft and the quickstart's first RL steps on cpu and cuda
 #   hf     keel's log-probs (fp32, bf16) against transformers on a
 #          Qwen3-0.6B-shaped model of two layers and a 30B-A3B-shaped one
@@ -46,6 +47,8 @@ if [[ " $sections " == *" tests "* ]]; then
   gotest engine traincuda.test 180
   echo "== the CUDA rollout backend: exact against the GPU training engine, and against the CPU rollout (rollout/cuda)"
   gotest rollout rolloutcuda.test 120
+  echo "== keel rl on the GPU: exact rollout = trainer on every token, resume bit for bit, resume on the CPU (cmd/keel)"
+  gotest rlgpu keelcmd.test 120 -test.run 'OnGPU'
 fi
 
 if [[ " $sections " == *" e2e "* ]]; then

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/keel-rl/keel/internal/cudatest"
+)
+
+// gpuRL is the built-in quickstart with both engines on the GPU, cut to a
+// few seconds of work: 4 prompts x 4 samples of up to 32 tokens a step, a
+// checkpoint every step.
+func gpuRL(name string, steps int, precision string) []string {
+	return []string{"--name", name, "--quiet", "--set", "device=cuda", "--set", "rollout.precision=" + precision,
+		"--set", "train.steps=" + strconv.Itoa(steps), "--set", "train.warmup=0", "--set", "train.schedule=constant",
+		"--set", "train.prompts_per_step=4", "--set", "train.group_size=4", "--set", "rollout.max_new_tokens=32",
+		"--set", "eval.skip=true", "--set", "log.checkpoint_every=1"}
+}
+
+// TestRLOnGPU runs keel rl with train.device and rollout.device cuda (on a
+// GPU, or on the CUDA emulator in CI) and checks what holds by
+// construction: the exact rollout's log mu equals the GPU trainer's log
+// pi_old on every token of every step (train-infer k3, the largest |Δ| and
+// the routing disagreement all 0); a run stopped after two steps and
+// resumed to three ends with the same weights, samples and metrics, bit
+// for bit, as one run of three; and a GPU run resumes on the CPU.
+func TestRLOnGPU(t *testing.T) {
+	cudatest.Device(t) // skips without a GPU
+	wd, _ := os.Getwd()
+	defer os.Chdir(wd)
+	dir := t.TempDir()
+	if err := os.Chdir(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := runRL(gpuRL("whole", 3, "exact")); err != nil {
+		t.Fatal(err)
+	}
+	recs, _ := readMetrics(t, "runs/whole")
+	if len(recs) != 3 {
+		t.Fatalf("%d metrics records, want 3", len(recs))
+	}
+	for _, r := range recs {
+		for _, k := range []string{"train_infer/k3", "train_infer/abs_diff_max", "routing/infer_vs_old"} {
+			if v, ok := r[k].(float64); !ok || v != 0 {
+				t.Errorf("step %v: %s = %v, want exactly 0 (exact rollout against the GPU trainer)", r["step"], k, r[k])
+			}
+		}
+	}
+
+	// Two steps, then the run's recipe extended to three and resumed.
+	if err := runRL(gpuRL("parts", 2, "exact")); err != nil {
+		t.Fatal(err)
+	}
+	extend := func(run, from, to string) {
+		t.Helper()
+		p := filepath.Join(run, "recipe.yaml")
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := strings.Replace(string(b), "steps: 2\n", "steps: 3\n", 1)
+		s = strings.ReplaceAll(s, "device: "+from+"\n", "device: "+to+"\n")
+		if s == string(b) {
+			t.Fatalf("%s: nothing to change", p)
+		}
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	extend("runs/parts", "cuda", "cuda")
+	if err := runRL([]string{"--resume", "runs/parts", "--quiet"}); err != nil {
+		t.Fatal(err)
+	}
+	sameRun(t, "stopped after two steps and resumed on the GPU", "runs/whole", "runs/parts")
+
+	// The same two GPU steps, resumed on the CPU: the CPU's exact rollout
+	// against its own trainer is exact too.
+	if err := runRL(gpuRL("moved", 2, "exact")); err != nil {
+		t.Fatal(err)
+	}
+	extend("runs/moved", "cuda", "cpu")
+	if err := runRL([]string{"--resume", "runs/moved", "--quiet"}); err != nil {
+		t.Fatal(err)
+	}
+	recs, _ = readMetrics(t, "runs/moved")
+	if len(recs) != 3 || recs[2]["train_infer/k3"] != 0.0 {
+		t.Fatalf("resumed on the CPU: %d records, the last %v", len(recs), recs[len(recs)-1])
+	}
+}
