@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -24,7 +25,8 @@ func gpuRL(name string, steps int, precision string) []string {
 // GPU, or on the CUDA emulator in CI) and checks what holds by
 // construction: the exact rollout's log mu equals the GPU trainer's log
 // pi_old on every token of every step (train-infer k3, the largest |Δ| and
-// the routing disagreement all 0); a run stopped after two steps and
+// the routing disagreement all 0), so MiniRL with and without IS are one
+// run, bit for bit; a run stopped after two steps and
 // resumed to three ends with the same weights, samples and metrics, bit
 // for bit, as one run of three; and a GPU run resumes on the CPU.
 func TestRLOnGPU(t *testing.T) {
@@ -46,6 +48,24 @@ func TestRLOnGPU(t *testing.T) {
 		for _, k := range []string{"train_infer/k3", "train_infer/abs_diff_max", "routing/infer_vs_old"} {
 			if v, ok := r[k].(float64); !ok || v != 0 {
 				t.Errorf("step %v: %s = %v, want exactly 0 (exact rollout against the GPU trainer)", r["step"], k, r[k])
+			}
+		}
+	}
+
+	// Without IS the exact rollout's ratios are all 1: the same run.
+	if err := runRL(append(gpuRL("noIS", 3, "exact"), "--set", "algorithm.objective=minirl-no-is")); err != nil {
+		t.Fatal(err)
+	}
+	a, err1 := os.ReadFile("runs/whole/model/model.safetensors")
+	b, err2 := os.ReadFile("runs/noIS/model/model.safetensors")
+	if err1 != nil || err2 != nil || !bytes.Equal(a, b) {
+		t.Errorf("MiniRL without IS on the exact rollout: final weights differ from MiniRL's (%v, %v)", err1, err2)
+	}
+	noIS, _ := readMetrics(t, "runs/noIS")
+	for i := range min(len(recs), len(noIS)) {
+		for _, k := range []string{"reward/mean", "grad_norm", "entropy", "surrogate/gap"} {
+			if recs[i][k] != noIS[i][k] {
+				t.Errorf("step %d: %s %v with IS, %v without", i+1, k, recs[i][k], noIS[i][k])
 			}
 		}
 	}
