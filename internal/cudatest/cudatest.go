@@ -26,10 +26,10 @@ func Device(t testing.TB) *kc.Device {
 	return d
 }
 
-// Larger skips t (a subtest on a larger model) under -short, which is how
-// CI runs the GPU tests on the CUDA emulator (tools/cudaemu): there every
-// launch runs on one CPU core, and the tiny models cover the same code.
-// The GPU check script runs without -short.
+// Larger skips t (a subtest on a larger model) under -short: on the CUDA
+// emulator (tools/cudaemu) every launch runs on one CPU core, and the tiny
+// models cover the same code in a minute less (test.sh -short). CI and
+// the GPU check script run without -short.
 func Larger(t *testing.T, what string) {
 	t.Helper()
 	if testing.Short() {

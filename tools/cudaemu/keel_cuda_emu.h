@@ -381,36 +381,21 @@ inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
 }
 
 // The device's bit casts and correctly rounded operations.
-inline float __int_as_float(int i) {
-  float f;
-  memcpy(&f, &i, 4);
-  return f;
+namespace keel_emu {
+template <typename To, typename From>
+inline To bit_cast(From v) {
+  static_assert(sizeof(To) == sizeof(From), "bit cast between sizes");
+  To out;
+  memcpy(&out, &v, sizeof out);
+  return out;
 }
-inline float __uint_as_float(unsigned u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-inline int __float_as_int(float f) {
-  int i;
-  memcpy(&i, &f, 4);
-  return i;
-}
-inline unsigned __float_as_uint(float f) {
-  unsigned u;
-  memcpy(&u, &f, 4);
-  return u;
-}
-inline long long __double_as_longlong(double d) {
-  long long i;
-  memcpy(&i, &d, 8);
-  return i;
-}
-inline double __longlong_as_double(long long i) {
-  double d;
-  memcpy(&d, &i, 8);
-  return d;
-}
+}  // namespace keel_emu
+inline float __int_as_float(int i) { return keel_emu::bit_cast<float>(i); }
+inline float __uint_as_float(unsigned u) { return keel_emu::bit_cast<float>(u); }
+inline int __float_as_int(float f) { return keel_emu::bit_cast<int>(f); }
+inline unsigned __float_as_uint(float f) { return keel_emu::bit_cast<unsigned>(f); }
+inline long long __double_as_longlong(double d) { return keel_emu::bit_cast<long long>(d); }
+inline double __longlong_as_double(long long i) { return keel_emu::bit_cast<double>(i); }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }

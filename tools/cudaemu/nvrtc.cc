@@ -40,7 +40,9 @@ struct Program {
 std::string own_dir() {
   Dl_info info;
   if (!dladdr((void*)&own_dir, &info) || !info.dli_fname) return ".";
-  std::string p = info.dli_fname;
+  char* abs = realpath(info.dli_fname, nullptr);  // the library may have been opened by a relative path
+  std::string p = abs ? abs : info.dli_fname;
+  free(abs);
   size_t i = p.rfind('/');
   return i == std::string::npos ? "." : p.substr(0, i);
 }
