@@ -79,10 +79,14 @@ bool trace() {
   return t;
 }
 
+// total_memory is read once: free memory must not move under a run.
 uint64_t total_memory() {
-  const char* s = getenv("KEEL_CUDA_EMU_MEMORY");
-  long mib = s ? atol(s) : 0;
-  return (uint64_t)(mib > 0 ? mib : 4096) << 20;
+  static const uint64_t total = [] {
+    const char* s = getenv("KEEL_CUDA_EMU_MEMORY");
+    long mib = s ? atol(s) : 0;
+    return (uint64_t)(mib > 0 ? mib : 4096) << 20;
+  }();
+  return total;
 }
 
 int arch() {
@@ -228,7 +232,7 @@ API CUresult cuMemAlloc_v2(uint64_t* ptr, size_t bytes) {
   if (!inited) return NOT_INITIALIZED;
   if (bytes == 0) return INVALID_VALUE;
   std::lock_guard<std::mutex> l(mu);
-  if (used + bytes > total_memory()) return OUT_OF_MEMORY;
+  if (bytes > total_memory() - used || bytes > ((size_t)1 << 48)) return OUT_OF_MEMORY;
   const size_t page = 4096;
   size_t rounded = (bytes + 255) / 256 * 256;  // cuMemAlloc aligns to 256 bytes
   size_t body = (rounded + page - 1) / page * page;

@@ -63,6 +63,7 @@ struct Fiber {
   int lane, warp;
   State state;
   unsigned shfl;  // shuffles done so far (the lock-step check)
+  bool at_shfl;   // waiting at a shuffle (else at __syncwarp), while WAIT_WARP
 };
 
 // Warp holds the values lanes exchange at a shuffle: two sets, used in
@@ -156,6 +157,20 @@ inline bool reverse_order();
 inline Fiber* pick(Runner* r, Fiber* f, Warp* wp) {
   const bool rev = reverse_order();
   if (wp->at_warp > 0 && wp->at_warp == wp->live) {
+    // Lock step: every lane at the same kind of warp barrier, the same
+    // shuffle by count.
+    const Fiber* ref = nullptr;
+    for (int i = wp->lo; i < wp->hi; i++) {
+      const Fiber* g = &r->fibers[i];
+      if (g->state != WAIT_WARP) continue;
+      if (!ref) ref = g;
+      else if (g->at_shfl != ref->at_shfl || g->shfl != ref->shfl) {
+        fail("warp %d: lane %d and lane %d wait at different warp barriers (a shuffle against __syncwarp, or "
+             "another shuffle)",
+             (int)(wp->lo / 32), ref->lane, g->lane);
+        return nullptr;
+      }
+    }
     Fiber* first = nullptr;
     for (int k = 0; k < wp->hi - wp->lo; k++) {
       Fiber* g = &r->fibers[rev ? wp->hi - 1 - k : wp->lo + k];
@@ -180,11 +195,12 @@ inline Fiber* pick(Runner* r, Fiber* f, Warp* wp) {
 
 // yield parks the current fiber in state s and switches to the next one
 // (pick) or the scheduler; it comes back when its barrier is released.
-inline void yield(State s) {
+inline void yield(State s, bool shuffle = false) {
   Runner* r = runner;
   Fiber* f = r->cur;
   Warp* wp = &r->warps[f->warp];
   f->state = s;
+  f->at_shfl = shuffle;
   if (s == WAIT_WARP) wp->at_warp++;
   else wp->at_block++;
   Fiber* g = r->failed ? nullptr : pick(r, f, wp);
@@ -317,9 +333,19 @@ inline bool run_block(Runner* r) {
   }
 }
 
+// abandon leaves a fiber that has found its launch failed: back to the
+// scheduler for good, so that it computes nothing from a wrong value.
+[[noreturn]] inline void abandon() {
+  Runner* r = runner;
+  r->cur = nullptr;
+  void* dead;
+  keel_emu_swap(&dead, r->sched_sp);
+  __builtin_unreachable();
+}
+
 // Shuffles move up to 8 bytes of any trivially copyable type.
 template <typename T>
-inline T exchange(T v, int src, int width) {
+inline T exchange(unsigned mask, T v, int src, int width) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle of a type wider than 8 bytes");
   Runner* r = runner;
   Fiber* f = r->cur;
@@ -331,14 +357,18 @@ inline T exchange(T v, int src, int width) {
   memcpy(&bits, &v, sizeof(T));
   w->val[set][f->lane] = bits;
   w->tag[set][f->lane] = tag;
-  yield(WAIT_WARP);
+  yield(WAIT_WARP, true);
+  if (mask != 0xffffffffu) {
+    fail("a shuffle with mask %#x (lane %d, warp %d): the emulator models full warps only", (int)mask, f->lane, f->warp);
+    abandon();
+  }
   if (width <= 0 || width > 32 || (width & (width - 1))) {
     fail("shuffle width %d (lane %d, warp %d): not a power of two up to 32", width, f->lane, f->warp);
-    return v;
+    abandon();
   }
   if (src < 0 || src >= 32 || w->tag[set][src] != tag) {
     fail("lane %d of warp %d shuffles from lane %d, which has exited or is at another shuffle", f->lane, f->warp, src);
-    return v;
+    abandon();
   }
   T out;
   memcpy(&out, &w->val[set][src], sizeof(T));
@@ -349,35 +379,38 @@ inline T exchange(T v, int src, int width) {
 
 inline void __syncthreads() { keel_emu::yield(keel_emu::WAIT_BLOCK); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
-  (void)mask;
+  if (mask != 0xffffffffu) {
+    keel_emu::fail("__syncwarp with mask %#x (lane %d, warp %d): the emulator models full warps only", (int)mask,
+                   keel_emu::runner->cur->lane, keel_emu::runner->cur->warp);
+    keel_emu::abandon();
+  }
   keel_emu::yield(keel_emu::WAIT_WARP);
 }
 
+// A source lane outside the caller's group of width lanes gives the
+// caller's own value, as CUDA defines it.
 template <typename T>
 inline T __shfl_xor_sync(unsigned mask, T v, int laneMask, int width = 32) {
-  (void)mask;
   const int lane = keel_emu::runner->cur->lane;
-  return keel_emu::exchange(v, (lane ^ laneMask) & 31, width);
+  const int base = lane & ~(width - 1), src = lane ^ (laneMask & 31);
+  return keel_emu::exchange(mask, v, src >= base + width ? lane : src, width);
 }
 template <typename T>
 inline T __shfl_sync(unsigned mask, T v, int srcLane, int width = 32) {
-  (void)mask;
   const int lane = keel_emu::runner->cur->lane;
-  return keel_emu::exchange(v, (lane & ~(width - 1)) + (srcLane & (width - 1)), width);
+  return keel_emu::exchange(mask, v, (lane & ~(width - 1)) + (srcLane & (width - 1)), width);
 }
 template <typename T>
 inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
-  (void)mask;
   const int lane = keel_emu::runner->cur->lane;
   const int base = lane & ~(width - 1), src = lane + (int)delta;
-  return keel_emu::exchange(v, src < base + width ? src : lane, width);
+  return keel_emu::exchange(mask, v, src < base + width ? src : lane, width);
 }
 template <typename T>
 inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
-  (void)mask;
   const int lane = keel_emu::runner->cur->lane;
   const int base = lane & ~(width - 1), src = lane - (int)delta;
-  return keel_emu::exchange(v, src >= base ? src : lane, width);
+  return keel_emu::exchange(mask, v, src >= base ? src : lane, width);
 }
 
 // The device's bit casts and correctly rounded operations.

@@ -4,6 +4,7 @@
 // g++) into a shared object. The image it returns is "KEELEMU1", the
 // object's length and its bytes, which only the emulator's driver loads.
 #include <dlfcn.h>
+#include <errno.h>
 #include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -118,7 +119,7 @@ int run(const std::vector<std::string>& argv, std::string* log) {
   close(fd);
   int status = -1;
   if (rc == 0) {
-    while (waitpid(pid, &status, 0) < 0) {
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
   } else {
     *log += "cannot run " + argv[0] + ": " + strerror(rc) + "\n";
@@ -208,7 +209,7 @@ API int nvrtcCompileProgram(uintptr_t prog, int nopt, const char* const* opts) {
     }
   }
   const char* cxx = getenv("KEEL_CUDA_EMU_CXX");
-  int rc = run({cxx && *cxx ? cxx : "g++", "-std=c++17", "-O3", "-g", "-march=native", "-fPIC", "-shared", "-ffp-contract=off",
+  int rc = run({cxx && *cxx ? cxx : "g++", "-std=c++17", "-O3", "-g", "-march=x86-64-v3", "-fPIC", "-shared", "-ffp-contract=off",
                 "-fno-fast-math", "-fvisibility=hidden", "-fno-strict-aliasing", "-Wno-unknown-pragmas",
                 "-x", "c++", src, "-o", obj},
                &p->log);

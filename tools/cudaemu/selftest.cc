@@ -134,6 +134,27 @@ extern "C" __global__ void exited(float* out) {
   out[threadIdx.x] = v;
 }
 
+// Half the warp at __syncwarp, half at a shuffle: not lock step.
+extern "C" __global__ void mixed(float* out) {
+  float v = threadIdx.x;
+  if (threadIdx.x < 16) __syncwarp();
+  else v = __shfl_xor_sync(0xffffffffu, v, 1);
+  out[threadIdx.x] = v;
+}
+
+// A shuffle over half the warp: legal CUDA the emulator does not model.
+extern "C" __global__ void half(float* out) {
+  float v = threadIdx.x;
+  if (threadIdx.x < 16) v = __shfl_xor_sync(0xffffu, v, 1);
+  out[threadIdx.x] = v;
+}
+
+// xor 8 within groups of 4 lanes: CUDA lets a lane read an earlier group
+// and gives it its own value for a later one.
+extern "C" __global__ void narrow(float* out) {
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (float)threadIdx.x, 8, 4) + 100.f * __shfl_xor_sync(0xffffffffu, (float)threadIdx.x, 1, 4);
+}
+
 // Warp 1 writes shared memory that warp 0 reads, with no barrier between.
 extern "C" __global__ void racy(u32* out) {
   __shared__ u32 s;
@@ -169,6 +190,16 @@ static void test_undefined(uintptr_t mod) {
   uint64_t d = alloc(32 * 4);
   CHECK(launch(function(mod, "divergent"), 1, 32, {&d}) != 0, "a warp at two kinds of barrier was not refused");
   CHECK(launch(function(mod, "exited"), 1, 32, {&d}) != 0, "a shuffle from exited lanes was not refused");
+  CHECK(launch(function(mod, "mixed"), 1, 32, {&d}) != 0, "lanes at __syncwarp and at a shuffle were not refused");
+  CHECK(launch(function(mod, "half"), 1, 32, {&d}) != 0, "a partial-mask shuffle was not refused");
+  CHECK(launch(function(mod, "narrow"), 1, 32, {&d}) == 0, "narrow launch failed");
+  float out[32];
+  cuDtoH(out, d, sizeof out);
+  for (int i = 0; i < 32; i++) {
+    const int src = (i ^ 8) >= (i & ~3) + 4 ? i : i ^ 8;
+    const float want = (float)src + 100.f * (float)(i ^ 1);
+    CHECK(out[i] == want, "width-4 shuffles: lane %d got %g, want %g", i, out[i], want);
+  }
   cuMemFree(d);
 }
 
