@@ -125,9 +125,9 @@ if [[ " $sections " == *" speed "* ]]; then
   echo "== training speed on this card: keel and PyTorch (transformers + SDPA, fused AdamW), same shapes"
   for spec in "qwen3-0.6b 0 4 2048" "qwen3-30b-a3b 2 2 2048"; do
     set -- $spec
-    for prec in fp32 bf16; do
+    for prec in bf16 fp32; do
       nodec=--no-decode
-      [ $prec = fp32 ] && [ $1 = qwen3-0.6b ] && nodec=
+      [ $prec = bf16 ] && [ $1 = qwen3-0.6b ] && nodec=
       timeout 240 $bin/keel bench --device cuda --train-precision $prec --presets $1 --layers $2 --vocab 151936 --seqs $3 --len $4 --time 1ms --json $nodec --decode-precisions exact,bf16 --peak-gbps $peakgb \
         > "$out/bench-keel-$1-$prec.json" 2> "$out/bench-keel-$1-$prec.err"
       echo "  keel $1 $prec, layers $2, $3 x $4: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']])); [print('    decode %s, %d sequences: %.0f tok/s, %.0f GB/s of weights and KV read, %.0f%% of the bandwidth' % (d['precision_name'], d['Slots'], d['TokensPerS'], d.get('gb_per_s', 0), 100*d.get('bandwidth', 0))) for d in r.get('decode') or []]" "$out/bench-keel-$1-$prec.json" 2>/dev/null || tail -1 "$out/bench-keel-$1-$prec.err")"
@@ -137,8 +137,8 @@ if [[ " $sections " == *" speed "* ]]; then
     done
   done
   echo "== decode: transformers generate (static cache), 32-token prompts, 96 new tokens (keel's rows above)"
-  for dt in fp32 bf16; do
-    for b in 64 256; do
+  for dt in bf16 fp32; do
+    for b in 256 64; do
       timeout 150 python3 tools/gpu/torch_decode.py --preset qwen3-0.6b --batch $b --dtype $dt > "$out/decode-torch-$dt-$b.json" 2> "$out/decode-torch-$dt-$b.err"
       echo "  torch qwen3-0.6b $dt, $b sequences: exit $? $(tail -1 "$out/decode-torch-$dt-$b.json" 2>/dev/null || tail -1 "$out/decode-torch-$dt-$b.err")"
     done
