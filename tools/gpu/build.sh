@@ -14,3 +14,5 @@ go build -ldflags='-s -w' -o tools/gpu/bin/keel ./cmd/keel
 # Every kernel compiles here first (NVRTC from Debian's libnvrtc11.2).
 KEEL_REQUIRE_NVRTC=1 tools/gpu/bin/cuda.test -test.run 'TestEveryKernelCompiles' >/dev/null
 du -sh tools/gpu/bin/*
+tar czf tools/gpu/bin.tgz -C tools/gpu bin   # what the device tool carries (its limit is 64 MiB with the tree)
+du -sh tools/gpu/bin.tgz

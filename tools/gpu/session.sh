@@ -12,6 +12,8 @@ shift
 dest=${OUT:-/tmp/keel-gpu-out}
 export OUT=/tmp/keel-gpu
 mkdir -p "$OUT" "$dest"
+# tools/gpu/build.sh packs the binaries; carry tools/gpu/bin.tgz.
+[ -f tools/gpu/bin.tgz ] && tar xzf tools/gpu/bin.tgz -C tools/gpu
 rc=0
 for spec in "$@"; do
   section=${spec%:*} limit=${spec#*:}
