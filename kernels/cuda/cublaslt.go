@@ -208,10 +208,16 @@ func (b *Blas) GemmBF16(transA, transB bool, m, n, k int, A Buffer, lda int, B B
 	if acc {
 		*beta = 1
 	}
-	err = b.dev.do(func() error {
+	matmul := func() error {
 		return b.check(b.lt.matmul(b.h, p.desc, unsafe.Pointer(alpha), A.Ptr, p.a, B.Ptr, p.b, unsafe.Pointer(beta),
 			C.Ptr, p.c, C.Ptr, p.c, unsafe.Pointer(&p.algo[0]), b.ws.Ptr, uintptr(b.ws.Size), 0),
 			fmt.Sprintf("cublasLtMatmul(%d×%d×%d)", m, n, k))
+	}
+	err = b.dev.do(func() error {
+		if b.dev.prof != nil {
+			return b.dev.prof.time(b.dev.drv, fmt.Sprintf("cublasLt bf16 %d×%d×%d", m, n, k), matmul)
+		}
+		return matmul()
 	})
 	runtime.KeepAlive(alpha)
 	runtime.KeepAlive(beta)

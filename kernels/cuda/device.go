@@ -3,6 +3,7 @@ package cuda
 import (
 	"fmt"
 	"math"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -38,6 +39,7 @@ type Device struct {
 	nvrtc   *NVRTC
 	blas    *Blas
 	closed  atomic.Bool
+	prof    *profile // KEEL_CUDA_PROFILE=1
 }
 
 // Device attributes (CUdevice_attribute).
@@ -69,7 +71,7 @@ func Open(ordinal int) (*Device, error) {
 	if err := drv.check(drv.deviceGet(&dev, int32(ordinal)), "cuDeviceGet(%d)", ordinal); err != nil {
 		return nil, err
 	}
-	d := &Device{Ordinal: ordinal, drv: drv, modules: map[string]*Module{}, Emulated: drv.emulated}
+	d := &Device{Ordinal: ordinal, drv: drv, modules: map[string]*Module{}, Emulated: drv.emulated, prof: newProfile()}
 	name := make([]byte, 256)
 	if err := drv.check(drv.deviceGetName(&name[0], int32(len(name)), dev), "cuDeviceGetName"); err != nil {
 		return nil, err
@@ -142,6 +144,9 @@ func (d *Device) Close() error {
 	})
 	d.modules = nil
 	d.closed.Store(true)
+	if d.prof != nil {
+		d.prof.write(os.Stderr, d.String())
+	}
 	var dev int32
 	if e := d.drv.check(d.drv.deviceGet(&dev, int32(d.Ordinal)), "cuDeviceGet"); e == nil {
 		if e := d.drv.check(d.drv.primaryCtxRelease(dev), "cuDevicePrimaryCtxRelease"); err == nil {
@@ -377,9 +382,15 @@ func (f *Function) Launch(grid, block Dim3, shared int, args ...any) error {
 	if len(ptrs) > 0 {
 		params = unsafe.Pointer(&ptrs[0])
 	}
-	err = f.dev.do(func() error {
+	launch := func() error {
 		return f.dev.drv.check(f.dev.drv.launchKernel(f.handle, gx, gy, gz, bx, by, bz, uint32(shared), 0, params, nil),
 			"cuLaunchKernel(%s, grid %v, block %v, shared %d)", f.Name, grid, block, shared)
+	}
+	err = f.dev.do(func() error {
+		if f.dev.prof != nil {
+			return f.dev.prof.time(f.dev.drv, f.Name, launch)
+		}
+		return launch()
 	})
 	runtime.KeepAlive(slots)
 	runtime.KeepAlive(ptrs)

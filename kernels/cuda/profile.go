@@ -1,0 +1,88 @@
+package cuda
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"sync"
+	"text/tabwriter"
+	"time"
+)
+
+// profile times every kernel launch and cuBLASLt product of a device when
+// KEEL_CUDA_PROFILE=1: each is preceded and followed by a synchronisation,
+// so its wall time is its own (plus a launch's few microseconds), and the
+// table, printed to stderr when the device closes, shows where a step's
+// device time goes. Synchronising serialises the host with the device, so
+// a profiled run is slower than a plain one: read shares, not speeds.
+type profile struct {
+	mu    sync.Mutex
+	start time.Time
+	rows  map[string]*profileRow
+}
+
+type profileRow struct {
+	calls int
+	total time.Duration
+}
+
+func newProfile() *profile {
+	if os.Getenv("KEEL_CUDA_PROFILE") != "1" {
+		return nil
+	}
+	return &profile{start: time.Now(), rows: map[string]*profileRow{}}
+}
+
+// time runs f (which issues work on the device) between two
+// synchronisations and adds its wall time to name's row. Called with the
+// context current.
+func (p *profile) time(d *driver, name string, f func() error) error {
+	if err := d.check(d.ctxSynchronize(), "cuCtxSynchronize"); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	err := f()
+	if e := d.check(d.ctxSynchronize(), "cuCtxSynchronize"); err == nil {
+		err = e
+	}
+	dt := time.Since(t0)
+	p.mu.Lock()
+	r := p.rows[name]
+	if r == nil {
+		r = &profileRow{}
+		p.rows[name] = r
+	}
+	r.calls++
+	r.total += dt
+	p.mu.Unlock()
+	return err
+}
+
+// write prints the rows by total time, longest first, and what the device
+// work adds up to against the wall time since the device opened.
+func (p *profile) write(w io.Writer, device string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	names := make([]string, 0, len(p.rows))
+	var sum time.Duration
+	for n, r := range p.rows {
+		names = append(names, n)
+		sum += r.total
+	}
+	sort.Slice(names, func(i, j int) bool { return p.rows[names[i]].total > p.rows[names[j]].total })
+	wall := time.Since(p.start)
+	fmt.Fprintf(w, "KEEL_CUDA_PROFILE: %s: device work %.3f s of %.3f s since the device opened\n", device, sum.Seconds(), wall.Seconds())
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "kernel or product\tcalls\ttotal ms\tmean µs\tshare\t")
+	for i, n := range names {
+		if i == 60 {
+			fmt.Fprintf(tw, "(%d more)\t\t\t\t\t\n", len(names)-i)
+			break
+		}
+		r := p.rows[n]
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.1f\t%.1f%%\t\n", n, r.calls, float64(r.total.Microseconds())/1000,
+			float64(r.total.Microseconds())/float64(r.calls), 100*r.total.Seconds()/max(sum.Seconds(), 1e-12))
+	}
+	tw.Flush()
+}
