@@ -293,6 +293,89 @@ func TestDeviceAttention(t *testing.T) {
 	}
 }
 
+// TestDeviceFlashAttention: the tensor-core attention of the bf16 mode and
+// its backward against float64 over the bf16-rounded inputs (the kernels
+// round q, k, v and dO as they load them), on packed sequences that share
+// and cross tiles, every head size it is built for, and grouped heads.
+// What remains is P and dS rounded to bf16 before their products and
+// float32 sums: well under 1e-2 of each output's norm.
+func TestDeviceFlashAttention(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(11, 3))
+	round := func(x []float32) []float32 {
+		b := make([]kernels.BF16, len(x))
+		kernels.ToBF16(b, x)
+		y := make([]float32, len(x))
+		kernels.FromBF16(y, b)
+		return y
+	}
+	ops := NewOps(g.d)
+	for _, c := range []struct {
+		lens          []int
+		heads, kv, hd int
+	}{{[]int{1}, 1, 1, 32}, {[]int{5, 1, 40}, 4, 2, 32}, {[]int{70, 3}, 4, 2, 128}, {[]int{130, 64, 1, 9}, 6, 3, 64}, {[]int{200}, 2, 1, 128}} {
+		var starts []int
+		T := 0
+		var seqStart, seqEnd []int32
+		for _, l := range c.lens {
+			starts = append(starts, T)
+			for i := 0; i < l; i++ {
+				seqStart = append(seqStart, int32(T))
+				seqEnd = append(seqEnd, int32(T+l))
+			}
+			T += l
+		}
+		qd, kvd := c.heads*c.hd, c.kv*c.hd
+		q, k, v, dout := randF32(r, T*qd, 1), randF32(r, T*kvd, 1), randF32(r, T*kvd, 1), randF32(r, T*qd, 1)
+		out, dq, dk, dv := attnRef(round(q), round(k), round(v), round(dout), starts, c.lens, c.heads, c.kv, c.hd)
+		bq, bk, bv, bdo := bufOf(g, q), bufOf(g, k), bufOf(g, v), bufOf(g, dout)
+		bst, ben := bufOf(g, seqStart), bufOf(g, seqEnd)
+		bout, blse, bdsum := g.poisoned(T*qd), g.poisoned(T*c.heads), g.poisoned(T*c.heads)
+		bdq, bdk, bdv := g.poisoned(T*qd), g.poisoned(T*kvd), g.poisoned(T*kvd)
+		scale := float32(1 / math.Sqrt(float64(c.hd)))
+		if err := ops.FlashAttention(bout, blse, bq, bk, bv, bst, T, c.heads, c.kv, c.hd, scale); err != nil {
+			t.Fatal(err)
+		}
+		if err := ops.FlashAttentionBackward(bdq, bdk, bdv, bdsum, bdo, bout, blse, bq, bk, bv, bst, ben, T, c.heads, c.kv, c.hd, scale); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.d.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		name := fmt.Sprintf("flash attention %v", c)
+		for _, x := range []struct {
+			what string
+			got  Buffer
+			want []float64
+		}{{"out", bout, out}, {"dq", bdq, dq}, {"dk", bdk, dk}, {"dv", bdv, dv}} {
+			e := normRelErr(g.f32(x.got, len(x.want)), x.want)
+			t.Logf("%s %s: |got - float64| / |float64| = %.2e", name, x.what, e)
+			if !(e < 1e-2) {
+				t.Errorf("%s %s: relative error %.3g, want under 1e-2", name, x.what, e)
+			}
+		}
+	}
+	if err := ops.FlashAttention(Buffer{}, Buffer{}, Buffer{}, Buffer{}, Buffer{}, Buffer{}, 1, 4, 2, 96, 1); err == nil {
+		t.Error("head_dim 96 accepted: flash.cu has no kernels for it")
+	}
+}
+
+// normRelErr is |got - want| / |want| in the Euclidean norm, or |got| for
+// a want of zeros (a lone token's dq); NaN (a value never written) makes
+// it NaN.
+func normRelErr(got []float32, want []float64) float64 {
+	var d, n float64
+	for i, w := range want {
+		e := float64(got[i]) - w
+		d += e * e
+		n += w * w
+	}
+	if n == 0 {
+		return math.Sqrt(d)
+	}
+	return math.Sqrt(d / n)
+}
+
 // TestDeviceGemmBF16: cuBLASLt's bf16 products, in the three layouts of a
 // linear layer (row-major X·Wᵀ, dY·W and dYᵀ·X through the column-major
 // mapping the training engine uses), against float64 over the

@@ -228,3 +228,40 @@ func (o *Ops) AttnDecodeBF16(out, q, kcache, vcache, slot, pos Buffer, rows, max
 	}
 	return o.Launch("attn.cu", "attn_decode_bf16", Dim3{X: rows, Y: (heads + 3) / 4}, Dim3{X: 128}, out, q, kcache, vcache, slot, pos, maxLen, heads, kv, hd, scale)
 }
+
+// FlashHeadDim says whether flash.cu has kernels for head size hd.
+func FlashHeadDim(hd int) bool { return hd == 32 || hd == 64 || hd == 128 }
+
+func checkFlash(heads, kv, hd int) error {
+	if !FlashHeadDim(hd) || kv < 1 || heads < 1 || heads%kv != 0 {
+		return fmt.Errorf("cuda: flash attention with %d heads, %d KV heads, head_dim %d: want KV heads dividing heads and head_dim 32, 64 or 128", heads, kv, hd)
+	}
+	return nil
+}
+
+// FlashAttention is Attention on the tensor cores (flash.cu): bf16
+// operands, float32 accumulation, the softmax online, for the bf16
+// training mode. Deterministic, but neither batch invariant nor equal to
+// Attention's bits: the exact mode keeps Attention.
+func (o *Ops) FlashAttention(out, lse, q, k, v, seqStart Buffer, rows, heads, kv, hd int, scale float32) error {
+	if err := checkFlash(heads, kv, hd); err != nil {
+		return err
+	}
+	return o.Launch("flash.cu", fmt.Sprintf("flash_fwd_%d", hd), Dim3{X: (rows + 63) / 64, Y: heads}, Dim3{X: 128},
+		out, lse, q, k, v, seqStart, rows, heads, kv, scale)
+}
+
+// FlashAttentionBackward computes FlashAttention's gradients dq, dk and dv
+// for the upstream gradient dout, from its out and lse; dsum [rows, heads]
+// is scratch (D = dO·O per row and head). Two passes, no atomics.
+func (o *Ops) FlashAttentionBackward(dq, dk, dv, dsum, dout, out, lse, q, k, v, seqStart, seqEnd Buffer, rows, heads, kv, hd int, scale float32) error {
+	if err := checkFlash(heads, kv, hd); err != nil {
+		return err
+	}
+	if err := o.Launch("flash.cu", fmt.Sprintf("flash_bwd_dq_%d", hd), Dim3{X: (rows + 63) / 64, Y: heads}, Dim3{X: 128},
+		dq, dsum, dout, out, lse, q, k, v, seqStart, rows, heads, kv, scale); err != nil {
+		return err
+	}
+	return o.Launch("flash.cu", fmt.Sprintf("flash_bwd_dkv_%d", hd), Dim3{X: (rows + 63) / 64, Y: kv}, Dim3{X: 128},
+		dk, dv, dout, lse, dsum, q, k, v, seqStart, seqEnd, rows, heads, kv, scale)
+}

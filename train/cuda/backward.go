@@ -155,10 +155,13 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			func() error { return e.linearBackX(datt, dres, w(l.O), T, d.qd, d.H, d.qd, d.H, false) },
 			func() error { return e.linearBackW(g(l.O), dres, a.att, T, d.qd, d.H, d.H, d.qd) },
 			func() error {
-				return e.launch("attn.cu", "attn_bwd_q", kc.Dim3{X: T, Y: (d.heads + 3) / 4}, kc.Dim3{X: 128},
-					dq, dsum, datt, a.att, a.lse, a.q, a.k, a.v, f.dStart, d.heads, d.kv, d.hd, d.scale)
-			},
-			func() error {
+				if e.flash() {
+					return e.ops.FlashAttentionBackward(dq, dk, dv, dsum, datt, a.att, a.lse, a.q, a.k, a.v, f.dStart, f.dEnd, T, d.heads, d.kv, d.hd, d.scale)
+				}
+				if err := e.launch("attn.cu", "attn_bwd_q", kc.Dim3{X: T, Y: (d.heads + 3) / 4}, kc.Dim3{X: 128},
+					dq, dsum, datt, a.att, a.lse, a.q, a.k, a.v, f.dStart, d.heads, d.kv, d.hd, d.scale); err != nil {
+					return err
+				}
 				return e.launch("attn.cu", "attn_bwd_kv", kc.Dim3{X: T, Y: (d.kv + 3) / 4}, kc.Dim3{X: 128},
 					dk, dv, datt, a.lse, dsum, a.q, a.k, a.v, f.dEnd, d.heads, d.kv, d.hd, d.scale)
 			},

@@ -358,10 +358,14 @@ func TestEngineErrors(t *testing.T) {
 // The tolerance: a product of bf16 operands carries a relative rounding
 // of up to 2⁻⁹ per operand, which the float32 sums average over K terms;
 // the CPU rollout's own bf16 mode differs from its training engine by a
-// mean |Δ log p| of 1.1e-3 on the quickstart model (README, keel probe).
-// So: mean |Δ log p| at most 5e-3 and max at most 0.1 on dense models
-// (no router to flip), each parameter's gradient within 5e-2 relative,
-// and a step that refreshes the bf16 weights (the next forward moves).
+// mean |Δ log p| of 1.1e-3 on the quickstart model (README, keel probe),
+// and transformers' bf16 (bf16 attention through SDPA) differs from its
+// fp32 by a mean 6.4e-3 on the Qwen3-0.6B shape in two layers (H100,
+// tools/gpu/check.sh hf, session 12). keel's bf16 mode rounds attention's
+// operands too (flash.cu), as transformers does. So: mean |Δ log p| at
+// most 8e-3 and max at most 0.1 on dense models (no router to flip), each
+// parameter's gradient within 5e-2 relative, and a step that refreshes
+// the bf16 weights (the next forward moves).
 func TestEngineBF16(t *testing.T) {
 	dev := cudatest.Device(t)
 	for _, c := range []struct {
@@ -407,8 +411,8 @@ func TestEngineBF16(t *testing.T) {
 				}
 			}
 			t.Logf("bf16 log-probs against the CPU engine: mean |Δ| %.3g, max %.3g over %d tokens", sum/float64(n), worst, n)
-			if sum/float64(n) > 5e-3 || worst > 0.1 || math.IsNaN(sum) {
-				t.Errorf("bf16 log-probs: mean |Δ| %.3g (limit 5e-3), max %.3g (limit 0.1)", sum/float64(n), worst)
+			if sum/float64(n) > 8e-3 || worst > 0.1 || math.IsNaN(sum) {
+				t.Errorf("bf16 log-probs: mean |Δ| %.3g (limit 8e-3), max %.3g (limit 0.1)", sum/float64(n), worst)
 			}
 			loss := randomLoss(r, seqs)
 			if err := cpu.Backward(loss); err != nil {

@@ -248,6 +248,11 @@ var block256 = kc.Dim3{X: 256}
 // elemGrid is a grid-stride launch for n elements.
 func elemGrid(n int) kc.Dim3 { return kc.Dim3{X: max(1, min((n+255)/256, 8192))} }
 
+// flash says whether attention runs on the tensor cores (flash.cu): in the
+// bf16 mode, for the head sizes it is built for. The float32 mode keeps
+// attn.cu's batch-invariant kernels, which the exact rollout shares.
+func (e *Engine) flash() bool { return e.bf != nil && kc.FlashHeadDim(e.cfg.HeadDim) }
+
 // linear: y[r, 0:out] (row stride ldy) = x[r, 0:in] (row stride ldx) ·
 // Wᵀ, W [out, in] a span of the weights, in the engine's precision.
 func (e *Engine) linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error {
@@ -429,6 +434,9 @@ func (e *Engine) attentionForward(f *fwdState, a *layerActs, l *model.Layer) err
 			return e.ops.NormRope(a.k, a.invk, a.kraw, e.param(e.w, l.KNorm), e.rope.cos, e.rope.sin, f.dPos, T, d.kv, d.hd, d.kvd, d.eps)
 		},
 		func() error {
+			if e.flash() {
+				return e.ops.FlashAttention(a.att, a.lse, a.q, a.k, a.v, f.dStart, T, d.heads, d.kv, d.hd, d.scale)
+			}
 			return e.ops.Attention(a.att, a.lse, a.q, a.k, a.v, f.dStart, T, d.heads, d.kv, d.hd, d.scale)
 		},
 		// xmid = x + att·Woᵀ: the product into xmid, then the residual.

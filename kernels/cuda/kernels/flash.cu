@@ -1,0 +1,458 @@
+// Causal grouped-query attention on the tensor cores, for the bf16
+// training mode: q, k, v and dO are rounded to bf16 as they enter the
+// products, P and dS are rounded to bf16 before theirs, and everything is
+// accumulated in float32 (the FlashAttention-2 scheme: no T x T matrix in
+// memory, the softmax online). Layouts as attn.cu's: q, out, dO
+// [T, heads*hd], k, v [T, kv*hd], lse and dsum [T, heads]; seq_start[t]
+// and seq_end[t] bound token t's packed sequence. Not batch invariant and
+// not bit-equal to attn.cu (the exact mode keeps attn.cu); deterministic:
+// no atomics, every sum in a fixed order.
+//
+// Three kernels per head size HD (32, 64, 128): the forward, and the
+// backward as two passes, dQ per query tile (flash_bwd_dq, which also
+// saves D = dO.O per row and head) and dK, dV per key tile (flash_bwd_dkv).
+
+// mma16816 adds A.B to a warp's 16x8 float32 tile d, for A 16x16 and B
+// 16x8 in bf16, laid out as PTX's mma.m16n8k16 .row.col lays them: lane
+// 4g + t holds a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..2t+1],
+// a[2] = A[g][2t+8..2t+9], a[3] = A[g+8][2t+8..2t+9], b[0] =
+// B[2t..2t+1][g], b[1] = B[2t+8..2t+9][g], d[0..1] = D[g][2t..2t+1] and
+// d[2..3] = D[g+8][2t..2t+1], each u32 two bf16 with the lower index in its
+// low half. Below sm_80 (and on keel's CPU emulator) the same product is
+// made from shuffles.
+__device__ __forceinline__ float bf_lo(u32 x) { return __uint_as_float(x << 16); }
+__device__ __forceinline__ float bf_hi(u32 x) { return __uint_as_float(x & 0xffff0000u); }
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+  return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
+}
+
+__device__ __forceinline__ void mma16816(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  for (int s = 0; s < 4; s++) {
+    // Lane 4g + s holds row g's (and g+8's) k = 2s, 2s+1, 2s+8, 2s+9;
+    // lane 4n + s holds column n's.
+    const u32 a0 = __shfl_sync(0xffffffffu, a[0], 4 * g + s), a1 = __shfl_sync(0xffffffffu, a[1], 4 * g + s);
+    const u32 a2 = __shfl_sync(0xffffffffu, a[2], 4 * g + s), a3 = __shfl_sync(0xffffffffu, a[3], 4 * g + s);
+    const u32 b00 = __shfl_sync(0xffffffffu, b[0], 8 * t + s), b01 = __shfl_sync(0xffffffffu, b[1], 8 * t + s);
+    const u32 b10 = __shfl_sync(0xffffffffu, b[0], 8 * t + 4 + s), b11 = __shfl_sync(0xffffffffu, b[1], 8 * t + 4 + s);
+    d[0] = fmaf(bf_lo(a0), bf_lo(b00), fmaf(bf_hi(a0), bf_hi(b00), fmaf(bf_lo(a2), bf_lo(b01), fmaf(bf_hi(a2), bf_hi(b01), d[0]))));
+    d[1] = fmaf(bf_lo(a0), bf_lo(b10), fmaf(bf_hi(a0), bf_hi(b10), fmaf(bf_lo(a2), bf_lo(b11), fmaf(bf_hi(a2), bf_hi(b11), d[1]))));
+    d[2] = fmaf(bf_lo(a1), bf_lo(b00), fmaf(bf_hi(a1), bf_hi(b00), fmaf(bf_lo(a3), bf_lo(b01), fmaf(bf_hi(a3), bf_hi(b01), d[2]))));
+    d[3] = fmaf(bf_lo(a1), bf_lo(b10), fmaf(bf_hi(a1), bf_hi(b10), fmaf(bf_lo(a3), bf_lo(b11), fmaf(bf_hi(a3), bf_hi(b11), d[3]))));
+  }
+#endif
+}
+
+#define FA_LOG2E 1.4426950408889634f
+#define FA_LN2 0.6931471805599453f
+#define FA_BQ 64  // query rows of a forward or dQ block: 4 warps of 16
+#define FA_BK 64  // keys of a forward tile, and of a dK/dV block
+#define FB_BK 32  // keys of a dQ tile
+#define FB_BQ 16  // queries of a dK/dV tile
+
+// stage_rows rounds n rows of HD floats (row r at src + r*ld; rows at or
+// past valid are zeros) into dst as bf16 pairs, pitch words apart.
+template <int HD>
+__device__ __forceinline__ void stage_rows(u32* dst, int pitch, const float* src, i64 ld, int n, int valid) {
+  for (int x = threadIdx.x; x < n * HD / 2; x += blockDim.x) {
+    const int r = x / (HD / 2), c = x % (HD / 2);
+    float lo = 0.f, hi = 0.f;
+    if (r < valid) {
+      lo = src[r * ld + 2 * c];
+      hi = src[r * ld + 2 * c + 1];
+    }
+    dst[r * pitch + c] = pack_bf16(lo, hi);
+  }
+}
+
+// stage_cols is stage_rows transposed: dst[c*pitch + r/2] holds rows r and
+// r+1 of column c, for n (even) rows.
+template <int HD>
+__device__ __forceinline__ void stage_cols(u32* dst, int pitch, const float* src, i64 ld, int n, int valid) {
+  for (int x = threadIdx.x; x < n / 2 * HD; x += blockDim.x) {
+    const int c = x % HD, r = 2 * (x / HD);
+    const float lo = r < valid ? src[r * ld + c] : 0.f, hi = r + 1 < valid ? src[(r + 1) * ld + c] : 0.f;
+    dst[c * pitch + r / 2] = pack_bf16(lo, hi);
+  }
+}
+
+// load_a reads a warp's A fragments of a 16 x HD row-major float32 block
+// (rows r0 = 16w + g and r0 + 8 of src; rows at or past valid are zeros).
+template <int HD>
+__device__ __forceinline__ void load_a(u32 (&a)[HD / 16][4], const float* src, i64 ld, int r0, int valid, int t) {
+#pragma unroll
+  for (int ks = 0; ks < HD / 16; ks++) {
+    const int c = ks * 16 + 2 * t;
+    const float* p0 = src + r0 * ld;
+    const float* p1 = src + (r0 + 8) * ld;
+    const bool v0 = r0 < valid, v1 = r0 + 8 < valid;
+    a[ks][0] = v0 ? pack_bf16(p0[c], p0[c + 1]) : 0u;
+    a[ks][1] = v1 ? pack_bf16(p1[c], p1[c + 1]) : 0u;
+    a[ks][2] = v0 ? pack_bf16(p0[c + 8], p0[c + 9]) : 0u;
+    a[ks][3] = v1 ? pack_bf16(p1[c + 8], p1[c + 9]) : 0u;
+  }
+}
+
+// quad_sum and quad_max reduce over the four lanes that share a row of an
+// mma tile.
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+// flash_fwd: out = softmax(q k^T * scale) v over each row's sequence
+// prefix, lse its log-sum-exp (natural log, as attn.cu's). A block takes
+// FA_BQ query rows of one head; warp w owns rows 16w..16w+15 and walks the
+// keys in tiles of FA_BK staged in shared memory (K row-major, V
+// transposed, both as bf16 pairs). grid = (ceil(T/FA_BQ), heads), block 128.
+template <int HD>
+__device__ __forceinline__ void flash_fwd(u32* Ks, u32* Vt, float* __restrict__ out, float* __restrict__ lse,
+                                          const float* __restrict__ q, const float* __restrict__ k,
+                                          const float* __restrict__ v, const int* __restrict__ seq_start, int T,
+                                          int heads, int kv, float scale) {
+  constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, VP = FA_BK / 2 + 4;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int i0 = blockIdx.x * FA_BQ, h = blockIdx.y, grp = h / (heads / kv);
+  const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
+  const int last = min(T, i0 + FA_BQ) - 1;
+  const int r0 = i0 + 16 * w + g, r1 = r0 + 8;
+  const int st0 = r0 < T ? seq_start[r0] : T, st1 = r1 < T ? seq_start[r1] : T;
+  u32 qa[KS][4];
+  load_a<HD>(qa, q + (i64)i0 * qd + (i64)h * HD, qd, 16 * w + g, T - i0, t);
+  float o[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  const float ninf = -__int_as_float(0x7f800000), sl2 = scale * FA_LOG2E;
+  float m0 = ninf, m1 = ninf, l0 = 0.f, l1 = 0.f;
+  for (int jt = seq_start[i0]; jt <= last; jt += FA_BK) {
+    __syncthreads();
+    const int nk = min(FA_BK, T - jt);
+    stage_rows<HD>(Ks, KP, k + (i64)jt * kvd + (i64)grp * HD, kvd, FA_BK, nk);
+    stage_cols<HD>(Vt, VP, v + (i64)jt * kvd + (i64)grp * HD, kvd, FA_BK, nk);
+    __syncthreads();
+    if (i0 + 16 * w + 15 < jt) continue;  // every key of the tile is after the warp's rows
+    float s[FA_BK / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < FA_BK / 8; nt++) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < KS; ks++) {
+        const u32 b[2] = {Ks[(nt * 8 + g) * KP + ks * 8 + t], Ks[(nt * 8 + g) * KP + ks * 8 + t + 4]};
+        mma16816(s[nt], qa[ks], b);
+      }
+    }
+    float mx0 = ninf, mx1 = ninf;
+#pragma unroll
+    for (int nt = 0; nt < FA_BK / 8; nt++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int j = jt + nt * 8 + 2 * t + (e & 1), r = e < 2 ? r0 : r1, st = e < 2 ? st0 : st1;
+        s[nt][e] = (j <= r && j >= st && r < T) ? s[nt][e] * sl2 : ninf;
+      }
+      mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+      mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+    }
+    mx0 = fmaxf(m0, quad_max(mx0));
+    mx1 = fmaxf(m1, quad_max(mx1));
+    // A row with no key yet keeps 0 as its reference: exp2(-inf) = 0.
+    const float ref0 = mx0 == ninf ? 0.f : mx0, ref1 = mx1 == ninf ? 0.f : mx1;
+    const float c0 = exp2f(m0 - ref0), c1 = exp2f(m1 - ref1);
+    m0 = mx0;
+    m1 = mx1;
+    l0 *= c0;
+    l1 *= c1;
+#pragma unroll
+    for (int n = 0; n < ND; n++) {
+      o[n][0] *= c0;
+      o[n][1] *= c0;
+      o[n][2] *= c1;
+      o[n][3] *= c1;
+    }
+#pragma unroll
+    for (int nt = 0; nt < FA_BK / 8; nt++) {
+      s[nt][0] = exp2f(s[nt][0] - ref0);
+      s[nt][1] = exp2f(s[nt][1] - ref0);
+      s[nt][2] = exp2f(s[nt][2] - ref1);
+      s[nt][3] = exp2f(s[nt][3] - ref1);
+      l0 += s[nt][0] + s[nt][1];
+      l1 += s[nt][2] + s[nt][3];
+    }
+#pragma unroll
+    for (int kk = 0; kk < FA_BK / 16; kk++) {
+      const u32 pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                         pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int n = 0; n < ND; n++) {
+        const u32 b[2] = {Vt[(n * 8 + g) * VP + kk * 8 + t], Vt[(n * 8 + g) * VP + kk * 8 + t + 4]};
+        mma16816(o[n], pa, b);
+      }
+    }
+  }
+  l0 = quad_sum(l0);
+  l1 = quad_sum(l1);
+#pragma unroll
+  for (int n = 0; n < ND; n++) {
+    const int c = n * 8 + 2 * t;
+    if (r0 < T) {
+      out[(i64)r0 * qd + (i64)h * HD + c] = o[n][0] / l0;
+      out[(i64)r0 * qd + (i64)h * HD + c + 1] = o[n][1] / l0;
+    }
+    if (r1 < T) {
+      out[(i64)r1 * qd + (i64)h * HD + c] = o[n][2] / l1;
+      out[(i64)r1 * qd + (i64)h * HD + c + 1] = o[n][3] / l1;
+    }
+  }
+  if (t == 0 && r0 < T) lse[(i64)r0 * heads + h] = m0 * FA_LN2 + logf(l0);
+  if (t == 0 && r1 < T) lse[(i64)r1 * heads + h] = m1 * FA_LN2 + logf(l1);
+}
+
+// flash_bwd_dq: for query rows i and head h, D_i = dO_i.O_i (into dsum)
+// and dq_i = scale * sum_j P_ij (dO_i.v_j - D_i) k_j, P recomputed from
+// lse. Blocks as flash_fwd's; key tiles of FB_BK, K staged row-major and
+// transposed, V row-major. grid = (ceil(T/FA_BQ), heads), block 128.
+template <int HD>
+__device__ __forceinline__ void flash_bwd_dq(u32* Ks, u32* Kt, u32* Vs, float* __restrict__ dq, float* __restrict__ dsum,
+                                             const float* __restrict__ dout, const float* __restrict__ out,
+                                             const float* __restrict__ lse, const float* __restrict__ q,
+                                             const float* __restrict__ k, const float* __restrict__ v,
+                                             const int* __restrict__ seq_start, int T, int heads, int kv, float scale) {
+  constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, TP = FB_BK / 2 + 4;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int i0 = blockIdx.x * FA_BQ, h = blockIdx.y, grp = h / (heads / kv);
+  const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
+  const int last = min(T, i0 + FA_BQ) - 1;
+  const int r0 = i0 + 16 * w + g, r1 = r0 + 8;
+  const int st0 = r0 < T ? seq_start[r0] : T, st1 = r1 < T ? seq_start[r1] : T;
+  const i64 base = (i64)i0 * qd + (i64)h * HD;
+  u32 qa[KS][4], da[KS][4];
+  load_a<HD>(qa, q + base, qd, 16 * w + g, T - i0, t);
+  load_a<HD>(da, dout + base, qd, 16 * w + g, T - i0, t);
+  // D for rows r0 and r1 from the lanes' own elements, then the quad,
+  // with dO rounded as dP's product takes it (so that sum_j P_ij dP_ij
+  // and D_i cancel as they should).
+  float D0 = 0.f, D1 = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < KS; ks++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int c = ks * 16 + 2 * t + (e & 1) + (e & 2) * 4;
+      if (r0 < T) D0 = fmaf(bf16_to_f32(f32_to_bf16(dout[(i64)r0 * qd + (i64)h * HD + c])), out[(i64)r0 * qd + (i64)h * HD + c], D0);
+      if (r1 < T) D1 = fmaf(bf16_to_f32(f32_to_bf16(dout[(i64)r1 * qd + (i64)h * HD + c])), out[(i64)r1 * qd + (i64)h * HD + c], D1);
+    }
+  }
+  D0 = quad_sum(D0);
+  D1 = quad_sum(D1);
+  if (t == 0 && r0 < T) dsum[(i64)r0 * heads + h] = D0;
+  if (t == 0 && r1 < T) dsum[(i64)r1 * heads + h] = D1;
+  const float sl2 = scale * FA_LOG2E;
+  const float L0 = r0 < T ? lse[(i64)r0 * heads + h] * FA_LOG2E : 0.f, L1 = r1 < T ? lse[(i64)r1 * heads + h] * FA_LOG2E : 0.f;
+  float acc[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  for (int jt = seq_start[i0]; jt <= last; jt += FB_BK) {
+    __syncthreads();
+    const int nk = min(FB_BK, T - jt);
+    const float* kb = k + (i64)jt * kvd + (i64)grp * HD;
+    stage_rows<HD>(Ks, KP, kb, kvd, FB_BK, nk);
+    stage_cols<HD>(Kt, TP, kb, kvd, FB_BK, nk);
+    stage_rows<HD>(Vs, KP, v + (i64)jt * kvd + (i64)grp * HD, kvd, FB_BK, nk);
+    __syncthreads();
+    if (i0 + 16 * w + 15 < jt) continue;
+    float s[FB_BK / 8][4], dp[FB_BK / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < FB_BK / 8; nt++) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+      dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < KS; ks++) {
+        const int o = (nt * 8 + g) * KP + ks * 8 + t;
+        const u32 bk[2] = {Ks[o], Ks[o + 4]}, bv[2] = {Vs[o], Vs[o + 4]};
+        mma16816(s[nt], qa[ks], bk);
+        mma16816(dp[nt], da[ks], bv);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int j = jt + nt * 8 + 2 * t + (e & 1), r = e < 2 ? r0 : r1, st = e < 2 ? st0 : st1;
+        const float p = (j <= r && j >= st && r < T) ? exp2f(s[nt][e] * sl2 - (e < 2 ? L0 : L1)) : 0.f;
+        s[nt][e] = p * (dp[nt][e] - (e < 2 ? D0 : D1));  // dS, before the scale
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < FB_BK / 16; kk++) {
+      const u32 a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                        pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int n = 0; n < ND; n++) {
+        const u32 b[2] = {Kt[(n * 8 + g) * TP + kk * 8 + t], Kt[(n * 8 + g) * TP + kk * 8 + t + 4]};
+        mma16816(acc[n], a, b);
+      }
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < ND; n++) {
+    const int c = n * 8 + 2 * t;
+    if (r0 < T) {
+      dq[(i64)r0 * qd + (i64)h * HD + c] = acc[n][0] * scale;
+      dq[(i64)r0 * qd + (i64)h * HD + c + 1] = acc[n][1] * scale;
+    }
+    if (r1 < T) {
+      dq[(i64)r1 * qd + (i64)h * HD + c] = acc[n][2] * scale;
+      dq[(i64)r1 * qd + (i64)h * HD + c + 1] = acc[n][3] * scale;
+    }
+  }
+}
+
+// flash_bwd_dkv: for key rows j and KV head grp, over the query heads of
+// the group and the rows i >= j of the sequence: dv_j = sum P_ij dO_i and
+// dk_j = scale * sum P_ij (dO_i.v_j - D_i) q_i. A block takes FA_BK keys,
+// warp w keys 16w..16w+15 (K as A fragments in registers, V staged), and
+// walks the queries in tiles of FB_BQ (Q and dO staged row-major and
+// transposed). grid = (ceil(T/FA_BK), kv), block 128.
+template <int HD>
+__device__ __forceinline__ void flash_bwd_dkv(u32* Vb, u32* Qs, u32* Qt, u32* Ds, u32* Dt, float* Ls, float* Dd, int* Ss,
+                                              float* __restrict__ dk, float* __restrict__ dv,
+                                              const float* __restrict__ dout, const float* __restrict__ lse,
+                                              const float* __restrict__ dsum, const float* __restrict__ q,
+                                              const float* __restrict__ k, const float* __restrict__ v,
+                                              const int* __restrict__ seq_start, const int* __restrict__ seq_end, int T,
+                                              int heads, int kv, float scale) {
+  constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, TP = FB_BQ / 2 + 4;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int j0 = blockIdx.x * FA_BK, grp = blockIdx.y, group = heads / kv;
+  const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
+  const int last = min(T, j0 + FA_BK) - 1, qend = seq_end[last];
+  const int kr0 = j0 + 16 * w + g, kr1 = kr0 + 8;
+  u32 ka[KS][4];
+  load_a<HD>(ka, k + (i64)j0 * kvd + (i64)grp * HD, kvd, 16 * w + g, T - j0, t);
+  stage_rows<HD>(Vb, KP, v + (i64)j0 * kvd + (i64)grp * HD, kvd, FA_BK, T - j0);
+  float dka[ND][4], dva[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; n++) {
+    dka[n][0] = dka[n][1] = dka[n][2] = dka[n][3] = 0.f;
+    dva[n][0] = dva[n][1] = dva[n][2] = dva[n][3] = 0.f;
+  }
+  const float sl2 = scale * FA_LOG2E;
+  for (int h = grp * group; h < (grp + 1) * group; h++) {
+    for (int it = j0; it < qend; it += FB_BQ) {
+      __syncthreads();
+      const int nq = min(FB_BQ, T - it);
+      const i64 qb = (i64)it * qd + (i64)h * HD;
+      stage_rows<HD>(Qs, KP, q + qb, qd, FB_BQ, nq);
+      stage_cols<HD>(Qt, TP, q + qb, qd, FB_BQ, nq);
+      stage_rows<HD>(Ds, KP, dout + qb, qd, FB_BQ, nq);
+      stage_cols<HD>(Dt, TP, dout + qb, qd, FB_BQ, nq);
+      if (threadIdx.x < FB_BQ) {
+        const int i = it + threadIdx.x;
+        Ls[threadIdx.x] = i < T ? lse[(i64)i * heads + h] * FA_LOG2E : 0.f;
+        Dd[threadIdx.x] = i < T ? dsum[(i64)i * heads + h] : 0.f;
+        Ss[threadIdx.x] = i < T ? seq_start[i] : T;
+      }
+      __syncthreads();
+      if (it + FB_BQ - 1 < j0 + 16 * w) continue;  // every query of the tile is before the warp's keys
+      float s[FB_BQ / 8][4], dp[FB_BQ / 8][4];
+#pragma unroll
+      for (int nt = 0; nt < FB_BQ / 8; nt++) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+        dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+          const int o = (nt * 8 + g) * KP + ks * 8 + t;
+          const u32 bq[2] = {Qs[o], Qs[o + 4]}, bd[2] = {Ds[o], Ds[o + 4]};
+          const int vo = (16 * w + g) * KP + ks * 8 + t;
+          const u32 va[4] = {Vb[vo], Vb[vo + 8 * KP], Vb[vo + 4], Vb[vo + 8 * KP + 4]};
+          mma16816(s[nt], ka[ks], bq);  // S^T = K Q^T
+          mma16816(dp[nt], va, bd);     // dP^T = V dO^T
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int c = nt * 8 + 2 * t + (e & 1), i = it + c, j = e < 2 ? kr0 : kr1;
+          const float p = (i < T && j <= i && j >= Ss[c] && j < T) ? exp2f(s[nt][e] * sl2 - Ls[c]) : 0.f;
+          s[nt][e] = p;
+          dp[nt][e] = p * (dp[nt][e] - Dd[c]);  // dS^T, before the scale
+        }
+      }
+      // One k-step of FB_BQ = 16 queries: dV += P^T dO, dK += dS^T Q.
+      const u32 pa[4] = {pack_bf16(s[0][0], s[0][1]), pack_bf16(s[0][2], s[0][3]), pack_bf16(s[1][0], s[1][1]),
+                         pack_bf16(s[1][2], s[1][3])};
+      const u32 sa[4] = {pack_bf16(dp[0][0], dp[0][1]), pack_bf16(dp[0][2], dp[0][3]), pack_bf16(dp[1][0], dp[1][1]),
+                         pack_bf16(dp[1][2], dp[1][3])};
+#pragma unroll
+      for (int n = 0; n < ND; n++) {
+        const int o = (n * 8 + g) * TP + t;
+        const u32 bd[2] = {Dt[o], Dt[o + 4]}, bq[2] = {Qt[o], Qt[o + 4]};
+        mma16816(dva[n], pa, bd);
+        mma16816(dka[n], sa, bq);
+      }
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < ND; n++) {
+    const int c = n * 8 + 2 * t;
+    if (kr0 < T) {
+      dk[(i64)kr0 * kvd + (i64)grp * HD + c] = dka[n][0] * scale;
+      dk[(i64)kr0 * kvd + (i64)grp * HD + c + 1] = dka[n][1] * scale;
+      dv[(i64)kr0 * kvd + (i64)grp * HD + c] = dva[n][0];
+      dv[(i64)kr0 * kvd + (i64)grp * HD + c + 1] = dva[n][1];
+    }
+    if (kr1 < T) {
+      dk[(i64)kr1 * kvd + (i64)grp * HD + c] = dka[n][2] * scale;
+      dk[(i64)kr1 * kvd + (i64)grp * HD + c + 1] = dka[n][3] * scale;
+      dv[(i64)kr1 * kvd + (i64)grp * HD + c] = dva[n][2];
+      dv[(i64)kr1 * kvd + (i64)grp * HD + c + 1] = dva[n][3];
+    }
+  }
+}
+
+// The kernels, one set per head size, each with its shared memory (the
+// names written out: keel's CUDA emulator finds kernels by name).
+#define FLASH_FWD_PARAMS                                                                                \
+  float *__restrict__ out, float *__restrict__ lse, const float *__restrict__ q, const float *__restrict__ k, \
+      const float *__restrict__ v, const int *__restrict__ seq_start, int T, int heads, int kv, float scale
+#define FLASH_FWD_BODY(HD)                                 \
+  __shared__ u32 Ks[FA_BK * (HD / 2 + 4)];                 \
+  __shared__ u32 Vt[HD * (FA_BK / 2 + 4)];                 \
+  flash_fwd<HD>(Ks, Vt, out, lse, q, k, v, seq_start, T, heads, kv, scale);
+#define FLASH_DQ_PARAMS                                                                                      \
+  float *__restrict__ dq, float *__restrict__ dsum, const float *__restrict__ dout, const float *__restrict__ out, \
+      const float *__restrict__ lse, const float *__restrict__ q, const float *__restrict__ k,                   \
+      const float *__restrict__ v, const int *__restrict__ seq_start, int T, int heads, int kv, float scale
+#define FLASH_DQ_BODY(HD)                                  \
+  __shared__ u32 Ks[FB_BK * (HD / 2 + 4)];                 \
+  __shared__ u32 Kt[HD * (FB_BK / 2 + 4)];                 \
+  __shared__ u32 Vs[FB_BK * (HD / 2 + 4)];                 \
+  flash_bwd_dq<HD>(Ks, Kt, Vs, dq, dsum, dout, out, lse, q, k, v, seq_start, T, heads, kv, scale);
+#define FLASH_DKV_PARAMS                                                                                      \
+  float *__restrict__ dk, float *__restrict__ dv, const float *__restrict__ dout, const float *__restrict__ lse,  \
+      const float *__restrict__ dsum, const float *__restrict__ q, const float *__restrict__ k,                   \
+      const float *__restrict__ v, const int *__restrict__ seq_start, const int *__restrict__ seq_end, int T,    \
+      int heads, int kv, float scale
+#define FLASH_DKV_BODY(HD)                                                                                      \
+  __shared__ u32 Vb[FA_BK * (HD / 2 + 4)];                                                                      \
+  __shared__ u32 Qs[FB_BQ * (HD / 2 + 4)];                                                                      \
+  __shared__ u32 Qt[HD * (FB_BQ / 2 + 4)];                                                                      \
+  __shared__ u32 Ds[FB_BQ * (HD / 2 + 4)];                                                                      \
+  __shared__ u32 Dt[HD * (FB_BQ / 2 + 4)];                                                                      \
+  __shared__ float Ls[FB_BQ], Dd[FB_BQ];                                                                        \
+  __shared__ int Ss[FB_BQ];                                                                                     \
+  flash_bwd_dkv<HD>(Vb, Qs, Qt, Ds, Dt, Ls, Dd, Ss, dk, dv, dout, lse, dsum, q, k, v, seq_start, seq_end, T, heads, \
+                    kv, scale);
+
+extern "C" __global__ void __launch_bounds__(128) flash_fwd_32(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(32) }
+extern "C" __global__ void __launch_bounds__(128) flash_fwd_64(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(64) }
+extern "C" __global__ void __launch_bounds__(128) flash_fwd_128(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(128) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_32(FLASH_DQ_PARAMS) { FLASH_DQ_BODY(32) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_64(FLASH_DQ_PARAMS) { FLASH_DQ_BODY(64) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_128(FLASH_DQ_PARAMS) { FLASH_DQ_BODY(128) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_32(FLASH_DKV_PARAMS) { FLASH_DKV_BODY(32) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_64(FLASH_DKV_PARAMS) { FLASH_DKV_BODY(64) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_128(FLASH_DKV_PARAMS) { FLASH_DKV_BODY(128) }
