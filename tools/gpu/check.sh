@@ -12,7 +12,10 @@
 #          of one
 #   speed  training tokens/s and MFU: keel (fp32, bf16) and PyTorch
 #          (fp32, bf16 autocast) on the Qwen3-0.6B and 30B-A3B shapes
-# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed]   (none: all)
+#   profile  bf16 training only: keel, PyTorch, then keel again with
+#          KEEL_CUDA_PROFILE=1 (the time of every kernel and product)
+# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile]
+#        (none: tests e2e hf speed)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/keel-gpu}
@@ -142,6 +145,20 @@ if [[ " $sections " == *" speed "* ]]; then
       timeout 150 python3 tools/gpu/torch_decode.py --preset qwen3-0.6b --batch $b --dtype $dt > "$out/decode-torch-$dt-$b.json" 2> "$out/decode-torch-$dt-$b.err"
       echo "  torch qwen3-0.6b $dt, $b sequences: exit $? $(tail -1 "$out/decode-torch-$dt-$b.json" 2>/dev/null || tail -1 "$out/decode-torch-$dt-$b.err")"
     done
+  done
+fi
+if [[ " $sections " == *" profile "* ]]; then
+  echo "== bf16 training on this card: keel, PyTorch, and where keel's time goes (KEEL_CUDA_PROFILE=1 synchronises every launch: read shares)"
+  for spec in "qwen3-0.6b 0 4 2048" "qwen3-30b-a3b 2 2 2048"; do
+    set -- $spec
+    args="--device cuda --train-precision bf16 --presets $1 --layers $2 --vocab 151936 --seqs $3 --len $4 --time 1ms --json --no-decode"
+    timeout 120 $bin/keel bench $args > "$out/bench-keel-$1-bf16.json" 2> "$out/bench-keel-$1-bf16.err"
+    echo "  keel $1 bf16, layers $2, $3 x $4: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$1-bf16.json" 2>/dev/null || tail -1 "$out/bench-keel-$1-bf16.err")"
+    timeout 120 python3 tools/gpu/torch_train.py --preset $1 --layers $2 --seqs $3 --len $4 --mode bf16 \
+      > "$out/bench-torch-$1-bf16.json" 2> "$out/bench-torch-$1-bf16.err"
+    echo "  torch $1 bf16: exit $? $(tail -1 "$out/bench-torch-$1-bf16.json" 2>/dev/null || tail -1 "$out/bench-torch-$1-bf16.err")"
+    KEEL_CUDA_PROFILE=1 timeout 120 $bin/keel bench $args > "$out/profile-$1.json" 2> "$out/profile-$1.txt"
+    grep -A25 KEEL_CUDA_PROFILE "$out/profile-$1.txt" | sed 's/^/    /'
   done
 fi
 exit $status
