@@ -144,7 +144,7 @@ func (d *Device) Close() error {
 	})
 	d.modules = nil
 	d.closed.Store(true)
-	if d.prof != nil {
+	if d.prof != nil && len(d.prof.rows) > 0 {
 		d.prof.write(os.Stderr, d.String())
 	}
 	var dev int32

@@ -225,7 +225,7 @@ func (e *Engine) floatBuf(f *fwdState, v []float32) (Buffer, error) {
 // rows as the forward went, recomputing each chunk's log-softmax.
 func (e *Engine) headBackward(f *fwdState, dxf, dcl, dch Buffer) error {
 	d := e.dims()
-	C := min(headRows(d.V), f.T)
+	C := e.headChunk(f.T)
 	z, err := e.alloc(C * d.V)
 	if err != nil {
 		return err

@@ -46,6 +46,9 @@ type Engine struct {
 	// recomputes the layer's activations in the backward (activation
 	// checkpointing): one layer's activations in memory instead of all.
 	recompute bool
+	// headChunkRows, when positive, replaces headChunk's choice (tests
+	// cover several chunks with it).
+	headChunkRows int
 }
 
 // SetRecompute turns activation checkpointing on or off (from the next

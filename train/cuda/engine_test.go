@@ -514,3 +514,74 @@ func TestEngineRecompute(t *testing.T) {
 		})
 	}
 }
+
+// TestEngineHeadChunks: how many token rows the LM head holds at once
+// changes no log-prob or entropy (per-row kernels; in the float32 mode a
+// batch-invariant product, so bit for bit), and the gradients only by the
+// order in which the chunks add into the head's weight gradient (float32:
+// 1e-5 relative; bf16: cuBLASLt picks its algorithm by shape, so within
+// bf16 noise). Chunks of 7 rows against one chunk, over several sequences.
+func TestEngineHeadChunks(t *testing.T) {
+	dev := cudatest.Device(t)
+	for _, prec := range []string{FP32, BF16} {
+		t.Run(prec, func(t *testing.T) {
+			_, _, _, one := enginePair(t, dev, "tiny-dense", 0, 300)
+			_, _, _, chunked := enginePair(t, dev, "tiny-dense", 0, 300)
+			for _, e := range []*Engine{one, chunked} {
+				if err := e.SetPrecision(prec); err != nil {
+					t.Fatal(err)
+				}
+			}
+			chunked.headChunkRows = 7
+			r := rand.New(rand.NewPCG(5, 6))
+			seqs := randomSeqs(r, 300, 33, 7, 20, 2)
+			fo := train.ForwardOptions{Temperature: 0.8}
+			a, err := one.Forward(seqs, fo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := chunked.Forward(seqs, fo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			worst := 0.0
+			for s := range a.LogProbs {
+				for i := range a.LogProbs[s] {
+					for _, d := range []float32{a.LogProbs[s][i] - b.LogProbs[s][i], a.Entropy[s][i] - b.Entropy[s][i]} {
+						worst = math.Max(worst, math.Abs(float64(d)))
+					}
+				}
+			}
+			limit := 0.0
+			if prec == BF16 {
+				limit = 1e-2
+			}
+			if worst > limit || math.IsNaN(worst) {
+				t.Errorf("log-probs and entropies in chunks of 7 rows against one chunk: largest |Δ| %.3g, limit %g", worst, limit)
+			}
+			loss := randomLoss(r, seqs)
+			for _, e := range []*Engine{one, chunked} {
+				if err := e.Backward(loss); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ga, err := one.Gradients()
+			if err != nil {
+				t.Fatal(err)
+			}
+			gb, err := chunked.Gradients()
+			if err != nil {
+				t.Fatal(err)
+			}
+			glimit := 1e-5
+			if prec == BF16 {
+				glimit = 1e-2
+			}
+			e := relErr(gb, ga)
+			t.Logf("%s: log-probs largest |Δ| %.3g, gradients relative error %.3g", prec, worst, e)
+			if e > glimit || math.IsNaN(e) {
+				t.Errorf("gradients in chunks of 7 rows against one chunk: relative error %.3g, limit %g", e, glimit)
+			}
+		})
+	}
+}

@@ -8,6 +8,7 @@ import (
 	kc "github.com/keel-rl/keel/kernels/cuda"
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/train"
+	"github.com/keel-rl/keel/train/memplan"
 )
 
 func jsonConfig(c train.AdamWConfig) (json.RawMessage, error) { return json.Marshal(c) }
@@ -278,9 +279,26 @@ func (e *Engine) linearBackW(dw, dy, x Buffer, rows, in, out, lddy, ldx int) err
 	return e.ops.LinearBackW(dw, dy, x, rows, in, out, lddy, ldx)
 }
 
-// headRows is the number of token rows whose logits are held at once,
-// as the CPU engine chooses it (a function of the vocabulary only).
+// headRows is the number of token rows whose logits are held at once in
+// the float32 mode, as the CPU engine chooses it (a function of the
+// vocabulary only).
 func headRows(v int) int { return max(16, (1<<24)/v) }
+
+// headChunk is the number of the T token rows whose logits the LM head
+// holds at once: headRows in the float32 mode; in the bf16 mode
+// train/memplan's HeadChunkTokens, which the memory plan counts and which
+// gives the head's products and row kernels enough rows to fill the GPU
+// (headRows is 110 at Qwen3's vocabulary of 151936: 110 blocks).
+func (e *Engine) headChunk(T int) int {
+	c := headRows(e.cfg.VocabSize)
+	if e.bf != nil {
+		c = memplan.HeadChunkTokens
+	}
+	if e.headChunkRows > 0 {
+		c = e.headChunkRows
+	}
+	return min(c, T)
+}
 
 type dims struct {
 	H, heads, kv, hd, qd, kvd, I, V int
@@ -482,7 +500,7 @@ func (e *Engine) mlpForward(f *fwdState, a *layerActs, l *model.Layer, next Buff
 // entropy.
 func (e *Engine) headForward(f *fwdState, noEntropy bool) error {
 	d := e.dims()
-	C := min(headRows(d.V), f.T)
+	C := e.headChunk(f.T)
 	z, err := e.alloc(C * d.V)
 	if err != nil {
 		return err
