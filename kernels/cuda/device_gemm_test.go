@@ -333,15 +333,28 @@ func TestDeviceFlashAttention(t *testing.T) {
 		bout, blse, bdsum := g.poisoned(T*qd), g.poisoned(T*c.heads), g.poisoned(T*c.heads)
 		bdq, bdk, bdv := g.poisoned(T*qd), g.poisoned(T*kvd), g.poisoned(T*kvd)
 		scale := float32(1 / math.Sqrt(float64(c.hd)))
-		if err := ops.FlashAttention(bout, blse, bq, bk, bv, bst, T, c.heads, c.kv, c.hd, scale); err != nil {
+		fs, err := NewFlashScratch(g.d, T, c.heads, c.kv, c.hd, false)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if err := ops.FlashAttentionBackward(bdq, bdk, bdv, bdsum, bdo, bout, blse, bq, bk, bv, bst, ben, T, c.heads, c.kv, c.hd, scale); err != nil {
+		bs, err := NewFlashScratch(g.d, T, c.heads, c.kv, c.hd, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ops.FlashAttention(fs, bout, blse, bq, bk, bv, bst, scale); err != nil {
+			t.Fatal(err)
+		}
+		if err := ops.FlashAttentionBackward(fs, bdq, bdk, bdv, bdsum, bdo, bout, blse, bq, bk, bv, bst, ben, scale); err == nil {
+			t.Error("a backward with a forward's scratch was accepted")
+		}
+		if err := ops.FlashAttentionBackward(bs, bdq, bdk, bdv, bdsum, bdo, bout, blse, bq, bk, bv, bst, ben, scale); err != nil {
 			t.Fatal(err)
 		}
 		if err := g.d.Sync(); err != nil {
 			t.Fatal(err)
 		}
+		fs.Free()
+		bs.Free()
 		name := fmt.Sprintf("flash attention %v", c)
 		for _, x := range []struct {
 			what string
@@ -355,7 +368,7 @@ func TestDeviceFlashAttention(t *testing.T) {
 			}
 		}
 	}
-	if err := ops.FlashAttention(Buffer{}, Buffer{}, Buffer{}, Buffer{}, Buffer{}, Buffer{}, 1, 4, 2, 96, 1); err == nil {
+	if _, err := NewFlashScratch(g.d, 1, 4, 2, 96, false); err == nil {
 		t.Error("head_dim 96 accepted: flash.cu has no kernels for it")
 	}
 }

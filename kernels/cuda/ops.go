@@ -239,29 +239,124 @@ func checkFlash(heads, kv, hd int) error {
 	return nil
 }
 
+// FlashScratch holds the bf16 copies of attention's operands that
+// flash.cu's kernels read, for rows tokens: row-major [Tp, width] copies
+// whose rows past rows stay zero, and transposed [width, Tp] ones, Tp =
+// rows rounded up to 64. A forward needs q, k and vᵀ; a backward also v,
+// kᵀ, qᵀ, dO and dOᵀ. One scratch serves every layer of a pass.
+type FlashScratch struct {
+	dev                              *Device
+	rows, pad, heads, kv, hd         int
+	q, k, v, kt, vt, qt, dout, doutT Buffer
+	bufs                             []Buffer
+}
+
+// NewFlashScratch allocates the copies a forward (backward false) or a
+// backward over rows tokens needs.
+func NewFlashScratch(d *Device, rows, heads, kv, hd int, backward bool) (*FlashScratch, error) {
+	if err := checkFlash(heads, kv, hd); err != nil {
+		return nil, err
+	}
+	s := &FlashScratch{dev: d, rows: rows, pad: (rows + 63) / 64 * 64, heads: heads, kv: kv, hd: hd}
+	qd, kvd := int64(s.pad*heads*hd)*2, int64(s.pad*kv*hd)*2
+	want := []struct {
+		b     *Buffer
+		bytes int64
+		zero  bool // row-major: the pad rows must read as zeros
+	}{{&s.q, qd, true}, {&s.k, kvd, true}, {&s.vt, kvd, false}}
+	if backward {
+		want = append(want, []struct {
+			b     *Buffer
+			bytes int64
+			zero  bool
+		}{{&s.v, kvd, true}, {&s.kt, kvd, false}, {&s.qt, qd, false}, {&s.dout, qd, true}, {&s.doutT, qd, false}}...)
+	}
+	for _, w := range want {
+		b, err := d.Alloc(w.bytes)
+		if err != nil {
+			s.Free()
+			return nil, outOfMemory(d, "flash attention's bf16 copies", w.bytes, err)
+		}
+		s.bufs = append(s.bufs, b)
+		*w.b = b
+		if w.zero {
+			if err := d.Zero(b); err != nil {
+				s.Free()
+				return nil, err
+			}
+		}
+	}
+	return s, nil
+}
+
+// Free releases the copies.
+func (s *FlashScratch) Free() {
+	for _, b := range s.bufs {
+		s.dev.Free(b)
+	}
+	s.bufs = nil
+}
+
+// rowsBF16 rounds src [rows, width] into the row-major copy dst.
+func (o *Ops) rowsBF16(dst, src Buffer, rows, width int) error { return o.ToBF16(dst, src, rows*width) }
+
+// colsBF16 rounds src [rows, width] into the transposed copy dst [width, pad].
+func (o *Ops) colsBF16(dst, src Buffer, rows, width, pad int) error {
+	return o.Launch("flash.cu", "flash_cols", Dim3{X: pad / 32, Y: (width + 31) / 32}, block256, dst, src, rows, width, pad)
+}
+
 // FlashAttention is Attention on the tensor cores (flash.cu): bf16
 // operands, float32 accumulation, the softmax online, for the bf16
 // training mode. Deterministic, but neither batch invariant nor equal to
-// Attention's bits: the exact mode keeps Attention.
-func (o *Ops) FlashAttention(out, lse, q, k, v, seqStart Buffer, rows, heads, kv, hd int, scale float32) error {
-	if err := checkFlash(heads, kv, hd); err != nil {
-		return err
+// Attention's bits: the exact mode keeps Attention. s is a scratch for
+// s.rows rows with the same heads and head size.
+func (o *Ops) FlashAttention(s *FlashScratch, out, lse, q, k, v, seqStart Buffer, scale float32) error {
+	T, qd, kvd := s.rows, s.heads*s.hd, s.kv*s.hd
+	for _, f := range []func() error{
+		func() error { return o.rowsBF16(s.q, q, T, qd) },
+		func() error { return o.rowsBF16(s.k, k, T, kvd) },
+		func() error { return o.colsBF16(s.vt, v, T, kvd, s.pad) },
+		func() error {
+			return o.Launch("flash.cu", fmt.Sprintf("flash_fwd_%d", s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: 128},
+				out, lse, s.q, s.k, s.vt, seqStart, T, s.pad, s.heads, s.kv, scale)
+		},
+	} {
+		if err := f(); err != nil {
+			return err
+		}
 	}
-	return o.Launch("flash.cu", fmt.Sprintf("flash_fwd_%d", hd), Dim3{X: (rows + 63) / 64, Y: heads}, Dim3{X: 128},
-		out, lse, q, k, v, seqStart, rows, heads, kv, scale)
+	return nil
 }
 
 // FlashAttentionBackward computes FlashAttention's gradients dq, dk and dv
 // for the upstream gradient dout, from its out and lse; dsum [rows, heads]
-// is scratch (D = dO·O per row and head). Two passes, no atomics.
-func (o *Ops) FlashAttentionBackward(dq, dk, dv, dsum, dout, out, lse, q, k, v, seqStart, seqEnd Buffer, rows, heads, kv, hd int, scale float32) error {
-	if err := checkFlash(heads, kv, hd); err != nil {
-		return err
+// is scratch (D = dO·O per row and head). Two passes, no atomics. s is a
+// backward's scratch.
+func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv, dsum, dout, out, lse, q, k, v, seqStart, seqEnd Buffer, scale float32) error {
+	if s.dout.Ptr == 0 {
+		return fmt.Errorf("cuda: FlashAttentionBackward given a forward's scratch")
 	}
-	if err := o.Launch("flash.cu", fmt.Sprintf("flash_bwd_dq_%d", hd), Dim3{X: (rows + 63) / 64, Y: heads}, Dim3{X: 128},
-		dq, dsum, dout, out, lse, q, k, v, seqStart, rows, heads, kv, scale); err != nil {
-		return err
+	T, qd, kvd := s.rows, s.heads*s.hd, s.kv*s.hd
+	for _, f := range []func() error{
+		func() error { return o.rowsBF16(s.q, q, T, qd) },
+		func() error { return o.colsBF16(s.qt, q, T, qd, s.pad) },
+		func() error { return o.rowsBF16(s.k, k, T, kvd) },
+		func() error { return o.colsBF16(s.kt, k, T, kvd, s.pad) },
+		func() error { return o.rowsBF16(s.v, v, T, kvd) },
+		func() error { return o.rowsBF16(s.dout, dout, T, qd) },
+		func() error { return o.colsBF16(s.doutT, dout, T, qd, s.pad) },
+		func() error {
+			return o.Launch("flash.cu", fmt.Sprintf("flash_bwd_dq_%d", s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: 128},
+				dq, dsum, dout, out, lse, s.q, s.dout, s.k, s.kt, s.v, seqStart, T, s.pad, s.heads, s.kv, scale)
+		},
+		func() error {
+			return o.Launch("flash.cu", fmt.Sprintf("flash_bwd_dkv_%d", s.hd), Dim3{X: (T + 63) / 64, Y: s.kv}, Dim3{X: 128},
+				dk, dv, lse, dsum, s.q, s.qt, s.dout, s.doutT, s.k, s.v, seqStart, seqEnd, T, s.pad, s.heads, s.kv, scale)
+		},
+	} {
+		if err := f(); err != nil {
+			return err
+		}
 	}
-	return o.Launch("flash.cu", fmt.Sprintf("flash_bwd_dkv_%d", hd), Dim3{X: (rows + 63) / 64, Y: kv}, Dim3{X: 128},
-		dk, dv, dout, lse, dsum, q, k, v, seqStart, seqEnd, rows, heads, kv, scale)
+	return nil
 }

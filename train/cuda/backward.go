@@ -108,6 +108,13 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			return err
 		}
 	}
+	var flash *kc.FlashScratch
+	if e.flash() {
+		if flash, err = kc.NewFlashScratch(e.dev, T, d.heads, d.kv, d.hd, true); err != nil {
+			return err
+		}
+		defer flash.Free()
+	}
 	var redo Buffer // with recomputation: the recomputed layer's output, unused
 	if f.recompute {
 		if redo, err = e.buf(tmp, T*d.H); err != nil {
@@ -155,8 +162,8 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			func() error { return e.linearBackX(datt, dres, w(l.O), T, d.qd, d.H, d.qd, d.H, false) },
 			func() error { return e.linearBackW(g(l.O), dres, a.att, T, d.qd, d.H, d.H, d.qd) },
 			func() error {
-				if e.flash() {
-					return e.ops.FlashAttentionBackward(dq, dk, dv, dsum, datt, a.att, a.lse, a.q, a.k, a.v, f.dStart, f.dEnd, T, d.heads, d.kv, d.hd, d.scale)
+				if flash != nil {
+					return e.ops.FlashAttentionBackward(flash, dq, dk, dv, dsum, datt, a.att, a.lse, a.q, a.k, a.v, f.dStart, f.dEnd, d.scale)
 				}
 				if err := e.launch("attn.cu", "attn_bwd_q", kc.Dim3{X: T, Y: (d.heads + 3) / 4}, kc.Dim3{X: 128},
 					dq, dsum, datt, a.att, a.lse, a.q, a.k, a.v, f.dStart, d.heads, d.kv, d.hd, d.scale); err != nil {

@@ -450,11 +450,13 @@ func TestEngineBF16(t *testing.T) {
 // TestEngineRecompute: with activation checkpointing the log-probs and
 // every gradient are the same bits as without (the backward recomputes
 // each layer with the same kernels on its saved input), dense and MoE,
-// with the MoE routes replayed or live.
+// with the MoE routes replayed or live, and in the bf16 mode (its flash
+// attention recomputed from the forward's scratch).
 func TestEngineRecompute(t *testing.T) {
 	dev := cudatest.Device(t)
-	for _, preset := range []string{"tiny-dense", "tiny-moe"} {
-		t.Run(preset, func(t *testing.T) {
+	for _, c := range []struct{ preset, prec string }{{"tiny-dense", FP32}, {"tiny-moe", FP32}, {"tiny-dense", BF16}} {
+		preset := c.preset
+		t.Run(preset+"/"+c.prec, func(t *testing.T) {
 			cfg, _ := model.Preset(preset, 200)
 			m := model.New(cfg)
 			model.Init(m, 5)
@@ -475,6 +477,9 @@ func TestEngineRecompute(t *testing.T) {
 						t.Fatal(err)
 					}
 					e.SetRecompute(rc)
+					if err := e.SetPrecision(c.prec); err != nil {
+						t.Fatal(err)
+					}
 					if res[i], err = e.Forward(seqs, train.ForwardOptions{Temperature: 0.7, Record: moe, Replay: replay}); err != nil {
 						t.Fatal(err)
 					}

@@ -80,10 +80,11 @@ type fwdState struct {
 	lp, ent                               Buffer // [T]
 	bufs                                  []Buffer
 	replay                                []*model.Routes
-	work                                  *layerActs // with recomputation: the layers' shared activations
-	recompute                             bool       // this forward's setting, which its backward follows
-	aux                                   float64    // the MoE load-balancing loss
-	auxCnt                                []float64  // per expert: (token, slot) pairs routed to it
+	work                                  *layerActs       // with recomputation: the layers' shared activations
+	recompute                             bool             // this forward's setting, which its backward follows
+	aux                                   float64          // the MoE load-balancing loss
+	auxCnt                                []float64        // per expert: (token, slot) pairs routed to it
+	flash                                 *kc.FlashScratch // the bf16 mode's attention copies (forward)
 }
 
 func (f *fwdState) free(d *kc.Device) {
@@ -91,6 +92,10 @@ func (f *fwdState) free(d *kc.Device) {
 		d.Free(b)
 	}
 	f.bufs = nil
+	if f.flash != nil {
+		f.flash.Free()
+		f.flash = nil
+	}
 }
 
 func (e *Engine) buf(f *fwdState, floats int) (Buffer, error) {
@@ -453,7 +458,13 @@ func (e *Engine) attentionForward(f *fwdState, a *layerActs, l *model.Layer) err
 		},
 		func() error {
 			if e.flash() {
-				return e.ops.FlashAttention(a.att, a.lse, a.q, a.k, a.v, f.dStart, T, d.heads, d.kv, d.hd, d.scale)
+				if f.flash == nil {
+					var err error
+					if f.flash, err = kc.NewFlashScratch(e.dev, T, d.heads, d.kv, d.hd, false); err != nil {
+						return err
+					}
+				}
+				return e.ops.FlashAttention(f.flash, a.att, a.lse, a.q, a.k, a.v, f.dStart, d.scale)
 			}
 			return e.ops.Attention(a.att, a.lse, a.q, a.k, a.v, f.dStart, T, d.heads, d.kv, d.hd, d.scale)
 		},

@@ -11,6 +11,11 @@
 // Three kernels per head size HD (32, 64, 128): the forward, and the
 // backward as two passes, dQ per query tile (flash_bwd_dq, which also
 // saves D = dO.O per row and head) and dK, dV per key tile (flash_bwd_dkv).
+// They read bf16 copies of their operands made once per call (Ops'
+// FlashScratch): row-major [Tp, width] with rows T..Tp-1 zero, and
+// transposed [width, Tp] (flash_cols), Tp = T rounded up to 64, so that
+// every tile is copied into shared memory 16 bytes at a time and starts
+// at a multiple of its size (the masks drop keys before a sequence).
 
 // mma16816 adds A.B to a warp's 16x8 float32 tile d, for A 16x16 and B
 // 16x8 in bf16, laid out as PTX's mma.m16n8k16 .row.col lays them: lane
@@ -56,46 +61,62 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const u32 (&a)[4], const
 #define FB_BK 32  // keys of a dQ tile
 #define FB_BQ 16  // queries of a dK/dV tile
 
-// stage_rows rounds n rows of HD floats (row r at src + r*ld; rows at or
-// past valid are zeros) into dst as bf16 pairs, pitch words apart.
+// u32x4 is 16 bytes moved at once; shared tiles are declared as arrays of
+// it so that they are 16-byte aligned.
+struct alignas(16) u32x4 {
+  u32 x, y, z, w;
+};
+
+// copy_rows copies n rows of HD bf16 (row r at src + r*ld) into dst, rows
+// pitch words apart.
 template <int HD>
-__device__ __forceinline__ void stage_rows(u32* dst, int pitch, const float* src, i64 ld, int n, int valid) {
-  for (int x = threadIdx.x; x < n * HD / 2; x += blockDim.x) {
-    const int r = x / (HD / 2), c = x % (HD / 2);
-    float lo = 0.f, hi = 0.f;
-    if (r < valid) {
-      lo = src[r * ld + 2 * c];
-      hi = src[r * ld + 2 * c + 1];
-    }
-    dst[r * pitch + c] = pack_bf16(lo, hi);
+__device__ __forceinline__ void copy_rows(u32* dst, int pitch, const bf16_t* src, i64 ld, int n) {
+  for (int x = threadIdx.x; x < n * (HD / 8); x += blockDim.x) {
+    const int r = x / (HD / 8), c = x % (HD / 8);
+    *(u32x4*)(dst + r * pitch + 4 * c) = *(const u32x4*)(src + r * ld + 8 * c);
   }
 }
 
-// stage_cols is stage_rows transposed: dst[c*pitch + r/2] holds rows r and
-// r+1 of column c, for n (even) rows.
+// copy_cols copies HD rows of n bf16 of a transposed copy (row d at
+// src + d*ld) into dst, rows pitch words apart.
 template <int HD>
-__device__ __forceinline__ void stage_cols(u32* dst, int pitch, const float* src, i64 ld, int n, int valid) {
-  for (int x = threadIdx.x; x < n / 2 * HD; x += blockDim.x) {
-    const int c = x % HD, r = 2 * (x / HD);
-    const float lo = r < valid ? src[r * ld + c] : 0.f, hi = r + 1 < valid ? src[(r + 1) * ld + c] : 0.f;
-    dst[c * pitch + r / 2] = pack_bf16(lo, hi);
+__device__ __forceinline__ void copy_cols(u32* dst, int pitch, const bf16_t* src, i64 ld, int n) {
+  for (int x = threadIdx.x; x < HD * (n / 8); x += blockDim.x) {
+    const int d = x / (n / 8), c = x % (n / 8);
+    *(u32x4*)(dst + d * pitch + 4 * c) = *(const u32x4*)(src + d * ld + 8 * c);
   }
 }
 
-// load_a reads a warp's A fragments of a 16 x HD row-major float32 block
-// (rows r0 = 16w + g and r0 + 8 of src; rows at or past valid are zeros).
+// load_a reads a warp's A fragments of a 16 x HD block of a row-major
+// bf16 copy: rows r0 and r0 + 8 of src.
 template <int HD>
-__device__ __forceinline__ void load_a(u32 (&a)[HD / 16][4], const float* src, i64 ld, int r0, int valid, int t) {
+__device__ __forceinline__ void load_a(u32 (&a)[HD / 16][4], const bf16_t* src, i64 ld, int r0, int t) {
+  const u32* p0 = (const u32*)(src + r0 * ld);
+  const u32* p1 = (const u32*)(src + (r0 + 8) * ld);
 #pragma unroll
   for (int ks = 0; ks < HD / 16; ks++) {
-    const int c = ks * 16 + 2 * t;
-    const float* p0 = src + r0 * ld;
-    const float* p1 = src + (r0 + 8) * ld;
-    const bool v0 = r0 < valid, v1 = r0 + 8 < valid;
-    a[ks][0] = v0 ? pack_bf16(p0[c], p0[c + 1]) : 0u;
-    a[ks][1] = v1 ? pack_bf16(p1[c], p1[c + 1]) : 0u;
-    a[ks][2] = v0 ? pack_bf16(p0[c + 8], p0[c + 9]) : 0u;
-    a[ks][3] = v1 ? pack_bf16(p1[c + 8], p1[c + 9]) : 0u;
+    a[ks][0] = p0[ks * 8 + t];
+    a[ks][1] = p1[ks * 8 + t];
+    a[ks][2] = p0[ks * 8 + t + 4];
+    a[ks][3] = p1[ks * 8 + t + 4];
+  }
+}
+
+// flash_cols writes dst[c*Tp + t] = bf16(src[t*n + c]) for the T rows and
+// n columns of src, zeros for T <= t < Tp: a transposed bf16 copy, through
+// 32 x 32 tiles of shared memory. grid = (Tp/32, ceil(n/32)), block 256.
+extern "C" __global__ void __launch_bounds__(256) flash_cols(bf16_t* __restrict__ dst, const float* __restrict__ src,
+                                                             int T, int n, int Tp) {
+  __shared__ float tile[32][33];
+  const int t0 = blockIdx.x * 32, c0 = blockIdx.y * 32, tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+  for (int i = ty; i < 32; i += 8) {
+    const int t = t0 + i, c = c0 + tx;
+    tile[i][tx] = (t < T && c < n) ? src[(i64)t * n + c] : 0.f;
+  }
+  __syncthreads();
+  for (int i = ty; i < 32; i += 8) {
+    const int c = c0 + i, t = t0 + tx;
+    if (c < n && t < Tp) dst[(i64)c * Tp + t] = f32_to_bf16(tile[tx][i]);
   }
 }
 
@@ -111,15 +132,16 @@ __device__ __forceinline__ float quad_max(float v) {
 }
 
 // flash_fwd: out = softmax(q k^T * scale) v over each row's sequence
-// prefix, lse its log-sum-exp (natural log, as attn.cu's). A block takes
-// FA_BQ query rows of one head; warp w owns rows 16w..16w+15 and walks the
-// keys in tiles of FA_BK staged in shared memory (K row-major, V
-// transposed, both as bf16 pairs). grid = (ceil(T/FA_BQ), heads), block 128.
+// prefix, lse its log-sum-exp (natural log, as attn.cu's), from the bf16
+// copies qb, kb (row-major) and vt (transposed). A block takes FA_BQ query
+// rows of one head; warp w owns rows 16w..16w+15 and walks the keys in
+// tiles of FA_BK in shared memory (K row-major, V transposed, as bf16
+// pairs). grid = (ceil(T/FA_BQ), heads), block 128.
 template <int HD>
 __device__ __forceinline__ void flash_fwd(u32* Ks, u32* Vt, float* __restrict__ out, float* __restrict__ lse,
-                                          const float* __restrict__ q, const float* __restrict__ k,
-                                          const float* __restrict__ v, const int* __restrict__ seq_start, int T,
-                                          int heads, int kv, float scale) {
+                                          const bf16_t* __restrict__ qb, const bf16_t* __restrict__ kb,
+                                          const bf16_t* __restrict__ vt, const int* __restrict__ seq_start, int T,
+                                          int Tp, int heads, int kv, float scale) {
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, VP = FA_BK / 2 + 4;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int i0 = blockIdx.x * FA_BQ, h = blockIdx.y, grp = h / (heads / kv);
@@ -128,17 +150,16 @@ __device__ __forceinline__ void flash_fwd(u32* Ks, u32* Vt, float* __restrict__ 
   const int r0 = i0 + 16 * w + g, r1 = r0 + 8;
   const int st0 = r0 < T ? seq_start[r0] : T, st1 = r1 < T ? seq_start[r1] : T;
   u32 qa[KS][4];
-  load_a<HD>(qa, q + (i64)i0 * qd + (i64)h * HD, qd, 16 * w + g, T - i0, t);
+  load_a<HD>(qa, qb + (i64)i0 * qd + (i64)h * HD, qd, 16 * w + g, t);
   float o[ND][4];
 #pragma unroll
   for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   const float ninf = -__int_as_float(0x7f800000), sl2 = scale * FA_LOG2E;
   float m0 = ninf, m1 = ninf, l0 = 0.f, l1 = 0.f;
-  for (int jt = seq_start[i0]; jt <= last; jt += FA_BK) {
+  for (int jt = seq_start[i0] & -FA_BK; jt <= last; jt += FA_BK) {
     __syncthreads();
-    const int nk = min(FA_BK, T - jt);
-    stage_rows<HD>(Ks, KP, k + (i64)jt * kvd + (i64)grp * HD, kvd, FA_BK, nk);
-    stage_cols<HD>(Vt, VP, v + (i64)jt * kvd + (i64)grp * HD, kvd, FA_BK, nk);
+    copy_rows<HD>(Ks, KP, kb + (i64)jt * kvd + (i64)grp * HD, kvd, FA_BK);
+    copy_cols<HD>(Vt, VP, vt + (i64)grp * HD * Tp + jt, Tp, FA_BK);
     __syncthreads();
     if (i0 + 16 * w + 15 < jt) continue;  // every key of the tile is after the warp's rows
     float s[FA_BK / 8][4];
@@ -218,14 +239,17 @@ __device__ __forceinline__ void flash_fwd(u32* Ks, u32* Vt, float* __restrict__ 
 
 // flash_bwd_dq: for query rows i and head h, D_i = dO_i.O_i (into dsum)
 // and dq_i = scale * sum_j P_ij (dO_i.v_j - D_i) k_j, P recomputed from
-// lse. Blocks as flash_fwd's; key tiles of FB_BK, K staged row-major and
-// transposed, V row-major. grid = (ceil(T/FA_BQ), heads), block 128.
+// lse. Blocks as flash_fwd's; key tiles of FB_BK, K in shared memory
+// row-major (kb) and transposed (kt), V row-major (vb); Q and dO from qb
+// and dob. grid = (ceil(T/FA_BQ), heads), block 128.
 template <int HD>
 __device__ __forceinline__ void flash_bwd_dq(u32* Ks, u32* Kt, u32* Vs, float* __restrict__ dq, float* __restrict__ dsum,
                                              const float* __restrict__ dout, const float* __restrict__ out,
-                                             const float* __restrict__ lse, const float* __restrict__ q,
-                                             const float* __restrict__ k, const float* __restrict__ v,
-                                             const int* __restrict__ seq_start, int T, int heads, int kv, float scale) {
+                                             const float* __restrict__ lse, const bf16_t* __restrict__ qb,
+                                             const bf16_t* __restrict__ dob, const bf16_t* __restrict__ kb,
+                                             const bf16_t* __restrict__ kt, const bf16_t* __restrict__ vb,
+                                             const int* __restrict__ seq_start, int T, int Tp, int heads, int kv,
+                                             float scale) {
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, TP = FB_BK / 2 + 4;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int i0 = blockIdx.x * FA_BQ, h = blockIdx.y, grp = h / (heads / kv);
@@ -235,8 +259,8 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks, u32* Kt, u32* Vs, float* _
   const int st0 = r0 < T ? seq_start[r0] : T, st1 = r1 < T ? seq_start[r1] : T;
   const i64 base = (i64)i0 * qd + (i64)h * HD;
   u32 qa[KS][4], da[KS][4];
-  load_a<HD>(qa, q + base, qd, 16 * w + g, T - i0, t);
-  load_a<HD>(da, dout + base, qd, 16 * w + g, T - i0, t);
+  load_a<HD>(qa, qb + base, qd, 16 * w + g, t);
+  load_a<HD>(da, dob + base, qd, 16 * w + g, t);
   // D for rows r0 and r1 from the lanes' own elements, then the quad,
   // with dO rounded as dP's product takes it (so that sum_j P_ij dP_ij
   // and D_i cancel as they should).
@@ -259,13 +283,11 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks, u32* Kt, u32* Vs, float* _
   float acc[ND][4];
 #pragma unroll
   for (int n = 0; n < ND; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-  for (int jt = seq_start[i0]; jt <= last; jt += FB_BK) {
+  for (int jt = seq_start[i0] & -FB_BK; jt <= last; jt += FB_BK) {
     __syncthreads();
-    const int nk = min(FB_BK, T - jt);
-    const float* kb = k + (i64)jt * kvd + (i64)grp * HD;
-    stage_rows<HD>(Ks, KP, kb, kvd, FB_BK, nk);
-    stage_cols<HD>(Kt, TP, kb, kvd, FB_BK, nk);
-    stage_rows<HD>(Vs, KP, v + (i64)jt * kvd + (i64)grp * HD, kvd, FB_BK, nk);
+    copy_rows<HD>(Ks, KP, kb + (i64)jt * kvd + (i64)grp * HD, kvd, FB_BK);
+    copy_cols<HD>(Kt, TP, kt + (i64)grp * HD * Tp + jt, Tp, FB_BK);
+    copy_rows<HD>(Vs, KP, vb + (i64)jt * kvd + (i64)grp * HD, kvd, FB_BK);
     __syncthreads();
     if (i0 + 16 * w + 15 < jt) continue;
     float s[FB_BK / 8][4], dp[FB_BK / 8][4];
@@ -315,17 +337,19 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks, u32* Kt, u32* Vs, float* _
 // flash_bwd_dkv: for key rows j and KV head grp, over the query heads of
 // the group and the rows i >= j of the sequence: dv_j = sum P_ij dO_i and
 // dk_j = scale * sum P_ij (dO_i.v_j - D_i) q_i. A block takes FA_BK keys,
-// warp w keys 16w..16w+15 (K as A fragments in registers, V staged), and
-// walks the queries in tiles of FB_BQ (Q and dO staged row-major and
-// transposed). grid = (ceil(T/FA_BK), kv), block 128.
+// warp w keys 16w..16w+15 (K as A fragments in registers, V in shared
+// memory), and walks the queries in tiles of FB_BQ (Q and dO in shared
+// memory row-major, from qb and dob, and transposed, from qt and dot).
+// grid = (ceil(T/FA_BK), kv), block 128.
 template <int HD>
-__device__ __forceinline__ void flash_bwd_dkv(u32* Vb, u32* Qs, u32* Qt, u32* Ds, u32* Dt, float* Ls, float* Dd, int* Ss,
+__device__ __forceinline__ void flash_bwd_dkv(u32* Vs, u32* Qs, u32* Qt, u32* Ds, u32* Dt, float* Ls, float* Dd, int* Ss,
                                               float* __restrict__ dk, float* __restrict__ dv,
-                                              const float* __restrict__ dout, const float* __restrict__ lse,
-                                              const float* __restrict__ dsum, const float* __restrict__ q,
-                                              const float* __restrict__ k, const float* __restrict__ v,
+                                              const float* __restrict__ lse, const float* __restrict__ dsum,
+                                              const bf16_t* __restrict__ qb, const bf16_t* __restrict__ qt,
+                                              const bf16_t* __restrict__ dob, const bf16_t* __restrict__ dot,
+                                              const bf16_t* __restrict__ kb, const bf16_t* __restrict__ vb,
                                               const int* __restrict__ seq_start, const int* __restrict__ seq_end, int T,
-                                              int heads, int kv, float scale) {
+                                              int Tp, int heads, int kv, float scale) {
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, TP = FB_BQ / 2 + 4;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int j0 = blockIdx.x * FA_BK, grp = blockIdx.y, group = heads / kv;
@@ -333,8 +357,8 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* Vb, u32* Qs, u32* Qt, u32* Ds
   const int last = min(T, j0 + FA_BK) - 1, qend = seq_end[last];
   const int kr0 = j0 + 16 * w + g, kr1 = kr0 + 8;
   u32 ka[KS][4];
-  load_a<HD>(ka, k + (i64)j0 * kvd + (i64)grp * HD, kvd, 16 * w + g, T - j0, t);
-  stage_rows<HD>(Vb, KP, v + (i64)j0 * kvd + (i64)grp * HD, kvd, FA_BK, T - j0);
+  load_a<HD>(ka, kb + (i64)j0 * kvd + (i64)grp * HD, kvd, 16 * w + g, t);
+  copy_rows<HD>(Vs, KP, vb + (i64)j0 * kvd + (i64)grp * HD, kvd, FA_BK);
   float dka[ND][4], dva[ND][4];
 #pragma unroll
   for (int n = 0; n < ND; n++) {
@@ -345,12 +369,11 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* Vb, u32* Qs, u32* Qt, u32* Ds
   for (int h = grp * group; h < (grp + 1) * group; h++) {
     for (int it = j0; it < qend; it += FB_BQ) {
       __syncthreads();
-      const int nq = min(FB_BQ, T - it);
-      const i64 qb = (i64)it * qd + (i64)h * HD;
-      stage_rows<HD>(Qs, KP, q + qb, qd, FB_BQ, nq);
-      stage_cols<HD>(Qt, TP, q + qb, qd, FB_BQ, nq);
-      stage_rows<HD>(Ds, KP, dout + qb, qd, FB_BQ, nq);
-      stage_cols<HD>(Dt, TP, dout + qb, qd, FB_BQ, nq);
+      const i64 rb = (i64)it * qd + (i64)h * HD, cb = (i64)h * HD * Tp + it;
+      copy_rows<HD>(Qs, KP, qb + rb, qd, FB_BQ);
+      copy_cols<HD>(Qt, TP, qt + cb, Tp, FB_BQ);
+      copy_rows<HD>(Ds, KP, dob + rb, qd, FB_BQ);
+      copy_cols<HD>(Dt, TP, dot + cb, Tp, FB_BQ);
       if (threadIdx.x < FB_BQ) {
         const int i = it + threadIdx.x;
         Ls[threadIdx.x] = i < T ? lse[(i64)i * heads + h] * FA_LOG2E : 0.f;
@@ -369,7 +392,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* Vb, u32* Qs, u32* Qt, u32* Ds
           const int o = (nt * 8 + g) * KP + ks * 8 + t;
           const u32 bq[2] = {Qs[o], Qs[o + 4]}, bd[2] = {Ds[o], Ds[o + 4]};
           const int vo = (16 * w + g) * KP + ks * 8 + t;
-          const u32 va[4] = {Vb[vo], Vb[vo + 8 * KP], Vb[vo + 4], Vb[vo + 8 * KP + 4]};
+          const u32 va[4] = {Vs[vo], Vs[vo + 8 * KP], Vs[vo + 4], Vs[vo + 8 * KP + 4]};
           mma16816(s[nt], ka[ks], bq);  // S^T = K Q^T
           mma16816(dp[nt], va, bd);     // dP^T = V dO^T
         }
@@ -414,38 +437,41 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* Vb, u32* Qs, u32* Qt, u32* Ds
 }
 
 // The kernels, one set per head size, each with its shared memory (the
-// names written out: keel's CUDA emulator finds kernels by name).
-#define FLASH_FWD_PARAMS                                                                                \
-  float *__restrict__ out, float *__restrict__ lse, const float *__restrict__ q, const float *__restrict__ k, \
-      const float *__restrict__ v, const int *__restrict__ seq_start, int T, int heads, int kv, float scale
-#define FLASH_FWD_BODY(HD)                                 \
-  __shared__ u32 Ks[FA_BK * (HD / 2 + 4)];                 \
-  __shared__ u32 Vt[HD * (FA_BK / 2 + 4)];                 \
-  flash_fwd<HD>(Ks, Vt, out, lse, q, k, v, seq_start, T, heads, kv, scale);
-#define FLASH_DQ_PARAMS                                                                                      \
-  float *__restrict__ dq, float *__restrict__ dsum, const float *__restrict__ dout, const float *__restrict__ out, \
-      const float *__restrict__ lse, const float *__restrict__ q, const float *__restrict__ k,                   \
-      const float *__restrict__ v, const int *__restrict__ seq_start, int T, int heads, int kv, float scale
-#define FLASH_DQ_BODY(HD)                                  \
-  __shared__ u32 Ks[FB_BK * (HD / 2 + 4)];                 \
-  __shared__ u32 Kt[HD * (FB_BK / 2 + 4)];                 \
-  __shared__ u32 Vs[FB_BK * (HD / 2 + 4)];                 \
-  flash_bwd_dq<HD>(Ks, Kt, Vs, dq, dsum, dout, out, lse, q, k, v, seq_start, T, heads, kv, scale);
-#define FLASH_DKV_PARAMS                                                                                      \
-  float *__restrict__ dk, float *__restrict__ dv, const float *__restrict__ dout, const float *__restrict__ lse,  \
-      const float *__restrict__ dsum, const float *__restrict__ q, const float *__restrict__ k,                   \
-      const float *__restrict__ v, const int *__restrict__ seq_start, const int *__restrict__ seq_end, int T,    \
-      int heads, int kv, float scale
-#define FLASH_DKV_BODY(HD)                                                                                      \
-  __shared__ u32 Vb[FA_BK * (HD / 2 + 4)];                                                                      \
-  __shared__ u32 Qs[FB_BQ * (HD / 2 + 4)];                                                                      \
-  __shared__ u32 Qt[HD * (FB_BQ / 2 + 4)];                                                                      \
-  __shared__ u32 Ds[FB_BQ * (HD / 2 + 4)];                                                                      \
-  __shared__ u32 Dt[HD * (FB_BQ / 2 + 4)];                                                                      \
-  __shared__ float Ls[FB_BQ], Dd[FB_BQ];                                                                        \
-  __shared__ int Ss[FB_BQ];                                                                                     \
-  flash_bwd_dkv<HD>(Vb, Qs, Qt, Ds, Dt, Ls, Dd, Ss, dk, dv, dout, lse, dsum, q, k, v, seq_start, seq_end, T, heads, \
-                    kv, scale);
+// names written out: keel's CUDA emulator finds kernels by name). Shared
+// tiles are u32x4 arrays, 16-byte aligned, used as words.
+#define FLASH_FWD_PARAMS                                                                                        \
+  float *__restrict__ out, float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ kb, \
+      const bf16_t *__restrict__ vt, const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale
+#define FLASH_FWD_BODY(HD)                                                              \
+  __shared__ u32x4 Ks[FA_BK * (HD / 2 + 4) / 4];                                        \
+  __shared__ u32x4 Vt[HD * (FA_BK / 2 + 4) / 4];                                        \
+  flash_fwd<HD>((u32*)Ks, (u32*)Vt, out, lse, qb, kb, vt, seq_start, T, Tp, heads, kv, scale);
+#define FLASH_DQ_PARAMS                                                                                         \
+  float *__restrict__ dq, float *__restrict__ dsum, const float *__restrict__ dout, const float *__restrict__ out,  \
+      const float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ dob,               \
+      const bf16_t *__restrict__ kb, const bf16_t *__restrict__ kt, const bf16_t *__restrict__ vb,                \
+      const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale
+#define FLASH_DQ_BODY(HD)                                                                                         \
+  __shared__ u32x4 Ks[FB_BK * (HD / 2 + 4) / 4];                                                                  \
+  __shared__ u32x4 Kt[HD * (FB_BK / 2 + 4) / 4];                                                                  \
+  __shared__ u32x4 Vs[FB_BK * (HD / 2 + 4) / 4];                                                                  \
+  flash_bwd_dq<HD>((u32*)Ks, (u32*)Kt, (u32*)Vs, dq, dsum, dout, out, lse, qb, dob, kb, kt, vb, seq_start, T, Tp, \
+                   heads, kv, scale);
+#define FLASH_DKV_PARAMS                                                                                           \
+  float *__restrict__ dk, float *__restrict__ dv, const float *__restrict__ lse, const float *__restrict__ dsum,     \
+      const bf16_t *__restrict__ qb, const bf16_t *__restrict__ qt, const bf16_t *__restrict__ dob,                 \
+      const bf16_t *__restrict__ dot, const bf16_t *__restrict__ kb, const bf16_t *__restrict__ vb,                 \
+      const int *__restrict__ seq_start, const int *__restrict__ seq_end, int T, int Tp, int heads, int kv, float scale
+#define FLASH_DKV_BODY(HD)                                                                                       \
+  __shared__ u32x4 Vs[FA_BK * (HD / 2 + 4) / 4];                                                                 \
+  __shared__ u32x4 Qs[FB_BQ * (HD / 2 + 4) / 4];                                                                 \
+  __shared__ u32x4 Qt[HD * (FB_BQ / 2 + 4) / 4];                                                                 \
+  __shared__ u32x4 Ds[FB_BQ * (HD / 2 + 4) / 4];                                                                 \
+  __shared__ u32x4 Dt[HD * (FB_BQ / 2 + 4) / 4];                                                                 \
+  __shared__ float Ls[FB_BQ], Dd[FB_BQ];                                                                         \
+  __shared__ int Ss[FB_BQ];                                                                                      \
+  flash_bwd_dkv<HD>((u32*)Vs, (u32*)Qs, (u32*)Qt, (u32*)Ds, (u32*)Dt, Ls, Dd, Ss, dk, dv, lse, dsum, qb, qt, dob, dot, \
+                    kb, vb, seq_start, seq_end, T, Tp, heads, kv, scale);
 
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_32(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(32) }
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_64(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(64) }
