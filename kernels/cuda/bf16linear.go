@@ -138,6 +138,30 @@ func (l *BF16Linear) BackW(dw, dy, x Buffer, rows, in, out, lddy, ldx int) error
 	return l.blas.GemmBF16(false, true, in, out, rows, x16, in, dy16, out, dw, in, true)
 }
 
+// Back is BackX and BackW of one layer from a single bf16 copy of dy:
+// dx[r, 0:in] (+)= dy[r, 0:out]·W and dW[out, in] += dyᵀ·x.
+func (l *BF16Linear) Back(dx, dw, dy, x, w Buffer, rows, in, out, lddx, lddy, ldx int, acc bool) error {
+	if err := l.weights(); err != nil {
+		return err
+	}
+	w16, err := l.w16span(w)
+	if err != nil {
+		return err
+	}
+	dy16, err := l.operand(1, dy, rows, out, lddy)
+	if err != nil {
+		return err
+	}
+	x16, err := l.operand(0, x, rows, in, ldx)
+	if err != nil {
+		return err
+	}
+	if err := l.blas.GemmBF16(false, false, in, rows, out, w16, in, dy16, out, dx, lddx, acc); err != nil {
+		return err
+	}
+	return l.blas.GemmBF16(false, true, in, out, rows, x16, in, dy16, out, dw, in, true)
+}
+
 // outOfMemory adds to an allocation's failure for want of memory what was
 // asked and what the device has free.
 func outOfMemory(d *Device, what string, bytes int64, err error) error {

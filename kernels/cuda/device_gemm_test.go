@@ -460,6 +460,51 @@ func TestDeviceGemmBF16(t *testing.T) {
 	}
 }
 
+// TestDeviceBF16LinearBack: BF16Linear.Back, which rounds dy once for both
+// products, gives BackX's and BackW's bits, on strided operands and a
+// weight inside a larger arena, accumulating into dx and dW.
+func TestDeviceBF16LinearBack(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(12, 1))
+	const rows, in, out, ldx, lddy, off = 37, 48, 40, 50, 41, 24
+	arena := bufOf(g, randF32(r, off+out*in+8, 1))
+	l, err := NewBF16Linear(NewOps(g.d), arena, off+out*in+8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Free()
+	w := arena.Floats(off, out*in)
+	x, dy := bufOf(g, randF32(r, rows*ldx, 1)), bufOf(g, randF32(r, rows*lddy, 1))
+	dx0, dw0 := randF32(r, rows*in, 1), randF32(r, out*in, 1)
+	dx1, dw1, dx2, dw2 := bufOf(g, dx0), bufOf(g, dw0), bufOf(g, dx0), bufOf(g, dw0)
+	if err := l.Back(dx1, dw1, dy, x, w, rows, in, out, in, lddy, ldx, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.BackX(dx2, dy, w, rows, in, out, in, lddy, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.BackW(dw2, dy, x, rows, in, out, lddy, ldx); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	a, b := g.f32(dx1, rows*in), g.f32(dx2, rows*in)
+	if relErr := normRelErr(a, f32to64(dx0)); relErr == 0 {
+		t.Fatal("Back left dx unchanged")
+	}
+	sameBits(t, "Back's dx against BackX's", a, b)
+	sameBits(t, "Back's dW against BackW's", g.f32(dw1, out*in), g.f32(dw2, out*in))
+}
+
+func f32to64(x []float32) []float64 {
+	y := make([]float64, len(x))
+	for i, v := range x {
+		y[i] = float64(v)
+	}
+	return y
+}
+
 // TestDeviceFP8 checks the fp8 emulation: the per-row e4m3 quantisation is
 // kernels.QuantizeE4M3Rows' bit for bit (values and scales, across
 // magnitudes that reach the subnormal and saturating paths, an all-zero

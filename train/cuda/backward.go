@@ -135,15 +135,18 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		// The MLP or MoE block: dres is the gradient at the layer's
 		// output; dh becomes the gradient at h2.
 		mlp := []func() error{
-			func() error { return e.linearBackX(da, dres, w(l.Down), T, d.I, d.H, d.I, d.H, false) },
-			func() error { return e.linearBackW(g(l.Down), dres, a.a, T, d.I, d.H, d.H, d.I) },
+			func() error {
+				return e.linearBack(da, g(l.Down), dres, a.a, w(l.Down), T, d.I, d.H, d.I, d.H, d.I, false)
+			},
 			func() error {
 				return e.launch("rows.cu", "swiglu_bwd", elemGrid(T*d.I), block256, dgu, da, a.gu, int64(T), d.I)
 			},
-			func() error { return e.linearBackX(dh, dgu, w(l.Gate), T, d.H, d.I, d.H, 2*d.I, false) },
-			func() error { return e.linearBackX(dh, sub(dgu, d.I, upI), w(l.Up), T, d.H, d.I, d.H, 2*d.I, true) },
-			func() error { return e.linearBackW(g(l.Gate), dgu, a.h2, T, d.H, d.I, 2*d.I, d.H) },
-			func() error { return e.linearBackW(g(l.Up), sub(dgu, d.I, upI), a.h2, T, d.H, d.I, 2*d.I, d.H) },
+			func() error {
+				return e.linearBack(dh, g(l.Gate), dgu, a.h2, w(l.Gate), T, d.H, d.I, d.H, 2*d.I, d.H, false)
+			},
+			func() error {
+				return e.linearBack(dh, g(l.Up), sub(dgu, d.I, upI), a.h2, w(l.Up), T, d.H, d.I, d.H, 2*d.I, d.H, true)
+			},
 		}
 		if a.moe != nil {
 			mlp = []func() error{func() error { return e.moeBackward(f, msc, a.moe, l, a.h2, dres, dh) }}
@@ -159,8 +162,9 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 				return normBack(dres, dh, a.xmid, w(l.PostAttnNorm), a.inv2, g(l.PostAttnNorm), T, d.H, 1, d.H, true)
 			},
 			// Attention.
-			func() error { return e.linearBackX(datt, dres, w(l.O), T, d.qd, d.H, d.qd, d.H, false) },
-			func() error { return e.linearBackW(g(l.O), dres, a.att, T, d.qd, d.H, d.H, d.qd) },
+			func() error {
+				return e.linearBack(datt, g(l.O), dres, a.att, w(l.O), T, d.qd, d.H, d.qd, d.H, d.qd, false)
+			},
 			func() error {
 				if flash != nil {
 					return e.ops.FlashAttentionBackward(flash, dq, dk, dv, dsum, datt, a.att, a.lse, a.q, a.k, a.v, f.dStart, f.dEnd, d.scale)
@@ -185,12 +189,9 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			func() error {
 				return normBack(dk, dk, a.kraw, w(l.KNorm), a.invk, g(l.KNorm), T*d.kv, d.hd, d.kv, d.kvd, false)
 			},
-			func() error { return e.linearBackX(dh, dq, w(l.Q), T, d.H, d.qd, d.H, d.qd, false) },
-			func() error { return e.linearBackX(dh, dk, w(l.K), T, d.H, d.kvd, d.H, d.kvd, true) },
-			func() error { return e.linearBackX(dh, dv, w(l.V), T, d.H, d.kvd, d.H, d.kvd, true) },
-			func() error { return e.linearBackW(g(l.Q), dq, a.h1, T, d.H, d.qd, d.qd, d.H) },
-			func() error { return e.linearBackW(g(l.K), dk, a.h1, T, d.H, d.kvd, d.kvd, d.H) },
-			func() error { return e.linearBackW(g(l.V), dv, a.h1, T, d.H, d.kvd, d.kvd, d.H) },
+			func() error { return e.linearBack(dh, g(l.Q), dq, a.h1, w(l.Q), T, d.H, d.qd, d.H, d.qd, d.H, false) },
+			func() error { return e.linearBack(dh, g(l.K), dk, a.h1, w(l.K), T, d.H, d.kvd, d.H, d.kvd, d.H, true) },
+			func() error { return e.linearBack(dh, g(l.V), dv, a.h1, w(l.V), T, d.H, d.kvd, d.H, d.kvd, d.H, true) },
 			// dres becomes the gradient at the layer's input.
 			func() error {
 				return normBack(dres, dh, a.x, w(l.InputNorm), a.inv1, g(l.InputNorm), T, d.H, 1, d.H, true)
@@ -251,8 +252,9 @@ func (e *Engine) headBackward(f *fwdState, dxf, dcl, dch Buffer) error {
 				return e.launch("head.cu", "head_bwd", rowsGrid(rows), block256, z, z, sub(dcl, c0, rows), sub(dch, c0, rows),
 					intSub(f.dTargets, c0, rows), d.V, f.temp)
 			},
-			func() error { return e.linearBackX(sub(dxf, c0*d.H, rows*d.H), z, lm, rows, d.H, d.V, d.H, d.V, false) },
-			func() error { return e.linearBackW(glm, z, xf, rows, d.H, d.V, d.V, d.H) },
+			func() error {
+				return e.linearBack(sub(dxf, c0*d.H, rows*d.H), glm, z, xf, lm, rows, d.H, d.V, d.H, d.V, d.H, false)
+			},
 		}
 		for _, s := range steps {
 			if err := s(); err != nil {

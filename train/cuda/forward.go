@@ -268,18 +268,14 @@ func (e *Engine) linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error {
 	return e.ops.Linear(y, x, w, rows, in, out, ldy, ldx)
 }
 
-// linearBackX: dx[r, 0:in] (+)= dy[r, 0:out] · W.
-func (e *Engine) linearBackX(dx, dy, w Buffer, rows, in, out, lddx, lddy int, acc bool) error {
+// linearBack is a linear layer's backward: dx[r, 0:in] (+)= dy[r, 0:out]·W
+// and dW[out, in] += dyᵀ·x (the bf16 mode rounds dy once for both).
+func (e *Engine) linearBack(dx, dw, dy, x, w Buffer, rows, in, out, lddx, lddy, ldx int, acc bool) error {
 	if e.bf != nil {
-		return e.bf.BackX(dx, dy, w, rows, in, out, lddx, lddy, acc)
+		return e.bf.Back(dx, dw, dy, x, w, rows, in, out, lddx, lddy, ldx, acc)
 	}
-	return e.ops.LinearBackX(dx, dy, w, rows, in, out, lddx, lddy, acc)
-}
-
-// linearBackW: dW[out, in] += Σ_r dy[r, o]·x[r, i].
-func (e *Engine) linearBackW(dw, dy, x Buffer, rows, in, out, lddy, ldx int) error {
-	if e.bf != nil {
-		return e.bf.BackW(dw, dy, x, rows, in, out, lddy, ldx)
+	if err := e.ops.LinearBackX(dx, dy, w, rows, in, out, lddx, lddy, acc); err != nil {
+		return err
 	}
 	return e.ops.LinearBackW(dw, dy, x, rows, in, out, lddy, ldx)
 }

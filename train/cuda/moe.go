@@ -168,10 +168,7 @@ func (e *Engine) moeBackward(f *fwdState, sc *moeScratch, mo *moeActs, L *model.
 		}
 		ex := &L.Experts[x]
 		dyx, dax := sub(dy, r0*H, n*H), sub(da, r0*I, n*I)
-		if err := e.linearBackX(dax, dyx, e.param(e.w, ex.Down), n, I, H, I, H, false); err != nil {
-			return err
-		}
-		if err := e.linearBackW(e.param(e.g, ex.Down), dyx, sub(mo.ag, r0*I, n*I), n, I, H, H, I); err != nil {
+		if err := e.linearBack(dax, e.param(e.g, ex.Down), dyx, sub(mo.ag, r0*I, n*I), e.param(e.w, ex.Down), n, I, H, I, H, I, false); err != nil {
 			return err
 		}
 	}
@@ -188,10 +185,12 @@ func (e *Engine) moeBackward(f *fwdState, sc *moeScratch, mo *moeActs, L *model.
 		du := sub(dg, I, n*2*I-I)
 		xg, dxgx := sub(mo.xg, r0*H, n*H), sub(dxg, r0*H, n*H)
 		steps := []func() error{
-			func() error { return e.linearBackW(e.param(e.g, ex.Gate), dg, xg, n, H, I, 2*I, H) },
-			func() error { return e.linearBackW(e.param(e.g, ex.Up), du, xg, n, H, I, 2*I, H) },
-			func() error { return e.linearBackX(dxgx, dg, e.param(e.w, ex.Gate), n, H, I, H, 2*I, false) },
-			func() error { return e.linearBackX(dxgx, du, e.param(e.w, ex.Up), n, H, I, H, 2*I, true) },
+			func() error {
+				return e.linearBack(dxgx, e.param(e.g, ex.Gate), dg, xg, e.param(e.w, ex.Gate), n, H, I, H, 2*I, H, false)
+			},
+			func() error {
+				return e.linearBack(dxgx, e.param(e.g, ex.Up), du, xg, e.param(e.w, ex.Up), n, H, I, H, 2*I, H, true)
+			},
 		}
 		for _, s := range steps {
 			if err := s(); err != nil {
@@ -212,8 +211,5 @@ func (e *Engine) moeBackward(f *fwdState, sc *moeScratch, mo *moeActs, L *model.
 		dp, mo.dProbs, mo.dGates, mo.dIds, dgt, sc.aux, T, E, k, norm); err != nil {
 		return err
 	}
-	if err := e.linearBackW(e.param(e.g, L.Router), dp, h2, T, H, E, E, H); err != nil {
-		return err
-	}
-	return e.linearBackX(dh2, dp, e.param(e.w, L.Router), T, H, E, H, E, true)
+	return e.linearBack(dh2, e.param(e.g, L.Router), dp, h2, e.param(e.w, L.Router), T, H, E, H, E, H, true)
 }
