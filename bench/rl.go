@@ -8,7 +8,8 @@ import (
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rl"
 	"github.com/keel-rl/keel/rollout"
-	"github.com/keel-rl/keel/train"
+	rolldevice "github.com/keel-rl/keel/rollout/device"
+	traindevice "github.com/keel-rl/keel/train/device"
 )
 
 // RLStepResult is where the time of one RL step goes (seconds, averaged
@@ -24,18 +25,42 @@ type RLStepResult struct {
 	SampledTokensPerStep   float64
 }
 
+// RLStepSpec is one RL-step measurement.
+type RLStepSpec struct {
+	Preset string
+	Vocab  int
+	Layers int // 0: the preset's
+	// Rollout is the rollout engine's precision.
+	Rollout                rollout.Precision
+	Prompts, Group, MaxNew int
+	Steps                  int // measured, after one warm-up step
+	// Device puts both engines on cpu (or ""), cuda or cuda:N;
+	// TrainPrecision and Recompute are the training engine's (on a GPU).
+	Device, TrainPrecision string
+	Recompute              bool
+}
+
 // RLStep times whole steps of the RL loop (MiniRL, one mini-batch) on a
-// preset with random weights: B random 32-token prompts, G samples each
-// of up to maxNew tokens from the rollout engine in precision prec, a
+// preset with random weights: s.Prompts random 32-token prompts, s.Group
+// samples each of up to s.MaxNew tokens from the rollout engine, a
 // synthetic reward (1 when a response's first token is even) so that
-// groups have mixed rewards, and the weight push. One warm-up step, then
-// the mean of steps steps.
-func RLStep(preset string, vocab int, prec rollout.Precision, prompts, group, maxNew, steps int) (RLStepResult, error) {
+// groups have mixed rewards, and the weight push (device to device when
+// both engines share a GPU). The engines are opened as the RL runner
+// opens them: the rollout first, leaving the training engine's memory
+// plan free on a shared GPU. One warm-up step, then the mean of s.Steps.
+func RLStep(s RLStepSpec) (RLStepResult, error) {
+	preset, vocab, prompts, group, maxNew := s.Preset, s.Vocab, s.Prompts, s.Group, s.MaxNew
 	cfg, err := model.Preset(preset, vocab)
 	if err != nil {
 		return RLStepResult{}, err
 	}
+	if s.Layers > 0 {
+		cfg.NumHiddenLayers = s.Layers
+	}
 	cfg.MaxPositionEmbeddings = 32 + maxNew
+	if err := cfg.Validate(); err != nil {
+		return RLStepResult{}, err
+	}
 	m := model.New(cfg)
 	model.Init(m, 1)
 	recipe := []byte(`
@@ -43,11 +68,21 @@ model: {path: preset}
 data: {tasks: [arithmetic]}
 eval: {skip: true}
 `)
-	r, err := rl.ParseRecipe(recipe, []string{
-		"rollout.precision=" + prec.String(), fmt.Sprintf("rollout.max_new_tokens=%d", maxNew),
+	set := []string{
+		"rollout.precision=" + s.Rollout.String(), fmt.Sprintf("rollout.max_new_tokens=%d", maxNew),
 		fmt.Sprintf("train.prompts_per_step=%d", prompts), fmt.Sprintf("train.group_size=%d", group),
 		"train.lr=1.0e-5", fmt.Sprintf("rollout.slots=%d", prompts*group),
-	})
+	}
+	if s.Device != "" {
+		set = append(set, "device="+s.Device)
+	}
+	if s.TrainPrecision != "" {
+		set = append(set, "train.precision="+s.TrainPrecision)
+	}
+	if s.Recompute {
+		set = append(set, "train.recompute=true")
+	}
+	r, err := rl.ParseRecipe(recipe, set)
 	if err != nil {
 		return RLStepResult{}, err
 	}
@@ -60,12 +95,22 @@ eval: {skip: true}
 		}
 		ps[i] = rl.Prompt{Row: i, IDs: ids}
 	}
-	eng, err := rollout.New(m, rollout.Options{Precision: prec, Slots: prompts * group, MaxLen: 32 + maxNew})
+	te := r.Train.Engine()
+	var reserve int64
+	if gpu, _ := traindevice.Parse(s.Device); gpu >= 0 {
+		plan, err := te.Plan(&cfg, max(r.Train.MicroBatchTokens, 32+maxNew))
+		if err != nil {
+			return RLStepResult{}, err
+		}
+		reserve = plan.Total()
+	}
+	eng, err := rolldevice.Engine(s.Device, m, rollout.Options{Precision: s.Rollout, Slots: prompts * group, MaxLen: 32 + maxNew,
+		Reserve: reserve, MemoryFraction: r.Rollout.GPUMemory})
 	if err != nil {
 		return RLStepResult{}, err
 	}
 	defer eng.Close()
-	tr, err := train.NewTrainer(m, r.AdamW(), nil)
+	tr, err := traindevice.Trainer(te, m, r.AdamW(), nil)
 	if err != nil {
 		return RLStepResult{}, err
 	}
@@ -78,13 +123,13 @@ eval: {skip: true}
 	if err := l.Init(); err != nil {
 		return RLStepResult{}, err
 	}
-	res := RLStepResult{Preset: preset, Precision: prec.String(), Prompts: prompts, Group: group, MaxNew: maxNew}
-	for s := 0; s <= steps; s++ {
+	res := RLStepResult{Preset: preset, Precision: s.Rollout.String(), Prompts: prompts, Group: group, MaxNew: maxNew}
+	for step := 0; step <= s.Steps; step++ {
 		sr, err := l.RunStep(context.Background())
 		if err != nil {
 			return RLStepResult{}, err
 		}
-		if s == 0 {
+		if step == 0 {
 			continue // warm-up: buffers grow to size
 		}
 		mt := sr.Metrics
@@ -99,7 +144,7 @@ eval: {skip: true}
 		res.LoopOverhead += mt["time/loop_overhead"]
 		res.SampledTokensPerStep += mt["response_length/mean"] * float64(prompts*group)
 	}
-	n := float64(steps)
+	n := float64(s.Steps)
 	for _, p := range []*float64{&res.Step, &res.Rollout, &res.Score, &res.PiOld, &res.Update, &res.Push, &res.Other, &res.TrainEngine, &res.LoopOverhead, &res.SampledTokensPerStep} {
 		*p /= n
 	}

@@ -70,6 +70,7 @@ type benchOptions struct {
 	decodePrecs         []rollout.Precision
 	decodeGroup         int
 	rlPrec, servePrec   rollout.Precision
+	rlMaxNew            int
 	device, trainPrec   string
 	recompute           bool
 	gpuDecode           bool
@@ -113,10 +114,11 @@ func parseBenchFlags(args []string) (*benchOptions, error) {
 	decodeGroup := fs.Int("decode-group", 1, "samples per prompt in the decode table (RL's group size G; the samples of a prompt share its prefill)")
 	noRL := fs.Bool("no-rl", false, "skip the RL-step table")
 	rlPrec := fs.String("rl-precision", "fp8", "rollout precision of the RL-step table")
+	rlMaxNew := fs.Int("rl-max-new", 96, "response budget of the RL-step table (32 prompts x 8 samples of 32-token prompts)")
 	noServe := fs.Bool("no-serve", false, "skip the keel serve table")
 	servePrec := fs.String("serve-precision", "fp8", "rollout precision of the keel serve table")
 	serveClients := fs.Int("serve-clients", 64, "concurrent requests in the keel serve table")
-	dev := fs.String("device", "cpu", "where the training table runs: cpu, or cuda / cuda:N (then only the training table, MFU against --peak-tflops)")
+	dev := fs.String("device", "cpu", "where the engines run: cpu, or cuda / cuda:N (then the training table with MFU against --peak-tflops, the GPU rollout's decode table and the RL-step table with both engines on the GPU)")
 	layers := fs.Int("layers", 0, "decoder layers of the benchmarked presets (0: each preset's)")
 	trainPrec := fs.String("train-precision", "fp32", "the training engine's products: fp32, or bf16 (with --device cuda)")
 	recompute := fs.Bool("recompute", false, "with --device cuda: activation checkpointing in the training table")
@@ -127,7 +129,7 @@ func parseBenchFlags(args []string) (*benchOptions, error) {
 	}
 	o := &benchOptions{vocab: *vocab, seqs: *seqs, seqLen: *seqLen, dur: *dur, quick: *quick, noGemm: *noGemm, json: *asJSON,
 		noDecode: *noDecode, noRL: *noRL, noServe: *noServe, decodeGroup: *decodeGroup, serveClients: *serveClients,
-		device: *dev, layers: *layers, peakTFLOPS: *peak, peakGBPerS: *peakGB, trainPrec: *trainPrec}
+		device: *dev, layers: *layers, peakTFLOPS: *peak, peakGBPerS: *peakGB, trainPrec: *trainPrec, rlMaxNew: *rlMaxNew}
 	gpu, err := kc.ParseDevice(*dev)
 	if err != nil {
 		return nil, fmt.Errorf("--device: %w", err)
@@ -137,14 +139,15 @@ func parseBenchFlags(args []string) (*benchOptions, error) {
 	}
 	o.recompute = *recompute
 	if gpu >= 0 {
-		// On a GPU: the training table and, unless --no-decode, the
-		// decode table (the GPU rollout backend, in --decode-precisions
-		// but the CPU's own fp32).
+		// On a GPU: the training table, unless --no-decode the decode
+		// table (the GPU rollout backend, in --decode-precisions but the
+		// CPU's own fp32), and unless --no-rl the RL-step table with both
+		// engines on the GPU.
 		o.gpuDecode = !o.noDecode
-		o.noGemm, o.noDecode, o.noRL, o.noServe = true, true, true, true
+		o.noGemm, o.noDecode, o.noServe = true, true, true
 	}
-	if *layers < 0 || !(*peak > 0) || !(*peakGB > 0) {
-		return nil, fmt.Errorf("--layers must be >= 0 and --peak-tflops and --peak-gbps positive")
+	if *layers < 0 || !(*peak > 0) || !(*peakGB > 0) || *rlMaxNew < 1 {
+		return nil, fmt.Errorf("--layers must be >= 0, --rl-max-new at least 1, and --peak-tflops and --peak-gbps positive")
 	}
 	for _, p := range strings.Split(*presets, ",") {
 		o.presets = append(o.presets, strings.TrimSpace(p))
@@ -262,7 +265,8 @@ func measure(o *benchOptions) (*benchReport, error) {
 		if o.noRL {
 			break
 		}
-		r, err := bench.RLStep(tr.Preset, o.vocab, o.rlPrec, 32, 8, 96, steps)
+		r, err := bench.RLStep(bench.RLStepSpec{Preset: tr.Preset, Vocab: o.vocab, Layers: o.layers, Rollout: o.rlPrec,
+			Prompts: 32, Group: 8, MaxNew: o.rlMaxNew, Steps: steps, Device: o.device, TrainPrecision: o.trainPrec, Recompute: o.recompute})
 		if err != nil {
 			return nil, err
 		}
@@ -378,7 +382,8 @@ func printBenchNotes(rep *benchReport) {
 		fmt.Println("\nkeel serve: a preset with random weights served on loopback; rounds of CLIENTS concurrent requests (32-token prompts, 96 new tokens, one sample each) as POST /generate and as streamed /v1/completions, alternated with the same batch on an in-process engine; tok/s = generated tokens per second of a round, best round; latencies over all requests; then one weight sync: the model written as a Hugging Face directory (float32) and loaded with /update_weights_from_disk.")
 	}
 	if len(rep.RL) > 0 {
-		fmt.Println("\nRL step: MiniRL, 32 random 32-token prompts x 8 samples of up to 96 tokens, one mini-batch, a synthetic reward; phases as shares of the step; loop overhead = the step less the two engines and the weight push (scoring, coefficients, metrics).")
+		r := rep.RL[0]
+		fmt.Printf("\nRL step: MiniRL, %d random 32-token prompts x %d samples of up to %d tokens, one mini-batch, a synthetic reward; phases as shares of the step; loop overhead = the step less the two engines and the weight push (scoring, coefficients, metrics).\n", r.Prompts, r.Group, r.MaxNew)
 	}
 	if len(rep.Decode) > 0 {
 		fmt.Println("\ndecode: 32-token prompts, 96 new tokens each at temperature 1, all sequences concurrent, \"per prompt\" samples sharing each prompt's prefill; tokens/s counts generated tokens (prefill time included); vs forward = over the forward tok/s above.")

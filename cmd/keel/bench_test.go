@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/keel-rl/keel/bench"
+	"github.com/keel-rl/keel/rollout"
 )
 
 // Bad decode flags are refused before any measurement runs (a typo must
@@ -24,6 +25,7 @@ func TestBenchFlagErrors(t *testing.T) {
 		{[]string{"--device", "tpu"}, `--device: device "tpu"`},
 		{[]string{"--layers", "-1"}, "--layers must be >= 0"},
 		{[]string{"--peak-gbps", "0"}, "--peak-gbps positive"},
+		{[]string{"--rl-max-new", "0"}, "--rl-max-new at least 1"},
 	} {
 		args := append([]string{"--presets", "no-such-preset", "--no-gemm"}, c.args...)
 		if err := runBench(args); err == nil || !strings.Contains(err.Error(), c.want) {
@@ -44,6 +46,27 @@ func TestBenchTrainOnLayers(t *testing.T) {
 	// embedding 64 × 1024 and the final norm 1024.
 	if want := 15730944 + 64*1024 + 1024; r.Params != want || r.TokensPerS <= 0 {
 		t.Errorf("params %d (want %d), %v tokens/s", r.Params, want, r.TokensPerS)
+	}
+}
+
+// TestBenchRLStepSpec: the RL-step table's spec reaches the loop: a
+// Qwen3-0.6B shape of one layer, 2 prompts x 3 samples of at most 5
+// tokens, on the CPU engines.
+func TestBenchRLStepSpec(t *testing.T) {
+	r, err := bench.RLStep(bench.RLStepSpec{Preset: "qwen3-0.6b", Vocab: 64, Layers: 1, Rollout: rollout.FP32,
+		Prompts: 2, Group: 3, MaxNew: 5, Steps: 1, Device: "cpu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Prompts != 2 || r.Group != 3 || r.MaxNew != 5 || r.Precision != "fp32" {
+		t.Errorf("result for %+v", r)
+	}
+	if !(r.Step > 0) || r.SampledTokensPerStep < 6 || r.SampledTokensPerStep > 2*3*5 {
+		t.Errorf("step %.3g s, %.1f sampled tokens: want a positive time and 6 to 30 tokens", r.Step, r.SampledTokensPerStep)
+	}
+	if _, err := bench.RLStep(bench.RLStepSpec{Preset: "qwen3-0.6b", Vocab: 64, Layers: 1, Rollout: rollout.FP32,
+		Prompts: 1, Group: 1, MaxNew: 2, Steps: 1, Device: "cpu", TrainPrecision: "bf16"}); err == nil {
+		t.Error("bf16 training on the CPU accepted")
 	}
 }
 

@@ -14,7 +14,10 @@
 #          (fp32, bf16 autocast) on the Qwen3-0.6B and 30B-A3B shapes
 #   profile  bf16 training only: keel, PyTorch, then keel again with
 #          KEEL_CUDA_PROFILE=1 (the time of every kernel and product)
-# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile]
+#   rl     one RL step with both engines on the GPU, Qwen3-0.6B shape,
+#          32 prompts x 8 samples of up to 1024 tokens (bf16 training,
+#          bf16 rollout): where the step's time goes (issue 25's table)
+# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [rl]
 #        (none: tests e2e hf speed)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -131,7 +134,7 @@ if [[ " $sections " == *" speed "* ]]; then
     for prec in bf16 fp32; do
       nodec=--no-decode
       [ $prec = bf16 ] && [ $1 = qwen3-0.6b ] && nodec=
-      timeout 240 $bin/keel bench --device cuda --train-precision $prec --presets $1 --layers $2 --vocab 151936 --seqs $3 --len $4 --time 1ms --json $nodec --decode-precisions exact,bf16 --peak-gbps $peakgb \
+      timeout 240 $bin/keel bench --device cuda --train-precision $prec --presets $1 --layers $2 --vocab 151936 --seqs $3 --len $4 --time 1ms --json $nodec --no-rl --decode-precisions exact,bf16 --peak-gbps $peakgb \
         > "$out/bench-keel-$1-$prec.json" 2> "$out/bench-keel-$1-$prec.err"
       echo "  keel $1 $prec, layers $2, $3 x $4: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']])); [print('    decode %s, %d sequences: %.0f tok/s, %.0f GB/s of weights and KV read, %.0f%% of the bandwidth' % (d['precision_name'], d['Slots'], d['TokensPerS'], d.get('gb_per_s', 0), 100*d.get('bandwidth', 0))) for d in r.get('decode') or []]" "$out/bench-keel-$1-$prec.json" 2>/dev/null || tail -1 "$out/bench-keel-$1-$prec.err")"
       timeout 150 python3 tools/gpu/torch_train.py --preset $1 --layers $2 --seqs $3 --len $4 --mode $prec \
@@ -151,7 +154,7 @@ if [[ " $sections " == *" profile "* ]]; then
   echo "== bf16 training on this card: keel, PyTorch, and where keel's time goes (KEEL_CUDA_PROFILE=1 synchronises every launch: read shares)"
   for spec in "qwen3-0.6b 0 4 2048" "qwen3-30b-a3b 2 2 2048"; do
     set -- $spec
-    args="--device cuda --train-precision bf16 --presets $1 --layers $2 --vocab 151936 --seqs $3 --len $4 --time 1ms --json --no-decode"
+    args="--device cuda --train-precision bf16 --presets $1 --layers $2 --vocab 151936 --seqs $3 --len $4 --time 1ms --json --no-decode --no-rl"
     timeout 120 $bin/keel bench $args > "$out/bench-keel-$1-bf16.json" 2> "$out/bench-keel-$1-bf16.err"
     echo "  keel $1 bf16, layers $2, $3 x $4: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$1-bf16.json" 2>/dev/null || tail -1 "$out/bench-keel-$1-bf16.err")"
     timeout 120 python3 tools/gpu/torch_train.py --preset $1 --layers $2 --seqs $3 --len $4 --mode bf16 \
@@ -160,5 +163,11 @@ if [[ " $sections " == *" profile "* ]]; then
     KEEL_CUDA_PROFILE=1 timeout 120 $bin/keel bench $args > "$out/profile-$1.json" 2> "$out/profile-$1.txt"
     grep -A25 KEEL_CUDA_PROFILE "$out/profile-$1.txt" | sed 's/^/    /'
   done
+fi
+if [[ " $sections " == *" rl "* ]]; then
+  echo "== an RL step on the GPU (both engines), Qwen3-0.6B shape, 32 prompts x 8 samples of up to 1024 tokens"
+  timeout 400 $bin/keel bench --device cuda --train-precision bf16 --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 \
+    --quick --no-decode --rl-precision bf16 --rl-max-new 1024 > "$out/rl-step.txt" 2>&1 || status=1
+  sed 's/^/  /' "$out/rl-step.txt" | tail -12
 fi
 exit $status
