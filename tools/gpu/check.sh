@@ -142,12 +142,11 @@ if [[ " $sections " == *" speed "* ]]; then
       echo "  torch $1 $prec: exit $? $(tail -1 "$out/bench-torch-$1-$prec.json" 2>/dev/null || tail -1 "$out/bench-torch-$1-$prec.err")"
     done
   done
-  echo "== decode: transformers generate (static cache), 32-token prompts, 96 new tokens (keel's rows above)"
-  for dt in bf16 fp32; do
-    for b in 256 64; do
-      timeout 150 python3 tools/gpu/torch_decode.py --preset qwen3-0.6b --batch $b --dtype $dt > "$out/decode-torch-$dt-$b.json" 2> "$out/decode-torch-$dt-$b.err"
-      echo "  torch qwen3-0.6b $dt, $b sequences: exit $? $(tail -1 "$out/decode-torch-$dt-$b.json" 2>/dev/null || tail -1 "$out/decode-torch-$dt-$b.err")"
-    done
+  echo "== decode: transformers generate (static cache; eager, then its own torch.compile), 32-token prompts, 96 new tokens (keel's rows above)"
+  for v in "bf16 256 off" "bf16 64 off" "fp32 256 off" "bf16 256 auto"; do
+    set -- $v
+    timeout 240 python3 tools/gpu/torch_decode.py --preset qwen3-0.6b --batch $2 --dtype $1 --compile $3 > "$out/decode-torch-$1-$2-$3.json" 2> "$out/decode-torch-$1-$2-$3.err"
+    echo "  torch qwen3-0.6b $1, $2 sequences, compile $3: exit $? $(tail -1 "$out/decode-torch-$1-$2-$3.json" 2>/dev/null || tail -1 "$out/decode-torch-$1-$2-$3.err")"
   done
 fi
 if [[ " $sections " == *" profile "* ]]; then
