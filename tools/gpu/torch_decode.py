@@ -34,6 +34,9 @@ def main():
     torch.manual_seed(1)
     dtype = torch.float32 if a.dtype == "fp32" else torch.bfloat16
     model = build(a.preset, a.layers, a.vocab).to("cuda", dtype).eval()
+    # Some versions read the flag from the model's own config, others from
+    # the call's: set both.
+    model.generation_config.disable_compile = a.compile == "off"
     g = torch.Generator(device="cuda").manual_seed(2)
     x = torch.randint(a.vocab, (a.batch, a.prompt), device="cuda", generator=g)
     kw = dict(max_new_tokens=a.new, min_new_tokens=a.new, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
