@@ -14,10 +14,13 @@
 #          (fp32, bf16 autocast) on the Qwen3-0.6B and 30B-A3B shapes
 #   profile  bf16 training only: keel, PyTorch, then keel again with
 #          KEEL_CUDA_PROFILE=1 (the time of every kernel and product)
+#   learn  the README's quickstart (350 steps, seed 1) with both engines on
+#          the GPU: its held-out avg@8 gain against the CPU's +6.5, +6.5,
+#          +6.4 (README) and its step time (about 5 minutes)
 #   rl     one RL step with both engines on the GPU, Qwen3-0.6B shape,
 #          32 prompts x 8 samples of up to 1024 tokens (bf16 training,
 #          bf16 rollout): where the step's time goes (issue 25's table)
-# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [rl]
+# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [learn] [rl]
 #        (none: tests e2e hf speed)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -163,6 +166,24 @@ if [[ " $sections " == *" profile "* ]]; then
     grep -A25 KEEL_CUDA_PROFILE "$out/profile-$1.txt" | sed 's/^/    /'
   done
 fi
+if [[ " $sections " == *" learn "* ]]; then
+  echo "== the quickstart with both engines on the GPU (fp32 training, fp8 rollout), seed 1; CPU: +6.5, +6.5, +6.4 (README)"
+  timeout 600 $bin/keel rl --set device=cuda --set out=$out/learn-cuda > "$out/learn-cuda.log" 2>&1 || status=1
+  grep -i 'held-out\|avg@8\|trained' "$out/learn-cuda.log" | tail -4 | sed 's/^/  /'
+  python3 - "$out/learn-cuda/metrics.jsonl" <<'PY'
+import json, statistics, sys
+try:
+    rows = [json.loads(l) for l in open(sys.argv[1])]
+except OSError as e:
+    print("  no metrics:", e)
+    sys.exit(0)
+steps = [r["time/step"] for r in rows if "time/step" in r]
+if steps:
+    print("  %d steps, median step %.3f s (rollout %.3f, updates %.3f)" % (len(steps), statistics.median(steps),
+          statistics.median(r.get("time/rollout", 0) for r in rows), statistics.median(r.get("time/update", 0) for r in rows)))
+PY
+fi
+
 if [[ " $sections " == *" rl "* ]]; then
   echo "== an RL step on the GPU (both engines), Qwen3-0.6B shape, 32 prompts x 8 samples of up to 1024 tokens"
   timeout 400 $bin/keel bench --device cuda --train-precision bf16 --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 \
