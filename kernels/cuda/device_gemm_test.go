@@ -164,6 +164,29 @@ func attnRef(q, k, v, dout []float32, starts, lens []int, heads, kv, hd int) (ou
 	return
 }
 
+// packSeqs lays sequences of lens tokens one after another: each one's
+// first row, the rows, and every row's sequence start and end.
+func packSeqs(lens []int) (starts []int, T int, seqStart, seqEnd []int32) {
+	for _, l := range lens {
+		starts = append(starts, T)
+		for i := 0; i < l; i++ {
+			seqStart = append(seqStart, int32(T))
+			seqEnd = append(seqEnd, int32(T+l))
+		}
+		T += l
+	}
+	return starts, T, seqStart, seqEnd
+}
+
+// roundBF16 is x rounded to bf16 and back, as the CPU kernels round.
+func roundBF16(x []float32) []float32 {
+	b := make([]kernels.BF16, len(x))
+	kernels.ToBF16(b, x)
+	y := make([]float32, len(x))
+	kernels.FromBF16(y, b)
+	return y
+}
+
 func f64to32(x []float64) []float32 {
 	y := make([]float32, len(x))
 	for i, v := range x {
@@ -179,17 +202,7 @@ func TestDeviceAttention(t *testing.T) {
 		lens          []int
 		heads, kv, hd int
 	}{{[]int{1}, 1, 1, 2}, {[]int{5, 1, 40}, 4, 2, 32}, {[]int{70, 3}, 16, 8, 128}, {[]int{9}, 6, 3, 256}} {
-		var starts []int
-		T := 0
-		var seqStart, seqEnd []int32
-		for _, l := range c.lens {
-			starts = append(starts, T)
-			for i := 0; i < l; i++ {
-				seqStart = append(seqStart, int32(T))
-				seqEnd = append(seqEnd, int32(T+l))
-			}
-			T += l
-		}
+		starts, T, seqStart, seqEnd := packSeqs(c.lens)
 		qd, kvd := c.heads*c.hd, c.kv*c.hd
 		q, k, v, dout := randF32(r, T*qd, 1), randF32(r, T*kvd, 1), randF32(r, T*kvd, 1), randF32(r, T*qd, 1)
 		out, dq, dk, dv := attnRef(q, k, v, dout, starts, c.lens, c.heads, c.kv, c.hd)
@@ -257,13 +270,6 @@ func TestDeviceAttention(t *testing.T) {
 		sameBits(t, name+" tiled against decoding", tiled, g.f32(dec, T*qd))
 		// The bf16 cache: decoding over it is decoding over a float32
 		// cache of the bf16-rounded keys and values, bit for bit.
-		round := func(x []float32) []float32 {
-			b := make([]kernels.BF16, len(x))
-			kernels.ToBF16(b, x)
-			y := make([]float32, len(x))
-			kernels.FromBF16(y, b)
-			return y
-		}
 		kc16 := bufOf(g, make([]uint16, len(c.lens)*maxLen*kvd))
 		vc16 := bufOf(g, make([]uint16, len(c.lens)*maxLen*kvd))
 		dec16, decRounded := g.poisoned(T*qd), g.poisoned(T*qd)
@@ -273,7 +279,7 @@ func TestDeviceAttention(t *testing.T) {
 		if err := ops.AttnDecodeBF16(dec16, bq, kc16, vc16, bslot, bpos, T, maxLen, c.heads, c.kv, c.hd, scale); err != nil {
 			t.Fatal(err)
 		}
-		if err := ops.KVStore(kcache, vcache, bufOf(g, round(k)), bufOf(g, round(v)), bslot, bpos, T, maxLen, kvd); err != nil {
+		if err := ops.KVStore(kcache, vcache, bufOf(g, roundBF16(k)), bufOf(g, roundBF16(v)), bslot, bpos, T, maxLen, kvd); err != nil {
 			t.Fatal(err)
 		}
 		if err := ops.AttnDecode(decRounded, bq, kcache, vcache, bslot, bpos, T, maxLen, c.heads, c.kv, c.hd, scale); err != nil {
@@ -302,32 +308,15 @@ func TestDeviceAttention(t *testing.T) {
 func TestDeviceFlashAttention(t *testing.T) {
 	g := newGPU(t)
 	r := rand.New(rand.NewPCG(11, 3))
-	round := func(x []float32) []float32 {
-		b := make([]kernels.BF16, len(x))
-		kernels.ToBF16(b, x)
-		y := make([]float32, len(x))
-		kernels.FromBF16(y, b)
-		return y
-	}
 	ops := NewOps(g.d)
 	for _, c := range []struct {
 		lens          []int
 		heads, kv, hd int
 	}{{[]int{1}, 1, 1, 32}, {[]int{5, 1, 40}, 4, 2, 32}, {[]int{70, 3}, 4, 2, 128}, {[]int{130, 64, 1, 9}, 6, 3, 64}, {[]int{200}, 2, 1, 128}} {
-		var starts []int
-		T := 0
-		var seqStart, seqEnd []int32
-		for _, l := range c.lens {
-			starts = append(starts, T)
-			for i := 0; i < l; i++ {
-				seqStart = append(seqStart, int32(T))
-				seqEnd = append(seqEnd, int32(T+l))
-			}
-			T += l
-		}
+		starts, T, seqStart, seqEnd := packSeqs(c.lens)
 		qd, kvd := c.heads*c.hd, c.kv*c.hd
 		q, k, v, dout := randF32(r, T*qd, 1), randF32(r, T*kvd, 1), randF32(r, T*kvd, 1), randF32(r, T*qd, 1)
-		out, dq, dk, dv := attnRef(round(q), round(k), round(v), round(dout), starts, c.lens, c.heads, c.kv, c.hd)
+		out, dq, dk, dv := attnRef(roundBF16(q), roundBF16(k), roundBF16(v), roundBF16(dout), starts, c.lens, c.heads, c.kv, c.hd)
 		bq, bk, bv, bdo := bufOf(g, q), bufOf(g, k), bufOf(g, v), bufOf(g, dout)
 		bst, ben := bufOf(g, seqStart), bufOf(g, seqEnd)
 		bout, blse, bdsum := g.poisoned(T*qd), g.poisoned(T*c.heads), g.poisoned(T*c.heads)
@@ -400,13 +389,6 @@ func TestDeviceGemmBF16(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(10, 10))
-	round := func(x []float32) []float32 {
-		b := make([]kernels.BF16, len(x))
-		kernels.ToBF16(b, x)
-		y := make([]float32, len(x))
-		kernels.FromBF16(y, b)
-		return y
-	}
 	toBF16 := func(x []float32) Buffer {
 		b := make([]kernels.BF16, len(x))
 		kernels.ToBF16(b, x)
@@ -419,7 +401,7 @@ func TestDeviceGemmBF16(t *testing.T) {
 	for _, s := range []struct{ M, N, K int }{{1, 8, 16}, {70, 33, 64}, {256, 1024, 512}} {
 		M, N, K := s.M, s.N, s.K
 		x, w, dy := randF32(r, M*K, 1), randF32(r, N*K, 1), randF32(r, M*N, 1)
-		xr, wr, dyr := round(x), round(w), round(dy)
+		xr, wr, dyr := roundBF16(x), roundBF16(w), roundBF16(dy)
 		bx, bw, bdy := toBF16(x), toBF16(w), toBF16(dy)
 		name := fmt.Sprintf("bf16 %dx%dx%d", M, N, K)
 

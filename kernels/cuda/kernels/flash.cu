@@ -131,6 +131,35 @@ __device__ __forceinline__ float quad_max(float v) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
+// c_to_a packs two 16x8 float32 tiles of mma results (k = 0..7 and
+// 8..15 of the next product) into that product's A fragment, as bf16.
+__device__ __forceinline__ void c_to_a(u32 (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = pack_bf16(lo[0], lo[1]);
+  a[1] = pack_bf16(lo[2], lo[3]);
+  a[2] = pack_bf16(hi[0], hi[1]);
+  a[3] = pack_bf16(hi[2], hi[3]);
+}
+
+// store_tile writes a warp's 16 x HD float32 tile acc into rows r0 (times
+// s0) and r0 + 8 (times s1) of dst, rows ld apart, skipping rows at or
+// past T.
+template <int HD>
+__device__ __forceinline__ void store_tile(float* dst, i64 ld, const float (&acc)[HD / 8][4], int r0, int T, float s0,
+                                           float s1, int t) {
+#pragma unroll
+  for (int n = 0; n < HD / 8; n++) {
+    const int c = n * 8 + 2 * t;
+    if (r0 < T) {
+      dst[r0 * ld + c] = acc[n][0] * s0;
+      dst[r0 * ld + c + 1] = acc[n][1] * s0;
+    }
+    if (r0 + 8 < T) {
+      dst[(r0 + 8) * ld + c] = acc[n][2] * s1;
+      dst[(r0 + 8) * ld + c + 1] = acc[n][3] * s1;
+    }
+  }
+}
+
 // flash_fwd: out = softmax(q k^T * scale) v over each row's sequence
 // prefix, lse its log-sum-exp (natural log, as attn.cu's), from the bf16
 // copies qb, kb (row-major) and vt (transposed). A block takes FA_BQ query
@@ -210,8 +239,8 @@ __device__ __forceinline__ void flash_fwd(u32* Ks, u32* Vt, float* __restrict__ 
     }
 #pragma unroll
     for (int kk = 0; kk < FA_BK / 16; kk++) {
-      const u32 pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                         pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      u32 pa[4];
+      c_to_a(pa, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
       for (int n = 0; n < ND; n++) {
         const u32 b[2] = {Vt[(n * 8 + g) * VP + kk * 8 + t], Vt[(n * 8 + g) * VP + kk * 8 + t + 4]};
@@ -221,18 +250,7 @@ __device__ __forceinline__ void flash_fwd(u32* Ks, u32* Vt, float* __restrict__ 
   }
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
-#pragma unroll
-  for (int n = 0; n < ND; n++) {
-    const int c = n * 8 + 2 * t;
-    if (r0 < T) {
-      out[(i64)r0 * qd + (i64)h * HD + c] = o[n][0] / l0;
-      out[(i64)r0 * qd + (i64)h * HD + c + 1] = o[n][1] / l0;
-    }
-    if (r1 < T) {
-      out[(i64)r1 * qd + (i64)h * HD + c] = o[n][2] / l1;
-      out[(i64)r1 * qd + (i64)h * HD + c + 1] = o[n][3] / l1;
-    }
-  }
+  store_tile<HD>(out + (i64)h * HD, qd, o, r0, T, 1.f / l0, 1.f / l1, t);
   if (t == 0 && r0 < T) lse[(i64)r0 * heads + h] = m0 * FA_LN2 + logf(l0);
   if (t == 0 && r1 < T) lse[(i64)r1 * heads + h] = m1 * FA_LN2 + logf(l1);
 }
@@ -311,8 +329,8 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks, u32* Kt, u32* Vs, float* _
     }
 #pragma unroll
     for (int kk = 0; kk < FB_BK / 16; kk++) {
-      const u32 a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                        pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      u32 a[4];
+      c_to_a(a, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
       for (int n = 0; n < ND; n++) {
         const u32 b[2] = {Kt[(n * 8 + g) * TP + kk * 8 + t], Kt[(n * 8 + g) * TP + kk * 8 + t + 4]};
@@ -320,18 +338,7 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks, u32* Kt, u32* Vs, float* _
       }
     }
   }
-#pragma unroll
-  for (int n = 0; n < ND; n++) {
-    const int c = n * 8 + 2 * t;
-    if (r0 < T) {
-      dq[(i64)r0 * qd + (i64)h * HD + c] = acc[n][0] * scale;
-      dq[(i64)r0 * qd + (i64)h * HD + c + 1] = acc[n][1] * scale;
-    }
-    if (r1 < T) {
-      dq[(i64)r1 * qd + (i64)h * HD + c] = acc[n][2] * scale;
-      dq[(i64)r1 * qd + (i64)h * HD + c + 1] = acc[n][3] * scale;
-    }
-  }
+  store_tile<HD>(dq + (i64)h * HD, qd, acc, r0, T, scale, scale, t);
 }
 
 // flash_bwd_dkv: for key rows j and KV head grp, over the query heads of
@@ -405,10 +412,9 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* Vs, u32* Qs, u32* Qt, u32* Ds
         }
       }
       // One k-step of FB_BQ = 16 queries: dV += P^T dO, dK += dS^T Q.
-      const u32 pa[4] = {pack_bf16(s[0][0], s[0][1]), pack_bf16(s[0][2], s[0][3]), pack_bf16(s[1][0], s[1][1]),
-                         pack_bf16(s[1][2], s[1][3])};
-      const u32 sa[4] = {pack_bf16(dp[0][0], dp[0][1]), pack_bf16(dp[0][2], dp[0][3]), pack_bf16(dp[1][0], dp[1][1]),
-                         pack_bf16(dp[1][2], dp[1][3])};
+      u32 pa[4], sa[4];
+      c_to_a(pa, s[0], s[1]);
+      c_to_a(sa, dp[0], dp[1]);
 #pragma unroll
       for (int n = 0; n < ND; n++) {
         const int o = (n * 8 + g) * TP + t;
@@ -418,22 +424,8 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* Vs, u32* Qs, u32* Qt, u32* Ds
       }
     }
   }
-#pragma unroll
-  for (int n = 0; n < ND; n++) {
-    const int c = n * 8 + 2 * t;
-    if (kr0 < T) {
-      dk[(i64)kr0 * kvd + (i64)grp * HD + c] = dka[n][0] * scale;
-      dk[(i64)kr0 * kvd + (i64)grp * HD + c + 1] = dka[n][1] * scale;
-      dv[(i64)kr0 * kvd + (i64)grp * HD + c] = dva[n][0];
-      dv[(i64)kr0 * kvd + (i64)grp * HD + c + 1] = dva[n][1];
-    }
-    if (kr1 < T) {
-      dk[(i64)kr1 * kvd + (i64)grp * HD + c] = dka[n][2] * scale;
-      dk[(i64)kr1 * kvd + (i64)grp * HD + c + 1] = dka[n][3] * scale;
-      dv[(i64)kr1 * kvd + (i64)grp * HD + c] = dva[n][2];
-      dv[(i64)kr1 * kvd + (i64)grp * HD + c + 1] = dva[n][3];
-    }
-  }
+  store_tile<HD>(dk + (i64)grp * HD, kvd, dka, kr0, T, scale, scale, t);
+  store_tile<HD>(dv + (i64)grp * HD, kvd, dva, kr0, T, 1.f, 1.f, t);
 }
 
 // The kernels, one set per head size, each with its shared memory (the
