@@ -12,8 +12,9 @@
 #          of one
 #   speed  training tokens/s and MFU: keel (fp32, bf16) and PyTorch
 #          (fp32, bf16 autocast) on the Qwen3-0.6B and 30B-A3B shapes
-#   profile  bf16 training only: keel, PyTorch, then keel again with
-#          KEEL_CUDA_PROFILE=1 (the time of every kernel and product)
+#   profile  bf16 training: keel, PyTorch, then keel again with
+#          KEEL_CUDA_PROFILE=1 (the time of every kernel and product);
+#          then a profiled bf16 decode at 256 sequences
 #   learn  the README's quickstart (350 steps, seed 1) with both engines on
 #          the GPU: its held-out avg@8 gain against the CPU's +6.5, +6.5,
 #          +6.4 (README) and its step time (about 5 minutes)
@@ -165,6 +166,10 @@ if [[ " $sections " == *" profile "* ]]; then
     KEEL_CUDA_PROFILE=1 timeout 120 $bin/keel bench $args > "$out/profile-$1.json" 2> "$out/profile-$1.txt"
     grep -A25 KEEL_CUDA_PROFILE "$out/profile-$1.txt" | sed 's/^/    /'
   done
+  echo "== where decoding's time goes: bf16 rollout, 256 sequences, Qwen3-0.6B shape (a one-sequence training table first)"
+  KEEL_CUDA_PROFILE=1 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms \
+    --no-rl --decode-precisions bf16 --decode-slots 256 > "$out/profile-decode.txt" 2>&1
+  grep -B2 -A25 'KEEL_CUDA_PROFILE' "$out/profile-decode.txt" | tail -28 | sed 's/^/    /'
 fi
 if [[ " $sections " == *" learn "* ]]; then
   echo "== the quickstart with both engines on the GPU (fp32 training, fp8 rollout), seed 1; CPU: +6.5, +6.5, +6.4 (README)"
