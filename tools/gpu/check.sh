@@ -12,16 +12,19 @@
 #          of one
 #   speed  training tokens/s and MFU: keel (fp32, bf16) and PyTorch
 #          (fp32, bf16 autocast) on the Qwen3-0.6B and 30B-A3B shapes
-#   profile  bf16 training: keel, PyTorch, then keel again with
+#   profile  bf16 training, issue 24's rows (Qwen3-0.6B at 8 x 2048 and
+#          2 x 16384, the MoE shape): keel and PyTorch, keel again with
 #          KEEL_CUDA_PROFILE=1 (the time of every kernel and product);
 #          then a profiled bf16 decode at 256 sequences
+#   fit    bf16 training of the Qwen3-1.7B shape at 4 x 4096 tokens with
+#          recomputation (issue 24: it fits one 80 GB card)
 #   learn  the README's quickstart (350 steps, seed 1) with both engines on
 #          the GPU: its held-out avg@8 gain against the CPU's +6.5, +6.5,
 #          +6.4 (README) and its step time (about 5 minutes)
 #   rl     one RL step with both engines on the GPU, Qwen3-0.6B shape,
 #          32 prompts x 8 samples of up to 1024 tokens (bf16 training,
 #          bf16 rollout): where the step's time goes (issue 25's table)
-# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [learn] [rl]
+# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [fit] [learn] [rl]
 #        (none: tests e2e hf speed)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -133,7 +136,7 @@ if [[ " $sections " == *" speed "* ]]; then
     *) peakgb=3350 ;;
   esac
   echo "== training speed on this card: keel and PyTorch (transformers + SDPA, fused AdamW), same shapes"
-  for spec in "qwen3-0.6b 0 4 2048" "qwen3-30b-a3b 2 2 2048"; do
+  for spec in "qwen3-0.6b 0 8 2048 4" "qwen3-30b-a3b 2 2 2048 2"; do
     set -- $spec
     for prec in bf16 fp32; do
       nodec=--no-decode
@@ -141,7 +144,7 @@ if [[ " $sections " == *" speed "* ]]; then
       timeout 240 $bin/keel bench --device cuda --train-precision $prec --presets $1 --layers $2 --vocab 151936 --seqs $3 --len $4 --time 1ms --json $nodec --no-rl --decode-precisions exact,bf16 --peak-gbps $peakgb \
         > "$out/bench-keel-$1-$prec.json" 2> "$out/bench-keel-$1-$prec.err"
       echo "  keel $1 $prec, layers $2, $3 x $4: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']])); [print('    decode %s, %d sequences: %.0f tok/s, %.0f GB/s of weights and KV read, %.0f%% of the bandwidth' % (d['precision_name'], d['Slots'], d['TokensPerS'], d.get('gb_per_s', 0), 100*d.get('bandwidth', 0))) for d in r.get('decode') or []]" "$out/bench-keel-$1-$prec.json" 2>/dev/null || tail -1 "$out/bench-keel-$1-$prec.err")"
-      timeout 150 python3 tools/gpu/torch_train.py --preset $1 --layers $2 --seqs $3 --len $4 --mode $prec \
+      timeout 150 python3 tools/gpu/torch_train.py --preset $1 --layers $2 --seqs $3 --len $4 --mode $prec --micro $5 \
         > "$out/bench-torch-$1-$prec.json" 2> "$out/bench-torch-$1-$prec.err"
       echo "  torch $1 $prec: exit $? $(tail -1 "$out/bench-torch-$1-$prec.json" 2>/dev/null || tail -1 "$out/bench-torch-$1-$prec.err")"
     done
@@ -155,22 +158,37 @@ if [[ " $sections " == *" speed "* ]]; then
 fi
 if [[ " $sections " == *" profile "* ]]; then
   echo "== bf16 training on this card: keel, PyTorch, and where keel's time goes (KEEL_CUDA_PROFILE=1 synchronises every launch: read shares)"
-  for spec in "qwen3-0.6b 0 4 2048" "qwen3-30b-a3b 2 2 2048"; do
+  # preset, layers, sequences x length, keel's recomputation, PyTorch's
+  # micro-batch (its gradients accumulate) and checkpointing, profile?
+  for spec in "qwen3-0.6b 0 8 2048 no 4 no yes" "qwen3-0.6b 0 2 16384 yes 1 yes no" "qwen3-30b-a3b 2 2 2048 no 2 no yes"; do
     set -- $spec
-    args="--device cuda --train-precision bf16 --presets $1 --layers $2 --vocab 151936 --seqs $3 --len $4 --time 1ms --json --no-decode --no-rl"
-    timeout 120 $bin/keel bench $args > "$out/bench-keel-$1-bf16.json" 2> "$out/bench-keel-$1-bf16.err"
-    echo "  keel $1 bf16, layers $2, $3 x $4: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$1-bf16.json" 2>/dev/null || tail -1 "$out/bench-keel-$1-bf16.err")"
-    timeout 120 python3 tools/gpu/torch_train.py --preset $1 --layers $2 --seqs $3 --len $4 --mode bf16 \
-      > "$out/bench-torch-$1-bf16.json" 2> "$out/bench-torch-$1-bf16.err"
-    echo "  torch $1 bf16: exit $? $(tail -1 "$out/bench-torch-$1-bf16.json" 2>/dev/null || tail -1 "$out/bench-torch-$1-bf16.err")"
-    KEEL_CUDA_PROFILE=1 timeout 120 $bin/keel bench $args > "$out/profile-$1.json" 2> "$out/profile-$1.txt"
-    grep -A25 KEEL_CUDA_PROFILE "$out/profile-$1.txt" | sed 's/^/    /'
+    rc=; [ $5 = yes ] && rc=--recompute
+    ck=; [ $7 = yes ] && ck=--checkpoint
+    tag=$1-$3x$4
+    args="--device cuda --train-precision bf16 $rc --presets $1 --layers $2 --vocab 151936 --seqs $3 --len $4 --time 1ms --json --no-decode --no-rl"
+    timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag.json" 2> "$out/bench-keel-$tag.err"
+    echo "  keel $1 bf16, layers $2, $3 x $4 ${rc:-}: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag.err")"
+    timeout 150 python3 tools/gpu/torch_train.py --preset $1 --layers $2 --seqs $3 --len $4 --mode bf16 --micro $6 $ck \
+      > "$out/bench-torch-$tag.json" 2> "$out/bench-torch-$tag.err"
+    echo "  torch $1 bf16, micro-batches of $6 ${ck:-}: exit $? $(tail -1 "$out/bench-torch-$tag.json" 2>/dev/null || tail -1 "$out/bench-torch-$tag.err")"
+    if [ $8 = yes ]; then
+      KEEL_CUDA_PROFILE=1 timeout 150 $bin/keel bench $args > "$out/profile-$tag.json" 2> "$out/profile-$tag.txt"
+      grep -A25 KEEL_CUDA_PROFILE "$out/profile-$tag.txt" | sed 's/^/    /'
+    fi
   done
   echo "== where decoding's time goes: bf16 rollout, 256 sequences, Qwen3-0.6B shape (a one-sequence training table first)"
   KEEL_CUDA_PROFILE=1 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms \
     --no-rl --decode-precisions bf16 --decode-slots 256 > "$out/profile-decode.txt" 2>&1
   grep -B2 -A25 'KEEL_CUDA_PROFILE' "$out/profile-decode.txt" | tail -28 | sed 's/^/    /'
 fi
+if [[ " $sections " == *" fit "* ]]; then
+  echo "== full-parameter bf16 training of the Qwen3-1.7B shape at 4 x 4096 tokens with recomputation (train/memplan: 37.5 GiB)"
+  timeout 200 $bin/keel bench --device cuda --train-precision bf16 --recompute --presets qwen3-1.7b --vocab 151936 --seqs 4 --len 4096 \
+    --time 1ms --json --no-decode --no-rl > "$out/bench-keel-1.7b.json" 2> "$out/bench-keel-1.7b.err"
+  echo "  exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%d parameters, %.0f train tok/s, MFU %.1f%%' % (t['Params'], t['TokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-1.7b.json" 2>/dev/null || tail -2 "$out/bench-keel-1.7b.err")"
+  nvidia-smi --query-gpu=memory.total --format=csv,noheader | sed 's/^/  card memory: /'
+fi
+
 if [[ " $sections " == *" learn "* ]]; then
   echo "== the quickstart with both engines on the GPU (fp32 training, fp8 rollout), seed 1; CPU: +6.5, +6.5, +6.4 (README)"
   timeout 600 $bin/keel rl --set device=cuda --set out=$out/learn-cuda > "$out/learn-cuda.log" 2>&1 || status=1

@@ -5,6 +5,10 @@ transformers with SDPA attention and torch.optim.AdamW(fused=True), timed
 with CUDA events on the same card. Random weights: only the shapes matter.
 
   python3 tools/gpu/torch_train.py --preset qwen3-0.6b --seqs 4 --len 2048 --mode fp32
+
+--micro N splits a step's sequences into micro-batches of N whose gradients
+accumulate before the one optimiser step (what fits memory); --checkpoint
+turns on transformers' gradient checkpointing (keel's train.recompute).
 """
 import argparse
 import json
@@ -50,13 +54,20 @@ def main():
                     help="fp32: everything in float32 (keel's engine today; TF32 off); "
                          "bf16: fp32 master weights, bf16 autocast for the products")
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--micro", type=int, default=0, help="sequences per micro-batch (0: all in one)")
+    ap.add_argument("--checkpoint", action="store_true", help="gradient checkpointing")
     a = ap.parse_args()
+    micro = a.micro or a.seqs
+    if a.seqs % micro:
+        ap.error("--micro must divide --seqs")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(1)
     dev = torch.device("cuda")
     model = build(a.preset, a.layers, a.vocab).to(dev, torch.float32)
     model.train()
+    if a.checkpoint:
+        model.gradient_checkpointing_enable()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01, fused=True)
     g = torch.Generator(device=dev).manual_seed(7)
     x = torch.randint(a.vocab, (a.seqs, a.len), device=dev, generator=g)
@@ -64,11 +75,14 @@ def main():
 
     def step():
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.mode == "bf16"):
-            logits = model(input_ids=x).logits
-        lp = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, x[:, 1:, None]).squeeze(-1)
-        loss = (lp * coef).sum()
-        loss.backward()
+        for m0 in range(0, a.seqs, micro):
+            xm, cm = x[m0:m0 + micro], coef[m0:m0 + micro]
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.mode == "bf16"):
+                logits = model(input_ids=xm).logits
+            lp = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, xm[:, 1:, None]).squeeze(-1)
+            loss = (lp * cm).sum()
+            loss.backward()
+            del logits, lp, loss
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 
@@ -85,7 +99,7 @@ def main():
         times.append(s.elapsed_time(e) / 1000)
     best = min(times)
     out = dict(preset=a.preset, layers=a.layers or PRESETS[a.preset]["num_hidden_layers"], mode=a.mode,
-               tokens=a.seqs * a.len, step_s=best, tokens_per_s=a.seqs * a.len / best,
+               micro=micro, checkpoint=a.checkpoint, tokens=a.seqs * a.len, step_s=best, tokens_per_s=a.seqs * a.len / best,
                params=sum(p.numel() for p in model.parameters()), card=torch.cuda.get_device_name(),
                peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30, torch=torch.__version__)
     print(json.dumps(out))
