@@ -109,6 +109,35 @@ func (l *BF16Linear) Linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error {
 	return l.blas.GemmBF16(true, false, out, rows, in, w16, in, x16, in, y, ldy, false)
 }
 
+// Product is one output of LinearMany: Y[r, 0:Out] (rows LdY apart) =
+// x · Wᵀ, W [Out, in] a span of the weights.
+type Product struct {
+	Y, W     Buffer
+	Out, LdY int
+}
+
+// LinearMany computes several products of the same input x (q, k and v of
+// one layer, say) from one bf16 rounding of it.
+func (l *BF16Linear) LinearMany(x Buffer, rows, in, ldx int, ps ...Product) error {
+	if err := l.weights(); err != nil {
+		return err
+	}
+	x16, err := l.operand(0, x, rows, in, ldx)
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		w16, err := l.w16span(p.W)
+		if err != nil {
+			return err
+		}
+		if err := l.blas.GemmBF16(true, false, p.Out, rows, in, w16, in, x16, in, p.Y, p.LdY, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // BackX: dx[r, 0:in] (+)= dy[r, 0:out] · W; dxᶜ = Wᶜ · dyᶜ.
 func (l *BF16Linear) BackX(dx, dy, w Buffer, rows, in, out, lddx, lddy int, acc bool) error {
 	if err := l.weights(); err != nil {

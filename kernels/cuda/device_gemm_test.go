@@ -479,6 +479,80 @@ func TestDeviceBF16LinearBack(t *testing.T) {
 	sameBits(t, "Back's dW against BackW's", g.f32(dw1, out*in), g.f32(dw2, out*in))
 }
 
+// TestDeviceLinearMany: LinearMany, which rounds (bf16) or quantises (fp8,
+// fp4) its input once for several weights, gives each Linear's bits, on a
+// strided input and outputs with their own row strides.
+func TestDeviceLinearMany(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(13, 2))
+	const rows, in, ldx = 21, 40, 44
+	outs := []int{24, 8, 16}
+	var mats []Matrix
+	off := 4
+	for _, o := range outs {
+		mats = append(mats, Matrix{Off: off, Rows: o, Cols: in})
+		off += o*in + 4
+	}
+	arena := bufOf(g, randF32(r, off, 1))
+	x := bufOf(g, randF32(r, rows*ldx, 1))
+	ops := NewOps(g.d)
+	bl, err := NewBF16Linear(ops, arena, off)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bl.Free()
+	f8, err := NewQuantLinear(ops, arena, off, mats, FormatFP8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f8.Free()
+	f4, err := NewQuantLinear(ops, arena, off, mats, FormatFP4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f4.Free()
+	for _, c := range []struct {
+		name string
+		p    interface {
+			Linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error
+			LinearMany(x Buffer, rows, in, ldx int, ps ...Product) error
+		}
+	}{{"bf16", bl}, {"fp8", f8}, {"fp4", f4}} {
+		var many, one []Product
+		for i, m := range mats {
+			ld := m.Rows + i // a row stride of its own
+			w := arena.Floats(m.Off, m.Rows*in)
+			many = append(many, Product{Y: g.poisoned(rows * ld), W: w, Out: m.Rows, LdY: ld})
+			one = append(one, Product{Y: g.poisoned(rows * ld), W: w, Out: m.Rows, LdY: ld})
+		}
+		if err := c.p.LinearMany(x, rows, in, ldx, many...); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range one {
+			if err := c.p.Linear(p.Y, x, p.W, rows, in, p.Out, p.LdY, ldx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := g.d.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		for i := range many {
+			a, b := g.f32(many[i].Y, rows*many[i].LdY), g.f32(one[i].Y, rows*one[i].LdY)
+			for r := 0; r < rows; r++ {
+				for o := 0; o < many[i].Out; o++ {
+					if v := a[r*many[i].LdY+o]; v != v {
+						t.Fatalf("%s product %d: row %d column %d not written", c.name, i, r, o)
+					}
+				}
+			}
+			sameBits(t, fmt.Sprintf("%s product %d: LinearMany against Linear", c.name, i), a, b)
+		}
+	}
+	if err := f8.LinearMany(x, rows, in, ldx, Product{Y: g.poisoned(rows * 8), W: arena.Floats(0, 8*in), Out: 8, LdY: 8}); err == nil {
+		t.Error("fp8: a weight that is not one of the quantised matrices was accepted")
+	}
+}
+
 func f32to64(x []float32) []float64 {
 	y := make([]float64, len(x))
 	for i, v := range x {

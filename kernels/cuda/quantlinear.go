@@ -110,12 +110,20 @@ func (l *QuantLinear) weights() error {
 // Linear: y[r, 0:out] = x[r, 0:in] · Wᵀ as described above; w is one of
 // the matrices given to NewQuantLinear.
 func (l *QuantLinear) Linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error {
+	return l.LinearMany(x, rows, in, ldx, Product{Y: y, W: w, Out: out, LdY: ldy})
+}
+
+// LinearMany computes several products of the same input x from one
+// quantisation of it; each W is one of the matrices given to
+// NewQuantLinear.
+func (l *QuantLinear) LinearMany(x Buffer, rows, in, ldx int, ps ...Product) error {
 	if err := l.weights(); err != nil {
 		return err
 	}
-	m, ok := l.mats[w.Ptr]
-	if !ok || m.Rows != out || m.Cols != in {
-		return fmt.Errorf("cuda: a quantised product's weight [%d, %d] is not one of the quantised matrices", out, in)
+	for _, p := range ps {
+		if m, ok := l.mats[p.W.Ptr]; !ok || m.Rows != p.Out || m.Cols != in {
+			return fmt.Errorf("cuda: a quantised product's weight [%d, %d] is not one of the quantised matrices", p.Out, in)
+		}
 	}
 	if n := rows * in; n > l.xN {
 		if l.x8.Ptr != 0 {
@@ -142,9 +150,15 @@ func (l *QuantLinear) Linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error 
 	if err := l.ops.QuantE4M3Rows(l.x8, l.sx, x, rows, in, ldx); err != nil {
 		return err
 	}
-	w8 := Buffer{Ptr: l.w8.Ptr + uint64(m.Off)*2, Size: int64(out*in) * 2}
-	if err := l.blas.GemmBF16(true, false, out, rows, in, w8, in, l.x8, in, y, ldy, false); err != nil {
-		return err
+	for _, p := range ps {
+		m := l.mats[p.W.Ptr]
+		w8 := Buffer{Ptr: l.w8.Ptr + uint64(m.Off)*2, Size: int64(p.Out*in) * 2}
+		if err := l.blas.GemmBF16(true, false, p.Out, rows, in, w8, in, l.x8, in, p.Y, p.LdY, false); err != nil {
+			return err
+		}
+		if err := l.ops.Launch("convert.cu", "scale_rows_cols", Dim3{X: rows}, block256, p.Y, l.sx, l.ws.Floats(l.soff[p.W.Ptr], p.Out), p.Out, int64(p.LdY)); err != nil {
+			return err
+		}
 	}
-	return l.ops.Launch("convert.cu", "scale_rows_cols", Dim3{X: rows}, block256, y, l.sx, l.ws.Floats(l.soff[w.Ptr], out), out, int64(ldy))
+	return nil
 }

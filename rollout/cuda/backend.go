@@ -66,6 +66,7 @@ type scratch struct {
 // BF16Linear (bf16) or QuantLinear (fp8, fp4).
 type products interface {
 	Linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error
+	LinearMany(x Buffer, rows, in, ldx int, ps ...kc.Product) error
 	Stale()
 	Free()
 }
@@ -324,6 +325,21 @@ func (b *Backend) linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error {
 	return b.ops.Linear(y, x, w, rows, in, out, ldy, ldx)
 }
 
+// linears computes several products of the same input x (q, k and v;
+// gate and up), from one rounding or quantisation of it in the reduced
+// precisions.
+func (b *Backend) linears(x Buffer, rows, in, ldx int, ps ...kc.Product) error {
+	if b.bf != nil {
+		return b.bf.LinearMany(x, rows, in, ldx, ps...)
+	}
+	for _, p := range ps {
+		if err := b.ops.Linear(p.Y, x, p.W, rows, in, p.Out, p.LdY, ldx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Step runs the rows of sb through the model: keys and values into the
 // cache, the output rows' log-probabilities and every row's routes into
 // sb.
@@ -365,9 +381,10 @@ func (b *Backend) Step(sb *rollout.StepBatch) error {
 		l := &b.host.Layers[li]
 		steps := []func() error{
 			func() error { return o.RMSNorm(s.h1, Buffer{}, x, b.param(l.InputNorm), R, H, eps) },
-			func() error { return b.linear(s.qraw, s.h1, b.param(l.Q), R, H, qd, qd, H) },
-			func() error { return b.linear(s.kraw, s.h1, b.param(l.K), R, H, kvd, kvd, H) },
-			func() error { return b.linear(s.v, s.h1, b.param(l.V), R, H, kvd, kvd, H) },
+			func() error {
+				return b.linears(s.h1, R, H, H, kc.Product{Y: s.qraw, W: b.param(l.Q), Out: qd, LdY: qd},
+					kc.Product{Y: s.kraw, W: b.param(l.K), Out: kvd, LdY: kvd}, kc.Product{Y: s.v, W: b.param(l.V), Out: kvd, LdY: kvd})
+			},
 			func() error {
 				return o.NormRope(s.q, Buffer{}, s.qraw, b.param(l.QNorm), b.cos, b.sin, s.pos, R, heads, hd, qd, eps)
 			},
@@ -500,8 +517,10 @@ func (b *Backend) mlp(l *model.Layer, R int, next Buffer) error {
 	c, s, o := &b.cfg, &b.s, b.ops
 	H, I := c.HiddenSize, c.IntermediateSize
 	steps := []func() error{
-		func() error { return b.linear(s.gu, s.h2, b.param(l.Gate), R, H, I, 2*I, H) },
-		func() error { return b.linear(s.gu.Floats(I, R*2*I-I), s.h2, b.param(l.Up), R, H, I, 2*I, H) },
+		func() error {
+			return b.linears(s.h2, R, H, H, kc.Product{Y: s.gu, W: b.param(l.Gate), Out: I, LdY: 2 * I},
+				kc.Product{Y: s.gu.Floats(I, R*2*I-I), W: b.param(l.Up), Out: I, LdY: 2 * I})
+		},
 		func() error { return o.SwiGLU(s.a, s.gu, R, I) },
 		func() error { return b.linear(next, s.a, b.param(l.Down), R, I, H, H, I) },
 		func() error { return o.Add(next, s.xmid, R*H) },
@@ -553,10 +572,8 @@ func (b *Backend) moe(sb *rollout.StepBatch, ml int, l *model.Layer, R int, next
 		}
 		ex := &l.Experts[x]
 		xg, gu := s.xg.Floats(r0*H, n*H), s.gug.Floats(r0*2*I, n*2*I)
-		if err := b.linear(gu, xg, b.param(ex.Gate), n, H, I, 2*I, H); err != nil {
-			return err
-		}
-		if err := b.linear(gu.Floats(I, n*2*I-I), xg, b.param(ex.Up), n, H, I, 2*I, H); err != nil {
+		if err := b.linears(xg, n, H, H, kc.Product{Y: gu, W: b.param(ex.Gate), Out: I, LdY: 2 * I},
+			kc.Product{Y: gu.Floats(I, n*2*I-I), W: b.param(ex.Up), Out: I, LdY: 2 * I}); err != nil {
 			return err
 		}
 	}

@@ -268,6 +268,20 @@ func (e *Engine) linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error {
 	return e.ops.Linear(y, x, w, rows, in, out, ldy, ldx)
 }
 
+// linears computes several products of the same input x (q, k and v;
+// gate and up), from one bf16 rounding of it in the bf16 mode.
+func (e *Engine) linears(x Buffer, rows, in, ldx int, ps ...kc.Product) error {
+	if e.bf != nil {
+		return e.bf.LinearMany(x, rows, in, ldx, ps...)
+	}
+	for _, p := range ps {
+		if err := e.ops.Linear(p.Y, x, p.W, rows, in, p.Out, p.LdY, ldx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // linearBack is a linear layer's backward: dx[r, 0:in] (+)= dy[r, 0:out]·W
 // and dW[out, in] += dyᵀ·x (the bf16 mode rounds dy once for both).
 func (e *Engine) linearBack(dx, dw, dy, x, w Buffer, rows, in, out, lddx, lddy, ldx int, acc bool) error {
@@ -443,9 +457,10 @@ func (e *Engine) attentionForward(f *fwdState, a *layerActs, l *model.Layer) err
 		func() error {
 			return e.ops.RMSNorm(a.h1, a.inv1, x, e.param(e.w, l.InputNorm), T, d.H, d.eps)
 		},
-		func() error { return e.linear(a.qraw, a.h1, e.param(e.w, l.Q), T, d.H, d.qd, d.qd, d.H) },
-		func() error { return e.linear(a.kraw, a.h1, e.param(e.w, l.K), T, d.H, d.kvd, d.kvd, d.H) },
-		func() error { return e.linear(a.v, a.h1, e.param(e.w, l.V), T, d.H, d.kvd, d.kvd, d.H) },
+		func() error {
+			return e.linears(a.h1, T, d.H, d.H, kc.Product{Y: a.qraw, W: e.param(e.w, l.Q), Out: d.qd, LdY: d.qd},
+				kc.Product{Y: a.kraw, W: e.param(e.w, l.K), Out: d.kvd, LdY: d.kvd}, kc.Product{Y: a.v, W: e.param(e.w, l.V), Out: d.kvd, LdY: d.kvd})
+		},
 		func() error {
 			return e.ops.NormRope(a.q, a.invq, a.qraw, e.param(e.w, l.QNorm), e.rope.cos, e.rope.sin, f.dPos, T, d.heads, d.hd, d.qd, d.eps)
 		},
@@ -484,9 +499,9 @@ func (e *Engine) attentionForward(f *fwdState, a *layerActs, l *model.Layer) err
 func (e *Engine) mlpForward(f *fwdState, a *layerActs, l *model.Layer, next Buffer) error {
 	d, T := e.dims(), f.T
 	steps := []func() error{
-		func() error { return e.linear(a.gu, a.h2, e.param(e.w, l.Gate), T, d.H, d.I, 2*d.I, d.H) },
 		func() error {
-			return e.linear(sub(a.gu, d.I, T*2*d.I-d.I), a.h2, e.param(e.w, l.Up), T, d.H, d.I, 2*d.I, d.H)
+			return e.linears(a.h2, T, d.H, d.H, kc.Product{Y: a.gu, W: e.param(e.w, l.Gate), Out: d.I, LdY: 2 * d.I},
+				kc.Product{Y: sub(a.gu, d.I, T*2*d.I-d.I), W: e.param(e.w, l.Up), Out: d.I, LdY: 2 * d.I})
 		},
 		func() error {
 			return e.ops.SwiGLU(a.a, a.gu, T, d.I)
