@@ -215,13 +215,22 @@ func (b *Blas) GemmBF16(transA, transB bool, m, n, k int, A Buffer, lda int, B B
 	}
 	err = b.dev.do(func() error {
 		if b.dev.prof != nil {
-			return b.dev.prof.time(b.dev.drv, fmt.Sprintf("cublasLt bf16 %d×%d×%d", m, n, k), matmul)
+			return b.dev.prof.time(b.dev.drv, fmt.Sprintf("cublasLt bf16 %d×%d×%d %s%s align %d/%d/%d", m, n, k,
+				opName(transA), opName(transB), alignment(A.Ptr), alignment(B.Ptr), alignment(C.Ptr)), matmul)
 		}
 		return matmul()
 	})
 	runtime.KeepAlive(alpha)
 	runtime.KeepAlive(beta)
 	return err
+}
+
+// opName is "T" for a transposed operand, "N" otherwise (cuBLAS's names).
+func opName(t bool) string {
+	if t {
+		return "T"
+	}
+	return "N"
 }
 
 // plan returns (making once) the descriptors and algorithm of a shape.
