@@ -304,7 +304,8 @@ func TestDeviceAttention(t *testing.T) {
 // round q, k, v and dO as they load them), on packed sequences that share
 // and cross tiles, every head size it is built for, and grouped heads.
 // What remains is P and dS rounded to bf16 before their products and
-// float32 sums: well under 1e-2 of each output's norm.
+// float32 sums: well under 1e-2 of each output's norm. The tiles' copies
+// through cp.async and through plain loads give the same bits.
 func TestDeviceFlashAttention(t *testing.T) {
 	g := newGPU(t)
 	r := rand.New(rand.NewPCG(11, 3))
@@ -342,9 +343,31 @@ func TestDeviceFlashAttention(t *testing.T) {
 		if err := g.d.Sync(); err != nil {
 			t.Fatal(err)
 		}
+		name := fmt.Sprintf("flash attention %v", c)
+		// The same with plain copies instead of cp.async: the same bytes
+		// reach shared memory, so the same bits come out.
+		plain := NewOps(g.d)
+		plain.FlashPlainCopies = !ops.FlashPlainCopies
+		pout, plse, pdsum := g.poisoned(T*qd), g.poisoned(T*c.heads), g.poisoned(T*c.heads)
+		pdq, pdk, pdv := g.poisoned(T*qd), g.poisoned(T*kvd), g.poisoned(T*kvd)
+		if err := plain.FlashAttention(fs, pout, plse, bq, bk, bv, bst, scale); err != nil {
+			t.Fatal(err)
+		}
+		if err := plain.FlashAttentionBackward(bs, pdq, pdk, pdv, pdsum, bdo, pout, plse, bq, bk, bv, bst, ben, scale); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.d.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range []struct {
+			what string
+			a, b Buffer
+			n    int
+		}{{"out", bout, pout, T * qd}, {"lse", blse, plse, T * c.heads}, {"dq", bdq, pdq, T * qd}, {"dk", bdk, pdk, T * kvd}, {"dv", bdv, pdv, T * kvd}} {
+			sameBits(t, fmt.Sprintf("%s %s, cp.async %v against %v", name, x.what, !ops.FlashPlainCopies, !plain.FlashPlainCopies), g.f32(x.a, x.n), g.f32(x.b, x.n))
+		}
 		fs.Free()
 		bs.Free()
-		name := fmt.Sprintf("flash attention %v", c)
 		for _, x := range []struct {
 			what string
 			got  Buffer

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"os"
 	"sync"
 )
 
@@ -12,13 +13,28 @@ import (
 // bit. Launches are asynchronous on the device's default stream.
 type Ops struct {
 	Dev *Device
+	// FlashPlainCopies makes flash.cu copy its tiles into shared memory
+	// with plain loads and stores instead of cp.async (KEEL_FLASH_COPY=sync
+	// at NewOps): the same bytes, one global-memory latency per copy; a
+	// check on the async path.
+	FlashPlainCopies bool
 
 	mu  sync.Mutex
 	fns map[string]*Function
 }
 
 // NewOps returns the launcher of d's kernels.
-func NewOps(d *Device) *Ops { return &Ops{Dev: d, fns: map[string]*Function{}} }
+func NewOps(d *Device) *Ops {
+	return &Ops{Dev: d, fns: map[string]*Function{}, FlashPlainCopies: os.Getenv("KEEL_FLASH_COPY") == "sync"}
+}
+
+// flashAsync is flash.cu's copy flag: 1 for cp.async.
+func (o *Ops) flashAsync() int {
+	if o.FlashPlainCopies {
+		return 0
+	}
+	return 1
+}
 
 // Floats is the span of n float32 (or int32) at element offset off of b.
 func (b Buffer) Floats(off, n int) Buffer {
@@ -318,7 +334,7 @@ func (o *Ops) FlashAttention(s *FlashScratch, out, lse, q, k, v, seqStart Buffer
 		func() error { return o.colsBF16(s.vt, v, T, kvd, s.pad) },
 		func() error {
 			return o.Launch("flash.cu", fmt.Sprintf("flash_fwd_%d", s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: 128},
-				out, lse, s.q, s.k, s.vt, seqStart, T, s.pad, s.heads, s.kv, scale)
+				out, lse, s.q, s.k, s.vt, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
 		},
 	} {
 		if err := f(); err != nil {
@@ -347,11 +363,11 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv, dsum, dout, ou
 		func() error { return o.colsBF16(s.doutT, dout, T, qd, s.pad) },
 		func() error {
 			return o.Launch("flash.cu", fmt.Sprintf("flash_bwd_dq_%d", s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: 128},
-				dq, dsum, dout, out, lse, s.q, s.dout, s.k, s.kt, s.v, seqStart, T, s.pad, s.heads, s.kv, scale)
+				dq, dsum, dout, out, lse, s.q, s.dout, s.k, s.kt, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
 		},
 		func() error {
 			return o.Launch("flash.cu", fmt.Sprintf("flash_bwd_dkv_%d", s.hd), Dim3{X: (T + 63) / 64, Y: s.kv}, Dim3{X: 128},
-				dk, dv, lse, dsum, s.q, s.qt, s.dout, s.doutT, s.k, s.v, seqStart, seqEnd, T, s.pad, s.heads, s.kv, scale)
+				dk, dv, lse, dsum, s.q, s.qt, s.dout, s.doutT, s.k, s.v, seqStart, seqEnd, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
 		},
 	} {
 		if err := f(); err != nil {

@@ -67,23 +67,48 @@ struct alignas(16) u32x4 {
   u32 x, y, z, w;
 };
 
+// copy16 moves 16 bytes from global to shared memory. With async (sm_80
+// and later) through cp.async: every copy a thread issues is in flight at
+// once until copies_done, instead of one global-memory latency per copy;
+// else (and on keel's CPU emulator) a plain copy. The two give the same
+// bytes: the device tests compare them.
+__device__ __forceinline__ void copy16(u32* dst, const bf16_t* src, int async) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (async) {
+    u32 s;
+    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+    return;
+  }
+#endif
+  *(u32x4*)dst = *(const u32x4*)src;
+}
+
+// copies_done waits for this thread's copies; a barrier must follow before
+// other threads read them.
+__device__ __forceinline__ void copies_done(int async) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (async) asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
 // copy_rows copies n rows of HD bf16 (row r at src + r*ld) into dst, rows
 // pitch words apart.
 template <int HD>
-__device__ __forceinline__ void copy_rows(u32* dst, int pitch, const bf16_t* src, i64 ld, int n) {
+__device__ __forceinline__ void copy_rows(u32* dst, int pitch, const bf16_t* src, i64 ld, int n, int async) {
   for (int x = threadIdx.x; x < n * (HD / 8); x += blockDim.x) {
     const int r = x / (HD / 8), c = x % (HD / 8);
-    *(u32x4*)(dst + r * pitch + 4 * c) = *(const u32x4*)(src + r * ld + 8 * c);
+    copy16(dst + r * pitch + 4 * c, src + r * ld + 8 * c, async);
   }
 }
 
 // copy_cols copies HD rows of n bf16 of a transposed copy (row d at
 // src + d*ld) into dst, rows pitch words apart.
 template <int HD>
-__device__ __forceinline__ void copy_cols(u32* dst, int pitch, const bf16_t* src, i64 ld, int n) {
+__device__ __forceinline__ void copy_cols(u32* dst, int pitch, const bf16_t* src, i64 ld, int n, int async) {
   for (int x = threadIdx.x; x < HD * (n / 8); x += blockDim.x) {
     const int d = x / (n / 8), c = x % (n / 8);
-    *(u32x4*)(dst + d * pitch + 4 * c) = *(const u32x4*)(src + d * ld + 8 * c);
+    copy16(dst + d * pitch + 4 * c, src + d * ld + 8 * c, async);
   }
 }
 
@@ -170,7 +195,7 @@ template <int HD>
 __device__ __forceinline__ void flash_fwd(u32* Ks, u32* Vt, float* __restrict__ out, float* __restrict__ lse,
                                           const bf16_t* __restrict__ qb, const bf16_t* __restrict__ kb,
                                           const bf16_t* __restrict__ vt, const int* __restrict__ seq_start, int T,
-                                          int Tp, int heads, int kv, float scale) {
+                                          int Tp, int heads, int kv, float scale, int async) {
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, VP = FA_BK / 2 + 4;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int i0 = blockIdx.x * FA_BQ, h = blockIdx.y, grp = h / (heads / kv);
@@ -187,8 +212,9 @@ __device__ __forceinline__ void flash_fwd(u32* Ks, u32* Vt, float* __restrict__ 
   float m0 = ninf, m1 = ninf, l0 = 0.f, l1 = 0.f;
   for (int jt = seq_start[i0] & -FA_BK; jt <= last; jt += FA_BK) {
     __syncthreads();
-    copy_rows<HD>(Ks, KP, kb + (i64)jt * kvd + (i64)grp * HD, kvd, FA_BK);
-    copy_cols<HD>(Vt, VP, vt + (i64)grp * HD * Tp + jt, Tp, FA_BK);
+    copy_rows<HD>(Ks, KP, kb + (i64)jt * kvd + (i64)grp * HD, kvd, FA_BK, async);
+    copy_cols<HD>(Vt, VP, vt + (i64)grp * HD * Tp + jt, Tp, FA_BK, async);
+    copies_done(async);
     __syncthreads();
     if (i0 + 16 * w + 15 < jt) continue;  // every key of the tile is after the warp's rows
     float s[FA_BK / 8][4];
@@ -267,7 +293,7 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks, u32* Kt, u32* Vs, float* _
                                              const bf16_t* __restrict__ dob, const bf16_t* __restrict__ kb,
                                              const bf16_t* __restrict__ kt, const bf16_t* __restrict__ vb,
                                              const int* __restrict__ seq_start, int T, int Tp, int heads, int kv,
-                                             float scale) {
+                                             float scale, int async) {
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, TP = FB_BK / 2 + 4;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int i0 = blockIdx.x * FA_BQ, h = blockIdx.y, grp = h / (heads / kv);
@@ -303,9 +329,10 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks, u32* Kt, u32* Vs, float* _
   for (int n = 0; n < ND; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
   for (int jt = seq_start[i0] & -FB_BK; jt <= last; jt += FB_BK) {
     __syncthreads();
-    copy_rows<HD>(Ks, KP, kb + (i64)jt * kvd + (i64)grp * HD, kvd, FB_BK);
-    copy_cols<HD>(Kt, TP, kt + (i64)grp * HD * Tp + jt, Tp, FB_BK);
-    copy_rows<HD>(Vs, KP, vb + (i64)jt * kvd + (i64)grp * HD, kvd, FB_BK);
+    copy_rows<HD>(Ks, KP, kb + (i64)jt * kvd + (i64)grp * HD, kvd, FB_BK, async);
+    copy_cols<HD>(Kt, TP, kt + (i64)grp * HD * Tp + jt, Tp, FB_BK, async);
+    copy_rows<HD>(Vs, KP, vb + (i64)jt * kvd + (i64)grp * HD, kvd, FB_BK, async);
+    copies_done(async);
     __syncthreads();
     if (i0 + 16 * w + 15 < jt) continue;
     float s[FB_BK / 8][4], dp[FB_BK / 8][4];
@@ -356,7 +383,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* Vs, u32* Qs, u32* Qt, u32* Ds
                                               const bf16_t* __restrict__ dob, const bf16_t* __restrict__ dot,
                                               const bf16_t* __restrict__ kb, const bf16_t* __restrict__ vb,
                                               const int* __restrict__ seq_start, const int* __restrict__ seq_end, int T,
-                                              int Tp, int heads, int kv, float scale) {
+                                              int Tp, int heads, int kv, float scale, int async) {
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, TP = FB_BQ / 2 + 4;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int j0 = blockIdx.x * FA_BK, grp = blockIdx.y, group = heads / kv;
@@ -365,7 +392,9 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* Vs, u32* Qs, u32* Qt, u32* Ds
   const int kr0 = j0 + 16 * w + g, kr1 = kr0 + 8;
   u32 ka[KS][4];
   load_a<HD>(ka, kb + (i64)j0 * kvd + (i64)grp * HD, kvd, 16 * w + g, t);
-  copy_rows<HD>(Vs, KP, vb + (i64)j0 * kvd + (i64)grp * HD, kvd, FA_BK);
+  // V's copy completes with the first query tile's (copies_done waits for
+  // all of a thread's copies).
+  copy_rows<HD>(Vs, KP, vb + (i64)j0 * kvd + (i64)grp * HD, kvd, FA_BK, async);
   float dka[ND][4], dva[ND][4];
 #pragma unroll
   for (int n = 0; n < ND; n++) {
@@ -377,16 +406,17 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* Vs, u32* Qs, u32* Qt, u32* Ds
     for (int it = j0; it < qend; it += FB_BQ) {
       __syncthreads();
       const i64 rb = (i64)it * qd + (i64)h * HD, cb = (i64)h * HD * Tp + it;
-      copy_rows<HD>(Qs, KP, qb + rb, qd, FB_BQ);
-      copy_cols<HD>(Qt, TP, qt + cb, Tp, FB_BQ);
-      copy_rows<HD>(Ds, KP, dob + rb, qd, FB_BQ);
-      copy_cols<HD>(Dt, TP, dot + cb, Tp, FB_BQ);
+      copy_rows<HD>(Qs, KP, qb + rb, qd, FB_BQ, async);
+      copy_cols<HD>(Qt, TP, qt + cb, Tp, FB_BQ, async);
+      copy_rows<HD>(Ds, KP, dob + rb, qd, FB_BQ, async);
+      copy_cols<HD>(Dt, TP, dot + cb, Tp, FB_BQ, async);
       if (threadIdx.x < FB_BQ) {
         const int i = it + threadIdx.x;
         Ls[threadIdx.x] = i < T ? lse[(i64)i * heads + h] * FA_LOG2E : 0.f;
         Dd[threadIdx.x] = i < T ? dsum[(i64)i * heads + h] : 0.f;
         Ss[threadIdx.x] = i < T ? seq_start[i] : T;
       }
+      copies_done(async);
       __syncthreads();
       if (it + FB_BQ - 1 < j0 + 16 * w) continue;  // every query of the tile is before the warp's keys
       float s[FB_BQ / 8][4], dp[FB_BQ / 8][4];
@@ -433,27 +463,29 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* Vs, u32* Qs, u32* Qt, u32* Ds
 // tiles are u32x4 arrays, 16-byte aligned, used as words.
 #define FLASH_FWD_PARAMS                                                                                        \
   float *__restrict__ out, float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ kb, \
-      const bf16_t *__restrict__ vt, const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale
+      const bf16_t *__restrict__ vt, const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, \
+      int async
 #define FLASH_FWD_BODY(HD)                                                              \
   __shared__ u32x4 Ks[FA_BK * (HD / 2 + 4) / 4];                                        \
   __shared__ u32x4 Vt[HD * (FA_BK / 2 + 4) / 4];                                        \
-  flash_fwd<HD>((u32*)Ks, (u32*)Vt, out, lse, qb, kb, vt, seq_start, T, Tp, heads, kv, scale);
+  flash_fwd<HD>((u32*)Ks, (u32*)Vt, out, lse, qb, kb, vt, seq_start, T, Tp, heads, kv, scale, async);
 #define FLASH_DQ_PARAMS                                                                                         \
   float *__restrict__ dq, float *__restrict__ dsum, const float *__restrict__ dout, const float *__restrict__ out,  \
       const float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ dob,               \
       const bf16_t *__restrict__ kb, const bf16_t *__restrict__ kt, const bf16_t *__restrict__ vb,                \
-      const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale
+      const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, int async
 #define FLASH_DQ_BODY(HD)                                                                                         \
   __shared__ u32x4 Ks[FB_BK * (HD / 2 + 4) / 4];                                                                  \
   __shared__ u32x4 Kt[HD * (FB_BK / 2 + 4) / 4];                                                                  \
   __shared__ u32x4 Vs[FB_BK * (HD / 2 + 4) / 4];                                                                  \
   flash_bwd_dq<HD>((u32*)Ks, (u32*)Kt, (u32*)Vs, dq, dsum, dout, out, lse, qb, dob, kb, kt, vb, seq_start, T, Tp, \
-                   heads, kv, scale);
+                   heads, kv, scale, async);
 #define FLASH_DKV_PARAMS                                                                                           \
   float *__restrict__ dk, float *__restrict__ dv, const float *__restrict__ lse, const float *__restrict__ dsum,     \
       const bf16_t *__restrict__ qb, const bf16_t *__restrict__ qt, const bf16_t *__restrict__ dob,                 \
       const bf16_t *__restrict__ dot, const bf16_t *__restrict__ kb, const bf16_t *__restrict__ vb,                 \
-      const int *__restrict__ seq_start, const int *__restrict__ seq_end, int T, int Tp, int heads, int kv, float scale
+      const int *__restrict__ seq_start, const int *__restrict__ seq_end, int T, int Tp, int heads, int kv,          \
+      float scale, int async
 #define FLASH_DKV_BODY(HD)                                                                                       \
   __shared__ u32x4 Vs[FA_BK * (HD / 2 + 4) / 4];                                                                 \
   __shared__ u32x4 Qs[FB_BQ * (HD / 2 + 4) / 4];                                                                 \
@@ -463,7 +495,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* Vs, u32* Qs, u32* Qt, u32* Ds
   __shared__ float Ls[FB_BQ], Dd[FB_BQ];                                                                         \
   __shared__ int Ss[FB_BQ];                                                                                      \
   flash_bwd_dkv<HD>((u32*)Vs, (u32*)Qs, (u32*)Qt, (u32*)Ds, (u32*)Dt, Ls, Dd, Ss, dk, dv, lse, dsum, qb, qt, dob, dot, \
-                    kb, vb, seq_start, seq_end, T, Tp, heads, kv, scale);
+                    kb, vb, seq_start, seq_end, T, Tp, heads, kv, scale, async);
 
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_32(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(32) }
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_64(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(64) }
