@@ -337,6 +337,9 @@ func TestDeviceFlashAttention(t *testing.T) {
 		if err := ops.FlashAttentionBackward(fs, bdq, bdk, bdv, bdsum, bdo, bout, blse, bq, bk, bv, bst, ben, scale); err == nil {
 			t.Error("a backward with a forward's scratch was accepted")
 		}
+		if err := ops.FlashAttention(bs, bout, blse, bq, bk, bv, bst, scale); err == nil {
+			t.Error("a forward with a backward's scratch was accepted")
+		}
 		if err := ops.FlashAttentionBackward(bs, bdq, bdk, bdv, bdsum, bdo, bout, blse, bq, bk, bv, bst, ben, scale); err != nil {
 			t.Fatal(err)
 		}
@@ -382,6 +385,9 @@ func TestDeviceFlashAttention(t *testing.T) {
 	}
 	if _, err := NewFlashScratch(g.d, 1, 4, 2, 96, false); err == nil {
 		t.Error("head_dim 96 accepted: flash.cu has no kernels for it")
+	}
+	if _, err := NewFlashScratch(g.d, 0, 4, 2, 64, true); err == nil {
+		t.Error("a scratch of no rows accepted")
 	}
 }
 

@@ -258,7 +258,7 @@ func checkFlash(heads, kv, hd int) error {
 // FlashScratch holds the bf16 copies of attention's operands that
 // flash.cu's kernels read, for rows tokens: row-major [Tp, width] copies
 // whose rows past rows stay zero, and transposed [width, Tp] ones, Tp =
-// rows rounded up to 64. A forward needs q, k and vᵀ; a backward also v,
+// rows rounded up to 64. A forward needs q, k and vᵀ; a backward q, k, v,
 // kᵀ, qᵀ, dO and dOᵀ. One scratch serves every layer of a pass.
 type FlashScratch struct {
 	dev                              *Device
@@ -273,19 +273,20 @@ func NewFlashScratch(d *Device, rows, heads, kv, hd int, backward bool) (*FlashS
 	if err := checkFlash(heads, kv, hd); err != nil {
 		return nil, err
 	}
+	if rows < 1 {
+		return nil, fmt.Errorf("cuda: flash attention's copies for %d rows", rows)
+	}
 	s := &FlashScratch{dev: d, rows: rows, pad: (rows + 63) / 64 * 64, heads: heads, kv: kv, hd: hd}
 	qd, kvd := int64(s.pad*heads*hd)*2, int64(s.pad*kv*hd)*2
-	want := []struct {
+	type copyBuf struct {
 		b     *Buffer
 		bytes int64
 		zero  bool // row-major: the pad rows must read as zeros
-	}{{&s.q, qd, true}, {&s.k, kvd, true}, {&s.vt, kvd, false}}
+	}
+	want := []copyBuf{{&s.q, qd, true}, {&s.k, kvd, true}, {&s.vt, kvd, false}}
 	if backward {
-		want = append(want, []struct {
-			b     *Buffer
-			bytes int64
-			zero  bool
-		}{{&s.v, kvd, true}, {&s.kt, kvd, false}, {&s.qt, qd, false}, {&s.dout, qd, true}, {&s.doutT, qd, false}}...)
+		want = []copyBuf{{&s.q, qd, true}, {&s.k, kvd, true}, {&s.v, kvd, true}, {&s.kt, kvd, false},
+			{&s.qt, qd, false}, {&s.dout, qd, true}, {&s.doutT, qd, false}}
 	}
 	for _, w := range want {
 		b, err := d.Alloc(w.bytes)
@@ -327,6 +328,9 @@ func (o *Ops) colsBF16(dst, src Buffer, rows, width, pad int) error {
 // Attention's bits: the exact mode keeps Attention. s is a scratch for
 // s.rows rows with the same heads and head size.
 func (o *Ops) FlashAttention(s *FlashScratch, out, lse, q, k, v, seqStart Buffer, scale float32) error {
+	if s.vt.Ptr == 0 {
+		return fmt.Errorf("cuda: FlashAttention given a backward's scratch")
+	}
 	T, qd, kvd := s.rows, s.heads*s.hd, s.kv*s.hd
 	for _, f := range []func() error{
 		func() error { return o.rowsBF16(s.q, q, T, qd) },
