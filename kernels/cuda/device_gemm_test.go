@@ -92,11 +92,19 @@ func TestDeviceGemm(t *testing.T) {
 		want, bound = gemmRef(dw0, dy, x, N, K, M, 1, N, K, 1, K, true)
 		withinBound(t, name+" weight grad", g.f32(dw, N*K), want, bound)
 
-		// Both kernels, whatever Ops would choose: the same bits.
-		y64, y128 := g.poisoned(M*N), g.poisoned(M*N)
-		g.gemmKernel("gemm_f32", 64, y64, bx, bw, M, N, K, K, 1, 1, K, N)
-		g.gemmKernel("gemm_f32_128", 128, y128, bx, bw, M, N, K, K, 1, 1, K, N)
-		sameBits(t, name+" 128-tile kernel against the 64-tile one", g.f32(y128, M*N), g.f32(y64, M*N))
+		// Both kernels, whatever Ops would choose: the same bits, in the
+		// three layouts (each loads its tiles along its own contiguous
+		// index).
+		for _, l := range []struct {
+			what                        string
+			a, b                        Buffer
+			m, n, k, sam, sak, sbk, sbn int
+		}{{"forward", bx, bw, M, N, K, K, 1, 1, K}, {"input grad", bdy, bw, M, K, N, N, 1, K, 1}, {"weight grad", bdy, bx, N, K, M, 1, N, K, 1}} {
+			c64, c128 := g.poisoned(l.m*l.n), g.poisoned(l.m*l.n)
+			g.gemmKernel("gemm_f32", 64, c64, l.a, l.b, l.m, l.n, l.k, l.sam, l.sak, l.sbk, l.sbn, l.n)
+			g.gemmKernel("gemm_f32_128", 128, c128, l.a, l.b, l.m, l.n, l.k, l.sam, l.sak, l.sbk, l.sbn, l.n)
+			sameBits(t, name+" "+l.what+": 128-tile kernel against the 64-tile one", g.f32(c128, l.m*l.n), g.f32(c64, l.m*l.n))
+		}
 		if M > 1 {
 			all := g.f32(y, M*N)
 			last := bufOf(g, x[(M-1)*K:])

@@ -15,6 +15,21 @@
 #define GT 64 // output tile
 #define GK 16 // k tile
 
+// tile_index maps a thread's e-th element of a rows x kt tile to its row r
+// and k index kk: k fastest when k is the contiguous index in memory (kfast),
+// else the row, so that consecutive threads read consecutive addresses. The
+// same (r, kk) pairs are covered either way: what reaches shared memory,
+// and so every bit of the product, does not depend on the order.
+__device__ __forceinline__ void tile_index(int e, int rows, int kt, bool kfast, int& r, int& kk) {
+  if (kfast) {
+    r = e / kt;
+    kk = e % kt;
+  } else {
+    r = e % rows;
+    kk = e / rows;
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(256) gemm_f32(
     float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ B, int M, int N, int K,
     i64 sam, i64 sak, i64 sbk, i64 sbn, i64 ldc, int acc) {
@@ -28,12 +43,16 @@ extern "C" __global__ void __launch_bounds__(256) gemm_f32(
 #pragma unroll
     for (int j = 0; j < 4; j++) c[i][j] = 0.f;
   for (int k0 = 0; k0 < K; k0 += GK) {
-    // 64 x 16 elements of A and of B, 4 per thread.
+    // 64 x 16 elements of A and of B, 4 per thread, each walked along
+    // its contiguous index (tile_index) so that a warp's loads coalesce.
     for (int e = threadIdx.x; e < GT * GK; e += 256) {
-      const int r = e / GK, kk = e % GK;
-      const int m = m0 + r, n = n0 + r, k = k0 + kk;
+      int r, kk;
+      tile_index(e, GT, GK, sak == 1, r, kk);
+      const int m = m0 + r, k = k0 + kk;
       As[kk][r] = (m < M && k < K) ? A[m * sam + k * sak] : 0.f;
-      Bs[kk][r] = (n < N && k < K) ? B[k * sbk + n * sbn] : 0.f;
+      tile_index(e, GT, GK, sbk == 1, r, kk);
+      const int n = n0 + r, kb = k0 + kk;
+      Bs[kk][r] = (n < N && kb < K) ? B[kb * sbk + n * sbn] : 0.f;
     }
     __syncthreads();
     const int kn = min(GK, K - k0);
@@ -85,10 +104,13 @@ extern "C" __global__ void __launch_bounds__(256) gemm_f32_128(
     for (int j = 0; j < 8; j++) c[i][j] = 0.f;
   for (int k0 = 0; k0 < K; k0 += G2K) {
     for (int e = threadIdx.x; e < G2T * G2K; e += 256) {
-      const int r = e / G2K, kk = e % G2K;
-      const int m = m0 + r, n = n0 + r, k = k0 + kk;
+      int r, kk;
+      tile_index(e, G2T, G2K, sak == 1, r, kk);
+      const int m = m0 + r, k = k0 + kk;
       As[kk][r] = (m < M && k < K) ? A[m * sam + k * sak] : 0.f;
-      Bs[kk][r] = (n < N && k < K) ? B[k * sbk + n * sbn] : 0.f;
+      tile_index(e, G2T, G2K, sbk == 1, r, kk);
+      const int n = n0 + r, kb = k0 + kk;
+      Bs[kk][r] = (n < N && kb < K) ? B[kb * sbk + n * sbn] : 0.f;
     }
     __syncthreads();
     const int kn = min(G2K, K - k0);
