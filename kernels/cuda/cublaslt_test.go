@@ -36,3 +36,24 @@ func TestParseDevice(t *testing.T) {
 		}
 	}
 }
+
+// TestBigTiles: the 128-tile GEMM only when its blocks fill the GPU (two a
+// multiprocessor); a decoding step's 256 rows on an H100 get 64-tiles.
+func TestBigTiles(t *testing.T) {
+	for _, c := range []struct {
+		M, N, sms int
+		want      bool
+	}{
+		{8192, 1024, 132, true},  // 64 × 8 = 512 blocks
+		{256, 2048, 132, false},  // 2 × 16 = 32
+		{256, 151936, 132, true}, // 2 × 1187
+		{127, 4096, 4, false},    // too few rows for a 128-tile
+		{4096, 256, 4, true},     // 32 × 2 = 64 >= 8
+		{256, 256, 4, false},     // 4 < 8
+		{256, 256, 0, true},      // an unknown count counts as 1
+	} {
+		if got := bigTiles(c.M, c.N, c.sms); got != c.want {
+			t.Errorf("bigTiles(%d, %d, %d) = %v, want %v", c.M, c.N, c.sms, got, c.want)
+		}
+	}
+}

@@ -69,18 +69,25 @@ func elemGrid(n int) Dim3 { return Dim3{X: max(1, min((n+255)/256, 8192))} }
 
 // Gemm computes C[m*ldc+n] = (acc ? C : 0) + Σ_k A[m*sam+k*sak]·B[k*sbk+n*sbn]
 // with keel's batch-invariant float32 product (gemm.cu): 128 × 128 tiles
-// when M and N allow, else 64 × 64, the same bits either way.
+// when they are enough blocks to fill the GPU (two a multiprocessor), else
+// 64 × 64 (a decoding step's few rows), the same bits either way.
 func (o *Ops) Gemm(c, a, b Buffer, M, N, K, sam, sak, sbk, sbn, ldc int, acc bool) error {
 	flag := 0
 	if acc {
 		flag = 1
 	}
-	if M >= 128 && N >= 128 { // the same bits from bigger tiles
+	if bigTiles(M, N, o.Dev.SMs) { // the same bits from bigger tiles
 		return o.Launch("gemm.cu", "gemm_f32_128", Dim3{X: (N + 127) / 128, Y: (M + 127) / 128}, block256,
 			c, a, b, M, N, K, int64(sam), int64(sak), int64(sbk), int64(sbn), int64(ldc), flag)
 	}
 	return o.Launch("gemm.cu", "gemm_f32", Dim3{X: (N + 63) / 64, Y: (M + 63) / 64}, block256,
 		c, a, b, M, N, K, int64(sam), int64(sak), int64(sbk), int64(sbn), int64(ldc), flag)
+}
+
+// bigTiles says whether gemm_f32_128 fills a GPU of sms multiprocessors
+// with at least two blocks each for an M × N product.
+func bigTiles(M, N, sms int) bool {
+	return M >= 128 && N >= 128 && ((M+127)/128)*((N+127)/128) >= 2*max(sms, 1)
 }
 
 // Linear: y[r, 0:out] (row stride ldy) = x[r, 0:in] (row stride ldx) · Wᵀ,
