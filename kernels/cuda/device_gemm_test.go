@@ -517,8 +517,9 @@ func TestDeviceBF16LinearBack(t *testing.T) {
 }
 
 // TestDeviceLinearMany: LinearMany, which rounds (bf16) or quantises (fp8,
-// fp4) its input once for several weights, gives each Linear's bits, on a
-// strided input and outputs with their own row strides.
+// fp4) its input once for several weights, gives each Linear's bits (and
+// the float32 Ops' too), on a strided input and outputs with their own row
+// strides.
 func TestDeviceLinearMany(t *testing.T) {
 	g := newGPU(t)
 	r := rand.New(rand.NewPCG(13, 2))
@@ -554,7 +555,7 @@ func TestDeviceLinearMany(t *testing.T) {
 			Linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error
 			LinearMany(x Buffer, rows, in, ldx int, ps ...Product) error
 		}
-	}{{"bf16", bl}, {"fp8", f8}, {"fp4", f4}} {
+	}{{"fp32", ops}, {"bf16", bl}, {"fp8", f8}, {"fp4", f4}} {
 		var many, one []Product
 		for i, m := range mats {
 			ld := m.Rows + i // a row stride of its own

@@ -84,6 +84,18 @@ func (o *Ops) Gemm(c, a, b Buffer, M, N, K, sam, sak, sbk, sbn, ldc int, acc boo
 		c, a, b, M, N, K, int64(sam), int64(sak), int64(sbk), int64(sbn), int64(ldc), flag)
 }
 
+// LinearMany is Linear for several weights that read the same input x:
+// the float32 products one by one (BF16Linear's and QuantLinear's round or
+// quantise x once for all of them).
+func (o *Ops) LinearMany(x Buffer, rows, in, ldx int, ps ...Product) error {
+	for _, p := range ps {
+		if err := o.Linear(p.Y, x, p.W, rows, in, p.Out, p.LdY, ldx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // bigTiles says whether gemm_f32_128 fills a GPU of sms multiprocessors
 // with at least two blocks each for an M × N product.
 func bigTiles(M, N, sms int) bool {

@@ -332,12 +332,7 @@ func (b *Backend) linears(x Buffer, rows, in, ldx int, ps ...kc.Product) error {
 	if b.bf != nil {
 		return b.bf.LinearMany(x, rows, in, ldx, ps...)
 	}
-	for _, p := range ps {
-		if err := b.ops.Linear(p.Y, x, p.W, rows, in, p.Out, p.LdY, ldx); err != nil {
-			return err
-		}
-	}
-	return nil
+	return b.ops.LinearMany(x, rows, in, ldx, ps...)
 }
 
 // Step runs the rows of sb through the model: keys and values into the

@@ -274,12 +274,7 @@ func (e *Engine) linears(x Buffer, rows, in, ldx int, ps ...kc.Product) error {
 	if e.bf != nil {
 		return e.bf.LinearMany(x, rows, in, ldx, ps...)
 	}
-	for _, p := range ps {
-		if err := e.ops.Linear(p.Y, x, p.W, rows, in, p.Out, p.LdY, ldx); err != nil {
-			return err
-		}
-	}
-	return nil
+	return e.ops.LinearMany(x, rows, in, ldx, ps...)
 }
 
 // linearBack is a linear layer's backward: dx[r, 0:in] (+)= dy[r, 0:out]·W
