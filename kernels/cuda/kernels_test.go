@@ -121,6 +121,7 @@ func TestTargetChoice(t *testing.T) {
 func TestKernelsDoNotSpill(t *testing.T) {
 	n := realNVRTC(t)
 	report := regexp.MustCompile(`(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads`)
+	registers := regexp.MustCompile(`Compiling entry function '(\w+)'[^\n]*\n(?:[^\n]*\n)*?[^\n]*Used (\d+) registers`)
 	for _, name := range SourceNames() {
 		src, err := Source(name)
 		if err != nil {
@@ -140,6 +141,11 @@ func TestKernelsDoNotSpill(t *testing.T) {
 			for _, m := range lines {
 				if m[1] != "0" || m[2] != "0" || m[3] != "0" {
 					t.Errorf("%s for sm_%d: %s", name, arch, m[0])
+				}
+			}
+			if arch == 90 { // registers decide occupancy: say them
+				for _, m := range registers.FindAllStringSubmatch(log, -1) {
+					t.Logf("%s %s for sm_90: %s registers", name, m[1], m[2])
 				}
 			}
 		}

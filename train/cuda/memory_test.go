@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/train/memplan"
 )
 
 func TestCheckActivations(t *testing.T) {
@@ -29,5 +30,29 @@ func TestCheckActivations(t *testing.T) {
 	}
 	if err := checkActivations(&cfg, 0, 1<<30, false); err == nil {
 		t.Error("zero tokens accepted")
+	}
+}
+
+// TestCheckActivationsBenchRows: the rows tools/gpu/check.sh times on an
+// 80 GB card pass the engine's memory check with room for the model
+// (activations planned in float32, as the engine keeps them): the Qwen3-0.6B
+// shape at 8 × 2048 tokens, and at 2 × 16384 with recomputation.
+func TestCheckActivationsBenchRows(t *testing.T) {
+	cfg, err := model.Preset("qwen3-0.6b", 151936)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		tokens    int
+		recompute bool
+	}{{8 * 2048, false}, {2 * 16384, true}} {
+		p, err := memplan.Plan(&cfg, memplan.Shape{Seqs: 1, SeqLen: c.tokens}, memplan.Mode{Precision: memplan.FP32, Recompute: c.recompute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%d tokens, recompute %v: plan %.1f GiB", c.tokens, c.recompute, float64(p.Total())/(1<<30))
+		if err := checkActivations(&cfg, c.tokens, 60<<30, c.recompute); err != nil {
+			t.Errorf("%d tokens (recompute %v) in 60 GiB: %v", c.tokens, c.recompute, err)
+		}
 	}
 }
