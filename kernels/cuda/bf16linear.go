@@ -106,7 +106,7 @@ func (l *BF16Linear) Linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error {
 	if err != nil {
 		return err
 	}
-	return l.blas.GemmBF16(true, false, out, rows, in, w16, in, x16, in, y, ldy, false)
+	return l.ops.gemmBF16(l.blas, true, false, out, rows, in, w16, in, x16, in, y, ldy, false)
 }
 
 // Product is one output of LinearMany: Y[r, 0:Out] (rows LdY apart) =
@@ -131,7 +131,7 @@ func (l *BF16Linear) LinearMany(x Buffer, rows, in, ldx int, ps ...Product) erro
 		if err != nil {
 			return err
 		}
-		if err := l.blas.GemmBF16(true, false, p.Out, rows, in, w16, in, x16, in, p.Y, p.LdY, false); err != nil {
+		if err := l.ops.gemmBF16(l.blas, true, false, p.Out, rows, in, w16, in, x16, in, p.Y, p.LdY, false); err != nil {
 			return err
 		}
 	}
@@ -151,7 +151,7 @@ func (l *BF16Linear) BackX(dx, dy, w Buffer, rows, in, out, lddx, lddy int, acc 
 	if err != nil {
 		return err
 	}
-	return l.blas.GemmBF16(false, false, in, rows, out, w16, in, dy16, out, dx, lddx, acc)
+	return l.ops.gemmBF16(l.blas, false, false, in, rows, out, w16, in, dy16, out, dx, lddx, acc)
 }
 
 // BackW: dW[out, in] += dyᵀ · x; dWᶜ = xᶜ · (dyᶜ)ᵀ.
@@ -164,7 +164,7 @@ func (l *BF16Linear) BackW(dw, dy, x Buffer, rows, in, out, lddy, ldx int) error
 	if err != nil {
 		return err
 	}
-	return l.blas.GemmBF16(false, true, in, out, rows, x16, in, dy16, out, dw, in, true)
+	return l.ops.gemmBF16(l.blas, false, true, in, out, rows, x16, in, dy16, out, dw, in, true)
 }
 
 // Back is BackX and BackW of one layer from a single bf16 copy of dy:
@@ -185,10 +185,10 @@ func (l *BF16Linear) Back(dx, dw, dy, x, w Buffer, rows, in, out, lddx, lddy, ld
 	if err != nil {
 		return err
 	}
-	if err := l.blas.GemmBF16(false, false, in, rows, out, w16, in, dy16, out, dx, lddx, acc); err != nil {
+	if err := l.ops.gemmBF16(l.blas, false, false, in, rows, out, w16, in, dy16, out, dx, lddx, acc); err != nil {
 		return err
 	}
-	return l.blas.GemmBF16(false, true, in, out, rows, x16, in, dy16, out, dw, in, true)
+	return l.ops.gemmBF16(l.blas, false, true, in, out, rows, x16, in, dy16, out, dw, in, true)
 }
 
 // outOfMemory adds to an allocation's failure for want of memory what was

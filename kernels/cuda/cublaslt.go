@@ -196,6 +196,13 @@ func (b *Blas) closePlans() {
 // float32 accumulation: op(A) is A (k columns of m, ld lda) or its
 // transpose (transA), likewise B. On the default stream, without waiting.
 func (b *Blas) GemmBF16(transA, transB bool, m, n, k int, A Buffer, lda int, B Buffer, ldb int, C Buffer, ldc int, acc bool) error {
+	return b.gemmBF16(0, b.ws, transA, transB, m, n, k, A, lda, B, ldb, C, ldc, acc)
+}
+
+// gemmBF16 is GemmBF16 on stream (0: the default stream) with the
+// workspace ws: work on a stream of its own (Ops.Capture's) may run
+// beside the default stream's, so it must not share the handle's.
+func (b *Blas) gemmBF16(stream uintptr, ws Buffer, transA, transB bool, m, n, k int, A Buffer, lda int, B Buffer, ldb int, C Buffer, ldc int, acc bool) error {
 	if m <= 0 || n <= 0 || k <= 0 {
 		return nil
 	}
@@ -210,11 +217,11 @@ func (b *Blas) GemmBF16(transA, transB bool, m, n, k int, A Buffer, lda int, B B
 	}
 	matmul := func() error {
 		return b.check(b.lt.matmul(b.h, p.desc, unsafe.Pointer(alpha), A.Ptr, p.a, B.Ptr, p.b, unsafe.Pointer(beta),
-			C.Ptr, p.c, C.Ptr, p.c, unsafe.Pointer(&p.algo[0]), b.ws.Ptr, uintptr(b.ws.Size), 0),
+			C.Ptr, p.c, C.Ptr, p.c, unsafe.Pointer(&p.algo[0]), ws.Ptr, uintptr(ws.Size), stream),
 			fmt.Sprintf("cublasLtMatmul(%d×%d×%d)", m, n, k))
 	}
 	err = b.dev.do(func() error {
-		if b.dev.prof != nil {
+		if b.dev.prof != nil && stream == 0 {
 			return b.dev.prof.time(b.dev.drv, fmt.Sprintf("cublasLt bf16 %d×%d×%d %s%s align %d/%d/%d", m, n, k,
 				opName(transA), opName(transB), alignment(A.Ptr), alignment(B.Ptr), alignment(C.Ptr)), matmul)
 		}

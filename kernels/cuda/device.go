@@ -337,6 +337,11 @@ func (d Dim3) dims() (uint32, uint32, uint32, error) {
 // grid whose X is 0 (no rows to do) launches nothing; Y and Z left at 0
 // are 1.
 func (f *Function) Launch(grid, block Dim3, shared int, args ...any) error {
+	return f.launchOn(0, grid, block, shared, args...)
+}
+
+// launchOn is Launch on stream (0: the default stream).
+func (f *Function) launchOn(stream uintptr, grid, block Dim3, shared int, args ...any) error {
 	if grid.X == 0 {
 		return nil
 	}
@@ -383,11 +388,11 @@ func (f *Function) Launch(grid, block Dim3, shared int, args ...any) error {
 		params = unsafe.Pointer(&ptrs[0])
 	}
 	launch := func() error {
-		return f.dev.drv.check(f.dev.drv.launchKernel(f.handle, gx, gy, gz, bx, by, bz, uint32(shared), 0, params, nil),
+		return f.dev.drv.check(f.dev.drv.launchKernel(f.handle, gx, gy, gz, bx, by, bz, uint32(shared), stream, params, nil),
 			"cuLaunchKernel(%s, grid %v, block %v, shared %d)", f.Name, grid, block, shared)
 	}
 	err = f.dev.do(func() error {
-		if f.dev.prof != nil {
+		if f.dev.prof != nil && stream == 0 {
 			return f.dev.prof.time(f.dev.drv, f.Name, launch)
 		}
 		return launch()

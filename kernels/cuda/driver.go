@@ -46,6 +46,19 @@ type driver struct {
 	eventDestroy      func(ev uintptr) int32
 	getErrorName      func(res int32, s **byte) int32
 	getErrorString    func(res int32, s **byte) int32
+
+	// Streams and graphs (Ops.Capture); graphs is false where the driver
+	// lacks one of them (before CUDA 11.4), and Capture then refuses.
+	graphs           bool
+	streamCreate     func(s *uintptr, flags uint32) int32
+	streamDestroy    func(s uintptr) int32
+	streamWaitEvent  func(s, ev uintptr, flags uint32) int32
+	beginCapture     func(s uintptr, mode int32) int32
+	endCapture       func(s uintptr, g *uintptr) int32
+	graphInstantiate func(exec *uintptr, g uintptr, flags uint64) int32
+	graphLaunch      func(exec, s uintptr) int32
+	graphExecDestroy func(exec uintptr) int32
+	graphDestroy     func(g uintptr) int32
 }
 
 var (
@@ -103,6 +116,25 @@ func bindDriver(dirs []string) (*driver, error) {
 	for _, s := range syms {
 		if err := register(s.fn, h, s.name); err != nil {
 			return nil, fmt.Errorf("cuda: %s: %w", path, err)
+		}
+	}
+	d.graphs = true
+	for _, s := range []struct {
+		fn   any
+		name string
+	}{
+		{&d.streamCreate, "cuStreamCreate"},
+		{&d.streamDestroy, "cuStreamDestroy_v2"},
+		{&d.streamWaitEvent, "cuStreamWaitEvent"},
+		{&d.beginCapture, "cuStreamBeginCapture_v2"},
+		{&d.endCapture, "cuStreamEndCapture"},
+		{&d.graphInstantiate, "cuGraphInstantiateWithFlags"},
+		{&d.graphLaunch, "cuGraphLaunch"},
+		{&d.graphExecDestroy, "cuGraphExecDestroy"},
+		{&d.graphDestroy, "cuGraphDestroy"},
+	} {
+		if register(s.fn, h, s.name) != nil {
+			d.graphs = false
 		}
 	}
 	if r := d.init(0); r != 0 {

@@ -21,6 +21,11 @@ type Ops struct {
 
 	mu  sync.Mutex
 	fns map[string]*Function
+
+	// stream is where launches go: 0 (the default stream), or the
+	// capture stream while Capture records; graph is Capture's state.
+	stream uintptr
+	graph  graphState
 }
 
 // NewOps returns the launcher of d's kernels.
@@ -59,7 +64,7 @@ func (o *Ops) Launch(mod, name string, grid, block Dim3, args ...any) error {
 		o.fns[key] = f
 		o.mu.Unlock()
 	}
-	return f.Launch(grid, block, 0, args...)
+	return f.launchOn(o.stream, grid, block, 0, args...)
 }
 
 var block256 = Dim3{X: 256}

@@ -153,7 +153,7 @@ func (l *QuantLinear) LinearMany(x Buffer, rows, in, ldx int, ps ...Product) err
 	for _, p := range ps {
 		m := l.mats[p.W.Ptr]
 		w8 := Buffer{Ptr: l.w8.Ptr + uint64(m.Off)*2, Size: int64(p.Out*in) * 2}
-		if err := l.blas.GemmBF16(true, false, p.Out, rows, in, w8, in, l.x8, in, p.Y, p.LdY, false); err != nil {
+		if err := l.ops.gemmBF16(l.blas, true, false, p.Out, rows, in, w8, in, l.x8, in, p.Y, p.LdY, false); err != nil {
 			return err
 		}
 		if err := l.ops.Launch("convert.cu", "scale_rows_cols", Dim3{X: rows}, block256, p.Y, l.sx, l.ws.Floats(l.soff[p.W.Ptr], p.Out), p.Out, int64(p.LdY)); err != nil {

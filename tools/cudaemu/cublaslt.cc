@@ -177,18 +177,67 @@ API int cublasLtMatmulAlgoGetHeuristic(uintptr_t h, uintptr_t d, uintptr_t a, ui
   return SUCCESS;
 }
 
+namespace {
+
+// Product is one cublasLtMatmul's arguments, copied: a product recorded
+// into a graph runs after its descriptors may have been destroyed.
+struct Product {
+  Desc desc;
+  Layout la, lb, lc;
+  float alpha, beta;
+  uint64_t A, B, C, D;
+};
+
+int run(const Product& p);
+
+// run_recorded is a recorded product's graph node (keel_emu_capture_node).
+int run_recorded(void* ctx) { return run(*(const Product*)ctx) == SUCCESS ? 0 : -1; }
+void free_recorded(void* ctx) { delete (Product*)ctx; }
+
+}  // namespace
+
+// cublasLtMatmul computes the product now, or, on a stream that is
+// recording a graph (the emulator's driver says which), records it into
+// the graph with its arguments' values.
 API int cublasLtMatmul(uintptr_t h, uintptr_t d, const float* alpha, uint64_t A, uintptr_t ad, uint64_t B, uintptr_t bd,
                        const float* beta, uint64_t C, uintptr_t cd, uint64_t D, uintptr_t dd, const void* algo,
                        uint64_t ws, size_t ws_size, uintptr_t stream) {
   (void)ws;
   (void)ws_size;
-  if (h != 1 || stream) return invalid("handle or stream");
+  if (h != 1) return invalid("handle");
   if (!algo || memcmp(algo, "keel-emu", 8) != 0) return invalid("an algorithm not from the heuristic");
   uint64_t m, n, k;
   const Desc* desc = (const Desc*)d;
   const Layout *la = (const Layout*)ad, *lb = (const Layout*)bd, *lc = (const Layout*)cd;
   int s = shapes(desc, la, lb, lc, (const Layout*)dd, &m, &n, &k);
   if (s != SUCCESS) return s;
+  if (D != C) return refuse("D apart from C");
+  Product p{*desc, *la, *lb, *lc, *alpha, *beta, A, B, C, D};
+  if (stream) {
+    typedef int (*node_fn)(uintptr_t, int (*)(void*), void*, void (*)(void*));
+    static node_fn node = (node_fn)dlsym(RTLD_DEFAULT, "keel_emu_capture_node");
+    if (!node) return invalid("a stream without the emulator's driver");
+    Product* c = new Product(p);
+    int r = node(stream, run_recorded, c, free_recorded);
+    if (r < 0) {
+      delete c;
+      return invalid("an unknown stream");
+    }
+    if (r == 1) return SUCCESS;  // recorded
+    delete c;
+  }
+  return run(p);
+}
+
+namespace {
+
+// run checks a product's operands against the device's allocations and
+// computes it.
+int run(const Product& pr) {
+  const Desc* desc = &pr.desc;
+  const Layout *la = &pr.la, *lb = &pr.lb, *lc = &pr.lc;
+  const uint64_t m = lc->rows, n = lc->cols, k = desc->transa ? la->rows : la->cols;
+  const uint64_t A = pr.A, B = pr.B, C = pr.C, D = pr.D;
   if (!in_allocation("cuBLASLt A", A, la) || !in_allocation("cuBLASLt B", B, lb) ||
       !in_allocation("cuBLASLt C", C, lc) || !in_allocation("cuBLASLt D", D, lc))
     return invalid("an operand outside the device's allocations");
@@ -202,7 +251,7 @@ API int cublasLtMatmul(uintptr_t h, uintptr_t d, const float* alpha, uint64_t A,
     for (uint64_t p = 0; p < k; p++) ar[i * k + p] = bf16(desc->transa ? a[p + i * la->ld] : a[i + p * la->ld]);
   for (uint64_t j = 0; j < n; j++)
     for (uint64_t p = 0; p < k; p++) bc[j * k + p] = bf16(desc->transb ? b[j + p * lb->ld] : b[p + j * lb->ld]);
-  const double al = *alpha, be = *beta;
+  const double al = pr.alpha, be = pr.beta;
   for (uint64_t j = 0; j < n; j++)
     for (uint64_t i = 0; i < m; i++) {
       const float* x = &ar[i * k];
@@ -215,6 +264,8 @@ API int cublasLtMatmul(uintptr_t h, uintptr_t d, const float* alpha, uint64_t A,
     }
   return SUCCESS;
 }
+
+}  // namespace
 
 // keel_cuda_emulator marks the library as the emulator's (kernels/cuda reads it).
 API const int keel_cuda_emulator = 1;

@@ -23,8 +23,11 @@
 #include <unistd.h>
 
 #include <map>
+#include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <vector>
 
 #define API extern "C" __attribute__((visibility("default")))
 
@@ -39,6 +42,7 @@ enum {
   NOT_FOUND = 500,
   LAUNCH_FAILED = 719,
   NOT_SUPPORTED = 801,
+  STREAM_CAPTURE_UNSUPPORTED = 900,
 };
 
 namespace {
@@ -129,7 +133,53 @@ struct Function {
   void (*thunk)(void**);
   int bounds;
   std::string name;
+  // pack copies a launch's parameter values into 8-byte slots (for a
+  // graph, which runs after the caller's parameter memory is gone) and
+  // returns how many; null for a module built before graphs were emulated.
+  int (*pack)(void**, uint64_t*, int);
 };
+
+// A Node is one step of a graph: a kernel launch with its parameters'
+// values, or a step recorded by the emulator's cuBLASLt (run(ctx)).
+struct Node {
+  Function* f = nullptr;
+  unsigned grid[3], block[3];
+  std::vector<uint64_t> params;
+  int (*run)(void*) = nullptr;
+  void* ctx = nullptr;
+  void (*free)(void*) = nullptr;
+};
+
+// A graph's nodes are shared by the graph and its instantiations.
+struct Nodes {
+  std::vector<Node> nodes;
+  ~Nodes() {
+    for (auto& n : nodes)
+      if (n.free) n.free(n.ctx);
+  }
+};
+struct Graph {
+  std::shared_ptr<Nodes> nodes;
+};
+
+// A Stream runs its work at once, as the default stream does, except
+// while it records a graph (cuStreamBeginCapture): then launches and
+// products on it are recorded instead.
+struct Stream {
+  Graph* capture = nullptr;
+};
+std::mutex stream_mu;
+std::set<Stream*> streams;
+
+// stream_of checks a stream handle: 0 (the default stream) gives null.
+bool stream_of(uintptr_t h, Stream** s) {
+  *s = nullptr;
+  if (!h) return true;
+  std::lock_guard<std::mutex> l(stream_mu);
+  if (!streams.count((Stream*)h)) return false;
+  *s = (Stream*)h;
+  return true;
+}
 
 double now_ms() {
   timespec t;
@@ -339,8 +389,9 @@ API CUresult cuModuleGetFunction(uintptr_t* fn, uintptr_t mod, const char* name)
   void* t = dlsym(m->handle, thunk.c_str());
   const int* b = (const int*)dlsym(m->handle, bounds.c_str());
   if (!t || !b) return NOT_FOUND;
-  Function* f = new Function{m, nullptr, *b, name};
+  Function* f = new Function{m, nullptr, *b, name, nullptr};
   *(void**)&f->thunk = t;
+  *(void**)&f->pack = dlsym(m->handle, (std::string("keel_emu_pack_") + name).c_str());
   *fn = (uintptr_t)f;
   return OK;
 }
@@ -350,12 +401,44 @@ API CUresult cuFuncSetAttribute(uintptr_t fn, int attr, int v) {
   complain("cuFuncSetAttribute", "attribute " + std::to_string(attr) + " = " + std::to_string(v) + " is not emulated");
   return INVALID_VALUE;
 }
+// run_launch runs one kernel launch (of cuLaunchKernel, or a graph's).
+CUresult run_launch(Function* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                    void** params) {
+  if (trace()) fprintf(stderr, "emu: launch %s grid %u,%u,%u block %u,%u,%u\n", f->name.c_str(), gx, gy, gz, bx, by, bz);
+  char err[600];
+  const double t0 = profiling() ? now_ms() : 0;
+  if (f->mod->launch(f->thunk, params, gx, gy, gz, bx, by, bz, err, sizeof err) != 0) {
+    complain(f->name.c_str(), err);
+    return LAUNCH_FAILED;
+  }
+  if (check_every_launch()) {
+    std::lock_guard<std::mutex> l(mu);
+    for (auto& [p, a] : allocs)
+      if (!intact(p, a)) {
+        complain(f->name.c_str(), "wrote around the allocation of " + std::to_string(a.bytes) + " at " + hex(p));
+        return LAUNCH_FAILED;
+      }
+  }
+  if (profiling()) {
+    std::lock_guard<std::mutex> l(prof_mu);
+    Prof& p = prof[f->name];
+    p.launches++;
+    p.ms += now_ms() - t0;
+  }
+  return OK;
+}
+
 API CUresult cuLaunchKernel(uintptr_t fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                             unsigned shared, uintptr_t stream, void** params, void** extra) {
   Function* f = (Function*)fn;
   if (!f) return INVALID_HANDLE;
-  if (extra || stream) {
-    complain(f->name.c_str(), "launch with extra parameters or a stream: not emulated");
+  Stream* st;
+  if (!stream_of(stream, &st)) {
+    complain(f->name.c_str(), "launch on an unknown stream");
+    return INVALID_HANDLE;
+  }
+  if (extra) {
+    complain(f->name.c_str(), "launch with extra parameters: not emulated");
     return NOT_SUPPORTED;
   }
   if (shared > 0) {
@@ -369,26 +452,123 @@ API CUresult cuLaunchKernel(uintptr_t fn, unsigned gx, unsigned gy, unsigned gz,
                                   std::to_string(f->bounds) + ")");
     return INVALID_VALUE;
   }
-  if (trace()) fprintf(stderr, "emu: launch %s grid %u,%u,%u block %u,%u,%u\n", f->name.c_str(), gx, gy, gz, bx, by, bz);
-  char err[600];
-  const double t0 = profiling() ? now_ms() : 0;
-  if (f->mod->launch(f->thunk, params, gx, gy, gz, bx, by, bz, err, sizeof err) != 0) {
-    complain(f->name.c_str(), err);
-    return LAUNCH_FAILED;
+  if (st && st->capture) {
+    if (!f->pack) {
+      complain(f->name.c_str(), "recorded into a graph from a module built without parameter packing (clear the cache)");
+      return NOT_SUPPORTED;
+    }
+    Node n;
+    n.f = f;
+    n.grid[0] = gx, n.grid[1] = gy, n.grid[2] = gz;
+    n.block[0] = bx, n.block[1] = by, n.block[2] = bz;
+    n.params.resize(64);
+    int np = f->pack(params, n.params.data(), 64);
+    if (np < 0) {
+      complain(f->name.c_str(), "more than 64 parameters to record");
+      return NOT_SUPPORTED;
+    }
+    n.params.resize(np);
+    std::lock_guard<std::mutex> l(stream_mu);
+    st->capture->nodes->nodes.push_back(std::move(n));
+    return OK;
   }
-  if (check_every_launch()) {
-    std::lock_guard<std::mutex> l(mu);
-    for (auto& [p, a] : allocs)
-      if (!intact(p, a)) {
-        complain(f->name.c_str(), "wrote around the allocation of " + std::to_string(a.bytes) + " bytes at " + hex(p));
-        return LAUNCH_FAILED;
-      }
+  return run_launch(f, gx, gy, gz, bx, by, bz, params);
+}
+
+// keel_emu_capture_node records a step of the emulator's cuBLASLt into
+// the graph stream is recording: 1 if it did (the graph owns ctx then), 0
+// if stream is not recording (the caller runs the step now), -1 for an
+// unknown stream.
+API int keel_emu_capture_node(uintptr_t stream, int (*run)(void*), void* ctx, void (*free)(void*)) {
+  Stream* st;
+  if (!stream_of(stream, &st)) return -1;
+  std::lock_guard<std::mutex> l(stream_mu);
+  if (!st || !st->capture) return 0;
+  Node n;
+  n.run = run, n.ctx = ctx, n.free = free;
+  st->capture->nodes->nodes.push_back(std::move(n));
+  return 1;
+}
+
+API CUresult cuStreamCreate(uintptr_t* s, unsigned flags) {
+  (void)flags;
+  Stream* st = new Stream;
+  std::lock_guard<std::mutex> l(stream_mu);
+  streams.insert(st);
+  *s = (uintptr_t)st;
+  return OK;
+}
+API CUresult cuStreamDestroy_v2(uintptr_t s) {
+  std::lock_guard<std::mutex> l(stream_mu);
+  if (!streams.erase((Stream*)s)) return INVALID_HANDLE;
+  delete (Stream*)s;
+  return OK;
+}
+// The emulator runs work as it is issued: a wait has nothing to wait for.
+API CUresult cuStreamWaitEvent(uintptr_t s, uintptr_t ev, unsigned flags) {
+  Stream* st;
+  if (!ev || flags || !stream_of(s, &st)) return INVALID_HANDLE;
+  if (st && st->capture) {
+    complain("cuStreamWaitEvent", "on a stream recording a graph: not emulated");
+    return NOT_SUPPORTED;
   }
-  if (profiling()) {
-    std::lock_guard<std::mutex> l(prof_mu);
-    Prof& p = prof[f->name];
-    p.launches++;
-    p.ms += now_ms() - t0;
+  return OK;
+}
+API CUresult cuStreamBeginCapture_v2(uintptr_t s, int mode) {
+  (void)mode;
+  Stream* st;
+  if (!s || !stream_of(s, &st)) return INVALID_HANDLE;
+  std::lock_guard<std::mutex> l(stream_mu);
+  if (st->capture) {
+    complain("cuStreamBeginCapture", "the stream is already recording");
+    return STREAM_CAPTURE_UNSUPPORTED;
+  }
+  st->capture = new Graph{std::make_shared<Nodes>()};
+  return OK;
+}
+API CUresult cuStreamEndCapture(uintptr_t s, uintptr_t* g) {
+  Stream* st;
+  if (!s || !stream_of(s, &st)) return INVALID_HANDLE;
+  std::lock_guard<std::mutex> l(stream_mu);
+  if (!st->capture) return STREAM_CAPTURE_UNSUPPORTED;
+  *g = (uintptr_t)st->capture;
+  st->capture = nullptr;
+  return OK;
+}
+API CUresult cuGraphInstantiateWithFlags(uintptr_t* exec, uintptr_t g, unsigned long long flags) {
+  if (!g) return INVALID_HANDLE;
+  if (flags) return NOT_SUPPORTED;
+  *exec = (uintptr_t) new Graph{((Graph*)g)->nodes};
+  return OK;
+}
+API CUresult cuGraphDestroy(uintptr_t g) {
+  if (!g) return INVALID_HANDLE;
+  delete (Graph*)g;
+  return OK;
+}
+API CUresult cuGraphExecDestroy(uintptr_t exec) {
+  if (!exec) return INVALID_HANDLE;
+  delete (Graph*)exec;
+  return OK;
+}
+// cuGraphLaunch runs the recorded steps in order, each with the values
+// its parameters had when recorded.
+API CUresult cuGraphLaunch(uintptr_t exec, uintptr_t s) {
+  Stream* st;
+  if (!exec || !stream_of(s, &st)) return INVALID_HANDLE;
+  if (st && st->capture) {
+    complain("cuGraphLaunch", "into a stream recording a graph: not emulated");
+    return NOT_SUPPORTED;
+  }
+  for (Node& n : ((Graph*)exec)->nodes->nodes) {
+    if (n.run) {
+      if (n.run(n.ctx) != 0) return LAUNCH_FAILED;
+      continue;
+    }
+    std::vector<void*> ptrs(n.params.size());
+    for (size_t i = 0; i < ptrs.size(); i++) ptrs[i] = &n.params[i];
+    CUresult r = run_launch(n.f, n.grid[0], n.grid[1], n.grid[2], n.block[0], n.block[1], n.block[2], ptrs.data());
+    if (r != OK) return r;
   }
   return OK;
 }
@@ -399,7 +579,12 @@ API CUresult cuEventCreate(uintptr_t* ev, unsigned flags) {
   return OK;
 }
 API CUresult cuEventRecord(uintptr_t ev, uintptr_t stream) {
-  if (!ev || stream) return INVALID_HANDLE;
+  Stream* st;
+  if (!ev || !stream_of(stream, &st)) return INVALID_HANDLE;
+  if (st && st->capture) {
+    complain("cuEventRecord", "on a stream recording a graph: not emulated");
+    return NOT_SUPPORTED;
+  }
   ((Event*)ev)->ms = now_ms();
   return OK;
 }
@@ -425,6 +610,8 @@ static const char* names(int r, bool name) {
     case NOT_FOUND: return name ? "CUDA_ERROR_NOT_FOUND" : "named symbol not found";
     case LAUNCH_FAILED: return name ? "CUDA_ERROR_LAUNCH_FAILED" : "unspecified launch failure (see the emulator's message on stderr)";
     case NOT_SUPPORTED: return name ? "CUDA_ERROR_NOT_SUPPORTED" : "operation not supported by the emulator";
+    case STREAM_CAPTURE_UNSUPPORTED:
+      return name ? "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED" : "operation not permitted when stream is capturing";
   }
   return nullptr;
 }

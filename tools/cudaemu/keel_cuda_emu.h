@@ -464,6 +464,20 @@ inline void call(void (*k)(A...), void** p) {
   call_with(k, p, std::index_sequence_for<A...>{});
 }
 
+// pack copies the values of a launch's parameters into 8-byte slots (a
+// graph's copy of them), returning their number, or -1 if more than cap.
+template <typename... A, size_t... I>
+inline int pack_with(void (*)(A...), void** p, unsigned long* out, int cap, std::index_sequence<I...>) {
+  static_assert(((sizeof(typename std::remove_reference<A>::type) <= 8) && ...), "a kernel parameter over 8 bytes");
+  if ((int)sizeof...(A) > cap) return -1;
+  ((out[I] = 0, memcpy(&out[I], p[I], sizeof(typename std::remove_reference<A>::type))), ...);
+  return (int)sizeof...(A);
+}
+template <typename... A>
+inline int pack(void (*k)(A...), void** p, unsigned long* out, int cap) {
+  return pack_with(k, p, out, cap, std::index_sequence_for<A...>{});
+}
+
 }  // namespace keel_emu
 
 // keel_emu_launch runs a kernel (its thunk) over the grid, blocks one after

@@ -204,6 +204,8 @@ API int nvrtcCompileProgram(uintptr_t prog, int nopt, const char* const* opts) {
     for (auto& [name, bounds] : kernels(p->src)) {
       f << "extern \"C\" __attribute__((visibility(\"default\"))) void keel_emu_thunk_" << name
         << "(void** p) { keel_emu::call(" << name << ", p); }\n";
+      f << "extern \"C\" __attribute__((visibility(\"default\"))) int keel_emu_pack_" << name
+        << "(void** p, unsigned long* out, int cap) { return keel_emu::pack(" << name << ", p, out, cap); }\n";
       f << "extern \"C\" __attribute__((visibility(\"default\"))) const int keel_emu_bounds_" << name << " = ("
         << bounds << ");\n";
     }
