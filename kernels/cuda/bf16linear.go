@@ -47,6 +47,19 @@ func (l *BF16Linear) Free() {
 	*l = BF16Linear{}
 }
 
+// Refresh rounds the weights again if they changed since the last
+// product (Stale): before recording or replaying a graph of products
+// (Ops.Capture), whose launches must not include it.
+func (l *BF16Linear) Refresh() error { return l.weights() }
+
+// Reserve grows the forward products' operand scratch (Linear's and
+// LinearMany's) to rows × width now, so that no such product of at most
+// that size reallocates it later: a graph keeps the address it recorded.
+func (l *BF16Linear) Reserve(rows, width int) error {
+	_, err := l.grow(0, rows*width)
+	return err
+}
+
 func (l *BF16Linear) weights() error {
 	if l.fresh {
 		return nil
@@ -71,11 +84,19 @@ func (l *BF16Linear) w16span(w Buffer) (Buffer, error) {
 // slot which (0 or 1) as contiguous bf16, growing it as needed (a grown
 // slot is freed after the work that uses it: Free synchronises).
 func (l *BF16Linear) operand(which int, src Buffer, rows, cols, ld int) (Buffer, error) {
+	buf, err := l.grow(which, rows*cols)
+	if err != nil {
+		return Buffer{}, err
+	}
+	return buf, l.ops.ToBF16Rows(buf, src, rows, cols, ld)
+}
+
+// grow returns scratch slot which with room for n bf16 at least.
+func (l *BF16Linear) grow(which, n int) (Buffer, error) {
 	buf, have := &l.a, &l.aN
 	if which == 1 {
 		buf, have = &l.b, &l.bN
 	}
-	n := rows * cols
 	if n > *have {
 		if buf.Ptr != 0 {
 			l.ops.Dev.Free(*buf)
@@ -87,7 +108,7 @@ func (l *BF16Linear) operand(which int, src Buffer, rows, cols, ld int) (Buffer,
 		}
 		*have = n
 	}
-	return *buf, l.ops.ToBF16Rows(*buf, src, rows, cols, ld)
+	return *buf, nil
 }
 
 // The products, in cuBLASLt's column-major terms (a row-major [r, c]

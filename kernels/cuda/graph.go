@@ -46,8 +46,10 @@ func (o *Ops) GraphsAvailable() bool {
 	return o.Dev.drv.graphs && o.Dev.prof == nil
 }
 
-// setupGraphs makes o's stream, events and workspace, once.
-func (o *Ops) setupGraphs() error {
+// PrepareGraphs makes o's recording stream, events and cuBLASLt
+// workspace (BlasWorkspaceBytes) now, once: Capture calls it, and an
+// engine that plans its memory calls it where it allocates.
+func (o *Ops) PrepareGraphs() error {
 	g := &o.graph
 	if g.stream != 0 {
 		return nil
@@ -104,7 +106,7 @@ func (o *Ops) CloseGraphs() {
 // recording, and the emulator says which call it was); launches through
 // other Ops run as usual. ErrNoGraphs where graphs are unavailable.
 func (o *Ops) Capture(f func() error) (*Graph, error) {
-	if err := o.setupGraphs(); err != nil {
+	if err := o.PrepareGraphs(); err != nil {
 		return nil, err
 	}
 	d, s := o.Dev.drv, o.graph.stream

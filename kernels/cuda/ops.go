@@ -180,12 +180,14 @@ func (o *Ops) MoECombine(out, resid, yg, gates, row Buffer, rows, k, H int) erro
 
 // KVStore writes step rows' keys and values into the cache of their slot
 // at their position (slot, pos: int32 per row; caches [slots, maxLen, kvd]).
+// A row whose slot is negative is padding and writes nothing.
 func (o *Ops) KVStore(kcache, vcache, k, v, slot, pos Buffer, rows, maxLen, kvd int) error {
 	return o.Launch("attn.cu", "kv_store", Dim3{X: rows}, block256, kcache, vcache, k, v, slot, pos, maxLen, kvd)
 }
 
 // AttnDecode: each step row attends over positions [0, pos] of its slot's
-// cache, with the training forward's attention arithmetic.
+// cache, with the training forward's attention arithmetic; a padding row
+// (negative slot) gets zeros.
 func (o *Ops) AttnDecode(out, q, kcache, vcache, slot, pos Buffer, rows, maxLen, heads, kv, hd int, scale float32) error {
 	if err := checkHeads(heads, kv, hd); err != nil {
 		return err

@@ -91,6 +91,41 @@ func (o *Ops) QuantE4M3Rows(dst, scale, src Buffer, rows, cols, ld int) error {
 	return o.Launch("convert.cu", "quant_e4m3_rows", Dim3{X: rows}, block256, dst, scale, src, cols, int64(ld))
 }
 
+// Refresh quantises the weights again if they changed since the last
+// product (Stale), as BF16Linear.Refresh.
+func (l *QuantLinear) Refresh() error { return l.weights() }
+
+// Reserve grows the activation operand's scratch to rows × width now, as
+// BF16Linear.Reserve.
+func (l *QuantLinear) Reserve(rows, width int) error { return l.grow(rows, width) }
+
+// grow makes room for an activation operand of rows × in.
+func (l *QuantLinear) grow(rows, in int) error {
+	if n := rows * in; n > l.xN {
+		if l.x8.Ptr != 0 {
+			l.ops.Dev.Free(l.x8)
+		}
+		var err error
+		if l.x8, err = l.ops.Dev.Alloc(int64(n) * 2); err != nil {
+			l.xN = 0
+			return outOfMemory(l.ops.Dev, "a quantised product's operand", int64(n)*2, err)
+		}
+		l.xN = n
+	}
+	if rows > l.sN {
+		if l.sx.Ptr != 0 {
+			l.ops.Dev.Free(l.sx)
+		}
+		var err error
+		if l.sx, err = l.ops.Dev.Alloc(int64(rows) * 4); err != nil {
+			l.sN = 0
+			return err
+		}
+		l.sN = rows
+	}
+	return nil
+}
+
 func (l *QuantLinear) weights() error {
 	if l.fresh {
 		return nil
@@ -125,27 +160,8 @@ func (l *QuantLinear) LinearMany(x Buffer, rows, in, ldx int, ps ...Product) err
 			return fmt.Errorf("cuda: a quantised product's weight [%d, %d] is not one of the quantised matrices", p.Out, in)
 		}
 	}
-	if n := rows * in; n > l.xN {
-		if l.x8.Ptr != 0 {
-			l.ops.Dev.Free(l.x8)
-		}
-		var err error
-		if l.x8, err = l.ops.Dev.Alloc(int64(n) * 2); err != nil {
-			l.xN = 0
-			return outOfMemory(l.ops.Dev, "a quantised product's operand", int64(n)*2, err)
-		}
-		l.xN = n
-	}
-	if rows > l.sN {
-		if l.sx.Ptr != 0 {
-			l.ops.Dev.Free(l.sx)
-		}
-		var err error
-		if l.sx, err = l.ops.Dev.Alloc(int64(rows) * 4); err != nil {
-			l.sN = 0
-			return err
-		}
-		l.sN = rows
+	if err := l.grow(rows, in); err != nil {
+		return err
 	}
 	if err := l.ops.QuantE4M3Rows(l.x8, l.sx, x, rows, in, ldx); err != nil {
 		return err

@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 
 	kc "github.com/keel-rl/keel/kernels/cuda"
 	"github.com/keel-rl/keel/model"
@@ -50,6 +51,16 @@ type Backend struct {
 	err            error    // a failed CopyPrefix, reported by the next Step
 	ownDevice      bool     // Close closes dev (Open)
 	bf             products // bf16 and fp8 precision's products; nil in exact
+
+	// graphs replays decoding steps (every row an output row, at most
+	// Slots rows) as CUDA graphs, one per row count graphRows gives, made
+	// at first use; nil where they are off (useGraphs).
+	graphs map[int]*kc.Graph
+	// pad is the host's copy of a graph step's padded inputs.
+	pad struct {
+		slot, pos, tok, outRow []int32
+		temps                  []float32
+	}
 }
 
 // scratch is one step's device memory, sized for Options.StepRows rows.
@@ -68,6 +79,8 @@ type products interface {
 	Linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error
 	LinearMany(x Buffer, rows, in, ldx int, ps ...kc.Product) error
 	Stale()
+	Refresh() error
+	Reserve(rows, width int) error
 	Free()
 }
 
@@ -170,6 +183,19 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 			format = kc.FormatFP4
 		}
 		b.bf, err = kc.NewQuantLinear(b.ops, b.w, len(host.Arena), mats, format)
+	}
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	if err == nil && b.bf != nil {
+		// The operands' scratch at its largest now: a graph keeps the
+		// addresses it recorded.
+		err = b.bf.Reserve(opt.StepRows, max(c.HiddenSize, c.NumAttentionHeads*c.HeadDim, c.IntermediateSize, c.MoeIntermediateSize))
+	}
+	if err == nil && useGraphs(&c, b.ops) {
+		b.graphs = map[int]*kc.Graph{}
+		err = b.ops.PrepareGraphs()
 	}
 	if err != nil {
 		b.Close()
@@ -296,6 +322,11 @@ func (b *Backend) CopyPrefix(dst, src, n int) {
 // Close frees the device memory, and closes the device when Open opened
 // it (a device given to New stays the caller's).
 func (b *Backend) Close() {
+	for _, g := range b.graphs {
+		g.Close()
+	}
+	b.graphs = nil
+	b.ops.CloseGraphs()
 	if b.bf != nil {
 		b.bf.Free()
 		b.bf = nil
@@ -337,7 +368,9 @@ func (b *Backend) linears(x Buffer, rows, in, ldx int, ps ...kc.Product) error {
 
 // Step runs the rows of sb through the model: keys and values into the
 // cache, the output rows' log-probabilities and every row's routes into
-// sb.
+// sb. A decoding step (every row an output row) of a dense model replays
+// a CUDA graph of its launches (stepGraph); any other step launches them
+// one by one.
 func (b *Backend) Step(sb *rollout.StepBatch) error {
 	if b.err != nil {
 		return b.err
@@ -349,13 +382,10 @@ func (b *Backend) Step(sb *rollout.StepBatch) error {
 	if R == 0 {
 		return nil
 	}
-	c := &b.cfg
-	s, o := &b.s, b.ops
-	H, V, hd := c.HiddenSize, c.VocabSize, c.HeadDim
-	heads, kv := c.NumAttentionHeads, c.NumKeyValueHeads
-	qd, kvd := heads*hd, kv*hd
-	eps := float32(c.RMSNormEps)
-	scale := float32(1 / math.Sqrt(float64(hd)))
+	if b.graphs != nil && nOut == R && R <= b.opt.Slots {
+		return b.stepGraph(sb)
+	}
+	s := &b.s
 	for _, u := range []struct {
 		dst Buffer
 		src []int32
@@ -367,6 +397,111 @@ func (b *Backend) Step(sb *rollout.StepBatch) error {
 	if err := kc.Upload(b.dev, s.temps, sb.OutTemp); err != nil {
 		return err
 	}
+	if err := b.forward(sb, R, nOut); err != nil {
+		return err
+	}
+	if nOut == 0 {
+		return b.dev.Sync()
+	}
+	return b.outputs(sb, nOut)
+}
+
+// useGraphs says whether the backend replays decoding steps as CUDA
+// graphs: for dense models (an MoE layer brings its routes to the host
+// mid-step, which a graph cannot), where the driver has graphs, the run
+// is not profiled (KEEL_CUDA_PROFILE) and KEEL_CUDA_GRAPHS is not 0.
+func useGraphs(c *model.Config, o *kc.Ops) bool {
+	return len(c.MoELayers()) == 0 && o.GraphsAvailable() && os.Getenv("KEEL_CUDA_GRAPHS") != "0"
+}
+
+// graphRows is the rows of the graph that runs a decoding step of R rows:
+// R rounded up to a power of two up to 8, then to a multiple of 8, at
+// most slots. The rows beyond R are padding: slot -1 (no cache written,
+// attention zeros), position 0, token 0, their outputs never read. So a
+// rollout of 256 sequences records at most 35 graphs as its sequences
+// end.
+func graphRows(R, slots int) int {
+	n := 1
+	for n < R && n < 8 {
+		n *= 2
+	}
+	if R > 8 {
+		n = (R + 7) / 8 * 8
+	}
+	return min(n, slots)
+}
+
+// stepGraph runs a decoding step as a graph of graphRows rows, recorded at
+// the first step of that size: the inputs padded and uploaded, the
+// weights' reduced-precision copies refreshed (outside the graph), the
+// graph replayed, then the draws and copies of outputs as a plain step's.
+// A graph runs the launches the plain step makes, over more rows: in
+// exact precision, whose kernels are batch invariant, the same bits.
+func (b *Backend) stepGraph(sb *rollout.StepBatch) error {
+	R, nOut := sb.Rows(), len(sb.OutRow)
+	n := graphRows(R, b.opt.Slots)
+	p, s := &b.pad, &b.s
+	p.slot = append(append(p.slot[:0], sb.Slot...), fill(n-R, -1)...)
+	p.pos = append(append(p.pos[:0], sb.Pos...), fill(n-R, 0)...)
+	p.tok = append(append(p.tok[:0], sb.Tok...), fill(n-R, 0)...)
+	p.outRow = append(p.outRow[:0], sb.OutRow...)
+	for r := R; r < n; r++ {
+		p.outRow = append(p.outRow, int32(r))
+	}
+	p.temps = append(p.temps[:0], sb.OutTemp...)
+	for r := R; r < n; r++ {
+		p.temps = append(p.temps, 1)
+	}
+	for _, u := range []struct {
+		dst Buffer
+		src []int32
+	}{{s.slot, p.slot}, {s.pos, p.pos}, {s.tok, p.tok}, {s.outRow, p.outRow}} {
+		if err := kc.Upload(b.dev, u.dst, u.src); err != nil {
+			return err
+		}
+	}
+	if err := kc.Upload(b.dev, s.temps, p.temps); err != nil {
+		return err
+	}
+	if b.bf != nil {
+		if err := b.bf.Refresh(); err != nil {
+			return err
+		}
+	}
+	g := b.graphs[n]
+	if g == nil {
+		var err error
+		if g, err = b.ops.Capture(func() error { return b.forward(nil, n, n) }); err != nil {
+			return fmt.Errorf("rollout/cuda: recording the decoding step of %d rows: %w", n, err)
+		}
+		b.graphs[n] = g
+	}
+	if err := g.Launch(); err != nil {
+		return err
+	}
+	return b.outputs(sb, nOut)
+}
+
+// fill returns n copies of v (in a slice append copies from).
+func fill(n int, v int32) []int32 {
+	x := make([]int32, n)
+	for i := range x {
+		x[i] = v
+	}
+	return x
+}
+
+// forward launches a step of R rows (inputs uploaded) through the layers
+// and the LM head of its nOut output rows, up to their log-softmax; sb
+// receives the MoE layers' routes (nil in a graph: dense models only).
+func (b *Backend) forward(sb *rollout.StepBatch, R, nOut int) error {
+	c := &b.cfg
+	s, o := &b.s, b.ops
+	H, V, hd := c.HiddenSize, c.VocabSize, c.HeadDim
+	heads, kv := c.NumAttentionHeads, c.NumKeyValueHeads
+	qd, kvd := heads*hd, kv*hd
+	eps := float32(c.RMSNormEps)
+	scale := float32(1 / math.Sqrt(float64(hd)))
 	x, next := s.x, s.next
 	if err := o.Gather(x, b.param(b.host.Embed), s.tok, R, H); err != nil {
 		return err
@@ -420,7 +555,7 @@ func (b *Backend) Step(sb *rollout.StepBatch) error {
 		x, next = next, x
 	}
 	if nOut == 0 {
-		return b.dev.Sync()
+		return nil
 	}
 	// The output rows only: gather, final norm, LM head, log-softmax at
 	// each row's temperature (per-row kernels: the same bits as over all
@@ -436,7 +571,7 @@ func (b *Backend) Step(sb *rollout.StepBatch) error {
 			return fmt.Errorf("rollout/cuda: head: %w", err)
 		}
 	}
-	return b.outputs(sb, nOut)
+	return nil
 }
 
 // outputs draws the output rows the batcher asked the device to draw and

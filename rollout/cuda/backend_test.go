@@ -530,3 +530,196 @@ func TestDeviceDraw(t *testing.T) {
 		}
 	}
 }
+
+// TestGraphSteps: a dense model's decoding steps replayed as CUDA graphs
+// (padded to graphRows, slot -1 beyond the step's rows) give what the same
+// steps launched one by one give, over a generation whose sequences stop
+// at different lengths, so that the rows and the padding change from step
+// to step: in exact precision the same tokens and log mu bit for bit; in
+// bf16 and fp8, whose cuBLASLt products may take another algorithm for
+// the padded row count on a GPU, log mu within 2e-3 along each sample
+// while the tokens agree, and nearly every sample the same (the emulator
+// gives the same bits here too). Several graph sizes must have been
+// recorded, and a weight update must reach the graphs (they read the
+// weights' buffers, refreshed outside them).
+func TestGraphSteps(t *testing.T) {
+	dev := cudatest.Device(t)
+	m := testModel(t, "tiny-dense")
+	m2 := testModel(t, "tiny-dense")
+	model.Init(m2, 12)
+	ps := [][]int32{{1, 5, 9, 13}, {2, 4}, {7, 7, 7, 7, 7, 7, 7, 7, 7}, {3}, {11, 12, 13}}
+	sp := rollout.Sampling{Temperature: 1, MaxNewTokens: 24, Stop: []int32{3, 17, 40, 41, 42}, Seed: 5}
+	for _, prec := range []rollout.Precision{rollout.Exact, rollout.BF16, rollout.FP8} {
+		opt := rollout.Options{Precision: prec, Slots: 20, MaxLen: 64}
+		graphed, err := New(dev, m, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if graphed.graphs == nil {
+			graphed.Close()
+			t.Skip("graphs off (KEEL_CUDA_GRAPHS=0, a profiled run or an old driver)")
+		}
+		plain, err := New(dev, m, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range plain.graphs {
+			g.Close()
+		}
+		plain.graphs = nil
+		eg, err := rollout.NewWithBackend(graphed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ep, err := rollout.NewWithBackend(plain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for round, w := range []*model.Model{m, m2} {
+			if round > 0 {
+				if err := eg.UpdateWeights(context.Background(), w, 1); err != nil {
+					t.Fatal(err)
+				}
+				if err := ep.UpdateWeights(context.Background(), w, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			a, err := eg.Generate(ps, 4, sp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := ep.Generate(ps, 4, sp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lengths, same := map[int]bool{}, 0
+			for i := range a {
+				lengths[len(a[i].Tokens)] = true
+				n := 0
+				for n < len(a[i].Tokens) && n < len(b[i].Tokens) && a[i].Tokens[n] == b[i].Tokens[n] {
+					n++
+				}
+				if n == len(a[i].Tokens) && n == len(b[i].Tokens) {
+					same++
+				}
+				for j := 0; j < n; j++ {
+					x, y := a[i].LogProbs[j], b[i].LogProbs[j]
+					if prec == rollout.Exact && math.Float32bits(x) != math.Float32bits(y) {
+						t.Fatalf("%s round %d sample %d token %d: log mu %v with graphs, %v without", prec, round, i, j, x, y)
+					}
+					if math.Abs(float64(x-y)) > 2e-3 {
+						t.Fatalf("%s round %d sample %d token %d: log mu %v with graphs, %v without", prec, round, i, j, x, y)
+					}
+				}
+			}
+			if (prec == rollout.Exact && same != len(a)) || same < len(a)*9/10 {
+				t.Errorf("%s round %d: %d of %d samples the same with graphs and without", prec, round, same, len(a))
+			}
+			if len(lengths) < 3 {
+				t.Errorf("%s round %d: responses of %d lengths only: the test wants rows that change", prec, round, len(lengths))
+			}
+		}
+		sizes := []int{}
+		for n := range graphed.graphs {
+			sizes = append(sizes, n)
+		}
+		t.Logf("%s: graphs of %v rows", prec, sizes)
+		if len(sizes) < 3 {
+			t.Errorf("%s: %d graph sizes recorded, want several", prec, len(sizes))
+		}
+		eg.Close()
+		ep.Close()
+	}
+}
+
+// TestGraphRows: the padding of a decoding step's rows.
+func TestGraphRows(t *testing.T) {
+	for _, c := range []struct{ r, slots, want int }{
+		{1, 64, 1}, {2, 64, 2}, {3, 64, 4}, {5, 64, 8}, {8, 64, 8}, {9, 64, 16}, {17, 64, 24}, {64, 64, 64}, {61, 62, 62}, {3, 3, 3},
+	} {
+		if got := graphRows(c.r, c.slots); got != c.want {
+			t.Errorf("graphRows(%d, %d) = %d, want %d", c.r, c.slots, got, c.want)
+		}
+	}
+}
+
+// TestGraphStepAfterLoad: a decoding step replayed right after a weight
+// load, with no plain step between (which would refresh the reduced
+// precisions' weight copies on its own), computes with the new weights:
+// steps given by hand to a backend with graphs and one without, the
+// output rows' log-probabilities compared (bit for bit in exact).
+func TestGraphStepAfterLoad(t *testing.T) {
+	dev := cudatest.Device(t)
+	m := testModel(t, "tiny-dense")
+	m2 := testModel(t, "tiny-dense")
+	model.Init(m2, 12)
+	V := m.Config.VocabSize
+	for _, prec := range []rollout.Precision{rollout.Exact, rollout.BF16, rollout.FP8} {
+		opt := rollout.Options{Precision: prec, Slots: 4, MaxLen: 16}
+		var backends [2]*Backend
+		for i := range backends {
+			b, err := New(dev, m, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			backends[i] = b
+		}
+		if backends[0].graphs == nil {
+			t.Skip("graphs off")
+		}
+		backends[1].graphs = nil
+		batch := func(rows [][3]int32, out []int32) *rollout.StepBatch {
+			sb := &rollout.StepBatch{LogProbs: make([]float32, opt.Slots*V)}
+			for _, r := range rows {
+				sb.Slot, sb.Pos, sb.Tok = append(sb.Slot, r[0]), append(sb.Pos, r[1]), append(sb.Tok, r[2])
+			}
+			for _, o := range out {
+				sb.OutRow, sb.OutTemp = append(sb.OutRow, o), append(sb.OutTemp, 0.9)
+			}
+			return sb
+		}
+		var prefill [][3]int32
+		for s := int32(0); s < 3; s++ {
+			for p := int32(0); p < 4; p++ {
+				prefill = append(prefill, [3]int32{s, p, 5*s + p + 1})
+			}
+		}
+		decode := func(pos int32) *rollout.StepBatch {
+			return batch([][3]int32{{0, pos, 7}, {1, pos, 8}, {2, pos, 9}}, []int32{0, 1, 2})
+		}
+		steps := []func(b *Backend) (*rollout.StepBatch, error){
+			func(b *Backend) (*rollout.StepBatch, error) {
+				sb := batch(prefill, []int32{3, 7, 11})
+				return sb, b.Step(sb)
+			},
+			func(b *Backend) (*rollout.StepBatch, error) { sb := decode(4); return sb, b.Step(sb) },
+			func(b *Backend) (*rollout.StepBatch, error) {
+				if err := b.Load(m2); err != nil {
+					return nil, err
+				}
+				sb := decode(5)
+				return sb, b.Step(sb)
+			},
+		}
+		for i, step := range steps {
+			var out [2][]float32
+			for j, b := range backends {
+				sb, err := step(b)
+				if err != nil {
+					t.Fatalf("%s step %d: %v", prec, i, err)
+				}
+				out[j] = sb.LogProbs[:3*V]
+			}
+			for k := range out[0] {
+				x, y := out[0][k], out[1][k]
+				if (prec == rollout.Exact && math.Float32bits(x) != math.Float32bits(y)) || math.Abs(float64(x-y)) > 2e-3 {
+					t.Fatalf("%s step %d: log-prob %d %v with graphs, %v without", prec, i, k, x, y)
+				}
+			}
+		}
+		if len(backends[0].graphs) != 1 {
+			t.Errorf("%s: %d graphs recorded, want 1 (of 4 rows)", prec, len(backends[0].graphs))
+		}
+	}
+}

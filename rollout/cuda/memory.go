@@ -19,8 +19,9 @@ const DefaultMemoryFraction = 0.9
 // a part that does not depend on the number of slots and a part per slot.
 type Memory struct {
 	// Fixed: the float32 weights, their bf16 or quantised copy (not in
-	// exact), the RoPE tables, a step's scratch for Options.StepRows rows
-	// and the reduced-precision products' operands and workspace.
+	// exact), the RoPE tables, a step's scratch for Options.StepRows rows,
+	// the reduced-precision products' operands and workspace, and a dense
+	// model's decoding graphs' workspace.
 	Fixed int64
 	// PerSlot: one slot's keys and values for Options.MaxLen positions in
 	// every layer (float32 in exact, bf16 otherwise) and its output row
@@ -62,6 +63,9 @@ func Plan(c *model.Config, opt rollout.Options) (Memory, error) {
 			// per step row for the activations.
 			m.Fixed += (matrixRows(&cfg) + int64(opt.StepRows)) * 4
 		}
+	}
+	if len(cfg.MoELayers()) == 0 {
+		m.Fixed += kc.BlasWorkspaceBytes // the decoding graphs' cuBLASLt workspace
 	}
 	m.Fixed += int64(opt.MaxLen) * int64(cfg.HeadDim/2) * 2 * 4 // cos and sin
 	var s scratch

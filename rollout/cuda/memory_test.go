@@ -29,7 +29,8 @@ func TestPlanByHand(t *testing.T) {
 	// qraw, q, att 3·128; kraw, k, v 3·64; gate|up 768, SwiGLU 384.
 	const perRow = 3 + 640 + 384 + 192 + 768 + 384
 	const rope = 16 * 16 * 2 * 4 // positions × head_dim/2 × cos, sin
-	if want := int64(params*4 + rope + 8*perRow*4); m.Fixed != want {
+	const graphs = 32 << 20      // a dense model's decoding graphs: cuBLASLt's workspace
+	if want := int64(params*4 + rope + 8*perRow*4 + graphs); m.Fixed != want {
 		t.Errorf("fixed %d bytes, want %d", m.Fixed, want)
 	}
 	// A slot: K and V of 16 positions × 64 in 4 layers (float32), and its

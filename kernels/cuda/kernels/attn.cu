@@ -154,12 +154,15 @@ extern "C" __global__ void attn_fwd(float* __restrict__ out, float* __restrict__
 }
 
 // kv_store writes each step row's keys and values into the cache of its
-// slot at its position: cache [slots, max_len, kvd]. grid = rows.
+// slot at its position: cache [slots, max_len, kvd]. grid = rows. A row
+// whose slot is negative is padding (a graph's rows beyond the step's,
+// rollout/cuda) and writes nothing.
 extern "C" __global__ void kv_store(float* __restrict__ kc, float* __restrict__ vc,
                                     const float* __restrict__ k, const float* __restrict__ v,
                                     const int* __restrict__ slot, const int* __restrict__ pos,
                                     int max_len, int kvd) {
   const i64 r = blockIdx.x;
+  if (slot[r] < 0) return;
   const i64 o = ((i64)slot[r] * max_len + pos[r]) * kvd;
   for (int j = threadIdx.x; j < kvd; j += blockDim.x) {
     kc[o + j] = k[r * kvd + j];
@@ -169,7 +172,8 @@ extern "C" __global__ void kv_store(float* __restrict__ kc, float* __restrict__ 
 
 // attn_decode: the rollout's attention: step row r attends over positions
 // [0, pos[r]] of its slot's cache, with attend as the training forward
-// does. grid = (rows, ceil(heads/ATT_WARPS)), block = 32*ATT_WARPS.
+// does; a padding row (negative slot) gets zeros. grid = (rows,
+// ceil(heads/ATT_WARPS)), block = 32*ATT_WARPS.
 extern "C" __global__ void attn_decode(float* __restrict__ out, const float* __restrict__ q,
                                        const float* __restrict__ kc, const float* __restrict__ vc,
                                        const int* __restrict__ slot, const int* __restrict__ pos,
@@ -179,6 +183,10 @@ extern "C" __global__ void attn_decode(float* __restrict__ out, const float* __r
   if (h >= heads) return;
   const int g = h / (heads / kv);
   const i64 qd = (i64)heads * hd, kvd = (i64)kv * hd;
+  if (slot[r] < 0) {
+    for (int d = lane; d < hd; d += 32) out[r * qd + (i64)h * hd + d] = 0.f;
+    return;
+  }
   const i64 base = (i64)slot[r] * max_len * kvd + (i64)g * hd;
   attend(out + r * qd + (i64)h * hd, 0, q + r * qd + (i64)h * hd, kc + base, vc + base, kvd, pos[r] + 1, hd,
          scale, lane);
@@ -309,6 +317,7 @@ extern "C" __global__ void kv_store_bf16(bf16_t* __restrict__ kc, bf16_t* __rest
                                          const int* __restrict__ slot, const int* __restrict__ pos,
                                          int max_len, int kvd) {
   const i64 r = blockIdx.x;
+  if (slot[r] < 0) return;
   const i64 o = ((i64)slot[r] * max_len + pos[r]) * kvd;
   for (int j = threadIdx.x; j < kvd; j += blockDim.x) {
     kc[o + j] = f32_to_bf16(k[r * kvd + j]);
@@ -326,6 +335,10 @@ extern "C" __global__ void attn_decode_bf16(float* __restrict__ out, const float
   if (h >= heads) return;
   const int g = h / (heads / kv);
   const i64 qd = (i64)heads * hd, kvd = (i64)kv * hd;
+  if (slot[r] < 0) {
+    for (int d = lane; d < hd; d += 32) out[r * qd + (i64)h * hd + d] = 0.f;
+    return;
+  }
   const i64 base = (i64)slot[r] * max_len * kvd + (i64)g * hd;
   attend(out + r * qd + (i64)h * hd, (float*)0, q + r * qd + (i64)h * hd, kc + base, vc + base, kvd, pos[r] + 1, hd,
          scale, lane);
