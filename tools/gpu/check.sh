@@ -16,6 +16,10 @@
 #          2 x 16384, the MoE shape): keel and PyTorch, keel again with
 #          KEEL_CUDA_PROFILE=1 (the time of every kernel and product);
 #          then a profiled bf16 decode at 256 sequences
+#   decode issue 25's decode rows: keel (exact, bf16) at 64 and 256
+#          sequences on the Qwen3-0.6B shape and the MoE shape (2 layers),
+#          with CUDA graphs and without, and transformers' generate beside
+#          them (about 3 minutes)
 #   fit    bf16 training of the Qwen3-1.7B shape at 4 x 4096 tokens with
 #          recomputation (issue 24: it fits one 80 GB card)
 #   learn  the README's quickstart (350 steps, seed 1) with both engines on
@@ -24,7 +28,7 @@
 #   rl     one RL step with both engines on the GPU, Qwen3-0.6B shape,
 #          32 prompts x 8 samples of up to 1024 tokens (bf16 training,
 #          bf16 rollout): where the step's time goes (issue 25's table)
-# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [fit] [learn] [rl]
+# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [decode] [fit] [learn] [rl]
 #        (none: tests e2e hf speed)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -128,13 +132,37 @@ if [[ " $sections " == *" hf "* ]]; then
   done
 fi
 
+# The card's memory bandwidth for the decode table's roofline (SXM figures).
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+  *H200*) peakgb=4800 ;;
+  *H100*PCIe*) peakgb=2000 ;;
+  *) peakgb=3350 ;;
+esac
+
+# decode_rows JSON: one line per row of a keel bench --json decode table.
+decode_rows() {
+  python3 -c "import json,sys; r=json.load(open(sys.argv[1])); [print('    %s %s, %d sequences: %.0f tok/s, %.0f GB/s of weights and KV read, %.0f%% of the bandwidth' % (d['Preset'], d['precision_name'], d['Slots'], d['TokensPerS'], d.get('gb_per_s', 0), 100*d.get('bandwidth', 0))) for d in r.get('decode') or []]" "$1" 2>/dev/null
+}
+
+if [[ " $sections " == *" decode "* ]]; then
+  echo "== decode on this card, 32-token prompts and 96 new tokens: keel with CUDA graphs (the default) and without (KEEL_CUDA_GRAPHS=0), then transformers generate (static cache, eager)"
+  for spec in "qwen3-0.6b 0 exact,bf16" "qwen3-30b-a3b 2 bf16"; do
+    set -- $spec
+    for g in 1 0; do
+      KEEL_CUDA_GRAPHS=$g timeout 200 $bin/keel bench --device cuda --presets $1 --layers $2 --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+        --no-rl --decode-precisions $3 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-$1-graphs$g.json" 2> "$out/decode-keel-$1-graphs$g.err"
+      echo "  keel $1 (layers $2), KEEL_CUDA_GRAPHS=$g: exit $?"
+      decode_rows "$out/decode-keel-$1-graphs$g.json" || tail -2 "$out/decode-keel-$1-graphs$g.err"
+    done
+  done
+  for v in "qwen3-0.6b 0 256" "qwen3-0.6b 0 64" "qwen3-30b-a3b 2 256"; do
+    set -- $v
+    timeout 200 python3 tools/gpu/torch_decode.py --preset $1 --layers $2 --batch $3 --dtype bf16 --compile off > "$out/decode-torch-$1-$3.json" 2> "$out/decode-torch-$1-$3.err"
+    echo "  transformers $1 (layers $2) bf16, $3 sequences: exit $? $(tail -1 "$out/decode-torch-$1-$3.json" 2>/dev/null || tail -1 "$out/decode-torch-$1-$3.err")"
+  done
+fi
+
 if [[ " $sections " == *" speed "* ]]; then
-  # The card's memory bandwidth for the decode table's roofline (SXM figures).
-  case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
-    *H200*) peakgb=4800 ;;
-    *H100*PCIe*) peakgb=2000 ;;
-    *) peakgb=3350 ;;
-  esac
   echo "== training speed on this card: keel and PyTorch (transformers + SDPA, fused AdamW), same shapes"
   for spec in "qwen3-0.6b 0 8 2048 4" "qwen3-30b-a3b 2 2 2048 2"; do
     set -- $spec
