@@ -15,6 +15,42 @@
 __device__ __forceinline__ float ld(const float* p, int i) { return p[i]; }
 __device__ __forceinline__ float ld(const bf16_t* p, int i) { return bf16_to_f32(p[i]); }
 
+// load_key reads this lane's elements (lane + 32e) of a key row and a
+// value row, widened to float32 (0 past hd).
+template <typename T>
+__device__ __forceinline__ void load_key(float (&k)[ATT_PER], float (&v)[ATT_PER], const T* kr, const T* vr, int hd,
+                                         int lane) {
+#pragma unroll
+  for (int e = 0; e < ATT_PER; e++) {
+    const int d = lane + 32 * e;
+    k[e] = d < hd ? ld(kr, d) : 0.f;
+    v[e] = d < hd ? ld(vr, d) : 0.f;
+  }
+}
+
+// fold_key folds one key (its row k and value row v, as load_key gives
+// them) into a query row's online-softmax state: attend_key's arithmetic.
+__device__ __forceinline__ void fold_key(float (&acc)[ATT_PER], float& mx, float& l, const float (&qr)[ATT_PER],
+                                         const float (&k)[ATT_PER], const float (&v)[ATT_PER], int hd, float scale,
+                                         int lane) {
+  float s = 0.f;
+#pragma unroll
+  for (int e = 0; e < ATT_PER; e++) {
+    const int d = lane + 32 * e;
+    if (d < hd) s = fmaf(qr[e], k[e], s);
+  }
+  s = warp_sum(s) * scale;
+  const float mn = fmaxf(mx, s);
+  const float corr = expf(mx - mn), p = expf(s - mn);
+  l = l * corr + p;
+#pragma unroll
+  for (int e = 0; e < ATT_PER; e++) {
+    const int d = lane + 32 * e;
+    if (d < hd) acc[e] = fmaf(p, v[e], acc[e] * corr);
+  }
+  mx = mn;
+}
+
 // attend_key folds key j (its key row kr and value row vr) into one query
 // row's online-softmax state (acc, mx, l), run by one warp. Every
 // attention kernel of the forward (the training engine's tiled one, the
@@ -24,22 +60,9 @@ __device__ __forceinline__ float ld(const bf16_t* p, int i) { return bf16_to_f32
 template <typename T>
 __device__ __forceinline__ void attend_key(float (&acc)[ATT_PER], float& mx, float& l, const float (&qr)[ATT_PER],
                                            const T* kr, const T* vr, int hd, float scale, int lane) {
-  float s = 0.f;
-#pragma unroll
-  for (int e = 0; e < ATT_PER; e++) {
-    const int d = lane + 32 * e;
-    if (d < hd) s = fmaf(qr[e], ld(kr, d), s);
-  }
-  s = warp_sum(s) * scale;
-  const float mn = fmaxf(mx, s);
-  const float corr = expf(mx - mn), p = expf(s - mn);
-  l = l * corr + p;
-#pragma unroll
-  for (int e = 0; e < ATT_PER; e++) {
-    const int d = lane + 32 * e;
-    if (d < hd) acc[e] = fmaf(p, ld(vr, d), acc[e] * corr);
-  }
-  mx = mn;
+  float k[ATT_PER], v[ATT_PER];
+  load_key(k, v, kr, vr, hd, lane);
+  fold_key(acc, mx, l, qr, k, v, hd, scale, lane);
 }
 
 // attend_finish writes a row's output acc/l and its log-sum-exp.
@@ -69,7 +92,18 @@ __device__ __forceinline__ void attend(float* __restrict__ out, float* __restric
     acc[e] = 0.f;
   }
   float mx = -__int_as_float(0x7f800000), l = 0.f;
-  for (int j = 0; j < n; j++) attend_key(acc, mx, l, qr, kb + j * kvstride, vb + j * kvstride, hd, scale, lane);
+  // The next key's rows are read while this key is folded in: a long
+  // context is otherwise one memory latency per key. (The arithmetic is
+  // attend_key's, in the same order: the same bits.)
+  float kn[ATT_PER], vn[ATT_PER];
+  if (n > 0) load_key(kn, vn, kb, vb, hd, lane);
+  for (int j = 0; j < n; j++) {
+    float k[ATT_PER], v[ATT_PER];
+#pragma unroll
+    for (int e = 0; e < ATT_PER; e++) k[e] = kn[e], v[e] = vn[e];
+    if (j + 1 < n) load_key(kn, vn, kb + (j + 1) * kvstride, vb + (j + 1) * kvstride, hd, lane);
+    fold_key(acc, mx, l, qr, k, v, hd, scale, lane);
+  }
   attend_finish(out, lse, acc, mx, l, hd, lane);
 }
 
