@@ -131,10 +131,13 @@ func (l *BF16Linear) Linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error {
 }
 
 // Product is one output of LinearMany: Y[r, 0:Out] (rows LdY apart) =
-// x · Wᵀ, W [Out, in] a span of the weights.
+// x · Wᵀ, W [Out, in] a span of the weights. Add, where set (BF16Linear's
+// products only), is added to it in the product's epilogue: Add laid out
+// as Y (a residual stream: Y = Add + x · Wᵀ in one pass).
 type Product struct {
 	Y, W     Buffer
 	Out, LdY int
+	Add      Buffer
 }
 
 // LinearMany computes several products of the same input x (q, k and v of
@@ -147,12 +150,26 @@ func (l *BF16Linear) LinearMany(x Buffer, rows, in, ldx int, ps ...Product) erro
 	if err != nil {
 		return err
 	}
+	return l.products(x16, rows, in, ps)
+}
+
+// LinearManyBF16 is LinearMany from an operand already in bf16: x16
+// [rows, in], contiguous (a kernel that rounds its output for the
+// products, such as RMSNormBF16, made it).
+func (l *BF16Linear) LinearManyBF16(x16 Buffer, rows, in int, ps ...Product) error {
+	if err := l.weights(); err != nil {
+		return err
+	}
+	return l.products(x16, rows, in, ps)
+}
+
+func (l *BF16Linear) products(x16 Buffer, rows, in int, ps []Product) error {
 	for _, p := range ps {
 		w16, err := l.w16span(p.W)
 		if err != nil {
 			return err
 		}
-		if err := l.ops.gemmBF16(l.blas, true, false, p.Out, rows, in, w16, in, x16, in, p.Y, p.LdY, false); err != nil {
+		if err := l.ops.gemmBF16Add(l.blas, true, false, p.Out, rows, in, w16, in, x16, in, p.Y, p.LdY, false, p.Add); err != nil {
 			return err
 		}
 	}

@@ -124,6 +124,7 @@ type gemmKey struct {
 	// chosen for aligned pointers may not run on others, so they are part
 	// of the plan.
 	alignA, alignB, alignC uint32
+	alignAdd               uint32 // the addend's, where it is not C (gemmBF16's add)
 }
 
 // maxPlans bounds the cached plans: an MoE step's experts see many token
@@ -196,17 +197,26 @@ func (b *Blas) closePlans() {
 // float32 accumulation: op(A) is A (k columns of m, ld lda) or its
 // transpose (transA), likewise B. On the default stream, without waiting.
 func (b *Blas) GemmBF16(transA, transB bool, m, n, k int, A Buffer, lda int, B Buffer, ldb int, C Buffer, ldc int, acc bool) error {
-	return b.gemmBF16(0, b.ws, transA, transB, m, n, k, A, lda, B, ldb, C, ldc, acc)
+	return b.gemmBF16(0, b.ws, transA, transB, m, n, k, A, lda, B, ldb, C, ldc, acc, Buffer{})
 }
 
 // gemmBF16 is GemmBF16 on stream (0: the default stream) with the
 // workspace ws: work on a stream of its own (Ops.Capture's) may run
-// beside the default stream's, so it must not share the handle's.
-func (b *Blas) gemmBF16(stream uintptr, ws Buffer, transA, transB bool, m, n, k int, A Buffer, lda int, B Buffer, ldb int, C Buffer, ldc int, acc bool) error {
+// beside the default stream's, so it must not share the handle's. With an
+// addend (add.Ptr != 0, acc false) it computes C = op(A)·op(B) + add, add
+// laid out as C: a residual added in the product's epilogue.
+func (b *Blas) gemmBF16(stream uintptr, ws Buffer, transA, transB bool, m, n, k int, A Buffer, lda int, B Buffer, ldb int, C Buffer, ldc int, acc bool, add Buffer) error {
 	if m <= 0 || n <= 0 || k <= 0 {
 		return nil
 	}
-	p, err := b.plan(gemmKey{transA, transB, m, n, k, lda, ldb, ldc, alignment(A.Ptr), alignment(B.Ptr), alignment(C.Ptr)})
+	in := C // cuBLASLt's C, the addend; C here is its D
+	if add.Ptr != 0 {
+		if acc {
+			return fmt.Errorf("cuda: a bf16 product both accumulating and with an addend")
+		}
+		in, acc = add, true
+	}
+	p, err := b.plan(gemmKey{transA, transB, m, n, k, lda, ldb, ldc, alignment(A.Ptr), alignment(B.Ptr), alignment(C.Ptr), alignment(in.Ptr)})
 	if err != nil {
 		return err
 	}
@@ -217,7 +227,7 @@ func (b *Blas) gemmBF16(stream uintptr, ws Buffer, transA, transB bool, m, n, k 
 	}
 	matmul := func() error {
 		return b.check(b.lt.matmul(b.h, p.desc, unsafe.Pointer(alpha), A.Ptr, p.a, B.Ptr, p.b, unsafe.Pointer(beta),
-			C.Ptr, p.c, C.Ptr, p.c, unsafe.Pointer(&p.algo[0]), ws.Ptr, uintptr(ws.Size), stream),
+			in.Ptr, p.c, C.Ptr, p.c, unsafe.Pointer(&p.algo[0]), ws.Ptr, uintptr(ws.Size), stream),
 			fmt.Sprintf("cublasLtMatmul(%d×%d×%d)", m, n, k))
 	}
 	err = b.dev.do(func() error {
@@ -298,7 +308,7 @@ func (b *Blas) plan(key gemmKey) (*gemmPlan, error) {
 		if err := b.check(lt.prefSetAttr(pref, prefMaxWorkspace, unsafe.Pointer(&ws), 8), "set workspace"); err != nil {
 			return err
 		}
-		for i, a := range []uint32{key.alignA, key.alignB, key.alignC, key.alignC} {
+		for i, a := range []uint32{key.alignA, key.alignB, key.alignAdd, key.alignC} {
 			if err := b.check(lt.prefSetAttr(pref, prefMinAlignA+int32(i), unsafe.Pointer(&a), 4), "set alignment"); err != nil {
 				return err
 			}

@@ -6,6 +6,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/keel-rl/keel/kernels"
 )
 
 // TestDeviceGraph records a step of launches (a kernel, and the products
@@ -107,4 +109,107 @@ func nanSlice(n int) []float32 {
 		x[i] = float32(math.NaN())
 	}
 	return x
+}
+
+// TestDeviceFusedBF16: the bf16 rollout's fused kernels give, bit for
+// bit, what the plain kernel followed by the rounding to bf16 gives (an
+// RMSNorm, a SwiGLU, the decoding attention, whose padding rows give
+// zeros), and a product with an addend gives the product plus the addend
+// within a rounding of the sum.
+func TestDeviceFusedBF16(t *testing.T) {
+	g := newGPU(t)
+	ops := NewOps(g.d)
+	r := rand.New(rand.NewPCG(3, 30))
+	u16 := func(b Buffer, n int) []uint16 {
+		out := make([]uint16, n)
+		if err := Download(g.d, out, b); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	sameU16 := func(what string, a, b []uint16) {
+		t.Helper()
+		for i := range a {
+			if a[i] != b[i] {
+				t.Fatalf("%s: element %d: %#04x fused, %#04x plain", what, i, a[i], b[i])
+			}
+		}
+	}
+	check := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.d.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const rows, n = 5, 200
+	x, w := bufOf(g, randF32(r, rows*n, 2)), bufOf(g, randF32(r, n, 1))
+	y, y16, f16 := g.poisoned(rows*n), g.poisoned(rows*n), g.poisoned(rows*n)
+	check(ops.RMSNorm(y, Buffer{}, x, w, rows, n, 1e-6))
+	check(ops.ToBF16Rows(y16, y, rows, n, n))
+	check(ops.RMSNormBF16(f16, x, w, rows, n, 1e-6))
+	sameU16("RMSNormBF16", u16(f16, rows*n), u16(y16, rows*n))
+
+	gu := bufOf(g, randF32(r, rows*2*n, 3))
+	check(ops.SwiGLU(y, gu, rows, n))
+	check(ops.ToBF16Rows(y16, y, rows, n, n))
+	check(ops.SwiGLUBF16(f16, gu, rows, n))
+	sameU16("SwiGLUBF16", u16(f16, rows*n), u16(y16, rows*n))
+
+	// Decoding attention over a bf16 cache: 3 slots of 9 positions, 4
+	// heads sharing 2 KV heads of 32; the last row is padding.
+	const slots, maxLen, heads, kv, hd = 3, 9, 4, 2, 32
+	cache := func() Buffer {
+		b := make([]kernels.BF16, slots*maxLen*kv*hd)
+		kernels.ToBF16(b, randF32(r, len(b), 1))
+		v := make([]uint16, len(b))
+		for i := range b {
+			v[i] = uint16(b[i])
+		}
+		return bufOf(g, v)
+	}
+	kcache, vcache := cache(), cache()
+	q := bufOf(g, randF32(r, 4*heads*hd, 1))
+	slot, pos := bufOf(g, []int32{2, 0, 1, -1}), bufOf(g, []int32{8, 3, 0, 0})
+	att, att16, fatt := g.poisoned(4*heads*hd), g.poisoned(4*heads*hd), g.poisoned(4*heads*hd)
+	check(ops.AttnDecodeBF16(att, q, kcache, vcache, slot, pos, 4, maxLen, heads, kv, hd, 0.17))
+	check(ops.ToBF16Rows(att16, att, 4, heads*hd, heads*hd))
+	check(ops.AttnDecodeBF16To16(fatt, q, kcache, vcache, slot, pos, 4, maxLen, heads, kv, hd, 0.17))
+	got := u16(fatt, 4*heads*hd)
+	sameU16("AttnDecodeBF16To16", got, u16(att16, 4*heads*hd))
+	for i, v := range got[3*heads*hd:] {
+		if v != 0 {
+			t.Fatalf("padding row's attention element %d = %#04x, want 0", i, v)
+		}
+	}
+
+	// A product with an addend: y = x·Wᵀ + add.
+	const in, out = 64, 48
+	arena := bufOf(g, randF32(r, out*in, 1))
+	bl, err := NewBF16Linear(ops, arena, out*in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bl.Free()
+	xin := bufOf(g, randF32(r, rows*in, 1))
+	x16 := g.poisoned(rows * in)
+	check(ops.ToBF16Rows(x16, xin, rows, in, in))
+	add := randF32(r, rows*out, 4)
+	plain, fused, many := g.poisoned(rows*out), g.poisoned(rows*out), g.poisoned(rows*out)
+	check(bl.Linear(plain, xin, arena, rows, in, out, out, in))
+	check(bl.LinearManyBF16(x16, rows, in, Product{Y: many, W: arena, Out: out, LdY: out}))
+	sameBits(t, "LinearManyBF16 against Linear", g.f32(many, rows*out), g.f32(plain, rows*out))
+	check(bl.LinearManyBF16(x16, rows, in, Product{Y: fused, W: arena, Out: out, LdY: out, Add: bufOf(g, add)}))
+	p, f := g.f32(plain, rows*out), g.f32(fused, rows*out)
+	for i := range p {
+		want := float64(p[i]) + float64(add[i])
+		if d := math.Abs(float64(f[i]) - want); d > 1e-6*math.Abs(want)+1e-6 {
+			t.Fatalf("product with an addend, element %d: %v, want %v", i, f[i], want)
+		}
+	}
+	if err := ops.LinearMany(xin, rows, in, in, Product{Y: fused, W: arena, Out: out, LdY: out, Add: bufOf(g, add)}); err == nil {
+		t.Error("the float32 products took an addend they do not add")
+	}
 }

@@ -93,9 +93,22 @@ func (o *Ops) Gemm(c, a, b Buffer, M, N, K, sam, sak, sbk, sbn, ldc int, acc boo
 // the float32 products one by one (BF16Linear's and QuantLinear's round or
 // quantise x once for all of them).
 func (o *Ops) LinearMany(x Buffer, rows, in, ldx int, ps ...Product) error {
+	if err := noAddend(ps); err != nil {
+		return err
+	}
 	for _, p := range ps {
 		if err := o.Linear(p.Y, x, p.W, rows, in, p.Out, p.LdY, ldx); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// noAddend refuses products with an addend where the epilogue has none.
+func noAddend(ps []Product) error {
+	for _, p := range ps {
+		if p.Add.Ptr != 0 {
+			return fmt.Errorf("cuda: a product with an addend outside the bf16 products")
 		}
 	}
 	return nil
@@ -129,6 +142,14 @@ func (o *Ops) RMSNorm(y, inv, x, w Buffer, rows, n int, eps float32) error {
 	return o.Launch("rows.cu", "rmsnorm_fwd", Dim3{X: rows}, block256, y, inv, x, w, n, 1, int64(n), eps)
 }
 
+// RMSNormBF16 is RMSNorm (rows of n, contiguous) with y rounded to bf16
+// in the same pass: y16 [rows, n] is then the operand of the products
+// that read it (BF16Linear.LinearManyBF16), bit for bit what rounding
+// RMSNorm's output gives.
+func (o *Ops) RMSNormBF16(y16, x, w Buffer, rows, n int, eps float32) error {
+	return o.Launch("rows.cu", "rmsnorm_fwd_bf16", Dim3{X: rows}, block256, y16, x, w, n, eps)
+}
+
 // NormRope: per token and head, RoPE(RMSNorm(head row)) at the token's
 // position (pos, int32 per row), from raw (token rows of rawStride) into
 // out [rows, heads·hd], saving each head row's inverse RMS.
@@ -155,6 +176,11 @@ func (o *Ops) Add(y, x Buffer, n int) error {
 // SwiGLU: a = silu(g)·u from rows of gu = [g | u] (2n wide).
 func (o *Ops) SwiGLU(a, gu Buffer, rows, n int) error {
 	return o.Launch("rows.cu", "swiglu_fwd", elemGrid(rows*n), block256, a, gu, int64(rows), n)
+}
+
+// SwiGLUBF16 is SwiGLU with a rounded to bf16 in the same pass.
+func (o *Ops) SwiGLUBF16(a16, gu Buffer, rows, n int) error {
+	return o.Launch("rows.cu", "swiglu_fwd_bf16", elemGrid(rows*n), block256, a16, gu, int64(rows), n)
 }
 
 // Gather: dst[r] = src[idx[r]], rows of n floats (idx int32).
@@ -260,6 +286,15 @@ func checkHeads(heads, kv, hd int) error {
 // once, to nearest even).
 func (o *Ops) KVStoreBF16(kcache, vcache, k, v, slot, pos Buffer, rows, maxLen, kvd int) error {
 	return o.Launch("attn.cu", "kv_store_bf16", Dim3{X: rows}, block256, kcache, vcache, k, v, slot, pos, maxLen, kvd)
+}
+
+// AttnDecodeBF16To16 is AttnDecodeBF16 with its output rounded to bf16
+// (out16 [rows, heads·hd]), the output projection's operand.
+func (o *Ops) AttnDecodeBF16To16(out16, q, kcache, vcache, slot, pos Buffer, rows, maxLen, heads, kv, hd int, scale float32) error {
+	if err := checkHeads(heads, kv, hd); err != nil {
+		return err
+	}
+	return o.Launch("attn.cu", "attn_decode_bf16_out16", Dim3{X: rows, Y: (heads + 3) / 4}, Dim3{X: 128}, out16, q, kcache, vcache, slot, pos, maxLen, heads, kv, hd, scale)
 }
 
 // AttnDecodeBF16 is AttnDecode over bfloat16 caches: the same arithmetic

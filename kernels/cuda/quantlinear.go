@@ -152,6 +152,9 @@ func (l *QuantLinear) Linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error 
 // quantisation of it; each W is one of the matrices given to
 // NewQuantLinear.
 func (l *QuantLinear) LinearMany(x Buffer, rows, in, ldx int, ps ...Product) error {
+	if err := noAddend(ps); err != nil {
+		return err
+	}
 	if err := l.weights(); err != nil {
 		return err
 	}

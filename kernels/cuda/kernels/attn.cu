@@ -65,13 +65,19 @@ __device__ __forceinline__ void attend_key(float (&acc)[ATT_PER], float& mx, flo
   fold_key(acc, mx, l, qr, k, v, hd, scale, lane);
 }
 
+// put stores an output element: float32, or rounded to bf16 (for the
+// product that reads it, attn_decode_bf16_out16).
+__device__ __forceinline__ void put(float* p, float v) { *p = v; }
+__device__ __forceinline__ void put(bf16_t* p, float v) { *p = f32_to_bf16(v); }
+
 // attend_finish writes a row's output acc/l and its log-sum-exp.
-__device__ __forceinline__ void attend_finish(float* __restrict__ out, float* __restrict__ lse, const float (&acc)[ATT_PER],
+template <typename O>
+__device__ __forceinline__ void attend_finish(O* __restrict__ out, float* __restrict__ lse, const float (&acc)[ATT_PER],
                                               float mx, float l, int hd, int lane) {
 #pragma unroll
   for (int e = 0; e < ATT_PER; e++) {
     const int d = lane + 32 * e;
-    if (d < hd) out[d] = acc[e] / l;
+    if (d < hd) put(out + d, acc[e] / l);
   }
   if (lane == 0 && lse) *lse = mx + logf(l);
 }
@@ -79,8 +85,8 @@ __device__ __forceinline__ void attend_finish(float* __restrict__ out, float* __
 // attend computes one (query row, head) output with the online softmax
 // over n keys and values at kb[j*kvstride], vb[j*kvstride], j = 0..n-1
 // in order, run by one warp (the per-row kernels).
-template <typename T>
-__device__ __forceinline__ void attend(float* __restrict__ out, float* __restrict__ lse,
+template <typename T, typename O>
+__device__ __forceinline__ void attend(O* __restrict__ out, float* __restrict__ lse,
                                        const float* __restrict__ qrow, const T* __restrict__ kb,
                                        const T* __restrict__ vb, i64 kvstride, int n, int hd,
                                        float scale, int lane) {
@@ -359,21 +365,36 @@ extern "C" __global__ void kv_store_bf16(bf16_t* __restrict__ kc, bf16_t* __rest
   }
 }
 
-// attn_decode_bf16 is attn_decode over a bfloat16 cache.
-extern "C" __global__ void attn_decode_bf16(float* __restrict__ out, const float* __restrict__ q,
+// attn_decode_bf16 is attn_decode over a bfloat16 cache;
+// attn_decode_bf16_out16 writes its output rounded to bf16, the operand of
+// the output projection (the bf16 rollout's fused step).
+template <typename O>
+__device__ __forceinline__ void decode_bf16(O* __restrict__ out, const float* __restrict__ q,
                                             const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
-                                            const int* __restrict__ slot, const int* __restrict__ pos,
-                                            int max_len, int heads, int kv, int hd, float scale) {
+                                            const int* __restrict__ slot, const int* __restrict__ pos, int max_len,
+                                            int heads, int kv, int hd, float scale) {
   const int r = blockIdx.x, lane = threadIdx.x & 31;
   const int h = blockIdx.y * ATT_WARPS + (threadIdx.x >> 5);
   if (h >= heads) return;
   const int g = h / (heads / kv);
   const i64 qd = (i64)heads * hd, kvd = (i64)kv * hd;
   if (slot[r] < 0) {
-    for (int d = lane; d < hd; d += 32) out[r * qd + (i64)h * hd + d] = 0.f;
+    for (int d = lane; d < hd; d += 32) put(out + r * qd + (i64)h * hd + d, 0.f);
     return;
   }
   const i64 base = (i64)slot[r] * max_len * kvd + (i64)g * hd;
   attend(out + r * qd + (i64)h * hd, (float*)0, q + r * qd + (i64)h * hd, kc + base, vc + base, kvd, pos[r] + 1, hd,
          scale, lane);
+}
+extern "C" __global__ void attn_decode_bf16(float* __restrict__ out, const float* __restrict__ q,
+                                            const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
+                                            const int* __restrict__ slot, const int* __restrict__ pos,
+                                            int max_len, int heads, int kv, int hd, float scale) {
+  decode_bf16(out, q, kc, vc, slot, pos, max_len, heads, kv, hd, scale);
+}
+extern "C" __global__ void attn_decode_bf16_out16(bf16_t* __restrict__ out, const float* __restrict__ q,
+                                                  const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
+                                                  const int* __restrict__ slot, const int* __restrict__ pos,
+                                                  int max_len, int heads, int kv, int hd, float scale) {
+  decode_bf16(out, q, kc, vc, slot, pos, max_len, heads, kv, hd, scale);
 }

@@ -23,6 +23,24 @@ extern "C" __global__ void rmsnorm_fwd(float* __restrict__ y, float* __restrict_
   for (int j = threadIdx.x; j < n; j += blockDim.x) y[o + j] = x[o + j] * iv * w[j];
 }
 
+// rmsnorm_fwd_bf16 is rmsnorm_fwd (the same arithmetic, no inverse saved)
+// with y rounded to bf16, contiguous [rows, n]: the operand of the
+// products that read it, made in the same pass (the bf16 rollout's fused
+// step). grid = rows, block = KEEL_THREADS.
+extern "C" __global__ void rmsnorm_fwd_bf16(bf16_t* __restrict__ y, const float* __restrict__ x,
+                                            const float* __restrict__ w, int n, float eps) {
+  __shared__ float s[32];
+  const i64 r = blockIdx.x, o = r * n;
+  float ss = 0.f;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    const float v = x[o + j];
+    ss = fmaf(v, v, ss);
+  }
+  ss = block_sum(ss, s);
+  const float iv = (float)(1.0 / sqrt((double)(ss / (float)n + eps)));
+  for (int j = threadIdx.x; j < n; j += blockDim.x) y[o + j] = f32_to_bf16(x[o + j] * iv * w[j]);
+}
+
 // rmsnorm_bwd: for each row, dx = inv*(dy*w) - x*inv^3*mean(dy*w*x)
 // (written, or added when acc), and the weight gradient dy*x*inv summed
 // over the rows of each chunk of 32 into dw_part[chunk*n ...] in row order
@@ -76,6 +94,17 @@ extern "C" __global__ void swiglu_fwd(float* __restrict__ a, const float* __rest
     const i64 r = i / n, j = i % n;
     const float g = gu[r * 2 * n + j], u = gu[r * 2 * n + n + j];
     a[i] = g / (1.f + expf(-g)) * u;
+  }
+}
+
+// swiglu_fwd_bf16 is swiglu_fwd with a rounded to bf16 (the down
+// projection's operand).
+extern "C" __global__ void swiglu_fwd_bf16(bf16_t* __restrict__ a, const float* __restrict__ gu, i64 rows, int n) {
+  const i64 total = rows * n;
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+    const i64 r = i / n, j = i % n;
+    const float g = gu[r * 2 * n + j], u = gu[r * 2 * n + n + j];
+    a[i] = f32_to_bf16(g / (1.f + expf(-g)) * u);
   }
 }
 
