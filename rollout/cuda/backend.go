@@ -71,6 +71,7 @@ type scratch struct {
 	xo, logits                                      Buffer // output rows
 	draw, drawn, drawnLP                            Buffer // per output row: uniform (float64), token, log-prob
 	probs, gates, row, gtok, ids, xg, gug, ag, yg   Buffer // MoE
+	x16                                             Buffer // bf16: a product's operand, rounded by the kernel before it
 }
 
 // products are the reduced-precision linear layers: kernels/cuda's
@@ -103,6 +104,9 @@ func (s *scratch) spans(c *model.Config, o *rollout.Options) []span {
 		{&s.draw, 2 * S}, {&s.drawn, S}, {&s.drawnLP, S}}
 	if len(c.MoELayers()) < c.NumHiddenLayers {
 		spans = append(spans, span{&s.gu, R * 2 * I}, span{&s.a, R * I})
+	}
+	if o.Precision == rollout.BF16 {
+		spans = append(spans, span{&s.x16, (R*max(H, qd, I) + 1) / 2})
 	}
 	if len(c.MoELayers()) > 0 {
 		spans = append(spans, span{&s.probs, R * E}, span{&s.gates, R * k}, span{&s.row, R * k}, span{&s.gtok, R * k},
@@ -509,6 +513,13 @@ func (b *Backend) forward(sb *rollout.StepBatch, R, nOut int) error {
 	ml := 0
 	for li := range b.host.Layers {
 		l := &b.host.Layers[li]
+		if f := b.fused(); f != nil && l.Router == nil {
+			if err := b.layerBF16(f, li, R, x, next); err != nil {
+				return fmt.Errorf("rollout/cuda: layer %d: %w", li, err)
+			}
+			x, next = next, x
+			continue
+		}
 		steps := []func() error{
 			func() error { return o.RMSNorm(s.h1, Buffer{}, x, b.param(l.InputNorm), R, H, eps) },
 			func() error {
@@ -562,8 +573,18 @@ func (b *Backend) forward(sb *rollout.StepBatch, R, nOut int) error {
 	// rows).
 	steps := []func() error{
 		func() error { return o.Gather(s.xo, x, s.outRow, nOut, H) },
-		func() error { return o.RMSNorm(s.h1, Buffer{}, s.xo, b.param(b.host.Norm), nOut, H, eps) },
-		func() error { return b.linear(s.logits, s.h1, b.param(b.host.LMHead), nOut, H, V, V, H) },
+		func() error {
+			if f := b.fused(); f != nil {
+				if err := o.RMSNormBF16(s.x16, s.xo, b.param(b.host.Norm), nOut, H, eps); err != nil {
+					return err
+				}
+				return f.LinearManyBF16(s.x16, nOut, H, kc.Product{Y: s.logits, W: b.param(b.host.LMHead), Out: V, LdY: V})
+			}
+			if err := o.RMSNorm(s.h1, Buffer{}, s.xo, b.param(b.host.Norm), nOut, H, eps); err != nil {
+				return err
+			}
+			return b.linear(s.logits, s.h1, b.param(b.host.LMHead), nOut, H, V, V, H)
+		},
 		func() error { return o.LogSoftmaxTemps(s.logits, s.temps, nOut, V) },
 	}
 	for _, st := range steps {
@@ -637,6 +658,65 @@ func (b *Backend) checkBatch(sb *rollout.StepBatch) error {
 	for _, o := range sb.OutRow {
 		if o < 0 || int(o) >= R {
 			return fmt.Errorf("rollout/cuda: output row %d of %d rows", o, R)
+		}
+	}
+	return nil
+}
+
+// fused returns the bf16 precision's products, whose step runs fused
+// (layerBF16); nil in the other precisions.
+func (b *Backend) fused() *kc.BF16Linear {
+	f, _ := b.bf.(*kc.BF16Linear)
+	return f
+}
+
+// layerBF16 is a dense layer of the bf16 step with its roundings fused:
+// each kernel that feeds products writes their bf16 operand itself (the
+// norms, the attention, SwiGLU), and the residual adds ride in the output
+// and down projections' epilogues. The numbers are the plain step's (the
+// same roundings), in 14 launches instead of 20.
+func (b *Backend) layerBF16(f *kc.BF16Linear, li, R int, x, next Buffer) error {
+	c, s, o := &b.cfg, &b.s, b.ops
+	l := &b.host.Layers[li]
+	H, I, hd := c.HiddenSize, c.IntermediateSize, c.HeadDim
+	heads, kv := c.NumAttentionHeads, c.NumKeyValueHeads
+	qd, kvd := heads*hd, kv*hd
+	eps := float32(c.RMSNormEps)
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	steps := []func() error{
+		func() error { return o.RMSNormBF16(s.x16, x, b.param(l.InputNorm), R, H, eps) },
+		func() error {
+			return f.LinearManyBF16(s.x16, R, H, kc.Product{Y: s.qraw, W: b.param(l.Q), Out: qd, LdY: qd},
+				kc.Product{Y: s.kraw, W: b.param(l.K), Out: kvd, LdY: kvd}, kc.Product{Y: s.v, W: b.param(l.V), Out: kvd, LdY: kvd})
+		},
+		func() error {
+			return o.NormRope(s.q, Buffer{}, s.qraw, b.param(l.QNorm), b.cos, b.sin, s.pos, R, heads, hd, qd, eps)
+		},
+		func() error {
+			return o.NormRope(s.k, Buffer{}, s.kraw, b.param(l.KNorm), b.cos, b.sin, s.pos, R, kv, hd, kvd, eps)
+		},
+		func() error {
+			return o.KVStoreBF16(b.kcache[li], b.vcache[li], s.k, s.v, s.slot, s.pos, R, b.opt.MaxLen, kvd)
+		},
+		func() error {
+			return o.AttnDecodeBF16To16(s.x16, s.q, b.kcache[li], b.vcache[li], s.slot, s.pos, R, b.opt.MaxLen, heads, kv, hd, scale)
+		},
+		func() error {
+			return f.LinearManyBF16(s.x16, R, qd, kc.Product{Y: s.xmid, W: b.param(l.O), Out: H, LdY: H, Add: x})
+		},
+		func() error { return o.RMSNormBF16(s.x16, s.xmid, b.param(l.PostAttnNorm), R, H, eps) },
+		func() error {
+			return f.LinearManyBF16(s.x16, R, H, kc.Product{Y: s.gu, W: b.param(l.Gate), Out: I, LdY: 2 * I},
+				kc.Product{Y: s.gu.Floats(I, R*2*I-I), W: b.param(l.Up), Out: I, LdY: 2 * I})
+		},
+		func() error { return o.SwiGLUBF16(s.x16, s.gu, R, I) },
+		func() error {
+			return f.LinearManyBF16(s.x16, R, I, kc.Product{Y: next, W: b.param(l.Down), Out: H, LdY: H, Add: s.xmid})
+		},
+	}
+	for _, st := range steps {
+		if err := st(); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -43,26 +43,27 @@ func TestPlanByHand(t *testing.T) {
 		t.Error("Total")
 	}
 	// bf16: the cache's element halves; the weights' bf16 copy, the
-	// products' operand (8 rows × the widest input, 384) and cuBLASLt's
-	// workspace join the fixed part.
+	// products' operand (8 rows × the widest input, 384), cuBLASLt's
+	// workspace, and the fused step's operand (the same size) join the
+	// fixed part.
 	b, err := Plan(&cfg, rollout.Options{Precision: rollout.BF16, Slots: 4, MaxLen: 16, StepRows: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := m.Fixed + params*2 + 8*384*2 + 32<<20; b.Fixed != want {
+	if want := m.Fixed + params*2 + 2*8*384*2 + 32<<20; b.Fixed != want {
 		t.Errorf("bf16 fixed %d bytes, want %d", b.Fixed, want)
 	}
 	if want := int64(4*2*16*64*2 + (128+100+6)*4); b.PerSlot != want {
 		t.Errorf("bf16 per slot %d bytes, want %d", b.PerSlot, want)
 	}
-	// fp8: bf16's, and a scale per output row of every matrix (a layer's
+	// fp8: bf16's but the fused operand, and a scale per output row of every matrix (a layer's
 	// q 128, k and v 64, o 128, gate and up 384, down 128; the head 100)
 	// and per step row.
 	f, err := Plan(&cfg, rollout.Options{Precision: rollout.FP8, Slots: 4, MaxLen: 16, StepRows: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := b.Fixed + (4*(128+64+64+128+384+384+128)+100+8)*4; f.Fixed != want || f.PerSlot != b.PerSlot {
+	if want := b.Fixed - 8*384*2 + (4*(128+64+64+128+384+384+128)+100+8)*4; f.Fixed != want || f.PerSlot != b.PerSlot {
 		t.Errorf("fp8: fixed %d bytes, want %d", f.Fixed, want)
 	}
 	if _, err := Plan(&cfg, rollout.Options{Slots: 4, StepRows: 2}); err == nil {
