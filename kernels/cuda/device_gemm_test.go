@@ -377,13 +377,45 @@ func TestDeviceFlashAttention(t *testing.T) {
 		}{{"out", bout, pout, T * qd}, {"lse", blse, plse, T * c.heads}, {"dq", bdq, pdq, T * qd}, {"dk", bdk, pdk, T * kvd}, {"dv", bdv, pdv, T * kvd}} {
 			sameBits(t, fmt.Sprintf("%s %s, cp.async %v against %v", name, x.what, !ops.FlashPlainCopies, !plain.FlashPlainCopies), g.f32(x.a, x.n), g.f32(x.b, x.n))
 		}
+		// The wide forward (128 query rows a block, the next tile's copy
+		// in flight), both copy paths: the same bits as each other, and
+		// within rounding of the narrow one's (checked against float64
+		// below, with its backward from the wide forward's lse).
+		wout, wlse := g.poisoned(T*qd), g.poisoned(T*c.heads)
+		for i, plainCopies := range []bool{false, true} {
+			wide := NewOps(g.d)
+			wide.FlashWide, wide.FlashPlainCopies = true, plainCopies
+			o, l := wout, wlse
+			if i == 1 {
+				o, l = g.poisoned(T*qd), g.poisoned(T*c.heads)
+			}
+			if err := wide.FlashAttention(fs, o, l, bq, bk, bv, bst, scale); err != nil {
+				t.Fatal(err)
+			}
+			if err := g.d.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			if i == 1 {
+				sameBits(t, name+" wide out, cp.async against plain copies", g.f32(o, T*qd), g.f32(wout, T*qd))
+				sameBits(t, name+" wide lse, cp.async against plain copies", g.f32(l, T*c.heads), g.f32(wlse, T*c.heads))
+			}
+		}
+		closeTo(t, name+" wide lse against narrow", g.f32(wlse, T*c.heads), g.f32(blse, T*c.heads), 1e-4)
+		wdq, wdk, wdv := g.poisoned(T*qd), g.poisoned(T*kvd), g.poisoned(T*kvd)
+		if err := ops.FlashAttentionBackward(bs, wdq, wdk, wdv, bdsum, bdo, wout, wlse, bq, bk, bv, bst, ben, scale); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.d.Sync(); err != nil {
+			t.Fatal(err)
+		}
 		fs.Free()
 		bs.Free()
 		for _, x := range []struct {
 			what string
 			got  Buffer
 			want []float64
-		}{{"out", bout, out}, {"dq", bdq, dq}, {"dk", bdk, dk}, {"dv", bdv, dv}} {
+		}{{"out", bout, out}, {"dq", bdq, dq}, {"dk", bdk, dk}, {"dv", bdv, dv},
+			{"wide out", wout, out}, {"dq after the wide forward", wdq, dq}, {"dk after the wide forward", wdk, dk}, {"dv after the wide forward", wdv, dv}} {
 			e := normRelErr(g.f32(x.got, len(x.want)), x.want)
 			t.Logf("%s %s: |got - float64| / |float64| = %.2e", name, x.what, e)
 			if !(e < 1e-2) {

@@ -18,6 +18,13 @@ type Ops struct {
 	// at NewOps): the same bytes, one global-memory latency per copy; a
 	// check on the async path.
 	FlashPlainCopies bool
+	// FlashWide runs flash.cu's wide forward (KEEL_FLASH_FWD=wide at
+	// NewOps): 128 query rows a block and 32 a warp, each K and V fragment
+	// read from shared memory feeding two products instead of one, the
+	// next key tile's copy in flight during this one's products. The same
+	// outputs within rounding (the online softmax's rescaling falls at
+	// other keys); which is faster is for a GPU to say (tools/gpu/check.sh).
+	FlashWide bool
 
 	mu  sync.Mutex
 	fns map[string]*Function
@@ -30,7 +37,8 @@ type Ops struct {
 
 // NewOps returns the launcher of d's kernels.
 func NewOps(d *Device) *Ops {
-	return &Ops{Dev: d, fns: map[string]*Function{}, FlashPlainCopies: os.Getenv("KEEL_FLASH_COPY") == "sync"}
+	return &Ops{Dev: d, fns: map[string]*Function{}, FlashPlainCopies: os.Getenv("KEEL_FLASH_COPY") == "sync",
+		FlashWide: os.Getenv("KEEL_FLASH_FWD") == "wide"}
 }
 
 // flashAsync is flash.cu's copy flag: 1 for cp.async.
@@ -319,7 +327,7 @@ func checkFlash(heads, kv, hd int) error {
 // FlashScratch holds the bf16 copies of attention's operands that
 // flash.cu's kernels read, for rows tokens: row-major [Tp, width] copies
 // whose rows past rows stay zero, and transposed [width, Tp] ones, Tp =
-// rows rounded up to 64. A forward needs q, k and vᵀ; a backward q, k, v,
+// rows rounded up to 128 (the wide forward's query block). A forward needs q, k and vᵀ; a backward q, k, v,
 // kᵀ, qᵀ, dO and dOᵀ. One scratch serves every layer of a pass.
 type FlashScratch struct {
 	dev                              *Device
@@ -337,7 +345,7 @@ func NewFlashScratch(d *Device, rows, heads, kv, hd int, backward bool) (*FlashS
 	if rows < 1 {
 		return nil, fmt.Errorf("cuda: flash attention's copies for %d rows", rows)
 	}
-	s := &FlashScratch{dev: d, rows: rows, pad: (rows + 63) / 64 * 64, heads: heads, kv: kv, hd: hd}
+	s := &FlashScratch{dev: d, rows: rows, pad: (rows + 127) / 128 * 128, heads: heads, kv: kv, hd: hd}
 	qd, kvd := int64(s.pad*heads*hd)*2, int64(s.pad*kv*hd)*2
 	type copyBuf struct {
 		b     *Buffer
@@ -398,7 +406,11 @@ func (o *Ops) FlashAttention(s *FlashScratch, out, lse, q, k, v, seqStart Buffer
 		func() error { return o.rowsBF16(s.k, k, T, kvd) },
 		func() error { return o.colsBF16(s.vt, v, T, kvd, s.pad) },
 		func() error {
-			return o.Launch("flash.cu", fmt.Sprintf("flash_fwd_%d", s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: 128},
+			name, rows := "flash_fwd_%d", 64
+			if o.FlashWide {
+				name, rows = "flash_fwd_wide_%d", 128
+			}
+			return o.Launch("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + rows - 1) / rows, Y: s.heads}, Dim3{X: 128},
 				out, lse, s.q, s.k, s.vt, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
 		},
 	} {

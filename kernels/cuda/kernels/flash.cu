@@ -13,7 +13,7 @@
 // saves D = dO.O per row and head) and dK, dV per key tile (flash_bwd_dkv).
 // They read bf16 copies of their operands made once per call (Ops'
 // FlashScratch): row-major [Tp, width] with rows T..Tp-1 zero, and
-// transposed [width, Tp] (flash_cols), Tp = T rounded up to 64, so that
+// transposed [width, Tp] (flash_cols), Tp = T rounded up to 128, so that
 // every tile is copied into shared memory 16 bytes at a time and starts
 // at a multiple of its size (the masks drop keys before a sequence).
 
@@ -89,6 +89,20 @@ __device__ __forceinline__ void copy16(u32* dst, const bf16_t* src, int async) {
 __device__ __forceinline__ void copies_done(int async) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if (async) asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
+// copies_commit closes the group of copies issued since the last;
+// copies_wait_prev waits for every group but the last one (the tile
+// before the one in flight). Plain copies are done when issued.
+__device__ __forceinline__ void copies_commit(int async) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (async) asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void copies_wait_prev(int async) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (async) asm volatile("cp.async.wait_group 1;" ::: "memory");
 #endif
 }
 
@@ -185,100 +199,155 @@ __device__ __forceinline__ void store_tile(float* dst, i64 ld, const float (&acc
   }
 }
 
+// flash_fwd_tile folds a tile of BK keys (K row-major and V transposed in
+// shared memory, from key jt) into a warp's MT row tiles: scores, the
+// online softmax's update, and P·V.
+template <int HD, int MT, int BK>
+__device__ __forceinline__ void flash_fwd_tile(const u32* Ks, const u32* Vt, float (&o)[MT][HD / 8][4],
+                                               float (&m)[MT][2], float (&l)[MT][2], const u32 (&qa)[MT][HD / 16][4],
+                                               const int (&rr)[MT][2], const int (&st)[MT][2], int jt, int T,
+                                               float sl2, int g, int t) {
+  constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, VP = BK / 2 + 4;
+  const float ninf = -__int_as_float(0x7f800000);
+  float s[MT][BK / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < BK / 8; nt++) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      const u32 b[2] = {Ks[(nt * 8 + g) * KP + ks * 8 + t], Ks[(nt * 8 + g) * KP + ks * 8 + t + 4]};
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) mma16816(s[mt][nt], qa[mt][ks], b);
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) {
+    float mx0 = ninf, mx1 = ninf;
+#pragma unroll
+    for (int nt = 0; nt < BK / 8; nt++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int j = jt + nt * 8 + 2 * t + (e & 1), r = rr[mt][e >> 1], sr = st[mt][e >> 1];
+        s[mt][nt][e] = (j <= r && j >= sr && r < T) ? s[mt][nt][e] * sl2 : ninf;
+      }
+      mx0 = fmaxf(mx0, fmaxf(s[mt][nt][0], s[mt][nt][1]));
+      mx1 = fmaxf(mx1, fmaxf(s[mt][nt][2], s[mt][nt][3]));
+    }
+    mx0 = fmaxf(m[mt][0], quad_max(mx0));
+    mx1 = fmaxf(m[mt][1], quad_max(mx1));
+    // A row with no key yet keeps 0 as its reference: exp2(-inf) = 0.
+    const float ref0 = mx0 == ninf ? 0.f : mx0, ref1 = mx1 == ninf ? 0.f : mx1;
+    const float c0 = exp2f(m[mt][0] - ref0), c1 = exp2f(m[mt][1] - ref1);
+    m[mt][0] = mx0;
+    m[mt][1] = mx1;
+    l[mt][0] *= c0;
+    l[mt][1] *= c1;
+#pragma unroll
+    for (int n = 0; n < ND; n++) {
+      o[mt][n][0] *= c0;
+      o[mt][n][1] *= c0;
+      o[mt][n][2] *= c1;
+      o[mt][n][3] *= c1;
+    }
+#pragma unroll
+    for (int nt = 0; nt < BK / 8; nt++) {
+      s[mt][nt][0] = exp2f(s[mt][nt][0] - ref0);
+      s[mt][nt][1] = exp2f(s[mt][nt][1] - ref0);
+      s[mt][nt][2] = exp2f(s[mt][nt][2] - ref1);
+      s[mt][nt][3] = exp2f(s[mt][nt][3] - ref1);
+      l[mt][0] += s[mt][nt][0] + s[mt][nt][1];
+      l[mt][1] += s[mt][nt][2] + s[mt][nt][3];
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < BK / 16; kk++) {
+    u32 pa[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) c_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+#pragma unroll
+    for (int n = 0; n < ND; n++) {
+      const u32 b[2] = {Vt[(n * 8 + g) * VP + kk * 8 + t], Vt[(n * 8 + g) * VP + kk * 8 + t + 4]};
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) mma16816(o[mt][n], pa[mt], b);
+    }
+  }
+}
+
 // flash_fwd: out = softmax(q k^T * scale) v over each row's sequence
 // prefix, lse its log-sum-exp (natural log, as attn.cu's), from the bf16
-// copies qb, kb (row-major) and vt (transposed). A block takes FA_BQ query
-// rows of one head; warp w owns rows 16w..16w+15 and walks the keys in
-// tiles of FA_BK in shared memory (K row-major, V transposed, as bf16
-// pairs). grid = (ceil(T/FA_BQ), heads), block 128.
-template <int HD>
+// copies qb, kb (row-major) and vt (transposed). A block takes 64·MT query
+// rows of one head; warp w owns MT tiles of 16 rows (16·MT·w onwards) and
+// walks the keys in tiles of BK in shared memory (K row-major, V
+// transposed, as bf16 pairs). Each K or V fragment read from shared
+// memory feeds MT products: MT = 2 halves the shared-memory reads per
+// product (the FlashAttention-2 layout) for more registers. With STAGES =
+// 2 the next tile's copy is in flight while this one's products run
+// (shared memory for two tiles). grid = (ceil(T/(64·MT)), heads), block
+// 128.
+template <int HD, int MT, int BK, int STAGES>
 __device__ __forceinline__ void flash_fwd(u32* Ks, u32* Vt, float* __restrict__ out, float* __restrict__ lse,
                                           const bf16_t* __restrict__ qb, const bf16_t* __restrict__ kb,
                                           const bf16_t* __restrict__ vt, const int* __restrict__ seq_start, int T,
                                           int Tp, int heads, int kv, float scale, int async) {
-  constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, VP = FA_BK / 2 + 4;
+  constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, VP = BK / 2 + 4, BQ = 64 * MT;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int i0 = blockIdx.x * FA_BQ, h = blockIdx.y, grp = h / (heads / kv);
+  const int i0 = blockIdx.x * BQ, h = blockIdx.y, grp = h / (heads / kv);
   const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
-  const int last = min(T, i0 + FA_BQ) - 1;
-  const int r0 = i0 + 16 * w + g, r1 = r0 + 8;
-  const int st0 = r0 < T ? seq_start[r0] : T, st1 = r1 < T ? seq_start[r1] : T;
-  u32 qa[KS][4];
-  load_a<HD>(qa, qb + (i64)i0 * qd + (i64)h * HD, qd, 16 * w + g, t);
-  float o[ND][4];
-#pragma unroll
-  for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  const int last = min(T, i0 + BQ) - 1, wr = i0 + 16 * MT * w;
+  int rr[MT][2], st[MT][2];
+  u32 qa[MT][KS][4];
+  float o[MT][ND][4], m[MT][2], l[MT][2];
   const float ninf = -__int_as_float(0x7f800000), sl2 = scale * FA_LOG2E;
-  float m0 = ninf, m1 = ninf, l0 = 0.f, l1 = 0.f;
-  for (int jt = seq_start[i0] & -FA_BK; jt <= last; jt += FA_BK) {
-    __syncthreads();
-    copy_rows<HD>(Ks, KP, kb + (i64)jt * kvd + (i64)grp * HD, kvd, FA_BK, async);
-    copy_cols<HD>(Vt, VP, vt + (i64)grp * HD * Tp + jt, Tp, FA_BK, async);
-    copies_done(async);
-    __syncthreads();
-    if (i0 + 16 * w + 15 < jt) continue;  // every key of the tile is after the warp's rows
-    float s[FA_BK / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < FA_BK / 8; nt++) {
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+  for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-      for (int ks = 0; ks < KS; ks++) {
-        const u32 b[2] = {Ks[(nt * 8 + g) * KP + ks * 8 + t], Ks[(nt * 8 + g) * KP + ks * 8 + t + 4]};
-        mma16816(s[nt], qa[ks], b);
-      }
+    for (int e = 0; e < 2; e++) {
+      rr[mt][e] = wr + 16 * mt + g + 8 * e;
+      st[mt][e] = rr[mt][e] < T ? seq_start[rr[mt][e]] : T;
+      m[mt][e] = ninf;
+      l[mt][e] = 0.f;
     }
-    float mx0 = ninf, mx1 = ninf;
+    load_a<HD>(qa[mt], qb + (i64)i0 * qd + (i64)h * HD, qd, 16 * MT * w + 16 * mt + g, t);
 #pragma unroll
-    for (int nt = 0; nt < FA_BK / 8; nt++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int j = jt + nt * 8 + 2 * t + (e & 1), r = e < 2 ? r0 : r1, st = e < 2 ? st0 : st1;
-        s[nt][e] = (j <= r && j >= st && r < T) ? s[nt][e] * sl2 : ninf;
-      }
-      mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
-      mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
-    }
-    mx0 = fmaxf(m0, quad_max(mx0));
-    mx1 = fmaxf(m1, quad_max(mx1));
-    // A row with no key yet keeps 0 as its reference: exp2(-inf) = 0.
-    const float ref0 = mx0 == ninf ? 0.f : mx0, ref1 = mx1 == ninf ? 0.f : mx1;
-    const float c0 = exp2f(m0 - ref0), c1 = exp2f(m1 - ref1);
-    m0 = mx0;
-    m1 = mx1;
-    l0 *= c0;
-    l1 *= c1;
-#pragma unroll
-    for (int n = 0; n < ND; n++) {
-      o[n][0] *= c0;
-      o[n][1] *= c0;
-      o[n][2] *= c1;
-      o[n][3] *= c1;
-    }
-#pragma unroll
-    for (int nt = 0; nt < FA_BK / 8; nt++) {
-      s[nt][0] = exp2f(s[nt][0] - ref0);
-      s[nt][1] = exp2f(s[nt][1] - ref0);
-      s[nt][2] = exp2f(s[nt][2] - ref1);
-      s[nt][3] = exp2f(s[nt][3] - ref1);
-      l0 += s[nt][0] + s[nt][1];
-      l1 += s[nt][2] + s[nt][3];
-    }
-#pragma unroll
-    for (int kk = 0; kk < FA_BK / 16; kk++) {
-      u32 pa[4];
-      c_to_a(pa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int n = 0; n < ND; n++) {
-        const u32 b[2] = {Vt[(n * 8 + g) * VP + kk * 8 + t], Vt[(n * 8 + g) * VP + kk * 8 + t + 4]};
-        mma16816(o[n], pa, b);
-      }
-    }
+    for (int n = 0; n < ND; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
   }
-  l0 = quad_sum(l0);
-  l1 = quad_sum(l1);
-  store_tile<HD>(out + (i64)h * HD, qd, o, r0, T, 1.f / l0, 1.f / l1, t);
-  if (t == 0 && r0 < T) lse[(i64)r0 * heads + h] = m0 * FA_LN2 + logf(l0);
-  if (t == 0 && r1 < T) lse[(i64)r1 * heads + h] = m1 * FA_LN2 + logf(l1);
+  constexpr int KT = BK * KP, VT = HD * VP;  // a stage's words of K and of V
+  const int j0 = seq_start[i0] & -BK;
+  if (STAGES == 2) {
+    copy_rows<HD>(Ks, KP, kb + (i64)j0 * kvd + (i64)grp * HD, kvd, BK, async);
+    copy_cols<HD>(Vt, VP, vt + (i64)grp * HD * Tp + j0, Tp, BK, async);
+    copies_commit(async);
+  }
+  for (int jt = j0, stage = 0; jt <= last; jt += BK, stage ^= STAGES - 1) {
+    u32 *K = Ks + stage * KT, *V = Vt + stage * VT;
+    if (STAGES == 2) {
+      // The next tile's copy into the other stage, which every warp is
+      // done with (the barrier at the end of the last iteration).
+      if (jt + BK <= last) {
+        copy_rows<HD>(Ks + (stage ^ 1) * KT, KP, kb + (i64)(jt + BK) * kvd + (i64)grp * HD, kvd, BK, async);
+        copy_cols<HD>(Vt + (stage ^ 1) * VT, VP, vt + (i64)grp * HD * Tp + jt + BK, Tp, BK, async);
+      }
+      copies_commit(async);  // perhaps empty: wait_prev then still means this tile
+      copies_wait_prev(async);
+      __syncthreads();
+    } else {
+      __syncthreads();
+      copy_rows<HD>(Ks, KP, kb + (i64)jt * kvd + (i64)grp * HD, kvd, BK, async);
+      copy_cols<HD>(Vt, VP, vt + (i64)grp * HD * Tp + jt, Tp, BK, async);
+      copies_done(async);
+      __syncthreads();
+    }
+    if (wr + 16 * MT - 1 >= jt) flash_fwd_tile<HD, MT, BK>(K, V, o, m, l, qa, rr, st, jt, T, sl2, g, t);
+    if (STAGES == 2) __syncthreads();  // this stage is free for the copy after next
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) {
+    const float l0 = quad_sum(l[mt][0]), l1 = quad_sum(l[mt][1]);
+    store_tile<HD>(out + (i64)h * HD, qd, o[mt], rr[mt][0], T, 1.f / l0, 1.f / l1, t);
+    if (t == 0 && rr[mt][0] < T) lse[(i64)rr[mt][0] * heads + h] = m[mt][0] * FA_LN2 + logf(l0);
+    if (t == 0 && rr[mt][1] < T) lse[(i64)rr[mt][1] * heads + h] = m[mt][1] * FA_LN2 + logf(l1);
+  }
 }
 
 // flash_bwd_dq: for query rows i and head h, D_i = dO_i.O_i (into dsum)
@@ -465,10 +534,10 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* Vs, u32* Qs, u32* Qt, u32* Ds
   float *__restrict__ out, float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ kb, \
       const bf16_t *__restrict__ vt, const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, \
       int async
-#define FLASH_FWD_BODY(HD)                                                              \
-  __shared__ u32x4 Ks[FA_BK * (HD / 2 + 4) / 4];                                        \
-  __shared__ u32x4 Vt[HD * (FA_BK / 2 + 4) / 4];                                        \
-  flash_fwd<HD>((u32*)Ks, (u32*)Vt, out, lse, qb, kb, vt, seq_start, T, Tp, heads, kv, scale, async);
+#define FLASH_FWD_BODY(HD, MT, BK, STAGES)                                                                   \
+  __shared__ u32x4 Ks[STAGES * BK * (HD / 2 + 4) / 4];                                                       \
+  __shared__ u32x4 Vt[STAGES * HD * (BK / 2 + 4) / 4];                                                       \
+  flash_fwd<HD, MT, BK, STAGES>((u32*)Ks, (u32*)Vt, out, lse, qb, kb, vt, seq_start, T, Tp, heads, kv, scale, async);
 #define FLASH_DQ_PARAMS                                                                                         \
   float *__restrict__ dq, float *__restrict__ dsum, const float *__restrict__ dout, const float *__restrict__ out,  \
       const float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ dob,               \
@@ -497,9 +566,13 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* Vs, u32* Qs, u32* Qt, u32* Ds
   flash_bwd_dkv<HD>((u32*)Vs, (u32*)Qs, (u32*)Qt, (u32*)Ds, (u32*)Dt, Ls, Dd, Ss, dk, dv, lse, dsum, qb, qt, dob, dot, \
                     kb, vb, seq_start, seq_end, T, Tp, heads, kv, scale, async);
 
-extern "C" __global__ void __launch_bounds__(128) flash_fwd_32(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(32) }
-extern "C" __global__ void __launch_bounds__(128) flash_fwd_64(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(64) }
-extern "C" __global__ void __launch_bounds__(128) flash_fwd_128(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(128) }
+extern "C" __global__ void __launch_bounds__(128) flash_fwd_32(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(32, 1, FA_BK, 1) }
+extern "C" __global__ void __launch_bounds__(128) flash_fwd_64(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(64, 1, FA_BK, 1) }
+extern "C" __global__ void __launch_bounds__(128) flash_fwd_128(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(128, 1, FA_BK, 1) }
+// The wide forward: 128 query rows a block, 32 a warp (Ops.FlashWide).
+extern "C" __global__ void __launch_bounds__(128) flash_fwd_wide_32(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(32, 2, 64, 2) }
+extern "C" __global__ void __launch_bounds__(128) flash_fwd_wide_64(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(64, 2, 32, 2) }
+extern "C" __global__ void __launch_bounds__(128) flash_fwd_wide_128(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(128, 2, 16, 2) }
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_32(FLASH_DQ_PARAMS) { FLASH_DQ_BODY(32) }
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_64(FLASH_DQ_PARAMS) { FLASH_DQ_BODY(64) }
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_128(FLASH_DQ_PARAMS) { FLASH_DQ_BODY(128) }
