@@ -51,6 +51,12 @@ struct uint3 {
   unsigned int x, y, z;
 };
 typedef uint3 dim3;
+// CUDA's vector of four floats, 16-byte aligned as on the device, and its
+// alignment attribute.
+struct __attribute__((aligned(16))) float4 {
+  float x, y, z, w;
+};
+#define __align__(n) __attribute__((aligned(n)))
 
 namespace keel_emu {
 

@@ -17,6 +17,8 @@
 #          forward, KEEL_FLASH_FWD) and PyTorch, keel again with
 #          KEEL_CUDA_PROFILE=1 (the time of every kernel and product);
 #          then a profiled bf16 decode at 256 sequences
+#   gemm   keel's fp32 GEMM and cuBLASLt's bf16 on a 0.6B layer's shapes
+#          (GFLOP/s; BenchmarkDeviceGemm, under a minute)
 #   decode issue 25's decode rows: keel (exact, bf16) at 64 and 256
 #          sequences on the Qwen3-0.6B shape and the MoE shape (2 layers),
 #          with CUDA graphs and without, and transformers' generate beside
@@ -29,7 +31,7 @@
 #   rl     one RL step with both engines on the GPU, Qwen3-0.6B shape,
 #          32 prompts x 8 samples of up to 1024 tokens (bf16 training,
 #          bf16 rollout): where the step's time goes (issue 25's table)
-# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [decode] [fit] [learn] [rl]
+# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [gemm] [decode] [fit] [learn] [rl]
 #        (none: tests e2e hf speed)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -144,6 +146,13 @@ esac
 decode_rows() {
   python3 -c "import json,sys; r=json.load(open(sys.argv[1])); [print('    %s %s, %d sequences: %.0f tok/s, %.0f GB/s of weights and KV read, %.0f%% of the bandwidth' % (d['Preset'], d['precision_name'], d['Slots'], d['TokensPerS'], d.get('gb_per_s', 0), 100*d.get('bandwidth', 0))) for d in r.get('decode') or []]" "$1" 2>/dev/null
 }
+
+if [[ " $sections " == *" gemm "* ]]; then
+  echo "== products on this card: keel's batch-invariant fp32 GEMM (exact rollout, fp32 training) and cuBLASLt bf16, Qwen3-0.6B layer shapes"
+  timeout 120 $bin/cuda.test -test.run '^$' -test.bench DeviceGemm -test.benchtime 20x > "$out/gemm.log" 2>&1
+  echo "  exit $?"
+  grep -E 'GFLOP/s' "$out/gemm.log" | awk '{print "    " $1 " " $(NF-1) " GFLOP/s"}'
+fi
 
 if [[ " $sections " == *" decode "* ]]; then
   echo "== decode on this card, 32-token prompts and 96 new tokens: keel with CUDA graphs (the default) and without (KEEL_CUDA_GRAPHS=0), then transformers generate (static cache, eager)"

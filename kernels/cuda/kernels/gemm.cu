@@ -9,11 +9,15 @@
 //   weight grad dW[N,K] += dY[M,N]^T X[M,K] (C is [N,K], A(n,m) = dY[m*N+n]).
 //
 // C[m*ldc + n] = (acc ? C : 0) + sum_k A[m*sam + k*sak] * B[k*sbk + n*sbn].
-// grid = (ceil(N/64), ceil(M/64)), block = 256 (16 x 16 threads, each 4 x 4
-// outputs).
 
-#define GT 64 // output tile
-#define GK 16 // k tile
+// Both kernels below take 256 threads as a 16 x 16 grid; thread (tx, ty)
+// computes R x R outputs (R = 4 or 8): rows ty*4 + {0..3} (and, for R = 8,
+// 64 + ty*4 + {0..3}) and likewise columns from tx, so that it reads its
+// operands from shared memory four at a time (float4), without bank
+// conflicts. Each k tile is loaded into registers while the one before is
+// multiplied (the global memory's latency hidden behind the products),
+// then stored to shared memory. Every output is still one fmaf chain over
+// k = 0..K-1 in order: the tiling changes no bit.
 
 // tile_index maps a thread's e-th element of a rows x kt tile to its row r
 // and k index kk: k fastest when k is the contiguous index in memory (kfast),
@@ -30,52 +34,88 @@ __device__ __forceinline__ void tile_index(int e, int rows, int kt, bool kfast, 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemm_f32(
-    float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ B, int M, int N, int K,
-    i64 sam, i64 sak, i64 sbk, i64 sbn, i64 ldc, int acc) {
-  __shared__ float As[GK][GT + 1];
-  __shared__ float Bs[GK][GT + 1];
+// gemm_tile is the product of one TM x TM output tile (TM = 64 R / 4) over
+// k tiles of TK: R x R outputs per thread as described above.
+template <int R, int TK>
+__device__ __forceinline__ void gemm_tile(float* __restrict__ C, const float* __restrict__ A,
+                                          const float* __restrict__ B, int M, int N, int K, i64 sam, i64 sak,
+                                          i64 sbk, i64 sbn, i64 ldc, int acc) {
+  constexpr int TM = 16 * R, PER = TM * TK / 256, H = R / 4;  // H: groups of four rows (columns) a thread takes
+  __shared__ __align__(16) float As[TK][TM + 4];
+  __shared__ __align__(16) float Bs[TK][TM + 4];
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int m0 = blockIdx.y * GT, n0 = blockIdx.x * GT;
-  float c[4][4];
+  const int m0 = blockIdx.y * TM, n0 = blockIdx.x * TM;
+  const bool ak = sak == 1, bk = sbk == 1;
+  float c[R][R];
 #pragma unroll
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < R; i++)
 #pragma unroll
-    for (int j = 0; j < 4; j++) c[i][j] = 0.f;
-  for (int k0 = 0; k0 < K; k0 += GK) {
-    // 64 x 16 elements of A and of B, 4 per thread, each walked along
-    // its contiguous index (tile_index) so that a warp's loads coalesce.
-    for (int e = threadIdx.x; e < GT * GK; e += 256) {
+    for (int j = 0; j < R; j++) c[i][j] = 0.f;
+  float ra[PER], rb[PER];  // the next k tile, on its way to shared memory
+  auto load = [&](int k0) {
+#pragma unroll
+    for (int p = 0; p < PER; p++) {
+      const int e = threadIdx.x + 256 * p;
       int r, kk;
-      tile_index(e, GT, GK, sak == 1, r, kk);
+      tile_index(e, TM, TK, ak, r, kk);
       const int m = m0 + r, k = k0 + kk;
-      As[kk][r] = (m < M && k < K) ? A[m * sam + k * sak] : 0.f;
-      tile_index(e, GT, GK, sbk == 1, r, kk);
+      ra[p] = (m < M && k < K) ? A[m * sam + k * sak] : 0.f;
+      tile_index(e, TM, TK, bk, r, kk);
       const int n = n0 + r, kb = k0 + kk;
-      Bs[kk][r] = (n < N && kb < K) ? B[kb * sbk + n * sbn] : 0.f;
+      rb[p] = (n < N && kb < K) ? B[kb * sbk + n * sbn] : 0.f;
+    }
+  };
+  auto store = [&]() {
+#pragma unroll
+    for (int p = 0; p < PER; p++) {
+      const int e = threadIdx.x + 256 * p;
+      int r, kk;
+      tile_index(e, TM, TK, ak, r, kk);
+      As[kk][r] = ra[p];
+      tile_index(e, TM, TK, bk, r, kk);
+      Bs[kk][r] = rb[p];
+    }
+  };
+  auto step = [&](int kk) {
+    float a[R], b[R];
+#pragma unroll
+    for (int h = 0; h < H; h++) {
+      const float4 av = *(const float4*)&As[kk][64 * h + 4 * ty];
+      const float4 bv = *(const float4*)&Bs[kk][64 * h + 4 * tx];
+      a[4 * h] = av.x, a[4 * h + 1] = av.y, a[4 * h + 2] = av.z, a[4 * h + 3] = av.w;
+      b[4 * h] = bv.x, b[4 * h + 1] = bv.y, b[4 * h + 2] = bv.z, b[4 * h + 3] = bv.w;
+    }
+#pragma unroll
+    for (int i = 0; i < R; i++)
+#pragma unroll
+      for (int j = 0; j < R; j++) c[i][j] = fmaf(a[i], b[j], c[i][j]);
+  };
+  load(0);
+  store();
+  __syncthreads();
+  for (int k0 = 0; k0 < K; k0 += TK) {
+    const bool next = k0 + TK < K;
+    if (next) load(k0 + TK);
+    const int kn = min(TK, K - k0);
+    if (kn == TK) {
+#pragma unroll
+      for (int kk = 0; kk < TK; kk++) step(kk);
+    } else {
+      for (int kk = 0; kk < kn; kk++) step(kk);
     }
     __syncthreads();
-    const int kn = min(GK, K - k0);
-    for (int kk = 0; kk < kn; kk++) {
-      float a[4], b[4];
-#pragma unroll
-      for (int i = 0; i < 4; i++) a[i] = As[kk][ty + 16 * i];
-#pragma unroll
-      for (int j = 0; j < 4; j++) b[j] = Bs[kk][tx + 16 * j];
-#pragma unroll
-      for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) c[i][j] = fmaf(a[i], b[j], c[i][j]);
+    if (next) {
+      store();
+      __syncthreads();
     }
-    __syncthreads();
   }
 #pragma unroll
-  for (int i = 0; i < 4; i++) {
-    const int m = m0 + ty + 16 * i;
+  for (int i = 0; i < R; i++) {
+    const int m = m0 + 64 * (i / 4) + 4 * ty + i % 4;
     if (m >= M) continue;
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-      const int n = n0 + tx + 16 * j;
+    for (int j = 0; j < R; j++) {
+      const int n = n0 + 64 * (j / 4) + 4 * tx + j % 4;
       if (n >= N) continue;
       float* p = C + m * ldc + n;
       *p = acc ? *p + c[i][j] : c[i][j];
@@ -83,60 +123,21 @@ extern "C" __global__ void __launch_bounds__(256) gemm_f32(
   }
 }
 
-// gemm_f32_128: the same product with 128 x 128 output tiles (each thread
-// 8 x 8 outputs), for large M and N. Every output element is the same
-// fused multiply-add chain over k = 0..K-1 as in gemm_f32, so the two
-// kernels give the same bits and the choice between them (by shape) keeps
-// the batch invariance. grid = (ceil(N/128), ceil(M/128)), block = 256.
-#define G2T 128
-#define G2K 8
-extern "C" __global__ void __launch_bounds__(256) gemm_f32_128(
+// gemm_f32: 64 x 64 output tiles, 4 x 4 a thread, k tiles of 16.
+// grid = (ceil(N/64), ceil(M/64)), block = 256.
+extern "C" __global__ void __launch_bounds__(256) gemm_f32(
     float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ B, int M, int N, int K,
     i64 sam, i64 sak, i64 sbk, i64 sbn, i64 ldc, int acc) {
-  __shared__ float As[G2K][G2T + 4];
-  __shared__ float Bs[G2K][G2T + 4];
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int m0 = blockIdx.y * G2T, n0 = blockIdx.x * G2T;
-  float c[8][8];
-#pragma unroll
-  for (int i = 0; i < 8; i++)
-#pragma unroll
-    for (int j = 0; j < 8; j++) c[i][j] = 0.f;
-  for (int k0 = 0; k0 < K; k0 += G2K) {
-    for (int e = threadIdx.x; e < G2T * G2K; e += 256) {
-      int r, kk;
-      tile_index(e, G2T, G2K, sak == 1, r, kk);
-      const int m = m0 + r, k = k0 + kk;
-      As[kk][r] = (m < M && k < K) ? A[m * sam + k * sak] : 0.f;
-      tile_index(e, G2T, G2K, sbk == 1, r, kk);
-      const int n = n0 + r, kb = k0 + kk;
-      Bs[kk][r] = (n < N && kb < K) ? B[kb * sbk + n * sbn] : 0.f;
-    }
-    __syncthreads();
-    const int kn = min(G2K, K - k0);
-    for (int kk = 0; kk < kn; kk++) {
-      float a[8], b[8];
-#pragma unroll
-      for (int i = 0; i < 8; i++) a[i] = As[kk][ty + 16 * i];
-#pragma unroll
-      for (int j = 0; j < 8; j++) b[j] = Bs[kk][tx + 16 * j];
-#pragma unroll
-      for (int i = 0; i < 8; i++)
-#pragma unroll
-        for (int j = 0; j < 8; j++) c[i][j] = fmaf(a[i], b[j], c[i][j]);
-    }
-    __syncthreads();
-  }
-#pragma unroll
-  for (int i = 0; i < 8; i++) {
-    const int m = m0 + ty + 16 * i;
-    if (m >= M) continue;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      const int n = n0 + tx + 16 * j;
-      if (n >= N) continue;
-      float* p = C + m * ldc + n;
-      *p = acc ? *p + c[i][j] : c[i][j];
-    }
-  }
+  gemm_tile<4, 16>(C, A, B, M, N, K, sam, sak, sbk, sbn, ldc, acc);
+}
+
+// gemm_f32_128: the same product with 128 x 128 output tiles (8 x 8 a
+// thread, k tiles of 8), for large M and N. Every output element is the
+// same fused multiply-add chain over k = 0..K-1 as in gemm_f32, so the two
+// kernels give the same bits and the choice between them (by shape) keeps
+// the batch invariance. grid = (ceil(N/128), ceil(M/128)), block = 256.
+extern "C" __global__ void __launch_bounds__(256, 2) gemm_f32_128(
+    float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ B, int M, int N, int K,
+    i64 sam, i64 sak, i64 sbk, i64 sbn, i64 ldc, int acc) {
+  gemm_tile<8, 8>(C, A, B, M, N, K, sam, sak, sbk, sbn, ldc, acc);
 }
