@@ -435,8 +435,8 @@ func graphRows(R, slots int) int {
 	return min(n, slots)
 }
 
-// stepGraph runs a decoding step as a graph of graphRows rows, recorded at
-// the first step of that size: the inputs padded and uploaded, the
+// stepGraph runs a decoding step as a graph of graphRows rows, recorded
+// after the first step of that size: the inputs padded and uploaded, the
 // weights' reduced-precision copies refreshed (outside the graph), the
 // graph replayed, then the draws and copies of outputs as a plain step's.
 // A graph runs the launches the plain step makes, over more rows: in
@@ -472,17 +472,23 @@ func (b *Backend) stepGraph(sb *rollout.StepBatch) error {
 			return err
 		}
 	}
-	g := b.graphs[n]
-	if g == nil {
-		var err error
-		if g, err = b.ops.Capture(func() error { return b.forward(nil, n, n) }); err != nil {
-			return fmt.Errorf("rollout/cuda: recording the decoding step of %d rows: %w", n, err)
+	if g := b.graphs[n]; g != nil {
+		if err := g.Launch(); err != nil {
+			return err
 		}
-		b.graphs[n] = g
+		return b.outputs(sb, nOut)
 	}
-	if err := g.Launch(); err != nil {
+	// The first step of n rows runs its launches one by one (loading
+	// whatever kernel and cuBLASLt algorithm is still unloaded, which a
+	// recording should not do), then records them for the next.
+	if err := b.forward(nil, n, n); err != nil {
 		return err
 	}
+	g, err := b.ops.Capture(func() error { return b.forward(nil, n, n) })
+	if err != nil {
+		return fmt.Errorf("rollout/cuda: recording the decoding step of %d rows: %w", n, err)
+	}
+	b.graphs[n] = g
 	return b.outputs(sb, nOut)
 }
 
