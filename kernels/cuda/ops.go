@@ -10,7 +10,8 @@ import (
 // one place the training engine's forward and the rollout engine's
 // decoding step call them from, so that the exact rollout computes what
 // training computes, call for call, and its log mu is log pi_old bit for
-// bit. Launches are asynchronous on the device's default stream.
+// bit. Launches are asynchronous on the device's default stream, or
+// recorded into a CUDA graph during Capture.
 type Ops struct {
 	Dev *Device
 	// FlashPlainCopies makes flash.cu copy its tiles into shared memory
