@@ -205,6 +205,37 @@ func (l *BF16Linear) BackW(dw, dy, x Buffer, rows, in, out, lddy, ldx int) error
 	return l.ops.gemmBF16(l.blas, false, true, in, out, rows, x16, in, dy16, out, dw, in, true)
 }
 
+// Round rounds rows × cols floats of src (rows ld apart) into scratch
+// slot which (0 or 1) as contiguous bf16 and returns it: one rounding of
+// a whole matrix whose row blocks several products then read
+// (LinearManyBF16, BackBF16), an MoE layer's rows grouped by expert. The
+// slot holds it until the next use of that slot.
+func (l *BF16Linear) Round(which int, src Buffer, rows, cols, ld int) (Buffer, error) {
+	return l.operand(which, src, rows, cols, ld)
+}
+
+// BackBF16 is Back from operands already in bf16: dy16 [rows, out] with
+// rows lddy apart and x16 [rows, in] with rows ldx apart (row blocks of
+// Round's copies).
+func (l *BF16Linear) BackBF16(dx, dw, dy16 Buffer, lddy int, x16 Buffer, ldx int, w Buffer, rows, in, out, lddx int, acc bool) error {
+	if err := l.weights(); err != nil {
+		return err
+	}
+	w16, err := l.w16span(w)
+	if err != nil {
+		return err
+	}
+	if err := l.ops.gemmBF16(l.blas, false, false, in, rows, out, w16, in, dy16, lddy, dx, lddx, acc); err != nil {
+		return err
+	}
+	return l.ops.gemmBF16(l.blas, false, true, in, out, rows, x16, ldx, dy16, lddy, dw, in, true)
+}
+
+// BF16Rows is the span of n bf16 at element offset off of a bf16 buffer.
+func BF16Rows(b Buffer, off, n int) Buffer {
+	return Buffer{Ptr: b.Ptr + uint64(off)*2, Size: int64(n) * 2}
+}
+
 // Back is BackX and BackW of one layer from a single bf16 copy of dy:
 // dx[r, 0:in] (+)= dy[r, 0:out]·W and dW[out, in] += dyᵀ·x.
 func (l *BF16Linear) Back(dx, dw, dy, x, w Buffer, rows, in, out, lddx, lddy, ldx int, acc bool) error {

@@ -193,9 +193,13 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 		return nil, err
 	}
 	if err == nil && b.bf != nil {
-		// The operands' scratch at its largest now: a graph keeps the
-		// addresses it recorded.
-		err = b.bf.Reserve(opt.StepRows, max(c.HiddenSize, c.NumAttentionHeads*c.HeadDim, c.IntermediateSize, c.MoeIntermediateSize))
+		// The operands' scratch at its largest now (as Plan counts it): a
+		// graph keeps the addresses it recorded.
+		rows, width := opt.StepRows, max(c.HiddenSize, c.NumAttentionHeads*c.HeadDim, c.IntermediateSize, c.MoeIntermediateSize)
+		if k, w := c.NumExpertsPerTok, max(c.HiddenSize, c.MoeIntermediateSize); len(c.MoELayers()) > 0 && opt.Precision == rollout.BF16 && k*w > width {
+			rows, width = opt.StepRows*k, w
+		}
+		err = b.bf.Reserve(rows, width)
 	}
 	if err == nil && useGraphs(&c, b.ops) {
 		b.graphs = map[int]*kc.Graph{}
@@ -728,6 +732,49 @@ func (b *Backend) layerBF16(f *kc.BF16Linear, li, R int, x, next Buffer) error {
 	return nil
 }
 
+// expertsBF16 runs an MoE layer's experts on the grouped rows s.xg (n of
+// them, expert x's from off[x]) into s.yg in the bf16 precision: the rows
+// rounded to bf16 once for every expert's gate and up products, SwiGLU's
+// output once for their down products.
+func (b *Backend) expertsBF16(f *kc.BF16Linear, l *model.Layer, off []int, n int) error {
+	c, s := &b.cfg, &b.s
+	H, E, I := c.HiddenSize, c.NumExperts, c.MoeIntermediateSize
+	xg16, err := f.Round(0, s.xg, n, H, H)
+	if err != nil {
+		return err
+	}
+	for x := 0; x < E; x++ {
+		r0, m := off[x], off[x+1]-off[x]
+		if m == 0 {
+			continue
+		}
+		ex := &l.Experts[x]
+		gu := s.gug.Floats(r0*2*I, m*2*I)
+		if err := f.LinearManyBF16(kc.BF16Rows(xg16, r0*H, m*H), m, H, kc.Product{Y: gu, W: b.param(ex.Gate), Out: I, LdY: 2 * I},
+			kc.Product{Y: gu.Floats(I, m*2*I-I), W: b.param(ex.Up), Out: I, LdY: 2 * I}); err != nil {
+			return err
+		}
+	}
+	if err := b.ops.SwiGLU(s.ag, s.gug, n, I); err != nil {
+		return err
+	}
+	ag16, err := f.Round(0, s.ag, n, I, I)
+	if err != nil {
+		return err
+	}
+	for x := 0; x < E; x++ {
+		r0, m := off[x], off[x+1]-off[x]
+		if m == 0 {
+			continue
+		}
+		if err := f.LinearManyBF16(kc.BF16Rows(ag16, r0*I, m*I), m, I,
+			kc.Product{Y: s.yg.Floats(r0*H, m*H), W: b.param(l.Experts[x].Down), Out: H, LdY: H}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // mlp runs a dense layer's MLP on the step's h2 into next = xmid + MLP.
 func (b *Backend) mlp(l *model.Layer, R int, next Buffer) error {
 	c, s, o := &b.cfg, &b.s, b.ops
@@ -780,6 +827,12 @@ func (b *Backend) moe(sb *rollout.StepBatch, ml int, l *model.Layer, R int, next
 	}
 	if err := o.Gather(s.xg, s.h2, s.gtok, R*k, H); err != nil {
 		return err
+	}
+	if f := b.fused(); f != nil {
+		if err := b.expertsBF16(f, l, off, R*k); err != nil {
+			return err
+		}
+		return o.MoECombine(next, s.xmid, s.yg, s.gates, s.row, R, k, H)
 	}
 	for x := 0; x < E; x++ {
 		r0, n := off[x], off[x+1]-off[x]

@@ -57,7 +57,12 @@ func Plan(c *model.Config, opt rollout.Options) (Memory, error) {
 		// largest operand a product rounds (a step's rows × the widest
 		// input), and cuBLASLt's workspace.
 		widest := max(cfg.HiddenSize, cfg.NumAttentionHeads*cfg.HeadDim, cfg.IntermediateSize, cfg.MoeIntermediateSize)
-		m.Fixed += params*2 + int64(opt.StepRows)*int64(widest)*2 + kc.BlasWorkspaceBytes
+		operand := int64(opt.StepRows) * int64(widest)
+		if len(cfg.MoELayers()) > 0 && opt.Precision == rollout.BF16 {
+			// The experts' rows, every (token, slot) pair, rounded at once.
+			operand = max(operand, int64(opt.StepRows)*int64(cfg.NumExpertsPerTok)*int64(max(cfg.HiddenSize, cfg.MoeIntermediateSize)))
+		}
+		m.Fixed += params*2 + operand*2 + kc.BlasWorkspaceBytes
 		if opt.Precision == rollout.FP8 || opt.Precision == rollout.FP4 {
 			// A scale per output row of every quantised matrix, and one
 			// per step row for the activations.

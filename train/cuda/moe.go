@@ -92,6 +92,9 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 	if err := e.ops.Gather(mo.xg, h2, mo.dTok, R, H); err != nil {
 		return err
 	}
+	if e.bf != nil {
+		return e.moeExpertsBF16(mo, L, R, out, resid, T)
+	}
 	for x := 0; x < E; x++ {
 		r0, n := mo.off[x], mo.off[x+1]-mo.off[x]
 		if n == 0 {
@@ -114,6 +117,50 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 			continue
 		}
 		if err := e.linear(sub(mo.yg, r0*H, n*H), sub(mo.ag, r0*I, n*I), e.param(e.w, L.Experts[x].Down), n, I, H, H, I); err != nil {
+			return err
+		}
+	}
+	return e.ops.MoECombine(out, resid, mo.yg, mo.dGates, mo.dRow, T, k, H)
+}
+
+// moeExpertsBF16 is the experts' half of moeForward in the bf16 mode: the
+// grouped rows rounded to bf16 once for all the experts' gate and up
+// products, and SwiGLU's output once for their down products (not once
+// per expert: an MoE layer has as many experts as there are conversions
+// saved).
+func (e *Engine) moeExpertsBF16(mo *moeActs, L *model.Layer, R int, out, resid Buffer, T int) error {
+	c := &e.cfg
+	H, E, k, I := c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
+	xg16, err := e.bf.Round(0, mo.xg, R, H, H)
+	if err != nil {
+		return err
+	}
+	for x := 0; x < E; x++ {
+		r0, n := mo.off[x], mo.off[x+1]-mo.off[x]
+		if n == 0 {
+			continue
+		}
+		ex := &L.Experts[x]
+		gu := sub(mo.gug, r0*2*I, n*2*I)
+		if err := e.bf.LinearManyBF16(kc.BF16Rows(xg16, r0*H, n*H), n, H, kc.Product{Y: gu, W: e.param(e.w, ex.Gate), Out: I, LdY: 2 * I},
+			kc.Product{Y: sub(gu, I, n*2*I-I), W: e.param(e.w, ex.Up), Out: I, LdY: 2 * I}); err != nil {
+			return err
+		}
+	}
+	if err := e.ops.SwiGLU(mo.ag, mo.gug, R, I); err != nil {
+		return err
+	}
+	ag16, err := e.bf.Round(0, mo.ag, R, I, I)
+	if err != nil {
+		return err
+	}
+	for x := 0; x < E; x++ {
+		r0, n := mo.off[x], mo.off[x+1]-mo.off[x]
+		if n == 0 {
+			continue
+		}
+		if err := e.bf.LinearManyBF16(kc.BF16Rows(ag16, r0*I, n*I), n, I,
+			kc.Product{Y: sub(mo.yg, r0*H, n*H), W: e.param(e.w, L.Experts[x].Down), Out: H, LdY: H}); err != nil {
 			return err
 		}
 	}
@@ -155,9 +202,15 @@ func (e *Engine) moeBackward(f *fwdState, sc *moeScratch, mo *moeActs, L *model.
 	c := &e.cfg
 	T, H, E, k, I := f.T, c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
 	R := T * k
-	dy, dgt, da, dgu, dxg, dp := sc.dy, sc.dgt, sc.da, sc.dgu, sc.dxg, sc.dp
+	dy, dgt, da, dgu, dxg := sc.dy, sc.dgt, sc.da, sc.dgu, sc.dxg
 	if err := e.launch("moe.cu", "moe_combine_bwd", rowsGrid(T), block256, dy, dgt, dout, mo.yg, mo.dGates, mo.dRow, k, H); err != nil {
 		return err
+	}
+	if e.bf != nil {
+		if err := e.moeExpertsBackBF16(mo, L, sc, R); err != nil {
+			return err
+		}
+		return e.moeRouterBack(f, sc, mo, L, h2, dh2)
 	}
 	for x := 0; x < E; x++ {
 		r0, n := mo.off[x], mo.off[x+1]-mo.off[x]
@@ -196,6 +249,70 @@ func (e *Engine) moeBackward(f *fwdState, sc *moeScratch, mo *moeActs, L *model.
 			}
 		}
 	}
+	return e.moeRouterBack(f, sc, mo, L, h2, dh2)
+}
+
+// moeExpertsBackBF16 is the experts' backward in the bf16 mode: dy, the
+// down products' inputs, dgu and the grouped rows each rounded to bf16
+// once for every expert's products.
+func (e *Engine) moeExpertsBackBF16(mo *moeActs, L *model.Layer, sc *moeScratch, R int) error {
+	c := &e.cfg
+	H, E, I := c.HiddenSize, c.NumExperts, c.MoeIntermediateSize
+	dy16, err := e.bf.Round(1, sc.dy, R, H, H)
+	if err != nil {
+		return err
+	}
+	ag16, err := e.bf.Round(0, mo.ag, R, I, I)
+	if err != nil {
+		return err
+	}
+	for x := 0; x < E; x++ {
+		r0, n := mo.off[x], mo.off[x+1]-mo.off[x]
+		if n == 0 {
+			continue
+		}
+		ex := &L.Experts[x]
+		if err := e.bf.BackBF16(sub(sc.da, r0*I, n*I), e.param(e.g, ex.Down), kc.BF16Rows(dy16, r0*H, n*H), H,
+			kc.BF16Rows(ag16, r0*I, n*I), I, e.param(e.w, ex.Down), n, I, H, I, false); err != nil {
+			return err
+		}
+	}
+	if err := e.launch("rows.cu", "swiglu_bwd", elemGrid(R*I), block256, sc.dgu, sc.da, mo.gug, int64(R), I); err != nil {
+		return err
+	}
+	dgu16, err := e.bf.Round(1, sc.dgu, R, 2*I, 2*I)
+	if err != nil {
+		return err
+	}
+	xg16, err := e.bf.Round(0, mo.xg, R, H, H)
+	if err != nil {
+		return err
+	}
+	for x := 0; x < E; x++ {
+		r0, n := mo.off[x], mo.off[x+1]-mo.off[x]
+		if n == 0 {
+			continue
+		}
+		ex := &L.Experts[x]
+		dg := kc.BF16Rows(dgu16, r0*2*I, n*2*I)
+		xg, dxgx := kc.BF16Rows(xg16, r0*H, n*H), sub(sc.dxg, r0*H, n*H)
+		if err := e.bf.BackBF16(dxgx, e.param(e.g, ex.Gate), dg, 2*I, xg, H, e.param(e.w, ex.Gate), n, H, I, H, false); err != nil {
+			return err
+		}
+		if err := e.bf.BackBF16(dxgx, e.param(e.g, ex.Up), kc.BF16Rows(dg, I, n*2*I-I), 2*I, xg, H, e.param(e.w, ex.Up), n, H, I, H, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// moeRouterBack ends the MoE block's backward: dh2 from the experts'
+// input gradients (summed over each token's slots), then the router's
+// gradient into dh2 and the router's weights.
+func (e *Engine) moeRouterBack(f *fwdState, sc *moeScratch, mo *moeActs, L *model.Layer, h2, dh2 Buffer) error {
+	c := &e.cfg
+	T, H, E, k := f.T, c.HiddenSize, c.NumExperts, c.NumExpertsPerTok
+	dgt, dxg, dp := sc.dgt, sc.dxg, sc.dp
 	if err := e.launch("moe.cu", "moe_gather_sum", rowsGrid(T), block256, dh2, dxg, mo.dRow, k, H); err != nil {
 		return err
 	}
