@@ -104,6 +104,20 @@ func CombineExperts(out, h, acc, gates []float32, ys [][]float32) {
 	kernels.Axpy(1, acc, out)
 }
 
+// EachExpert calls f for each expert x with rows in GroupByExpert's
+// grouping (off), in expert order: its first row r0 and its n > 0 rows.
+// It stops at f's first error.
+func EachExpert(off []int, f func(x, r0, n int) error) error {
+	for x := 0; x+1 < len(off); x++ {
+		if n := off[x+1] - off[x]; n > 0 {
+			if err := f(x, off[x], n); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // GroupByExpert groups the (token, slot) pairs of ids ([tokens][k] expert
 // ids, k per token) by expert, tokens in order within an expert: expert
 // e's pairs are rows off[e]..off[e+1] of the grouped order, pair j (token

@@ -1,6 +1,8 @@
 package model
 
 import (
+	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -129,5 +131,26 @@ func TestGroupByExpert(t *testing.T) {
 		if row[i] != wantRow[i] || tok[i] != wantTok[i] {
 			t.Fatalf("row = %v, tok = %v; want %v, %v", row, tok, wantRow, wantTok)
 		}
+	}
+}
+
+// TestEachExpert: the experts with rows, in order, with their first row
+// and count; an error stops the walk.
+func TestEachExpert(t *testing.T) {
+	off := []int{0, 2, 2, 5, 5, 6}
+	var got [][3]int
+	if err := EachExpert(off, func(x, r0, n int) error {
+		got = append(got, [3]int{x, r0, n})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if want := [][3]int{{0, 0, 2}, {2, 2, 3}, {4, 5, 1}}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("visited %v, want %v", got, want)
+	}
+	calls := 0
+	stop := errors.New("stop")
+	if err := EachExpert(off, func(x, r0, n int) error { calls++; return stop }); err != stop || calls != 1 {
+		t.Errorf("after an error: %v, %d calls", err, calls)
 	}
 }

@@ -393,16 +393,7 @@ func (b *Backend) Step(sb *rollout.StepBatch) error {
 	if b.graphs != nil && nOut == R && R <= b.opt.Slots {
 		return b.stepGraph(sb)
 	}
-	s := &b.s
-	for _, u := range []struct {
-		dst Buffer
-		src []int32
-	}{{s.slot, sb.Slot}, {s.pos, sb.Pos}, {s.tok, sb.Tok}, {s.outRow, sb.OutRow}} {
-		if err := kc.Upload(b.dev, u.dst, u.src); err != nil {
-			return err
-		}
-	}
-	if err := kc.Upload(b.dev, s.temps, sb.OutTemp); err != nil {
+	if err := b.upload(sb.Slot, sb.Pos, sb.Tok, sb.OutRow, sb.OutTemp); err != nil {
 		return err
 	}
 	if err := b.forward(sb, R, nOut); err != nil {
@@ -412,6 +403,21 @@ func (b *Backend) Step(sb *rollout.StepBatch) error {
 		return b.dev.Sync()
 	}
 	return b.outputs(sb, nOut)
+}
+
+// upload copies a step's rows (slot, position, token) and output rows
+// (step row, temperature) to the device.
+func (b *Backend) upload(slot, pos, tok, outRow []int32, temps []float32) error {
+	s := &b.s
+	for _, u := range []struct {
+		dst Buffer
+		src []int32
+	}{{s.slot, slot}, {s.pos, pos}, {s.tok, tok}, {s.outRow, outRow}} {
+		if err := kc.Upload(b.dev, u.dst, u.src); err != nil {
+			return err
+		}
+	}
+	return kc.Upload(b.dev, s.temps, temps)
 }
 
 // useGraphs says whether the backend replays decoding steps as CUDA
@@ -448,7 +454,7 @@ func graphRows(R, slots int) int {
 func (b *Backend) stepGraph(sb *rollout.StepBatch) error {
 	R, nOut := sb.Rows(), len(sb.OutRow)
 	n := graphRows(R, b.opt.Slots)
-	p, s := &b.pad, &b.s
+	p := &b.pad
 	p.slot = append(append(p.slot[:0], sb.Slot...), fill(n-R, -1)...)
 	p.pos = append(append(p.pos[:0], sb.Pos...), fill(n-R, 0)...)
 	p.tok = append(append(p.tok[:0], sb.Tok...), fill(n-R, 0)...)
@@ -460,15 +466,7 @@ func (b *Backend) stepGraph(sb *rollout.StepBatch) error {
 	for r := R; r < n; r++ {
 		p.temps = append(p.temps, 1)
 	}
-	for _, u := range []struct {
-		dst Buffer
-		src []int32
-	}{{s.slot, p.slot}, {s.pos, p.pos}, {s.tok, p.tok}, {s.outRow, p.outRow}} {
-		if err := kc.Upload(b.dev, u.dst, u.src); err != nil {
-			return err
-		}
-	}
-	if err := kc.Upload(b.dev, s.temps, p.temps); err != nil {
+	if err := b.upload(p.slot, p.pos, p.tok, p.outRow, p.temps); err != nil {
 		return err
 	}
 	if b.bf != nil {
@@ -738,22 +736,21 @@ func (b *Backend) layerBF16(f *kc.BF16Linear, li, R int, x, next Buffer) error {
 // output once for their down products.
 func (b *Backend) expertsBF16(f *kc.BF16Linear, l *model.Layer, off []int, n int) error {
 	c, s := &b.cfg, &b.s
-	H, E, I := c.HiddenSize, c.NumExperts, c.MoeIntermediateSize
+	H, I := c.HiddenSize, c.MoeIntermediateSize
 	xg16, err := f.Round(0, s.xg, n, H, H)
 	if err != nil {
 		return err
 	}
-	for x := 0; x < E; x++ {
-		r0, m := off[x], off[x+1]-off[x]
-		if m == 0 {
-			continue
-		}
+	if err := model.EachExpert(off, func(x, r0, m int) error {
 		ex := &l.Experts[x]
 		gu := s.gug.Floats(r0*2*I, m*2*I)
 		if err := f.LinearManyBF16(kc.BF16Rows(xg16, r0*H, m*H), m, H, kc.Product{Y: gu, W: b.param(ex.Gate), Out: I, LdY: 2 * I},
 			kc.Product{Y: gu.Floats(I, m*2*I-I), W: b.param(ex.Up), Out: I, LdY: 2 * I}); err != nil {
 			return err
 		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	if err := b.ops.SwiGLU(s.ag, s.gug, n, I); err != nil {
 		return err
@@ -762,15 +759,14 @@ func (b *Backend) expertsBF16(f *kc.BF16Linear, l *model.Layer, off []int, n int
 	if err != nil {
 		return err
 	}
-	for x := 0; x < E; x++ {
-		r0, m := off[x], off[x+1]-off[x]
-		if m == 0 {
-			continue
-		}
+	if err := model.EachExpert(off, func(x, r0, m int) error {
 		if err := f.LinearManyBF16(kc.BF16Rows(ag16, r0*I, m*I), m, I,
 			kc.Product{Y: s.yg.Floats(r0*H, m*H), W: b.param(l.Experts[x].Down), Out: H, LdY: H}); err != nil {
 			return err
 		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	return nil
 }
@@ -834,29 +830,27 @@ func (b *Backend) moe(sb *rollout.StepBatch, ml int, l *model.Layer, R int, next
 		}
 		return o.MoECombine(next, s.xmid, s.yg, s.gates, s.row, R, k, H)
 	}
-	for x := 0; x < E; x++ {
-		r0, n := off[x], off[x+1]-off[x]
-		if n == 0 {
-			continue
-		}
+	if err := model.EachExpert(off, func(x, r0, n int) error {
 		ex := &l.Experts[x]
 		xg, gu := s.xg.Floats(r0*H, n*H), s.gug.Floats(r0*2*I, n*2*I)
 		if err := b.linears(xg, n, H, H, kc.Product{Y: gu, W: b.param(ex.Gate), Out: I, LdY: 2 * I},
 			kc.Product{Y: gu.Floats(I, n*2*I-I), W: b.param(ex.Up), Out: I, LdY: 2 * I}); err != nil {
 			return err
 		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	if err := o.SwiGLU(s.ag, s.gug, R*k, I); err != nil {
 		return err
 	}
-	for x := 0; x < E; x++ {
-		r0, n := off[x], off[x+1]-off[x]
-		if n == 0 {
-			continue
-		}
+	if err := model.EachExpert(off, func(x, r0, n int) error {
 		if err := b.linear(s.yg.Floats(r0*H, n*H), s.ag.Floats(r0*I, n*I), b.param(l.Experts[x].Down), n, I, H, H, I); err != nil {
 			return err
 		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	return o.MoECombine(next, s.xmid, s.yg, s.gates, s.row, R, k, H)
 }

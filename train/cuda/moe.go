@@ -95,11 +95,7 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 	if e.bf != nil {
 		return e.moeExpertsBF16(mo, L, R, out, resid, T)
 	}
-	for x := 0; x < E; x++ {
-		r0, n := mo.off[x], mo.off[x+1]-mo.off[x]
-		if n == 0 {
-			continue
-		}
+	if err := model.EachExpert(mo.off, func(x, r0, n int) error {
 		ex := &L.Experts[x]
 		xg := sub(mo.xg, r0*H, n*H)
 		gu := sub(mo.gug, r0*2*I, n*2*I)
@@ -107,18 +103,20 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 			kc.Product{Y: sub(gu, I, n*2*I-I), W: e.param(e.w, ex.Up), Out: I, LdY: 2 * I}); err != nil {
 			return err
 		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	if err := e.ops.SwiGLU(mo.ag, mo.gug, R, I); err != nil {
 		return err
 	}
-	for x := 0; x < E; x++ {
-		r0, n := mo.off[x], mo.off[x+1]-mo.off[x]
-		if n == 0 {
-			continue
-		}
+	if err := model.EachExpert(mo.off, func(x, r0, n int) error {
 		if err := e.linear(sub(mo.yg, r0*H, n*H), sub(mo.ag, r0*I, n*I), e.param(e.w, L.Experts[x].Down), n, I, H, H, I); err != nil {
 			return err
 		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	return e.ops.MoECombine(out, resid, mo.yg, mo.dGates, mo.dRow, T, k, H)
 }
@@ -130,22 +128,21 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 // saved).
 func (e *Engine) moeExpertsBF16(mo *moeActs, L *model.Layer, R int, out, resid Buffer, T int) error {
 	c := &e.cfg
-	H, E, k, I := c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
+	H, k, I := c.HiddenSize, c.NumExpertsPerTok, c.MoeIntermediateSize
 	xg16, err := e.bf.Round(0, mo.xg, R, H, H)
 	if err != nil {
 		return err
 	}
-	for x := 0; x < E; x++ {
-		r0, n := mo.off[x], mo.off[x+1]-mo.off[x]
-		if n == 0 {
-			continue
-		}
+	if err := model.EachExpert(mo.off, func(x, r0, n int) error {
 		ex := &L.Experts[x]
 		gu := sub(mo.gug, r0*2*I, n*2*I)
 		if err := e.bf.LinearManyBF16(kc.BF16Rows(xg16, r0*H, n*H), n, H, kc.Product{Y: gu, W: e.param(e.w, ex.Gate), Out: I, LdY: 2 * I},
 			kc.Product{Y: sub(gu, I, n*2*I-I), W: e.param(e.w, ex.Up), Out: I, LdY: 2 * I}); err != nil {
 			return err
 		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	if err := e.ops.SwiGLU(mo.ag, mo.gug, R, I); err != nil {
 		return err
@@ -154,15 +151,14 @@ func (e *Engine) moeExpertsBF16(mo *moeActs, L *model.Layer, R int, out, resid B
 	if err != nil {
 		return err
 	}
-	for x := 0; x < E; x++ {
-		r0, n := mo.off[x], mo.off[x+1]-mo.off[x]
-		if n == 0 {
-			continue
-		}
+	if err := model.EachExpert(mo.off, func(x, r0, n int) error {
 		if err := e.bf.LinearManyBF16(kc.BF16Rows(ag16, r0*I, n*I), n, I,
 			kc.Product{Y: sub(mo.yg, r0*H, n*H), W: e.param(e.w, L.Experts[x].Down), Out: H, LdY: H}); err != nil {
 			return err
 		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	return e.ops.MoECombine(out, resid, mo.yg, mo.dGates, mo.dRow, T, k, H)
 }
@@ -200,7 +196,7 @@ func anyReplay(r []*model.Routes) bool {
 // weight gradients.
 func (e *Engine) moeBackward(f *fwdState, sc *moeScratch, mo *moeActs, L *model.Layer, h2, dout, dh2 Buffer) error {
 	c := &e.cfg
-	T, H, E, k, I := f.T, c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
+	T, H, k, I := f.T, c.HiddenSize, c.NumExpertsPerTok, c.MoeIntermediateSize
 	R := T * k
 	dy, dgt, da, dgu, dxg := sc.dy, sc.dgt, sc.da, sc.dgu, sc.dxg
 	if err := e.launch("moe.cu", "moe_combine_bwd", rowsGrid(T), block256, dy, dgt, dout, mo.yg, mo.dGates, mo.dRow, k, H); err != nil {
@@ -212,25 +208,20 @@ func (e *Engine) moeBackward(f *fwdState, sc *moeScratch, mo *moeActs, L *model.
 		}
 		return e.moeRouterBack(f, sc, mo, L, h2, dh2)
 	}
-	for x := 0; x < E; x++ {
-		r0, n := mo.off[x], mo.off[x+1]-mo.off[x]
-		if n == 0 {
-			continue
-		}
+	if err := model.EachExpert(mo.off, func(x, r0, n int) error {
 		ex := &L.Experts[x]
 		dyx, dax := sub(dy, r0*H, n*H), sub(da, r0*I, n*I)
 		if err := e.linearBack(dax, e.param(e.g, ex.Down), dyx, sub(mo.ag, r0*I, n*I), e.param(e.w, ex.Down), n, I, H, I, H, I, false); err != nil {
 			return err
 		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	if err := e.launch("rows.cu", "swiglu_bwd", elemGrid(R*I), block256, dgu, da, mo.gug, int64(R), I); err != nil {
 		return err
 	}
-	for x := 0; x < E; x++ {
-		r0, n := mo.off[x], mo.off[x+1]-mo.off[x]
-		if n == 0 {
-			continue
-		}
+	if err := model.EachExpert(mo.off, func(x, r0, n int) error {
 		ex := &L.Experts[x]
 		dg := sub(dgu, r0*2*I, n*2*I)
 		du := sub(dg, I, n*2*I-I)
@@ -248,6 +239,9 @@ func (e *Engine) moeBackward(f *fwdState, sc *moeScratch, mo *moeActs, L *model.
 				return err
 			}
 		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	return e.moeRouterBack(f, sc, mo, L, h2, dh2)
 }
@@ -257,7 +251,7 @@ func (e *Engine) moeBackward(f *fwdState, sc *moeScratch, mo *moeActs, L *model.
 // once for every expert's products.
 func (e *Engine) moeExpertsBackBF16(mo *moeActs, L *model.Layer, sc *moeScratch, R int) error {
 	c := &e.cfg
-	H, E, I := c.HiddenSize, c.NumExperts, c.MoeIntermediateSize
+	H, I := c.HiddenSize, c.MoeIntermediateSize
 	dy16, err := e.bf.Round(1, sc.dy, R, H, H)
 	if err != nil {
 		return err
@@ -266,16 +260,15 @@ func (e *Engine) moeExpertsBackBF16(mo *moeActs, L *model.Layer, sc *moeScratch,
 	if err != nil {
 		return err
 	}
-	for x := 0; x < E; x++ {
-		r0, n := mo.off[x], mo.off[x+1]-mo.off[x]
-		if n == 0 {
-			continue
-		}
+	if err := model.EachExpert(mo.off, func(x, r0, n int) error {
 		ex := &L.Experts[x]
 		if err := e.bf.BackBF16(sub(sc.da, r0*I, n*I), e.param(e.g, ex.Down), kc.BF16Rows(dy16, r0*H, n*H), H,
 			kc.BF16Rows(ag16, r0*I, n*I), I, e.param(e.w, ex.Down), n, I, H, I, false); err != nil {
 			return err
 		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	if err := e.launch("rows.cu", "swiglu_bwd", elemGrid(R*I), block256, sc.dgu, sc.da, mo.gug, int64(R), I); err != nil {
 		return err
@@ -288,11 +281,7 @@ func (e *Engine) moeExpertsBackBF16(mo *moeActs, L *model.Layer, sc *moeScratch,
 	if err != nil {
 		return err
 	}
-	for x := 0; x < E; x++ {
-		r0, n := mo.off[x], mo.off[x+1]-mo.off[x]
-		if n == 0 {
-			continue
-		}
+	if err := model.EachExpert(mo.off, func(x, r0, n int) error {
 		ex := &L.Experts[x]
 		dg := kc.BF16Rows(dgu16, r0*2*I, n*2*I)
 		xg, dxgx := kc.BF16Rows(xg16, r0*H, n*H), sub(sc.dxg, r0*H, n*H)
@@ -302,6 +291,9 @@ func (e *Engine) moeExpertsBackBF16(mo *moeActs, L *model.Layer, sc *moeScratch,
 		if err := e.bf.BackBF16(dxgx, e.param(e.g, ex.Up), kc.BF16Rows(dg, I, n*2*I-I), 2*I, xg, H, e.param(e.w, ex.Up), n, H, I, H, true); err != nil {
 			return err
 		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	return nil
 }

@@ -65,11 +65,6 @@ __device__ __forceinline__ void attend_key(float (&acc)[ATT_PER], float& mx, flo
   fold_key(acc, mx, l, qr, k, v, hd, scale, lane);
 }
 
-// put stores an output element: float32, or rounded to bf16 (for the
-// product that reads it, attn_decode_bf16_out16).
-__device__ __forceinline__ void put(float* p, float v) { *p = v; }
-__device__ __forceinline__ void put(bf16_t* p, float v) { *p = f32_to_bf16(v); }
-
 // attend_finish writes a row's output acc/l and its log-sum-exp.
 template <typename O>
 __device__ __forceinline__ void attend_finish(O* __restrict__ out, float* __restrict__ lse, const float (&acc)[ATT_PER],

@@ -30,6 +30,11 @@ __device__ __forceinline__ bf16_t f32_to_bf16(float f) {
   return (bf16_t)(u >> 16);
 }
 
+// put stores an output element: float32, or rounded to bf16 where the
+// element is a bf16 product's operand (the fused kernels' outputs).
+__device__ __forceinline__ void put(float* p, float v) { *p = v; }
+__device__ __forceinline__ void put(bf16_t* p, float v) { *p = f32_to_bf16(v); }
+
 // warp_sum returns the sum of v over the warp to every lane, by a fixed
 // butterfly: each step adds the same two values on both lanes of a pair,
 // so all lanes hold the same bits.

@@ -4,14 +4,11 @@
 // threads owns a row (or a chunk of rows), so a row's bits do not depend
 // on the batch around it.
 
-// rmsnorm_fwd: y = x * inv * w with inv = 1/sqrt(mean(x^2) + eps), saved
-// per row for the backward. grid = rows, block = KEEL_THREADS.
-extern "C" __global__ void rmsnorm_fwd(float* __restrict__ y, float* __restrict__ inv,
-                                       const float* __restrict__ x, const float* __restrict__ w,
-                                       int n, int per, i64 stride, float eps) {
-  __shared__ float s[32];
-  const i64 r = blockIdx.x;
-  const i64 o = row_offset(r, n, per, stride);
+// rmsnorm_row normalises one row at offset o: y = x * inv * w with inv =
+// 1/sqrt(mean(x^2) + eps), returned; y float32 or bf16 (put).
+template <typename O>
+__device__ __forceinline__ float rmsnorm_row(O* __restrict__ y, const float* __restrict__ x,
+                                             const float* __restrict__ w, i64 o, int n, float eps, float* s) {
   float ss = 0.f;
   for (int j = threadIdx.x; j < n; j += blockDim.x) {
     const float v = x[o + j];
@@ -19,8 +16,19 @@ extern "C" __global__ void rmsnorm_fwd(float* __restrict__ y, float* __restrict_
   }
   ss = block_sum(ss, s);
   const float iv = (float)(1.0 / sqrt((double)(ss / (float)n + eps)));
+  for (int j = threadIdx.x; j < n; j += blockDim.x) put(y + o + j, x[o + j] * iv * w[j]);
+  return iv;
+}
+
+// rmsnorm_fwd: y = x * inv * w with inv = 1/sqrt(mean(x^2) + eps), saved
+// per row for the backward. grid = rows, block = KEEL_THREADS.
+extern "C" __global__ void rmsnorm_fwd(float* __restrict__ y, float* __restrict__ inv,
+                                       const float* __restrict__ x, const float* __restrict__ w,
+                                       int n, int per, i64 stride, float eps) {
+  __shared__ float s[32];
+  const i64 r = blockIdx.x;
+  const float iv = rmsnorm_row(y, x, w, row_offset(r, n, per, stride), n, eps, s);
   if (threadIdx.x == 0 && inv) inv[r] = iv;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) y[o + j] = x[o + j] * iv * w[j];
 }
 
 // rmsnorm_fwd_bf16 is rmsnorm_fwd (the same arithmetic, no inverse saved)
@@ -30,15 +38,7 @@ extern "C" __global__ void rmsnorm_fwd(float* __restrict__ y, float* __restrict_
 extern "C" __global__ void rmsnorm_fwd_bf16(bf16_t* __restrict__ y, const float* __restrict__ x,
                                             const float* __restrict__ w, int n, float eps) {
   __shared__ float s[32];
-  const i64 r = blockIdx.x, o = r * n;
-  float ss = 0.f;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    const float v = x[o + j];
-    ss = fmaf(v, v, ss);
-  }
-  ss = block_sum(ss, s);
-  const float iv = (float)(1.0 / sqrt((double)(ss / (float)n + eps)));
-  for (int j = threadIdx.x; j < n; j += blockDim.x) y[o + j] = f32_to_bf16(x[o + j] * iv * w[j]);
+  rmsnorm_row(y, x, w, (i64)blockIdx.x * n, n, eps, s);
 }
 
 // rmsnorm_bwd: for each row, dx = inv*(dy*w) - x*inv^3*mean(dy*w*x)
@@ -85,27 +85,28 @@ extern "C" __global__ void sum_chunks(float* __restrict__ out, const float* __re
   out[j] = v;
 }
 
-// swiglu_fwd: a = silu(g) * u, where each row of gu holds the gate and up
-// projections side by side ([rows, 2n]) and a is [rows, n].
-extern "C" __global__ void swiglu_fwd(float* __restrict__ a, const float* __restrict__ gu,
-                                      i64 rows, int n) {
+// swiglu_rows: a = silu(g) * u, where each row of gu holds the gate and
+// up projections side by side ([rows, 2n]) and a is [rows, n], float32 or
+// bf16 (put).
+template <typename O>
+__device__ __forceinline__ void swiglu_rows(O* __restrict__ a, const float* __restrict__ gu, i64 rows, int n) {
   const i64 total = rows * n;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
     const i64 r = i / n, j = i % n;
     const float g = gu[r * 2 * n + j], u = gu[r * 2 * n + n + j];
-    a[i] = g / (1.f + expf(-g)) * u;
+    put(a + i, g / (1.f + expf(-g)) * u);
   }
+}
+
+// swiglu_fwd: swiglu_rows in float32.
+extern "C" __global__ void swiglu_fwd(float* __restrict__ a, const float* __restrict__ gu, i64 rows, int n) {
+  swiglu_rows(a, gu, rows, n);
 }
 
 // swiglu_fwd_bf16 is swiglu_fwd with a rounded to bf16 (the down
 // projection's operand).
 extern "C" __global__ void swiglu_fwd_bf16(bf16_t* __restrict__ a, const float* __restrict__ gu, i64 rows, int n) {
-  const i64 total = rows * n;
-  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
-    const i64 r = i / n, j = i % n;
-    const float g = gu[r * 2 * n + j], u = gu[r * 2 * n + n + j];
-    a[i] = f32_to_bf16(g / (1.f + expf(-g)) * u);
-  }
+  swiglu_rows(a, gu, rows, n);
 }
 
 // swiglu_bwd: from da [rows, n], dgu [rows, 2n] = (da*u*silu'(g), da*silu(g)).
