@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/keel-rl/keel/kernels"
+	"github.com/keel-rl/keel/model"
 )
 
 // TestDeviceGraph records a step of launches (a kernel, and the products
@@ -182,6 +183,35 @@ func TestDeviceFusedBF16(t *testing.T) {
 	for i, v := range got[3*heads*hd:] {
 		if v != 0 {
 			t.Fatalf("padding row's attention element %d = %#04x, want 0", i, v)
+		}
+	}
+
+	// The fused q/k step: q as NormRope gives it, the caches as NormRope
+	// then KVStoreBF16 fill them; the padding row writes no cache.
+	{
+		const rows = 4
+		qraw, kraw, vv := bufOf(g, randF32(r, rows*heads*hd, 1)), bufOf(g, randF32(r, rows*kv*hd, 1)), bufOf(g, randF32(r, rows*kv*hd, 1))
+		qw, kw := bufOf(g, randF32(r, hd, 1)), bufOf(g, randF32(r, hd, 1))
+		cosT, sinT := model.RopeTables(hd, 1e6, maxLen)
+		bcos, bsin := bufOf(g, cosT), bufOf(g, sinT)
+		zero := make([]uint16, slots*maxLen*kv*hd)
+		kc1, vc1, kc2, vc2 := bufOf(g, zero), bufOf(g, zero), bufOf(g, zero), bufOf(g, zero)
+		q1, q2, k1 := g.poisoned(rows*heads*hd), g.poisoned(rows*heads*hd), g.poisoned(rows*kv*hd)
+		check(ops.NormRope(q1, Buffer{}, qraw, qw, bcos, bsin, pos, rows, heads, hd, heads*hd, 1e-6))
+		check(ops.NormRope(k1, Buffer{}, kraw, kw, bcos, bsin, pos, rows, kv, hd, kv*hd, 1e-6))
+		check(ops.KVStoreBF16(kc1, vc1, k1, vv, slot, pos, rows, maxLen, kv*hd))
+		check(ops.NormRopeKVBF16(q2, kc2, vc2, qraw, kraw, vv, qw, kw, bcos, bsin, slot, pos, rows, heads, kv, hd, maxLen, 1e-6))
+		sameBits(t, "NormRopeKVBF16 q", g.f32(q2, rows*heads*hd), g.f32(q1, rows*heads*hd))
+		sameU16("NormRopeKVBF16 keys", u16(kc2, len(zero)), u16(kc1, len(zero)))
+		sameU16("NormRopeKVBF16 values", u16(vc2, len(zero)), u16(vc1, len(zero)))
+		written := 0
+		for _, v := range u16(kc2, len(zero)) {
+			if v != 0 {
+				written++
+			}
+		}
+		if written != 3*kv*hd { // three rows with a slot, the fourth padding
+			t.Errorf("NormRopeKVBF16 wrote %d key elements, want %d", written, 3*kv*hd)
 		}
 	}
 

@@ -187,6 +187,16 @@ func (o *Ops) SwiGLU(a, gu Buffer, rows, n int) error {
 	return o.Launch("rows.cu", "swiglu_fwd", elemGrid(rows*n), block256, a, gu, int64(rows), n)
 }
 
+// NormRopeKVBF16 is the bf16 rollout's q/k step in one launch: q =
+// NormRope(qraw) (rows of heads·hd), and NormRope(kraw) and v rounded to
+// bf16 into the caches at each row's (slot, pos), as NormRope then
+// KVStoreBF16 would store them, bit for bit; a padding row (negative
+// slot) writes q only.
+func (o *Ops) NormRopeKVBF16(q, kcache, vcache, qraw, kraw, v, qw, kw, cos, sin, slot, pos Buffer, rows, heads, kv, hd, maxLen int, eps float32) error {
+	return o.Launch("rows.cu", "norm_rope_kv_bf16", Dim3{X: rows}, block256, q, kcache, vcache, qraw, kraw, v, qw, kw, cos, sin, slot, pos,
+		heads, kv, hd, maxLen, eps)
+}
+
 // SwiGLUBF16 is SwiGLU with a rounded to bf16 in the same pass.
 func (o *Ops) SwiGLUBF16(a16, gu Buffer, rows, n int) error {
 	return o.Launch("rows.cu", "swiglu_fwd_bf16", elemGrid(rows*n), block256, a16, gu, int64(rows), n)

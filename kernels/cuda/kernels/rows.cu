@@ -155,6 +155,52 @@ extern "C" __global__ void norm_rope_fwd(float* __restrict__ out, float* __restr
   }
 }
 
+// norm_rope_kv_bf16 is the bf16 rollout's fused q/k step: for step row t,
+// its q heads as norm_rope_fwd makes them (into q, float32), its k heads
+// likewise but rounded to bf16 straight into the cache at (slot[t],
+// pos[t]), and its v row rounded into the value cache: norm_rope_fwd twice
+// and kv_store_bf16, bit for bit, in one launch. A padding row (negative
+// slot) writes q only. Caches [slots, max_len, kv*hd]. grid = T, block =
+// KEEL_THREADS: warp k does heads k, k+8, ... of the q and k heads.
+extern "C" __global__ void norm_rope_kv_bf16(float* __restrict__ q, bf16_t* __restrict__ kc, bf16_t* __restrict__ vc,
+                                             const float* __restrict__ qraw, const float* __restrict__ kraw,
+                                             const float* __restrict__ v, const float* __restrict__ qw,
+                                             const float* __restrict__ kw, const float* __restrict__ cosv,
+                                             const float* __restrict__ sinv, const int* __restrict__ slot,
+                                             const int* __restrict__ pos, int heads, int kv, int hd, int max_len,
+                                             float eps) {
+  const i64 t = blockIdx.x;
+  const int half = hd / 2, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const float* cs = cosv + (i64)pos[t] * half;
+  const float* sn = sinv + (i64)pos[t] * half;
+  const i64 kvd = (i64)kv * hd, cache = slot[t] < 0 ? -1 : ((i64)slot[t] * max_len + pos[t]) * kvd;
+  for (int h = threadIdx.x >> 5; h < heads + kv; h += warps) {
+    const bool isq = h < heads;
+    if (!isq && cache < 0) continue;
+    const float* x = isq ? qraw + t * heads * (i64)hd + (i64)h * hd : kraw + t * kvd + (i64)(h - heads) * hd;
+    const float* w = isq ? qw : kw;
+    float ss = 0.f;
+    for (int i = lane; i < hd; i += 32) ss = fmaf(x[i], x[i], ss);
+    ss = warp_sum(ss);
+    const float iv = (float)(1.0 / sqrt((double)(ss / (float)hd + eps)));
+    for (int i = lane; i < half; i += 32) {
+      const float a = x[i] * iv * w[i], b = x[i + half] * iv * w[i + half];
+      const float y0 = a * cs[i] - b * sn[i], y1 = b * cs[i] + a * sn[i];
+      if (isq) {
+        float* y = q + (t * heads + h) * (i64)hd;
+        y[i] = y0;
+        y[i + half] = y1;
+      } else {
+        bf16_t* y = kc + cache + (i64)(h - heads) * hd;
+        y[i] = f32_to_bf16(y0);
+        y[i + half] = f32_to_bf16(y1);
+      }
+    }
+  }
+  if (cache >= 0)
+    for (int j = threadIdx.x; j < kvd; j += blockDim.x) vc[cache + j] = f32_to_bf16(v[t * kvd + j]);
+}
+
 // rope_rows rotates the heads of every token in place by rotate-half RoPE
 // with the tables given: with the negated sines it is RoPE's transpose,
 // the backward. Token t's heads start at d[t*stride]. grid = T.
