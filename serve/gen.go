@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rollout"
@@ -273,13 +274,45 @@ func (s *Server) register(cancel context.CancelCauseFunc) func() {
 }
 
 // abortAll cancels every generation in flight with cause.
-func (s *Server) abortAll(cause error) int {
+func (s *Server) abortAll(cause error) int { return len(s.abortIDs(cause)) }
+
+// abortIDs cancels every generation in flight with cause and returns
+// their ids (for waitGone).
+func (s *Server) abortIDs(cause error) []int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, c := range s.inflight {
+	ids := make([]int64, 0, len(s.inflight))
+	for id, c := range s.inflight {
 		c(cause)
+		ids = append(ids, id)
 	}
-	return len(s.inflight)
+	return ids
+}
+
+// waitGone waits, at most timeout, until the generations ids have ended,
+// and reports whether they did. An aborted generation ends once the
+// scheduler has dropped its sequences at its next step boundary, which
+// a paused scheduler reaches too: after that Stats no longer counts them.
+// (It polls: an admin call's wait of a few milliseconds.)
+func (s *Server) waitGone(ids []int64, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		s.mu.Lock()
+		left := 0
+		for _, id := range ids {
+			if _, ok := s.inflight[id]; ok {
+				left++
+			}
+		}
+		s.mu.Unlock()
+		if left == 0 {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 func (g *generation) allStopped(job, first int) bool {

@@ -570,7 +570,14 @@ func (s *Server) pauseGeneration(w http.ResponseWriter, r *http.Request) error {
 	s.pause(req.Mode == "in_place")
 	aborted := 0
 	if req.Mode == "" || req.Mode == "abort" {
-		aborted = s.abortAll(errAborted)
+		// Answer once the aborted requests are out of the scheduler, as
+		// SGLang does: a weight update sent next must not find them in
+		// flight.
+		ids := s.abortIDs(errAborted)
+		aborted = len(ids)
+		if !s.waitGone(ids, 10*time.Second) {
+			return &apiError{status: http.StatusInternalServerError, msg: fmt.Sprintf("pause_generation: %d aborted requests did not end within 10 s", aborted)}
+		}
 	}
 	writeJSON(w, http.StatusOK, sglStatus{Success: true, Message: fmt.Sprintf("generation paused (mode %s), %d requests aborted", orAbort(req.Mode), aborted)})
 	return nil
