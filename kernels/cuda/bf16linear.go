@@ -116,18 +116,7 @@ func (l *BF16Linear) grow(which, n int) (Buffer, error) {
 
 // Linear: y[r, 0:out] = x[r, 0:in] · Wᵀ; column-major yᶜ = (Wᶜ)ᵀ · xᶜ.
 func (l *BF16Linear) Linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error {
-	if err := l.weights(); err != nil {
-		return err
-	}
-	w16, err := l.w16span(w)
-	if err != nil {
-		return err
-	}
-	x16, err := l.operand(0, x, rows, in, ldx)
-	if err != nil {
-		return err
-	}
-	return l.ops.gemmBF16(l.blas, true, false, out, rows, in, w16, in, x16, in, y, ldy, false)
+	return l.LinearMany(x, rows, in, ldx, Product{Y: y, W: w, Out: out, LdY: ldy})
 }
 
 // Product is one output of LinearMany: Y[r, 0:Out] (rows LdY apart) =
@@ -239,13 +228,6 @@ func BF16Rows(b Buffer, off, n int) Buffer {
 // Back is BackX and BackW of one layer from a single bf16 copy of dy:
 // dx[r, 0:in] (+)= dy[r, 0:out]·W and dW[out, in] += dyᵀ·x.
 func (l *BF16Linear) Back(dx, dw, dy, x, w Buffer, rows, in, out, lddx, lddy, ldx int, acc bool) error {
-	if err := l.weights(); err != nil {
-		return err
-	}
-	w16, err := l.w16span(w)
-	if err != nil {
-		return err
-	}
 	dy16, err := l.operand(1, dy, rows, out, lddy)
 	if err != nil {
 		return err
@@ -254,10 +236,51 @@ func (l *BF16Linear) Back(dx, dw, dy, x, w Buffer, rows, in, out, lddx, lddy, ld
 	if err != nil {
 		return err
 	}
-	if err := l.ops.gemmBF16(l.blas, false, false, in, rows, out, w16, in, dy16, out, dx, lddx, acc); err != nil {
+	return l.BackBF16(dx, dw, dy16, out, x16, in, w, rows, in, out, lddx, acc)
+}
+
+// ExpertWeights are one MoE expert's matrices, spans of the arena.
+type ExpertWeights struct{ Gate, Up, Down Buffer }
+
+// ExpertsBF16 runs an MoE layer's experts over its rows grouped by expert
+// (xg [n, H]; expert x's rows are off[x]..off[x+1], its weights w(x)):
+// gug [n, 2I] their gate and up projections side by side, ag [n, I]
+// SwiGLU of them, yg [n, H] the down projections. xg and ag are each
+// rounded to bf16 once for every expert's products (Round's slot 0),
+// not once per expert.
+func (l *BF16Linear) ExpertsBF16(xg, gug, ag, yg Buffer, off []int, w func(x int) ExpertWeights, H, I int) error {
+	n := off[len(off)-1]
+	each := func(f func(x, r0, m int) error) error {
+		for x := 0; x+1 < len(off); x++ {
+			if m := off[x+1] - off[x]; m > 0 {
+				if err := f(x, off[x], m); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	xg16, err := l.Round(0, xg, n, H, H)
+	if err != nil {
 		return err
 	}
-	return l.ops.gemmBF16(l.blas, false, true, in, out, rows, x16, in, dy16, out, dw, in, true)
+	if err := each(func(x, r0, m int) error {
+		gu := gug.Floats(r0*2*I, m*2*I)
+		return l.LinearManyBF16(BF16Rows(xg16, r0*H, m*H), m, H, Product{Y: gu, W: w(x).Gate, Out: I, LdY: 2 * I},
+			Product{Y: gu.Floats(I, m*2*I-I), W: w(x).Up, Out: I, LdY: 2 * I})
+	}); err != nil {
+		return err
+	}
+	if err := l.ops.SwiGLU(ag, gug, n, I); err != nil {
+		return err
+	}
+	ag16, err := l.Round(0, ag, n, I, I)
+	if err != nil {
+		return err
+	}
+	return each(func(x, r0, m int) error {
+		return l.LinearManyBF16(BF16Rows(ag16, r0*I, m*I), m, I, Product{Y: yg.Floats(r0*H, m*H), W: w(x).Down, Out: H, LdY: H})
+	})
 }
 
 // outOfMemory adds to an allocation's failure for want of memory what was

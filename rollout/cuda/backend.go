@@ -726,47 +726,6 @@ func (b *Backend) layerBF16(f *kc.BF16Linear, li, R int, x, next Buffer) error {
 	return nil
 }
 
-// expertsBF16 runs an MoE layer's experts on the grouped rows s.xg (n of
-// them, expert x's from off[x]) into s.yg in the bf16 precision: the rows
-// rounded to bf16 once for every expert's gate and up products, SwiGLU's
-// output once for their down products.
-func (b *Backend) expertsBF16(f *kc.BF16Linear, l *model.Layer, off []int, n int) error {
-	c, s := &b.cfg, &b.s
-	H, I := c.HiddenSize, c.MoeIntermediateSize
-	xg16, err := f.Round(0, s.xg, n, H, H)
-	if err != nil {
-		return err
-	}
-	if err := model.EachExpert(off, func(x, r0, m int) error {
-		ex := &l.Experts[x]
-		gu := s.gug.Floats(r0*2*I, m*2*I)
-		if err := f.LinearManyBF16(kc.BF16Rows(xg16, r0*H, m*H), m, H, kc.Product{Y: gu, W: b.param(ex.Gate), Out: I, LdY: 2 * I},
-			kc.Product{Y: gu.Floats(I, m*2*I-I), W: b.param(ex.Up), Out: I, LdY: 2 * I}); err != nil {
-			return err
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-	if err := b.ops.SwiGLU(s.ag, s.gug, n, I); err != nil {
-		return err
-	}
-	ag16, err := f.Round(0, s.ag, n, I, I)
-	if err != nil {
-		return err
-	}
-	if err := model.EachExpert(off, func(x, r0, m int) error {
-		if err := f.LinearManyBF16(kc.BF16Rows(ag16, r0*I, m*I), m, I,
-			kc.Product{Y: s.yg.Floats(r0*H, m*H), W: b.param(l.Experts[x].Down), Out: H, LdY: H}); err != nil {
-			return err
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-	return nil
-}
-
 // mlp runs a dense layer's MLP on the step's h2 into next = xmid + MLP.
 func (b *Backend) mlp(l *model.Layer, R int, next Buffer) error {
 	c, s, o := &b.cfg, &b.s, b.ops
@@ -821,7 +780,11 @@ func (b *Backend) moe(sb *rollout.StepBatch, ml int, l *model.Layer, R int, next
 		return err
 	}
 	if f := b.fused(); f != nil {
-		if err := b.expertsBF16(f, l, off, R*k); err != nil {
+		// Each input rounded to bf16 once for every expert's products.
+		if err := f.ExpertsBF16(s.xg, s.gug, s.ag, s.yg, off, func(x int) kc.ExpertWeights {
+			ex := &l.Experts[x]
+			return kc.ExpertWeights{Gate: b.param(ex.Gate), Up: b.param(ex.Up), Down: b.param(ex.Down)}
+		}, H, I); err != nil {
 			return err
 		}
 		return o.MoECombine(next, s.xmid, s.yg, s.gates, s.row, R, k, H)

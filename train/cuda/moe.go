@@ -93,7 +93,14 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 		return err
 	}
 	if e.bf != nil {
-		return e.moeExpertsBF16(mo, L, R, out, resid, T)
+		// Each input rounded to bf16 once for every expert's products.
+		if err := e.bf.ExpertsBF16(mo.xg, mo.gug, mo.ag, mo.yg, mo.off, func(x int) kc.ExpertWeights {
+			ex := &L.Experts[x]
+			return kc.ExpertWeights{Gate: e.param(e.w, ex.Gate), Up: e.param(e.w, ex.Up), Down: e.param(e.w, ex.Down)}
+		}, H, I); err != nil {
+			return err
+		}
+		return e.ops.MoECombine(out, resid, mo.yg, mo.dGates, mo.dRow, T, k, H)
 	}
 	if err := model.EachExpert(mo.off, func(x, r0, n int) error {
 		ex := &L.Experts[x]
@@ -112,48 +119,6 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 	}
 	if err := model.EachExpert(mo.off, func(x, r0, n int) error {
 		if err := e.linear(sub(mo.yg, r0*H, n*H), sub(mo.ag, r0*I, n*I), e.param(e.w, L.Experts[x].Down), n, I, H, H, I); err != nil {
-			return err
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-	return e.ops.MoECombine(out, resid, mo.yg, mo.dGates, mo.dRow, T, k, H)
-}
-
-// moeExpertsBF16 is the experts' half of moeForward in the bf16 mode: the
-// grouped rows rounded to bf16 once for all the experts' gate and up
-// products, and SwiGLU's output once for their down products (not once
-// per expert: an MoE layer has as many experts as there are conversions
-// saved).
-func (e *Engine) moeExpertsBF16(mo *moeActs, L *model.Layer, R int, out, resid Buffer, T int) error {
-	c := &e.cfg
-	H, k, I := c.HiddenSize, c.NumExpertsPerTok, c.MoeIntermediateSize
-	xg16, err := e.bf.Round(0, mo.xg, R, H, H)
-	if err != nil {
-		return err
-	}
-	if err := model.EachExpert(mo.off, func(x, r0, n int) error {
-		ex := &L.Experts[x]
-		gu := sub(mo.gug, r0*2*I, n*2*I)
-		if err := e.bf.LinearManyBF16(kc.BF16Rows(xg16, r0*H, n*H), n, H, kc.Product{Y: gu, W: e.param(e.w, ex.Gate), Out: I, LdY: 2 * I},
-			kc.Product{Y: sub(gu, I, n*2*I-I), W: e.param(e.w, ex.Up), Out: I, LdY: 2 * I}); err != nil {
-			return err
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-	if err := e.ops.SwiGLU(mo.ag, mo.gug, R, I); err != nil {
-		return err
-	}
-	ag16, err := e.bf.Round(0, mo.ag, R, I, I)
-	if err != nil {
-		return err
-	}
-	if err := model.EachExpert(mo.off, func(x, r0, n int) error {
-		if err := e.bf.LinearManyBF16(kc.BF16Rows(ag16, r0*I, n*I), n, I,
-			kc.Product{Y: sub(mo.yg, r0*H, n*H), W: e.param(e.w, L.Experts[x].Down), Out: H, LdY: H}); err != nil {
 			return err
 		}
 		return nil
