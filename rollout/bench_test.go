@@ -1,8 +1,11 @@
 package rollout
 
 import (
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/keel-rl/keel/model"
 )
 
 func TestBenchDecodeRuns(t *testing.T) {
@@ -46,6 +49,67 @@ func BenchmarkDecodeTinyMoE64Vocab151936(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.ReportMetric(r.TokensPerS, "tokens/s")
+		})
+	}
+}
+
+// idleDrawer is a Drawer that computes nothing: each step "draws" a fixed
+// token for every output row. Under it, Generate's time is the batcher's
+// own host work per step (slots, rows, draws, bookkeeping): what a GPU
+// backend's step cannot go below.
+type idleDrawer struct {
+	cfg   model.Config
+	opt   Options
+	steps int
+}
+
+func (f *idleDrawer) Config() model.Config       { return f.cfg }
+func (f *idleDrawer) Options() Options           { return f.opt }
+func (f *idleDrawer) Draws() bool                { return true }
+func (f *idleDrawer) CopyPrefix(dst, src, n int) {}
+func (f *idleDrawer) Load(m *model.Model) error  { return nil }
+func (f *idleDrawer) Close()                     {}
+func (f *idleDrawer) Step(b *StepBatch) error {
+	f.steps++
+	for o := range b.OutRow {
+		b.Drawn[o], b.DrawnLP[o] = int32(o%1000), -1
+	}
+	return nil
+}
+
+// BenchmarkBatcherOverhead: the batcher's host time per decoding step at
+// the Qwen3-0.6B shape's vocabulary, 32-token prompts and 96 new tokens
+// (keel bench's decode rows), over an idle backend.
+//
+//	go test ./rollout -run '^$' -bench BatcherOverhead
+func BenchmarkBatcherOverhead(b *testing.B) {
+	cfg, err := model.Preset("qwen3-0.6b", 151936)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, slots := range []int{64, 256} {
+		b.Run(fmt.Sprintf("slots=%d", slots), func(b *testing.B) {
+			d := &idleDrawer{cfg: cfg, opt: Options{Precision: BF16, Slots: slots, MaxLen: 128, StepRows: max(slots, 512)}}
+			e, err := NewWithBackend(d)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.Close()
+			prompts := make([][]int32, slots)
+			for i := range prompts {
+				prompts[i] = make([]int32, 32)
+				for j := range prompts[i] {
+					prompts[i][j] = int32(i*31+j) % 1000
+				}
+			}
+			sp := Sampling{Temperature: 1, MaxNewTokens: 96, Seed: 1}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := e.Generate(prompts, 1, sp); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(max(d.steps, 1))/1e3, "µs/step")
 		})
 	}
 }
