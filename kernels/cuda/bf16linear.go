@@ -228,11 +228,18 @@ func BF16Rows(b Buffer, off, n int) Buffer {
 // Back is BackX and BackW of one layer from a single bf16 copy of dy:
 // dx[r, 0:in] (+)= dy[r, 0:out]·W and dW[out, in] += dyᵀ·x.
 func (l *BF16Linear) Back(dx, dw, dy, x, w Buffer, rows, in, out, lddx, lddy, ldx int, acc bool) error {
-	dy16, err := l.operand(1, dy, rows, out, lddy)
+	x16, err := l.operand(0, x, rows, in, ldx)
 	if err != nil {
 		return err
 	}
-	x16, err := l.operand(0, x, rows, in, ldx)
+	return l.BackFrom16(dx, dw, dy, x16, w, rows, in, out, lddx, lddy, acc)
+}
+
+// BackFrom16 is Back from the bf16 copy of x the forward kept (x16
+// [rows, in], contiguous: RMSNormBF16's or SwiGLUBF16's output, say), so
+// that only dy is rounded (into slot 1).
+func (l *BF16Linear) BackFrom16(dx, dw, dy, x16, w Buffer, rows, in, out, lddx, lddy int, acc bool) error {
+	dy16, err := l.operand(1, dy, rows, out, lddy)
 	if err != nil {
 		return err
 	}

@@ -148,16 +148,30 @@ func TestDeviceFusedBF16(t *testing.T) {
 	const rows, n = 5, 200
 	x, w := bufOf(g, randF32(r, rows*n, 2)), bufOf(g, randF32(r, n, 1))
 	y, y16, f16 := g.poisoned(rows*n), g.poisoned(rows*n), g.poisoned(rows*n)
-	check(ops.RMSNorm(y, Buffer{}, x, w, rows, n, 1e-6))
+	inv, finv := g.poisoned(rows), g.poisoned(rows)
+	check(ops.RMSNorm(y, inv, x, w, rows, n, 1e-6))
 	check(ops.ToBF16Rows(y16, y, rows, n, n))
-	check(ops.RMSNormBF16(f16, x, w, rows, n, 1e-6))
+	check(ops.RMSNormBF16(f16, finv, x, w, rows, n, 1e-6))
 	sameU16("RMSNormBF16", u16(f16, rows*n), u16(y16, rows*n))
+	for i, v := range g.f32(finv, rows) {
+		if want := g.f32(inv, rows)[i]; math.Float32bits(v) != math.Float32bits(want) {
+			t.Fatalf("RMSNormBF16: row %d's inverse RMS %v, RMSNorm's %v", i, v, want)
+		}
+	}
 
 	gu := bufOf(g, randF32(r, rows*2*n, 3))
 	check(ops.SwiGLU(y, gu, rows, n))
 	check(ops.ToBF16Rows(y16, y, rows, n, n))
 	check(ops.SwiGLUBF16(f16, gu, rows, n))
 	sameU16("SwiGLUBF16", u16(f16, rows*n), u16(y16, rows*n))
+
+	// SwiGLU's backward into bf16: [rows, 2n] outputs.
+	da := bufOf(g, randF32(r, rows*n, 1))
+	dgu, dgu16, fdgu := g.poisoned(rows*2*n), g.poisoned(rows*2*n), g.poisoned(rows*2*n)
+	check(ops.Launch("rows.cu", "swiglu_bwd", Dim3{X: 3}, Dim3{X: 256}, dgu, da, gu, int64(rows), n))
+	check(ops.ToBF16Rows(dgu16, dgu, rows, 2*n, 2*n))
+	check(ops.SwiGLUBackBF16(fdgu, da, gu, rows, n))
+	sameU16("SwiGLUBackBF16", u16(fdgu, rows*2*n), u16(dgu16, rows*2*n))
 
 	// Decoding attention over a bf16 cache: 3 slots of 9 positions, 4
 	// heads sharing 2 KV heads of 32; the last row is padding.

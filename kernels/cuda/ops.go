@@ -151,12 +151,12 @@ func (o *Ops) RMSNorm(y, inv, x, w Buffer, rows, n int, eps float32) error {
 	return o.Launch("rows.cu", "rmsnorm_fwd", Dim3{X: rows}, block256, y, inv, x, w, n, 1, int64(n), eps)
 }
 
-// RMSNormBF16 is RMSNorm (rows of n, contiguous) with y rounded to bf16
-// in the same pass: y16 [rows, n] is then the operand of the products
-// that read it (BF16Linear.LinearManyBF16), bit for bit what rounding
-// RMSNorm's output gives.
-func (o *Ops) RMSNormBF16(y16, x, w Buffer, rows, n int, eps float32) error {
-	return o.Launch("rows.cu", "rmsnorm_fwd_bf16", Dim3{X: rows}, block256, y16, x, w, n, eps)
+// RMSNormBF16 is RMSNorm (rows of n, contiguous; inv may be an empty
+// Buffer) with y rounded to bf16 in the same pass: y16 [rows, n] is then
+// the operand of the products that read it (BF16Linear.LinearManyBF16),
+// bit for bit what rounding RMSNorm's output gives.
+func (o *Ops) RMSNormBF16(y16, inv, x, w Buffer, rows, n int, eps float32) error {
+	return o.Launch("rows.cu", "rmsnorm_fwd_bf16", Dim3{X: rows}, block256, y16, inv, x, w, n, eps)
 }
 
 // NormRope: per token and head, RoPE(RMSNorm(head row)) at the token's
@@ -200,6 +200,13 @@ func (o *Ops) NormRopeKVBF16(q, kcache, vcache, qraw, kraw, v, qw, kw, cos, sin,
 // SwiGLUBF16 is SwiGLU with a rounded to bf16 in the same pass.
 func (o *Ops) SwiGLUBF16(a16, gu Buffer, rows, n int) error {
 	return o.Launch("rows.cu", "swiglu_fwd_bf16", elemGrid(rows*n), block256, a16, gu, int64(rows), n)
+}
+
+// SwiGLUBackBF16 is SwiGLU's backward with dgu rounded to bf16: from da
+// [rows, n] and gu [rows, 2n], dgu16 [rows, 2n] = bf16(da·u·silu'(g),
+// da·silu(g)), bit for bit what rounding the float32 backward gives.
+func (o *Ops) SwiGLUBackBF16(dgu16, da, gu Buffer, rows, n int) error {
+	return o.Launch("rows.cu", "swiglu_bwd_bf16", elemGrid(rows*n), block256, dgu16, da, gu, int64(rows), n)
 }
 
 // Gather: dst[r] = src[idx[r]], rows of n floats (idx int32).

@@ -583,7 +583,7 @@ func (b *Backend) forward(sb *rollout.StepBatch, R, nOut int) error {
 		func() error { return o.Gather(s.xo, x, s.outRow, nOut, H) },
 		func() error {
 			if f := b.fused(); f != nil {
-				if err := o.RMSNormBF16(s.x16, s.xo, b.param(b.host.Norm), nOut, H, eps); err != nil {
+				if err := o.RMSNormBF16(s.x16, Buffer{}, s.xo, b.param(b.host.Norm), nOut, H, eps); err != nil {
 					return err
 				}
 				return f.LinearManyBF16(s.x16, nOut, H, kc.Product{Y: s.logits, W: b.param(b.host.LMHead), Out: V, LdY: V})
@@ -693,7 +693,7 @@ func (b *Backend) layerBF16(f *kc.BF16Linear, li, R int, x, next Buffer) error {
 	eps := float32(c.RMSNormEps)
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	steps := []func() error{
-		func() error { return o.RMSNormBF16(s.x16, x, b.param(l.InputNorm), R, H, eps) },
+		func() error { return o.RMSNormBF16(s.x16, Buffer{}, x, b.param(l.InputNorm), R, H, eps) },
 		func() error {
 			return f.LinearManyBF16(s.x16, R, H, kc.Product{Y: s.qraw, W: b.param(l.Q), Out: qd, LdY: qd},
 				kc.Product{Y: s.kraw, W: b.param(l.K), Out: kvd, LdY: kvd}, kc.Product{Y: s.v, W: b.param(l.V), Out: kvd, LdY: kvd})
@@ -708,7 +708,7 @@ func (b *Backend) layerBF16(f *kc.BF16Linear, li, R int, x, next Buffer) error {
 		func() error {
 			return f.LinearManyBF16(s.x16, R, qd, kc.Product{Y: s.xmid, W: b.param(l.O), Out: H, LdY: H, Add: x})
 		},
-		func() error { return o.RMSNormBF16(s.x16, s.xmid, b.param(l.PostAttnNorm), R, H, eps) },
+		func() error { return o.RMSNormBF16(s.x16, Buffer{}, s.xmid, b.param(l.PostAttnNorm), R, H, eps) },
 		func() error {
 			return f.LinearManyBF16(s.x16, R, H, kc.Product{Y: s.gu, W: b.param(l.Gate), Out: I, LdY: 2 * I},
 				kc.Product{Y: s.gu.Floats(I, R*2*I-I), W: b.param(l.Up), Out: I, LdY: 2 * I})

@@ -84,8 +84,12 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		return err
 	}
 	nMoE := len(e.cfg.MoELayers())
-	if nMoE < e.cfg.NumHiddenLayers { // dense layers
-		if err := e.bufs(tmp, span{&da, T * d.I}, span{&dgu, T * 2 * d.I}); err != nil {
+	if nMoE < e.cfg.NumHiddenLayers { // dense layers; dgu is the products' bf16 operand in the bf16 mode
+		ds := span{&dgu, T * 2 * d.I}
+		if e.bf != nil {
+			ds = bf16Span(&dgu, T*2*d.I)
+		}
+		if err := e.bufs(tmp, span{&da, T * d.I}, ds); err != nil {
 			return err
 		}
 	}
@@ -136,15 +140,24 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		// output; dh becomes the gradient at h2.
 		mlp := []func() error{
 			func() error {
-				return e.linearBack(da, g(l.Down), dres, a.a, w(l.Down), T, d.I, d.H, d.I, d.H, d.I, false)
+				return e.backSaved(da, g(l.Down), dres, e.pick(a.a, a.ab), w(l.Down), T, d.I, d.H, d.I, d.H, false)
 			},
 			func() error {
+				if e.bf != nil {
+					return e.ops.SwiGLUBackBF16(dgu, da, a.gu, T, d.I)
+				}
 				return e.launch("rows.cu", "swiglu_bwd", elemGrid(T*d.I), block256, dgu, da, a.gu, int64(T), d.I)
 			},
 			func() error {
-				return e.linearBack(dh, g(l.Gate), dgu, a.h2, w(l.Gate), T, d.H, d.I, d.H, 2*d.I, d.H, false)
-			},
-			func() error {
+				if e.bf != nil { // dgu in bf16 already
+					if err := e.bf.BackBF16(dh, g(l.Gate), dgu, 2*d.I, a.h2b, d.H, w(l.Gate), T, d.H, d.I, d.H, false); err != nil {
+						return err
+					}
+					return e.bf.BackBF16(dh, g(l.Up), kc.BF16Rows(dgu, d.I, upI), 2*d.I, a.h2b, d.H, w(l.Up), T, d.H, d.I, d.H, true)
+				}
+				if err := e.linearBack(dh, g(l.Gate), dgu, a.h2, w(l.Gate), T, d.H, d.I, d.H, 2*d.I, d.H, false); err != nil {
+					return err
+				}
 				return e.linearBack(dh, g(l.Up), sub(dgu, d.I, upI), a.h2, w(l.Up), T, d.H, d.I, d.H, 2*d.I, d.H, true)
 			},
 		}
@@ -163,7 +176,7 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			},
 			// Attention.
 			func() error {
-				return e.linearBack(datt, g(l.O), dres, a.att, w(l.O), T, d.qd, d.H, d.qd, d.H, d.qd, false)
+				return e.backSaved(datt, g(l.O), dres, e.pick(a.att, a.attb), w(l.O), T, d.qd, d.H, d.qd, d.H, false)
 			},
 			func() error {
 				if flash != nil {
@@ -189,9 +202,16 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			func() error {
 				return normBack(dk, dk, a.kraw, w(l.KNorm), a.invk, g(l.KNorm), T*d.kv, d.hd, d.kv, d.kvd, false)
 			},
-			func() error { return e.linearBack(dh, g(l.Q), dq, a.h1, w(l.Q), T, d.H, d.qd, d.H, d.qd, d.H, false) },
-			func() error { return e.linearBack(dh, g(l.K), dk, a.h1, w(l.K), T, d.H, d.kvd, d.H, d.kvd, d.H, true) },
-			func() error { return e.linearBack(dh, g(l.V), dv, a.h1, w(l.V), T, d.H, d.kvd, d.H, d.kvd, d.H, true) },
+			func() error {
+				h1 := e.pick(a.h1, a.h1b)
+				if err := e.backSaved(dh, g(l.Q), dq, h1, w(l.Q), T, d.H, d.qd, d.H, d.qd, false); err != nil {
+					return err
+				}
+				if err := e.backSaved(dh, g(l.K), dk, h1, w(l.K), T, d.H, d.kvd, d.H, d.kvd, true); err != nil {
+					return err
+				}
+				return e.backSaved(dh, g(l.V), dv, h1, w(l.V), T, d.H, d.kvd, d.H, d.kvd, true)
+			},
 			// dres becomes the gradient at the layer's input.
 			func() error {
 				return normBack(dres, dh, a.x, w(l.InputNorm), a.inv1, g(l.InputNorm), T, d.H, 1, d.H, true)
@@ -239,21 +259,38 @@ func (e *Engine) headBackward(f *fwdState, dxf, dcl, dch Buffer) error {
 		return err
 	}
 	defer e.dev.Free(z)
+	// The bf16 mode writes the logits' gradient as the products' bf16
+	// operand, apart from the log-probabilities.
+	var z16 Buffer
+	if e.bf != nil {
+		if z16, err = e.alloc((C*d.V + 1) / 2); err != nil {
+			return err
+		}
+		defer e.dev.Free(z16)
+	}
 	lm, glm := e.param(e.w, e.host.LMHead), e.param(e.g, e.host.LMHead)
 	for c0 := 0; c0 < f.T; c0 += C {
 		rows := min(C, f.T-c0)
-		xf := sub(f.xf, c0*d.H, rows*d.H)
+		xf := e.rows(f.xf, c0*d.H, rows*d.H)
+		dx := sub(dxf, c0*d.H, rows*d.H)
 		steps := []func() error{
-			func() error { return e.linear(z, xf, lm, rows, d.H, d.V, d.V, d.H) },
+			func() error { return e.linears(xf, rows, d.H, kc.Product{Y: z, W: lm, Out: d.V, LdY: d.V}) },
 			func() error {
 				return e.ops.LogSoftmax(z, Buffer{}, rows, d.V, f.temp)
 			},
 			func() error {
-				return e.launch("head.cu", "head_bwd", rowsGrid(rows), block256, z, z, sub(dcl, c0, rows), sub(dch, c0, rows),
-					intSub(f.dTargets, c0, rows), d.V, f.temp)
-			},
-			func() error {
-				return e.linearBack(sub(dxf, c0*d.H, rows*d.H), glm, z, xf, lm, rows, d.H, d.V, d.H, d.V, d.H, false)
+				if e.bf != nil {
+					if err := e.launch("head.cu", "head_bwd_bf16", rowsGrid(rows), block256, z16, z, sub(dcl, c0, rows), sub(dch, c0, rows),
+						intSub(f.dTargets, c0, rows), d.V, f.temp); err != nil {
+						return err
+					}
+					return e.bf.BackBF16(dx, glm, z16, d.V, xf, d.H, lm, rows, d.H, d.V, d.H, false)
+				}
+				if err := e.launch("head.cu", "head_bwd", rowsGrid(rows), block256, z, z, sub(dcl, c0, rows), sub(dch, c0, rows),
+					intSub(f.dTargets, c0, rows), d.V, f.temp); err != nil {
+					return err
+				}
+				return e.linearBack(dx, glm, z, xf, lm, rows, d.H, d.V, d.H, d.V, d.H, false)
 			},
 		}
 		for _, s := range steps {

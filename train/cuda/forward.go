@@ -63,7 +63,13 @@ func (e *Engine) ensureRope(n int) error {
 type layerActs struct {
 	x, h1, qraw, kraw, q, k, v, att, xmid, h2, gu, a Buffer
 	inv1, invq, invk, lse, inv2                      Buffer
-	moe                                              *moeActs // nil in dense layers
+	// In the bf16 mode the products' inputs are kept as the bf16 copies
+	// the products read (h1 and a dense layer's h2 and a only so; att also
+	// in float32, which attention's backward reads): the forward makes
+	// each once, in the kernel that computes it where one can, and the
+	// backward's weight gradients read them again.
+	h1b, attb, h2b, ab Buffer
+	moe                *moeActs // nil in dense layers
 }
 
 // fwdState is one Forward's input and saved activations.
@@ -111,6 +117,9 @@ type span struct {
 	b *Buffer
 	n int
 }
+
+// bf16Span asks for n bf16 values (half as many floats, rounded up).
+func bf16Span(b *Buffer, n int) span { return span{b, (n + 1) / 2} }
 
 // bufs allocates each span as part of f (freed with f).
 func (e *Engine) bufs(f *fwdState, spans ...span) error {
@@ -268,13 +277,63 @@ func (e *Engine) linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error {
 	return e.ops.Linear(y, x, w, rows, in, out, ldy, ldx)
 }
 
-// linears computes several products of the same input x (q, k and v;
-// gate and up), from one bf16 rounding of it in the bf16 mode.
-func (e *Engine) linears(x Buffer, rows, in, ldx int, ps ...kc.Product) error {
+// linears computes several products of the same input x [rows, in],
+// contiguous (q, k and v; gate and up): float32, or in the bf16 mode the
+// bf16 copy the forward keeps (pick).
+func (e *Engine) linears(x Buffer, rows, in int, ps ...kc.Product) error {
 	if e.bf != nil {
-		return e.bf.LinearMany(x, rows, in, ldx, ps...)
+		return e.bf.LinearManyBF16(x, rows, in, ps...)
 	}
-	return e.ops.LinearMany(x, rows, in, ldx, ps...)
+	return e.ops.LinearMany(x, rows, in, in, ps...)
+}
+
+// backSaved is linearBack from an input x [rows, in], contiguous, as the
+// forward kept it (pick): in the bf16 mode only dy is rounded.
+func (e *Engine) backSaved(dx, dw, dy, x, w Buffer, rows, in, out, lddx, lddy int, acc bool) error {
+	if e.bf != nil {
+		return e.bf.BackFrom16(dx, dw, dy, x, w, rows, in, out, lddx, lddy, acc)
+	}
+	return e.linearBack(dx, dw, dy, x, w, rows, in, out, lddx, lddy, in, acc)
+}
+
+// residual computes p.Y = p.Add + x·Wᵀ for x [rows, in] as linears takes
+// it: in the bf16 mode in the product's epilogue, in the fp32 mode as the
+// product then the add (the CPU engine's order, which it matches).
+func (e *Engine) residual(x Buffer, rows, in int, p kc.Product) error {
+	if e.bf != nil {
+		return e.bf.LinearManyBF16(x, rows, in, p)
+	}
+	if err := e.ops.Linear(p.Y, x, p.W, rows, in, p.Out, p.LdY, in); err != nil {
+		return err
+	}
+	return e.ops.Add(p.Y, p.Add, rows*p.Out)
+}
+
+// norm is RMSNorm over rows of n into y: float32, or in the bf16 mode
+// rounded to bf16 in the same pass (y then a bf16 copy: pick).
+func (e *Engine) norm(y, inv, x, w Buffer, rows, n int, eps float32) error {
+	if e.bf != nil {
+		return e.ops.RMSNormBF16(y, inv, x, w, rows, n, eps)
+	}
+	return e.ops.RMSNorm(y, inv, x, w, rows, n, eps)
+}
+
+// rows is the span of n elements at offset off of a product input kept
+// as the mode keeps it (pick): floats, or bf16 values in the bf16 mode.
+func (e *Engine) rows(b Buffer, off, n int) Buffer {
+	if e.bf != nil {
+		return kc.BF16Rows(b, off, n)
+	}
+	return sub(b, off, n)
+}
+
+// pick is a product input as the engine's mode keeps it: f32 in the fp32
+// mode, its bf16 copy b16 in the bf16 mode.
+func (e *Engine) pick(f32, b16 Buffer) Buffer {
+	if e.bf != nil {
+		return b16
+	}
+	return f32
 }
 
 // linearBack is a linear layer's backward: dx[r, 0:in] (+)= dy[r, 0:out]·W
@@ -381,10 +440,14 @@ func (e *Engine) forward(f *fwdState, opt train.ForwardOptions) error {
 		f.aux *= float64(E)
 	}
 	f.xL = x
-	if err := e.bufs(f, span{&f.invf, T}, span{&f.xf, T * d.H}, span{&f.lp, T}, span{&f.ent, T}); err != nil {
+	xf := span{&f.xf, T * d.H}
+	if e.bf != nil {
+		xf = bf16Span(&f.xf, T*d.H)
+	}
+	if err := e.bufs(f, span{&f.invf, T}, xf, span{&f.lp, T}, span{&f.ent, T}); err != nil {
 		return err
 	}
-	if err := e.ops.RMSNorm(f.xf, f.invf, x, e.param(e.w, m.Norm), T, d.H, d.eps); err != nil {
+	if err := e.norm(f.xf, f.invf, x, e.param(e.w, m.Norm), T, d.H, d.eps); err != nil {
 		return err
 	}
 	return e.headForward(f, opt.NoEntropy)
@@ -420,13 +483,39 @@ func (e *Engine) layerBufs(f *fwdState, a *layerActs, l *model.Layer) error {
 // MLP's or an MoE block's (device side) as asked.
 func (e *Engine) allocLayer(f *fwdState, a *layerActs, dense, moe bool) error {
 	d, T := e.dims(), f.T
-	if err := e.bufs(f, span{&a.h1, T * d.H}, span{&a.qraw, T * d.qd}, span{&a.kraw, T * d.kvd}, span{&a.q, T * d.qd},
-		span{&a.k, T * d.kvd}, span{&a.v, T * d.kvd}, span{&a.att, T * d.qd}, span{&a.xmid, T * d.H}, span{&a.h2, T * d.H},
+	if err := e.bufs(f, span{&a.qraw, T * d.qd}, span{&a.kraw, T * d.kvd}, span{&a.q, T * d.qd},
+		span{&a.k, T * d.kvd}, span{&a.v, T * d.kvd}, span{&a.att, T * d.qd}, span{&a.xmid, T * d.H},
 		span{&a.inv1, T}, span{&a.invq, T * d.heads}, span{&a.invk, T * d.kv}, span{&a.lse, T * d.heads}, span{&a.inv2, T}); err != nil {
 		return err
 	}
+	// The products' inputs: float32, or bf16 in the bf16 mode; an MoE
+	// block gathers its rows from a float32 h2.
+	h1, h2 := span{&a.h1, T * d.H}, span{&a.h2, T * d.H}
+	if e.bf != nil {
+		h1 = bf16Span(&a.h1b, T*d.H)
+		if err := e.bufs(f, bf16Span(&a.attb, T*d.qd)); err != nil {
+			return err
+		}
+		if dense {
+			if err := e.bufs(f, bf16Span(&a.h2b, T*d.H)); err != nil {
+				return err
+			}
+		}
+	}
+	if err := e.bufs(f, h1); err != nil {
+		return err
+	}
+	if moe || e.bf == nil {
+		if err := e.bufs(f, h2); err != nil {
+			return err
+		}
+	}
 	if dense {
-		if err := e.bufs(f, span{&a.gu, T * 2 * d.I}, span{&a.a, T * d.I}); err != nil {
+		act := span{&a.a, T * d.I}
+		if e.bf != nil {
+			act = bf16Span(&a.ab, T*d.I)
+		}
+		if err := e.bufs(f, span{&a.gu, T * 2 * d.I}, act); err != nil {
 			return err
 		}
 	}
@@ -450,10 +539,10 @@ func (e *Engine) attentionForward(f *fwdState, a *layerActs, l *model.Layer) err
 	d, T, x := e.dims(), f.T, a.x
 	steps := []func() error{
 		func() error {
-			return e.ops.RMSNorm(a.h1, a.inv1, x, e.param(e.w, l.InputNorm), T, d.H, d.eps)
+			return e.norm(e.pick(a.h1, a.h1b), a.inv1, x, e.param(e.w, l.InputNorm), T, d.H, d.eps)
 		},
 		func() error {
-			return e.linears(a.h1, T, d.H, d.H, kc.Product{Y: a.qraw, W: e.param(e.w, l.Q), Out: d.qd, LdY: d.qd},
+			return e.linears(e.pick(a.h1, a.h1b), T, d.H, kc.Product{Y: a.qraw, W: e.param(e.w, l.Q), Out: d.qd, LdY: d.qd},
 				kc.Product{Y: a.kraw, W: e.param(e.w, l.K), Out: d.kvd, LdY: d.kvd}, kc.Product{Y: a.v, W: e.param(e.w, l.V), Out: d.kvd, LdY: d.kvd})
 		},
 		func() error {
@@ -474,11 +563,20 @@ func (e *Engine) attentionForward(f *fwdState, a *layerActs, l *model.Layer) err
 			}
 			return e.ops.Attention(a.att, a.lse, a.q, a.k, a.v, f.dStart, T, d.heads, d.kv, d.hd, d.scale)
 		},
-		// xmid = x + att·Woᵀ: the product into xmid, then the residual.
-		func() error { return e.linear(a.xmid, a.att, e.param(e.w, l.O), T, d.qd, d.H, d.H, d.qd) },
-		func() error { return e.ops.Add(a.xmid, x, T*d.H) },
+		// xmid = x + att·Woᵀ.
 		func() error {
-			return e.ops.RMSNorm(a.h2, a.inv2, a.xmid, e.param(e.w, l.PostAttnNorm), T, d.H, d.eps)
+			if e.bf != nil {
+				if err := e.ops.ToBF16Rows(a.attb, a.att, T, d.qd, d.qd); err != nil {
+					return err
+				}
+			}
+			return e.residual(e.pick(a.att, a.attb), T, d.qd, kc.Product{Y: a.xmid, W: e.param(e.w, l.O), Out: d.H, LdY: d.H, Add: x})
+		},
+		func() error {
+			if a.moe != nil { // the MoE block gathers its rows from a float32 h2
+				return e.ops.RMSNorm(a.h2, a.inv2, a.xmid, e.param(e.w, l.PostAttnNorm), T, d.H, d.eps)
+			}
+			return e.norm(e.pick(a.h2, a.h2b), a.inv2, a.xmid, e.param(e.w, l.PostAttnNorm), T, d.H, d.eps)
 		},
 	}
 	for _, s := range steps {
@@ -495,14 +593,18 @@ func (e *Engine) mlpForward(f *fwdState, a *layerActs, l *model.Layer, next Buff
 	d, T := e.dims(), f.T
 	steps := []func() error{
 		func() error {
-			return e.linears(a.h2, T, d.H, d.H, kc.Product{Y: a.gu, W: e.param(e.w, l.Gate), Out: d.I, LdY: 2 * d.I},
+			return e.linears(e.pick(a.h2, a.h2b), T, d.H, kc.Product{Y: a.gu, W: e.param(e.w, l.Gate), Out: d.I, LdY: 2 * d.I},
 				kc.Product{Y: sub(a.gu, d.I, T*2*d.I-d.I), W: e.param(e.w, l.Up), Out: d.I, LdY: 2 * d.I})
 		},
 		func() error {
+			if e.bf != nil {
+				return e.ops.SwiGLUBF16(a.ab, a.gu, T, d.I)
+			}
 			return e.ops.SwiGLU(a.a, a.gu, T, d.I)
 		},
-		func() error { return e.linear(next, a.a, e.param(e.w, l.Down), T, d.I, d.H, d.H, d.I) },
-		func() error { return e.ops.Add(next, a.xmid, T*d.H) },
+		func() error {
+			return e.residual(e.pick(a.a, a.ab), T, d.I, kc.Product{Y: next, W: e.param(e.w, l.Down), Out: d.H, LdY: d.H, Add: a.xmid})
+		},
 	}
 	for _, s := range steps {
 		if err := s(); err != nil {
@@ -526,7 +628,7 @@ func (e *Engine) headForward(f *fwdState, noEntropy bool) error {
 	lm := e.param(e.w, e.host.LMHead)
 	for c0 := 0; c0 < f.T; c0 += C {
 		rows := min(C, f.T-c0)
-		if err := e.linear(z, sub(f.xf, c0*d.H, rows*d.H), lm, rows, d.H, d.V, d.V, d.H); err != nil {
+		if err := e.linears(e.rows(f.xf, c0*d.H, rows*d.H), rows, d.H, kc.Product{Y: z, W: lm, Out: d.V, LdY: d.V}); err != nil {
 			return err
 		}
 		if err := e.ops.LogSoftmax(z, Buffer{}, rows, d.V, f.temp); err != nil {

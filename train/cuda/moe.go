@@ -106,7 +106,7 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 		ex := &L.Experts[x]
 		xg := sub(mo.xg, r0*H, n*H)
 		gu := sub(mo.gug, r0*2*I, n*2*I)
-		if err := e.linears(xg, n, H, H, kc.Product{Y: gu, W: e.param(e.w, ex.Gate), Out: I, LdY: 2 * I},
+		if err := e.ops.LinearMany(xg, n, H, H, kc.Product{Y: gu, W: e.param(e.w, ex.Gate), Out: I, LdY: 2 * I},
 			kc.Product{Y: sub(gu, I, n*2*I-I), W: e.param(e.w, ex.Up), Out: I, LdY: 2 * I}); err != nil {
 			return err
 		}

@@ -64,20 +64,20 @@ extern "C" __global__ void gather_rows(float* __restrict__ out, const float* __r
   out[r] = idx[r] < 0 ? 0.f : logp[(i64)r * V + idx[r]];
 }
 
-// head_bwd writes the gradient w.r.t. the logits of row r (log-softmax in
-// logp): with p = exp(logp), d log p_y/d logit_v = delta_vy - p_v and
+// head_bwd_row writes the gradient w.r.t. the logits of row r (log-softmax
+// in logp): with p = exp(logp), d log p_y/d logit_v = delta_vy - p_v and
 // dH/d logit_v = -p_v*(logp_v + H), each divided by temp (the logits
-// entered the softmax as logit/temp). dz may alias logp. grid = rows.
-extern "C" __global__ void head_bwd(float* dz, const float* logp, const float* __restrict__ coef_lp,
-                                    const float* __restrict__ coef_h, const int* __restrict__ targets,
-                                    int V, float temp) {
-  __shared__ double sd[32];
+// entered the softmax as logit/temp); float32 or bf16 (put).
+template <typename O>
+__device__ __forceinline__ void head_bwd_row(O* dz, const float* logp, const float* __restrict__ coef_lp,
+                                             const float* __restrict__ coef_h, const int* __restrict__ targets,
+                                             int V, float temp, double* sd) {
   const i64 r = blockIdx.x;
   const float* z = logp + r * V;
-  float* d = dz + r * V;
+  O* d = dz + r * V;
   const float cl = coef_lp[r], ch = coef_h[r];
   if (cl == 0.f && ch == 0.f) {
-    for (int j = threadIdx.x; j < V; j += blockDim.x) d[j] = 0.f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) put(d + j, 0.f);
     return;
   }
   float ent = 0.f;
@@ -92,8 +92,26 @@ extern "C" __global__ void head_bwd(float* dz, const float* logp, const float* _
     float v = ch == 0.f ? p * -cl : -cl * p - ch * p * (zv + ent);
     if (j == tgt) v += cl;
     if (temp != 1.f) v = v / temp;
-    d[j] = v;
+    put(d + j, v);
   }
+}
+
+// head_bwd: head_bwd_row in float32; dz may alias logp. grid = rows.
+extern "C" __global__ void head_bwd(float* dz, const float* logp, const float* __restrict__ coef_lp,
+                                    const float* __restrict__ coef_h, const int* __restrict__ targets,
+                                    int V, float temp) {
+  __shared__ double sd[32];
+  head_bwd_row(dz, logp, coef_lp, coef_h, targets, V, temp, sd);
+}
+
+// head_bwd_bf16 is head_bwd with the gradient rounded to bf16 into dz16
+// (apart from logp): the bf16 mode's operand of the head's backward
+// products, made in the same pass. grid = rows.
+extern "C" __global__ void head_bwd_bf16(bf16_t* __restrict__ dz16, const float* __restrict__ logp,
+                                         const float* __restrict__ coef_lp, const float* __restrict__ coef_h,
+                                         const int* __restrict__ targets, int V, float temp) {
+  __shared__ double sd[32];
+  head_bwd_row(dz16, logp, coef_lp, coef_h, targets, V, temp, sd);
 }
 
 // DRAW_BLOCK is the span of tokens whose probabilities draw_rows sums as

@@ -31,14 +31,17 @@ extern "C" __global__ void rmsnorm_fwd(float* __restrict__ y, float* __restrict_
   if (threadIdx.x == 0 && inv) inv[r] = iv;
 }
 
-// rmsnorm_fwd_bf16 is rmsnorm_fwd (the same arithmetic, no inverse saved)
-// with y rounded to bf16, contiguous [rows, n]: the operand of the
-// products that read it, made in the same pass (the bf16 rollout's fused
-// step). grid = rows, block = KEEL_THREADS.
-extern "C" __global__ void rmsnorm_fwd_bf16(bf16_t* __restrict__ y, const float* __restrict__ x,
-                                            const float* __restrict__ w, int n, float eps) {
+// rmsnorm_fwd_bf16 is rmsnorm_fwd (the same arithmetic; inv saved where
+// not null) with y rounded to bf16, contiguous [rows, n]: the operand of
+// the products that read it, made in the same pass (the bf16 rollout's
+// fused step, and the bf16 training mode, which keeps it for the weight
+// gradients). grid = rows, block = KEEL_THREADS.
+extern "C" __global__ void rmsnorm_fwd_bf16(bf16_t* __restrict__ y, float* __restrict__ inv,
+                                            const float* __restrict__ x, const float* __restrict__ w, int n,
+                                            float eps) {
   __shared__ float s[32];
-  rmsnorm_row(y, x, w, (i64)blockIdx.x * n, n, eps, s);
+  const float iv = rmsnorm_row(y, x, w, (i64)blockIdx.x * n, n, eps, s);
+  if (threadIdx.x == 0 && inv) inv[blockIdx.x] = iv;
 }
 
 // rmsnorm_bwd: for each row, dx = inv*(dy*w) - x*inv^3*mean(dy*w*x)
@@ -109,9 +112,11 @@ extern "C" __global__ void swiglu_fwd_bf16(bf16_t* __restrict__ a, const float* 
   swiglu_rows(a, gu, rows, n);
 }
 
-// swiglu_bwd: from da [rows, n], dgu [rows, 2n] = (da*u*silu'(g), da*silu(g)).
-extern "C" __global__ void swiglu_bwd(float* __restrict__ dgu, const float* __restrict__ da,
-                                      const float* __restrict__ gu, i64 rows, int n) {
+// swiglu_bwd_rows: from da [rows, n], dgu [rows, 2n] = (da*u*silu'(g),
+// da*silu(g)), float32 or bf16 (put).
+template <typename O>
+__device__ __forceinline__ void swiglu_bwd_rows(O* __restrict__ dgu, const float* __restrict__ da,
+                                                const float* __restrict__ gu, i64 rows, int n) {
   const i64 total = rows * n;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
     const i64 r = i / n, j = i % n;
@@ -119,9 +124,23 @@ extern "C" __global__ void swiglu_bwd(float* __restrict__ dgu, const float* __re
     const float sg = 1.f / (1.f + expf(-g));
     const float silu = g * sg;
     const float d = da[i];
-    dgu[r * 2 * n + j] = d * u * (sg * (1.f + g * (1.f - sg)));
-    dgu[r * 2 * n + n + j] = d * silu;
+    put(dgu + r * 2 * n + j, d * u * (sg * (1.f + g * (1.f - sg))));
+    put(dgu + r * 2 * n + n + j, d * silu);
   }
+}
+
+// swiglu_bwd: swiglu_bwd_rows in float32.
+extern "C" __global__ void swiglu_bwd(float* __restrict__ dgu, const float* __restrict__ da,
+                                      const float* __restrict__ gu, i64 rows, int n) {
+  swiglu_bwd_rows(dgu, da, gu, rows, n);
+}
+
+// swiglu_bwd_bf16 is swiglu_bwd with dgu rounded to bf16: the bf16 training
+// mode's operand of the gate and up projections' backward products, which
+// is all dgu is used for.
+extern "C" __global__ void swiglu_bwd_bf16(bf16_t* __restrict__ dgu, const float* __restrict__ da,
+                                           const float* __restrict__ gu, i64 rows, int n) {
+  swiglu_bwd_rows(dgu, da, gu, rows, n);
 }
 
 // norm_rope_fwd: for token t and head h, out = RoPE(RMSNorm(raw head row))
