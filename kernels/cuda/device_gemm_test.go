@@ -377,6 +377,31 @@ func TestDeviceFlashAttention(t *testing.T) {
 		}{{"out", bout, pout, T * qd}, {"lse", blse, plse, T * c.heads}, {"dq", bdq, pdq, T * qd}, {"dk", bdk, pdk, T * kvd}, {"dv", bdv, pdv, T * kvd}} {
 			sameBits(t, fmt.Sprintf("%s %s, cp.async %v against %v", name, x.what, !ops.FlashPlainCopies, !plain.FlashPlainCopies), g.f32(x.a, x.n), g.f32(x.b, x.n))
 		}
+		// The backward with one stage of shared memory (each tile's copy
+		// waited for before its products), both copy paths: the same
+		// arithmetic in the same order as the pipelined kernels, so the
+		// same bits.
+		if ops.FlashBackwardSingle {
+			t.Fatal("KEEL_FLASH_BWD=single: the test compares the pipelined backward with the single-stage one")
+		}
+		for _, plainCopies := range []bool{false, true} {
+			single := NewOps(g.d)
+			single.FlashBackwardSingle, single.FlashPlainCopies = true, plainCopies
+			sdq, sdk, sdv, sdsum := g.poisoned(T*qd), g.poisoned(T*kvd), g.poisoned(T*kvd), g.poisoned(T*c.heads)
+			if err := single.FlashAttentionBackward(bs, sdq, sdk, sdv, sdsum, bdo, bout, blse, bq, bk, bv, bst, ben, scale); err != nil {
+				t.Fatal(err)
+			}
+			if err := g.d.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			for _, x := range []struct {
+				what string
+				a, b Buffer
+				n    int
+			}{{"dsum", bdsum, sdsum, T * c.heads}, {"dq", bdq, sdq, T * qd}, {"dk", bdk, sdk, T * kvd}, {"dv", bdv, sdv, T * kvd}} {
+				sameBits(t, fmt.Sprintf("%s %s, pipelined backward against one stage (plain copies %v)", name, x.what, plainCopies), g.f32(x.a, x.n), g.f32(x.b, x.n))
+			}
+		}
 		// The wide forward (128 query rows a block, the next tile's copy
 		// in flight), both copy paths: the same bits as each other, and
 		// within rounding of the narrow one's (checked against float64

@@ -138,9 +138,11 @@ func TestKernelsDoNotSpill(t *testing.T) {
 				t.Errorf("%s for sm_%d: %d entry functions, %d resource reports in ptxas's log:\n%s", name, arch, entries, len(lines), log)
 				continue
 			}
-			for _, m := range lines {
+			// Each report follows its entry function's line: name it.
+			entry := regexp.MustCompile(`Compiling entry function '(\w+)'`).FindAllStringSubmatch(log, -1)
+			for i, m := range lines {
 				if m[1] != "0" || m[2] != "0" || m[3] != "0" {
-					t.Errorf("%s for sm_%d: %s", name, arch, m[0])
+					t.Errorf("%s %s for sm_%d: %s", name, entry[i][1], arch, m[0])
 				}
 			}
 			if arch == 90 { // registers decide occupancy: say them

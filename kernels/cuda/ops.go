@@ -26,9 +26,16 @@ type Ops struct {
 	// outputs within rounding (the online softmax's rescaling falls at
 	// other keys); which is faster is for a GPU to say (tools/gpu/check.sh).
 	FlashWide bool
+	// FlashBackwardSingle runs flash.cu's backward kernels with one stage
+	// of shared memory (KEEL_FLASH_BWD=single at NewOps): each tile's copy
+	// waited for before its products, as before the pipelined kernels
+	// (the default: the next tile's copy in flight during this one's
+	// products, dynamic shared memory, the same bits).
+	FlashBackwardSingle bool
 
-	mu  sync.Mutex
-	fns map[string]*Function
+	mu     sync.Mutex
+	fns    map[string]*Function
+	shared map[*Function]int // the dynamic shared memory each function may use (SetMaxDynamicShared)
 
 	// stream is where launches go: 0 (the default stream), or the
 	// capture stream while Capture records; graph is Capture's state.
@@ -38,8 +45,9 @@ type Ops struct {
 
 // NewOps returns the launcher of d's kernels.
 func NewOps(d *Device) *Ops {
-	return &Ops{Dev: d, fns: map[string]*Function{}, FlashPlainCopies: os.Getenv("KEEL_FLASH_COPY") == "sync",
-		FlashWide: os.Getenv("KEEL_FLASH_FWD") == "wide"}
+	return &Ops{Dev: d, fns: map[string]*Function{}, shared: map[*Function]int{},
+		FlashPlainCopies: os.Getenv("KEEL_FLASH_COPY") == "sync", FlashWide: os.Getenv("KEEL_FLASH_FWD") == "wide",
+		FlashBackwardSingle: os.Getenv("KEEL_FLASH_BWD") == "single"}
 }
 
 // flashAsync is flash.cu's copy flag: 1 for cp.async.
@@ -57,6 +65,12 @@ func (b Buffer) Floats(off, n int) Buffer {
 
 // Launch runs kernel name of the embedded source mod over grid × block.
 func (o *Ops) Launch(mod, name string, grid, block Dim3, args ...any) error {
+	return o.LaunchShared(mod, name, grid, block, 0, args...)
+}
+
+// LaunchShared is Launch with shared bytes of dynamic shared memory
+// (raising the kernel's limit first where it is above the default 48 KiB).
+func (o *Ops) LaunchShared(mod, name string, grid, block Dim3, shared int, args ...any) error {
 	key := mod + "/" + name
 	o.mu.Lock()
 	f, ok := o.fns[key]
@@ -73,7 +87,20 @@ func (o *Ops) Launch(mod, name string, grid, block Dim3, args ...any) error {
 		o.fns[key] = f
 		o.mu.Unlock()
 	}
-	return f.launchOn(o.stream, grid, block, 0, args...)
+	if shared > 48<<10 {
+		o.mu.Lock()
+		allowed := o.shared[f]
+		o.mu.Unlock()
+		if shared > allowed {
+			if err := f.SetMaxDynamicShared(shared); err != nil {
+				return err
+			}
+			o.mu.Lock()
+			o.shared[f] = shared
+			o.mu.Unlock()
+		}
+	}
+	return f.launchOn(o.stream, grid, block, shared, args...)
 }
 
 var block256 = Dim3{X: 256}
@@ -439,6 +466,20 @@ func (o *Ops) FlashAttention(s *FlashScratch, out, lse, q, k, v, seqStart Buffer
 	return nil
 }
 
+// flashBackwardShared is the dynamic shared memory, in bytes, of flash.cu's
+// pipelined backward kernels for head size hd: two stages of
+// DQ_STAGE_WORDS (flash_bwd_dq_2), or DKV_V_WORDS and two stages of
+// DKV_STAGE_WORDS (flash_bwd_dkv_2). The emulator faults on a kernel that
+// reads past what it is given.
+func flashBackwardShared(hd int, dkv bool) int {
+	const bk, bq, faBK = 32, 16, 64 // flash.cu's FB_BK, FB_BQ, FA_BK
+	kp := hd/2 + 4
+	if dkv {
+		return 4 * (faBK*kp + 2*(2*bq*kp+2*hd*(bq/2+4)+3*bq))
+	}
+	return 4 * 2 * (2*bk*kp + hd*(bk/2+4))
+}
+
 // FlashAttentionBackward computes FlashAttention's gradients dq, dk and dv
 // for the upstream gradient dout, from its out and lse; dsum [rows, heads]
 // is scratch (D = dO·O per row and head). Two passes, no atomics. s is a
@@ -457,11 +498,19 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv, dsum, dout, ou
 		func() error { return o.rowsBF16(s.dout, dout, T, qd) },
 		func() error { return o.colsBF16(s.doutT, dout, T, qd, s.pad) },
 		func() error {
-			return o.Launch("flash.cu", fmt.Sprintf("flash_bwd_dq_%d", s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: 128},
+			name, shared := "flash_bwd_dq_%d", 0
+			if !o.FlashBackwardSingle {
+				name, shared = "flash_bwd_dq_2_%d", flashBackwardShared(s.hd, false)
+			}
+			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: 128}, shared,
 				dq, dsum, dout, out, lse, s.q, s.dout, s.k, s.kt, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
 		},
 		func() error {
-			return o.Launch("flash.cu", fmt.Sprintf("flash_bwd_dkv_%d", s.hd), Dim3{X: (T + 63) / 64, Y: s.kv}, Dim3{X: 128},
+			name, shared := "flash_bwd_dkv_%d", 0
+			if !o.FlashBackwardSingle {
+				name, shared = "flash_bwd_dkv_2_%d", flashBackwardShared(s.hd, true)
+			}
+			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + 63) / 64, Y: s.kv}, Dim3{X: 128}, shared,
 				dk, dv, lse, dsum, s.q, s.qt, s.dout, s.doutT, s.k, s.v, seqStart, seqEnd, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
 		},
 	} {

@@ -125,7 +125,8 @@ bool check_range(const char* what, uint64_t p, uint64_t n) {
 
 struct Module {
   void* handle;
-  int (*launch)(void (*)(void**), void**, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, char*, int);
+  int (*launch)(void (*)(void**), void**, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, char*,
+                int);
 };
 
 struct Function {
@@ -137,13 +138,16 @@ struct Function {
   // graph, which runs after the caller's parameter memory is gone) and
   // returns how many; null for a module built before graphs were emulated.
   int (*pack)(void**, uint64_t*, int);
+  // max_shared is the most dynamic shared memory a launch may ask for:
+  // 48 KiB, or what cuFuncSetAttribute allowed, as on a GPU.
+  unsigned max_shared = 48 * 1024;
 };
 
 // A Node is one step of a graph: a kernel launch with its parameters'
 // values, or a step recorded by the emulator's cuBLASLt (run(ctx)).
 struct Node {
   Function* f = nullptr;
-  unsigned grid[3], block[3];
+  unsigned grid[3], block[3], shared = 0;
   std::vector<uint64_t> params;
   int (*run)(void*) = nullptr;
   void* ctx = nullptr;
@@ -389,7 +393,7 @@ API CUresult cuModuleGetFunction(uintptr_t* fn, uintptr_t mod, const char* name)
   void* t = dlsym(m->handle, thunk.c_str());
   const int* b = (const int*)dlsym(m->handle, bounds.c_str());
   if (!t || !b) return NOT_FOUND;
-  Function* f = new Function{m, nullptr, *b, name, nullptr};
+  Function* f = new Function{m, nullptr, *b, name, nullptr, 48 * 1024};
   *(void**)&f->thunk = t;
   *(void**)&f->pack = dlsym(m->handle, (std::string("keel_emu_pack_") + name).c_str());
   *fn = (uintptr_t)f;
@@ -397,17 +401,22 @@ API CUresult cuModuleGetFunction(uintptr_t* fn, uintptr_t mod, const char* name)
 }
 API CUresult cuFuncSetAttribute(uintptr_t fn, int attr, int v) {
   if (!fn) return INVALID_HANDLE;
-  if (attr == 8 && v >= 0 && v <= 227 * 1024) return OK;  // max dynamic shared memory
+  if (attr == 8 && v >= 0 && v <= 227 * 1024) {  // max dynamic shared memory
+    ((Function*)fn)->max_shared = (unsigned)v;
+    return OK;
+  }
   complain("cuFuncSetAttribute", "attribute " + std::to_string(attr) + " = " + std::to_string(v) + " is not emulated");
   return INVALID_VALUE;
 }
 // run_launch runs one kernel launch (of cuLaunchKernel, or a graph's).
 CUresult run_launch(Function* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                    void** params) {
-  if (trace()) fprintf(stderr, "emu: launch %s grid %u,%u,%u block %u,%u,%u\n", f->name.c_str(), gx, gy, gz, bx, by, bz);
+                    unsigned shared, void** params) {
+  if (trace())
+    fprintf(stderr, "emu: launch %s grid %u,%u,%u block %u,%u,%u shared %u\n", f->name.c_str(), gx, gy, gz, bx, by, bz,
+            shared);
   char err[600];
   const double t0 = profiling() ? now_ms() : 0;
-  if (f->mod->launch(f->thunk, params, gx, gy, gz, bx, by, bz, err, sizeof err) != 0) {
+  if (f->mod->launch(f->thunk, params, gx, gy, gz, bx, by, bz, shared, err, sizeof err) != 0) {
     complain(f->name.c_str(), err);
     return LAUNCH_FAILED;
   }
@@ -441,9 +450,10 @@ API CUresult cuLaunchKernel(uintptr_t fn, unsigned gx, unsigned gy, unsigned gz,
     complain(f->name.c_str(), "launch with extra parameters: not emulated");
     return NOT_SUPPORTED;
   }
-  if (shared > 0) {
-    complain(f->name.c_str(), "dynamic shared memory: not emulated (no kernel of keel's uses it)");
-    return NOT_SUPPORTED;
+  if (shared > f->max_shared) {
+    complain(f->name.c_str(), std::to_string(shared) + " bytes of dynamic shared memory, above the kernel's " +
+                                  std::to_string(f->max_shared) + " (cuFuncSetAttribute raises it)");
+    return INVALID_VALUE;
   }
   const unsigned long threads = (unsigned long)bx * by * bz;
   if (gx == 0 || gy == 0 || gz == 0 || gy > 65535 || gz > 65535 || bz > 64 || threads > (unsigned long)f->bounds) {
@@ -461,6 +471,7 @@ API CUresult cuLaunchKernel(uintptr_t fn, unsigned gx, unsigned gy, unsigned gz,
     n.f = f;
     n.grid[0] = gx, n.grid[1] = gy, n.grid[2] = gz;
     n.block[0] = bx, n.block[1] = by, n.block[2] = bz;
+    n.shared = shared;
     n.params.resize(64);
     int np = f->pack(params, n.params.data(), 64);
     if (np < 0) {
@@ -472,7 +483,7 @@ API CUresult cuLaunchKernel(uintptr_t fn, unsigned gx, unsigned gy, unsigned gz,
     st->capture->nodes->nodes.push_back(std::move(n));
     return OK;
   }
-  return run_launch(f, gx, gy, gz, bx, by, bz, params);
+  return run_launch(f, gx, gy, gz, bx, by, bz, shared, params);
 }
 
 // keel_emu_capture_node records a step of the emulator's cuBLASLt into
@@ -567,7 +578,8 @@ API CUresult cuGraphLaunch(uintptr_t exec, uintptr_t s) {
     }
     std::vector<void*> ptrs(n.params.size());
     for (size_t i = 0; i < ptrs.size(); i++) ptrs[i] = &n.params[i];
-    CUresult r = run_launch(n.f, n.grid[0], n.grid[1], n.grid[2], n.block[0], n.block[1], n.block[2], ptrs.data());
+    CUresult r =
+        run_launch(n.f, n.grid[0], n.grid[1], n.grid[2], n.block[0], n.block[1], n.block[2], n.shared, ptrs.data());
     if (r != OK) return r;
   }
   return OK;

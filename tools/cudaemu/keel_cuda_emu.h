@@ -44,6 +44,11 @@
 // memory the block has not written shows, as it would on a GPU, where it
 // holds whatever the last block left.
 #define __shared__ static __attribute__((section("keel_emu_shared"), aligned(16)))
+// KEEL_CUDA_EMU tells a kernel source it is compiled by the emulator:
+// prelude.cuh's KEEL_DYNAMIC_SHARED then takes the launch's dynamic shared
+// memory from keel_emu::dyn_shared (set to 0xff before every block, as the
+// static shared memory is) instead of an extern __shared__ array.
+#define KEEL_CUDA_EMU 1
 extern "C" char __start_keel_emu_shared[] __attribute__((weak, visibility("hidden")));
 extern "C" char __stop_keel_emu_shared[] __attribute__((weak, visibility("hidden")));
 
@@ -104,6 +109,15 @@ struct Runner {
 // runner is the module's one runner; launches take turns (launch_mu).
 inline Runner* runner = nullptr;
 inline std::mutex launch_mu;
+
+// dyn_shared is the current launch's dynamic shared memory, dyn_bytes
+// long, 16-byte aligned and ending where a page without access begins, so
+// that a kernel reading past what its launch gave it faults. The mapping
+// (dyn_map, dyn_pages pages and the guard) is kept between launches and
+// grown as asked.
+inline unsigned char* dyn_shared = nullptr;
+inline unsigned char* dyn_map = nullptr;
+inline unsigned long dyn_bytes = 0, dyn_pages = 0;
 
 }  // namespace keel_emu
 
@@ -317,6 +331,7 @@ inline bool run_block(Runner* r) {
   }
   if (__start_keel_emu_shared != __stop_keel_emu_shared)
     memset(__start_keel_emu_shared, 0xff, __stop_keel_emu_shared - __start_keel_emu_shared);
+  if (dyn_bytes > 0) memset(dyn_shared, 0xff, dyn_bytes);
   const int nw = (n + 31) / 32;
   memset(r->warps, 0, sizeof(Warp) * nw);
   for (int k = 0; k < nw; k++) {
@@ -487,11 +502,12 @@ inline int pack(void (*k)(A...), void** p, unsigned long* out, int cap) {
 }  // namespace keel_emu
 
 // keel_emu_launch runs a kernel (its thunk) over the grid, blocks one after
-// another. It returns 0, or -1 with a message in err.
+// another, each with shared bytes of dynamic shared memory. It returns 0,
+// or -1 with a message in err.
 extern "C" __attribute__((visibility("default"))) int keel_emu_launch(void (*thunk)(void**), void** params,
                                                                       unsigned gx, unsigned gy, unsigned gz,
                                                                       unsigned bx, unsigned by, unsigned bz,
-                                                                      char* err, int errlen) {
+                                                                      unsigned shared, char* err, int errlen) {
   using namespace keel_emu;
   std::lock_guard<std::mutex> lock(launch_mu);
   const unsigned long n = (unsigned long)bx * by * bz;
@@ -504,6 +520,20 @@ extern "C" __attribute__((visibility("default"))) int keel_emu_launch(void (*thu
     snprintf(err, errlen, "cannot map the fibers' stacks");
     return -1;
   }
+  const unsigned long rounded = (shared + 15ul) / 16 * 16, pages = (rounded + 4095) / 4096;
+  if (pages > dyn_pages) {
+    if (dyn_map) munmap(dyn_map, (dyn_pages + 1) * 4096);
+    void* m = mmap(nullptr, (pages + 1) * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+      dyn_map = nullptr, dyn_pages = 0;
+      snprintf(err, errlen, "cannot map %u bytes of dynamic shared memory", shared);
+      return -1;
+    }
+    dyn_map = (unsigned char*)m, dyn_pages = pages;
+    mprotect(dyn_map + pages * 4096, 4096, PROT_NONE);
+  }
+  dyn_shared = dyn_map ? dyn_map + dyn_pages * 4096 - rounded : nullptr;
+  dyn_bytes = shared;
   r->thunk = thunk;
   r->params = params;
   r->failed = false;

@@ -50,6 +50,7 @@ static int (*cuModuleLoadData)(uintptr_t*, const void*);
 static int (*cuModuleGetFunction)(uintptr_t*, uintptr_t, const char*);
 static int (*cuLaunchKernel)(uintptr_t, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, uintptr_t,
                              void**, void**);
+static int (*cuFuncSetAttribute)(uintptr_t, int, int);
 
 static const char* kPrelude = "typedef unsigned int u32;\n";
 
@@ -166,7 +167,47 @@ extern "C" __global__ void racy(u32* out) {
 extern "C" __global__ void overrun(float* out, int n) {
   if (threadIdx.x <= n) out[threadIdx.x] = 1.f;
 }
+
+// Reverses the block's values through n floats of dynamic shared memory
+// (the launch's bytes), poisoned before each block: out gets the poison
+// where a thread reads past what the block wrote.
+extern "C" __global__ void dyn_reverse(float* out, const float* in, int n) {
+  float* s = (float*)keel_emu::dyn_shared;
+  if (threadIdx.x < n) s[threadIdx.x] = in[blockIdx.x * blockDim.x + threadIdx.x];
+  __syncthreads();
+  out[blockIdx.x * blockDim.x + threadIdx.x] = s[blockDim.x - 1 - threadIdx.x];
+}
 )";
+
+static void test_dynamic_shared(uintptr_t mod) {
+  const int blocks = 2, threads = 64;
+  std::vector<float> in(blocks * threads), out(blocks * threads);
+  for (size_t i = 0; i < in.size(); i++) in[i] = (float)i;
+  uint64_t din = alloc(in.size() * 4), dout = alloc(out.size() * 4);
+  cuHtoD(din, in.data(), in.size() * 4);
+  uintptr_t f = function(mod, "dyn_reverse");
+  int n = threads;
+  std::vector<void*> args = {&dout, &din, &n};
+  CHECK(cuLaunchKernel(f, blocks, 1, 1, threads, 1, 1, threads * 4, 0, args.data(), nullptr) == 0, "dyn_reverse failed");
+  cuDtoH(out.data(), dout, out.size() * 4);
+  for (int b = 0; b < blocks; b++)
+    for (int i = 0; i < threads; i++)
+      CHECK(out[b * threads + i] == in[b * threads + threads - 1 - i], "dynamic shared memory: block %d thread %d got %g",
+            b, i, out[b * threads + i]);
+  // The second block's first half reads the poison the first left none of.
+  n = threads / 2;
+  CHECK(cuLaunchKernel(f, blocks, 1, 1, threads, 1, 1, threads * 4, 0, args.data(), nullptr) == 0, "dyn_reverse failed");
+  cuDtoH(out.data(), dout, out.size() * 4);
+  CHECK(isnan(out[threads]), "dynamic shared memory not poisoned before a block: %g", out[threads]);
+  // Above 48 KiB only after cuFuncSetAttribute, as on a GPU.
+  CHECK(cuLaunchKernel(f, 1, 1, 1, threads, 1, 1, 64 << 10, 0, args.data(), nullptr) != 0,
+        "64 KiB of dynamic shared memory without cuFuncSetAttribute launched");
+  CHECK(cuFuncSetAttribute(f, 8, 64 << 10) == 0, "cuFuncSetAttribute(64 KiB) failed");
+  CHECK(cuLaunchKernel(f, 1, 1, 1, threads, 1, 1, 64 << 10, 0, args.data(), nullptr) == 0,
+        "64 KiB of dynamic shared memory after cuFuncSetAttribute failed");
+  cuMemFree(din);
+  cuMemFree(dout);
+}
 
 static void test_block_sums(uintptr_t mod) {
   const int blocks = 3;
@@ -318,12 +359,14 @@ int main(int argc, char** argv) {
   cuModuleLoadData = sym<decltype(cuModuleLoadData)>(cuda, "cuModuleLoadData");
   cuModuleGetFunction = sym<decltype(cuModuleGetFunction)>(cuda, "cuModuleGetFunction");
   cuLaunchKernel = sym<decltype(cuLaunchKernel)>(cuda, "cuLaunchKernel");
+  cuFuncSetAttribute = sym<decltype(cuFuncSetAttribute)>(cuda, "cuFuncSetAttribute");
   cuInit(0);
   uintptr_t mod = module(kKernels);
   test_block_sums(mod);
   test_undefined(mod);
   test_race_shows(mod);
   test_overrun_stops(mod);
+  test_dynamic_shared(mod);
   test_cublaslt();
   if (failures) {
     fprintf(stderr, "emulator self-test: %d failures\n", failures);

@@ -14,7 +14,8 @@
 #          (fp32, bf16 autocast) on the Qwen3-0.6B and 30B-A3B shapes
 #   profile  bf16 training, issue 24's rows (Qwen3-0.6B at 8 x 2048 and
 #          2 x 16384, the MoE shape): keel (with flash.cu's narrow and wide
-#          forward, KEEL_FLASH_FWD) and PyTorch, keel again with
+#          forward, KEEL_FLASH_FWD, and on the first shape its one-stage
+#          backward, KEEL_FLASH_BWD=single) and PyTorch, keel again with
 #          KEEL_CUDA_PROFILE=1 (the time of every kernel and product);
 #          then a profiled bf16 decode at 256 sequences
 #   gemm   keel's fp32 GEMM and cuBLASLt's bf16 on a 0.6B layer's shapes
@@ -204,9 +205,14 @@ if [[ " $sections " == *" profile "* ]]; then
     ck=; [ $7 = yes ] && ck=--checkpoint
     tag=$1-$3x$4
     args="--device cuda --train-precision bf16 $rc --presets $1 --layers $2 --vocab 151936 --seqs $3 --len $4 --time 1ms --json --no-decode --no-rl"
-    for fwd in narrow wide; do
-      KEEL_FLASH_FWD=$fwd timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-$fwd.json" 2> "$out/bench-keel-$tag-$fwd.err"
-      echo "  keel $1 bf16, layers $2, $3 x $4 ${rc:-}, flash forward $fwd: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-$fwd.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-$fwd.err")"
+    # flash.cu's forward (narrow, wide) and backward (two stages, the
+    # default; one stage on the first shape only, for the A/B).
+    variants="narrow/two wide/two"
+    [ $tag = qwen3-0.6b-8x2048 ] && variants="$variants narrow/single"
+    for v in $variants; do
+      fwd=${v%/*} bwd=${v#*/} vt=${v%/*}-${v#*/}
+      KEEL_FLASH_FWD=$fwd KEEL_FLASH_BWD=$bwd timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-$vt.json" 2> "$out/bench-keel-$tag-$vt.err"
+      echo "  keel $1 bf16, layers $2, $3 x $4 ${rc:-}, flash forward $fwd, backward $bwd stage(s): exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-$vt.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-$vt.err")"
     done
     timeout 150 python3 tools/gpu/torch_train.py --preset $1 --layers $2 --seqs $3 --len $4 --mode bf16 --micro $6 $ck \
       > "$out/bench-torch-$tag.json" 2> "$out/bench-torch-$tag.err"

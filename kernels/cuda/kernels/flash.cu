@@ -350,13 +350,32 @@ __device__ __forceinline__ void flash_fwd(u32* Ks, u32* Vt, float* __restrict__ 
   }
 }
 
+// dq_tile_copy copies the dQ pass's key tile from key jt into stage S:
+// K row-major (FB_BK rows of KP words), V row-major after it, and K
+// transposed (HD rows of TP words) after that.
+template <int HD>
+__device__ __forceinline__ void dq_tile_copy(u32* Ks, u32* Kt, u32* Vs, const bf16_t* __restrict__ kb,
+                                             const bf16_t* __restrict__ kt, const bf16_t* __restrict__ vb, int jt,
+                                             int grp, i64 kvd, int Tp, int async) {
+  constexpr int KP = HD / 2 + 4, TP = FB_BK / 2 + 4;
+  copy_rows<HD>(Ks, KP, kb + (i64)jt * kvd + (i64)grp * HD, kvd, FB_BK, async);
+  copy_cols<HD>(Kt, TP, kt + (i64)grp * HD * Tp + jt, Tp, FB_BK, async);
+  copy_rows<HD>(Vs, KP, vb + (i64)jt * kvd + (i64)grp * HD, kvd, FB_BK, async);
+}
+
+// dqStageWords is the shared memory of one stage of flash_bwd_dq, in
+// words.
+#define DQ_STAGE_WORDS(HD) (2 * FB_BK * ((HD) / 2 + 4) + (HD) * (FB_BK / 2 + 4))
+
 // flash_bwd_dq: for query rows i and head h, D_i = dO_i.O_i (into dsum)
 // and dq_i = scale * sum_j P_ij (dO_i.v_j - D_i) k_j, P recomputed from
 // lse. Blocks as flash_fwd's; key tiles of FB_BK, K in shared memory
 // row-major (kb) and transposed (kt), V row-major (vb); Q and dO from qb
-// and dob. grid = (ceil(T/FA_BQ), heads), block 128.
-template <int HD>
-__device__ __forceinline__ void flash_bwd_dq(u32* Ks, u32* Kt, u32* Vs, float* __restrict__ dq, float* __restrict__ dsum,
+// and dob. With STAGES = 2 the next key tile's copy is in flight while
+// this one's products run (smem holds two stages of DQ_STAGE_WORDS; the
+// same bits as one stage). grid = (ceil(T/FA_BQ), heads), block 128.
+template <int HD, int STAGES>
+__device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Kt0, u32* Vs0, float* __restrict__ dq, float* __restrict__ dsum,
                                              const float* __restrict__ dout, const float* __restrict__ out,
                                              const float* __restrict__ lse, const bf16_t* __restrict__ qb,
                                              const bf16_t* __restrict__ dob, const bf16_t* __restrict__ kb,
@@ -364,6 +383,7 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks, u32* Kt, u32* Vs, float* _
                                              const int* __restrict__ seq_start, int T, int Tp, int heads, int kv,
                                              float scale, int async) {
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, TP = FB_BK / 2 + 4;
+  constexpr int SW = DQ_STAGE_WORDS(HD);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int i0 = blockIdx.x * FA_BQ, h = blockIdx.y, grp = h / (heads / kv);
   const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
@@ -396,74 +416,139 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks, u32* Kt, u32* Vs, float* _
   float acc[ND][4];
 #pragma unroll
   for (int n = 0; n < ND; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-  for (int jt = seq_start[i0] & -FB_BK; jt <= last; jt += FB_BK) {
-    __syncthreads();
-    copy_rows<HD>(Ks, KP, kb + (i64)jt * kvd + (i64)grp * HD, kvd, FB_BK, async);
-    copy_cols<HD>(Kt, TP, kt + (i64)grp * HD * Tp + jt, Tp, FB_BK, async);
-    copy_rows<HD>(Vs, KP, vb + (i64)jt * kvd + (i64)grp * HD, kvd, FB_BK, async);
-    copies_done(async);
-    __syncthreads();
-    if (i0 + 16 * w + 15 < jt) continue;
-    float s[FB_BK / 8][4], dp[FB_BK / 8][4];
+  const int j0 = seq_start[i0] & -FB_BK;
+  if (STAGES == 2) {  // the first tile's copy
+    dq_tile_copy<HD>(Ks0, Kt0, Vs0, kb, kt, vb, j0, grp, kvd, Tp, async);
+    copies_commit(async);
+  }
+  for (int jt = j0, stage = 0; jt <= last; jt += FB_BK, stage ^= STAGES - 1) {
+    u32 *Ks = Ks0 + stage * SW, *Kt = Kt0 + stage * SW, *Vs = Vs0 + stage * SW;
+    if (STAGES == 2) {
+      // The next tile's copy into the other stage, which every warp is
+      // done with (the barrier at the end of the last iteration).
+      const int o = (stage ^ 1) * SW;
+      if (jt + FB_BK <= last) dq_tile_copy<HD>(Ks0 + o, Kt0 + o, Vs0 + o, kb, kt, vb, jt + FB_BK, grp, kvd, Tp, async);
+      copies_commit(async);  // perhaps empty: wait_prev then still means this tile
+      copies_wait_prev(async);
+      __syncthreads();
+    } else {
+      __syncthreads();
+      dq_tile_copy<HD>(Ks, Kt, Vs, kb, kt, vb, jt, grp, kvd, Tp, async);
+      copies_done(async);
+      __syncthreads();
+    }
+    if (i0 + 16 * w + 15 >= jt) {  // else every key of the tile is after the warp's rows
+      float s[FB_BK / 8][4], dp[FB_BK / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < FB_BK / 8; nt++) {
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-      dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] = 0.f;
+      for (int nt = 0; nt < FB_BK / 8; nt++) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+        dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] = 0.f;
 #pragma unroll
-      for (int ks = 0; ks < KS; ks++) {
-        const int o = (nt * 8 + g) * KP + ks * 8 + t;
-        const u32 bk[2] = {Ks[o], Ks[o + 4]}, bv[2] = {Vs[o], Vs[o + 4]};
-        mma16816(s[nt], qa[ks], bk);
-        mma16816(dp[nt], da[ks], bv);
+        for (int ks = 0; ks < KS; ks++) {
+          const int o = (nt * 8 + g) * KP + ks * 8 + t;
+          const u32 bk[2] = {Ks[o], Ks[o + 4]}, bv[2] = {Vs[o], Vs[o + 4]};
+          mma16816(s[nt], qa[ks], bk);
+          mma16816(dp[nt], da[ks], bv);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int j = jt + nt * 8 + 2 * t + (e & 1), r = e < 2 ? r0 : r1, st = e < 2 ? st0 : st1;
+          const float p = (j <= r && j >= st && r < T) ? exp2f(s[nt][e] * sl2 - (e < 2 ? L0 : L1)) : 0.f;
+          s[nt][e] = p * (dp[nt][e] - (e < 2 ? D0 : D1));  // dS, before the scale
+        }
       }
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int j = jt + nt * 8 + 2 * t + (e & 1), r = e < 2 ? r0 : r1, st = e < 2 ? st0 : st1;
-        const float p = (j <= r && j >= st && r < T) ? exp2f(s[nt][e] * sl2 - (e < 2 ? L0 : L1)) : 0.f;
-        s[nt][e] = p * (dp[nt][e] - (e < 2 ? D0 : D1));  // dS, before the scale
+      for (int kk = 0; kk < FB_BK / 16; kk++) {
+        u32 a[4];
+        c_to_a(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+        for (int n = 0; n < ND; n++) {
+          const u32 b[2] = {Kt[(n * 8 + g) * TP + kk * 8 + t], Kt[(n * 8 + g) * TP + kk * 8 + t + 4]};
+          mma16816(acc[n], a, b);
+        }
       }
     }
-#pragma unroll
-    for (int kk = 0; kk < FB_BK / 16; kk++) {
-      u32 a[4];
-      c_to_a(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int n = 0; n < ND; n++) {
-        const u32 b[2] = {Kt[(n * 8 + g) * TP + kk * 8 + t], Kt[(n * 8 + g) * TP + kk * 8 + t + 4]};
-        mma16816(acc[n], a, b);
-      }
-    }
+    if (STAGES == 2) __syncthreads();  // this stage is free for the copy after next
   }
   store_tile<HD>(dq + (i64)h * HD, qd, acc, r0, T, scale, scale, t);
+}
+
+// dkv_tile_copy copies the dK/dV pass's query tile (rows it.., head h)
+// into stage S: Q and dO row-major (FB_BQ rows of KP words each), then Q
+// and dO transposed (HD rows of TP words each).
+template <int HD>
+__device__ __forceinline__ void dkv_tile_copy(u32* S, const bf16_t* __restrict__ qb, const bf16_t* __restrict__ qt,
+                                              const bf16_t* __restrict__ dob, const bf16_t* __restrict__ dot, int it,
+                                              int h, i64 qd, int Tp, int async) {
+  constexpr int KP = HD / 2 + 4, TP = FB_BQ / 2 + 4, RW = FB_BQ * KP, CW = HD * TP;
+  const i64 rb = (i64)it * qd + (i64)h * HD, cb = (i64)h * HD * Tp + it;
+  copy_rows<HD>(S, KP, qb + rb, qd, FB_BQ, async);
+  copy_rows<HD>(S + RW, KP, dob + rb, qd, FB_BQ, async);
+  copy_cols<HD>(S + 2 * RW, TP, qt + cb, Tp, FB_BQ, async);
+  copy_cols<HD>(S + 2 * RW + CW, TP, dot + cb, Tp, FB_BQ, async);
+}
+
+// DKV_STAGE_WORDS is the shared memory of one stage of flash_bwd_dkv, in
+// words: dkv_tile_copy's tiles, then the tile's log2-scaled lse, D and
+// sequence starts (FB_BQ each); DKV_V_WORDS the block's V before them.
+#define DKV_STAGE_WORDS(HD) (2 * FB_BQ * ((HD) / 2 + 4) + 2 * (HD) * (FB_BQ / 2 + 4) + 3 * FB_BQ)
+#define DKV_V_WORDS(HD) (FA_BK * ((HD) / 2 + 4))
+
+// dkv_row_stats reads query row i's log2-scaled lse, D and sequence start
+// for head h (zeros and T past the last row).
+__device__ __forceinline__ void dkv_row_stats(float& L, float& D, int& st, const float* __restrict__ lse,
+                                              const float* __restrict__ dsum, const int* __restrict__ seq_start,
+                                              int i, int h, int T, int heads) {
+  L = i < T ? lse[(i64)i * heads + h] * FA_LOG2E : 0.f;
+  D = i < T ? dsum[(i64)i * heads + h] : 0.f;
+  st = i < T ? seq_start[i] : T;
 }
 
 // flash_bwd_dkv: for key rows j and KV head grp, over the query heads of
 // the group and the rows i >= j of the sequence: dv_j = sum P_ij dO_i and
 // dk_j = scale * sum P_ij (dO_i.v_j - D_i) q_i. A block takes FA_BK keys,
 // warp w keys 16w..16w+15 (K as A fragments in registers, V in shared
-// memory), and walks the queries in tiles of FB_BQ (Q and dO in shared
-// memory row-major, from qb and dob, and transposed, from qt and dot).
-// grid = (ceil(T/FA_BK), kv), block 128.
-template <int HD>
-__device__ __forceinline__ void flash_bwd_dkv(u32* Vs, u32* Qs, u32* Qt, u32* Ds, u32* Dt, float* Ls, float* Dd, int* Ss,
-                                              float* __restrict__ dk, float* __restrict__ dv,
+// memory), and walks the queries of each head in turn in tiles of FB_BQ (Q
+// and dO in shared memory row-major, from qb and dob, and transposed, from
+// qt and dot). With STAGES = 2 the next tile's copy is in flight while
+// this one's products run, and its rows' lse, D and starts are read into
+// registers then (the same bits as one stage). smem: DKV_V_WORDS, then
+// STAGES of DKV_STAGE_WORDS. grid = (ceil(T/FA_BK), kv), block 128.
+template <int HD, int STAGES>
+__device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk, float* __restrict__ dv,
                                               const float* __restrict__ lse, const float* __restrict__ dsum,
                                               const bf16_t* __restrict__ qb, const bf16_t* __restrict__ qt,
                                               const bf16_t* __restrict__ dob, const bf16_t* __restrict__ dot,
                                               const bf16_t* __restrict__ kb, const bf16_t* __restrict__ vb,
                                               const int* __restrict__ seq_start, const int* __restrict__ seq_end, int T,
                                               int Tp, int heads, int kv, float scale, int async) {
-  constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, TP = FB_BQ / 2 + 4;
+  constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, TP = FB_BQ / 2 + 4, RW = FB_BQ * KP, CW = HD * TP;
+  constexpr int SW = DKV_STAGE_WORDS(HD);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int j0 = blockIdx.x * FA_BK, grp = blockIdx.y, group = heads / kv;
   const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
   const int last = min(T, j0 + FA_BK) - 1, qend = seq_end[last];
   const int kr0 = j0 + 16 * w + g, kr1 = kr0 + 8;
+  const int h0 = grp * group, h1 = h0 + group;
+  u32* Vs = smem;
+  u32* stages = smem + DKV_V_WORDS(HD);
+  // V's copy completes with the first query tile's.
+  copy_rows<HD>(Vs, KP, vb + (i64)j0 * kvd + (i64)grp * HD, kvd, FA_BK, async);
+  if (STAGES == 2) {
+    dkv_tile_copy<HD>(stages, qb, qt, dob, dot, j0, h0, qd, Tp, async);
+    copies_commit(async);
+    if (threadIdx.x < FB_BQ) {
+      float L, D;
+      int st;
+      dkv_row_stats(L, D, st, lse, dsum, seq_start, j0 + threadIdx.x, h0, T, heads);
+      float* f = (float*)(stages + 2 * RW + 2 * CW);
+      f[threadIdx.x] = L;
+      f[FB_BQ + threadIdx.x] = D;
+      ((int*)f)[2 * FB_BQ + threadIdx.x] = st;
+    }
+  }
   u32 ka[KS][4];
   load_a<HD>(ka, kb + (i64)j0 * kvd + (i64)grp * HD, kvd, 16 * w + g, t);
-  // V's copy completes with the first query tile's (copies_done waits for
-  // all of a thread's copies).
-  copy_rows<HD>(Vs, KP, vb + (i64)j0 * kvd + (i64)grp * HD, kvd, FA_BK, async);
   float dka[ND][4], dva[ND][4];
 #pragma unroll
   for (int n = 0; n < ND; n++) {
@@ -471,23 +556,41 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* Vs, u32* Qs, u32* Qt, u32* Ds
     dva[n][0] = dva[n][1] = dva[n][2] = dva[n][3] = 0.f;
   }
   const float sl2 = scale * FA_LOG2E;
-  for (int h = grp * group; h < (grp + 1) * group; h++) {
-    for (int it = j0; it < qend; it += FB_BQ) {
+  // The query tiles (h, it), head by head; stage alternates with STAGES = 2.
+  for (int h = h0, it = j0, stage = 0; h < h1; stage ^= STAGES - 1) {
+    int nh = h, nit = it + FB_BQ;  // the next tile
+    if (nit >= qend) nh = h + 1, nit = j0;
+    u32* S = stages + stage * SW;
+    float nL = 0.f, nD = 0.f;
+    int nst = 0;
+    if (STAGES == 2) {
+      if (nh < h1) {
+        dkv_tile_copy<HD>(stages + (stage ^ 1) * SW, qb, qt, dob, dot, nit, nh, qd, Tp, async);
+        if (threadIdx.x < FB_BQ) dkv_row_stats(nL, nD, nst, lse, dsum, seq_start, nit + threadIdx.x, nh, T, heads);
+      }
+      copies_commit(async);
+      copies_wait_prev(async);
       __syncthreads();
-      const i64 rb = (i64)it * qd + (i64)h * HD, cb = (i64)h * HD * Tp + it;
-      copy_rows<HD>(Qs, KP, qb + rb, qd, FB_BQ, async);
-      copy_cols<HD>(Qt, TP, qt + cb, Tp, FB_BQ, async);
-      copy_rows<HD>(Ds, KP, dob + rb, qd, FB_BQ, async);
-      copy_cols<HD>(Dt, TP, dot + cb, Tp, FB_BQ, async);
+    } else {
+      __syncthreads();
+      dkv_tile_copy<HD>(S, qb, qt, dob, dot, it, h, qd, Tp, async);
       if (threadIdx.x < FB_BQ) {
-        const int i = it + threadIdx.x;
-        Ls[threadIdx.x] = i < T ? lse[(i64)i * heads + h] * FA_LOG2E : 0.f;
-        Dd[threadIdx.x] = i < T ? dsum[(i64)i * heads + h] : 0.f;
-        Ss[threadIdx.x] = i < T ? seq_start[i] : T;
+        float L, D;
+        int st;
+        dkv_row_stats(L, D, st, lse, dsum, seq_start, it + threadIdx.x, h, T, heads);
+        float* f = (float*)(S + 2 * RW + 2 * CW);
+        f[threadIdx.x] = L;
+        f[FB_BQ + threadIdx.x] = D;
+        ((int*)f)[2 * FB_BQ + threadIdx.x] = st;
       }
       copies_done(async);
       __syncthreads();
-      if (it + FB_BQ - 1 < j0 + 16 * w) continue;  // every query of the tile is before the warp's keys
+    }
+    const u32 *Qs = S, *Ds = S + RW, *Qt = S + 2 * RW, *Dt = S + 2 * RW + CW;
+    const float* Ls = (const float*)(S + 2 * RW + 2 * CW);
+    const float* Dd = Ls + FB_BQ;
+    const int* Ss = (const int*)(Ls + 2 * FB_BQ);
+    if (it + FB_BQ - 1 >= j0 + 16 * w) {  // else every query of the tile is before the warp's keys
       float s[FB_BQ / 8][4], dp[FB_BQ / 8][4];
 #pragma unroll
       for (int nt = 0; nt < FB_BQ / 8; nt++) {
@@ -522,6 +625,18 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* Vs, u32* Qs, u32* Qt, u32* Ds
         mma16816(dka[n], sa, bq);
       }
     }
+    if (STAGES == 2) {
+      // The next tile's row statistics, read during this tile's products,
+      // into the other stage; then every warp is done with this stage.
+      if (nh < h1 && threadIdx.x < FB_BQ) {
+        float* f = (float*)(stages + (stage ^ 1) * SW + 2 * RW + 2 * CW);
+        f[threadIdx.x] = nL;
+        f[FB_BQ + threadIdx.x] = nD;
+        ((int*)f)[2 * FB_BQ + threadIdx.x] = nst;
+      }
+      __syncthreads();
+    }
+    h = nh, it = nit;
   }
   store_tile<HD>(dk + (i64)grp * HD, kvd, dka, kr0, T, scale, scale, t);
   store_tile<HD>(dv + (i64)grp * HD, kvd, dva, kr0, T, 1.f, 1.f, t);
@@ -543,28 +658,32 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* Vs, u32* Qs, u32* Qt, u32* Ds
       const float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ dob,               \
       const bf16_t *__restrict__ kb, const bf16_t *__restrict__ kt, const bf16_t *__restrict__ vb,                \
       const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, int async
-#define FLASH_DQ_BODY(HD)                                                                                         \
-  __shared__ u32x4 Ks[FB_BK * (HD / 2 + 4) / 4];                                                                  \
-  __shared__ u32x4 Kt[HD * (FB_BK / 2 + 4) / 4];                                                                  \
-  __shared__ u32x4 Vs[FB_BK * (HD / 2 + 4) / 4];                                                                  \
-  flash_bwd_dq<HD>((u32*)Ks, (u32*)Kt, (u32*)Vs, dq, dsum, dout, out, lse, qb, dob, kb, kt, vb, seq_start, T, Tp, \
-                   heads, kv, scale, async);
+#define FLASH_DQ_ARGS dq, dsum, dout, out, lse, qb, dob, kb, kt, vb, seq_start, T, Tp, heads, kv, scale, async
 #define FLASH_DKV_PARAMS                                                                                           \
   float *__restrict__ dk, float *__restrict__ dv, const float *__restrict__ lse, const float *__restrict__ dsum,     \
       const bf16_t *__restrict__ qb, const bf16_t *__restrict__ qt, const bf16_t *__restrict__ dob,                 \
       const bf16_t *__restrict__ dot, const bf16_t *__restrict__ kb, const bf16_t *__restrict__ vb,                 \
       const int *__restrict__ seq_start, const int *__restrict__ seq_end, int T, int Tp, int heads, int kv,          \
       float scale, int async
-#define FLASH_DKV_BODY(HD)                                                                                       \
-  __shared__ u32x4 Vs[FA_BK * (HD / 2 + 4) / 4];                                                                 \
-  __shared__ u32x4 Qs[FB_BQ * (HD / 2 + 4) / 4];                                                                 \
-  __shared__ u32x4 Qt[HD * (FB_BQ / 2 + 4) / 4];                                                                 \
-  __shared__ u32x4 Ds[FB_BQ * (HD / 2 + 4) / 4];                                                                 \
-  __shared__ u32x4 Dt[HD * (FB_BQ / 2 + 4) / 4];                                                                 \
-  __shared__ float Ls[FB_BQ], Dd[FB_BQ];                                                                         \
-  __shared__ int Ss[FB_BQ];                                                                                      \
-  flash_bwd_dkv<HD>((u32*)Vs, (u32*)Qs, (u32*)Qt, (u32*)Ds, (u32*)Dt, Ls, Dd, Ss, dk, dv, lse, dsum, qb, qt, dob, dot, \
-                    kb, vb, seq_start, seq_end, T, Tp, heads, kv, scale, async);
+#define FLASH_DKV_ARGS dk, dv, lse, dsum, qb, qt, dob, dot, kb, vb, seq_start, seq_end, T, Tp, heads, kv, scale, async
+// One stage in static shared memory; two (the pipelined kernels, _2) in
+// dynamic shared memory: Ops.FlashAttentionBackward launches them with
+// FlashBackwardShared's bytes.
+#define FLASH_DQ_BODY(HD)                                                      \
+  __shared__ u32x4 Ks[FB_BK * (HD / 2 + 4) / 4];                                 \
+  __shared__ u32x4 Kt[HD * (FB_BK / 2 + 4) / 4];                                 \
+  __shared__ u32x4 Vs[FB_BK * (HD / 2 + 4) / 4];                                 \
+  flash_bwd_dq<HD, 1>((u32*)Ks, (u32*)Kt, (u32*)Vs, FLASH_DQ_ARGS);
+#define FLASH_DQ2_BODY(HD)                                                     \
+  KEEL_DYNAMIC_SHARED(u32x4, dq##HD);                                          \
+  u32* sm = (u32*)dq##HD;                                                      \
+  flash_bwd_dq<HD, 2>(sm, sm + 2 * FB_BK * (HD / 2 + 4), sm + FB_BK * (HD / 2 + 4), FLASH_DQ_ARGS);
+#define FLASH_DKV_BODY(HD)                                             \
+  __shared__ u32x4 sm[(DKV_V_WORDS(HD) + DKV_STAGE_WORDS(HD)) / 4];    \
+  flash_bwd_dkv<HD, 1>((u32*)sm, FLASH_DKV_ARGS);
+#define FLASH_DKV2_BODY(HD)                             \
+  KEEL_DYNAMIC_SHARED(u32x4, dkv##HD);                  \
+  flash_bwd_dkv<HD, 2>((u32*)dkv##HD, FLASH_DKV_ARGS);
 
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_32(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(32, 1, FA_BK, 1) }
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_64(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(64, 1, FA_BK, 1) }
@@ -579,3 +698,10 @@ extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_128(FLASH_DQ_PARA
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_32(FLASH_DKV_PARAMS) { FLASH_DKV_BODY(32) }
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_64(FLASH_DKV_PARAMS) { FLASH_DKV_BODY(64) }
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_128(FLASH_DKV_PARAMS) { FLASH_DKV_BODY(128) }
+// The pipelined backward (dynamic shared memory: two stages).
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_2_32(FLASH_DQ_PARAMS) { FLASH_DQ2_BODY(32) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_2_64(FLASH_DQ_PARAMS) { FLASH_DQ2_BODY(64) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_2_128(FLASH_DQ_PARAMS) { FLASH_DQ2_BODY(128) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_2_32(FLASH_DKV_PARAMS) { FLASH_DKV2_BODY(32) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_2_64(FLASH_DKV_PARAMS) { FLASH_DKV2_BODY(64) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_2_128(FLASH_DKV_PARAMS) { FLASH_DKV2_BODY(128) }

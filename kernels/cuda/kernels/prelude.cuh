@@ -12,6 +12,18 @@ typedef unsigned short bf16_t;
 typedef unsigned int u32;
 typedef long long i64;
 
+// KEEL_DYNAMIC_SHARED(T, name) declares name, a T*, as the block's dynamic
+// shared memory (the launch's shared bytes; above 48 KiB a kernel needs
+// Function.SetMaxDynamicShared first). keel's CUDA emulator hands it a
+// buffer of its own instead of an extern __shared__ array.
+#ifdef KEEL_CUDA_EMU
+#define KEEL_DYNAMIC_SHARED(T, name) T* name = (T*)keel_emu::dyn_shared
+#else
+#define KEEL_DYNAMIC_SHARED(T, name) \
+  extern __shared__ T keel_dyn_##name[]; \
+  T* name = keel_dyn_##name
+#endif
+
 // KEEL_THREADS is the block size of the row kernels: rows of any length
 // are reduced by this many threads, so the order of additions depends on
 // the row length only.
