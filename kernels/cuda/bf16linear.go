@@ -47,6 +47,16 @@ func (l *BF16Linear) Free() {
 	*l = BF16Linear{}
 }
 
+// Copy16 is the bf16 copy of w, a span of the float32 arena: where an
+// optimiser that writes it as it updates w (train/cuda's adamw_bf16) puts
+// it, before Fresh.
+func (l *BF16Linear) Copy16(w Buffer) (Buffer, error) { return l.w16span(w) }
+
+// Fresh says the bf16 copy holds the float32 weights' current values
+// (every span written since they last changed): the next product uses it
+// as it is.
+func (l *BF16Linear) Fresh() { l.fresh = true }
+
 // Refresh rounds the weights again if they changed since the last
 // product (Stale): before recording or replaying a graph of products
 // (Ops.Capture), whose launches must not include it.

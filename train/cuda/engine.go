@@ -258,16 +258,23 @@ func (e *Engine) Step(lr, maxNorm float64) (float64, error) {
 	t := float64(e.step + 1)
 	bc1, bc2 := 1-math.Pow(c.Beta1, t), 1-math.Pow(c.Beta2, t)
 	scale := float32(train.ClipCoef(norm, maxNorm))
-	for _, p := range e.params {
+	for _, r := range e.decayRuns() {
 		decay := float32(1)
-		if c.DecayVectors || len(p.Shape) > 1 {
+		if r.decays {
 			decay = float32(1 - lr*c.WeightDecay)
 		}
-		n := p.Size()
-		err := e.ops.Launch("optim.cu", "adamw", kc.Dim3{X: min((n+255)/256, 4096)}, kc.Dim3{X: 256},
-			e.param(e.w, p), e.param(e.g, p), e.param(e.m, p), e.param(e.v, p), int64(n),
-			scale, decay, float32(c.Beta1), float32(1-c.Beta1), float32(c.Beta2), float32(1-c.Beta2),
-			float32(lr/bc1), float32(1/math.Sqrt(bc2)), float32(c.Eps))
+		w, g, m, v := sub(e.w, r.off, r.n), sub(e.g, r.off, r.n), sub(e.m, r.off, r.n), sub(e.v, r.off, r.n)
+		grid, consts := kc.Dim3{X: min((r.n+255)/256, 4096)}, []any{int64(r.n), scale, decay, float32(c.Beta1), float32(1 - c.Beta1),
+			float32(c.Beta2), float32(1 - c.Beta2), float32(lr / bc1), float32(1 / math.Sqrt(bc2)), float32(c.Eps)}
+		var err error
+		if e.bf != nil { // the bf16 copy of the weights in the same pass
+			var w16 Buffer
+			if w16, err = e.bf.Copy16(w); err == nil {
+				err = e.ops.Launch("optim.cu", "adamw_bf16", grid, kc.Dim3{X: 256}, append([]any{w, w16, g, m, v}, consts...)...)
+			}
+		} else {
+			err = e.ops.Launch("optim.cu", "adamw", grid, kc.Dim3{X: 256}, append([]any{w, g, m, v}, consts...)...)
+		}
 		if err != nil {
 			return 0, err
 		}
@@ -277,9 +284,33 @@ func (e *Engine) Step(lr, maxNorm float64) (float64, error) {
 	}
 	e.step++
 	if e.bf != nil {
-		e.bf.Stale()
+		e.bf.Fresh() // the runs cover the arena: every weight's copy was written
 	}
 	return norm, nil
+}
+
+// decayRun is a span of the arena whose parameters AdamW updates alike:
+// with weight decay or without.
+type decayRun struct {
+	off, n int
+	decays bool
+}
+
+// decayRuns splits the arena (the parameters in order) into the fewest
+// runs of parameters with the same decay, one AdamW launch each: every
+// element's arithmetic is the same as a launch per parameter, in far
+// fewer launches (an MoE layer's experts are one run).
+func (e *Engine) decayRuns() []decayRun {
+	var runs []decayRun
+	for _, p := range e.params {
+		decays := e.optCfg.DecayVectors || len(p.Shape) > 1
+		if k := len(runs) - 1; k >= 0 && runs[k].decays == decays && runs[k].off+runs[k].n == e.offs[p] {
+			runs[k].n += p.Size()
+			continue
+		}
+		runs = append(runs, decayRun{off: e.offs[p], n: p.Size(), decays: decays})
+	}
+	return runs
 }
 
 // gradNorm is the global gradient norm: sums of squares in float64 over

@@ -436,6 +436,28 @@ func TestEngineBF16(t *testing.T) {
 			if _, err := gpu.Step(1e-2, 1); err != nil {
 				t.Fatal(err)
 			}
+			// The step wrote the bf16 copy of the weights as it updated
+			// them (adamw_bf16): the rounding of every new float32 weight,
+			// bit for bit.
+			w := make([]float32, len(cpu.Model.Arena))
+			if err := kc.Download(dev, w, gpu.w); err != nil {
+				t.Fatal(err)
+			}
+			w16b, err := gpu.bf.Copy16(gpu.w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w16 := make([]uint16, len(w))
+			if err := kc.Download(dev, w16, w16b); err != nil {
+				t.Fatal(err)
+			}
+			want16 := make([]kernels.BF16, len(w))
+			kernels.ToBF16(want16, w)
+			for i := range w16 {
+				if w16[i] != uint16(want16[i]) {
+					t.Fatalf("after a step, bf16 weight %d is %#04x, the rounding of %v is %#04x", i, w16[i], w[i], uint16(want16[i]))
+				}
+			}
 			after, err := gpu.Forward(seqs, fo)
 			if err != nil {
 				t.Fatal(err)
@@ -588,5 +610,50 @@ func TestEngineHeadChunks(t *testing.T) {
 				t.Errorf("gradients in chunks of 7 rows against one chunk: relative error %.3g, limit %g", e, glimit)
 			}
 		})
+	}
+}
+
+// TestDecayRuns checks AdamW's launches (decayRun) by hand on tiny-moe:
+// the runs tile the arena in order, neighbours differ in decay (else they
+// would be one run), and each parameter lies in a run of its own kind.
+func TestDecayRuns(t *testing.T) {
+	cfg, err := model.Preset("tiny-moe", 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, vectors := range []bool{false, true} {
+		m := model.New(cfg)
+		e := &Engine{params: m.Params(), offs: map[*model.Param]int{}, optCfg: train.DefaultAdamWConfig()}
+		e.optCfg.DecayVectors = vectors
+		off := 0
+		for _, p := range e.params {
+			e.offs[p] = off
+			off += p.Size()
+		}
+		runs := e.decayRuns()
+		if vectors && len(runs) != 1 {
+			t.Errorf("every parameter decays: %d runs, want 1", len(runs))
+		}
+		end := 0
+		for i, r := range runs {
+			if r.off != end || r.n <= 0 || (i > 0 && runs[i-1].decays == r.decays) {
+				t.Fatalf("run %d %+v after %+v", i, r, runs[max(i-1, 0)])
+			}
+			end += r.n
+		}
+		if end != len(m.Arena) {
+			t.Errorf("runs cover %d of %d elements", end, len(m.Arena))
+		}
+		for _, p := range e.params {
+			o := e.offs[p]
+			for _, r := range runs {
+				if o >= r.off && o < r.off+r.n && r.decays != (vectors || len(p.Shape) > 1) {
+					t.Errorf("%s in a run with decay %v", p.Name, r.decays)
+				}
+			}
+		}
+		if !vectors {
+			t.Logf("tiny-moe: %d parameters, %d AdamW launches", len(e.params), len(runs))
+		}
 	}
 }

@@ -4,24 +4,43 @@
 // never compiles with fast math), so a GPU step gives the CPU's bits; and
 // the sum of squares of the global gradient norm in a fixed order.
 
-// adamw updates n parameters in place:
+// adamw_elem updates parameter i in place:
 //   g' = g*gscale; p' = p*decay; m = fma(g', omb1, m*b1);
 //   v = fma(g'^2, omb2, v*b2); p = fma(-m/fma(sqrt(v), isbc2, eps), step, p')
+// and returns the new p.
+__device__ __forceinline__ float adamw_elem(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+                                            float* __restrict__ v, i64 i, float gscale, float decay, float b1,
+                                            float omb1, float b2, float omb2, float step, float isbc2, float eps) {
+  const float gi = g[i] * gscale;
+  const float pi = p[i] * decay;
+  const float mi = fmaf(gi, omb1, m[i] * b1);
+  const float gg = gi * gi;
+  const float vi = fmaf(gg, omb2, v[i] * b2);
+  const float dn = fmaf(sqrtf(vi), isbc2, eps);
+  const float q = mi / dn;
+  const float pn = fmaf(-q, step, pi);
+  p[i] = pn;
+  m[i] = mi;
+  v[i] = vi;
+  return pn;
+}
+
+// adamw updates n parameters in place (adamw_elem).
 extern "C" __global__ void adamw(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
                                  float* __restrict__ v, i64 n, float gscale, float decay, float b1,
                                  float omb1, float b2, float omb2, float step, float isbc2, float eps) {
-  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
-    const float gi = g[i] * gscale;
-    const float pi = p[i] * decay;
-    const float mi = fmaf(gi, omb1, m[i] * b1);
-    const float gg = gi * gi;
-    const float vi = fmaf(gg, omb2, v[i] * b2);
-    const float dn = fmaf(sqrtf(vi), isbc2, eps);
-    const float q = mi / dn;
-    p[i] = fmaf(-q, step, pi);
-    m[i] = mi;
-    v[i] = vi;
-  }
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+    adamw_elem(p, g, m, v, i, gscale, decay, b1, omb1, b2, omb2, step, isbc2, eps);
+}
+
+// adamw_bf16 is adamw that also writes each new parameter rounded to bf16
+// into w16: the bf16 training mode's copy of the weights, made in the
+// optimiser's pass instead of one of its own.
+extern "C" __global__ void adamw_bf16(float* __restrict__ p, bf16_t* __restrict__ w16, const float* __restrict__ g,
+                                      float* __restrict__ m, float* __restrict__ v, i64 n, float gscale, float decay,
+                                      float b1, float omb1, float b2, float omb2, float step, float isbc2, float eps) {
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+    w16[i] = f32_to_bf16(adamw_elem(p, g, m, v, i, gscale, decay, b1, omb1, b2, omb2, step, isbc2, eps));
 }
 
 // sumsq_blocks: part[b] = sum of g[i]^2 in float64 over the block's
