@@ -209,7 +209,10 @@ func TestDeviceAttention(t *testing.T) {
 	for _, c := range []struct {
 		lens          []int
 		heads, kv, hd int
-	}{{[]int{1}, 1, 1, 2}, {[]int{5, 1, 40}, 4, 2, 32}, {[]int{70, 3}, 16, 8, 128}, {[]int{9}, 6, 3, 256}} {
+	}{{[]int{1}, 1, 1, 2}, {[]int{5, 1, 40}, 4, 2, 32}, {[]int{70, 3}, 16, 8, 128}, {[]int{9}, 6, 3, 256},
+		// Groups of 8, 5 and 9 query heads a KV head: the decoding
+		// step's grouped kernels (up to 8), and the per-head one past.
+		{[]int{33, 2}, 8, 1, 64}, {[]int{17}, 10, 2, 32}, {[]int{4}, 9, 1, 16}} {
 		starts, T, seqStart, seqEnd := packSeqs(c.lens)
 		qd, kvd := c.heads*c.hd, c.kv*c.hd
 		q, k, v, dout := randF32(r, T*qd, 1), randF32(r, T*kvd, 1), randF32(r, T*kvd, 1), randF32(r, T*qd, 1)
@@ -297,6 +300,30 @@ func TestDeviceAttention(t *testing.T) {
 			t.Fatal(err)
 		}
 		sameBits(t, name+" bf16 cache against rounded float32 cache", g.f32(dec16, T*qd), g.f32(decRounded, T*qd))
+		// A warp per query head (KEEL_DECODE_ATTN=head) against the
+		// grouped kernels: the same bits, over both caches, and with the
+		// output rounded to bf16.
+		perHead := NewOps(g.d)
+		perHead.DecodePerHead = true
+		ph, ph16, g16, p16 := g.poisoned(T*qd), g.poisoned(T*qd), g.poisoned(T*qd), g.poisoned(T*qd)
+		if err := perHead.AttnDecode(ph, bq, kcache, vcache, bslot, bpos, T, maxLen, c.heads, c.kv, c.hd, scale); err != nil {
+			t.Fatal(err)
+		}
+		if err := perHead.AttnDecodeBF16(ph16, bq, kc16, vc16, bslot, bpos, T, maxLen, c.heads, c.kv, c.hd, scale); err != nil {
+			t.Fatal(err)
+		}
+		if err := ops.AttnDecodeBF16To16(g16, bq, kc16, vc16, bslot, bpos, T, maxLen, c.heads, c.kv, c.hd, scale); err != nil {
+			t.Fatal(err)
+		}
+		if err := perHead.AttnDecodeBF16To16(p16, bq, kc16, vc16, bslot, bpos, T, maxLen, c.heads, c.kv, c.hd, scale); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.d.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		sameBits(t, name+" decoding, grouped against per head", g.f32(decRounded, T*qd), g.f32(ph, T*qd))
+		sameBits(t, name+" bf16 decoding, grouped against per head", g.f32(dec16, T*qd), g.f32(ph16, T*qd))
+		sameBits(t, name+" bf16 decoding to bf16, grouped against per head", g.f32(g16, (T*qd+1)/2), g.f32(p16, (T*qd+1)/2))
 		bdq, bdsum := g.poisoned(T*qd), g.poisoned(T*c.heads)
 		bdk, bdv := g.poisoned(T*kvd), g.poisoned(T*kvd)
 		launch2("attn_bwd_q", c.heads, bdq, bdsum, bdo, bout, blse, bq, bk, bv, bst, c.heads, c.kv, c.hd, scale)

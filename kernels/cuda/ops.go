@@ -32,6 +32,11 @@ type Ops struct {
 	// (the default: the next tile's copy in flight during this one's
 	// products, dynamic shared memory, the same bits).
 	FlashBackwardSingle bool
+	// DecodePerHead runs the decoding step's attention a warp per query
+	// head (KEEL_DECODE_ATTN=head at NewOps), as before the grouped
+	// kernels, which read each key and value row once for the query heads
+	// that share it: the same bits.
+	DecodePerHead bool
 
 	mu     sync.Mutex
 	fns    map[string]*Function
@@ -47,7 +52,7 @@ type Ops struct {
 func NewOps(d *Device) *Ops {
 	return &Ops{Dev: d, fns: map[string]*Function{}, shared: map[*Function]int{},
 		FlashPlainCopies: os.Getenv("KEEL_FLASH_COPY") == "sync", FlashWide: os.Getenv("KEEL_FLASH_FWD") == "wide",
-		FlashBackwardSingle: os.Getenv("KEEL_FLASH_BWD") == "single"}
+		FlashBackwardSingle: os.Getenv("KEEL_FLASH_BWD") == "single", DecodePerHead: os.Getenv("KEEL_DECODE_ATTN") == "head"}
 }
 
 // flashAsync is flash.cu's copy flag: 1 for cp.async.
@@ -271,7 +276,27 @@ func (o *Ops) AttnDecode(out, q, kcache, vcache, slot, pos Buffer, rows, maxLen,
 	if err := checkHeads(heads, kv, hd); err != nil {
 		return err
 	}
-	return o.Launch("attn.cu", "attn_decode", Dim3{X: rows, Y: (heads + 3) / 4}, Dim3{X: 128}, out, q, kcache, vcache, slot, pos, maxLen, heads, kv, hd, scale)
+	return o.decode("attn_decode", out, q, kcache, vcache, slot, pos, rows, maxLen, heads, kv, hd, scale)
+}
+
+// decodeGroups are the groups (query heads per KV head) attn.cu has
+// grouped decoding kernels for.
+var decodeGroups = map[int]bool{1: true, 2: true, 4: true, 8: true}
+
+// decode launches attn.cu's decoding kernel name (attn_decode,
+// attn_decode_bf16 or attn_decode_bf16_out16): the grouped one (a warp
+// per KV head for the heads/kv query heads that read it, each key and
+// value row read once for them) where the group has one, else (and with
+// DecodePerHead) a warp per query head. The same bits either way.
+func (o *Ops) decode(name string, out, q, kcache, vcache, slot, pos Buffer, rows, maxLen, heads, kv, hd int, scale float32) error {
+	if err := checkHeads(heads, kv, hd); err != nil {
+		return err
+	}
+	grid := Dim3{X: rows, Y: (heads + 3) / 4}
+	if g := heads / kv; decodeGroups[g] && !o.DecodePerHead {
+		name, grid = fmt.Sprintf("%s_g%d", name, g), Dim3{X: rows, Y: (kv + 3) / 4}
+	}
+	return o.Launch("attn.cu", name, grid, Dim3{X: 128}, out, q, kcache, vcache, slot, pos, maxLen, heads, kv, hd, scale)
 }
 
 // LogSoftmaxTemps: LogSoftmax with a temperature per row (0 meaning 1).
@@ -344,19 +369,13 @@ func (o *Ops) KVStoreBF16(kcache, vcache, k, v, slot, pos Buffer, rows, maxLen, 
 // AttnDecodeBF16To16 is AttnDecodeBF16 with its output rounded to bf16
 // (out16 [rows, heads·hd]), the output projection's operand.
 func (o *Ops) AttnDecodeBF16To16(out16, q, kcache, vcache, slot, pos Buffer, rows, maxLen, heads, kv, hd int, scale float32) error {
-	if err := checkHeads(heads, kv, hd); err != nil {
-		return err
-	}
-	return o.Launch("attn.cu", "attn_decode_bf16_out16", Dim3{X: rows, Y: (heads + 3) / 4}, Dim3{X: 128}, out16, q, kcache, vcache, slot, pos, maxLen, heads, kv, hd, scale)
+	return o.decode("attn_decode_bf16_out16", out16, q, kcache, vcache, slot, pos, rows, maxLen, heads, kv, hd, scale)
 }
 
 // AttnDecodeBF16 is AttnDecode over bfloat16 caches: the same arithmetic
 // on the widened keys and values.
 func (o *Ops) AttnDecodeBF16(out, q, kcache, vcache, slot, pos Buffer, rows, maxLen, heads, kv, hd int, scale float32) error {
-	if err := checkHeads(heads, kv, hd); err != nil {
-		return err
-	}
-	return o.Launch("attn.cu", "attn_decode_bf16", Dim3{X: rows, Y: (heads + 3) / 4}, Dim3{X: 128}, out, q, kcache, vcache, slot, pos, maxLen, heads, kv, hd, scale)
+	return o.decode("attn_decode_bf16", out, q, kcache, vcache, slot, pos, rows, maxLen, heads, kv, hd, scale)
 }
 
 // FlashHeadDim says whether flash.cu has kernels for head size hd.

@@ -22,8 +22,9 @@
 #          (GFLOP/s; BenchmarkDeviceGemm, under a minute)
 #   decode issue 25's decode rows: keel (exact, bf16) at 64 and 256
 #          sequences on the Qwen3-0.6B shape and the MoE shape (2 layers),
-#          with CUDA graphs and without, and transformers' generate beside
-#          them (about 3 minutes)
+#          with CUDA graphs and without, the decoding attention a warp per
+#          query head (KEEL_DECODE_ATTN=head) against the grouped default,
+#          and transformers' generate beside them (about 3 minutes)
 #   fit    bf16 training of the Qwen3-1.7B shape at 4 x 4096 tokens with
 #          recomputation (issue 24: it fits one 80 GB card)
 #   learn  the README's quickstart (350 steps, seed 1) with both engines on
@@ -166,6 +167,12 @@ if [[ " $sections " == *" decode "* ]]; then
       decode_rows "$out/decode-keel-$1-graphs$g.json" || tail -2 "$out/decode-keel-$1-graphs$g.err"
     done
   done
+  # The decoding attention a warp per query head (the old kernels) against
+  # the grouped default (a warp per KV head), with graphs.
+  KEEL_DECODE_ATTN=head timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+    --no-rl --decode-precisions bf16 --decode-slots 256 --peak-gbps $peakgb > "$out/decode-keel-perhead.json" 2> "$out/decode-keel-perhead.err"
+  echo "  keel qwen3-0.6b, KEEL_DECODE_ATTN=head: exit $?"
+  decode_rows "$out/decode-keel-perhead.json" || tail -2 "$out/decode-keel-perhead.err"
   for v in "qwen3-0.6b 0 256" "qwen3-0.6b 0 64" "qwen3-30b-a3b 2 256"; do
     set -- $v
     timeout 200 python3 tools/gpu/torch_decode.py --preset $1 --layers $2 --batch $3 --dtype bf16 --compile off > "$out/decode-torch-$1-$3.json" 2> "$out/decode-torch-$1-$3.err"

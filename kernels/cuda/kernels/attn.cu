@@ -393,3 +393,79 @@ extern "C" __global__ void attn_decode_bf16_out16(bf16_t* __restrict__ out, cons
                                                   int max_len, int heads, int kv, int hd, float scale) {
   decode_bf16(out, q, kc, vc, slot, pos, max_len, heads, kv, hd, scale);
 }
+
+// decode_group is the decoding step's attention for one step row and one
+// KV head g, run by one warp for the G query heads that share it (g·G ..
+// g·G+G-1): each key and value row is read once for the G heads, not once
+// per head, and the G online softmaxes are G independent chains of work
+// per key. Each head folds its keys in order with fold_key, so its bits
+// are attend's (the per-head kernels', and the training forward's). A
+// padding row (negative slot) gets zeros.
+template <typename T, typename O, int G>
+__device__ __forceinline__ void decode_group(O* __restrict__ out, const float* __restrict__ q,
+                                             const T* __restrict__ kc, const T* __restrict__ vc,
+                                             const int* __restrict__ slot, const int* __restrict__ pos, int max_len,
+                                             int heads, int kv, int hd, float scale) {
+  const int r = blockIdx.x, lane = threadIdx.x & 31;
+  const int g = blockIdx.y * ATT_WARPS + (threadIdx.x >> 5);
+  if (g >= kv) return;
+  const i64 qd = (i64)heads * hd, kvd = (i64)kv * hd;
+  O* o = out + r * qd + (i64)g * G * hd;
+  if (slot[r] < 0) {
+    for (int d = lane; d < G * hd; d += 32) put(o + d, 0.f);
+    return;
+  }
+  const T* kb = kc + (i64)slot[r] * max_len * kvd + (i64)g * hd;
+  const T* vb = vc + (i64)slot[r] * max_len * kvd + (i64)g * hd;
+  const float* qrow = q + r * qd + (i64)g * G * hd;
+  float qr[G][ATT_PER], acc[G][ATT_PER], mx[G], l[G];
+#pragma unroll
+  for (int x = 0; x < G; x++) {
+#pragma unroll
+    for (int e = 0; e < ATT_PER; e++) {
+      const int d = lane + 32 * e;
+      qr[x][e] = d < hd ? qrow[x * hd + d] : 0.f;
+      acc[x][e] = 0.f;
+    }
+    mx[x] = -__int_as_float(0x7f800000);
+    l[x] = 0.f;
+  }
+  const int n = pos[r] + 1;
+  float kn[ATT_PER], vn[ATT_PER];
+  load_key(kn, vn, kb, vb, hd, lane);
+  for (int j = 0; j < n; j++) {
+    float k[ATT_PER], v[ATT_PER];
+#pragma unroll
+    for (int e = 0; e < ATT_PER; e++) k[e] = kn[e], v[e] = vn[e];
+    if (j + 1 < n) load_key(kn, vn, kb + (j + 1) * kvd, vb + (j + 1) * kvd, hd, lane);
+#pragma unroll
+    for (int x = 0; x < G; x++) fold_key(acc[x], mx[x], l[x], qr[x], k, v, hd, scale, lane);
+  }
+#pragma unroll
+  for (int x = 0; x < G; x++) attend_finish(o + x * hd, (float*)0, acc[x], mx[x], l[x], hd, lane);
+}
+
+// The grouped decoding kernels, for groups G = heads/kv of 1, 2, 4 and 8
+// (Ops.AttnDecode* take a warp per query head for other groups):
+// attn_decode_g<G> over a float32 cache (the exact rollout's),
+// attn_decode_bf16_g<G> over a bf16 cache, attn_decode_bf16_out16_g<G>
+// with its output rounded to bf16. grid = (rows, ceil(kv/ATT_WARPS)),
+// block = 32*ATT_WARPS. (The names are written out: keel's CUDA emulator
+// finds kernels by name.)
+#define DECODE_PARAMS(O, T)                                                                                  \
+  O *__restrict__ out, const float *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,      \
+      const int *__restrict__ slot, const int *__restrict__ pos, int max_len, int heads, int kv, int hd,     \
+      float scale
+#define DECODE_BODY(T, O, G) decode_group<T, O, G>(out, q, kc, vc, slot, pos, max_len, heads, kv, hd, scale);
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_g1(DECODE_PARAMS(float, float)) { DECODE_BODY(float, float, 1) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_g2(DECODE_PARAMS(float, float)) { DECODE_BODY(float, float, 2) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_g4(DECODE_PARAMS(float, float)) { DECODE_BODY(float, float, 4) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_g8(DECODE_PARAMS(float, float)) { DECODE_BODY(float, float, 8) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_g1(DECODE_PARAMS(float, bf16_t)) { DECODE_BODY(bf16_t, float, 1) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_g2(DECODE_PARAMS(float, bf16_t)) { DECODE_BODY(bf16_t, float, 2) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_g4(DECODE_PARAMS(float, bf16_t)) { DECODE_BODY(bf16_t, float, 4) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_g8(DECODE_PARAMS(float, bf16_t)) { DECODE_BODY(bf16_t, float, 8) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_out16_g1(DECODE_PARAMS(bf16_t, bf16_t)) { DECODE_BODY(bf16_t, bf16_t, 1) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_out16_g2(DECODE_PARAMS(bf16_t, bf16_t)) { DECODE_BODY(bf16_t, bf16_t, 2) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_out16_g4(DECODE_PARAMS(bf16_t, bf16_t)) { DECODE_BODY(bf16_t, bf16_t, 4) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_out16_g8(DECODE_PARAMS(bf16_t, bf16_t)) { DECODE_BODY(bf16_t, bf16_t, 8) }
