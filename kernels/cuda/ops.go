@@ -295,6 +295,9 @@ func (o *Ops) decode(name string, out, q, kcache, vcache, slot, pos Buffer, rows
 	grid := Dim3{X: rows, Y: (heads + 3) / 4}
 	if g := heads / kv; decodeGroups[g] && !o.DecodePerHead {
 		name, grid = fmt.Sprintf("%s_g%d", name, g), Dim3{X: rows, Y: (kv + 3) / 4}
+		if hd <= 128 { // the kernels for head sizes up to 128: half the registers
+			name += "_s"
+		}
 	}
 	return o.Launch("attn.cu", name, grid, Dim3{X: 128}, out, q, kcache, vcache, slot, pos, maxLen, heads, kv, hd, scale)
 }

@@ -16,12 +16,14 @@ __device__ __forceinline__ float ld(const float* p, int i) { return p[i]; }
 __device__ __forceinline__ float ld(const bf16_t* p, int i) { return bf16_to_f32(p[i]); }
 
 // load_key reads this lane's elements (lane + 32e) of a key row and a
-// value row, widened to float32 (0 past hd).
-template <typename T>
-__device__ __forceinline__ void load_key(float (&k)[ATT_PER], float (&v)[ATT_PER], const T* kr, const T* vr, int hd,
-                                         int lane) {
+// value row, widened to float32 (0 past hd). P elements a lane hold rows
+// of up to 32P: ATT_PER, or fewer where the head size is known to be
+// smaller (the decoding kernels); an element past hd adds nothing, so a
+// row's bits do not depend on P.
+template <typename T, int P>
+__device__ __forceinline__ void load_key(float (&k)[P], float (&v)[P], const T* kr, const T* vr, int hd, int lane) {
 #pragma unroll
-  for (int e = 0; e < ATT_PER; e++) {
+  for (int e = 0; e < P; e++) {
     const int d = lane + 32 * e;
     k[e] = d < hd ? ld(kr, d) : 0.f;
     v[e] = d < hd ? ld(vr, d) : 0.f;
@@ -30,12 +32,12 @@ __device__ __forceinline__ void load_key(float (&k)[ATT_PER], float (&v)[ATT_PER
 
 // fold_key folds one key (its row k and value row v, as load_key gives
 // them) into a query row's online-softmax state: attend_key's arithmetic.
-__device__ __forceinline__ void fold_key(float (&acc)[ATT_PER], float& mx, float& l, const float (&qr)[ATT_PER],
-                                         const float (&k)[ATT_PER], const float (&v)[ATT_PER], int hd, float scale,
-                                         int lane) {
+template <int P>
+__device__ __forceinline__ void fold_key(float (&acc)[P], float& mx, float& l, const float (&qr)[P], const float (&k)[P],
+                                         const float (&v)[P], int hd, float scale, int lane) {
   float s = 0.f;
 #pragma unroll
-  for (int e = 0; e < ATT_PER; e++) {
+  for (int e = 0; e < P; e++) {
     const int d = lane + 32 * e;
     if (d < hd) s = fmaf(qr[e], k[e], s);
   }
@@ -44,7 +46,7 @@ __device__ __forceinline__ void fold_key(float (&acc)[ATT_PER], float& mx, float
   const float corr = expf(mx - mn), p = expf(s - mn);
   l = l * corr + p;
 #pragma unroll
-  for (int e = 0; e < ATT_PER; e++) {
+  for (int e = 0; e < P; e++) {
     const int d = lane + 32 * e;
     if (d < hd) acc[e] = fmaf(p, v[e], acc[e] * corr);
   }
@@ -66,11 +68,11 @@ __device__ __forceinline__ void attend_key(float (&acc)[ATT_PER], float& mx, flo
 }
 
 // attend_finish writes a row's output acc/l and its log-sum-exp.
-template <typename O>
-__device__ __forceinline__ void attend_finish(O* __restrict__ out, float* __restrict__ lse, const float (&acc)[ATT_PER],
+template <typename O, int P>
+__device__ __forceinline__ void attend_finish(O* __restrict__ out, float* __restrict__ lse, const float (&acc)[P],
                                               float mx, float l, int hd, int lane) {
 #pragma unroll
-  for (int e = 0; e < ATT_PER; e++) {
+  for (int e = 0; e < P; e++) {
     const int d = lane + 32 * e;
     if (d < hd) put(out + d, acc[e] / l);
   }
@@ -401,7 +403,7 @@ extern "C" __global__ void attn_decode_bf16_out16(bf16_t* __restrict__ out, cons
 // per key. Each head folds its keys in order with fold_key, so its bits
 // are attend's (the per-head kernels', and the training forward's). A
 // padding row (negative slot) gets zeros.
-template <typename T, typename O, int G>
+template <typename T, typename O, int G, int P>
 __device__ __forceinline__ void decode_group(O* __restrict__ out, const float* __restrict__ q,
                                              const T* __restrict__ kc, const T* __restrict__ vc,
                                              const int* __restrict__ slot, const int* __restrict__ pos, int max_len,
@@ -418,11 +420,11 @@ __device__ __forceinline__ void decode_group(O* __restrict__ out, const float* _
   const T* kb = kc + (i64)slot[r] * max_len * kvd + (i64)g * hd;
   const T* vb = vc + (i64)slot[r] * max_len * kvd + (i64)g * hd;
   const float* qrow = q + r * qd + (i64)g * G * hd;
-  float qr[G][ATT_PER], acc[G][ATT_PER], mx[G], l[G];
+  float qr[G][P], acc[G][P], mx[G], l[G];
 #pragma unroll
   for (int x = 0; x < G; x++) {
 #pragma unroll
-    for (int e = 0; e < ATT_PER; e++) {
+    for (int e = 0; e < P; e++) {
       const int d = lane + 32 * e;
       qr[x][e] = d < hd ? qrow[x * hd + d] : 0.f;
       acc[x][e] = 0.f;
@@ -431,12 +433,12 @@ __device__ __forceinline__ void decode_group(O* __restrict__ out, const float* _
     l[x] = 0.f;
   }
   const int n = pos[r] + 1;
-  float kn[ATT_PER], vn[ATT_PER];
+  float kn[P], vn[P];
   load_key(kn, vn, kb, vb, hd, lane);
   for (int j = 0; j < n; j++) {
-    float k[ATT_PER], v[ATT_PER];
+    float k[P], v[P];
 #pragma unroll
-    for (int e = 0; e < ATT_PER; e++) k[e] = kn[e], v[e] = vn[e];
+    for (int e = 0; e < P; e++) k[e] = kn[e], v[e] = vn[e];
     if (j + 1 < n) load_key(kn, vn, kb + (j + 1) * kvd, vb + (j + 1) * kvd, hd, lane);
 #pragma unroll
     for (int x = 0; x < G; x++) fold_key(acc[x], mx[x], l[x], qr[x], k, v, hd, scale, lane);
@@ -446,9 +448,10 @@ __device__ __forceinline__ void decode_group(O* __restrict__ out, const float* _
 }
 
 // The grouped decoding kernels, for groups G = heads/kv of 1, 2, 4 and 8
-// (Ops.AttnDecode* take a warp per query head for other groups):
-// attn_decode_g<G> over a float32 cache (the exact rollout's),
-// attn_decode_bf16_g<G> over a bf16 cache, attn_decode_bf16_out16_g<G>
+// (Ops.AttnDecode* take a warp per query head for other groups), each for
+// head sizes up to 128 (_s, 4 elements a lane) and up to ATT_HD_MAX:
+// attn_decode_g<G>[_s] over a float32 cache (the exact rollout's),
+// attn_decode_bf16_g<G>[_s] over a bf16 cache, attn_decode_bf16_out16_g<G>[_s]
 // with its output rounded to bf16. grid = (rows, ceil(kv/ATT_WARPS)),
 // block = 32*ATT_WARPS. (The names are written out: keel's CUDA emulator
 // finds kernels by name.)
@@ -456,16 +459,28 @@ __device__ __forceinline__ void decode_group(O* __restrict__ out, const float* _
   O *__restrict__ out, const float *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,      \
       const int *__restrict__ slot, const int *__restrict__ pos, int max_len, int heads, int kv, int hd,     \
       float scale
-#define DECODE_BODY(T, O, G) decode_group<T, O, G>(out, q, kc, vc, slot, pos, max_len, heads, kv, hd, scale);
-extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_g1(DECODE_PARAMS(float, float)) { DECODE_BODY(float, float, 1) }
-extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_g2(DECODE_PARAMS(float, float)) { DECODE_BODY(float, float, 2) }
-extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_g4(DECODE_PARAMS(float, float)) { DECODE_BODY(float, float, 4) }
-extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_g8(DECODE_PARAMS(float, float)) { DECODE_BODY(float, float, 8) }
-extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_g1(DECODE_PARAMS(float, bf16_t)) { DECODE_BODY(bf16_t, float, 1) }
-extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_g2(DECODE_PARAMS(float, bf16_t)) { DECODE_BODY(bf16_t, float, 2) }
-extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_g4(DECODE_PARAMS(float, bf16_t)) { DECODE_BODY(bf16_t, float, 4) }
-extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_g8(DECODE_PARAMS(float, bf16_t)) { DECODE_BODY(bf16_t, float, 8) }
-extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_out16_g1(DECODE_PARAMS(bf16_t, bf16_t)) { DECODE_BODY(bf16_t, bf16_t, 1) }
-extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_out16_g2(DECODE_PARAMS(bf16_t, bf16_t)) { DECODE_BODY(bf16_t, bf16_t, 2) }
-extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_out16_g4(DECODE_PARAMS(bf16_t, bf16_t)) { DECODE_BODY(bf16_t, bf16_t, 4) }
-extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_out16_g8(DECODE_PARAMS(bf16_t, bf16_t)) { DECODE_BODY(bf16_t, bf16_t, 8) }
+#define DECODE_BODY(T, O, G, P) decode_group<T, O, G, P>(out, q, kc, vc, slot, pos, max_len, heads, kv, hd, scale);
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_g1(DECODE_PARAMS(float, float)) { DECODE_BODY(float, float, 1, ATT_PER) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_g2(DECODE_PARAMS(float, float)) { DECODE_BODY(float, float, 2, ATT_PER) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_g4(DECODE_PARAMS(float, float)) { DECODE_BODY(float, float, 4, ATT_PER) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_g8(DECODE_PARAMS(float, float)) { DECODE_BODY(float, float, 8, ATT_PER) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_g1(DECODE_PARAMS(float, bf16_t)) { DECODE_BODY(bf16_t, float, 1, ATT_PER) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_g2(DECODE_PARAMS(float, bf16_t)) { DECODE_BODY(bf16_t, float, 2, ATT_PER) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_g4(DECODE_PARAMS(float, bf16_t)) { DECODE_BODY(bf16_t, float, 4, ATT_PER) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_g8(DECODE_PARAMS(float, bf16_t)) { DECODE_BODY(bf16_t, float, 8, ATT_PER) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_out16_g1(DECODE_PARAMS(bf16_t, bf16_t)) { DECODE_BODY(bf16_t, bf16_t, 1, ATT_PER) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_out16_g2(DECODE_PARAMS(bf16_t, bf16_t)) { DECODE_BODY(bf16_t, bf16_t, 2, ATT_PER) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_out16_g4(DECODE_PARAMS(bf16_t, bf16_t)) { DECODE_BODY(bf16_t, bf16_t, 4, ATT_PER) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_out16_g8(DECODE_PARAMS(bf16_t, bf16_t)) { DECODE_BODY(bf16_t, bf16_t, 8, ATT_PER) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_g1_s(DECODE_PARAMS(float, float)) { DECODE_BODY(float, float, 1, 4) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_g2_s(DECODE_PARAMS(float, float)) { DECODE_BODY(float, float, 2, 4) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_g4_s(DECODE_PARAMS(float, float)) { DECODE_BODY(float, float, 4, 4) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_g8_s(DECODE_PARAMS(float, float)) { DECODE_BODY(float, float, 8, 4) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_g1_s(DECODE_PARAMS(float, bf16_t)) { DECODE_BODY(bf16_t, float, 1, 4) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_g2_s(DECODE_PARAMS(float, bf16_t)) { DECODE_BODY(bf16_t, float, 2, 4) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_g4_s(DECODE_PARAMS(float, bf16_t)) { DECODE_BODY(bf16_t, float, 4, 4) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_g8_s(DECODE_PARAMS(float, bf16_t)) { DECODE_BODY(bf16_t, float, 8, 4) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_out16_g1_s(DECODE_PARAMS(bf16_t, bf16_t)) { DECODE_BODY(bf16_t, bf16_t, 1, 4) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_out16_g2_s(DECODE_PARAMS(bf16_t, bf16_t)) { DECODE_BODY(bf16_t, bf16_t, 2, 4) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_out16_g4_s(DECODE_PARAMS(bf16_t, bf16_t)) { DECODE_BODY(bf16_t, bf16_t, 4, 4) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_out16_g8_s(DECODE_PARAMS(bf16_t, bf16_t)) { DECODE_BODY(bf16_t, bf16_t, 8, 4) }
