@@ -34,8 +34,8 @@ type Ops struct {
 	FlashBackwardSingle bool
 	// DecodePerHead runs the decoding step's attention a warp per query
 	// head (KEEL_DECODE_ATTN=head at NewOps), as before the grouped
-	// kernels, which read each key and value row once for the query heads
-	// that share it: the same bits.
+	// kernels (a warp per KV head, which reads each key and value row once
+	// for the query heads that share it): the same bits.
 	DecodePerHead bool
 
 	mu     sync.Mutex
@@ -284,22 +284,23 @@ func (o *Ops) AttnDecode(out, q, kcache, vcache, slot, pos Buffer, rows, maxLen,
 var decodeGroups = map[int]bool{1: true, 2: true, 4: true, 8: true}
 
 // decode launches attn.cu's decoding kernel name (attn_decode,
-// attn_decode_bf16 or attn_decode_bf16_out16): the grouped one (a warp
-// per KV head for the heads/kv query heads that read it, each key and
-// value row read once for them) where the group has one, else (and with
+// attn_decode_bf16 or attn_decode_bf16_out16): grouped (a warp per KV head
+// for the heads/kv query heads that read it, each key and value row read
+// once for them) where the group has a kernel, else (and with
 // DecodePerHead) a warp per query head. The same bits either way.
 func (o *Ops) decode(name string, out, q, kcache, vcache, slot, pos Buffer, rows, maxLen, heads, kv, hd int, scale float32) error {
 	if err := checkHeads(heads, kv, hd); err != nil {
 		return err
 	}
-	grid := Dim3{X: rows, Y: (heads + 3) / 4}
-	if g := heads / kv; decodeGroups[g] && !o.DecodePerHead {
-		name, grid = fmt.Sprintf("%s_g%d", name, g), Dim3{X: rows, Y: (kv + 3) / 4}
-		if hd <= 128 { // the kernels for head sizes up to 128: half the registers
-			name += "_s"
-		}
+	g, warps := heads/kv, kv
+	if !decodeGroups[g] || o.DecodePerHead {
+		g, warps = 1, heads
 	}
-	return o.Launch("attn.cu", name, grid, Dim3{X: 128}, out, q, kcache, vcache, slot, pos, maxLen, heads, kv, hd, scale)
+	name = fmt.Sprintf("%s_g%d", name, g)
+	if hd <= 128 { // the kernels for head sizes up to 128: half the registers
+		name += "_s"
+	}
+	return o.Launch("attn.cu", name, Dim3{X: rows, Y: (warps + 3) / 4}, Dim3{X: 128}, out, q, kcache, vcache, slot, pos, maxLen, heads, kv, hd, scale)
 }
 
 // LogSoftmaxTemps: LogSoftmax with a temperature per row (0 meaning 1).

@@ -207,28 +207,6 @@ extern "C" __global__ void kv_store(float* __restrict__ kc, float* __restrict__ 
   }
 }
 
-// attn_decode: the rollout's attention: step row r attends over positions
-// [0, pos[r]] of its slot's cache, with attend as the training forward
-// does; a padding row (negative slot) gets zeros. grid = (rows,
-// ceil(heads/ATT_WARPS)), block = 32*ATT_WARPS.
-extern "C" __global__ void attn_decode(float* __restrict__ out, const float* __restrict__ q,
-                                       const float* __restrict__ kc, const float* __restrict__ vc,
-                                       const int* __restrict__ slot, const int* __restrict__ pos,
-                                       int max_len, int heads, int kv, int hd, float scale) {
-  const int r = blockIdx.x, lane = threadIdx.x & 31;
-  const int h = blockIdx.y * ATT_WARPS + (threadIdx.x >> 5);
-  if (h >= heads) return;
-  const int g = h / (heads / kv);
-  const i64 qd = (i64)heads * hd, kvd = (i64)kv * hd;
-  if (slot[r] < 0) {
-    for (int d = lane; d < hd; d += 32) out[r * qd + (i64)h * hd + d] = 0.f;
-    return;
-  }
-  const i64 base = (i64)slot[r] * max_len * kvd + (i64)g * hd;
-  attend(out + r * qd + (i64)h * hd, 0, q + r * qd + (i64)h * hd, kc + base, vc + base, kvd, pos[r] + 1, hd,
-         scale, lane);
-}
-
 // score_pair returns, summed over the warp, s = scale * a.x and dp = b.y for
 // register rows a, b (element lane+32e) and memory rows x, y: the two dot
 // products both attention backward kernels take per (query, key) pair.
@@ -362,64 +340,32 @@ extern "C" __global__ void kv_store_bf16(bf16_t* __restrict__ kc, bf16_t* __rest
   }
 }
 
-// attn_decode_bf16 is attn_decode over a bfloat16 cache;
-// attn_decode_bf16_out16 writes its output rounded to bf16, the operand of
-// the output projection (the bf16 rollout's fused step).
-template <typename O>
-__device__ __forceinline__ void decode_bf16(O* __restrict__ out, const float* __restrict__ q,
-                                            const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
-                                            const int* __restrict__ slot, const int* __restrict__ pos, int max_len,
-                                            int heads, int kv, int hd, float scale) {
-  const int r = blockIdx.x, lane = threadIdx.x & 31;
-  const int h = blockIdx.y * ATT_WARPS + (threadIdx.x >> 5);
-  if (h >= heads) return;
-  const int g = h / (heads / kv);
-  const i64 qd = (i64)heads * hd, kvd = (i64)kv * hd;
-  if (slot[r] < 0) {
-    for (int d = lane; d < hd; d += 32) put(out + r * qd + (i64)h * hd + d, 0.f);
-    return;
-  }
-  const i64 base = (i64)slot[r] * max_len * kvd + (i64)g * hd;
-  attend(out + r * qd + (i64)h * hd, (float*)0, q + r * qd + (i64)h * hd, kc + base, vc + base, kvd, pos[r] + 1, hd,
-         scale, lane);
-}
-extern "C" __global__ void attn_decode_bf16(float* __restrict__ out, const float* __restrict__ q,
-                                            const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
-                                            const int* __restrict__ slot, const int* __restrict__ pos,
-                                            int max_len, int heads, int kv, int hd, float scale) {
-  decode_bf16(out, q, kc, vc, slot, pos, max_len, heads, kv, hd, scale);
-}
-extern "C" __global__ void attn_decode_bf16_out16(bf16_t* __restrict__ out, const float* __restrict__ q,
-                                                  const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
-                                                  const int* __restrict__ slot, const int* __restrict__ pos,
-                                                  int max_len, int heads, int kv, int hd, float scale) {
-  decode_bf16(out, q, kc, vc, slot, pos, max_len, heads, kv, hd, scale);
-}
-
-// decode_group is the decoding step's attention for one step row and one
-// KV head g, run by one warp for the G query heads that share it (g·G ..
-// g·G+G-1): each key and value row is read once for the G heads, not once
-// per head, and the G online softmaxes are G independent chains of work
-// per key. Each head folds its keys in order with fold_key, so its bits
-// are attend's (the per-head kernels', and the training forward's). A
-// padding row (negative slot) gets zeros.
+// decode_group is the rollout's attention: step row r attends over
+// positions [0, pos[r]] of its slot's cache. Warp w takes the G query
+// heads w·G .. w·G+G-1, which share one KV head when G = heads/kv (the
+// grouped kernels: each key and value row is read once for the G heads,
+// not once per head, and the G online softmaxes are G independent chains
+// of work per key), or one head with G = 1. Each head folds its keys in
+// order with fold_key, so its bits are attend's (the training forward's)
+// whatever G. A padding row (negative slot) gets zeros.
 template <typename T, typename O, int G, int P>
 __device__ __forceinline__ void decode_group(O* __restrict__ out, const float* __restrict__ q,
                                              const T* __restrict__ kc, const T* __restrict__ vc,
                                              const int* __restrict__ slot, const int* __restrict__ pos, int max_len,
                                              int heads, int kv, int hd, float scale) {
   const int r = blockIdx.x, lane = threadIdx.x & 31;
-  const int g = blockIdx.y * ATT_WARPS + (threadIdx.x >> 5);
-  if (g >= kv) return;
+  const int h0 = (blockIdx.y * ATT_WARPS + (threadIdx.x >> 5)) * G;
+  if (h0 >= heads) return;
+  const int g = G == 1 ? h0 / (heads / kv) : h0 / G;  // G > 1 is heads/kv
   const i64 qd = (i64)heads * hd, kvd = (i64)kv * hd;
-  O* o = out + r * qd + (i64)g * G * hd;
+  O* o = out + r * qd + (i64)h0 * hd;
   if (slot[r] < 0) {
     for (int d = lane; d < G * hd; d += 32) put(o + d, 0.f);
     return;
   }
   const T* kb = kc + (i64)slot[r] * max_len * kvd + (i64)g * hd;
   const T* vb = vc + (i64)slot[r] * max_len * kvd + (i64)g * hd;
-  const float* qrow = q + r * qd + (i64)g * G * hd;
+  const float* qrow = q + r * qd + (i64)h0 * hd;
   float qr[G][P], acc[G][P], mx[G], l[G];
 #pragma unroll
   for (int x = 0; x < G; x++) {
@@ -447,14 +393,14 @@ __device__ __forceinline__ void decode_group(O* __restrict__ out, const float* _
   for (int x = 0; x < G; x++) attend_finish(o + x * hd, (float*)0, acc[x], mx[x], l[x], hd, lane);
 }
 
-// The grouped decoding kernels, for groups G = heads/kv of 1, 2, 4 and 8
-// (Ops.AttnDecode* take a warp per query head for other groups), each for
-// head sizes up to 128 (_s, 4 elements a lane) and up to ATT_HD_MAX:
-// attn_decode_g<G>[_s] over a float32 cache (the exact rollout's),
-// attn_decode_bf16_g<G>[_s] over a bf16 cache, attn_decode_bf16_out16_g<G>[_s]
-// with its output rounded to bf16. grid = (rows, ceil(kv/ATT_WARPS)),
-// block = 32*ATT_WARPS. (The names are written out: keel's CUDA emulator
-// finds kernels by name.)
+// The decoding kernels, for G of 1 (a warp per query head, any group) and
+// of the groups 2, 4 and 8 (heads/kv), each for head sizes up to 128 (_s,
+// 4 elements a lane) and up to ATT_HD_MAX: attn_decode_g<G>[_s] over a
+// float32 cache (the exact rollout's), attn_decode_bf16_g<G>[_s] over a
+// bf16 cache, attn_decode_bf16_out16_g<G>[_s] with its output rounded to
+// bf16 (the output projection's operand). grid = (rows,
+// ceil(heads/G/ATT_WARPS)), block = 32*ATT_WARPS. (The names are written
+// out: keel's CUDA emulator finds kernels by name.)
 #define DECODE_PARAMS(O, T)                                                                                  \
   O *__restrict__ out, const float *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,      \
       const int *__restrict__ slot, const int *__restrict__ pos, int max_len, int heads, int kv, int hd,     \

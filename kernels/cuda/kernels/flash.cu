@@ -504,6 +504,17 @@ __device__ __forceinline__ void dkv_row_stats(float& L, float& D, int& st, const
   st = i < T ? seq_start[i] : T;
 }
 
+// dkv_stats_store puts query row c's statistics (dkv_row_stats) into the
+// tail of stage S.
+template <int HD>
+__device__ __forceinline__ void dkv_stats_store(u32* S, int c, float L, float D, int st) {
+  constexpr int RW = FB_BQ * (HD / 2 + 4), CW = HD * (FB_BQ / 2 + 4);
+  float* f = (float*)(S + 2 * RW + 2 * CW);
+  f[c] = L;
+  f[FB_BQ + c] = D;
+  ((int*)f)[2 * FB_BQ + c] = st;
+}
+
 // flash_bwd_dkv: for key rows j and KV head grp, over the query heads of
 // the group and the rows i >= j of the sequence: dv_j = sum P_ij dO_i and
 // dk_j = scale * sum P_ij (dO_i.v_j - D_i) q_i. A block takes FA_BK keys,
@@ -541,10 +552,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
       float L, D;
       int st;
       dkv_row_stats(L, D, st, lse, dsum, seq_start, j0 + threadIdx.x, h0, T, heads);
-      float* f = (float*)(stages + 2 * RW + 2 * CW);
-      f[threadIdx.x] = L;
-      f[FB_BQ + threadIdx.x] = D;
-      ((int*)f)[2 * FB_BQ + threadIdx.x] = st;
+      dkv_stats_store<HD>(stages, threadIdx.x, L, D, st);
     }
   }
   u32 ka[KS][4];
@@ -578,10 +586,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
         float L, D;
         int st;
         dkv_row_stats(L, D, st, lse, dsum, seq_start, it + threadIdx.x, h, T, heads);
-        float* f = (float*)(S + 2 * RW + 2 * CW);
-        f[threadIdx.x] = L;
-        f[FB_BQ + threadIdx.x] = D;
-        ((int*)f)[2 * FB_BQ + threadIdx.x] = st;
+        dkv_stats_store<HD>(S, threadIdx.x, L, D, st);
       }
       copies_done(async);
       __syncthreads();
@@ -628,12 +633,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
     if (STAGES == 2) {
       // The next tile's row statistics, read during this tile's products,
       // into the other stage; then every warp is done with this stage.
-      if (nh < h1 && threadIdx.x < FB_BQ) {
-        float* f = (float*)(stages + (stage ^ 1) * SW + 2 * RW + 2 * CW);
-        f[threadIdx.x] = nL;
-        f[FB_BQ + threadIdx.x] = nD;
-        ((int*)f)[2 * FB_BQ + threadIdx.x] = nst;
-      }
+      if (nh < h1 && threadIdx.x < FB_BQ) dkv_stats_store<HD>(stages + (stage ^ 1) * SW, threadIdx.x, nL, nD, nst);
       __syncthreads();
     }
     h = nh, it = nit;
