@@ -201,6 +201,10 @@ func rlHeader(r *rl.Recipe) string {
 	ro := r.Rollout.Precision
 	if n := len(r.Rollout.Servers); n > 0 {
 		ro = fmt.Sprintf("remote (%d %s server(s))", n, r.Rollout.ServerKind)
+	} else if ro == "exact" && r.Train.Precision == "bf16" {
+		// exact is the fp32 training engine's kernels: against a bf16
+		// trainer the discrepancy is bf16's, not zero. Say so up front.
+		ro += " (the fp32 trainer's kernels: train.precision bf16 makes the discrepancy bf16's, not 0)"
 	}
 	switch {
 	case r.Rollout.Staleness > 0:
