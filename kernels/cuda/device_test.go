@@ -336,6 +336,19 @@ func TestDeviceHead(t *testing.T) {
 				}
 			}
 			sameBits(t, name+" gather", g.f32(blp, rows), wantLP)
+			// The three in one launch (the training forward's head): the
+			// same bits, with the entropy and without.
+			for _, entropy := range []int{1, 0} {
+				fz, flp, fh := bufOf(g, z), g.poisoned(rows), g.poisoned(rows)
+				g.launch("head.cu", "logsoftmax_stats_rows", rows, 256, fz, flp, fh, bufOf(g, targets), V, temp, entropy)
+				sameBits(t, name+" fused log-softmax", g.f32(fz, rows*V), glogp)
+				sameBits(t, name+" fused gather", g.f32(flp, rows), wantLP)
+				if entropy == 1 {
+					sameBits(t, name+" fused entropy", g.f32(fh, rows), gent)
+				} else if h := g.f32(fh, rows); !math.IsNaN(float64(h[0])) {
+					t.Errorf("%s: the fused head wrote an entropy (%v) it was not asked for", name, h[0])
+				}
+			}
 
 			// The logits' gradient in float64.
 			want := make([]float32, rows*V)

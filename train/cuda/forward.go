@@ -631,16 +631,15 @@ func (e *Engine) headForward(f *fwdState, noEntropy bool) error {
 		if err := e.linears(e.rows(f.xf, c0*d.H, rows*d.H), rows, d.H, kc.Product{Y: z, W: lm, Out: d.V, LdY: d.V}); err != nil {
 			return err
 		}
-		if err := e.ops.LogSoftmax(z, Buffer{}, rows, d.V, f.temp); err != nil {
-			return err
+		// The log-softmax, each row's target log-prob and (unless not
+		// wanted) its entropy in one pass set.
+		entropy := 1
+		if noEntropy {
+			entropy = 0
 		}
-		if err := e.launch("head.cu", "gather_rows", kc.Dim3{X: (rows + 255) / 256}, block256, sub(f.lp, c0, rows), z, intSub(f.dTargets, c0, rows), rows, d.V); err != nil {
+		if err := e.launch("head.cu", "logsoftmax_stats_rows", rowsGrid(rows), block256, z, sub(f.lp, c0, rows), sub(f.ent, c0, rows),
+			intSub(f.dTargets, c0, rows), d.V, f.temp, entropy); err != nil {
 			return err
-		}
-		if !noEntropy {
-			if err := e.launch("head.cu", "entropy_rows", rowsGrid(rows), block256, sub(f.ent, c0, rows), z, d.V); err != nil {
-				return err
-			}
 		}
 	}
 	return e.dev.Sync() // z is freed on return

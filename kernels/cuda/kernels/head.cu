@@ -7,7 +7,11 @@
 // as the rollout engine divides), then row -= logsumexp(row), in place, by
 // one block; returns the log-sum-exp. The training forward and the
 // rollout's step both use it.
-__device__ float logsoftmax_row(float* row, int V, float temp) {
+// With H, the last pass also sums the entropy -sum p log p of the values
+// it writes into *h, as entropy_rows sums them (the same threads, order
+// and block sum: the same bits), saving that kernel's pass over the row.
+template <bool H>
+__device__ float logsoftmax_row_h(float* row, int V, float temp, double* h) {
   __shared__ float s[32];
   __shared__ double sd[32];
   float mx = -__int_as_float(0x7f800000);
@@ -24,15 +28,43 @@ __device__ float logsoftmax_row(float* row, int V, float temp) {
   for (int j = threadIdx.x; j < V; j += blockDim.x) sum += (double)expf(row[j] - mx);
   sum = block_sum_f64(sum, sd);
   const float l = (float)((double)mx + log(sum));
-  for (int j = threadIdx.x; j < V; j += blockDim.x) row[j] -= l;
+  double e = 0.0;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) {
+    const float z = row[j] - l;
+    row[j] = z;
+    if (H) e -= (double)expf(z) * (double)z;
+  }
+  if (H) *h = block_sum_f64(e, sd);
   return l;
 }
+
+__device__ float logsoftmax_row(float* row, int V, float temp) { return logsoftmax_row_h<false>(row, V, temp, 0); }
 
 // logsoftmax_rows: each row's log-softmax at temperature temp; lse[r]
 // gets the log-sum-exp when lse is not null. grid = rows.
 extern "C" __global__ void logsoftmax_rows(float* z, float* lse, int V, float temp) {
   const float l = logsoftmax_row(z + (i64)blockIdx.x * V, V, temp);
   if (threadIdx.x == 0 && lse) lse[blockIdx.x] = l;
+}
+
+// logsoftmax_stats_rows is logsoftmax_rows, gather_rows and (with
+// entropy) entropy_rows in one launch, the same bits: each row's
+// log-softmax in place, lp[r] = its target's log-prob (0 for a negative
+// target) and H[r] its entropy. The training forward's head. grid = rows.
+extern "C" __global__ void logsoftmax_stats_rows(float* z, float* __restrict__ lp, float* __restrict__ H,
+                                                 const int* __restrict__ targets, int V, float temp, int entropy) {
+  float* row = z + (i64)blockIdx.x * V;
+  double h = 0.0;
+  if (entropy)
+    logsoftmax_row_h<true>(row, V, temp, &h);
+  else
+    logsoftmax_row(row, V, temp);
+  __syncthreads();  // every thread's writes, before the target's is read
+  if (threadIdx.x == 0) {
+    const int tg = targets[blockIdx.x];
+    lp[blockIdx.x] = tg < 0 ? 0.f : row[tg];
+    if (entropy) H[blockIdx.x] = (float)h;
+  }
 }
 
 // logsoftmax_rows_t: the same with a temperature per row (0 means 1: a
