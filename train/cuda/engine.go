@@ -258,6 +258,9 @@ func (e *Engine) Step(lr, maxNorm float64) (float64, error) {
 	t := float64(e.step + 1)
 	bc1, bc2 := 1-math.Pow(c.Beta1, t), 1-math.Pow(c.Beta2, t)
 	scale := float32(train.ClipCoef(norm, maxNorm))
+	if e.bf != nil {
+		e.bf.Stale() // until every run has written its copy (a failed launch leaves it stale)
+	}
 	for _, r := range e.decayRuns() {
 		decay := float32(1)
 		if r.decays {

@@ -363,8 +363,8 @@ __device__ __forceinline__ void dq_tile_copy(u32* Ks, u32* Kt, u32* Vs, const bf
   copy_rows<HD>(Vs, KP, vb + (i64)jt * kvd + (i64)grp * HD, kvd, FB_BK, async);
 }
 
-// dqStageWords is the shared memory of one stage of flash_bwd_dq, in
-// words.
+// DQ_STAGE_WORDS is the shared memory of one stage of flash_bwd_dq, in
+// words: K row-major, V row-major, K transposed.
 #define DQ_STAGE_WORDS(HD) (2 * FB_BK * ((HD) / 2 + 4) + (HD) * (FB_BK / 2 + 4))
 
 // flash_bwd_dq: for query rows i and head h, D_i = dO_i.O_i (into dsum)
@@ -372,8 +372,9 @@ __device__ __forceinline__ void dq_tile_copy(u32* Ks, u32* Kt, u32* Vs, const bf
 // lse. Blocks as flash_fwd's; key tiles of FB_BK, K in shared memory
 // row-major (kb) and transposed (kt), V row-major (vb); Q and dO from qb
 // and dob. With STAGES = 2 the next key tile's copy is in flight while
-// this one's products run (smem holds two stages of DQ_STAGE_WORDS; the
-// same bits as one stage). grid = (ceil(T/FA_BQ), heads), block 128.
+// this one's products run (Ks0, Kt0 and Vs0 are the first stage's tiles,
+// the second's DQ_STAGE_WORDS on; the same bits as one stage).
+// grid = (ceil(T/FA_BQ), heads), block 128.
 template <int HD, int STAGES>
 __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Kt0, u32* Vs0, float* __restrict__ dq, float* __restrict__ dsum,
                                              const float* __restrict__ dout, const float* __restrict__ out,
@@ -668,7 +669,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
 #define FLASH_DKV_ARGS dk, dv, lse, dsum, qb, qt, dob, dot, kb, vb, seq_start, seq_end, T, Tp, heads, kv, scale, async
 // One stage in static shared memory; two (the pipelined kernels, _2) in
 // dynamic shared memory: Ops.FlashAttentionBackward launches them with
-// FlashBackwardShared's bytes.
+// flashBackwardShared's bytes (kernels/cuda/ops.go).
 #define FLASH_DQ_BODY(HD)                                                      \
   __shared__ u32x4 Ks[FB_BK * (HD / 2 + 4) / 4];                                 \
   __shared__ u32x4 Kt[HD * (FB_BK / 2 + 4) / 4];                                 \
