@@ -124,6 +124,15 @@ func (g *gpu) f32(b Buffer, n int) []float32 {
 	return out
 }
 
+func (g *gpu) u16(b Buffer, n int) []uint16 {
+	g.t.Helper()
+	out := make([]uint16, n)
+	if err := Download(g.d, out, b); err != nil {
+		g.t.Fatal(err)
+	}
+	return out
+}
+
 func randF32(r *rand.Rand, n int, scale float32) []float32 {
 	x := make([]float32, n)
 	for i := range x {
@@ -364,8 +373,21 @@ func TestDeviceHead(t *testing.T) {
 				}
 			}
 			bdz := g.poisoned(rows * V)
-			g.launch("head.cu", "head_bwd", rows, 256, bdz, bz, bufOf(g, cl), bufOf(g, ch), bufOf(g, targets), V, temp)
+			bcl, bch, btg := bufOf(g, cl), bufOf(g, ch), bufOf(g, targets)
+			g.launch("head.cu", "head_bwd", rows, 256, bdz, bz, bcl, bch, btg, V, temp)
 			closeTo(t, name+" head backward", g.f32(bdz, rows*V), want, 4e-6)
+			// The bf16 mode's: head_grad_bf16 from the logits (the
+			// log-softmax recomputed inside) is head_bwd's gradient
+			// rounded, bit for bit.
+			g16 := g.poisoned((rows*V + 1) / 2)
+			g.launch("head.cu", "head_grad_bf16", rows, 256, g16, bufOf(g, z), bcl, bch, btg, V, temp)
+			want16 := make([]kernels.BF16, rows*V)
+			kernels.ToBF16(want16, g.f32(bdz, rows*V))
+			for i, v := range g.u16(g16, rows*V) {
+				if v != uint16(want16[i]) {
+					t.Fatalf("%s: bf16 head gradient %d: head_grad_bf16 %#04x, head_bwd rounded %#04x", name, i, v, uint16(want16[i]))
+				}
+			}
 		}
 	}
 }

@@ -276,15 +276,15 @@ func (e *Engine) headBackward(f *fwdState, dxf, dcl, dch Buffer) error {
 		steps := []func() error{
 			func() error { return e.linears(xf, rows, d.H, kc.Product{Y: z, W: lm, Out: d.V, LdY: d.V}) },
 			func() error {
-				return e.ops.LogSoftmax(z, Buffer{}, rows, d.V, f.temp)
-			},
-			func() error {
-				if e.bf != nil {
-					if err := e.launch("head.cu", "head_bwd_bf16", rowsGrid(rows), block256, z16, z, sub(dcl, c0, rows), sub(dch, c0, rows),
+				if e.bf != nil { // the log-softmax recomputed inside, the gradient written in bf16
+					if err := e.launch("head.cu", "head_grad_bf16", rowsGrid(rows), block256, z16, z, sub(dcl, c0, rows), sub(dch, c0, rows),
 						intSub(f.dTargets, c0, rows), d.V, f.temp); err != nil {
 						return err
 					}
 					return e.bf.BackBF16(dx, glm, z16, d.V, xf, d.H, lm, rows, d.H, d.V, d.H, false)
+				}
+				if err := e.ops.LogSoftmax(z, Buffer{}, rows, d.V, f.temp); err != nil {
+					return err
 				}
 				if err := e.launch("head.cu", "head_bwd", rowsGrid(rows), block256, z, z, sub(dcl, c0, rows), sub(dch, c0, rows),
 					intSub(f.dTargets, c0, rows), d.V, f.temp); err != nil {

@@ -96,20 +96,20 @@ extern "C" __global__ void gather_rows(float* __restrict__ out, const float* __r
   out[r] = idx[r] < 0 ? 0.f : logp[(i64)r * V + idx[r]];
 }
 
-// head_bwd_row writes the gradient w.r.t. the logits of row r (log-softmax
-// in logp): with p = exp(logp), d log p_y/d logit_v = delta_vy - p_v and
+// head_bwd writes the gradient w.r.t. the logits of row r (log-softmax in
+// logp): with p = exp(logp), d log p_y/d logit_v = delta_vy - p_v and
 // dH/d logit_v = -p_v*(logp_v + H), each divided by temp (the logits
-// entered the softmax as logit/temp); float32 or bf16 (put).
-template <typename O>
-__device__ __forceinline__ void head_bwd_row(O* dz, const float* logp, const float* __restrict__ coef_lp,
-                                             const float* __restrict__ coef_h, const int* __restrict__ targets,
-                                             int V, float temp, double* sd) {
+// entered the softmax as logit/temp). dz may alias logp. grid = rows.
+extern "C" __global__ void head_bwd(float* dz, const float* logp, const float* __restrict__ coef_lp,
+                                    const float* __restrict__ coef_h, const int* __restrict__ targets,
+                                    int V, float temp) {
+  __shared__ double sd[32];
   const i64 r = blockIdx.x;
   const float* z = logp + r * V;
-  O* d = dz + r * V;
+  float* d = dz + r * V;
   const float cl = coef_lp[r], ch = coef_h[r];
   if (cl == 0.f && ch == 0.f) {
-    for (int j = threadIdx.x; j < V; j += blockDim.x) put(d + j, 0.f);
+    for (int j = threadIdx.x; j < V; j += blockDim.x) d[j] = 0.f;
     return;
   }
   float ent = 0.f;
@@ -124,26 +124,55 @@ __device__ __forceinline__ void head_bwd_row(O* dz, const float* logp, const flo
     float v = ch == 0.f ? p * -cl : -cl * p - ch * p * (zv + ent);
     if (j == tgt) v += cl;
     if (temp != 1.f) v = v / temp;
-    put(d + j, v);
+    d[j] = v;
   }
 }
 
-// head_bwd: head_bwd_row in float32; dz may alias logp. grid = rows.
-extern "C" __global__ void head_bwd(float* dz, const float* logp, const float* __restrict__ coef_lp,
-                                    const float* __restrict__ coef_h, const int* __restrict__ targets,
-                                    int V, float temp) {
+// head_grad_bf16 is logsoftmax_rows then head_bwd then a rounding to bf16
+// in one launch, without writing the log-probabilities back: from the
+// logits z (read, not changed), each row's log-softmax at temp is
+// recomputed element by element as logsoftmax_row makes it (the same max,
+// double sum and subtraction), and its gradient as head_bwd makes it,
+// rounded to bf16 into dz16 (the head's backward products' operand): the
+// same bits as the three, two passes over the rows fewer. The bf16
+// training mode's head backward. grid = rows.
+extern "C" __global__ void head_grad_bf16(bf16_t* __restrict__ dz16, const float* __restrict__ z,
+                                          const float* __restrict__ coef_lp, const float* __restrict__ coef_h,
+                                          const int* __restrict__ targets, int V, float temp) {
+  __shared__ float s[32];
   __shared__ double sd[32];
-  head_bwd_row(dz, logp, coef_lp, coef_h, targets, V, temp, sd);
-}
-
-// head_bwd_bf16 is head_bwd with the gradient rounded to bf16 into dz16
-// (apart from logp): the bf16 mode's operand of the head's backward
-// products, made in the same pass. grid = rows.
-extern "C" __global__ void head_bwd_bf16(bf16_t* __restrict__ dz16, const float* __restrict__ logp,
-                                         const float* __restrict__ coef_lp, const float* __restrict__ coef_h,
-                                         const int* __restrict__ targets, int V, float temp) {
-  __shared__ double sd[32];
-  head_bwd_row(dz16, logp, coef_lp, coef_h, targets, V, temp, sd);
+  const i64 r = blockIdx.x;
+  const float* row = z + r * V;
+  bf16_t* d = dz16 + r * V;
+  const float cl = coef_lp[r], ch = coef_h[r];
+  if (cl == 0.f && ch == 0.f) {
+    for (int j = threadIdx.x; j < V; j += blockDim.x) d[j] = f32_to_bf16(0.f);
+    return;
+  }
+  float mx = -__int_as_float(0x7f800000);
+  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, temp != 1.f ? row[j] / temp : row[j]);
+  mx = block_max(mx, s);
+  double sum = 0.0;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) sum += (double)expf((temp != 1.f ? row[j] / temp : row[j]) - mx);
+  sum = block_sum_f64(sum, sd);
+  const float l = (float)((double)mx + log(sum));
+  float ent = 0.f;
+  if (ch != 0.f) {
+    double h = 0.0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+      const float lp = (temp != 1.f ? row[j] / temp : row[j]) - l;
+      h -= (double)expf(lp) * (double)lp;
+    }
+    ent = (float)block_sum_f64(h, sd);
+  }
+  const int tgt = cl != 0.f ? targets[r] : -1;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) {
+    const float zv = (temp != 1.f ? row[j] / temp : row[j]) - l, p = expf(zv);
+    float v = ch == 0.f ? p * -cl : -cl * p - ch * p * (zv + ent);
+    if (j == tgt) v += cl;
+    if (temp != 1.f) v = v / temp;
+    d[j] = f32_to_bf16(v);
+  }
 }
 
 // DRAW_BLOCK is the span of tokens whose probabilities draw_rows sums as
