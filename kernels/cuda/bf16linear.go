@@ -5,8 +5,9 @@ import "fmt"
 // BF16Linear computes a model's linear layers from a bf16 copy of its
 // float32 weights through cuBLASLt (bf16 operands, float32 accumulation and
 // output), rounding each activation operand to bf16 as it enters a
-// product: the products of mixed-precision training and of the bf16
-// rollout. Weight spans passed to it are spans of the float32 arena it
+// product, or taking it in bf16 from the kernel that computed it
+// (LinearManyBF16, BackFrom16, BackBF16): the products of mixed-precision
+// training and of the bf16 rollout. Weight spans passed to it are spans of the float32 arena it
 // mirrors. Not batch invariant: cuBLASLt chooses its algorithm by shape.
 type BF16Linear struct {
 	ops   *Ops

@@ -1,6 +1,7 @@
 // Causal grouped-query attention over packed sequences, in float32: each
 // query row attends to its own sequence's prefix, one warp per (row,
-// head), so a row's output depends on that prefix alone (batch invariant).
+// head) (the decoding step: per row and group of heads sharing a KV head),
+// so a row's output depends on that prefix alone (batch invariant).
 // Layouts: q and the output [T, heads*hd], k and v [T, kv*hd], lse
 // [T, heads]; seq_start[t] is the packed row where token t's sequence
 // begins, seq_end[t] the row after its last. hd is at most ATT_HD_MAX.
