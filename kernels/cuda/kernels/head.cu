@@ -96,6 +96,17 @@ extern "C" __global__ void gather_rows(float* __restrict__ out, const float* __r
   out[r] = idx[r] < 0 ? 0.f : logp[(i64)r * V + idx[r]];
 }
 
+// logit_grad is the gradient of the loss w.r.t. one logit from its
+// log-prob zv (see head_bwd), divided by temp; target says it is the
+// row's target.
+__device__ __forceinline__ float logit_grad(float zv, float cl, float ch, float ent, bool target, float temp) {
+  const float p = expf(zv);
+  float v = ch == 0.f ? p * -cl : -cl * p - ch * p * (zv + ent);
+  if (target) v += cl;
+  if (temp != 1.f) v = v / temp;
+  return v;
+}
+
 // head_bwd writes the gradient w.r.t. the logits of row r (log-softmax in
 // logp): with p = exp(logp), d log p_y/d logit_v = delta_vy - p_v and
 // dH/d logit_v = -p_v*(logp_v + H), each divided by temp (the logits
@@ -119,13 +130,7 @@ extern "C" __global__ void head_bwd(float* dz, const float* logp, const float* _
     ent = (float)block_sum_f64(h, sd);
   }
   const int tgt = cl != 0.f ? targets[r] : -1;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) {
-    const float zv = z[j], p = expf(zv);
-    float v = ch == 0.f ? p * -cl : -cl * p - ch * p * (zv + ent);
-    if (j == tgt) v += cl;
-    if (temp != 1.f) v = v / temp;
-    d[j] = v;
-  }
+  for (int j = threadIdx.x; j < V; j += blockDim.x) d[j] = logit_grad(z[j], cl, ch, ent, j == tgt, temp);
 }
 
 // head_grad_bf16 is logsoftmax_rows then head_bwd then a rounding to bf16
@@ -149,30 +154,26 @@ extern "C" __global__ void head_grad_bf16(bf16_t* __restrict__ dz16, const float
     for (int j = threadIdx.x; j < V; j += blockDim.x) d[j] = f32_to_bf16(0.f);
     return;
   }
+  // A logit at the temperature, as logsoftmax_row divides it.
+  auto at = [&](int j) { return temp != 1.f ? row[j] / temp : row[j]; };
   float mx = -__int_as_float(0x7f800000);
-  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, temp != 1.f ? row[j] / temp : row[j]);
+  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, at(j));
   mx = block_max(mx, s);
   double sum = 0.0;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) sum += (double)expf((temp != 1.f ? row[j] / temp : row[j]) - mx);
+  for (int j = threadIdx.x; j < V; j += blockDim.x) sum += (double)expf(at(j) - mx);
   sum = block_sum_f64(sum, sd);
   const float l = (float)((double)mx + log(sum));
   float ent = 0.f;
   if (ch != 0.f) {
     double h = 0.0;
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
-      const float lp = (temp != 1.f ? row[j] / temp : row[j]) - l;
+      const float lp = at(j) - l;
       h -= (double)expf(lp) * (double)lp;
     }
     ent = (float)block_sum_f64(h, sd);
   }
   const int tgt = cl != 0.f ? targets[r] : -1;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) {
-    const float zv = (temp != 1.f ? row[j] / temp : row[j]) - l, p = expf(zv);
-    float v = ch == 0.f ? p * -cl : -cl * p - ch * p * (zv + ent);
-    if (j == tgt) v += cl;
-    if (temp != 1.f) v = v / temp;
-    d[j] = f32_to_bf16(v);
-  }
+  for (int j = threadIdx.x; j < V; j += blockDim.x) d[j] = f32_to_bf16(logit_grad(at(j) - l, cl, ch, ent, j == tgt, temp));
 }
 
 // DRAW_BLOCK is the span of tokens whose probabilities draw_rows sums as
