@@ -36,15 +36,16 @@ __device__ __forceinline__ void tile_index(int e, int rows, int kt, bool kfast, 
 
 // gemm_tile is the product of one TM x TM output tile (TM = 64 R / 4) over
 // k tiles of TK: R x R outputs per thread as described above.
+// The tile is (mt, nt): rows mt*TM.., columns nt*TM...
 template <int R, int TK>
 __device__ __forceinline__ void gemm_tile(float* __restrict__ C, const float* __restrict__ A,
                                           const float* __restrict__ B, int M, int N, int K, i64 sam, i64 sak,
-                                          i64 sbk, i64 sbn, i64 ldc, int acc) {
+                                          i64 sbk, i64 sbn, i64 ldc, int acc, int mt, int nt) {
   constexpr int TM = 16 * R, PER = TM * TK / 256, H = R / 4;  // H: groups of four rows (columns) a thread takes
   __shared__ __align__(16) float As[TK][TM + 4];
   __shared__ __align__(16) float Bs[TK][TM + 4];
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int m0 = blockIdx.y * TM, n0 = blockIdx.x * TM;
+  const int m0 = mt * TM, n0 = nt * TM;
   const bool ak = sak == 1, bk = sbk == 1;
   float c[R][R];
 #pragma unroll
@@ -128,7 +129,7 @@ __device__ __forceinline__ void gemm_tile(float* __restrict__ C, const float* __
 extern "C" __global__ void __launch_bounds__(256) gemm_f32(
     float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ B, int M, int N, int K,
     i64 sam, i64 sak, i64 sbk, i64 sbn, i64 ldc, int acc) {
-  gemm_tile<4, 16>(C, A, B, M, N, K, sam, sak, sbk, sbn, ldc, acc);
+  gemm_tile<4, 16>(C, A, B, M, N, K, sam, sak, sbk, sbn, ldc, acc, blockIdx.y, blockIdx.x);
 }
 
 // gemm_f32_128: the same product with 128 x 128 output tiles (8 x 8 a
@@ -139,5 +140,133 @@ extern "C" __global__ void __launch_bounds__(256) gemm_f32(
 extern "C" __global__ void __launch_bounds__(256, 2) gemm_f32_128(
     float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ B, int M, int N, int K,
     i64 sam, i64 sak, i64 sbk, i64 sbn, i64 ldc, int acc) {
-  gemm_tile<8, 8>(C, A, B, M, N, K, sam, sak, sbk, sbn, ldc, acc);
+  gemm_tile<8, 8>(C, A, B, M, N, K, sam, sak, sbk, sbn, ldc, acc, blockIdx.y, blockIdx.x);
+}
+
+// The grouped expert products of an MoE layer: the rows grouped by expert
+// (moe.cu's moe_group_*: expert e's rows off[e]..off[e+1]), each expert's
+// rows times its own weights, all experts in one launch whose size depends
+// only on the row count (a CUDA graph can hold it). Expert e's weights are
+// B + e*wstride: [N, K] row-major, K contiguous (an expert's gate and up
+// projections side by side are one [2I, H] matrix in the arena). Row tile
+// y of the grid is tiles[2y]'s tile tiles[2y+1] (moe_group_offsets' map;
+// -1 past the last: the block returns). grid = (ceil(N/64), ceil(R/64) + E).
+
+// gemm_f32_grouped: C[r, n] = (acc ? C : 0) + sum_k A[r*lda + k] * W_e[n*K + k]
+// for every grouped row r of expert e: gemm_f32's tile, so every output is
+// the same fmaf chain as the per-expert product's (the same bits as
+// Ops.Gemm over the expert's rows alone).
+extern "C" __global__ void __launch_bounds__(256, 2) gemm_f32_grouped(
+    float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ B, const int* __restrict__ off,
+    const int* __restrict__ tiles, int N, int K, i64 lda, i64 ldc, i64 wstride, int acc) {
+  const int e = tiles[2 * blockIdx.y];
+  if (e < 0) return;
+  const int r0 = off[e];
+  gemm_tile<4, 16>(C + r0 * ldc, A + r0 * lda, B + e * wstride, off[e + 1] - r0, N, K, lda, 1, 1, K, ldc, acc,
+                   tiles[2 * blockIdx.y + 1], blockIdx.x);
+}
+
+// gemm_bf16_grouped: the same product on the tensor cores from bf16
+// operands (A [R, lda] and the weights), float32 accumulation and output:
+// the bf16 rollout's expert products. A block's 64 x 64 output tile is
+// four warps of 32 x 32 (2 x 4 mma.m16n8k16 tiles), over k tiles of 32 in
+// two stages of shared memory (the next tile's copy in flight during this
+// one's products). Each output is a sum over k in a fixed order that does
+// not depend on the other rows: batch invariant, like gemm_f32. vec says
+// every row of A and W starts 16-byte aligned and K % 8 == 0 (16-byte
+// copies, cp.async where async); else the tiles are staged element by
+// element. block = 128.
+#define GB_BK 32
+#define GB_P 20  // words of a shared tile row: 32 bf16 and 8 of padding (no bank conflicts)
+
+// gb_stage copies rows x GB_BK bf16 of src (row r at src + r*ld, k from k0,
+// zeros past rows and K) into a stage of 64 rows.
+__device__ __forceinline__ void gb_stage(u32* dst, const bf16_t* __restrict__ src, i64 ld, int rows, int k0, int K,
+                                         int vec, int async) {
+  for (int x = threadIdx.x; x < 64 * (GB_BK / 8); x += blockDim.x) {
+    const int r = x / (GB_BK / 8), c = x % (GB_BK / 8), k = k0 + 8 * c;
+    u32* d = dst + r * GB_P + 4 * c;
+    if (vec && r < rows && k + 8 <= K) {
+      copy16(d, src + r * ld + k, async);
+      continue;
+    }
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      const int k2 = k + 2 * q;
+      const u32 lo = (r < rows && k2 < K) ? src[r * ld + k2] : 0u;
+      const u32 hi = (r < rows && k2 + 1 < K) ? src[r * ld + k2 + 1] : 0u;
+      d[q] = lo | (hi << 16);
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(128) gemm_bf16_grouped(
+    float* __restrict__ C, const bf16_t* __restrict__ A, const bf16_t* __restrict__ B, const int* __restrict__ off,
+    const int* __restrict__ tiles, int N, int K, i64 lda, i64 ldc, i64 wstride, int acc, int vec, int async) {
+  __shared__ __align__(16) u32 As[2][64 * GB_P];
+  __shared__ __align__(16) u32 Bs[2][64 * GB_P];
+  const int e = tiles[2 * blockIdx.y];
+  if (e < 0) return;
+  const int m0 = tiles[2 * blockIdx.y + 1] * MOE_TILE, n0 = blockIdx.x * 64;
+  const int r0 = off[e] + m0, M = min(MOE_TILE, off[e + 1] - r0), Nb = min(64, N - n0);
+  const bf16_t* a = A + r0 * lda;
+  const bf16_t* w = B + e * wstride + (i64)n0 * K;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;  // the warp's 32 x 32 of the tile
+  float d[2][4][4];
+#pragma unroll
+  for (int i = 0; i < 2; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) d[i][j][q] = 0.f;
+  const int nk = (K + GB_BK - 1) / GB_BK;
+  gb_stage(As[0], a, lda, M, 0, K, vec, async);
+  gb_stage(Bs[0], w, K, Nb, 0, K, vec, async);
+  copies_commit(async);
+  for (int kt = 0; kt < nk; kt++) {
+    const int st = kt & 1;
+    if (kt + 1 < nk) {
+      gb_stage(As[st ^ 1], a, lda, M, (kt + 1) * GB_BK, K, vec, async);
+      gb_stage(Bs[st ^ 1], w, K, Nb, (kt + 1) * GB_BK, K, vec, async);
+      copies_commit(async);
+      copies_wait_prev(async);
+    } else {
+      copies_done(async);
+    }
+    __syncthreads();
+    const u32* as = As[st];
+    const u32* bs = Bs[st];
+#pragma unroll
+    for (int ks = 0; ks < GB_BK / 16; ks++) {
+      u32 af[2][4], bfr[4][2];
+#pragma unroll
+      for (int i = 0; i < 2; i++) {
+        const u32* p0 = as + (wm + 16 * i + g) * GB_P + ks * 8 + t;
+        const u32* p1 = p0 + 8 * GB_P;
+        af[i][0] = p0[0], af[i][1] = p1[0], af[i][2] = p0[4], af[i][3] = p1[4];
+      }
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const u32* p = bs + (wn + 8 * j + g) * GB_P + ks * 8 + t;
+        bfr[j][0] = p[0], bfr[j][1] = p[4];
+      }
+#pragma unroll
+      for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) mma16816(d[i][j], af[i], bfr[j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 2; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        const int m = wm + 16 * i + g + 8 * (q >> 1), n = wn + 8 * j + 2 * t + (q & 1);
+        if (m >= M || n >= Nb) continue;
+        float* p = C + (r0 + m) * ldc + n0 + n;
+        *p = acc ? *p + d[i][j][q] : d[i][j][q];
+      }
 }

@@ -3,8 +3,9 @@
 // model.GateWeights, so every engine routes alike), the probability mass
 // of the load-balancing loss, the combination of the experts' outputs in
 // slot order (no atomics) and the backward of all of it, the router's
-// gradient as train.RouterBackRow computes it. The host only groups the
-// (token, slot) pairs by expert, from the experts' ids.
+// gradient as train.RouterBackRow computes it, and the grouping of the
+// (token, slot) pairs by expert (moe_group_*, model.GroupByExpert's
+// order), so that a step needs no round trip to the host.
 
 // softmax_rows: z = softmax(z) in place, one block per row.
 extern "C" __global__ void softmax_rows(float* z, int V) {
@@ -150,4 +151,85 @@ extern "C" __global__ void router_bwd(float* __restrict__ ds, const float* __res
   float pdp = 0.f;
   for (int e = 0; e < E; e++) pdp += p[e] * o[e];
   for (int e = 0; e < E; e++) o[e] = p[e] * (o[e] - pdp);
+}
+
+// The grouping of the (token, slot) pairs by expert, as model.GroupByExpert
+// orders them: expert e's pairs are the grouped rows off[e]..off[e+1],
+// pairs in order within an expert (pair j is token j/k's slot j%k). Three
+// launches over chunks of MOE_CHUNK pairs, with no atomics: the counts per
+// chunk and expert, the offsets (and the tile map of the grouped
+// products), the rows. Every array has a size fixed by the pair count, so
+// a decoding step that groups on the device can be a CUDA graph.
+#define MOE_CHUNK 256
+
+// moe_group_count: cnt[c*E + e] = the pairs of chunk c (pairs
+// c*MOE_CHUNK...) routed to expert e. grid = chunks, block = MOE_CHUNK.
+extern "C" __global__ void __launch_bounds__(256) moe_group_count(int* __restrict__ cnt, const int* __restrict__ ids, int R, int E) {
+  __shared__ int s[MOE_CHUNK];
+  const int j0 = blockIdx.x * MOE_CHUNK, n = min(MOE_CHUNK, R - j0);
+  if ((int)threadIdx.x < n) s[threadIdx.x] = ids[j0 + threadIdx.x];
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int m = 0;
+    for (int j = 0; j < n; j++) m += s[j] == e;
+    cnt[(i64)blockIdx.x * E + e] = m;
+  }
+}
+
+// moe_group_offsets: off[e] = the pairs routed to experts below e (off[E]
+// = R); base[c*E + e] = the grouped row of chunk c's first pair of expert
+// e (off[e] + those of the chunks before c); and the tile map of the
+// grouped products: tiles[2i], tiles[2i+1] = the expert and its row tile
+// of tile i, experts in order, entries past the last tile -1. One block.
+extern "C" __global__ void __launch_bounds__(256) moe_group_offsets(int* __restrict__ off, int* __restrict__ base,
+                                                                    int* __restrict__ tiles, const int* __restrict__ cnt,
+                                                                    int chunks, int E, int ntiles) {
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int s = 0;
+    for (int c = 0; c < chunks; c++) {
+      const int m = cnt[(i64)c * E + e];
+      base[(i64)c * E + e] = s;
+      s += m;
+    }
+    off[e + 1] = s;
+  }
+  for (int i = threadIdx.x; i < ntiles; i += blockDim.x) tiles[2 * i] = tiles[2 * i + 1] = -1;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    off[0] = 0;
+    for (int e = 0; e < E; e++) off[e + 1] += off[e];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const int o = off[e];
+    for (int c = 0; c < chunks; c++) base[(i64)c * E + e] += o;
+    // Expert e's tiles follow those of the experts before it.
+    int t0 = 0;
+    for (int q = 0; q < e; q++) t0 += (off[q + 1] - off[q] + MOE_TILE - 1) / MOE_TILE;
+    const int nt = (off[e + 1] - o + MOE_TILE - 1) / MOE_TILE;
+    for (int t = 0; t < nt && t0 + t < ntiles; t++) {
+      tiles[2 * (t0 + t)] = e;
+      tiles[2 * (t0 + t) + 1] = t;
+    }
+  }
+}
+
+// moe_group_place: for pair j, its grouped row row[j] = base[c*E + e] +
+// the pairs of chunk c before j routed to e, and tok[row[j]] = j/k.
+// grid = chunks, block = MOE_CHUNK.
+extern "C" __global__ void __launch_bounds__(256) moe_group_place(int* __restrict__ row, int* __restrict__ tok,
+                                                                  const int* __restrict__ ids, const int* __restrict__ base,
+                                                                  int R, int E, int k) {
+  __shared__ int s[MOE_CHUNK];
+  const int i = threadIdx.x, j0 = blockIdx.x * MOE_CHUNK, n = min(MOE_CHUNK, R - j0);
+  if (i < n) s[i] = ids[j0 + i];
+  __syncthreads();
+  if (i >= n) return;
+  const int e = s[i];
+  if (e < 0 || e >= E) return;  // not an expert: moe_route never writes one
+  int rank = 0;
+  for (int j = 0; j < i; j++) rank += s[j] == e;
+  const int r = base[(i64)blockIdx.x * E + e] + rank;
+  row[j0 + i] = r;
+  tok[r] = (j0 + i) / k;
 }

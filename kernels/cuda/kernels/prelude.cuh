@@ -24,6 +24,11 @@ typedef long long i64;
   T* name = keel_dyn_##name
 #endif
 
+// MOE_TILE is the rows of a grouped expert product's row tile (gemm.cu's
+// gemm_*_grouped, over moe.cu's tile map): expert e's n rows take
+// ceil(n/MOE_TILE) tiles.
+#define MOE_TILE 64
+
 // KEEL_THREADS is the block size of the row kernels: rows of any length
 // are reduced by this many threads, so the order of additions depends on
 // the row length only.
@@ -40,6 +45,91 @@ __device__ __forceinline__ bf16_t f32_to_bf16(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return (bf16_t)(u >> 16);
+}
+
+// The tensor cores' bf16 product and the asynchronous tile copies, shared
+// by flash.cu's attention and gemm.cu's grouped expert products.
+
+// mma16816 adds A.B to a warp's 16x8 float32 tile d, for A 16x16 and B
+// 16x8 in bf16, laid out as PTX's mma.m16n8k16 .row.col lays them: lane
+// 4g + t holds a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..2t+1],
+// a[2] = A[g][2t+8..2t+9], a[3] = A[g+8][2t+8..2t+9], b[0] =
+// B[2t..2t+1][g], b[1] = B[2t+8..2t+9][g], d[0..1] = D[g][2t..2t+1] and
+// d[2..3] = D[g+8][2t..2t+1], each u32 two bf16 with the lower index in its
+// low half. Below sm_80 (and on keel's CPU emulator) the same product is
+// made from shuffles.
+__device__ __forceinline__ float bf_lo(u32 x) { return __uint_as_float(x << 16); }
+__device__ __forceinline__ float bf_hi(u32 x) { return __uint_as_float(x & 0xffff0000u); }
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+  return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
+}
+
+__device__ __forceinline__ void mma16816(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  for (int s = 0; s < 4; s++) {
+    // Lane 4g + s holds row g's (and g+8's) k = 2s, 2s+1, 2s+8, 2s+9;
+    // lane 4n + s holds column n's.
+    const u32 a0 = __shfl_sync(0xffffffffu, a[0], 4 * g + s), a1 = __shfl_sync(0xffffffffu, a[1], 4 * g + s);
+    const u32 a2 = __shfl_sync(0xffffffffu, a[2], 4 * g + s), a3 = __shfl_sync(0xffffffffu, a[3], 4 * g + s);
+    const u32 b00 = __shfl_sync(0xffffffffu, b[0], 8 * t + s), b01 = __shfl_sync(0xffffffffu, b[1], 8 * t + s);
+    const u32 b10 = __shfl_sync(0xffffffffu, b[0], 8 * t + 4 + s), b11 = __shfl_sync(0xffffffffu, b[1], 8 * t + 4 + s);
+    d[0] = fmaf(bf_lo(a0), bf_lo(b00), fmaf(bf_hi(a0), bf_hi(b00), fmaf(bf_lo(a2), bf_lo(b01), fmaf(bf_hi(a2), bf_hi(b01), d[0]))));
+    d[1] = fmaf(bf_lo(a0), bf_lo(b10), fmaf(bf_hi(a0), bf_hi(b10), fmaf(bf_lo(a2), bf_lo(b11), fmaf(bf_hi(a2), bf_hi(b11), d[1]))));
+    d[2] = fmaf(bf_lo(a1), bf_lo(b00), fmaf(bf_hi(a1), bf_hi(b00), fmaf(bf_lo(a3), bf_lo(b01), fmaf(bf_hi(a3), bf_hi(b01), d[2]))));
+    d[3] = fmaf(bf_lo(a1), bf_lo(b10), fmaf(bf_hi(a1), bf_hi(b10), fmaf(bf_lo(a3), bf_lo(b11), fmaf(bf_hi(a3), bf_hi(b11), d[3]))));
+  }
+#endif
+}
+
+// u32x4 is 16 bytes moved at once; shared tiles are declared as arrays of
+// it so that they are 16-byte aligned.
+struct alignas(16) u32x4 {
+  u32 x, y, z, w;
+};
+
+// copy16 moves 16 bytes from global to shared memory. With async (sm_80
+// and later) through cp.async: every copy a thread issues is in flight at
+// once until copies_done, instead of one global-memory latency per copy;
+// else (and on keel's CPU emulator) a plain copy. The two give the same
+// bytes: the device tests compare them.
+__device__ __forceinline__ void copy16(u32* dst, const bf16_t* src, int async) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (async) {
+    u32 s;
+    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+    return;
+  }
+#endif
+  *(u32x4*)dst = *(const u32x4*)src;
+}
+
+// copies_done waits for this thread's copies; a barrier must follow before
+// other threads read them.
+__device__ __forceinline__ void copies_done(int async) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (async) asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
+// copies_commit closes the group of copies issued since the last;
+// copies_wait_prev waits for every group but the last one (the tile
+// before the one in flight). Plain copies are done when issued.
+__device__ __forceinline__ void copies_commit(int async) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (async) asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void copies_wait_prev(int async) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (async) asm volatile("cp.async.wait_group 1;" ::: "memory");
+#endif
 }
 
 // put stores an output element: float32, or rounded to bf16 where the

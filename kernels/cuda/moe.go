@@ -1,0 +1,130 @@
+package cuda
+
+import "fmt"
+
+// moeTile is moe.cu's MOE_TILE: the rows of a grouped product's row tile.
+const moeTile = 64
+
+// moeChunk is moe.cu's MOE_CHUNK: the pairs a grouping block takes.
+const moeChunk = 256
+
+// MoEGroups is the device memory of an MoE layer's (token, slot) pairs
+// grouped by expert on the device (Ops.MoEGroup), for up to Pairs pairs
+// and Experts experts: the offsets, rows and tokens of
+// model.GroupByExpert, and the tile map the grouped products
+// (GemmGrouped, GemmGroupedBF16) read. With the grouping on the device an
+// MoE layer needs no round trip to the host, and every launch's size
+// depends on the pair count only, so a decoding step can be a CUDA graph.
+type MoEGroups struct {
+	Pairs, Experts int
+	Off            Buffer // int32 [Experts+1]: expert e's grouped rows are Off[e]..Off[e+1]
+	Row            Buffer // int32 [Pairs]: pair j's grouped row
+	Tok            Buffer // int32 [Pairs]: grouped row r's token
+	Tiles          Buffer // int32 [2·maxTiles]: each row tile's expert and tile within it
+	count, base    Buffer // int32 [chunks·Experts]: per chunk and expert
+}
+
+// MoEGroupSpan is one of MoEGroups' buffers and its size in 4-byte words,
+// for the caller to allocate (its engine's memory plan counts them).
+type MoEGroupSpan struct {
+	B     *Buffer
+	Words int
+}
+
+// Layout sets g's capacity and lists its buffers with their sizes.
+func (g *MoEGroups) Layout(pairs, experts int) []MoEGroupSpan {
+	g.Pairs, g.Experts = pairs, experts
+	chunks := (pairs + moeChunk - 1) / moeChunk
+	return []MoEGroupSpan{{&g.Off, experts + 1}, {&g.Row, pairs}, {&g.Tok, pairs},
+		{&g.Tiles, 2 * groupTiles(pairs, experts)}, {&g.count, chunks * experts}, {&g.base, chunks * experts}}
+}
+
+// groupTiles bounds the row tiles of pairs rows over experts experts:
+// Σ_e ceil(n_e/moeTile) ≤ ceil(pairs/moeTile) + experts. The grouped
+// products' grid has this many row tiles; those past the last return.
+func groupTiles(pairs, experts int) int { return (pairs+moeTile-1)/moeTile + experts }
+
+// MoEGroup groups pairs (token, slot) pairs by expert from ids (int32
+// [pairs], k slots a token, every id in [0, Experts)) as
+// model.GroupByExpert does: g.Off, g.Row, g.Tok and the tile map, on the
+// device, in three launches.
+func (o *Ops) MoEGroup(g *MoEGroups, ids Buffer, pairs, k int) error {
+	if pairs <= 0 || pairs > g.Pairs || k <= 0 {
+		return fmt.Errorf("cuda: grouping %d pairs of %d slots, room for %d", pairs, k, g.Pairs)
+	}
+	E, chunks := g.Experts, (pairs+moeChunk-1)/moeChunk
+	if err := o.Launch("moe.cu", "moe_group_count", Dim3{X: chunks}, block256, g.count, ids, pairs, E); err != nil {
+		return err
+	}
+	if err := o.Launch("moe.cu", "moe_group_offsets", Dim3{X: 1}, block256, g.Off, g.base, g.Tiles, g.count, chunks, E, groupTiles(pairs, E)); err != nil {
+		return err
+	}
+	return o.Launch("moe.cu", "moe_group_place", Dim3{X: chunks}, block256, g.Row, g.Tok, ids, g.base, pairs, E, k)
+}
+
+// groupedProduct checks a grouped product's shapes: the weights of every
+// expert, w + e·wstride words of [N, K], inside w.
+func groupedProduct(g *MoEGroups, pairs int, w Buffer, N, K, wstride, elem int) error {
+	need := int64((g.Experts-1)*wstride+N*K) * int64(elem)
+	switch {
+	case pairs <= 0 || pairs > g.Pairs:
+		return fmt.Errorf("cuda: a grouped product of %d rows, grouping for %d", pairs, g.Pairs)
+	case N <= 0 || K <= 0 || wstride < N*K:
+		return fmt.Errorf("cuda: a grouped product's weights [%d, %d] %d apart", N, K, wstride)
+	case w.Size < need:
+		return fmt.Errorf("cuda: a grouped product's %d experts' weights need %d bytes, have %d", g.Experts, need, w.Size)
+	case groupTiles(pairs, g.Experts) > 65535:
+		return fmt.Errorf("cuda: a grouped product of %d rows over %d experts: more row tiles than a grid holds", pairs, g.Experts)
+	}
+	return nil
+}
+
+// GemmGrouped is the float32 product of every expert over its grouped
+// rows (pairs of them, grouped by MoEGroup): c[r, 0:N] (+)= a[r, 0:K] ·
+// W_eᵀ, rows lda and ldc apart, W_e = [N, K] at word e·wstride of w.
+// Every output is the fmaf chain of Gemm over the expert's rows alone:
+// the same bits, in one launch.
+func (o *Ops) GemmGrouped(g *MoEGroups, pairs int, c, a, w Buffer, N, K, lda, ldc, wstride int, acc bool) error {
+	if err := groupedProduct(g, pairs, w, N, K, wstride, 4); err != nil {
+		return err
+	}
+	flag := 0
+	if acc {
+		flag = 1
+	}
+	return o.Launch("gemm.cu", "gemm_f32_grouped", Dim3{X: (N + 63) / 64, Y: groupTiles(pairs, g.Experts)}, block256,
+		c, a, w, g.Off, g.Tiles, N, K, int64(lda), int64(ldc), int64(wstride), flag)
+}
+
+// GemmGroupedBF16 is GemmGrouped from bf16 operands (a16 [pairs, lda] and
+// the weights w16, wstride bf16 apart) on the tensor cores, float32
+// accumulation and output (gemm_bf16_grouped: a row's outputs do not
+// depend on the other rows).
+func (o *Ops) GemmGroupedBF16(g *MoEGroups, pairs int, c, a16, w16 Buffer, N, K, lda, ldc, wstride int, acc bool) error {
+	if err := groupedProduct(g, pairs, w16, N, K, wstride, 2); err != nil {
+		return err
+	}
+	flag, vec := 0, 0
+	if acc {
+		flag = 1
+	}
+	if a16.Ptr%16 == 0 && w16.Ptr%16 == 0 && lda%8 == 0 && K%8 == 0 && wstride%8 == 0 {
+		vec = 1
+	}
+	return o.Launch("gemm.cu", "gemm_bf16_grouped", Dim3{X: (N + 63) / 64, Y: groupTiles(pairs, g.Experts)}, Dim3{X: 128},
+		c, a16, w16, g.Off, g.Tiles, N, K, int64(lda), int64(ldc), int64(wstride), flag, vec, o.flashAsync())
+}
+
+// Grouped is GemmGroupedBF16 with the weights' bf16 copy: w is the span
+// of the float32 arena holding every expert's [N, K] (expert e at word
+// e·wstride), x16 the grouped rows in bf16.
+func (l *BF16Linear) Grouped(g *MoEGroups, pairs int, y, x16, w Buffer, N, K, ldx, ldy, wstride int) error {
+	if err := l.weights(); err != nil {
+		return err
+	}
+	w16, err := l.w16span(w)
+	if err != nil {
+		return err
+	}
+	return l.ops.GemmGroupedBF16(g, pairs, y, x16, w16, N, K, ldx, ldy, wstride, false)
+}
