@@ -61,6 +61,22 @@ type Backend struct {
 		slot, pos, tok, outRow []int32
 		temps                  []float32
 	}
+	// groupOnDevice: the MoE layers group their rows by expert on the
+	// device and run all experts in one grouped product (groupsOnDevice);
+	// experts is each MoE layer's weights for it, routes the host's copy of
+	// a step's routes, which stay on the device until the step ends.
+	groupOnDevice bool
+	experts       []expertWeights
+	routes        []int32
+}
+
+// expertWeights are an MoE layer's experts as the grouped products read
+// them: every expert's gate and up projections ([2I, H], the two side by
+// side in the arena) and its down projection ([H, I]), expert e's stride
+// floats after expert 0's.
+type expertWeights struct {
+	gateUp, down Buffer
+	stride       int
 }
 
 // scratch is one step's device memory, sized for Options.StepRows rows.
@@ -72,6 +88,18 @@ type scratch struct {
 	draw, drawn, drawnLP                            Buffer // per output row: uniform (float64), token, log-prob
 	probs, gates, row, gtok, ids, xg, gug, ag, yg   Buffer // MoE
 	x16                                             Buffer // bf16: a product's operand, rounded by the kernel before it
+	grp                                             kc.MoEGroups
+	xg16                                            Buffer // bf16 MoE grouped on the device: the experts' rows, then SwiGLU's
+}
+
+// groupsOnDevice says whether the MoE layers of a rollout in o's precision
+// group their rows by expert on the device (exact and bf16, unless
+// KEEL_MOE_GROUP is host): no round trip to the host mid-step, every
+// expert in one launch, and decoding steps replayed as CUDA graphs. The
+// fp8 and fp4 products (and KEEL_MOE_GROUP=host) group on the host and
+// launch a product per expert.
+func groupsOnDevice(c *model.Config, o *rollout.Options) bool {
+	return len(c.MoELayers()) > 0 && (o.Precision == rollout.Exact || o.Precision == rollout.BF16) && os.Getenv("KEEL_MOE_GROUP") != "host"
 }
 
 // products are the reduced-precision linear layers: kernels/cuda's
@@ -108,7 +136,17 @@ func (s *scratch) spans(c *model.Config, o *rollout.Options) []span {
 	if o.Precision == rollout.BF16 {
 		spans = append(spans, span{&s.x16, (R*max(H, qd, I) + 1) / 2})
 	}
-	if len(c.MoELayers()) > 0 {
+	if nMoE := len(c.MoELayers()); nMoE > 0 && groupsOnDevice(c, o) {
+		// Every MoE layer's routes stay on the device until the step ends.
+		spans = append(spans, span{&s.probs, R * E}, span{&s.gates, R * k}, span{&s.ids, nMoE * R * k},
+			span{&s.xg, R * k * H}, span{&s.gug, R * k * 2 * Im}, span{&s.ag, R * k * Im}, span{&s.yg, R * k * H})
+		for _, g := range s.grp.Layout(R*k, E) {
+			spans = append(spans, span{g.B, g.Words})
+		}
+		if o.Precision == rollout.BF16 {
+			spans = append(spans, span{&s.xg16, (R*k*max(H, Im) + 1) / 2})
+		}
+	} else if nMoE > 0 {
 		spans = append(spans, span{&s.probs, R * E}, span{&s.gates, R * k}, span{&s.row, R * k}, span{&s.gtok, R * k},
 			span{&s.ids, R * k}, span{&s.xg, R * k * H}, span{&s.gug, R * k * 2 * Im}, span{&s.ag, R * k * Im}, span{&s.yg, R * k * H})
 	}
@@ -160,7 +198,8 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 		return nil, err
 	}
 	host := model.New(c)
-	b := &Backend{cfg: c, opt: opt, dev: dev, ops: kc.NewOps(dev), host: host, offs: map[*model.Param]int{}}
+	b := &Backend{cfg: c, opt: opt, dev: dev, ops: kc.NewOps(dev), host: host, offs: map[*model.Param]int{},
+		groupOnDevice: groupsOnDevice(&c, &opt)}
 	off := 0
 	for _, p := range host.Params() {
 		b.offs[p] = off
@@ -169,6 +208,12 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 	if err := b.alloc(); err != nil {
 		b.Close()
 		return nil, err
+	}
+	if b.groupOnDevice {
+		if b.experts, err = b.expertLayout(); err != nil {
+			b.Close()
+			return nil, err
+		}
 	}
 	switch opt.Precision {
 	case rollout.BF16:
@@ -196,12 +241,12 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 		// The operands' scratch at its largest now (as Plan counts it): a
 		// graph keeps the addresses it recorded.
 		rows, width := opt.StepRows, max(c.HiddenSize, c.NumAttentionHeads*c.HeadDim, c.IntermediateSize, c.MoeIntermediateSize)
-		if k, w := c.NumExpertsPerTok, max(c.HiddenSize, c.MoeIntermediateSize); len(c.MoELayers()) > 0 && opt.Precision == rollout.BF16 && k*w > width {
+		if k, w := c.NumExpertsPerTok, max(c.HiddenSize, c.MoeIntermediateSize); len(c.MoELayers()) > 0 && !b.groupOnDevice && opt.Precision == rollout.BF16 && k*w > width {
 			rows, width = opt.StepRows*k, w
 		}
 		err = b.bf.Reserve(rows, width)
 	}
-	if err == nil && useGraphs(&c, b.ops) {
+	if err == nil && useGraphs(&c, &opt, b.ops) {
 		b.graphs = map[int]*kc.Graph{}
 		err = b.ops.PrepareGraphs()
 	}
@@ -399,10 +444,31 @@ func (b *Backend) Step(sb *rollout.StepBatch) error {
 	if err := b.forward(sb, R, nOut); err != nil {
 		return err
 	}
+	if err := b.routesOut(sb, R, R); err != nil {
+		return err
+	}
 	if nOut == 0 {
 		return b.dev.Sync()
 	}
 	return b.outputs(sb, nOut)
+}
+
+// routesOut copies the routes of a step's first R rows from the device
+// into sb, where the MoE layers grouped on the device left them (a step of
+// run rows: layer ml's at ml·run·k).
+func (b *Backend) routesOut(sb *rollout.StepBatch, R, run int) error {
+	nMoE, k := len(b.cfg.MoELayers()), b.cfg.NumExpertsPerTok
+	if !b.groupOnDevice || nMoE == 0 {
+		return nil
+	}
+	b.routes = append(b.routes[:0], make([]int32, nMoE*run*k)...)
+	if err := kc.Download(b.dev, b.routes, b.s.ids); err != nil {
+		return err
+	}
+	for ml := range nMoE {
+		copy(sb.Routes[ml][:R*k], b.routes[ml*run*k:])
+	}
+	return nil
 }
 
 // upload copies a step's rows (slot, position, token) and output rows
@@ -421,11 +487,12 @@ func (b *Backend) upload(slot, pos, tok, outRow []int32, temps []float32) error 
 }
 
 // useGraphs says whether the backend replays decoding steps as CUDA
-// graphs: for dense models (an MoE layer brings its routes to the host
-// mid-step, which a graph cannot), where the driver has graphs, the run
-// is not profiled (KEEL_CUDA_PROFILE) and KEEL_CUDA_GRAPHS is not 0.
-func useGraphs(c *model.Config, o *kc.Ops) bool {
-	return len(c.MoELayers()) == 0 && o.GraphsAvailable() && os.Getenv("KEEL_CUDA_GRAPHS") != "0"
+// graphs: for dense models and MoE models grouped on the device (an MoE
+// layer grouped on the host brings its routes there mid-step, which a
+// graph cannot), where the driver has graphs, the run is not profiled
+// (KEEL_CUDA_PROFILE) and KEEL_CUDA_GRAPHS is not 0.
+func useGraphs(c *model.Config, opt *rollout.Options, o *kc.Ops) bool {
+	return (len(c.MoELayers()) == 0 || groupsOnDevice(c, opt)) && o.GraphsAvailable() && os.Getenv("KEEL_CUDA_GRAPHS") != "0"
 }
 
 // graphRows is the rows of the graph that runs a decoding step of R rows:
@@ -478,6 +545,9 @@ func (b *Backend) stepGraph(sb *rollout.StepBatch) error {
 		if err := g.Launch(); err != nil {
 			return err
 		}
+		if err := b.routesOut(sb, R, n); err != nil {
+			return err
+		}
 		return b.outputs(sb, nOut)
 	}
 	// The first step of n rows runs its launches one by one (loading
@@ -491,6 +561,9 @@ func (b *Backend) stepGraph(sb *rollout.StepBatch) error {
 		return fmt.Errorf("rollout/cuda: recording the decoding step of %d rows: %w", n, err)
 	}
 	b.graphs[n] = g
+	if err := b.routesOut(sb, R, n); err != nil {
+		return err
+	}
 	return b.outputs(sb, nOut)
 }
 
@@ -505,7 +578,8 @@ func fill(n int, v int32) []int32 {
 
 // forward launches a step of R rows (inputs uploaded) through the layers
 // and the LM head of its nOut output rows, up to their log-softmax; sb
-// receives the MoE layers' routes (nil in a graph: dense models only).
+// receives the routes of MoE layers grouped on the host (nil in a graph:
+// those grouped on the device leave them there, for routesOut).
 func (b *Backend) forward(sb *rollout.StepBatch, R, nOut int) error {
 	c := &b.cfg
 	s, o := &b.s, b.ops
@@ -562,7 +636,10 @@ func (b *Backend) forward(sb *rollout.StepBatch, R, nOut int) error {
 			}
 		}
 		var err error
-		if l.Router != nil {
+		if l.Router != nil && b.groupOnDevice {
+			err = b.moeGrouped(ml, l, R, next)
+			ml++
+		} else if l.Router != nil {
 			err = b.moe(sb, ml, l, R, next)
 			ml++
 		} else {
@@ -828,4 +905,97 @@ func Open(ordinal int, m *model.Model, opt rollout.Options) (*Backend, error) {
 	}
 	b.ownDevice = true
 	return b, nil
+}
+
+// expertLayout finds each MoE layer's experts in the arena as the grouped
+// products read them: an expert's gate and up projections adjacent (one
+// [2I, H] matrix), and the experts equally far apart. model.New lays them
+// out so; anything else is an error here, not a wrong product later.
+func (b *Backend) expertLayout() ([]expertWeights, error) {
+	c := &b.cfg
+	H, I, E := c.HiddenSize, c.MoeIntermediateSize, c.NumExperts
+	var out []expertWeights
+	for li := range b.host.Layers {
+		l := &b.host.Layers[li]
+		if l.Router == nil {
+			continue
+		}
+		stride := 3 * I * H
+		if E > 1 {
+			stride = b.offs[l.Experts[1].Gate] - b.offs[l.Experts[0].Gate]
+		}
+		for e, ex := range l.Experts {
+			g := b.offs[ex.Gate]
+			if g != b.offs[l.Experts[0].Gate]+e*stride || b.offs[ex.Up] != g+I*H || b.offs[ex.Down] != b.offs[l.Experts[0].Down]+e*stride || stride < 2*I*H {
+				return nil, fmt.Errorf("rollout/cuda: layer %d: the experts' weights are not laid out as the grouped products read them", li)
+			}
+		}
+		span := (E-1)*stride + 2*I*H
+		out = append(out, expertWeights{
+			gateUp: b.w.Floats(b.offs[l.Experts[0].Gate], span),
+			down:   b.w.Floats(b.offs[l.Experts[0].Down], (E-1)*stride+H*I),
+			stride: stride,
+		})
+	}
+	return out, nil
+}
+
+// moeGrouped runs the ml-th MoE layer on the step's h2 into next without
+// the host: the router, the experts and gates (moe_route, the training
+// engine's kernel), the rows grouped by expert (moe_group_*), every
+// expert's products in one grouped launch (exact: gemm_f32_grouped, the
+// training engine's per-expert products bit for bit; bf16: on the tensor
+// cores from bf16 rows), and the gates' combination. The layer's routes
+// stay on the device (s.ids at ml·R·k) until routesOut.
+func (b *Backend) moeGrouped(ml int, l *model.Layer, R int, next Buffer) error {
+	c, s, o := &b.cfg, &b.s, b.ops
+	H, E, k, I := c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
+	P, ew := R*k, b.experts[ml]
+	ids := s.ids.Floats(ml*P, P)
+	f := b.fused()
+	router := func() error { return b.linear(s.probs, s.h2, b.param(l.Router), R, H, E, E, H) }
+	if f != nil { // h2 rounded once, for the router and the experts
+		router = func() error {
+			if err := o.ToBF16(s.x16, s.h2, R*H); err != nil {
+				return err
+			}
+			return f.LinearManyBF16(s.x16, R, H, kc.Product{Y: s.probs, W: b.param(l.Router), Out: E, LdY: E})
+		}
+	}
+	steps := []func() error{
+		router,
+		func() error { return o.Softmax(s.probs, R, E) },
+		func() error { return o.MoERoute(ids, s.gates, s.probs, Buffer{}, R, E, k, c.NormTopKProb) },
+		func() error { return o.MoEGroup(&s.grp, ids, P, k) },
+	}
+	if f != nil {
+		steps = append(steps,
+			func() error {
+				if H%2 == 0 { // bf16 rows gathered as pairs, four bytes at a time
+					return o.Gather(s.xg16, s.x16, s.grp.Tok, P, H/2)
+				}
+				if err := o.Gather(s.xg, s.h2, s.grp.Tok, P, H); err != nil {
+					return err
+				}
+				return o.ToBF16(s.xg16, s.xg, P*H)
+			},
+			func() error { return f.Grouped(&s.grp, P, s.gug, s.xg16, ew.gateUp, 2*I, H, H, 2*I, ew.stride) },
+			func() error { return o.SwiGLUBF16(s.xg16, s.gug, P, I) }, // the rows are no longer read
+			func() error { return f.Grouped(&s.grp, P, s.yg, s.xg16, ew.down, H, I, I, H, ew.stride) })
+	} else {
+		steps = append(steps,
+			func() error { return o.Gather(s.xg, s.h2, s.grp.Tok, P, H) },
+			func() error {
+				return o.GemmGrouped(&s.grp, P, s.gug, s.xg, ew.gateUp, 2*I, H, H, 2*I, ew.stride, false)
+			},
+			func() error { return o.SwiGLU(s.ag, s.gug, P, I) },
+			func() error { return o.GemmGrouped(&s.grp, P, s.yg, s.ag, ew.down, H, I, I, H, ew.stride, false) })
+	}
+	steps = append(steps, func() error { return o.MoECombine(next, s.xmid, s.yg, s.gates, s.grp.Row, R, k, H) })
+	for _, st := range steps {
+		if err := st(); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -532,8 +533,9 @@ func TestDeviceDraw(t *testing.T) {
 }
 
 // TestGraphSteps: a dense model's decoding steps replayed as CUDA graphs
-// (padded to graphRows, slot -1 beyond the step's rows) give what the same
-// steps launched one by one give, over a generation whose sequences stop
+// (padded to graphRows, slot -1 beyond the step's rows), and an MoE
+// model's grouped on the device, give what the same steps launched one by
+// one give (an MoE model's routes too, in exact precision), over a generation whose sequences stop
 // at different lengths, so that the rows and the padding change from step
 // to step: in exact precision the same tokens and log mu bit for bit; in
 // bf16 and fp8, whose cuBLASLt products may take another algorithm for
@@ -544,12 +546,18 @@ func TestDeviceDraw(t *testing.T) {
 // weights' buffers, refreshed outside them).
 func TestGraphSteps(t *testing.T) {
 	dev := cudatest.Device(t)
-	m := testModel(t, "tiny-dense")
-	m2 := testModel(t, "tiny-dense")
-	model.Init(m2, 12)
 	ps := [][]int32{{1, 5, 9, 13}, {2, 4}, {7, 7, 7, 7, 7, 7, 7, 7, 7}, {3}, {11, 12, 13}}
 	sp := rollout.Sampling{Temperature: 1, MaxNewTokens: 24, Stop: []int32{3, 17, 40, 41, 42}, Seed: 5}
-	for _, prec := range []rollout.Precision{rollout.Exact, rollout.BF16, rollout.FP8} {
+	// An MoE model's steps are graphs where its layers group their rows
+	// on the device (exact and bf16).
+	for _, c := range []struct {
+		preset string
+		prec   rollout.Precision
+	}{{"tiny-dense", rollout.Exact}, {"tiny-dense", rollout.BF16}, {"tiny-dense", rollout.FP8}, {"tiny-moe", rollout.Exact}, {"tiny-moe", rollout.BF16}} {
+		prec := c.prec
+		m := testModel(t, c.preset)
+		m2 := testModel(t, c.preset)
+		model.Init(m2, 12)
 		opt := rollout.Options{Precision: prec, Slots: 20, MaxLen: 64}
 		graphed, err := New(dev, m, opt)
 		if err != nil {
@@ -611,6 +619,9 @@ func TestGraphSteps(t *testing.T) {
 						t.Fatalf("%s round %d sample %d token %d: log mu %v with graphs, %v without", prec, round, i, j, x, y)
 					}
 				}
+				if ra, rb := a[i].Routes, b[i].Routes; (ra == nil) != (rb == nil) || (ra != nil && prec == rollout.Exact && !slices.Equal(ra.IDs8, rb.IDs8)) {
+					t.Fatalf("%s %s round %d sample %d: routes differ with graphs and without", c.preset, prec, round, i)
+				}
 			}
 			if (prec == rollout.Exact && same != len(a)) || same < len(a)*9/10 {
 				t.Errorf("%s round %d: %d of %d samples the same with graphs and without", prec, round, same, len(a))
@@ -623,9 +634,9 @@ func TestGraphSteps(t *testing.T) {
 		for n := range graphed.graphs {
 			sizes = append(sizes, n)
 		}
-		t.Logf("%s: graphs of %v rows", prec, sizes)
+		t.Logf("%s %s: graphs of %v rows", c.preset, prec, sizes)
 		if len(sizes) < 3 {
-			t.Errorf("%s: %d graph sizes recorded, want several", prec, len(sizes))
+			t.Errorf("%s %s: %d graph sizes recorded, want several", c.preset, prec, len(sizes))
 		}
 		eg.Close()
 		ep.Close()

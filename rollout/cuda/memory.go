@@ -58,7 +58,7 @@ func Plan(c *model.Config, opt rollout.Options) (Memory, error) {
 		// input), and cuBLASLt's workspace.
 		widest := max(cfg.HiddenSize, cfg.NumAttentionHeads*cfg.HeadDim, cfg.IntermediateSize, cfg.MoeIntermediateSize)
 		operand := int64(opt.StepRows) * int64(widest)
-		if len(cfg.MoELayers()) > 0 && opt.Precision == rollout.BF16 {
+		if len(cfg.MoELayers()) > 0 && opt.Precision == rollout.BF16 && !groupsOnDevice(&cfg, &opt) {
 			// The experts' rows, every (token, slot) pair, rounded at once.
 			operand = max(operand, int64(opt.StepRows)*int64(cfg.NumExpertsPerTok)*int64(max(cfg.HiddenSize, cfg.MoeIntermediateSize)))
 		}
@@ -69,7 +69,7 @@ func Plan(c *model.Config, opt rollout.Options) (Memory, error) {
 			m.Fixed += (matrixRows(&cfg) + int64(opt.StepRows)) * 4
 		}
 	}
-	if len(cfg.MoELayers()) == 0 {
+	if len(cfg.MoELayers()) == 0 || groupsOnDevice(&cfg, &opt) {
 		m.Fixed += kc.BlasWorkspaceBytes // the decoding graphs' cuBLASLt workspace
 	}
 	m.Fixed += int64(opt.MaxLen) * int64(cfg.HeadDim/2) * 2 * 4 // cos and sin
