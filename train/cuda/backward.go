@@ -235,7 +235,10 @@ func (e *Engine) recomputeLayer(f *fwdState, a *layerActs, l *model.Layer, out B
 		return err
 	}
 	if a.moe != nil {
-		return e.moeForward(f, a.moe, l, a.h2, a.xmid, out, nil, nil)
+		if err := e.moeForward(f, a.moe, l, a.h2, a.xmid, out, false); err != nil {
+			return err
+		}
+		return e.moeHost(a.moe, f.T, nil, nil) // the offsets of the grouping just made
 	}
 	return e.mlpForward(f, a, l, out)
 }

@@ -49,6 +49,12 @@ type Engine struct {
 	// headChunkRows, when positive, replaces headChunk's choice (tests
 	// cover several chunks with it).
 	headChunkRows int
+	// expertsPerLaunch runs the bf16 mode's expert products in the
+	// forward one cuBLASLt product per expert, the grouping's offsets
+	// brought to the host for it (KEEL_MOE_GROUP=host, read by
+	// moeForward): the other side of check.sh's A/B against the grouped
+	// products on the tensor cores.
+	expertsPerLaunch bool
 }
 
 // SetRecompute turns activation checkpointing on or off (from the next

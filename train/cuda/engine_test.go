@@ -371,8 +371,13 @@ func TestEngineBF16(t *testing.T) {
 	for _, c := range []struct {
 		preset        string
 		layers, vocab int
-	}{{"tiny-dense", 0, 300}, {"qwen3-0.6b", 2, 1000}, {"tiny-moe", 0, 300}} {
-		t.Run(c.preset, func(t *testing.T) {
+		perLaunch     bool // the experts' products one cuBLASLt launch each (KEEL_MOE_GROUP=host)
+	}{{"tiny-dense", 0, 300, false}, {"qwen3-0.6b", 2, 1000, false}, {"tiny-moe", 0, 300, false}, {"tiny-moe", 0, 300, true}} {
+		name := c.preset
+		if c.perLaunch {
+			name += "/per-expert"
+		}
+		t.Run(name, func(t *testing.T) {
 			if c.preset == "qwen3-0.6b" {
 				cudatest.Larger(t, c.preset)
 			}
@@ -380,6 +385,7 @@ func TestEngineBF16(t *testing.T) {
 			if err := gpu.SetPrecision(BF16); err != nil {
 				t.Fatal(err)
 			}
+			gpu.expertsPerLaunch = c.perLaunch
 			r := rand.New(rand.NewPCG(3, 4))
 			seqs := randomSeqs(r, c.vocab, 33, 7, 64)
 			fo := train.ForwardOptions{Temperature: 0.8}

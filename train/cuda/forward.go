@@ -420,7 +420,10 @@ func (e *Engine) forward(f *fwdState, opt train.ForwardOptions) error {
 			return err
 		}
 		if l.Router != nil {
-			err = e.moeForward(f, a.moe, l, a.h2, a.xmid, next, cnt, psum)
+			err = e.moeForward(f, a.moe, l, a.h2, a.xmid, next, true)
+			if err == nil && f.recompute { // the next layer reuses the block's device memory
+				err = e.moeHost(a.moe, T, cnt, psum)
+			}
 		} else {
 			err = e.mlpForward(f, a, l, next)
 		}
@@ -428,6 +431,13 @@ func (e *Engine) forward(f *fwdState, opt train.ForwardOptions) error {
 			return fmt.Errorf("train/cuda: layer %d: %w", li, err)
 		}
 		x = next
+	}
+	for li := range f.layers {
+		if mo := f.layers[li].moe; mo != nil && !f.recompute {
+			if err := e.moeHost(mo, T, cnt, psum); err != nil {
+				return err
+			}
+		}
 	}
 	// AuxLoss = E·Σ_e (c_e/N)·(Σ_n p_n,e / N) over N = tokens·MoE layers,
 	// as the CPU engine computes it.
@@ -524,10 +534,15 @@ func (e *Engine) allocLayer(f *fwdState, a *layerActs, dense, moe bool) error {
 		E, k, H, I := c.NumExperts, c.NumExpertsPerTok, c.HiddenSize, c.MoeIntermediateSize
 		R := T * k
 		mo := a.moe
-		if err := e.bufs(f, span{&mo.dProbs, T * E}, span{&mo.dGates, R}, span{&mo.dRow, R}, span{&mo.dTok, R},
+		if err := e.bufs(f, span{&mo.dProbs, T * E}, span{&mo.dGates, R},
 			span{&mo.dIds, R}, span{&mo.dReplay, R}, span{&mo.dPsum, 2 * E},
 			span{&mo.xg, R * H}, span{&mo.gug, R * 2 * I}, span{&mo.ag, R * I}, span{&mo.yg, R * H}); err != nil {
 			return err
+		}
+		for _, g := range mo.grp.Layout(R, E) {
+			if err := e.bufs(f, span{g.B, g.Words}); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

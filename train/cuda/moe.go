@@ -1,6 +1,9 @@
 package cuda
 
 import (
+	"fmt"
+	"os"
+
 	kc "github.com/keel-rl/keel/kernels/cuda"
 	"github.com/keel-rl/keel/model"
 )
@@ -8,28 +11,41 @@ import (
 // moeActs are one sparse MoE block's routing and saved activations. The
 // experts and gates are chosen on the device by model.TopK's and
 // GateWeights' own scans (moe.cu's moe_route), so the GPU engines route as
-// the CPU engine does, up to probabilities within rounding of each other;
-// the host gets the experts back to group the (token, slot) pairs by
-// expert.
+// the CPU engine does, up to probabilities within rounding of each other,
+// and the (token, slot) pairs are grouped by expert there too (moe.cu's
+// moe_group_*), so that the forward runs every expert in one grouped
+// launch and needs the host for nothing: the experts, the offsets and
+// the router's probability mass come back after the last layer (moeHost),
+// for the routes, the load-balancing loss and the backward's products
+// per expert.
 type moeActs struct {
 	ml  int     // index among the MoE layers
-	ids []int32 // [T, k] experts, in slot order
-	row []int32 // [T, k]: the grouped row of each (token, slot)
-	off []int   // [E+1]: expert e's rows are off[e]..off[e+1]
+	ids []int32 // [T, k] experts, in slot order (moeHost)
+	off []int   // [E+1]: expert e's rows are off[e]..off[e+1] (moeHost)
 	// device
-	dProbs, dGates, dRow, dTok Buffer
-	dIds, dReplay, dPsum       Buffer // [T, k] int32 ×2, [E] float64
-	xg, gug, ag, yg            Buffer // [R, H], [R, 2I], [R, I], [R, H], R = T·k
+	dProbs, dGates       Buffer
+	dIds, dReplay, dPsum Buffer // [T, k] int32 ×2, [E] float64
+	grp                  kc.MoEGroups
+	xg, gug, ag, yg      Buffer // [R, H], [R, 2I], [R, I], [R, H], R = T·k
 }
 
 // moeForward runs the sparse block of layer L on h2 (the post-attention
-// norm's output) and writes out = resid + Σ_s gate_s·expert_s(h2). It adds
-// the layer's expert counts and router probability sums to cnt and psum
-// (nil when recomputing: counted once, by the forward).
-func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid, out Buffer, cnt, psum []float64) error {
+// norm's output) and writes out = resid + Σ_s gate_s·expert_s(h2), on
+// the device alone: the router, the experts (or the replayed ones
+// uploaded), their grouping, every expert's products in one launch
+// (float32: gemm_f32_grouped, the per-expert products' bits; bf16:
+// gemm_bf16_grouped on the tensor cores) and the gates' combination. With
+// count it also sums the router's probabilities per expert into
+// mo.dPsum (a recomputation counts nothing again); moeHost brings back
+// what the host needs.
+func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid, out Buffer, count bool) error {
 	c := &e.cfg
 	T, H, E, k, I := f.T, c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
 	R := T * k
+	ew, err := e.expertWeights(L)
+	if err != nil {
+		return err
+	}
 	if err := e.linear(mo.dProbs, h2, e.param(e.w, L.Router), T, H, E, E, H); err != nil {
 		return err
 	}
@@ -37,8 +53,7 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 		return err
 	}
 	// The experts and gates on the device (model.TopK and GateWeights'
-	// scans), or the replayed experts uploaded; the host gets the ids back
-	// to group the rows by expert.
+	// scans), or the replayed experts uploaded.
 	var replay Buffer
 	if anyReplay(f.replay) {
 		rep := make([]int32, R)
@@ -57,75 +72,118 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 			return err
 		}
 	}
-	if err := e.ops.MoERoute(mo.dIds, mo.dGates, mo.dProbs, replay, T, E, k, c.NormTopKProb); err != nil {
-		return err
+	steps := []func() error{
+		func() error { return e.ops.MoERoute(mo.dIds, mo.dGates, mo.dProbs, replay, T, E, k, c.NormTopKProb) },
+		func() error {
+			if !count {
+				return nil
+			}
+			return e.ops.Launch("moe.cu", "moe_psum", kc.Dim3{X: (E + 127) / 128}, kc.Dim3{X: 128}, mo.dPsum, mo.dProbs, T, E)
+		},
+		func() error { return e.ops.MoEGroup(&mo.grp, mo.dIds, R, k) },
+		// Each token's input row once per slot, grouped by expert.
+		func() error { return e.ops.Gather(mo.xg, h2, mo.grp.Tok, R, H) },
 	}
-	mo.ids = make([]int32, R)
+	if e.bf != nil && (e.expertsPerLaunch || os.Getenv("KEEL_MOE_GROUP") == "host") {
+		steps = append(steps, func() error {
+			if err := e.moeHost(mo, T, nil, nil); err != nil {
+				return err
+			}
+			return e.bf.ExpertsBF16(mo.xg, mo.gug, mo.ag, mo.yg, mo.off, func(x int) kc.ExpertWeights {
+				ex := &L.Experts[x]
+				return kc.ExpertWeights{Gate: e.param(e.w, ex.Gate), Up: e.param(e.w, ex.Up), Down: e.param(e.w, ex.Down)}
+			}, H, I)
+		})
+	} else if e.bf != nil {
+		// Each input rounded to bf16 once for every expert's products.
+		var x16 Buffer
+		steps = append(steps,
+			func() (err error) { x16, err = e.bf.Round(0, mo.xg, R, H, H); return err },
+			func() error { return e.bf.Grouped(&mo.grp, R, mo.gug, x16, ew.gateUp, 2*I, H, H, 2*I, ew.stride) },
+			func() error { return e.ops.SwiGLU(mo.ag, mo.gug, R, I) },
+			func() (err error) { x16, err = e.bf.Round(0, mo.ag, R, I, I); return err },
+			func() error { return e.bf.Grouped(&mo.grp, R, mo.yg, x16, ew.down, H, I, I, H, ew.stride) })
+	} else {
+		steps = append(steps,
+			func() error {
+				return e.ops.GemmGrouped(&mo.grp, R, mo.gug, mo.xg, ew.gateUp, 2*I, H, H, 2*I, ew.stride, false)
+			},
+			func() error { return e.ops.SwiGLU(mo.ag, mo.gug, R, I) },
+			func() error {
+				return e.ops.GemmGrouped(&mo.grp, R, mo.yg, mo.ag, ew.down, H, I, I, H, ew.stride, false)
+			})
+	}
+	steps = append(steps, func() error { return e.ops.MoECombine(out, resid, mo.yg, mo.dGates, mo.grp.Row, T, k, H) })
+	for _, s := range steps {
+		if err := s(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// moeHost copies back what the host needs of an MoE block's forward: the
+// experts (the routes), the grouping's offsets (the backward's products
+// per expert) and, into cnt and psum where they are not nil, the pairs
+// routed to each expert and the router's probability mass (the
+// load-balancing loss).
+func (e *Engine) moeHost(mo *moeActs, T int, cnt, psum []float64) error {
+	c := &e.cfg
+	E, k := c.NumExperts, c.NumExpertsPerTok
+	mo.ids = make([]int32, T*k)
 	if err := kc.Download(e.dev, mo.ids, mo.dIds); err != nil {
 		return err
 	}
-	if psum != nil { // a recomputation counts nothing again
-		ps := make([]float64, E)
-		if err := e.ops.Launch("moe.cu", "moe_psum", kc.Dim3{X: (E + 127) / 128}, kc.Dim3{X: 128}, mo.dPsum, mo.dProbs, T, E); err != nil {
-			return err
-		}
-		if err := kc.Download(e.dev, ps, mo.dPsum); err != nil {
-			return err
-		}
-		for x := range psum {
-			psum[x] += ps[x]
-		}
+	off := make([]int32, E+1)
+	if err := kc.Download(e.dev, off, mo.grp.Off); err != nil {
+		return err
 	}
-	// Group the (token, slot) pairs by expert, tokens in order.
-	var tok []int32
-	mo.off, mo.row, tok = model.GroupByExpert(mo.ids, E, k)
+	mo.off = make([]int, E+1)
+	for x, o := range off {
+		mo.off[x] = int(o)
+	}
 	for x := 0; x < E && cnt != nil; x++ {
 		cnt[x] += float64(mo.off[x+1] - mo.off[x])
 	}
-	if err := kc.Upload(e.dev, mo.dRow, mo.row); err != nil {
-		return err
-	}
-	if err := kc.Upload(e.dev, mo.dTok, tok); err != nil {
-		return err
-	}
-	// Each token's input row once per slot, grouped by expert.
-	if err := e.ops.Gather(mo.xg, h2, mo.dTok, R, H); err != nil {
-		return err
-	}
-	if e.bf != nil {
-		// Each input rounded to bf16 once for every expert's products.
-		if err := e.bf.ExpertsBF16(mo.xg, mo.gug, mo.ag, mo.yg, mo.off, func(x int) kc.ExpertWeights {
-			ex := &L.Experts[x]
-			return kc.ExpertWeights{Gate: e.param(e.w, ex.Gate), Up: e.param(e.w, ex.Up), Down: e.param(e.w, ex.Down)}
-		}, H, I); err != nil {
-			return err
-		}
-		return e.ops.MoECombine(out, resid, mo.yg, mo.dGates, mo.dRow, T, k, H)
-	}
-	if err := model.EachExpert(mo.off, func(x, r0, n int) error {
-		ex := &L.Experts[x]
-		xg := sub(mo.xg, r0*H, n*H)
-		gu := sub(mo.gug, r0*2*I, n*2*I)
-		if err := e.ops.LinearMany(xg, n, H, H, kc.Product{Y: gu, W: e.param(e.w, ex.Gate), Out: I, LdY: 2 * I},
-			kc.Product{Y: sub(gu, I, n*2*I-I), W: e.param(e.w, ex.Up), Out: I, LdY: 2 * I}); err != nil {
-			return err
-		}
+	if psum == nil {
 		return nil
-	}); err != nil {
+	}
+	ps := make([]float64, E)
+	if err := kc.Download(e.dev, ps, mo.dPsum); err != nil {
 		return err
 	}
-	if err := e.ops.SwiGLU(mo.ag, mo.gug, R, I); err != nil {
-		return err
+	for x := range psum {
+		psum[x] += ps[x]
 	}
-	if err := model.EachExpert(mo.off, func(x, r0, n int) error {
-		if err := e.linear(sub(mo.yg, r0*H, n*H), sub(mo.ag, r0*I, n*I), e.param(e.w, L.Experts[x].Down), n, I, H, H, I); err != nil {
-			return err
+	return nil
+}
+
+// expertWeights are an MoE layer's experts as the grouped products read
+// them: every expert's gate and up projections ([2I, H], side by side in
+// the arena) and down projection ([H, I]), expert x's stride floats after
+// expert 0's.
+type expertWeights struct {
+	gateUp, down Buffer
+	stride       int
+}
+
+// expertWeights finds layer L's experts in the arena. model.New lays them
+// out as the grouped products read them; anything else is an error here,
+// not a wrong product later.
+func (e *Engine) expertWeights(L *model.Layer) (expertWeights, error) {
+	c := &e.cfg
+	H, I, E := c.HiddenSize, c.MoeIntermediateSize, len(L.Experts)
+	g0, d0 := e.offs[L.Experts[0].Gate], e.offs[L.Experts[0].Down]
+	stride := 3 * I * H
+	if E > 1 {
+		stride = e.offs[L.Experts[1].Gate] - g0
+	}
+	for x, ex := range L.Experts {
+		if g := e.offs[ex.Gate]; g != g0+x*stride || e.offs[ex.Up] != g+I*H || e.offs[ex.Down] != d0+x*stride || stride < 2*I*H {
+			return expertWeights{}, fmt.Errorf("train/cuda: the experts' weights are not laid out as the grouped products read them")
 		}
-		return nil
-	}); err != nil {
-		return err
 	}
-	return e.ops.MoECombine(out, resid, mo.yg, mo.dGates, mo.dRow, T, k, H)
+	return expertWeights{gateUp: sub(e.w, g0, (E-1)*stride+2*I*H), down: sub(e.w, d0, (E-1)*stride+H*I), stride: stride}, nil
 }
 
 // moeScratch is the MoE backward's scratch, allocated once per Backward
@@ -164,7 +222,7 @@ func (e *Engine) moeBackward(f *fwdState, sc *moeScratch, mo *moeActs, L *model.
 	T, H, k, I := f.T, c.HiddenSize, c.NumExpertsPerTok, c.MoeIntermediateSize
 	R := T * k
 	dy, dgt, da, dgu, dxg := sc.dy, sc.dgt, sc.da, sc.dgu, sc.dxg
-	if err := e.launch("moe.cu", "moe_combine_bwd", rowsGrid(T), block256, dy, dgt, dout, mo.yg, mo.dGates, mo.dRow, k, H); err != nil {
+	if err := e.launch("moe.cu", "moe_combine_bwd", rowsGrid(T), block256, dy, dgt, dout, mo.yg, mo.dGates, mo.grp.Row, k, H); err != nil {
 		return err
 	}
 	if e.bf != nil {
@@ -270,7 +328,7 @@ func (e *Engine) moeRouterBack(f *fwdState, sc *moeScratch, mo *moeActs, L *mode
 	c := &e.cfg
 	T, H, E, k := f.T, c.HiddenSize, c.NumExperts, c.NumExpertsPerTok
 	dgt, dxg, dp := sc.dgt, sc.dxg, sc.dp
-	if err := e.launch("moe.cu", "moe_gather_sum", rowsGrid(T), block256, dh2, dxg, mo.dRow, k, H); err != nil {
+	if err := e.launch("moe.cu", "moe_gather_sum", rowsGrid(T), block256, dh2, dxg, mo.grp.Row, k, H); err != nil {
 		return err
 	}
 	// The router's gradient, as train.RouterBackRow computes it (sc.aux
