@@ -211,3 +211,96 @@ func TestDeviceGemmGrouped(t *testing.T) {
 		}
 	}
 }
+
+// TestDeviceGemmGroupedBack: the grouped products' gradients. float32:
+// the input's gradient and the weights' (accumulated into what is there)
+// are LinearBackX's and LinearBackW's over each expert's rows, bit for
+// bit. bf16: within float32 rounding of the float64 products of the bf16
+// operands, the weights read transposed (16 bytes at a time, and element
+// by element where K is odd).
+func TestDeviceGemmGroupedBack(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(8, 3))
+	for _, c := range []struct{ T, E, k, hot, N, K int }{{150, 8, 2, 2, 70, 48}, {40, 16, 4, 16, 64, 96}, {90, 6, 2, 3, 33, 45}} {
+		ids := randRoutes(r, c.T, c.E, c.k, c.hot)
+		R, N, K, E := len(ids), c.N, c.K, c.E
+		stride := N*K + 3*K
+		ops := NewOps(g.d)
+		gr := newGroups(g, R, E)
+		if err := ops.MoEGroup(gr, bufOf(g, ids), R, c.k); err != nil {
+			t.Fatal(err)
+		}
+		off, _, _ := model.GroupByExpert(ids, E, c.k)
+		dy, x := randF32(r, R*N, 1), randF32(r, R*K, 1)
+		w, dx0, dw0 := randF32(r, E*stride, 0.2), randF32(r, R*K, 1), randF32(r, E*stride, 1)
+		bdy, bx, bw := bufOf(g, dy), bufOf(g, x), bufOf(g, w)
+
+		// float32 against the products per expert.
+		gotX, wantX := bufOf(g, dx0), bufOf(g, dx0)
+		gotW, wantW := bufOf(g, dw0), bufOf(g, dw0)
+		if err := ops.GemmGroupedBackX(gr, R, gotX, bdy, bw, N, K, N, K, stride, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := ops.GemmGroupedBackW(gr, gotW, bdy, bx, N, K, N, K, stride); err != nil {
+			t.Fatal(err)
+		}
+		for e := 0; e < E; e++ {
+			n := off[e+1] - off[e]
+			if n == 0 {
+				continue
+			}
+			dyE, xE := bdy.Floats(off[e]*N, n*N), bx.Floats(off[e]*K, n*K)
+			if err := ops.LinearBackX(wantX.Floats(off[e]*K, n*K), dyE, bw.Floats(e*stride, N*K), n, K, N, K, N, true); err != nil {
+				t.Fatal(err)
+			}
+			if err := ops.LinearBackW(wantW.Floats(e*stride, N*K), dyE, xE, n, K, N, N, K); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sameBits(t, "gemm_f32_grouped, the input's gradient", g.f32(gotX, R*K), g.f32(wantX, R*K))
+		sameBits(t, "gemm_f32_grouped_dw", g.f32(gotW, E*stride), g.f32(wantW, E*stride))
+
+		// bf16 against float64 over the rounded operands.
+		round := func(v []float32) ([]uint16, []float32) {
+			h, f := make([]uint16, len(v)), make([]float32, len(v))
+			for i, a := range v {
+				b := kernels.BF16FromFloat32(a)
+				h[i], f[i] = uint16(b), b.Float32()
+			}
+			return h, f
+		}
+		dy16, dyr := round(dy)
+		x16, xr := round(x)
+		w16, wr := round(w)
+		bdy16, bx16, bw16 := bufOf(g, dy16), bufOf(g, x16), bufOf(g, w16)
+		var firstX, firstW []float32
+		for _, plain := range []bool{false, true} {
+			ops.FlashPlainCopies = plain
+			gx, gw := bufOf(g, dx0), bufOf(g, dw0)
+			if err := ops.GemmGroupedBF16BackX(gr, R, gx, bdy16, bw16, N, K, N, K, stride, true); err != nil {
+				t.Fatal(err)
+			}
+			if err := ops.GemmGroupedBF16BackW(gr, gw, bdy16, bx16, N, K, N, K, stride); err != nil {
+				t.Fatal(err)
+			}
+			gotX, gotW := g.f32(gx, R*K), g.f32(gw, E*stride)
+			if firstX == nil {
+				firstX, firstW = gotX, gotW
+			} else {
+				sameBits(t, "gemm_bf16_grouped_dx, plain copies against cp.async", gotX, firstX)
+				sameBits(t, "gemm_bf16_grouped_dw, plain copies against cp.async", gotW, firstW)
+			}
+			for e := 0; e < E; e++ {
+				n, o := off[e+1]-off[e], off[e]
+				wantX, bound := gemmRef(dx0[o*K:(o+n)*K], dyr[o*N:(o+n)*N], wr[e*stride:e*stride+N*K], n, K, N, N, 1, K, 1, K, true)
+				withinBound(t, "gemm_bf16_grouped_dx", gotX[o*K:(o+n)*K], wantX, bound)
+				if n == 0 {
+					sameBits(t, "gemm_bf16_grouped_dw of an expert without rows", gotW[e*stride:e*stride+N*K], dw0[e*stride:e*stride+N*K])
+					continue
+				}
+				wantW, bound := gemmRef(dw0[e*stride:e*stride+N*K], dyr[o*N:(o+n)*N], xr[o*K:(o+n)*K], N, K, n, 1, N, K, 1, K, true)
+				withinBound(t, "gemm_bf16_grouped_dw", gotW[e*stride:e*stride+N*K], wantW, bound)
+			}
+		}
+	}
+}

@@ -88,12 +88,54 @@ func (o *Ops) GemmGrouped(g *MoEGroups, pairs int, c, a, w Buffer, N, K, lda, ld
 	if err := groupedProduct(g, pairs, w, N, K, wstride, 4); err != nil {
 		return err
 	}
-	flag := 0
-	if acc {
-		flag = 1
-	}
 	return o.Launch("gemm.cu", "gemm_f32_grouped", Dim3{X: (N + 63) / 64, Y: groupTiles(pairs, g.Experts)}, block256,
-		c, a, w, g.Off, g.Tiles, N, K, int64(lda), int64(ldc), int64(wstride), flag)
+		c, a, w, g.Off, g.Tiles, N, K, int64(lda), int64(1), int64(1), int64(K), int64(ldc), int64(wstride), flag(acc))
+}
+
+// GemmGroupedBackX is GemmGrouped's input gradient: dx[r, 0:K] (+)=
+// dy[r, 0:N] · W_e for every grouped row, the bits of LinearBackX over
+// the expert's rows alone.
+func (o *Ops) GemmGroupedBackX(g *MoEGroups, pairs int, dx, dy, w Buffer, N, K, lddy, lddx, wstride int, acc bool) error {
+	if err := groupedProduct(g, pairs, w, N, K, wstride, 4); err != nil {
+		return err
+	}
+	return o.Launch("gemm.cu", "gemm_f32_grouped", Dim3{X: (K + 63) / 64, Y: groupTiles(pairs, g.Experts)}, block256,
+		dx, dy, w, g.Off, g.Tiles, K, N, int64(lddy), int64(1), int64(K), int64(1), int64(lddx), int64(wstride), flag(acc))
+}
+
+// GemmGroupedBackW is GemmGrouped's weight gradient: dW_e += dy_eᵀ · x_e
+// over each expert's grouped rows (dW_e [N, K] at word e·wstride of dw),
+// the bits of LinearBackW over the expert's rows alone.
+func (o *Ops) GemmGroupedBackW(g *MoEGroups, dw, dy, x Buffer, N, K, lddy, ldx, wstride int) error {
+	if err := groupedProduct(g, g.Pairs, dw, N, K, wstride, 4); err != nil {
+		return err
+	}
+	return o.Launch("gemm.cu", "gemm_f32_grouped_dw", Dim3{X: (K + 63) / 64, Y: (N + 63) / 64, Z: g.Experts}, block256,
+		dw, dy, x, g.Off, N, K, int64(lddy), int64(ldx), int64(wstride))
+}
+
+func flag(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// vec16 says whether bf16 operands may be copied 16 bytes at a time: every
+// buffer 16-byte aligned and every length (leading dimensions, strides,
+// the products' sizes) a multiple of 8 elements.
+func vec16(bufs []Buffer, lens ...int) int {
+	for _, b := range bufs {
+		if b.Ptr%16 != 0 {
+			return 0
+		}
+	}
+	for _, n := range lens {
+		if n%8 != 0 {
+			return 0
+		}
+	}
+	return 1
 }
 
 // GemmGroupedBF16 is GemmGrouped from bf16 operands (a16 [pairs, lda] and
@@ -104,15 +146,32 @@ func (o *Ops) GemmGroupedBF16(g *MoEGroups, pairs int, c, a16, w16 Buffer, N, K,
 	if err := groupedProduct(g, pairs, w16, N, K, wstride, 2); err != nil {
 		return err
 	}
-	flag, vec := 0, 0
-	if acc {
-		flag = 1
-	}
-	if a16.Ptr%16 == 0 && w16.Ptr%16 == 0 && lda%8 == 0 && K%8 == 0 && wstride%8 == 0 {
-		vec = 1
-	}
 	return o.Launch("gemm.cu", "gemm_bf16_grouped", Dim3{X: (N + 63) / 64, Y: groupTiles(pairs, g.Experts)}, Dim3{X: 128},
-		c, a16, w16, g.Off, g.Tiles, N, K, int64(lda), int64(ldc), int64(wstride), flag, vec, o.flashAsync())
+		c, a16, w16, g.Off, g.Tiles, N, K, int64(lda), int64(ldc), int64(wstride), flag(acc),
+		vec16([]Buffer{a16, w16}, lda, K, wstride), o.flashAsync())
+}
+
+// GemmGroupedBF16BackX is GemmGroupedBF16's input gradient: dx[r, 0:K]
+// (+)= dy16[r, 0:N] · W_e (the weights read transposed).
+func (o *Ops) GemmGroupedBF16BackX(g *MoEGroups, pairs int, dx, dy16, w16 Buffer, N, K, lddy, lddx, wstride int, acc bool) error {
+	if err := groupedProduct(g, pairs, w16, N, K, wstride, 2); err != nil {
+		return err
+	}
+	return o.Launch("gemm.cu", "gemm_bf16_grouped_dx", Dim3{X: (K + 63) / 64, Y: groupTiles(pairs, g.Experts)}, Dim3{X: 128},
+		dx, dy16, w16, g.Off, g.Tiles, N, K, int64(lddy), int64(lddx), int64(wstride), flag(acc),
+		vec16([]Buffer{dy16, w16}, lddy, N, K, wstride), o.flashAsync())
+}
+
+// GemmGroupedBF16BackW is GemmGroupedBF16's weight gradient: dW_e (float32,
+// word e·wstride of dw) += dy16_eᵀ · x16_e over each expert's grouped rows
+// (both read transposed: the sum runs over rows).
+func (o *Ops) GemmGroupedBF16BackW(g *MoEGroups, dw, dy16, x16 Buffer, N, K, lddy, ldx, wstride int) error {
+	if err := groupedProduct(g, g.Pairs, dw, N, K, wstride, 4); err != nil {
+		return err
+	}
+	return o.Launch("gemm.cu", "gemm_bf16_grouped_dw", Dim3{X: (K + 63) / 64, Y: (N + 63) / 64, Z: g.Experts}, Dim3{X: 128},
+		dw, dy16, x16, g.Off, N, K, int64(lddy), int64(ldx), int64(wstride),
+		vec16([]Buffer{dy16, x16}, lddy, ldx, N, K), o.flashAsync())
 }
 
 // Grouped is GemmGroupedBF16 with the weights' bf16 copy: w is the span
@@ -127,4 +186,21 @@ func (l *BF16Linear) Grouped(g *MoEGroups, pairs int, y, x16, w Buffer, N, K, ld
 		return err
 	}
 	return l.ops.GemmGroupedBF16(g, pairs, y, x16, w16, N, K, ldx, ldy, wstride, false)
+}
+
+// GroupedBack is Grouped's backward from bf16 operands: dx[r, 0:K] (+)=
+// dy16[r, 0:N] · W_e and dW_e (the float32 gradient span dw, laid out as
+// w) += dy16_eᵀ · x16_e, for every expert over its grouped rows.
+func (l *BF16Linear) GroupedBack(g *MoEGroups, pairs int, dx, dw, dy16, x16, w Buffer, N, K, lddy, ldx, lddx, wstride int, acc bool) error {
+	if err := l.weights(); err != nil {
+		return err
+	}
+	w16, err := l.w16span(w)
+	if err != nil {
+		return err
+	}
+	if err := l.ops.GemmGroupedBF16BackX(g, pairs, dx, dy16, w16, N, K, lddy, lddx, wstride, acc); err != nil {
+		return err
+	}
+	return l.ops.GemmGroupedBF16BackW(g, dw, dy16, x16, N, K, lddy, ldx, wstride)
 }

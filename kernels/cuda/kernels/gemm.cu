@@ -147,70 +147,122 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemm_f32_128(
 // (moe.cu's moe_group_*: expert e's rows off[e]..off[e+1]), each expert's
 // rows times its own weights, all experts in one launch whose size depends
 // only on the row count (a CUDA graph can hold it). Expert e's weights are
-// B + e*wstride: [N, K] row-major, K contiguous (an expert's gate and up
-// projections side by side are one [2I, H] matrix in the arena). Row tile
-// y of the grid is tiles[2y]'s tile tiles[2y+1] (moe_group_offsets' map;
-// -1 past the last: the block returns). grid = (ceil(N/64), ceil(R/64) + E).
+// at B + e*wstride, [N, K] row-major (an expert's gate and up projections
+// side by side are one [2I, H] matrix in the arena). Row tile y of the
+// grid is tiles[2y]'s tile tiles[2y+1] (moe_group_offsets' map; -1 past
+// the last: the block returns): grid = (column tiles, ceil(R/64) + E).
+// The weights' gradients run a block per expert and output tile instead.
 
-// gemm_f32_grouped: C[r, n] = (acc ? C : 0) + sum_k A[r*lda + k] * W_e[n*K + k]
-// for every grouped row r of expert e: gemm_f32's tile, so every output is
-// the same fmaf chain as the per-expert product's (the same bits as
-// Ops.Gemm over the expert's rows alone).
+// gemm_f32_grouped: C[r, n] (+)= sum_k A[r*sam + k*sak] * B_e[k*sbk + n*sbn]
+// for every grouped row r of expert e, B_e = B + e*wstride: the forward
+// (sam = lda, sak = 1, sbk = 1, sbn = K: B_e is W_e [N, K]) and the
+// input's gradient (A the output's gradient, sbk = N, sbn = 1: W_e
+// [K, N] read transposed). gemm_f32's tile, so every output is the same
+// fmaf chain as the product over the expert's rows alone (Ops.Gemm): the
+// same bits in one launch.
 extern "C" __global__ void __launch_bounds__(256, 2) gemm_f32_grouped(
     float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ B, const int* __restrict__ off,
-    const int* __restrict__ tiles, int N, int K, i64 lda, i64 ldc, i64 wstride, int acc) {
+    const int* __restrict__ tiles, int N, int K, i64 sam, i64 sak, i64 sbk, i64 sbn, i64 ldc, i64 wstride, int acc) {
   const int e = tiles[2 * blockIdx.y];
   if (e < 0) return;
   const int r0 = off[e];
-  gemm_tile<4, 16>(C + r0 * ldc, A + r0 * lda, B + e * wstride, off[e + 1] - r0, N, K, lda, 1, 1, K, ldc, acc,
+  gemm_tile<4, 16>(C + r0 * ldc, A + r0 * sam, B + e * wstride, off[e + 1] - r0, N, K, sam, sak, sbk, sbn, ldc, acc,
                    tiles[2 * blockIdx.y + 1], blockIdx.x);
 }
 
-// gemm_bf16_grouped: the same product on the tensor cores from bf16
-// operands (A [R, lda] and the weights), float32 accumulation and output:
-// the bf16 rollout's expert products. A block's 64 x 64 output tile is
-// four warps of 32 x 32 (2 x 4 mma.m16n8k16 tiles), over k tiles of 32 in
-// two stages of shared memory (the next tile's copy in flight during this
-// one's products). Each output is a sum over k in a fixed order that does
-// not depend on the other rows: batch invariant, like gemm_f32. vec says
-// every row of A and W starts 16-byte aligned and K % 8 == 0 (16-byte
-// copies, cp.async where async); else the tiles are staged element by
-// element. block = 128.
+// gemm_f32_grouped_dw: the weights' gradient, dW_e[n*K + j] += sum over
+// expert e's grouped rows r, in order, of A[r*lda + n] * X[r*ldx + j] (A
+// the output's gradient [R, N], X the input [R, K]), dW_e at C +
+// e*wstride: Ops.Gemm's weight gradient over the expert's rows, bit for
+// bit. grid = (ceil(K/64), ceil(N/64), E); an expert without rows adds
+// nothing.
+extern "C" __global__ void __launch_bounds__(256, 2) gemm_f32_grouped_dw(
+    float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ X, const int* __restrict__ off,
+    int N, int K, i64 lda, i64 ldx, i64 wstride) {
+  const int e = blockIdx.z, r0 = off[e], rows = off[e + 1] - r0;
+  if (rows <= 0) return;
+  gemm_tile<4, 16>(C + e * wstride, A + r0 * lda, X + r0 * ldx, N, K, rows, 1, lda, ldx, 1, K, 1, blockIdx.y, blockIdx.x);
+}
+
+// gemm_bf16_grouped and its two backward products: C[m, n] (+)= sum_k
+// A(m, k) B(n, k) on the tensor cores from bf16 operands, float32
+// accumulation and output. A block's 64 x 64 output tile is four warps of
+// 32 x 32 (2 x 4 mma.m16n8k16 tiles), over k tiles of 32 in two stages of
+// shared memory (the next tile's copy in flight during this one's
+// products). Each output is a sum over k in a fixed order that does not
+// depend on the other rows: batch invariant, like gemm_f32. An operand is
+// read from memory k-contiguous (A(m, k) at A[m*lda + k]: copied 16 bytes
+// at a time) or transposed (A(m, k) at A[k*lda + m], T: two k rows of 8
+// elements each, interleaved in registers into the k pairs the tensor
+// cores take). vec says every row of both starts 16-byte aligned and the
+// lengths are multiples of 8 (16-byte copies, cp.async where async); else
+// the tiles are staged element by element. block = 128.
 #define GB_BK 32
 #define GB_P 20  // words of a shared tile row: 32 bf16 and 8 of padding (no bank conflicts)
 
-// gb_stage copies rows x GB_BK bf16 of src (row r at src + r*ld, k from k0,
-// zeros past rows and K) into a stage of 64 rows.
-__device__ __forceinline__ void gb_stage(u32* dst, const bf16_t* __restrict__ src, i64 ld, int rows, int k0, int K,
+// gb_stage copies the stage of rows 0..63 (row r valid below n) and k
+// k0..k0+31 (valid below K) of an operand, zeros outside, into dst: row r's
+// k pairs at words r*GB_P...
+template <bool T>
+__device__ __forceinline__ void gb_stage(u32* dst, const bf16_t* __restrict__ src, i64 ld, int n, int k0, int K,
                                          int vec, int async) {
-  for (int x = threadIdx.x; x < 64 * (GB_BK / 8); x += blockDim.x) {
-    const int r = x / (GB_BK / 8), c = x % (GB_BK / 8), k = k0 + 8 * c;
-    u32* d = dst + r * GB_P + 4 * c;
-    if (vec && r < rows && k + 8 <= K) {
-      copy16(d, src + r * ld + k, async);
-      continue;
-    }
+  if constexpr (!T) {
+    for (int x = threadIdx.x; x < 64 * (GB_BK / 8); x += blockDim.x) {
+      const int r = x / (GB_BK / 8), c = x % (GB_BK / 8), k = k0 + 8 * c;
+      u32* d = dst + r * GB_P + 4 * c;
+      if (vec && r < n && k + 8 <= K) {
+        copy16(d, src + r * ld + k, async);
+        continue;
+      }
 #pragma unroll
-    for (int q = 0; q < 4; q++) {
-      const int k2 = k + 2 * q;
-      const u32 lo = (r < rows && k2 < K) ? src[r * ld + k2] : 0u;
-      const u32 hi = (r < rows && k2 + 1 < K) ? src[r * ld + k2 + 1] : 0u;
-      d[q] = lo | (hi << 16);
+      for (int q = 0; q < 4; q++) {
+        const int k2 = k + 2 * q;
+        const u32 lo = (r < n && k2 < K) ? src[r * ld + k2] : 0u;
+        const u32 hi = (r < n && k2 + 1 < K) ? src[r * ld + k2 + 1] : 0u;
+        d[q] = lo | (hi << 16);
+      }
+    }
+  } else {
+    // Transposed: thread (c, p) takes rows 8c..8c+7 of k pairs 2p, 2p+1
+    // (16 pairs make the tile's 32 k; 8 row groups its 64 rows).
+    for (int x = threadIdx.x; x < 8 * (GB_BK / 2); x += blockDim.x) {
+      const int c = x / (GB_BK / 2), p = x % (GB_BK / 2), r = 8 * c, k = k0 + 2 * p;
+      u32 lo[4], hi[4];  // rows r..r+7 of k and of k+1, two bf16 a word
+      if (vec && r + 8 <= n && k + 2 <= K) {
+        const u32x4 a = *(const u32x4*)(src + k * ld + r), b = *(const u32x4*)(src + (k + 1) * ld + r);
+        lo[0] = a.x, lo[1] = a.y, lo[2] = a.z, lo[3] = a.w;
+        hi[0] = b.x, hi[1] = b.y, hi[2] = b.z, hi[3] = b.w;
+      } else {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+          u32 v[4];
+#pragma unroll
+          for (int h = 0; h < 4; h++) {  // (k or k+1) x (row 2q or 2q+1)
+            const int kk = k + (h >> 1), rr = r + 2 * q + (h & 1);
+            v[h] = (rr < n && kk < K) ? src[kk * ld + rr] : 0u;
+          }
+          lo[q] = v[0] | (v[1] << 16);
+          hi[q] = v[2] | (v[3] << 16);
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        dst[(r + 2 * q) * GB_P + p] = (lo[q] & 0xffffu) | (hi[q] << 16);
+        dst[(r + 2 * q + 1) * GB_P + p] = (lo[q] >> 16) | (hi[q] & 0xffff0000u);
+      }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) gemm_bf16_grouped(
-    float* __restrict__ C, const bf16_t* __restrict__ A, const bf16_t* __restrict__ B, const int* __restrict__ off,
-    const int* __restrict__ tiles, int N, int K, i64 lda, i64 ldc, i64 wstride, int acc, int vec, int async) {
+// gb_tile is one block's 64 x 64 tile of C (M x N valid) over k = 0..K-1:
+// A(m, k) and B(n, k) from the tile's origin, each k-contiguous or
+// transposed (AT, BT).
+template <bool AT, bool BT>
+__device__ __forceinline__ void gb_tile(float* __restrict__ C, i64 ldc, const bf16_t* __restrict__ A, i64 lda,
+                                        const bf16_t* __restrict__ B, i64 ldb, int M, int N, int K, int acc, int vec,
+                                        int async) {
   __shared__ __align__(16) u32 As[2][64 * GB_P];
   __shared__ __align__(16) u32 Bs[2][64 * GB_P];
-  const int e = tiles[2 * blockIdx.y];
-  if (e < 0) return;
-  const int m0 = tiles[2 * blockIdx.y + 1] * MOE_TILE, n0 = blockIdx.x * 64;
-  const int r0 = off[e] + m0, M = min(MOE_TILE, off[e + 1] - r0), Nb = min(64, N - n0);
-  const bf16_t* a = A + r0 * lda;
-  const bf16_t* w = B + e * wstride + (i64)n0 * K;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;  // the warp's 32 x 32 of the tile
   float d[2][4][4];
@@ -221,15 +273,16 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16_grouped(
 #pragma unroll
       for (int q = 0; q < 4; q++) d[i][j][q] = 0.f;
   const int nk = (K + GB_BK - 1) / GB_BK;
-  gb_stage(As[0], a, lda, M, 0, K, vec, async);
-  gb_stage(Bs[0], w, K, Nb, 0, K, vec, async);
-  copies_commit(async);
+  auto stage = [&](int s, int k0) {
+    gb_stage<AT>(As[s], AT ? A + (i64)k0 * lda : A, lda, M, AT ? 0 : k0, AT ? K - k0 : K, vec, async);
+    gb_stage<BT>(Bs[s], BT ? B + (i64)k0 * ldb : B, ldb, N, BT ? 0 : k0, BT ? K - k0 : K, vec, async);
+    copies_commit(async);
+  };
+  stage(0, 0);
   for (int kt = 0; kt < nk; kt++) {
     const int st = kt & 1;
     if (kt + 1 < nk) {
-      gb_stage(As[st ^ 1], a, lda, M, (kt + 1) * GB_BK, K, vec, async);
-      gb_stage(Bs[st ^ 1], w, K, Nb, (kt + 1) * GB_BK, K, vec, async);
-      copies_commit(async);
+      stage(st ^ 1, (kt + 1) * GB_BK);
       copies_wait_prev(async);
     } else {
       copies_done(async);
@@ -237,6 +290,26 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16_grouped(
     __syncthreads();
     const u32* as = As[st];
     const u32* bs = Bs[st];
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 800
+    // Without the tensor cores (and on keel's CPU emulator, where the
+    // shuffles of mma16816's stand-in cost a context switch each): each
+    // lane's outputs summed from shared memory, k in order.
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+          const u32* ar = as + (wm + 16 * i + g + 8 * (q >> 1)) * GB_P;
+          const u32* br = bs + (wn + 8 * j + 2 * t + (q & 1)) * GB_P;
+          float acc_k = d[i][j][q];
+          for (int w = 0; w < GB_BK / 2; w++) {
+            acc_k = fmaf(bf_lo(ar[w]), bf_lo(br[w]), acc_k);
+            acc_k = fmaf(bf_hi(ar[w]), bf_hi(br[w]), acc_k);
+          }
+          d[i][j][q] = acc_k;
+        }
+#else
 #pragma unroll
     for (int ks = 0; ks < GB_BK / 16; ks++) {
       u32 af[2][4], bfr[4][2];
@@ -256,6 +329,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16_grouped(
 #pragma unroll
         for (int j = 0; j < 4; j++) mma16816(d[i][j], af[i], bfr[j]);
     }
+#endif
     __syncthreads();
   }
 #pragma unroll
@@ -265,8 +339,50 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16_grouped(
 #pragma unroll
       for (int q = 0; q < 4; q++) {
         const int m = wm + 16 * i + g + 8 * (q >> 1), n = wn + 8 * j + 2 * t + (q & 1);
-        if (m >= M || n >= Nb) continue;
-        float* p = C + (r0 + m) * ldc + n0 + n;
+        if (m >= M || n >= N) continue;
+        float* p = C + m * ldc + n;
         *p = acc ? *p + d[i][j][q] : d[i][j][q];
       }
+}
+
+// gemm_bf16_grouped: the forward, C[r, n] (+)= sum_k A[r*lda + k] W_e[n*K + k]
+// for every grouped row r of expert e (the bf16 rollout's and the bf16
+// mode's expert products). grid = (ceil(N/64), ceil(R/64) + E).
+extern "C" __global__ void __launch_bounds__(128) gemm_bf16_grouped(
+    float* __restrict__ C, const bf16_t* __restrict__ A, const bf16_t* __restrict__ B, const int* __restrict__ off,
+    const int* __restrict__ tiles, int N, int K, i64 lda, i64 ldc, i64 wstride, int acc, int vec, int async) {
+  const int e = tiles[2 * blockIdx.y];
+  if (e < 0) return;
+  const int r0 = off[e] + tiles[2 * blockIdx.y + 1] * MOE_TILE, n0 = blockIdx.x * 64;
+  gb_tile<false, false>(C + r0 * ldc + n0, ldc, A + r0 * lda, lda, B + e * wstride + (i64)n0 * K, K,
+                        min(MOE_TILE, off[e + 1] - r0), min(64, N - n0), K, acc, vec, async);
+}
+
+// gemm_bf16_grouped_dx: the input's gradient, C[r, j] (+)= sum_n
+// A[r*lda + n] W_e[n*K + j] for every grouped row r of expert e (A the
+// output's gradient [R, N], the weights [N, K] read transposed); C is
+// [R, K]. grid = (ceil(K/64), ceil(R/64) + E).
+extern "C" __global__ void __launch_bounds__(128) gemm_bf16_grouped_dx(
+    float* __restrict__ C, const bf16_t* __restrict__ A, const bf16_t* __restrict__ B, const int* __restrict__ off,
+    const int* __restrict__ tiles, int N, int K, i64 lda, i64 ldc, i64 wstride, int acc, int vec, int async) {
+  const int e = tiles[2 * blockIdx.y];
+  if (e < 0) return;
+  const int r0 = off[e] + tiles[2 * blockIdx.y + 1] * MOE_TILE, j0 = blockIdx.x * 64;
+  gb_tile<false, true>(C + r0 * ldc + j0, ldc, A + r0 * lda, lda, B + e * wstride + j0, K,
+                       min(MOE_TILE, off[e + 1] - r0), min(64, K - j0), N, acc, vec, async);
+}
+
+// gemm_bf16_grouped_dw: the weights' gradient, dW_e[n*K + j] += sum over
+// expert e's grouped rows r of A[r*lda + n] X[r*ldx + j] (A the output's
+// gradient [R, N], X the input [R, K], both read transposed: the sum runs
+// over rows), into dW_e at C + e*wstride. grid = (ceil(K/64),
+// ceil(N/64), E); an expert without rows adds nothing.
+extern "C" __global__ void __launch_bounds__(128) gemm_bf16_grouped_dw(
+    float* __restrict__ C, const bf16_t* __restrict__ A, const bf16_t* __restrict__ X, const int* __restrict__ off,
+    int N, int K, i64 lda, i64 ldx, i64 wstride, int vec, int async) {
+  const int e = blockIdx.z, r0 = off[e], rows = off[e + 1] - r0;
+  if (rows <= 0) return;
+  const int n0 = blockIdx.y * 64, j0 = blockIdx.x * 64;
+  gb_tile<true, true>(C + e * wstride + (i64)n0 * K + j0, K, A + r0 * lda + n0, lda, X + r0 * ldx + j0, ldx,
+                      min(64, N - n0), min(64, K - j0), rows, 1, vec, async);
 }
