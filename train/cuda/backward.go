@@ -238,7 +238,10 @@ func (e *Engine) recomputeLayer(f *fwdState, a *layerActs, l *model.Layer, out B
 		if err := e.moeForward(f, a.moe, l, a.h2, a.xmid, out, false); err != nil {
 			return err
 		}
-		return e.moeHost(a.moe, f.T, nil, nil) // the offsets of the grouping just made
+		if e.perLaunch() { // the offsets of the grouping just made, for the products per expert
+			return e.moeHost(a.moe, f.T, nil, nil)
+		}
+		return nil
 	}
 	return e.mlpForward(f, a, l, out)
 }

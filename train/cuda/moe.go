@@ -42,7 +42,7 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 	c := &e.cfg
 	T, H, E, k, I := f.T, c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
 	R := T * k
-	ew, err := e.expertWeights(L)
+	ew, err := e.expertSpans(e.w, L)
 	if err != nil {
 		return err
 	}
@@ -84,7 +84,7 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 		// Each token's input row once per slot, grouped by expert.
 		func() error { return e.ops.Gather(mo.xg, h2, mo.grp.Tok, R, H) },
 	}
-	if e.bf != nil && (e.expertsPerLaunch || os.Getenv("KEEL_MOE_GROUP") == "host") {
+	if e.perLaunch() {
 		steps = append(steps, func() error {
 			if err := e.moeHost(mo, T, nil, nil); err != nil {
 				return err
@@ -120,6 +120,14 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 		}
 	}
 	return nil
+}
+
+// perLaunch says whether the bf16 mode's expert products run one
+// cuBLASLt product per expert (KEEL_MOE_GROUP=host, or expertsPerLaunch),
+// from offsets brought to the host, rather than grouped on the tensor
+// cores.
+func (e *Engine) perLaunch() bool {
+	return e.bf != nil && (e.expertsPerLaunch || os.Getenv("KEEL_MOE_GROUP") == "host")
 }
 
 // moeHost copies back what the host needs of an MoE block's forward: the
@@ -167,10 +175,10 @@ type expertWeights struct {
 	stride       int
 }
 
-// expertWeights finds layer L's experts in the arena. model.New lays them
-// out as the grouped products read them; anything else is an error here,
-// not a wrong product later.
-func (e *Engine) expertWeights(L *model.Layer) (expertWeights, error) {
+// expertSpans finds layer L's experts in b, the weights or the gradients
+// (the arena's layout). model.New lays them out as the grouped products
+// read them; anything else is an error here, not a wrong product later.
+func (e *Engine) expertSpans(b Buffer, L *model.Layer) (expertWeights, error) {
 	c := &e.cfg
 	H, I, E := c.HiddenSize, c.MoeIntermediateSize, len(L.Experts)
 	g0, d0 := e.offs[L.Experts[0].Gate], e.offs[L.Experts[0].Down]
@@ -183,7 +191,7 @@ func (e *Engine) expertWeights(L *model.Layer) (expertWeights, error) {
 			return expertWeights{}, fmt.Errorf("train/cuda: the experts' weights are not laid out as the grouped products read them")
 		}
 	}
-	return expertWeights{gateUp: sub(e.w, g0, (E-1)*stride+2*I*H), down: sub(e.w, d0, (E-1)*stride+H*I), stride: stride}, nil
+	return expertWeights{gateUp: sub(b, g0, (E-1)*stride+2*I*H), down: sub(b, d0, (E-1)*stride+H*I), stride: stride}, nil
 }
 
 // moeScratch is the MoE backward's scratch, allocated once per Backward
@@ -219,54 +227,101 @@ func anyReplay(r []*model.Routes) bool {
 // weight gradients.
 func (e *Engine) moeBackward(f *fwdState, sc *moeScratch, mo *moeActs, L *model.Layer, h2, dout, dh2 Buffer) error {
 	c := &e.cfg
-	T, H, k, I := f.T, c.HiddenSize, c.NumExpertsPerTok, c.MoeIntermediateSize
+	T, H, k := f.T, c.HiddenSize, c.NumExpertsPerTok
 	R := T * k
-	dy, dgt, da, dgu, dxg := sc.dy, sc.dgt, sc.da, sc.dgu, sc.dxg
-	if err := e.launch("moe.cu", "moe_combine_bwd", rowsGrid(T), block256, dy, dgt, dout, mo.yg, mo.dGates, mo.grp.Row, k, H); err != nil {
+	if err := e.launch("moe.cu", "moe_combine_bwd", rowsGrid(T), block256, sc.dy, sc.dgt, dout, mo.yg, mo.dGates, mo.grp.Row, k, H); err != nil {
 		return err
 	}
-	if e.bf != nil {
-		if err := e.moeExpertsBackBF16(mo, L, sc, R); err != nil {
-			return err
-		}
-		return e.moeRouterBack(f, sc, mo, L, h2, dh2)
+	var err error
+	switch {
+	case e.perLaunch():
+		err = e.moeExpertsBackBF16(mo, L, sc, R)
+	case e.bf != nil:
+		err = e.moeExpertsBackGroupedBF16(mo, L, sc, R)
+	default:
+		err = e.moeExpertsBackGrouped(mo, L, sc, R)
 	}
-	if err := model.EachExpert(mo.off, func(x, r0, n int) error {
-		ex := &L.Experts[x]
-		dyx, dax := sub(dy, r0*H, n*H), sub(da, r0*I, n*I)
-		if err := e.linearBack(dax, e.param(e.g, ex.Down), dyx, sub(mo.ag, r0*I, n*I), e.param(e.w, ex.Down), n, I, H, I, H, I, false); err != nil {
-			return err
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-	if err := e.launch("rows.cu", "swiglu_bwd", elemGrid(R*I), block256, dgu, da, mo.gug, int64(R), I); err != nil {
-		return err
-	}
-	if err := model.EachExpert(mo.off, func(x, r0, n int) error {
-		ex := &L.Experts[x]
-		dg := sub(dgu, r0*2*I, n*2*I)
-		du := sub(dg, I, n*2*I-I)
-		xg, dxgx := sub(mo.xg, r0*H, n*H), sub(dxg, r0*H, n*H)
-		steps := []func() error{
-			func() error {
-				return e.linearBack(dxgx, e.param(e.g, ex.Gate), dg, xg, e.param(e.w, ex.Gate), n, H, I, H, 2*I, H, false)
-			},
-			func() error {
-				return e.linearBack(dxgx, e.param(e.g, ex.Up), du, xg, e.param(e.w, ex.Up), n, H, I, H, 2*I, H, true)
-			},
-		}
-		for _, s := range steps {
-			if err := s(); err != nil {
-				return err
-			}
-		}
-		return nil
-	}); err != nil {
+	if err != nil {
 		return err
 	}
 	return e.moeRouterBack(f, sc, mo, L, h2, dh2)
+}
+
+// moeExpertsBackGrouped is the experts' backward in float32, every
+// expert's products in one grouped launch each (the bits of the products
+// per expert): da = dy·W_down and its weights' gradient, SwiGLU's
+// backward, then dxg = dg·W_gate + du·W_up (two launches, summed as the
+// per-expert products sum them) and the gate's and up's gradients in one.
+func (e *Engine) moeExpertsBackGrouped(mo *moeActs, L *model.Layer, sc *moeScratch, R int) error {
+	c := &e.cfg
+	H, I := c.HiddenSize, c.MoeIntermediateSize
+	ew, err := e.expertSpans(e.w, L)
+	if err != nil {
+		return err
+	}
+	gw, err := e.expertSpans(e.g, L)
+	if err != nil {
+		return err
+	}
+	g, S := &mo.grp, ew.stride
+	up := sub(ew.gateUp, I*H, int(ew.gateUp.Size/4)-I*H) // expert 0's up projection onwards
+	steps := []func() error{
+		func() error { return e.ops.GemmGroupedBackX(g, R, sc.da, sc.dy, ew.down, H, I, H, I, S, false) },
+		func() error { return e.ops.GemmGroupedBackW(g, gw.down, sc.dy, mo.ag, H, I, H, I, S) },
+		func() error {
+			return e.launch("rows.cu", "swiglu_bwd", elemGrid(R*I), block256, sc.dgu, sc.da, mo.gug, int64(R), I)
+		},
+		func() error { return e.ops.GemmGroupedBackX(g, R, sc.dxg, sc.dgu, ew.gateUp, I, H, 2*I, H, S, false) },
+		func() error {
+			return e.ops.GemmGroupedBackX(g, R, sc.dxg, sub(sc.dgu, I, R*2*I-I), up, I, H, 2*I, H, S, true)
+		},
+		func() error { return e.ops.GemmGroupedBackW(g, gw.gateUp, sc.dgu, mo.xg, 2*I, H, 2*I, H, S) },
+	}
+	for _, st := range steps {
+		if err := st(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// moeExpertsBackGroupedBF16 is the experts' backward in the bf16 mode,
+// every expert's products in one grouped launch each on the tensor cores:
+// dy and the down products' inputs rounded once, SwiGLU's backward
+// writing dgu in bf16 (into dgu's room), the grouped rows rounded once,
+// and dxg = dgu·[W_gate; W_up] in one product.
+func (e *Engine) moeExpertsBackGroupedBF16(mo *moeActs, L *model.Layer, sc *moeScratch, R int) error {
+	c := &e.cfg
+	H, I := c.HiddenSize, c.MoeIntermediateSize
+	ew, err := e.expertSpans(e.w, L)
+	if err != nil {
+		return err
+	}
+	gw, err := e.expertSpans(e.g, L)
+	if err != nil {
+		return err
+	}
+	g, S := &mo.grp, ew.stride
+	dgu16 := sc.dgu // bf16 [R, 2I] in the float32 buffer's first half
+	var dy16, x16 Buffer
+	steps := []func() error{
+		func() (err error) { dy16, err = e.bf.Round(1, sc.dy, R, H, H); return err },
+		func() (err error) { x16, err = e.bf.Round(0, mo.ag, R, I, I); return err },
+		func() error {
+			return e.bf.GroupedBack(g, R, sc.da, gw.down, dy16, x16, ew.down, H, I, H, I, I, S, false)
+		},
+		func() error { return e.ops.SwiGLUBackBF16(dgu16, sc.da, mo.gug, R, I) },
+		func() (err error) { x16, err = e.bf.Round(0, mo.xg, R, H, H); return err },
+		func() error {
+			return e.bf.GroupedBack(g, R, sc.dxg, gw.gateUp, dgu16, x16, ew.gateUp, 2*I, H, 2*I, H, H, S, false)
+		},
+	}
+	for _, st := range steps {
+		if err := st(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // moeExpertsBackBF16 is the experts' backward in the bf16 mode: dy, the
