@@ -15,15 +15,18 @@
 #   profile  bf16 training, issue 24's rows (Qwen3-0.6B at 8 x 2048 and
 #          2 x 16384, the MoE shape): keel (with flash.cu's narrow and wide
 #          forward, KEEL_FLASH_FWD, and on the first shape its one-stage
-#          backward, KEEL_FLASH_BWD=single) and PyTorch, keel again with
+#          backward, KEEL_FLASH_BWD=single; on the MoE shape its experts
+#          grouped on the host, KEEL_MOE_GROUP=host) and PyTorch, keel again with
 #          KEEL_CUDA_PROFILE=1 (the time of every kernel and product);
 #          then a profiled bf16 decode at 256 sequences
 #   gemm   keel's fp32 GEMM and cuBLASLt's bf16 on a 0.6B layer's shapes
 #          (GFLOP/s; BenchmarkDeviceGemm, under a minute)
 #   decode issue 25's decode rows: keel (exact, bf16) at 64 and 256
 #          sequences on the Qwen3-0.6B shape and the MoE shape (2 layers),
-#          with CUDA graphs and without, the decoding attention a warp per
-#          query head (KEEL_DECODE_ATTN=head) against the grouped default,
+#          with CUDA graphs and without, the MoE layers grouped on the host
+#          (KEEL_MOE_GROUP=host, no graphs) against the device, the decoding
+#          attention a warp per query head (KEEL_DECODE_ATTN=head) against
+#          the grouped default,
 #          and transformers' generate beside them (about 3 minutes)
 #   fit    bf16 training of the Qwen3-1.7B shape at 4 x 4096 tokens with
 #          recomputation (issue 24: it fits one 80 GB card)
@@ -167,6 +170,12 @@ if [[ " $sections " == *" decode "* ]]; then
       decode_rows "$out/decode-keel-$1-graphs$g.json" || tail -2 "$out/decode-keel-$1-graphs$g.err"
     done
   done
+  # The MoE layers grouped on the host, a cuBLASLt product per expert and
+  # no graphs (the old path), against the grouped default above.
+  KEEL_MOE_GROUP=host timeout 150 $bin/keel bench --device cuda --presets qwen3-30b-a3b --layers 2 --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+    --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-moehost.json" 2> "$out/decode-keel-moehost.err"
+  echo "  keel qwen3-30b-a3b (layers 2), KEEL_MOE_GROUP=host: exit $?"
+  decode_rows "$out/decode-keel-moehost.json" || tail -2 "$out/decode-keel-moehost.err"
   # The decoding attention a warp per query head (the old kernels) against
   # the grouped default (a warp per KV head), with graphs.
   KEEL_DECODE_ATTN=head timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
@@ -214,12 +223,16 @@ if [[ " $sections " == *" profile "* ]]; then
     args="--device cuda --train-precision bf16 $rc --presets $1 --layers $2 --vocab 151936 --seqs $3 --len $4 --time 1ms --json --no-decode --no-rl"
     # flash.cu's forward (narrow, wide) and backward (two stages, the
     # default; one stage on the first shape only, for the A/B).
-    variants="narrow/two wide/two"
-    [ $tag = qwen3-0.6b-8x2048 ] && variants="$variants narrow/single"
+    # On the MoE shape also the experts grouped on the host, a cuBLASLt
+    # product per expert (KEEL_MOE_GROUP=host), against the grouped default.
+    variants="narrow/two/device wide/two/device"
+    [ $tag = qwen3-0.6b-8x2048 ] && variants="$variants narrow/single/device"
+    [ $1 = qwen3-30b-a3b ] && variants="$variants narrow/two/host"
     for v in $variants; do
-      fwd=${v%/*} bwd=${v#*/} vt=${v%/*}-${v#*/}
-      KEEL_FLASH_FWD=$fwd KEEL_FLASH_BWD=$bwd timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-$vt.json" 2> "$out/bench-keel-$tag-$vt.err"
-      echo "  keel $1 bf16, layers $2, $3 x $4 ${rc:-}, flash forward $fwd, backward $bwd stage(s): exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-$vt.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-$vt.err")"
+      IFS=/ read -r fwd bwd grp <<< "$v"
+      vt=$fwd-$bwd-$grp
+      KEEL_FLASH_FWD=$fwd KEEL_FLASH_BWD=$bwd KEEL_MOE_GROUP=$grp timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-$vt.json" 2> "$out/bench-keel-$tag-$vt.err"
+      echo "  keel $1 bf16, layers $2, $3 x $4 ${rc:-}, flash forward $fwd, backward $bwd stage(s), experts grouped on the $grp: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-$vt.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-$vt.err")"
     done
     timeout 150 python3 tools/gpu/torch_train.py --preset $1 --layers $2 --seqs $3 --len $4 --mode bf16 --micro $6 $ck \
       > "$out/bench-torch-$tag.json" 2> "$out/bench-torch-$tag.err"
