@@ -81,6 +81,7 @@ type fwdState struct {
 	// device copies of the packed tokens, positions, each token's sequence
 	// start and end, and each row's next token (-1 at a sequence's end)
 	dTokens, dPos, dStart, dEnd, dTargets Buffer
+	dReplay                               Buffer // [MoE layers][T·k] replayed experts, -1 routed live (uploadReplay)
 	layers                                []layerActs
 	xL, invf, xf                          Buffer // last residual, final norm
 	lp, ent                               Buffer // [T]
@@ -130,6 +131,36 @@ func (e *Engine) bufs(f *fwdState, spans ...span) error {
 		}
 	}
 	return nil
+}
+
+// uploadReplay copies every MoE layer's replayed experts (R2, R3) to the
+// device at once, before the forward's first launch: an upload waits for
+// the work queued before it, so one per layer would stop the GPU at every
+// MoE layer. f.dReplay is [MoE layers][T·k], -1 where a token is routed
+// live; it stays empty when nothing is replayed.
+func (e *Engine) uploadReplay(f *fwdState) error {
+	nMoE := len(e.cfg.MoELayers())
+	if nMoE == 0 || !anyReplay(f.replay) {
+		return nil
+	}
+	k := e.cfg.NumExpertsPerTok
+	R := f.T * k
+	rep := make([]int32, nMoE*R)
+	for i := range rep {
+		rep[i] = -1
+	}
+	for ml := range nMoE {
+		for s, st := range f.starts {
+			if s < len(f.replay) && f.replay[s] != nil {
+				for i := 0; i < f.lens[s]; i++ {
+					f.replay[s].Slots(rep[ml*R+(st+i)*k:ml*R+(st+i+1)*k], i, ml)
+				}
+			}
+		}
+	}
+	var err error
+	f.dReplay, err = e.intBuf(f, rep)
+	return err
 }
 
 func (e *Engine) intBuf(f *fwdState, v []int32) (Buffer, error) {
@@ -190,6 +221,9 @@ func (e *Engine) Forward(seqs [][]int32, opt train.ForwardOptions) (*train.Resul
 		if *t.b, err = e.intBuf(f, t.src); err != nil {
 			return nil, err
 		}
+	}
+	if err := e.uploadReplay(f); err != nil {
+		return nil, err
 	}
 	if err := e.forward(f, opt); err != nil {
 		return nil, err
@@ -535,7 +569,7 @@ func (e *Engine) allocLayer(f *fwdState, a *layerActs, dense, moe bool) error {
 		R := T * k
 		mo := a.moe
 		if err := e.bufs(f, span{&mo.dProbs, T * E}, span{&mo.dGates, R},
-			span{&mo.dIds, R}, span{&mo.dReplay, R}, span{&mo.dPsum, 2 * E},
+			span{&mo.dIds, R}, span{&mo.dPsum, 2 * E},
 			span{&mo.xg, R * H}, span{&mo.gug, R * 2 * I}, span{&mo.ag, R * I}, span{&mo.yg, R * H}); err != nil {
 			return err
 		}

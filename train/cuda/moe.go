@@ -23,10 +23,10 @@ type moeActs struct {
 	ids []int32 // [T, k] experts, in slot order (moeHost)
 	off []int   // [E+1]: expert e's rows are off[e]..off[e+1] (moeHost)
 	// device
-	dProbs, dGates       Buffer
-	dIds, dReplay, dPsum Buffer // [T, k] int32 ×2, [E] float64
-	grp                  kc.MoEGroups
-	xg, gug, ag, yg      Buffer // [R, H], [R, 2I], [R, I], [R, H], R = T·k
+	dProbs, dGates  Buffer
+	dIds, dPsum     Buffer // [T, k] int32, [E] float64
+	grp             kc.MoEGroups
+	xg, gug, ag, yg Buffer // [R, H], [R, 2I], [R, I], [R, H], R = T·k
 }
 
 // moeForward runs the sparse block of layer L on h2 (the post-attention
@@ -53,24 +53,10 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 		return err
 	}
 	// The experts and gates on the device (model.TopK and GateWeights'
-	// scans), or the replayed experts uploaded.
+	// scans), or the replayed experts (uploadReplay).
 	var replay Buffer
-	if anyReplay(f.replay) {
-		rep := make([]int32, R)
-		for i := range rep {
-			rep[i] = -1 // routed live
-		}
-		for s, st := range f.starts {
-			if s < len(f.replay) && f.replay[s] != nil {
-				for i := 0; i < f.lens[s]; i++ {
-					f.replay[s].Slots(rep[(st+i)*k:(st+i+1)*k], i, mo.ml)
-				}
-			}
-		}
-		replay = mo.dReplay
-		if err := kc.Upload(e.dev, replay, rep); err != nil {
-			return err
-		}
+	if f.dReplay.Ptr != 0 {
+		replay = sub(f.dReplay, mo.ml*R, R)
 	}
 	steps := []func() error{
 		func() error { return e.ops.MoERoute(mo.dIds, mo.dGates, mo.dProbs, replay, T, E, k, c.NormTopKProb) },
