@@ -595,9 +595,12 @@ func (b *Backend) forward(sb *rollout.StepBatch, R, nOut int) error {
 	ml := 0
 	for li := range b.host.Layers {
 		l := &b.host.Layers[li]
-		if f := b.fused(); f != nil && l.Router == nil {
-			if err := b.layerBF16(f, li, R, x, next); err != nil {
+		if f := b.fused(); f != nil && (l.Router == nil || (b.groupOnDevice && H%2 == 0)) {
+			if err := b.layerBF16(f, li, ml, R, x, next); err != nil {
 				return fmt.Errorf("rollout/cuda: layer %d: %w", li, err)
+			}
+			if l.Router != nil {
+				ml++
 			}
 			x, next = next, x
 			continue
@@ -637,7 +640,7 @@ func (b *Backend) forward(sb *rollout.StepBatch, R, nOut int) error {
 		}
 		var err error
 		if l.Router != nil && b.groupOnDevice {
-			err = b.moeGrouped(ml, l, R, next)
+			err = b.moeGrouped(ml, l, R, next, false)
 			ml++
 		} else if l.Router != nil {
 			err = b.moe(sb, ml, l, R, next)
@@ -755,16 +758,18 @@ func (b *Backend) fused() *kc.BF16Linear {
 	return f
 }
 
-// layerBF16 is a dense layer of the bf16 step with its roundings fused:
-// each kernel that feeds products writes their bf16 operand itself (the
-// norms, the attention, SwiGLU), and the residual adds ride in the output
-// and down projections' epilogues, q and k's norm and RoPE and the cache
+// layerBF16 is a layer of the bf16 step with its roundings fused: each
+// kernel that feeds products writes their bf16 operand itself (the norms,
+// the attention, SwiGLU), and the residual adds ride in the output and
+// down projections' epilogues, q and k's norm and RoPE and the cache
 // writes share one launch. The numbers are the plain step's (the same
-// roundings), in 12 launches instead of 20.
-func (b *Backend) layerBF16(f *kc.BF16Linear, li, R int, x, next Buffer) error {
+// roundings), a dense layer in 12 launches instead of 20. An MoE layer
+// (the ml-th, grouped on the device) takes the bf16 h2 the fused norm
+// writes.
+func (b *Backend) layerBF16(f *kc.BF16Linear, li, ml, R int, x, next Buffer) error {
 	c, s, o := &b.cfg, &b.s, b.ops
 	l := &b.host.Layers[li]
-	H, I, hd := c.HiddenSize, c.IntermediateSize, c.HeadDim
+	H, hd := c.HiddenSize, c.HeadDim
 	heads, kv := c.NumAttentionHeads, c.NumKeyValueHeads
 	qd, kvd := heads*hd, kv*hd
 	eps := float32(c.RMSNormEps)
@@ -786,6 +791,25 @@ func (b *Backend) layerBF16(f *kc.BF16Linear, li, R int, x, next Buffer) error {
 			return f.LinearManyBF16(s.x16, R, qd, kc.Product{Y: s.xmid, W: b.param(l.O), Out: H, LdY: H, Add: x})
 		},
 		func() error { return o.RMSNormBF16(s.x16, Buffer{}, s.xmid, b.param(l.PostAttnNorm), R, H, eps) },
+	}
+	if l.Router != nil {
+		steps = append(steps, func() error { return b.moeGrouped(ml, l, R, next, true) })
+	} else {
+		steps = append(steps, b.mlpBF16(f, l, R, next)...)
+	}
+	for _, st := range steps {
+		if err := st(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mlpBF16 is the fused dense MLP of layerBF16, from the bf16 h2 in x16.
+func (b *Backend) mlpBF16(f *kc.BF16Linear, l *model.Layer, R int, next Buffer) []func() error {
+	c, s, o := &b.cfg, &b.s, b.ops
+	H, I := c.HiddenSize, c.IntermediateSize
+	return []func() error{
 		func() error {
 			return f.LinearManyBF16(s.x16, R, H, kc.Product{Y: s.gu, W: b.param(l.Gate), Out: I, LdY: 2 * I},
 				kc.Product{Y: s.gu.Floats(I, R*2*I-I), W: b.param(l.Up), Out: I, LdY: 2 * I})
@@ -795,12 +819,6 @@ func (b *Backend) layerBF16(f *kc.BF16Linear, li, R int, x, next Buffer) error {
 			return f.LinearManyBF16(s.x16, R, I, kc.Product{Y: next, W: b.param(l.Down), Out: H, LdY: H, Add: s.xmid})
 		},
 	}
-	for _, st := range steps {
-		if err := st(); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // mlp runs a dense layer's MLP on the step's h2 into next = xmid + MLP.
@@ -946,8 +964,9 @@ func (b *Backend) expertLayout() ([]expertWeights, error) {
 // expert's products in one grouped launch (exact: gemm_f32_grouped, the
 // training engine's per-expert products bit for bit; bf16: on the tensor
 // cores from bf16 rows), and the gates' combination. The layer's routes
-// stay on the device (s.ids at ml·R·k) until routesOut.
-func (b *Backend) moeGrouped(ml int, l *model.Layer, R int, next Buffer) error {
+// stay on the device (s.ids at ml·R·k) until routesOut. in16 says s.x16
+// already holds h2 in bf16 (layerBF16's fused norm; H even).
+func (b *Backend) moeGrouped(ml int, l *model.Layer, R int, next Buffer, in16 bool) error {
 	c, s, o := &b.cfg, &b.s, b.ops
 	H, E, k, I := c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
 	P, ew := R*k, b.experts[ml]
@@ -956,6 +975,9 @@ func (b *Backend) moeGrouped(ml int, l *model.Layer, R int, next Buffer) error {
 	router := func() error { return b.linear(s.probs, s.h2, b.param(l.Router), R, H, E, E, H) }
 	if f != nil { // h2 rounded once, for the router and the experts
 		router = func() error {
+			if in16 {
+				return f.LinearManyBF16(s.x16, R, H, kc.Product{Y: s.probs, W: b.param(l.Router), Out: E, LdY: E})
+			}
 			if err := o.ToBF16(s.x16, s.h2, R*H); err != nil {
 				return err
 			}
