@@ -304,3 +304,65 @@ func TestDeviceGemmGroupedBack(t *testing.T) {
 		}
 	}
 }
+
+// TestDeviceQuantGrouped: the fp8 and fp4 products of every expert over
+// its grouped rows in one grouped launch are QuantLinear's per-expert
+// products (the same quantisation and scales; the sums within float32
+// rounding of each other), with an expert's gate and up projections as
+// one product of adjacent matrices; a product over matrices that are not
+// adjacent is refused.
+func TestDeviceQuantGrouped(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(2, 9))
+	const E, k, T, H, I = 6, 2, 70, 40, 24
+	stride := 3 * I * H
+	n := 5*H + E*stride // something before the experts, then gate, up, down of each
+	arena := randF32(r, n, 0.3)
+	var mats []Matrix
+	for e := 0; e < E; e++ {
+		o := 5*H + e*stride
+		mats = append(mats, Matrix{Off: o, Rows: I, Cols: H}, Matrix{Off: o + I*H, Rows: I, Cols: H}, Matrix{Off: o + 2*I*H, Rows: H, Cols: I})
+	}
+	barena := bufOf(g, arena)
+	ids := randRoutes(r, T, E, k, 3)
+	R := len(ids)
+	off, _, _ := model.GroupByExpert(ids, E, k)
+	ops := NewOps(g.d)
+	gr := newGroups(g, R, E)
+	if err := ops.MoEGroup(gr, bufOf(g, ids), R, k); err != nil {
+		t.Fatal(err)
+	}
+	bx := bufOf(g, randF32(r, R*H, 1))
+	for _, format := range []string{FormatFP8, FormatFP4} {
+		q, err := NewQuantLinear(ops, barena, n, mats, format)
+		if err != nil {
+			t.Fatal(err)
+		}
+		y := g.poisoned(R * 2 * I)
+		gateUp := barena.Floats(5*H, (E-1)*stride+2*I*H)
+		if err := q.Grouped(gr, R, y, bx, gateUp, 2*I, H, H, 2*I, stride); err != nil {
+			t.Fatal(err)
+		}
+		want := g.poisoned(R * 2 * I)
+		for e := 0; e < E; e++ {
+			m := off[e+1] - off[e]
+			if m == 0 {
+				continue
+			}
+			o := 5*H + e*stride
+			yw := want.Floats(off[e]*2*I, m*2*I)
+			if err := q.LinearMany(bx.Floats(off[e]*H, m*H), m, H, H, Product{Y: yw, W: barena.Floats(o, I*H), Out: I, LdY: 2 * I},
+				Product{Y: yw.Floats(I, m*2*I-I), W: barena.Floats(o+I*H, I*H), Out: I, LdY: 2 * I}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		closeTo(t, format+" grouped gate and up", g.f32(y, R*2*I), g.f32(want, R*2*I), 1e-5)
+		// The down projections are not followed by another expert's rows
+		// of the same width: N past one matrix is refused.
+		down := barena.Floats(5*H+2*I*H, (E-1)*stride+H*I)
+		if err := q.Grouped(gr, R, y, bx, down, 2*H, I, H, 2*H, stride); err == nil {
+			t.Errorf("%s: a grouped product over matrices that are not adjacent: no error", format)
+		}
+		q.Free()
+	}
+}

@@ -181,3 +181,55 @@ func (l *QuantLinear) LinearMany(x Buffer, rows, in, ldx int, ps ...Product) err
 	}
 	return nil
 }
+
+// Grouped is every MoE expert's quantised product over its grouped rows
+// (MoEGroup's grouping): y[r, 0:N] = x[r, 0:K] · W_eᵀ for the rows r of
+// expert e, as LinearMany computes it per expert (the rows quantised one
+// scale a row, the quantised values' product, then the channel and row
+// scales), in three launches for all experts. w is expert 0's matrix of
+// the ones given to NewQuantLinear ([N, K]; or its first of several
+// adjacent ones, an expert's gate and up projections), expert e's
+// wstride floats after it.
+func (l *QuantLinear) Grouped(g *MoEGroups, pairs int, y, x, w Buffer, N, K, ldx, ldy, wstride int) error {
+	if err := l.weights(); err != nil {
+		return err
+	}
+	m0, ok := l.mats[w.Ptr]
+	if !ok || m0.Cols != K {
+		return fmt.Errorf("cuda: a grouped quantised product's weights [%d, %d] are not one of the quantised matrices", N, K)
+	}
+	// The channel scales of an expert's N rows follow one another (its
+	// adjacent matrices' scales do: they are numbered in arena order), and
+	// the experts' are equally far apart.
+	s0, sstride := l.soff[w.Ptr], 0
+	for rows, p := 0, w.Ptr; rows < N; {
+		m, ok := l.mats[p]
+		if !ok || l.soff[p] != s0+rows || m.Cols != K || rows+m.Rows > N {
+			return fmt.Errorf("cuda: a grouped quantised product's %d rows are not adjacent quantised matrices", N)
+		}
+		rows += m.Rows
+		p += uint64(m.Rows*m.Cols) * 4
+	}
+	for e := 1; e < g.Experts; e++ {
+		p := w.Ptr + uint64(e*wstride)*4
+		s, ok := l.soff[p]
+		if e == 1 {
+			sstride = s - s0
+		}
+		if !ok || s != s0+e*sstride || l.mats[p].Cols != K {
+			return fmt.Errorf("cuda: a grouped quantised product's experts are not laid out alike")
+		}
+	}
+	if err := l.grow(pairs, K); err != nil {
+		return err
+	}
+	if err := l.ops.QuantE4M3Rows(l.x8, l.sx, x, pairs, K, ldx); err != nil {
+		return err
+	}
+	w8 := Buffer{Ptr: l.w8.Ptr + uint64(m0.Off)*2, Size: int64((g.Experts-1)*wstride+N*K) * 2}
+	if err := l.ops.GemmGroupedBF16(g, pairs, y, l.x8, w8, N, K, K, ldy, wstride, false); err != nil {
+		return err
+	}
+	return l.ops.Launch("convert.cu", "scale_rows_cols_grouped", Dim3{X: pairs}, block256,
+		y, l.sx, l.ws.Floats(s0, (g.Experts-1)*sstride+N), g.Off, g.Experts, N, int64(ldy), int64(sstride))
+}

@@ -92,14 +92,13 @@ type scratch struct {
 	xg16                                            Buffer // bf16 MoE grouped on the device: the experts' rows, then SwiGLU's
 }
 
-// groupsOnDevice says whether the MoE layers of a rollout in o's precision
-// group their rows by expert on the device (exact and bf16, unless
-// KEEL_MOE_GROUP is host): no round trip to the host mid-step, every
-// expert in one launch, and decoding steps replayed as CUDA graphs. The
-// fp8 and fp4 products (and KEEL_MOE_GROUP=host) group on the host and
-// launch a product per expert.
+// groupsOnDevice says whether the MoE layers of a rollout group their rows
+// by expert on the device (unless KEEL_MOE_GROUP is host): no round trip
+// to the host mid-step, every expert's products in one launch, and
+// decoding steps replayed as CUDA graphs. KEEL_MOE_GROUP=host groups on
+// the host and launches a product per expert.
 func groupsOnDevice(c *model.Config, o *rollout.Options) bool {
-	return len(c.MoELayers()) > 0 && (o.Precision == rollout.Exact || o.Precision == rollout.BF16) && os.Getenv("KEEL_MOE_GROUP") != "host"
+	return len(c.MoELayers()) > 0 && os.Getenv("KEEL_MOE_GROUP") != "host"
 }
 
 // products are the reduced-precision linear layers: kernels/cuda's
@@ -241,8 +240,9 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 		// The operands' scratch at its largest now (as Plan counts it): a
 		// graph keeps the addresses it recorded.
 		rows, width := opt.StepRows, max(c.HiddenSize, c.NumAttentionHeads*c.HeadDim, c.IntermediateSize, c.MoeIntermediateSize)
-		if k, w := c.NumExpertsPerTok, max(c.HiddenSize, c.MoeIntermediateSize); len(c.MoELayers()) > 0 && !b.groupOnDevice && opt.Precision == rollout.BF16 && k*w > width {
-			rows, width = opt.StepRows*k, w
+		if expertOperand(&c, &opt) {
+			rows = opt.StepRows * c.NumExpertsPerTok
+			width = max((width*opt.StepRows+rows-1)/rows, c.HiddenSize, c.MoeIntermediateSize)
 		}
 		err = b.bf.Reserve(rows, width)
 	}
@@ -963,7 +963,8 @@ func (b *Backend) expertLayout() ([]expertWeights, error) {
 // engine's kernel), the rows grouped by expert (moe_group_*), every
 // expert's products in one grouped launch (exact: gemm_f32_grouped, the
 // training engine's per-expert products bit for bit; bf16: on the tensor
-// cores from bf16 rows), and the gates' combination. The layer's routes
+// cores from bf16 rows; fp8 and fp4: QuantLinear.Grouped, the quantised
+// values' product there), and the gates' combination. The layer's routes
 // stay on the device (s.ids at ml·R·k) until routesOut. in16 says s.x16
 // already holds h2 in bf16 (layerBF16's fused norm; H even).
 func (b *Backend) moeGrouped(ml int, l *model.Layer, R int, next Buffer, in16 bool) error {
@@ -1005,13 +1006,18 @@ func (b *Backend) moeGrouped(ml int, l *model.Layer, R int, next Buffer, in16 bo
 			func() error { return o.SwiGLUBF16(s.xg16, s.gug, P, I) }, // the rows are no longer read
 			func() error { return f.Grouped(&s.grp, P, s.yg, s.xg16, ew.down, H, I, I, H, ew.stride) })
 	} else {
+		// exact: the float32 products; fp8 and fp4: the quantised ones.
+		product := func(y, x, w Buffer, N, K int) error {
+			return o.GemmGrouped(&s.grp, P, y, x, w, N, K, K, N, ew.stride, false)
+		}
+		if q, ok := b.bf.(*kc.QuantLinear); ok {
+			product = func(y, x, w Buffer, N, K int) error { return q.Grouped(&s.grp, P, y, x, w, N, K, K, N, ew.stride) }
+		}
 		steps = append(steps,
 			func() error { return o.Gather(s.xg, s.h2, s.grp.Tok, P, H) },
-			func() error {
-				return o.GemmGrouped(&s.grp, P, s.gug, s.xg, ew.gateUp, 2*I, H, H, 2*I, ew.stride, false)
-			},
+			func() error { return product(s.gug, s.xg, ew.gateUp, 2*I, H) },
 			func() error { return o.SwiGLU(s.ag, s.gug, P, I) },
-			func() error { return o.GemmGrouped(&s.grp, P, s.yg, s.ag, ew.down, H, I, I, H, ew.stride, false) })
+			func() error { return product(s.yg, s.ag, ew.down, H, I) })
 	}
 	steps = append(steps, func() error { return o.MoECombine(next, s.xmid, s.yg, s.gates, s.grp.Row, R, k, H) })
 	for _, st := range steps {

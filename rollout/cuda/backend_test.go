@@ -549,11 +549,11 @@ func TestGraphSteps(t *testing.T) {
 	ps := [][]int32{{1, 5, 9, 13}, {2, 4}, {7, 7, 7, 7, 7, 7, 7, 7, 7}, {3}, {11, 12, 13}}
 	sp := rollout.Sampling{Temperature: 1, MaxNewTokens: 24, Stop: []int32{3, 17, 40, 41, 42}, Seed: 5}
 	// An MoE model's steps are graphs where its layers group their rows
-	// on the device (exact and bf16).
+	// on the device (every precision unless KEEL_MOE_GROUP=host).
 	for _, c := range []struct {
 		preset string
 		prec   rollout.Precision
-	}{{"tiny-dense", rollout.Exact}, {"tiny-dense", rollout.BF16}, {"tiny-dense", rollout.FP8}, {"tiny-moe", rollout.Exact}, {"tiny-moe", rollout.BF16}} {
+	}{{"tiny-dense", rollout.Exact}, {"tiny-dense", rollout.BF16}, {"tiny-dense", rollout.FP8}, {"tiny-moe", rollout.Exact}, {"tiny-moe", rollout.BF16}, {"tiny-moe", rollout.FP8}} {
 		prec := c.prec
 		m := testModel(t, c.preset)
 		m2 := testModel(t, c.preset)

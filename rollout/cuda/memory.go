@@ -57,16 +57,19 @@ func Plan(c *model.Config, opt rollout.Options) (Memory, error) {
 		// largest operand a product rounds (a step's rows × the widest
 		// input), and cuBLASLt's workspace.
 		widest := max(cfg.HiddenSize, cfg.NumAttentionHeads*cfg.HeadDim, cfg.IntermediateSize, cfg.MoeIntermediateSize)
-		operand := int64(opt.StepRows) * int64(widest)
-		if len(cfg.MoELayers()) > 0 && opt.Precision == rollout.BF16 && !groupsOnDevice(&cfg, &opt) {
-			// The experts' rows, every (token, slot) pair, rounded at once.
-			operand = max(operand, int64(opt.StepRows)*int64(cfg.NumExpertsPerTok)*int64(max(cfg.HiddenSize, cfg.MoeIntermediateSize)))
+		rows := int64(opt.StepRows)
+		operand := rows * int64(widest)
+		if expertOperand(&cfg, &opt) {
+			// The experts' rows, every (token, slot) pair, rounded or
+			// quantised at once.
+			rows *= int64(cfg.NumExpertsPerTok)
+			operand = max(operand, rows*int64(max(cfg.HiddenSize, cfg.MoeIntermediateSize)))
 		}
 		m.Fixed += params*2 + operand*2 + kc.BlasWorkspaceBytes
 		if opt.Precision == rollout.FP8 || opt.Precision == rollout.FP4 {
 			// A scale per output row of every quantised matrix, and one
-			// per step row for the activations.
-			m.Fixed += (matrixRows(&cfg) + int64(opt.StepRows)) * 4
+			// per operand row for the activations.
+			m.Fixed += (matrixRows(&cfg) + rows) * 4
 		}
 	}
 	if len(cfg.MoELayers()) == 0 || groupsOnDevice(&cfg, &opt) {
@@ -82,6 +85,19 @@ func Plan(c *model.Config, opt rollout.Options) (Memory, error) {
 	m.Fixed -= int64(opt.Slots) * out
 	m.PerSlot = int64(cfg.NumHiddenLayers)*2*int64(opt.MaxLen)*kvd*elem + out
 	return m, nil
+}
+
+// expertOperand says whether the reduced precisions' operand scratch
+// holds the experts' rows (every (token, slot) pair of a step) at once:
+// the bf16 products grouped on the host round them together; the fp8 and
+// fp4 products quantise them together, grouped on the host or not. (The
+// bf16 products grouped on the device take them in bf16 from the step's
+// own scratch.)
+func expertOperand(c *model.Config, o *rollout.Options) bool {
+	if len(c.MoELayers()) == 0 {
+		return false
+	}
+	return o.Precision == rollout.FP8 || o.Precision == rollout.FP4 || (o.Precision == rollout.BF16 && !groupsOnDevice(c, o))
 }
 
 // matrixRows counts the output rows of the matrices the products read:

@@ -98,6 +98,27 @@ extern "C" __global__ void scale_rows_cols(float* __restrict__ y, const float* _
   for (int c = threadIdx.x; c < cols; c += blockDim.x) y[r * ldy + c] = y[r * ldy + c] * sw[c] * a;
 }
 
+// scale_rows_cols_grouped is scale_rows_cols over an MoE layer's rows
+// grouped by expert: row r of expert e (off[e] <= r < off[e+1]) takes
+// expert e's channel scales, sw + e*sstride. grid = rows.
+extern "C" __global__ void scale_rows_cols_grouped(float* __restrict__ y, const float* __restrict__ sx,
+                                                   const float* __restrict__ sw, const int* __restrict__ off, int E,
+                                                   int cols, i64 ldy, i64 sstride) {
+  const int r = blockIdx.x;
+  int lo = 0, hi = E;  // the last expert whose rows start at or before r: off[lo] <= r < off[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (off[mid] <= r) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  const float a = sx[r];
+  const float* w = sw + lo * sstride;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) y[(i64)r * ldy + c] = y[(i64)r * ldy + c] * w[c] * a;
+}
+
 // round_e2m1 rounds x to the nearest float4 e2m1 value (0, 0.5, 1, 1.5, 2,
 // 3, 4, 6), ties to even, saturating at 6, NaN kept: kernels.RoundE2M1.
 __device__ __forceinline__ float round_e2m1(float x) {
