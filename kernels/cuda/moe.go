@@ -1,6 +1,9 @@
 package cuda
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 // moeTile is moe.cu's MOE_TILE: the rows of a grouped product's row tile.
 const moeTile = 64
@@ -49,8 +52,8 @@ func groupTiles(pairs, experts int) int { return (pairs+moeTile-1)/moeTile + exp
 // model.GroupByExpert does: g.Off, g.Row, g.Tok and the tile map, on the
 // device, in three launches.
 func (o *Ops) MoEGroup(g *MoEGroups, ids Buffer, pairs, k int) error {
-	if pairs <= 0 || pairs > g.Pairs || k <= 0 {
-		return fmt.Errorf("cuda: grouping %d pairs of %d slots, room for %d", pairs, k, g.Pairs)
+	if pairs <= 0 || pairs > g.Pairs || k <= 0 || ids.Size < int64(pairs)*4 {
+		return fmt.Errorf("cuda: grouping %d pairs of %d slots (ids of %d bytes), room for %d", pairs, k, ids.Size, g.Pairs)
 	}
 	E, chunks := g.Experts, (pairs+moeChunk-1)/moeChunk
 	if err := o.Launch("moe.cu", "moe_group_count", Dim3{X: chunks}, block256, g.count, ids, pairs, E); err != nil {
@@ -79,13 +82,22 @@ func groupedProduct(g *MoEGroups, pairs int, w Buffer, N, K, wstride, elem int) 
 	return nil
 }
 
+// rowsFit checks that b holds rows rows of cols elements of elem bytes,
+// ld apart: a grouped product's operand or output.
+func rowsFit(what string, b Buffer, rows, cols, ld, elem int) error {
+	if ld < cols || b.Size < (int64(rows-1)*int64(ld)+int64(cols))*int64(elem) {
+		return fmt.Errorf("cuda: a grouped product's %s: %d rows of %d, %d apart, in %d bytes", what, rows, cols, ld, b.Size)
+	}
+	return nil
+}
+
 // GemmGrouped is the float32 product of every expert over its grouped
 // rows (pairs of them, grouped by MoEGroup): c[r, 0:N] (+)= a[r, 0:K] ·
 // W_eᵀ, rows lda and ldc apart, W_e = [N, K] at word e·wstride of w.
 // Every output is the fmaf chain of Gemm over the expert's rows alone:
 // the same bits, in one launch.
 func (o *Ops) GemmGrouped(g *MoEGroups, pairs int, c, a, w Buffer, N, K, lda, ldc, wstride int, acc bool) error {
-	if err := groupedProduct(g, pairs, w, N, K, wstride, 4); err != nil {
+	if err := errors.Join(groupedProduct(g, pairs, w, N, K, wstride, 4), rowsFit("input", a, pairs, K, lda, 4), rowsFit("output", c, pairs, N, ldc, 4)); err != nil {
 		return err
 	}
 	return o.Launch("gemm.cu", "gemm_f32_grouped", Dim3{X: (N + 63) / 64, Y: groupTiles(pairs, g.Experts)}, block256,
@@ -96,7 +108,7 @@ func (o *Ops) GemmGrouped(g *MoEGroups, pairs int, c, a, w Buffer, N, K, lda, ld
 // dy[r, 0:N] · W_e for every grouped row, the bits of LinearBackX over
 // the expert's rows alone.
 func (o *Ops) GemmGroupedBackX(g *MoEGroups, pairs int, dx, dy, w Buffer, N, K, lddy, lddx, wstride int, acc bool) error {
-	if err := groupedProduct(g, pairs, w, N, K, wstride, 4); err != nil {
+	if err := errors.Join(groupedProduct(g, pairs, w, N, K, wstride, 4), rowsFit("output's gradient", dy, pairs, N, lddy, 4), rowsFit("input's gradient", dx, pairs, K, lddx, 4)); err != nil {
 		return err
 	}
 	return o.Launch("gemm.cu", "gemm_f32_grouped", Dim3{X: (K + 63) / 64, Y: groupTiles(pairs, g.Experts)}, block256,
@@ -143,7 +155,7 @@ func vec16(bufs []Buffer, lens ...int) int {
 // accumulation and output (gemm_bf16_grouped: a row's outputs do not
 // depend on the other rows).
 func (o *Ops) GemmGroupedBF16(g *MoEGroups, pairs int, c, a16, w16 Buffer, N, K, lda, ldc, wstride int, acc bool) error {
-	if err := groupedProduct(g, pairs, w16, N, K, wstride, 2); err != nil {
+	if err := errors.Join(groupedProduct(g, pairs, w16, N, K, wstride, 2), rowsFit("input", a16, pairs, K, lda, 2), rowsFit("output", c, pairs, N, ldc, 4)); err != nil {
 		return err
 	}
 	return o.Launch("gemm.cu", "gemm_bf16_grouped", Dim3{X: (N + 63) / 64, Y: groupTiles(pairs, g.Experts)}, Dim3{X: 128},
@@ -154,7 +166,7 @@ func (o *Ops) GemmGroupedBF16(g *MoEGroups, pairs int, c, a16, w16 Buffer, N, K,
 // GemmGroupedBF16BackX is GemmGroupedBF16's input gradient: dx[r, 0:K]
 // (+)= dy16[r, 0:N] · W_e (the weights read transposed).
 func (o *Ops) GemmGroupedBF16BackX(g *MoEGroups, pairs int, dx, dy16, w16 Buffer, N, K, lddy, lddx, wstride int, acc bool) error {
-	if err := groupedProduct(g, pairs, w16, N, K, wstride, 2); err != nil {
+	if err := errors.Join(groupedProduct(g, pairs, w16, N, K, wstride, 2), rowsFit("output's gradient", dy16, pairs, N, lddy, 2), rowsFit("input's gradient", dx, pairs, K, lddx, 4)); err != nil {
 		return err
 	}
 	return o.Launch("gemm.cu", "gemm_bf16_grouped_dx", Dim3{X: (K + 63) / 64, Y: groupTiles(pairs, g.Experts)}, Dim3{X: 128},

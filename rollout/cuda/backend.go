@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 
 	kc "github.com/keel-rl/keel/kernels/cuda"
 	"github.com/keel-rl/keel/model"
@@ -138,7 +139,13 @@ func (s *scratch) spans(c *model.Config, o *rollout.Options) []span {
 	if nMoE := len(c.MoELayers()); nMoE > 0 && groupsOnDevice(c, o) {
 		// Every MoE layer's routes stay on the device until the step ends.
 		spans = append(spans, span{&s.probs, R * E}, span{&s.gates, R * k}, span{&s.ids, nMoE * R * k},
-			span{&s.xg, R * k * H}, span{&s.gug, R * k * 2 * Im}, span{&s.ag, R * k * Im}, span{&s.yg, R * k * H})
+			span{&s.gug, R * k * 2 * Im}, span{&s.yg, R * k * H})
+		if o.Precision != rollout.BF16 || H%2 != 0 { // bf16 gathers the rows in bf16 (odd H: rounded after)
+			spans = append(spans, span{&s.xg, R * k * H})
+		}
+		if o.Precision != rollout.BF16 { // bf16's SwiGLU writes bf16 into xg16
+			spans = append(spans, span{&s.ag, R * k * Im})
+		}
 		for _, g := range s.grp.Layout(R*k, E) {
 			spans = append(spans, span{g.B, g.Words})
 		}
@@ -239,12 +246,7 @@ func New(dev *kc.Device, m *model.Model, opt rollout.Options) (*Backend, error) 
 	if err == nil && b.bf != nil {
 		// The operands' scratch at its largest now (as Plan counts it): a
 		// graph keeps the addresses it recorded.
-		rows, width := opt.StepRows, max(c.HiddenSize, c.NumAttentionHeads*c.HeadDim, c.IntermediateSize, c.MoeIntermediateSize)
-		if expertOperand(&c, &opt) {
-			rows = opt.StepRows * c.NumExpertsPerTok
-			width = max((width*opt.StepRows+rows-1)/rows, c.HiddenSize, c.MoeIntermediateSize)
-		}
-		err = b.bf.Reserve(rows, width)
+		err = b.bf.Reserve(operandShape(&c, &opt))
 	}
 	if err == nil && useGraphs(&c, &opt, b.ops) {
 		b.graphs = map[int]*kc.Graph{}
@@ -461,7 +463,7 @@ func (b *Backend) routesOut(sb *rollout.StepBatch, R, run int) error {
 	if !b.groupOnDevice || nMoE == 0 {
 		return nil
 	}
-	b.routes = append(b.routes[:0], make([]int32, nMoE*run*k)...)
+	b.routes = slices.Grow(b.routes[:0], nMoE*run*k)[:nMoE*run*k]
 	if err := kc.Download(b.dev, b.routes, b.s.ids); err != nil {
 		return err
 	}

@@ -20,8 +20,9 @@ const DefaultMemoryFraction = 0.9
 type Memory struct {
 	// Fixed: the float32 weights, their bf16 or quantised copy (not in
 	// exact), the RoPE tables, a step's scratch for Options.StepRows rows,
-	// the reduced-precision products' operands and workspace, and a dense
-	// model's decoding graphs' workspace.
+	// the reduced-precision products' operands and workspace, and the
+	// decoding graphs' workspace (a dense model's, or an MoE model's
+	// grouped on the device).
 	Fixed int64
 	// PerSlot: one slot's keys and values for Options.MaxLen positions in
 	// every layer (float32 in exact, bf16 otherwise) and its output row
@@ -56,20 +57,12 @@ func Plan(c *model.Config, opt rollout.Options) (Memory, error) {
 		// The bf16 (or quantised, stored in bf16's room) weights, and the
 		// largest operand a product rounds (a step's rows × the widest
 		// input), and cuBLASLt's workspace.
-		widest := max(cfg.HiddenSize, cfg.NumAttentionHeads*cfg.HeadDim, cfg.IntermediateSize, cfg.MoeIntermediateSize)
-		rows := int64(opt.StepRows)
-		operand := rows * int64(widest)
-		if expertOperand(&cfg, &opt) {
-			// The experts' rows, every (token, slot) pair, rounded or
-			// quantised at once.
-			rows *= int64(cfg.NumExpertsPerTok)
-			operand = max(operand, rows*int64(max(cfg.HiddenSize, cfg.MoeIntermediateSize)))
-		}
-		m.Fixed += params*2 + operand*2 + kc.BlasWorkspaceBytes
+		rows, width := operandShape(&cfg, &opt)
+		m.Fixed += params*2 + int64(rows)*int64(width)*2 + kc.BlasWorkspaceBytes
 		if opt.Precision == rollout.FP8 || opt.Precision == rollout.FP4 {
 			// A scale per output row of every quantised matrix, and one
 			// per operand row for the activations.
-			m.Fixed += (matrixRows(&cfg) + rows) * 4
+			m.Fixed += (matrixRows(&cfg) + int64(rows)) * 4
 		}
 	}
 	if len(cfg.MoELayers()) == 0 || groupsOnDevice(&cfg, &opt) {
@@ -98,6 +91,20 @@ func expertOperand(c *model.Config, o *rollout.Options) bool {
 		return false
 	}
 	return o.Precision == rollout.FP8 || o.Precision == rollout.FP4 || (o.Precision == rollout.BF16 && !groupsOnDevice(c, o))
+}
+
+// operandShape is the reduced-precision products' operand scratch that New
+// reserves (rows × width bf16, and a scale per row): a step's rows × the
+// widest input, or, where the experts' rows are rounded or quantised at
+// once (expertOperand), every (token, slot) pair's row with at least as
+// many elements in all.
+func operandShape(c *model.Config, o *rollout.Options) (rows, width int) {
+	rows, width = o.StepRows, max(c.HiddenSize, c.NumAttentionHeads*c.HeadDim, c.IntermediateSize, c.MoeIntermediateSize)
+	if expertOperand(c, o) {
+		pairs := o.StepRows * c.NumExpertsPerTok
+		rows, width = pairs, max((rows*width+pairs-1)/pairs, c.HiddenSize, c.MoeIntermediateSize)
+	}
+	return rows, width
 }
 
 // matrixRows counts the output rows of the matrices the products read:

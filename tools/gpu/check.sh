@@ -223,8 +223,9 @@ if [[ " $sections " == *" profile "* ]]; then
     args="--device cuda --train-precision bf16 $rc --presets $1 --layers $2 --vocab 151936 --seqs $3 --len $4 --time 1ms --json --no-decode --no-rl"
     # flash.cu's forward (narrow, wide) and backward (two stages, the
     # default; one stage on the first shape only, for the A/B).
-    # On the MoE shape also the experts grouped on the host, a cuBLASLt
-    # product per expert (KEEL_MOE_GROUP=host), against the grouped default.
+    # On the MoE shape also KEEL_MOE_GROUP=host (the training engine still
+    # groups on the device, but brings the offsets to the host and runs a
+    # cuBLASLt product per expert) against the grouped products.
     variants="narrow/two/device wide/two/device"
     [ $tag = qwen3-0.6b-8x2048 ] && variants="$variants narrow/single/device"
     [ $1 = qwen3-30b-a3b ] && variants="$variants narrow/two/host"
@@ -232,7 +233,7 @@ if [[ " $sections " == *" profile "* ]]; then
       IFS=/ read -r fwd bwd grp <<< "$v"
       vt=$fwd-$bwd-$grp
       KEEL_FLASH_FWD=$fwd KEEL_FLASH_BWD=$bwd KEEL_MOE_GROUP=$grp timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-$vt.json" 2> "$out/bench-keel-$tag-$vt.err"
-      echo "  keel $1 bf16, layers $2, $3 x $4 ${rc:-}, flash forward $fwd, backward $bwd stage(s), experts grouped on the $grp: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-$vt.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-$vt.err")"
+      echo "  keel $1 bf16, layers $2, $3 x $4 ${rc:-}, flash forward $fwd, backward $bwd stage(s), KEEL_MOE_GROUP=$grp: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-$vt.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-$vt.err")"
     done
     timeout 150 python3 tools/gpu/torch_train.py --preset $1 --layers $2 --seqs $3 --len $4 --mode bf16 --micro $6 $ck \
       > "$out/bench-torch-$tag.json" 2> "$out/bench-torch-$tag.err"

@@ -235,13 +235,7 @@ func (e *Engine) recomputeLayer(f *fwdState, a *layerActs, l *model.Layer, out B
 		return err
 	}
 	if a.moe != nil {
-		if err := e.moeForward(f, a.moe, l, a.h2, a.xmid, out, false); err != nil {
-			return err
-		}
-		if e.perLaunch() { // the offsets of the grouping just made, for the products per expert
-			return e.moeHost(a.moe, f.T, nil, nil)
-		}
-		return nil
+		return e.moeForward(f, a.moe, l, a.h2, a.xmid, out, false)
 	}
 	return e.mlpForward(f, a, l, out)
 }

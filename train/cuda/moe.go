@@ -20,8 +20,10 @@ import (
 // per expert.
 type moeActs struct {
 	ml  int     // index among the MoE layers
-	ids []int32 // [T, k] experts, in slot order (moeHost)
-	off []int   // [E+1]: expert e's rows are off[e]..off[e+1] (moeHost)
+	ids []int32 // [T, k] experts, in slot order (moeRoutes)
+	off []int   // [E+1]: expert e's rows are off[e]..off[e+1] (moeRoutes)
+	// hostFresh says ids and off hold the last moeForward's grouping.
+	hostFresh bool
 	// device
 	dProbs, dGates  Buffer
 	dIds, dPsum     Buffer // [T, k] int32, [E] float64
@@ -42,6 +44,7 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 	c := &e.cfg
 	T, H, E, k, I := f.T, c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
 	R := T * k
+	mo.hostFresh = false
 	ew, err := e.expertSpans(e.w, L)
 	if err != nil {
 		return err
@@ -72,7 +75,7 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 	}
 	if e.perLaunch() {
 		steps = append(steps, func() error {
-			if err := e.moeHost(mo, T, nil, nil); err != nil {
+			if err := e.moeRoutes(mo, T); err != nil {
 				return err
 			}
 			return e.bf.ExpertsBF16(mo.xg, mo.gug, mo.ag, mo.yg, mo.off, func(x int) kc.ExpertWeights {
@@ -117,24 +120,17 @@ func (e *Engine) perLaunch() bool {
 }
 
 // moeHost copies back what the host needs of an MoE block's forward: the
-// experts (the routes), the grouping's offsets (the backward's products
-// per expert) and, into cnt and psum where they are not nil, the pairs
+// experts (the routes) and the grouping's offsets (moeRoutes, unless the
+// forward's products per expert brought them already) and, into cnt and
+// psum where they are not nil, the pairs
 // routed to each expert and the router's probability mass (the
 // load-balancing loss).
 func (e *Engine) moeHost(mo *moeActs, T int, cnt, psum []float64) error {
-	c := &e.cfg
-	E, k := c.NumExperts, c.NumExpertsPerTok
-	mo.ids = make([]int32, T*k)
-	if err := kc.Download(e.dev, mo.ids, mo.dIds); err != nil {
-		return err
-	}
-	off := make([]int32, E+1)
-	if err := kc.Download(e.dev, off, mo.grp.Off); err != nil {
-		return err
-	}
-	mo.off = make([]int, E+1)
-	for x, o := range off {
-		mo.off[x] = int(o)
+	E := e.cfg.NumExperts
+	if !mo.hostFresh {
+		if err := e.moeRoutes(mo, T); err != nil {
+			return err
+		}
 	}
 	for x := 0; x < E && cnt != nil; x++ {
 		cnt[x] += float64(mo.off[x+1] - mo.off[x])
@@ -149,6 +145,27 @@ func (e *Engine) moeHost(mo *moeActs, T int, cnt, psum []float64) error {
 	for x := range psum {
 		psum[x] += ps[x]
 	}
+	return nil
+}
+
+// moeRoutes copies the block's experts and the grouping's offsets to the
+// host (mo.ids, mo.off).
+func (e *Engine) moeRoutes(mo *moeActs, T int) error {
+	c := &e.cfg
+	E, k := c.NumExperts, c.NumExpertsPerTok
+	mo.ids = make([]int32, T*k)
+	if err := kc.Download(e.dev, mo.ids, mo.dIds); err != nil {
+		return err
+	}
+	off := make([]int32, E+1)
+	if err := kc.Download(e.dev, off, mo.grp.Off); err != nil {
+		return err
+	}
+	mo.off = make([]int, E+1)
+	for x, o := range off {
+		mo.off[x] = int(o)
+	}
+	mo.hostFresh = true
 	return nil
 }
 

@@ -32,8 +32,11 @@
 //   - A dense MLP saves its gate and up outputs (2I) and the SwiGLU output
 //     (I; down_proj's input). An MoE block saves the router logits (E,
 //     fp32; the softmax overwrites them), the routes (top_k expert ids,
-//     replayed ids, gate weights, assignment rows and their tokens: 5
-//     int32/fp32 per slot), the routed token copies (top_k·H, grouped by expert), per
+//     gate weights, assignment rows and their tokens: 4 int32/fp32 per
+//     slot, and the grouping's counts per chunk of 256 slots and expert,
+//     twice, and its tile map: E/128 + 1/32 words more), the replayed ids
+//     of every MoE layer (one per slot, uploaded at once, so not shared
+//     under Recompute), the routed token copies (top_k·H, grouped by expert), per
 //     routed copy the experts' gate and up outputs (2·I_moe) and SwiGLU
 //     output (I_moe), and the experts' outputs before gating (top_k·H; the
 //     gate weights' gradient needs them).
@@ -163,7 +166,7 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	// Per token, per layer (see the package comment).
 	attn := c.add(c.mul(a, c.add(3*H, 3*Q, 3*K)), 4*(2+2*nh+nkv))
 	mlp := c.mul(a, 3*I)
-	router := 4*E + 20*k // logits, and id, replayed id, gate, row, token per slot
+	router := c.add(4*E, 16*k, k*E/32, k/8) // logits; id, gate, row, token per slot; the grouping's counts and tiles
 	routed := c.mul(a, k, H)
 	experts := c.mul(a, k, c.add(3*Im, H))
 	// Backward's activation gradients, per token, for one layer.
@@ -207,6 +210,7 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	add(fmt.Sprintf("attention activations (%s)", label(nAttn)), c.mul(nAttn, T, attn), true)
 	add(fmt.Sprintf("MLP activations (%s)", label(nDense)), c.mul(nDense, T, mlp), true)
 	add(fmt.Sprintf("MoE router logits and routes (%s)", label(nMoE)), c.mul(nMoE, T, router), true)
+	add(fmt.Sprintf("MoE replayed routes (%s)", layers(Lm)), c.mul(Lm, T, 4*k), true)
 	add(fmt.Sprintf("MoE routed token copies (%s)", label(nMoE)), c.mul(nMoE, T, routed), true)
 	add(fmt.Sprintf("MoE expert activations (%s)", label(nMoE)), c.mul(nMoE, T, experts), true)
 	add("final norm input and output", c.mul(T, c.add(c.mul(2*a, H), 4)), true)

@@ -140,7 +140,8 @@ func TestPlanByHand(t *testing.T) {
 		t.Fatalf("tinyMoE has %d parameters, the comment says 1496", n)
 	}
 	// 1 sequence of 5 tokens, bf16. Router per token: 4 logits · 4 + 2
-	// slots · 20 = 56; routed copies 2·8·2 = 32; experts 2·(3·6 + 8)·2 =
+	// slots · 16 + the grouping's 2·4/32 + 2/8 (both 0 here) = 48, and 2
+	// slots' replayed ids · 4 = 8 for each MoE layer; routed copies 2·8·2 = 32; experts 2·(3·6 + 8)·2 =
 	// 104. Gradients per token: 80 + 8 + max(dense 72, MoE 2·2·(18 + 16) +
 	// 2·4 + 4·4 = 160) = 248. The bf16 copies skip the untied embedding:
 	// 2·(1496 − 80).
@@ -153,7 +154,8 @@ func TestPlanByHand(t *testing.T) {
 		{"layer inputs (2 layers)", 160, true},
 		{"attention activations (2 layers)", 1480, true},
 		{"MLP activations (1 layer)", 360, true},
-		{"MoE router logits and routes (1 layer)", 280, true},
+		{"MoE router logits and routes (1 layer)", 240, true},
+		{"MoE replayed routes (1 layer)", 40, true},
 		{"MoE routed token copies (1 layer)", 160, true},
 		{"MoE expert activations (1 layer)", 520, true},
 		{"final norm input and output", 180, true},
@@ -173,7 +175,8 @@ func TestPlanByHand(t *testing.T) {
 		{"layer inputs (2 layers)", 160, true},
 		{"attention activations (1 layer, recomputed)", 740, true},
 		{"MLP activations (1 layer, recomputed)", 360, true},
-		{"MoE router logits and routes (1 layer, recomputed)", 280, true},
+		{"MoE router logits and routes (1 layer, recomputed)", 240, true},
+		{"MoE replayed routes (1 layer)", 40, true},
 		{"MoE routed token copies (1 layer, recomputed)", 160, true},
 		{"MoE expert activations (1 layer, recomputed)", 520, true},
 		{"final norm input and output", 180, true},

@@ -189,7 +189,9 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemm_f32_grouped_dw(
 // accumulation and output. A block's 64 x 64 output tile is four warps of
 // 32 x 32 (2 x 4 mma.m16n8k16 tiles), over k tiles of 32 in two stages of
 // shared memory (the next tile's copy in flight during this one's
-// products). Each output is a sum over k in a fixed order that does not
+// products where the operand is k-contiguous and copied with cp.async; a
+// transposed operand is loaded into registers and stored before the
+// products, so the gradients' kernels overlap less). Each output is a sum over k in a fixed order that does not
 // depend on the other rows: batch invariant, like gemm_f32. An operand is
 // read from memory k-contiguous (A(m, k) at A[m*lda + k]: copied 16 bytes
 // at a time) or transposed (A(m, k) at A[k*lda + m], T: two k rows of 8
