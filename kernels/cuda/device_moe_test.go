@@ -58,6 +58,16 @@ func wantTiles(off []int, n int) []int32 {
 	return tiles
 }
 
+// roundOperand rounds v to bf16: the bits for the device, and their values.
+func roundOperand(v []float32) ([]uint16, []float32) {
+	h, f := make([]uint16, len(v)), make([]float32, len(v))
+	for i, a := range v {
+		b := kernels.BF16FromFloat32(a)
+		h[i], f[i] = uint16(b), b.Float32()
+	}
+	return h, f
+}
+
 func (g *gpu) i32(b Buffer, n int) []int32 {
 	g.t.Helper()
 	out := make([]int32, n)
@@ -148,16 +158,8 @@ func TestDeviceGemmGrouped(t *testing.T) {
 		}
 
 		// bf16: against float64 over the rounded operands.
-		x16, w16 := make([]uint16, len(x)), make([]uint16, len(w))
-		xr, wr := make([]float32, len(x)), make([]float32, len(w))
-		for i, v := range x {
-			b := kernels.BF16FromFloat32(v)
-			x16[i], xr[i] = uint16(b), b.Float32()
-		}
-		for i, v := range w {
-			b := kernels.BF16FromFloat32(v)
-			w16[i], wr[i] = uint16(b), b.Float32()
-		}
+		x16, xr := roundOperand(x)
+		w16, wr := roundOperand(w)
 		bx16, bw16 := bufOf(g, x16), bufOf(g, w16)
 		var first []float32
 		for _, plain := range []bool{false, true} {
@@ -261,17 +263,9 @@ func TestDeviceGemmGroupedBack(t *testing.T) {
 		sameBits(t, "gemm_f32_grouped_dw", g.f32(gotW, E*stride), g.f32(wantW, E*stride))
 
 		// bf16 against float64 over the rounded operands.
-		round := func(v []float32) ([]uint16, []float32) {
-			h, f := make([]uint16, len(v)), make([]float32, len(v))
-			for i, a := range v {
-				b := kernels.BF16FromFloat32(a)
-				h[i], f[i] = uint16(b), b.Float32()
-			}
-			return h, f
-		}
-		dy16, dyr := round(dy)
-		x16, xr := round(x)
-		w16, wr := round(w)
+		dy16, dyr := roundOperand(dy)
+		x16, xr := roundOperand(x)
+		w16, wr := roundOperand(w)
 		bdy16, bx16, bw16 := bufOf(g, dy16), bufOf(g, x16), bufOf(g, w16)
 		var firstX, firstW []float32
 		for _, plain := range []bool{false, true} {

@@ -169,6 +169,16 @@ func (e *Engine) moeRoutes(mo *moeActs, T int) error {
 	return nil
 }
 
+// expertsAndGradients are layer L's experts' weights and gradients as the
+// grouped products read them.
+func (e *Engine) expertsAndGradients(L *model.Layer) (w, g expertWeights, err error) {
+	if w, err = e.expertSpans(e.w, L); err != nil {
+		return w, g, err
+	}
+	g, err = e.expertSpans(e.g, L)
+	return w, g, err
+}
+
 // expertWeights are an MoE layer's experts as the grouped products read
 // them: every expert's gate and up projections ([2I, H], side by side in
 // the arena) and down projection ([H, I]), expert x's stride floats after
@@ -258,11 +268,7 @@ func (e *Engine) moeBackward(f *fwdState, sc *moeScratch, mo *moeActs, L *model.
 func (e *Engine) moeExpertsBackGrouped(mo *moeActs, L *model.Layer, sc *moeScratch, R int) error {
 	c := &e.cfg
 	H, I := c.HiddenSize, c.MoeIntermediateSize
-	ew, err := e.expertSpans(e.w, L)
-	if err != nil {
-		return err
-	}
-	gw, err := e.expertSpans(e.g, L)
+	ew, gw, err := e.expertsAndGradients(L)
 	if err != nil {
 		return err
 	}
@@ -296,11 +302,7 @@ func (e *Engine) moeExpertsBackGrouped(mo *moeActs, L *model.Layer, sc *moeScrat
 func (e *Engine) moeExpertsBackGroupedBF16(mo *moeActs, L *model.Layer, sc *moeScratch, R int) error {
 	c := &e.cfg
 	H, I := c.HiddenSize, c.MoeIntermediateSize
-	ew, err := e.expertSpans(e.w, L)
-	if err != nil {
-		return err
-	}
-	gw, err := e.expertSpans(e.g, L)
+	ew, gw, err := e.expertsAndGradients(L)
 	if err != nil {
 		return err
 	}

@@ -256,6 +256,11 @@ __device__ __forceinline__ void gb_stage(u32* dst, const bf16_t* __restrict__ sr
   }
 }
 
+// gb_row and gb_col are the tile row and column of accumulator q of the
+// warp's m16n8 tile (i, j), for lane 4g + t: mma.m16n8k16's layout.
+__device__ __forceinline__ int gb_row(int wm, int i, int g, int q) { return wm + 16 * i + g + 8 * (q >> 1); }
+__device__ __forceinline__ int gb_col(int wn, int j, int t, int q) { return wn + 8 * j + 2 * t + (q & 1); }
+
 // gb_tile is one block's 64 x 64 tile of C (M x N valid) over k = 0..K-1:
 // A(m, k) and B(n, k) from the tile's origin, each k-contiguous or
 // transposed (AT, BT).
@@ -302,8 +307,8 @@ __device__ __forceinline__ void gb_tile(float* __restrict__ C, i64 ldc, const bf
       for (int j = 0; j < 4; j++)
 #pragma unroll
         for (int q = 0; q < 4; q++) {
-          const u32* ar = as + (wm + 16 * i + g + 8 * (q >> 1)) * GB_P;
-          const u32* br = bs + (wn + 8 * j + 2 * t + (q & 1)) * GB_P;
+          const u32* ar = as + gb_row(wm, i, g, q) * GB_P;
+          const u32* br = bs + gb_col(wn, j, t, q) * GB_P;
           float acc_k = d[i][j][q];
           for (int w = 0; w < GB_BK / 2; w++) {
             acc_k = fmaf(bf_lo(ar[w]), bf_lo(br[w]), acc_k);
@@ -340,7 +345,7 @@ __device__ __forceinline__ void gb_tile(float* __restrict__ C, i64 ldc, const bf
     for (int j = 0; j < 4; j++)
 #pragma unroll
       for (int q = 0; q < 4; q++) {
-        const int m = wm + 16 * i + g + 8 * (q >> 1), n = wn + 8 * j + 2 * t + (q & 1);
+        const int m = gb_row(wm, i, g, q), n = gb_col(wn, j, t, q);
         if (m >= M || n >= N) continue;
         float* p = C + m * ldc + n;
         *p = acc ? *p + d[i][j][q] : d[i][j][q];
