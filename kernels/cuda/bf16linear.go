@@ -261,12 +261,11 @@ func (l *BF16Linear) BackFrom16(dx, dw, dy, x16, w Buffer, rows, in, out, lddx, 
 type ExpertWeights struct{ Gate, Up, Down Buffer }
 
 // ExpertsBF16 runs an MoE layer's experts over its rows grouped by expert
-// (xg [n, H]; expert x's rows are off[x]..off[x+1], its weights w(x)):
-// gug [n, 2I] their gate and up projections side by side, ag [n, I]
-// SwiGLU of them, yg [n, H] the down projections. xg and ag are each
-// rounded to bf16 once for every expert's products (Round's slot 0),
-// not once per expert.
-func (l *BF16Linear) ExpertsBF16(xg, gug, ag, yg Buffer, off []int, w func(x int) ExpertWeights, H, I int) error {
+// (xg16 [n, H] in bf16; expert x's rows are off[x]..off[x+1], its weights
+// w(x)), a cuBLASLt product per expert: gug [n, 2I] their gate and up
+// projections side by side, ag16 [n, I] SwiGLU of them in bf16, yg [n, H]
+// the down projections.
+func (l *BF16Linear) ExpertsBF16(xg16, gug, ag16, yg Buffer, off []int, w func(x int) ExpertWeights, H, I int) error {
 	n := off[len(off)-1]
 	each := func(f func(x, r0, m int) error) error {
 		for x := 0; x+1 < len(off); x++ {
@@ -278,10 +277,6 @@ func (l *BF16Linear) ExpertsBF16(xg, gug, ag, yg Buffer, off []int, w func(x int
 		}
 		return nil
 	}
-	xg16, err := l.Round(0, xg, n, H, H)
-	if err != nil {
-		return err
-	}
 	if err := each(func(x, r0, m int) error {
 		gu := gug.Floats(r0*2*I, m*2*I)
 		return l.LinearManyBF16(BF16Rows(xg16, r0*H, m*H), m, H, Product{Y: gu, W: w(x).Gate, Out: I, LdY: 2 * I},
@@ -289,11 +284,7 @@ func (l *BF16Linear) ExpertsBF16(xg, gug, ag, yg Buffer, off []int, w func(x int
 	}); err != nil {
 		return err
 	}
-	if err := l.ops.SwiGLU(ag, gug, n, I); err != nil {
-		return err
-	}
-	ag16, err := l.Round(0, ag, n, I, I)
-	if err != nil {
+	if err := l.ops.SwiGLUBF16(ag16, gug, n, I); err != nil {
 		return err
 	}
 	return each(func(x, r0, m int) error {

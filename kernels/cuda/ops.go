@@ -246,6 +246,11 @@ func (o *Ops) Gather(dst, src, idx Buffer, rows, n int) error {
 	return o.Launch("convert.cu", "embed_fwd", Dim3{X: rows}, block256, dst, src, idx, n)
 }
 
+// GatherBF16: dst[r] = src[idx[r]], rows of n bf16 (idx int32).
+func (o *Ops) GatherBF16(dst, src, idx Buffer, rows, n int) error {
+	return o.Launch("convert.cu", "gather_bf16", Dim3{X: rows}, block256, dst, src, idx, n)
+}
+
 // LogSoftmax: z = log-softmax(z/temp) in place over rows of V (the
 // division skipped at temp 1), lse per row when lse is not empty.
 func (o *Ops) LogSoftmax(z, lse Buffer, rows, V int, temp float32) error {

@@ -877,8 +877,13 @@ func (b *Backend) moe(sb *rollout.StepBatch, ml int, l *model.Layer, R int, next
 		return err
 	}
 	if f := b.fused(); f != nil {
-		// Each input rounded to bf16 once for every expert's products.
-		if err := f.ExpertsBF16(s.xg, s.gug, s.ag, s.yg, off, func(x int) kc.ExpertWeights {
+		// Each input rounded to bf16 once for every expert's products;
+		// SwiGLU's bf16 output in ag's room.
+		xg16, err := f.Round(0, s.xg, R*k, H, H)
+		if err != nil {
+			return err
+		}
+		if err := f.ExpertsBF16(xg16, s.gug, s.ag, s.yg, off, func(x int) kc.ExpertWeights {
 			ex := &l.Experts[x]
 			return kc.ExpertWeights{Gate: b.param(ex.Gate), Up: b.param(ex.Up), Down: b.param(ex.Down)}
 		}, H, I); err != nil {

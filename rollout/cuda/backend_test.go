@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -732,5 +733,75 @@ func TestGraphStepAfterLoad(t *testing.T) {
 		if len(backends[0].graphs) != 1 {
 			t.Errorf("%s: %d graphs recorded, want 1 (of 4 rows)", prec, len(backends[0].graphs))
 		}
+	}
+}
+
+// TestMoEGroupedOnHost: KEEL_MOE_GROUP=host's MoE step (the experts' ids
+// brought to the host, grouped there, a product per expert, no graphs)
+// against the default's (grouped on the device, grouped products,
+// graphs): in exact precision the same tokens, log mu and routes bit for
+// bit (the float32 grouped product is the per-expert products' bits); in
+// bf16 and fp8 (cuBLASLt against keel's tensor-core kernel) log mu within
+// 2e-3 while the tokens agree, nearly every sample the same.
+func TestMoEGroupedOnHost(t *testing.T) {
+	dev := cudatest.Device(t)
+	m := testModel(t, "tiny-moe")
+	ps := [][]int32{{1, 5, 9, 13}, {2, 4}, {7, 7, 7, 7, 7, 7, 7, 7, 7}, {3}, {11, 12, 13}}
+	sp := rollout.Sampling{Temperature: 1, MaxNewTokens: 16, Stop: []int32{3, 17, 40, 41, 42}, Seed: 9}
+	for _, prec := range []rollout.Precision{rollout.Exact, rollout.BF16, rollout.FP8} {
+		opt := rollout.Options{Precision: prec, Slots: 20, MaxLen: 48}
+		device, err := New(dev, m, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv("KEEL_MOE_GROUP", "host")
+		host, err := New(dev, m, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.Unsetenv("KEEL_MOE_GROUP")
+		if !device.groupOnDevice || host.groupOnDevice || host.graphs != nil {
+			t.Fatalf("%s: grouped on the device %v and %v, host graphs %v", prec, device.groupOnDevice, host.groupOnDevice, host.graphs != nil)
+		}
+		ed, err := rollout.NewWithBackend(device)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eh, err := rollout.NewWithBackend(host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := ed.Generate(ps, 4, sp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := eh.Generate(ps, 4, sp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		same := 0
+		for i := range a {
+			n := 0
+			for n < len(a[i].Tokens) && n < len(b[i].Tokens) && a[i].Tokens[n] == b[i].Tokens[n] {
+				n++
+			}
+			if n == len(a[i].Tokens) && n == len(b[i].Tokens) {
+				same++
+			}
+			for j := 0; j < n; j++ {
+				x, y := a[i].LogProbs[j], b[i].LogProbs[j]
+				if (prec == rollout.Exact && math.Float32bits(x) != math.Float32bits(y)) || math.Abs(float64(x-y)) > 2e-3 {
+					t.Fatalf("%s sample %d token %d: log mu %v grouped on the device, %v on the host", prec, i, j, x, y)
+				}
+			}
+			if prec == rollout.Exact && !slices.Equal(a[i].Routes.IDs8, b[i].Routes.IDs8) {
+				t.Fatalf("exact sample %d: routes differ grouped on the device and on the host", i)
+			}
+		}
+		if (prec == rollout.Exact && same != len(a)) || same < len(a)*9/10 {
+			t.Errorf("%s: %d of %d samples the same grouped on the device and on the host", prec, same, len(a))
+		}
+		ed.Close()
+		eh.Close()
 	}
 }

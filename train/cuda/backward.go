@@ -162,7 +162,7 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			},
 		}
 		if a.moe != nil {
-			mlp = []func() error{func() error { return e.moeBackward(f, msc, a.moe, l, a.h2, dres, dh) }}
+			mlp = []func() error{func() error { return e.moeBackward(f, msc, a.moe, l, e.pick(a.h2, a.h2b), dres, dh) }}
 		}
 		for i, s := range mlp {
 			if err := s(); err != nil {
@@ -235,7 +235,7 @@ func (e *Engine) recomputeLayer(f *fwdState, a *layerActs, l *model.Layer, out B
 		return err
 	}
 	if a.moe != nil {
-		return e.moeForward(f, a.moe, l, a.h2, a.xmid, out, false)
+		return e.moeForward(f, a.moe, l, e.pick(a.h2, a.h2b), a.xmid, out, false)
 	}
 	return e.mlpForward(f, a, l, out)
 }

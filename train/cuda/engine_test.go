@@ -482,7 +482,7 @@ func TestEngineBF16(t *testing.T) {
 // attention recomputed from the forward's scratch).
 func TestEngineRecompute(t *testing.T) {
 	dev := cudatest.Device(t)
-	for _, c := range []struct{ preset, prec string }{{"tiny-dense", FP32}, {"tiny-moe", FP32}, {"tiny-dense", BF16}} {
+	for _, c := range []struct{ preset, prec string }{{"tiny-dense", FP32}, {"tiny-moe", FP32}, {"tiny-dense", BF16}, {"tiny-moe", BF16}} {
 		preset := c.preset
 		t.Run(preset+"/"+c.prec, func(t *testing.T) {
 			cfg, _ := model.Preset(preset, 200)

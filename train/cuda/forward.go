@@ -64,7 +64,7 @@ type layerActs struct {
 	x, h1, qraw, kraw, q, k, v, att, xmid, h2, gu, a Buffer
 	inv1, invq, invk, lse, inv2                      Buffer
 	// In the bf16 mode the products' inputs are kept as the bf16 copies
-	// the products read (h1 and a dense layer's h2 and a only so; att also
+	// the products read (h1, h2 and a dense layer's a only so; att also
 	// in float32, which attention's backward reads): the forward makes
 	// each once, in the kernel that computes it where one can, and the
 	// backward's weight gradients read them again.
@@ -454,7 +454,7 @@ func (e *Engine) forward(f *fwdState, opt train.ForwardOptions) error {
 			return err
 		}
 		if l.Router != nil {
-			err = e.moeForward(f, a.moe, l, a.h2, a.xmid, next, true)
+			err = e.moeForward(f, a.moe, l, e.pick(a.h2, a.h2b), a.xmid, next, true)
 			if err == nil && f.recompute { // the next layer reuses the block's device memory
 				err = e.moeHost(a.moe, T, cnt, psum)
 			}
@@ -532,24 +532,22 @@ func (e *Engine) allocLayer(f *fwdState, a *layerActs, dense, moe bool) error {
 		span{&a.inv1, T}, span{&a.invq, T * d.heads}, span{&a.invk, T * d.kv}, span{&a.lse, T * d.heads}, span{&a.inv2, T}); err != nil {
 		return err
 	}
-	// The products' inputs: float32, or bf16 in the bf16 mode; an MoE
-	// block gathers its rows from a float32 h2.
+	// The products' inputs: float32, or bf16 in the bf16 mode (an MoE
+	// block gathers its rows from h2 as kept).
 	h1, h2 := span{&a.h1, T * d.H}, span{&a.h2, T * d.H}
 	if e.bf != nil {
 		h1 = bf16Span(&a.h1b, T*d.H)
 		if err := e.bufs(f, bf16Span(&a.attb, T*d.qd)); err != nil {
 			return err
 		}
-		if dense {
-			if err := e.bufs(f, bf16Span(&a.h2b, T*d.H)); err != nil {
-				return err
-			}
+		if err := e.bufs(f, bf16Span(&a.h2b, T*d.H)); err != nil {
+			return err
 		}
 	}
 	if err := e.bufs(f, h1); err != nil {
 		return err
 	}
-	if moe || e.bf == nil {
+	if e.bf == nil {
 		if err := e.bufs(f, h2); err != nil {
 			return err
 		}
@@ -568,9 +566,14 @@ func (e *Engine) allocLayer(f *fwdState, a *layerActs, dense, moe bool) error {
 		E, k, H, I := c.NumExperts, c.NumExpertsPerTok, c.HiddenSize, c.MoeIntermediateSize
 		R := T * k
 		mo := a.moe
+		// The grouped rows and SwiGLU's output: the products' inputs, in
+		// bf16 in the bf16 mode.
+		xg, ag := span{&mo.xg, R * H}, span{&mo.ag, R * I}
+		if e.bf != nil {
+			xg, ag = bf16Span(&mo.xg, R*H), bf16Span(&mo.ag, R*I)
+		}
 		if err := e.bufs(f, span{&mo.dProbs, T * E}, span{&mo.dGates, R},
-			span{&mo.dIds, R}, span{&mo.dPsum, 2 * E},
-			span{&mo.xg, R * H}, span{&mo.gug, R * 2 * I}, span{&mo.ag, R * I}, span{&mo.yg, R * H}); err != nil {
+			span{&mo.dIds, R}, span{&mo.dPsum, 2 * E}, xg, span{&mo.gug, R * 2 * I}, ag, span{&mo.yg, R * H}); err != nil {
 			return err
 		}
 		for _, g := range mo.grp.Layout(R, E) {
@@ -622,9 +625,6 @@ func (e *Engine) attentionForward(f *fwdState, a *layerActs, l *model.Layer) err
 			return e.residual(e.pick(a.att, a.attb), T, d.qd, kc.Product{Y: a.xmid, W: e.param(e.w, l.O), Out: d.H, LdY: d.H, Add: x})
 		},
 		func() error {
-			if a.moe != nil { // the MoE block gathers its rows from a float32 h2
-				return e.ops.RMSNorm(a.h2, a.inv2, a.xmid, e.param(e.w, l.PostAttnNorm), T, d.H, d.eps)
-			}
 			return e.norm(e.pick(a.h2, a.h2b), a.inv2, a.xmid, e.param(e.w, l.PostAttnNorm), T, d.H, d.eps)
 		},
 	}

@@ -28,7 +28,7 @@ type moeActs struct {
 	dProbs, dGates  Buffer
 	dIds, dPsum     Buffer // [T, k] int32, [E] float64
 	grp             kc.MoEGroups
-	xg, gug, ag, yg Buffer // [R, H], [R, 2I], [R, I], [R, H], R = T·k
+	xg, gug, ag, yg Buffer // [R, H], [R, 2I], [R, I], [R, H], R = T·k; xg and ag in bf16 in the bf16 mode
 }
 
 // moeForward runs the sparse block of layer L on h2 (the post-attention
@@ -49,7 +49,7 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 	if err != nil {
 		return err
 	}
-	if err := e.linear(mo.dProbs, h2, e.param(e.w, L.Router), T, H, E, E, H); err != nil {
+	if err := e.linears(h2, T, H, kc.Product{Y: mo.dProbs, W: e.param(e.w, L.Router), Out: E, LdY: E}); err != nil {
 		return err
 	}
 	if err := e.ops.Softmax(mo.dProbs, T, E); err != nil {
@@ -70,8 +70,14 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 			return e.ops.Launch("moe.cu", "moe_psum", kc.Dim3{X: (E + 127) / 128}, kc.Dim3{X: 128}, mo.dPsum, mo.dProbs, T, E)
 		},
 		func() error { return e.ops.MoEGroup(&mo.grp, mo.dIds, R, k) },
-		// Each token's input row once per slot, grouped by expert.
-		func() error { return e.ops.Gather(mo.xg, h2, mo.grp.Tok, R, H) },
+		// Each token's input row once per slot, grouped by expert (in bf16
+		// in the bf16 mode, as the products and their gradients read it).
+		func() error {
+			if e.bf != nil {
+				return e.ops.GatherBF16(mo.xg, h2, mo.grp.Tok, R, H)
+			}
+			return e.ops.Gather(mo.xg, h2, mo.grp.Tok, R, H)
+		},
 	}
 	if e.perLaunch() {
 		steps = append(steps, func() error {
@@ -84,14 +90,10 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 			}, H, I)
 		})
 	} else if e.bf != nil {
-		// Each input rounded to bf16 once for every expert's products.
-		var x16 Buffer
 		steps = append(steps,
-			func() (err error) { x16, err = e.bf.Round(0, mo.xg, R, H, H); return err },
-			func() error { return e.bf.Grouped(&mo.grp, R, mo.gug, x16, ew.gateUp, 2*I, H, H, 2*I, ew.stride) },
-			func() error { return e.ops.SwiGLU(mo.ag, mo.gug, R, I) },
-			func() (err error) { x16, err = e.bf.Round(0, mo.ag, R, I, I); return err },
-			func() error { return e.bf.Grouped(&mo.grp, R, mo.yg, x16, ew.down, H, I, I, H, ew.stride) })
+			func() error { return e.bf.Grouped(&mo.grp, R, mo.gug, mo.xg, ew.gateUp, 2*I, H, H, 2*I, ew.stride) },
+			func() error { return e.ops.SwiGLUBF16(mo.ag, mo.gug, R, I) },
+			func() error { return e.bf.Grouped(&mo.grp, R, mo.yg, mo.ag, ew.down, H, I, I, H, ew.stride) })
 	} else {
 		steps = append(steps,
 			func() error {
@@ -308,17 +310,15 @@ func (e *Engine) moeExpertsBackGroupedBF16(mo *moeActs, L *model.Layer, sc *moeS
 	}
 	g, S := &mo.grp, ew.stride
 	dgu16 := sc.dgu // bf16 [R, 2I] in the float32 buffer's first half
-	var dy16, x16 Buffer
+	var dy16 Buffer
 	steps := []func() error{
 		func() (err error) { dy16, err = e.bf.Round(1, sc.dy, R, H, H); return err },
-		func() (err error) { x16, err = e.bf.Round(0, mo.ag, R, I, I); return err },
 		func() error {
-			return e.bf.GroupedBack(g, R, sc.da, gw.down, dy16, x16, ew.down, H, I, H, I, I, S, false)
+			return e.bf.GroupedBack(g, R, sc.da, gw.down, dy16, mo.ag, ew.down, H, I, H, I, I, S, false)
 		},
 		func() error { return e.ops.SwiGLUBackBF16(dgu16, sc.da, mo.gug, R, I) },
-		func() (err error) { x16, err = e.bf.Round(0, mo.xg, R, H, H); return err },
 		func() error {
-			return e.bf.GroupedBack(g, R, sc.dxg, gw.gateUp, dgu16, x16, ew.gateUp, 2*I, H, 2*I, H, H, S, false)
+			return e.bf.GroupedBack(g, R, sc.dxg, gw.gateUp, dgu16, mo.xg, ew.gateUp, 2*I, H, 2*I, H, H, S, false)
 		},
 	}
 	for _, st := range steps {
@@ -339,10 +339,7 @@ func (e *Engine) moeExpertsBackBF16(mo *moeActs, L *model.Layer, sc *moeScratch,
 	if err != nil {
 		return err
 	}
-	ag16, err := e.bf.Round(0, mo.ag, R, I, I)
-	if err != nil {
-		return err
-	}
+	ag16, xg16, dgu16 := mo.ag, mo.xg, sc.dgu // the forward's bf16 rows; dgu in bf16 in its room
 	if err := model.EachExpert(mo.off, func(x, r0, n int) error {
 		ex := &L.Experts[x]
 		if err := e.bf.BackBF16(sub(sc.da, r0*I, n*I), e.param(e.g, ex.Down), kc.BF16Rows(dy16, r0*H, n*H), H,
@@ -353,15 +350,7 @@ func (e *Engine) moeExpertsBackBF16(mo *moeActs, L *model.Layer, sc *moeScratch,
 	}); err != nil {
 		return err
 	}
-	if err := e.launch("rows.cu", "swiglu_bwd", elemGrid(R*I), block256, sc.dgu, sc.da, mo.gug, int64(R), I); err != nil {
-		return err
-	}
-	dgu16, err := e.bf.Round(1, sc.dgu, R, 2*I, 2*I)
-	if err != nil {
-		return err
-	}
-	xg16, err := e.bf.Round(0, mo.xg, R, H, H)
-	if err != nil {
+	if err := e.ops.SwiGLUBackBF16(dgu16, sc.da, mo.gug, R, I); err != nil {
 		return err
 	}
 	if err := model.EachExpert(mo.off, func(x, r0, n int) error {
@@ -401,5 +390,5 @@ func (e *Engine) moeRouterBack(f *fwdState, sc *moeScratch, mo *moeActs, L *mode
 		dp, mo.dProbs, mo.dGates, mo.dIds, dgt, sc.aux, T, E, k, norm); err != nil {
 		return err
 	}
-	return e.linearBack(dh2, e.param(e.g, L.Router), dp, h2, e.param(e.w, L.Router), T, H, E, H, E, H, true)
+	return e.backSaved(dh2, e.param(e.g, L.Router), dp, h2, e.param(e.w, L.Router), T, H, E, H, E, true)
 }

@@ -19,6 +19,15 @@ extern "C" __global__ void embed_fwd(float* __restrict__ x, const float* __restr
   for (int j = threadIdx.x; j < H; j += blockDim.x) x[t * H + j] = src[j];
 }
 
+// gather_bf16: x[t] = table[idx[t]] for rows of n bf16 (an MoE layer's
+// bf16 input rows grouped by expert). grid = rows.
+extern "C" __global__ void gather_bf16(bf16_t* __restrict__ x, const bf16_t* __restrict__ table,
+                                       const int* __restrict__ idx, int n) {
+  const i64 t = blockIdx.x;
+  const bf16_t* src = table + (i64)idx[t] * n;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) x[t * n + j] = src[j];
+}
+
 // embed_bwd adds the rows of dx to the embedding gradient without atomics:
 // the host groups the token rows by token (uniq[u] is a token, its rows
 // are rows[offs[u]..offs[u+1]) in increasing order), and each block adds
