@@ -189,10 +189,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemm_f32_grouped_dw(
 // accumulation and output. A block's 64 x 64 output tile is four warps of
 // 32 x 32 (2 x 4 mma.m16n8k16 tiles), over k tiles of 32 in two stages of
 // shared memory (the next tile's copy in flight during this one's
-// products where the operand is k-contiguous and copied with cp.async; a
-// transposed operand is loaded into registers and stored before the
-// products, so the gradients' kernels overlap less). Each output is a sum over k in a fixed order that does not
-// depend on the other rows: batch invariant, like gemm_f32. An operand is
+// products: a k-contiguous operand's by cp.async, a transposed operand's
+// loaded into registers before the products and stored after them). Each
+// output is a sum over k in a fixed order that does not depend on the
+// other rows: batch invariant, like gemm_f32. An operand is
 // read from memory k-contiguous (A(m, k) at A[m*lda + k]: copied 16 bytes
 // at a time) or transposed (A(m, k) at A[k*lda + m], T: two k rows of 8
 // elements each, interleaved in registers into the k pairs the tensor
@@ -202,57 +202,70 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemm_f32_grouped_dw(
 #define GB_BK 32
 #define GB_P 20  // words of a shared tile row: 32 bf16 and 8 of padding (no bank conflicts)
 
-// gb_stage copies the stage of rows 0..63 (row r valid below n) and k
-// k0..k0+31 (valid below K) of an operand, zeros outside, into dst: row r's
-// k pairs at words r*GB_P...
-template <bool T>
-__device__ __forceinline__ void gb_stage(u32* dst, const bf16_t* __restrict__ src, i64 ld, int n, int k0, int K,
-                                         int vec, int async) {
-  if constexpr (!T) {
-    for (int x = threadIdx.x; x < 64 * (GB_BK / 8); x += blockDim.x) {
-      const int r = x / (GB_BK / 8), c = x % (GB_BK / 8), k = k0 + 8 * c;
-      u32* d = dst + r * GB_P + 4 * c;
-      if (vec && r < n && k + 8 <= K) {
-        copy16(d, src + r * ld + k, async);
-        continue;
-      }
-#pragma unroll
-      for (int q = 0; q < 4; q++) {
-        const int k2 = k + 2 * q;
-        const u32 lo = (r < n && k2 < K) ? src[r * ld + k2] : 0u;
-        const u32 hi = (r < n && k2 + 1 < K) ? src[r * ld + k2 + 1] : 0u;
-        d[q] = lo | (hi << 16);
-      }
+// gb_copy copies the stage of rows 0..63 (row r valid below n) and k
+// k0..k0+31 (valid below K) of a k-contiguous operand, zeros outside, into
+// dst: row r's k pairs at words r*GB_P... (cp.async where async and vec).
+__device__ __forceinline__ void gb_copy(u32* dst, const bf16_t* __restrict__ src, i64 ld, int n, int k0, int K, int vec,
+                                        int async) {
+  for (int x = threadIdx.x; x < 64 * (GB_BK / 8); x += blockDim.x) {
+    const int r = x / (GB_BK / 8), c = x % (GB_BK / 8), k = k0 + 8 * c;
+    u32* d = dst + r * GB_P + 4 * c;
+    if (vec && r < n && k + 8 <= K) {
+      copy16(d, src + r * ld + k, async);
+      continue;
     }
-  } else {
-    // Transposed: thread (c, p) takes rows 8c..8c+7 of k pairs 2p, 2p+1
-    // (16 pairs make the tile's 32 k; 8 row groups its 64 rows).
-    for (int x = threadIdx.x; x < 8 * (GB_BK / 2); x += blockDim.x) {
-      const int c = x / (GB_BK / 2), p = x % (GB_BK / 2), r = 8 * c, k = k0 + 2 * p;
-      u32 lo[4], hi[4];  // rows r..r+7 of k and of k+1, two bf16 a word
-      if (vec && r + 8 <= n && k + 2 <= K) {
-        const u32x4 a = *(const u32x4*)(src + k * ld + r), b = *(const u32x4*)(src + (k + 1) * ld + r);
-        lo[0] = a.x, lo[1] = a.y, lo[2] = a.z, lo[3] = a.w;
-        hi[0] = b.x, hi[1] = b.y, hi[2] = b.z, hi[3] = b.w;
-      } else {
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-          u32 v[4];
-#pragma unroll
-          for (int h = 0; h < 4; h++) {  // (k or k+1) x (row 2q or 2q+1)
-            const int kk = k + (h >> 1), rr = r + 2 * q + (h & 1);
-            v[h] = (rr < n && kk < K) ? src[kk * ld + rr] : 0u;
-          }
-          lo[q] = v[0] | (v[1] << 16);
-          hi[q] = v[2] | (v[3] << 16);
-        }
-      }
-#pragma unroll
-      for (int q = 0; q < 4; q++) {
-        dst[(r + 2 * q) * GB_P + p] = (lo[q] & 0xffffu) | (hi[q] << 16);
-        dst[(r + 2 * q + 1) * GB_P + p] = (lo[q] >> 16) | (hi[q] & 0xffff0000u);
-      }
+    for (int q = 0; q < 4; q++) {
+      const int k2 = k + 2 * q;
+      const u32 lo = (r < n && k2 < K) ? src[r * ld + k2] : 0u;
+      const u32 hi = (r < n && k2 + 1 < K) ? src[r * ld + k2 + 1] : 0u;
+      d[q] = lo | (hi << 16);
     }
+  }
+}
+
+// gb_regs is a thread's share of a transposed operand's stage on its way
+// from global to shared memory: rows 8c..8c+7 of k and of k+1 (two bf16 a
+// word), thread (c, p) taking k pairs 2p, 2p+1 (16 pairs make the tile's
+// 32 k; 8 row groups its 64 rows; 128 threads the whole stage).
+struct gb_regs {
+  u32 lo[4], hi[4];
+};
+
+// gb_load reads a thread's share of the stage of rows 0..63 (valid below
+// n) and k 0..31 (valid below K) of a transposed operand (element (r, k)
+// at src[k*ld + r]) into registers, zeros outside: issued before this
+// tile's products, stored after them (gb_store), so that the loads'
+// latency passes during the products.
+__device__ __forceinline__ void gb_load(gb_regs& g, const bf16_t* __restrict__ src, i64 ld, int n, int K, int vec) {
+  const int x = threadIdx.x, c = x / (GB_BK / 2), p = x % (GB_BK / 2), r = 8 * c, k = 2 * p;
+  if (vec && r + 8 <= n && k + 2 <= K) {
+    const u32x4 a = *(const u32x4*)(src + k * ld + r), b = *(const u32x4*)(src + (k + 1) * ld + r);
+    g.lo[0] = a.x, g.lo[1] = a.y, g.lo[2] = a.z, g.lo[3] = a.w;
+    g.hi[0] = b.x, g.hi[1] = b.y, g.hi[2] = b.z, g.hi[3] = b.w;
+    return;
+  }
+#pragma unroll
+  for (int q = 0; q < 4; q++) {
+    u32 v[4];
+#pragma unroll
+    for (int h = 0; h < 4; h++) {  // (k or k+1) x (row 2q or 2q+1)
+      const int kk = k + (h >> 1), rr = r + 2 * q + (h & 1);
+      v[h] = (rr < n && kk < K) ? src[kk * ld + rr] : 0u;
+    }
+    g.lo[q] = v[0] | (v[1] << 16);
+    g.hi[q] = v[2] | (v[3] << 16);
+  }
+}
+
+// gb_store interleaves a thread's gb_load into the k pairs the tensor
+// cores take, row r's at words r*GB_P....
+__device__ __forceinline__ void gb_store(u32* dst, const gb_regs& g) {
+  const int x = threadIdx.x, r = 8 * (x / (GB_BK / 2)), p = x % (GB_BK / 2);
+#pragma unroll
+  for (int q = 0; q < 4; q++) {
+    dst[(r + 2 * q) * GB_P + p] = (g.lo[q] & 0xffffu) | (g.hi[q] << 16);
+    dst[(r + 2 * q + 1) * GB_P + p] = (g.lo[q] >> 16) | (g.hi[q] & 0xffff0000u);
   }
 }
 
@@ -280,16 +293,33 @@ __device__ __forceinline__ void gb_tile(float* __restrict__ C, i64 ldc, const bf
 #pragma unroll
       for (int q = 0; q < 4; q++) d[i][j][q] = 0.f;
   const int nk = (K + GB_BK - 1) / GB_BK;
-  auto stage = [&](int s, int k0) {
-    gb_stage<AT>(As[s], AT ? A + (i64)k0 * lda : A, lda, M, AT ? 0 : k0, AT ? K - k0 : K, vec, async);
-    gb_stage<BT>(Bs[s], BT ? B + (i64)k0 * ldb : B, ldb, N, BT ? 0 : k0, BT ? K - k0 : K, vec, async);
+  gb_regs ra, rb;  // a transposed operand's next stage, in registers
+  // issue starts stage s's copies: cp.async (or plain copies) for a
+  // k-contiguous operand, loads into registers for a transposed one;
+  // land stores the registers into stage s.
+  auto issue = [&](int s, int k0) {
+    if constexpr (AT) {
+      gb_load(ra, A + (i64)k0 * lda, lda, M, K - k0, vec);
+    } else {
+      gb_copy(As[s], A, lda, M, k0, K, vec, async);
+    }
+    if constexpr (BT) {
+      gb_load(rb, B + (i64)k0 * ldb, ldb, N, K - k0, vec);
+    } else {
+      gb_copy(Bs[s], B, ldb, N, k0, K, vec, async);
+    }
     copies_commit(async);
   };
-  stage(0, 0);
+  auto land = [&](int s) {
+    if constexpr (AT) gb_store(As[s], ra);
+    if constexpr (BT) gb_store(Bs[s], rb);
+  };
+  issue(0, 0);
+  land(0);
   for (int kt = 0; kt < nk; kt++) {
     const int st = kt & 1;
     if (kt + 1 < nk) {
-      stage(st ^ 1, (kt + 1) * GB_BK);
+      issue(st ^ 1, (kt + 1) * GB_BK);
       copies_wait_prev(async);
     } else {
       copies_done(async);
@@ -337,6 +367,9 @@ __device__ __forceinline__ void gb_tile(float* __restrict__ C, i64 ldc, const bf
         for (int j = 0; j < 4; j++) mma16816(d[i][j], af[i], bfr[j]);
     }
 #endif
+    // The next stage was last read before the previous iteration's final
+    // barrier: its registers can land now, their loads' latency spent.
+    if (kt + 1 < nk) land(st ^ 1);
     __syncthreads();
   }
 #pragma unroll
