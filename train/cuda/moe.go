@@ -298,9 +298,9 @@ func (e *Engine) moeExpertsBackGrouped(mo *moeActs, L *model.Layer, sc *moeScrat
 
 // moeExpertsBackGroupedBF16 is the experts' backward in the bf16 mode,
 // every expert's products in one grouped launch each on the tensor cores:
-// dy and the down products' inputs rounded once, SwiGLU's backward
-// writing dgu in bf16 (into dgu's room), the grouped rows rounded once,
-// and dxg = dgu·[W_gate; W_up] in one product.
+// dy rounded once, the down products' inputs and the grouped rows as the
+// forward kept them (bf16), SwiGLU's backward writing dgu in bf16 (into
+// dgu's room), and dxg = dgu·[W_gate; W_up] in one product.
 func (e *Engine) moeExpertsBackGroupedBF16(mo *moeActs, L *model.Layer, sc *moeScratch, R int) error {
 	c := &e.cfg
 	H, I := c.HiddenSize, c.MoeIntermediateSize
@@ -329,9 +329,10 @@ func (e *Engine) moeExpertsBackGroupedBF16(mo *moeActs, L *model.Layer, sc *moeS
 	return nil
 }
 
-// moeExpertsBackBF16 is the experts' backward in the bf16 mode: dy, the
-// down products' inputs, dgu and the grouped rows each rounded to bf16
-// once for every expert's products.
+// moeExpertsBackBF16 is the experts' backward in the bf16 mode with a
+// cuBLASLt product per expert (KEEL_MOE_GROUP=host): dy rounded to bf16
+// once for every expert's products, dgu written in bf16 by SwiGLU's
+// backward, the other inputs as the forward kept them (bf16).
 func (e *Engine) moeExpertsBackBF16(mo *moeActs, L *model.Layer, sc *moeScratch, R int) error {
 	c := &e.cfg
 	H, I := c.HiddenSize, c.MoeIntermediateSize
