@@ -18,7 +18,7 @@
 #          backward, KEEL_FLASH_BWD=single; on the MoE shape its experts
 #          grouped on the host, KEEL_MOE_GROUP=host) and PyTorch, keel again with
 #          KEEL_CUDA_PROFILE=1 (the time of every kernel and product);
-#          then a profiled bf16 decode at 256 sequences
+#          then a profiled bf16 decode at 256 sequences, Qwen3-0.6B and MoE shapes
 #   gemm   keel's fp32 GEMM and cuBLASLt's bf16 on a 0.6B layer's shapes
 #          (GFLOP/s; BenchmarkDeviceGemm, under a minute)
 #   decode issue 25's decode rows: keel (exact, bf16) at 64 and 256
@@ -247,6 +247,10 @@ if [[ " $sections " == *" profile "* ]]; then
   KEEL_CUDA_PROFILE=1 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms \
     --no-rl --decode-precisions bf16 --decode-slots 256 > "$out/profile-decode.txt" 2>&1
   grep -B2 -A25 'KEEL_CUDA_PROFILE' "$out/profile-decode.txt" | tail -28 | sed 's/^/    /'
+  echo "== the same for the MoE shape (30B-A3B, 2 layers): the grouping and the grouped expert products' share"
+  KEEL_CUDA_PROFILE=1 timeout 120 $bin/keel bench --device cuda --presets qwen3-30b-a3b --layers 2 --vocab 151936 --seqs 1 --len 64 --time 1ms \
+    --no-rl --decode-precisions bf16 --decode-slots 256 > "$out/profile-decode-moe.txt" 2>&1
+  grep -B2 -A25 'KEEL_CUDA_PROFILE' "$out/profile-decode-moe.txt" | tail -28 | sed 's/^/    /'
 fi
 if [[ " $sections " == *" fit "* ]]; then
   echo "== full-parameter bf16 training of the Qwen3-1.7B shape at 4 x 4096 tokens with recomputation (train/memplan: 37.5 GiB)"
