@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -601,32 +602,7 @@ func TestGraphSteps(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			lengths, same := map[int]bool{}, 0
-			for i := range a {
-				lengths[len(a[i].Tokens)] = true
-				n := 0
-				for n < len(a[i].Tokens) && n < len(b[i].Tokens) && a[i].Tokens[n] == b[i].Tokens[n] {
-					n++
-				}
-				if n == len(a[i].Tokens) && n == len(b[i].Tokens) {
-					same++
-				}
-				for j := 0; j < n; j++ {
-					x, y := a[i].LogProbs[j], b[i].LogProbs[j]
-					if prec == rollout.Exact && math.Float32bits(x) != math.Float32bits(y) {
-						t.Fatalf("%s round %d sample %d token %d: log mu %v with graphs, %v without", prec, round, i, j, x, y)
-					}
-					if math.Abs(float64(x-y)) > 2e-3 {
-						t.Fatalf("%s round %d sample %d token %d: log mu %v with graphs, %v without", prec, round, i, j, x, y)
-					}
-				}
-				if ra, rb := a[i].Routes, b[i].Routes; (ra == nil) != (rb == nil) || (ra != nil && prec == rollout.Exact && !slices.Equal(ra.IDs8, rb.IDs8)) {
-					t.Fatalf("%s %s round %d sample %d: routes differ with graphs and without", c.preset, prec, round, i)
-				}
-			}
-			if (prec == rollout.Exact && same != len(a)) || same < len(a)*9/10 {
-				t.Errorf("%s round %d: %d of %d samples the same with graphs and without", prec, round, same, len(a))
-			}
+			lengths := sameGenerations(t, fmt.Sprintf("%s %s round %d", c.preset, prec, round), prec, a, b, "with graphs", "without")
 			if len(lengths) < 3 {
 				t.Errorf("%s round %d: responses of %d lengths only: the test wants rows that change", prec, round, len(lengths))
 			}
@@ -779,29 +755,42 @@ func TestMoEGroupedOnHost(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		same := 0
-		for i := range a {
-			n := 0
-			for n < len(a[i].Tokens) && n < len(b[i].Tokens) && a[i].Tokens[n] == b[i].Tokens[n] {
-				n++
-			}
-			if n == len(a[i].Tokens) && n == len(b[i].Tokens) {
-				same++
-			}
-			for j := 0; j < n; j++ {
-				x, y := a[i].LogProbs[j], b[i].LogProbs[j]
-				if (prec == rollout.Exact && math.Float32bits(x) != math.Float32bits(y)) || math.Abs(float64(x-y)) > 2e-3 {
-					t.Fatalf("%s sample %d token %d: log mu %v grouped on the device, %v on the host", prec, i, j, x, y)
-				}
-			}
-			if prec == rollout.Exact && !slices.Equal(a[i].Routes.IDs8, b[i].Routes.IDs8) {
-				t.Fatalf("exact sample %d: routes differ grouped on the device and on the host", i)
-			}
-		}
-		if (prec == rollout.Exact && same != len(a)) || same < len(a)*9/10 {
-			t.Errorf("%s: %d of %d samples the same grouped on the device and on the host", prec, same, len(a))
-		}
+		sameGenerations(t, fmt.Sprint(prec), prec, a, b, "grouped on the device", "on the host")
 		ed.Close()
 		eh.Close()
 	}
+}
+
+// sameGenerations compares two backends' samples of the same prompts and
+// seeds (named nameA and nameB in failures): along each sample while the
+// tokens agree, log mu bit for bit in exact precision and within 2e-3
+// otherwise, and the routes present in both or neither (the same, in
+// exact); every sample the same in exact, nine in ten otherwise. It
+// returns the response lengths of a.
+func sameGenerations(t *testing.T, what string, prec rollout.Precision, a, b []rollout.Sample, nameA, nameB string) map[int]bool {
+	t.Helper()
+	lengths, same := map[int]bool{}, 0
+	for i := range a {
+		lengths[len(a[i].Tokens)] = true
+		n := 0
+		for n < len(a[i].Tokens) && n < len(b[i].Tokens) && a[i].Tokens[n] == b[i].Tokens[n] {
+			n++
+		}
+		if n == len(a[i].Tokens) && n == len(b[i].Tokens) {
+			same++
+		}
+		for j := 0; j < n; j++ {
+			x, y := a[i].LogProbs[j], b[i].LogProbs[j]
+			if (prec == rollout.Exact && math.Float32bits(x) != math.Float32bits(y)) || math.Abs(float64(x-y)) > 2e-3 {
+				t.Fatalf("%s sample %d token %d: log mu %v %s, %v %s", what, i, j, x, nameA, y, nameB)
+			}
+		}
+		if ra, rb := a[i].Routes, b[i].Routes; (ra == nil) != (rb == nil) || (ra != nil && prec == rollout.Exact && !slices.Equal(ra.IDs8, rb.IDs8)) {
+			t.Fatalf("%s sample %d: routes differ %s and %s", what, i, nameA, nameB)
+		}
+	}
+	if (prec == rollout.Exact && same != len(a)) || same < len(a)*9/10 {
+		t.Errorf("%s: %d of %d samples the same %s and %s", what, same, len(a), nameA, nameB)
+	}
+	return lengths
 }
