@@ -39,6 +39,7 @@ type QuantLinear struct {
 	sx     Buffer // its per-row scales
 	xN     int
 	sN     int
+	scales map[groupedLayout][2]int // Grouped's layouts checked, and their scales (groupedScales)
 }
 
 // NewQuantLinear mirrors the float32 arena of n floats whose product
@@ -198,27 +199,9 @@ func (l *QuantLinear) Grouped(g *MoEGroups, pairs int, y, x, w Buffer, N, K, ldx
 	if !ok || m0.Cols != K {
 		return fmt.Errorf("cuda: a grouped quantised product's weights [%d, %d] are not one of the quantised matrices", N, K)
 	}
-	// The channel scales of an expert's N rows follow one another (its
-	// adjacent matrices' scales do: they are numbered in arena order), and
-	// the experts' are equally far apart.
-	s0, sstride := l.soff[w.Ptr], 0
-	for rows, p := 0, w.Ptr; rows < N; {
-		m, ok := l.mats[p]
-		if !ok || l.soff[p] != s0+rows || m.Cols != K || rows+m.Rows > N {
-			return fmt.Errorf("cuda: a grouped quantised product's %d rows are not adjacent quantised matrices", N)
-		}
-		rows += m.Rows
-		p += uint64(m.Rows*m.Cols) * 4
-	}
-	for e := 1; e < g.Experts; e++ {
-		p := w.Ptr + uint64(e*wstride)*4
-		s, ok := l.soff[p]
-		if e == 1 {
-			sstride = s - s0
-		}
-		if !ok || s != s0+e*sstride || l.mats[p].Cols != K {
-			return fmt.Errorf("cuda: a grouped quantised product's experts are not laid out alike")
-		}
+	s0, sstride, err := l.groupedScales(w.Ptr, g.Experts, N, K, wstride)
+	if err != nil {
+		return err
 	}
 	if err := l.grow(pairs, K); err != nil {
 		return err
@@ -232,4 +215,47 @@ func (l *QuantLinear) Grouped(g *MoEGroups, pairs int, y, x, w Buffer, N, K, ldx
 	}
 	return l.ops.Launch("convert.cu", "scale_rows_cols_grouped", Dim3{X: pairs}, block256,
 		y, l.sx, l.ws.Floats(s0, (g.Experts-1)*sstride+N), g.Off, g.Experts, N, int64(ldy), int64(sstride))
+}
+
+// groupedLayout is a grouped product's weights as Grouped is given them.
+type groupedLayout struct {
+	w                      uint64
+	experts, n, k, wstride int
+}
+
+// groupedScales finds the channel scales of a grouped product over the
+// experts' weights at w: the first's index in ws and the experts'
+// distance. The scales of an expert's N rows must follow one another (its
+// adjacent matrices' do: they are numbered in arena order), and the
+// experts' be equally far apart. Checked once per layout (a decoding step
+// asks for every MoE layer's twice).
+func (l *QuantLinear) groupedScales(w uint64, experts, N, K, wstride int) (s0, sstride int, err error) {
+	key := groupedLayout{w, experts, N, K, wstride}
+	if v, ok := l.scales[key]; ok {
+		return v[0], v[1], nil
+	}
+	s0 = l.soff[w]
+	for rows, p := 0, w; rows < N; {
+		m, ok := l.mats[p]
+		if !ok || l.soff[p] != s0+rows || m.Cols != K || rows+m.Rows > N {
+			return 0, 0, fmt.Errorf("cuda: a grouped quantised product's %d rows are not adjacent quantised matrices", N)
+		}
+		rows += m.Rows
+		p += uint64(m.Rows*m.Cols) * 4
+	}
+	for e := 1; e < experts; e++ {
+		p := w + uint64(e*wstride)*4
+		s, ok := l.soff[p]
+		if e == 1 {
+			sstride = s - s0
+		}
+		if !ok || s != s0+e*sstride || l.mats[p].Cols != K {
+			return 0, 0, fmt.Errorf("cuda: a grouped quantised product's experts are not laid out alike")
+		}
+	}
+	if l.scales == nil {
+		l.scales = map[groupedLayout][2]int{}
+	}
+	l.scales[key] = [2]int{s0, sstride}
+	return s0, sstride, nil
 }
