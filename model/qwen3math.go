@@ -1,6 +1,7 @@
 package model
 
 import (
+	"fmt"
 	"math"
 
 	"github.com/keel-rl/keel/kernels"
@@ -116,6 +117,30 @@ func EachExpert(off []int, f func(x, r0, n int) error) error {
 		}
 	}
 	return nil
+}
+
+// ExpertLayout finds layer l's experts in an arena (offs: each
+// parameter's offset in floats) as the GPU engines' grouped products read
+// them: expert e's gate projection at gate0 + e·stride, its up projection
+// right after its gate (the two one [2·inter, hidden] matrix), its down
+// projection at down0 + e·stride. New lays the experts out so; any other
+// layout is an error, not a wrong product later.
+func ExpertLayout(offs map[*Param]int, l *Layer, hidden, inter int) (gate0, down0, stride int, err error) {
+	if len(l.Experts) == 0 {
+		return 0, 0, 0, fmt.Errorf("model: ExpertLayout of a layer without experts")
+	}
+	gate0, down0 = offs[l.Experts[0].Gate], offs[l.Experts[0].Down]
+	stride = 3 * inter * hidden
+	if len(l.Experts) > 1 {
+		stride = offs[l.Experts[1].Gate] - gate0
+	}
+	for e, ex := range l.Experts {
+		g := offs[ex.Gate]
+		if g != gate0+e*stride || offs[ex.Up] != g+inter*hidden || offs[ex.Down] != down0+e*stride || stride < 2*inter*hidden {
+			return 0, 0, 0, fmt.Errorf("model: the experts' weights are not laid out as the grouped products read them")
+		}
+	}
+	return gate0, down0, stride, nil
 }
 
 // GroupByExpert groups the (token, slot) pairs of ids ([tokens][k] expert

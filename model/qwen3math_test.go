@@ -154,3 +154,36 @@ func TestEachExpert(t *testing.T) {
 		t.Errorf("after an error: %v, %d calls", err, calls)
 	}
 }
+
+// TestExpertLayout: New's arena puts expert e's gate projection 3·I·H
+// floats after expert e-1's, its up projection right after its gate, its
+// down projection likewise strided; offsets that break the layout are an
+// error.
+func TestExpertLayout(t *testing.T) {
+	cfg, err := Preset("tiny-moe", 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := New(cfg)
+	offs, off := map[*Param]int{}, 0
+	for _, p := range m.Params() {
+		offs[p] = off
+		off += p.Size()
+	}
+	H, I := cfg.HiddenSize, cfg.MoeIntermediateSize
+	l := &m.Layers[cfg.MoELayers()[0]]
+	gate0, down0, stride, err := ExpertLayout(offs, l, H, I)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gate0 != offs[l.Experts[0].Gate] || down0 != gate0+2*I*H || stride != 3*I*H {
+		t.Errorf("gate0 %d, down0 %d, stride %d; want %d, %d, %d", gate0, down0, stride, offs[l.Experts[0].Gate], gate0+2*I*H, 3*I*H)
+	}
+	offs[l.Experts[1].Up]++ // an up projection not right after its gate
+	if _, _, _, err := ExpertLayout(offs, l, H, I); err == nil {
+		t.Error("an up projection apart from its gate: no error")
+	}
+	if _, _, _, err := ExpertLayout(offs, &m.Layers[0], H, I); err == nil && len(m.Layers[0].Experts) == 0 {
+		t.Error("a layer without experts: no error")
+	}
+}

@@ -933,9 +933,7 @@ func Open(ordinal int, m *model.Model, opt rollout.Options) (*Backend, error) {
 }
 
 // expertLayout finds each MoE layer's experts in the arena as the grouped
-// products read them: an expert's gate and up projections adjacent (one
-// [2I, H] matrix), and the experts equally far apart. model.New lays them
-// out so; anything else is an error here, not a wrong product later.
+// products read them (model.ExpertLayout).
 func (b *Backend) expertLayout() ([]expertWeights, error) {
 	c := &b.cfg
 	H, I, E := c.HiddenSize, c.MoeIntermediateSize, c.NumExperts
@@ -945,20 +943,13 @@ func (b *Backend) expertLayout() ([]expertWeights, error) {
 		if l.Router == nil {
 			continue
 		}
-		stride := 3 * I * H
-		if E > 1 {
-			stride = b.offs[l.Experts[1].Gate] - b.offs[l.Experts[0].Gate]
+		gate0, down0, stride, err := model.ExpertLayout(b.offs, l, H, I)
+		if err != nil {
+			return nil, fmt.Errorf("rollout/cuda: layer %d: %w", li, err)
 		}
-		for e, ex := range l.Experts {
-			g := b.offs[ex.Gate]
-			if g != b.offs[l.Experts[0].Gate]+e*stride || b.offs[ex.Up] != g+I*H || b.offs[ex.Down] != b.offs[l.Experts[0].Down]+e*stride || stride < 2*I*H {
-				return nil, fmt.Errorf("rollout/cuda: layer %d: the experts' weights are not laid out as the grouped products read them", li)
-			}
-		}
-		span := (E-1)*stride + 2*I*H
 		out = append(out, expertWeights{
-			gateUp: b.w.Floats(b.offs[l.Experts[0].Gate], span),
-			down:   b.w.Floats(b.offs[l.Experts[0].Down], (E-1)*stride+H*I),
+			gateUp: b.w.Floats(gate0, (E-1)*stride+2*I*H),
+			down:   b.w.Floats(down0, (E-1)*stride+H*I),
 			stride: stride,
 		})
 	}

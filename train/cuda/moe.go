@@ -191,22 +191,16 @@ type expertWeights struct {
 }
 
 // expertSpans finds layer L's experts in b, the weights or the gradients
-// (the arena's layout). model.New lays them out as the grouped products
-// read them; anything else is an error here, not a wrong product later.
+// (the arena's layout), as the grouped products read them
+// (model.ExpertLayout).
 func (e *Engine) expertSpans(b Buffer, L *model.Layer) (expertWeights, error) {
 	c := &e.cfg
 	H, I, E := c.HiddenSize, c.MoeIntermediateSize, len(L.Experts)
-	g0, d0 := e.offs[L.Experts[0].Gate], e.offs[L.Experts[0].Down]
-	stride := 3 * I * H
-	if E > 1 {
-		stride = e.offs[L.Experts[1].Gate] - g0
+	gate0, down0, stride, err := model.ExpertLayout(e.offs, L, H, I)
+	if err != nil {
+		return expertWeights{}, fmt.Errorf("train/cuda: %w", err)
 	}
-	for x, ex := range L.Experts {
-		if g := e.offs[ex.Gate]; g != g0+x*stride || e.offs[ex.Up] != g+I*H || e.offs[ex.Down] != d0+x*stride || stride < 2*I*H {
-			return expertWeights{}, fmt.Errorf("train/cuda: the experts' weights are not laid out as the grouped products read them")
-		}
-	}
-	return expertWeights{gateUp: sub(b, g0, (E-1)*stride+2*I*H), down: sub(b, d0, (E-1)*stride+H*I), stride: stride}, nil
+	return expertWeights{gateUp: sub(b, gate0, (E-1)*stride+2*I*H), down: sub(b, down0, (E-1)*stride+H*I), stride: stride}, nil
 }
 
 // moeScratch is the MoE backward's scratch, allocated once per Backward
