@@ -122,12 +122,17 @@ func (c *Cache) Put(k BuildKey, img []byte) error {
 // Build returns the image of k, from the cache when it holds one, else
 // compiled by n and stored; hit says which. k.Compiler is set to n's
 // version, marked when n is the CUDA emulator's so that its images and a
-// GPU's never share an entry. A cache that cannot be written (a read-only
-// home) is not an error: the image is still returned.
+// GPU's never share an entry (nor the emulator's two builds: with
+// KEEL_CUDA_EMU_MMA=1 its kernels take their tensor-core paths). A cache
+// that cannot be written (a read-only home) is not an error: the image is
+// still returned.
 func (c *Cache) Build(n *NVRTC, k BuildKey) (img []byte, hit bool, err error) {
 	k.Compiler = n.Version()
 	if n.Emulated { // its images are shared objects for the CPU: never a GPU's
 		k.Compiler += " (keel CUDA emulator)"
+		if os.Getenv("KEEL_CUDA_EMU_MMA") == "1" {
+			k.Compiler += " mma"
+		}
 	}
 	if img, ok := c.Get(k); ok {
 		return img, true, nil

@@ -211,10 +211,15 @@ API int nvrtcCompileProgram(uintptr_t prog, int nopt, const char* const* opts) {
     }
   }
   const char* cxx = getenv("KEEL_CUDA_EMU_CXX");
-  int rc = run({cxx && *cxx ? cxx : "g++", "-std=c++17", "-O3", "-g", "-march=x86-64-v3", "-fPIC", "-shared", "-ffp-contract=off",
-                "-fno-fast-math", "-fvisibility=hidden", "-fno-strict-aliasing", "-Wno-unknown-pragmas",
-                "-x", "c++", src, "-o", obj},
-               &p->log);
+  // KEEL_CUDA_EMU_MMA=1: the kernels' tensor-core paths (prelude.cuh's
+  // KEEL_MMA_TILES), through mma16816's stand-in.
+  const char* mma = getenv("KEEL_CUDA_EMU_MMA");
+  std::vector<std::string> argv = {cxx && *cxx ? cxx : "g++", "-std=c++17", "-O3", "-g", "-march=x86-64-v3", "-fPIC",
+                                   "-shared", "-ffp-contract=off", "-fno-fast-math", "-fvisibility=hidden",
+                                   "-fno-strict-aliasing", "-Wno-unknown-pragmas"};
+  if (mma && std::string(mma) == "1") argv.push_back("-DKEEL_EMU_MMA");
+  for (const std::string& a : {std::string("-x"), std::string("c++"), src, std::string("-o"), obj}) argv.push_back(a);
+  int rc = run(argv, &p->log);
   if (rc == 0) {
     std::ifstream f(obj, std::ios::binary);
     std::stringstream ss;

@@ -18,5 +18,11 @@ g++ -std=c++17 -O1 -Wall -o "$cache/selftest" tools/cudaemu/selftest.cc -ldl
 "$cache/selftest" "$lib" 2> "$cache/selftest.log" || { cat "$cache/selftest.log"; exit 1; }
 export KEEL_CUDA_LIBS=$lib KEEL_CACHE_DIR=$cache KEEL_REQUIRE_CUDA=1
 go test -count=1 -timeout 30m "$@" ./kernels/cuda ./train/cuda ./rollout/cuda
+# The grouped products' tensor-core path (gemm.cu's mma16816 tiles), which
+# the emulator otherwise replaces by sums from shared memory: its
+# fragments' indexing, through mma16816's stand-in (own cache: other images).
+mkdir "$cache/mma"
+KEEL_CUDA_EMU_MMA=1 KEEL_CACHE_DIR=$cache/mma go test -count=1 -timeout 30m "$@" \
+  -run 'TestDeviceGemmGrouped|TestDeviceQuantGrouped' ./kernels/cuda
 # keel rl end to end with both engines on the (emulated) GPU.
 go test -count=1 -timeout 30m "$@" -run 'OnGPU' ./cmd/keel

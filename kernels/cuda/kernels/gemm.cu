@@ -327,10 +327,10 @@ __device__ __forceinline__ void gb_tile(float* __restrict__ C, i64 ldc, const bf
     __syncthreads();
     const u32* as = As[st];
     const u32* bs = Bs[st];
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 800
-    // Without the tensor cores (and on keel's CPU emulator, where the
-    // shuffles of mma16816's stand-in cost a context switch each): each
-    // lane's outputs summed from shared memory, k in order.
+#if !KEEL_MMA_TILES
+    // Without the tensor cores (and on keel's CPU emulator unless
+    // KEEL_CUDA_EMU_MMA=1): each lane's outputs summed from shared memory,
+    // k in order.
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll

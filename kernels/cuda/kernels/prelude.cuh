@@ -47,6 +47,19 @@ __device__ __forceinline__ bf16_t f32_to_bf16(float f) {
   return (bf16_t)(u >> 16);
 }
 
+// KEEL_MMA_TILES is 1 where a kernel's tiles are summed through
+// mma16816 (sm_80 and later, the tensor cores) and 0 where a kernel may
+// sum them another way (gemm.cu's grouped tiles from shared memory: older
+// GPUs, and keel's CPU emulator, where mma16816's stand-in costs a context
+// switch per shuffle). The emulator's KEEL_CUDA_EMU_MMA=1 defines
+// KEEL_EMU_MMA, so its tests run the tensor-core paths' indexing through
+// the stand-in too.
+#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800) || defined(KEEL_EMU_MMA)
+#define KEEL_MMA_TILES 1
+#else
+#define KEEL_MMA_TILES 0
+#endif
+
 // The tensor cores' bf16 product and the asynchronous tile copies, shared
 // by flash.cu's attention and gemm.cu's grouped expert products.
 
