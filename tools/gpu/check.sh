@@ -28,6 +28,16 @@
 #          attention a warp per query head (KEEL_DECODE_ATTN=head) against
 #          the grouped default,
 #          and transformers' generate beside them (about 3 minutes)
+#   ncu    Nsight Compute on one launch of each hot kernel configuration
+#          (flash.cu narrow and wide, the LM head's row kernels, AdamW, the
+#          grouped expert products and MoE grouping, the decoding step's
+#          attention): speed of light, pipes, shared memory, warp stalls,
+#          occupancy; the figures the next speed work needs (about 2 minutes)
+#   sanitize  compute-sanitizer's memcheck, racecheck and synccheck on the
+#          tests of the kernels with shared-memory tiles and pipelines
+#          (flash.cu, gemm.cu, moe.cu, attn.cu): the races between threads
+#          and the out-of-bounds accesses keel's CPU emulator cannot show
+#          (about 3 minutes)
 #   fit    bf16 training of the Qwen3-1.7B shape at 4 x 4096 tokens with
 #          recomputation (issue 24: it fits one 80 GB card)
 #   learn  the README's quickstart (350 steps, seed 1) with both engines on
@@ -36,7 +46,7 @@
 #   rl     one RL step with both engines on the GPU, Qwen3-0.6B shape,
 #          32 prompts x 8 samples of up to 1024 tokens (bf16 training,
 #          bf16 rollout): where the step's time goes (issue 25's table)
-# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [gemm] [decode] [fit] [learn] [rl]
+# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [gemm] [decode] [ncu] [sanitize] [fit] [learn] [rl]
 #        (none: tests e2e hf speed)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -252,6 +262,72 @@ if [[ " $sections " == *" profile "* ]]; then
     --no-rl --decode-precisions bf16 --decode-slots 256 > "$out/profile-decode-moe.txt" 2>&1
   grep -B2 -A25 'KEEL_CUDA_PROFILE' "$out/profile-decode-moe.txt" | tail -28 | sed 's/^/    /'
 fi
+# nvtool NAME: the path of an Nsight Compute or compute-sanitizer binary
+# (on the PATH, or in a CUDA toolkit's or Nsight's own folders), or nothing.
+nvtool() {
+  command -v "$1" 2>/dev/null && return
+  ls -d /usr/local/cuda/bin/"$1" /usr/local/cuda*/bin/"$1" /opt/nvidia/nsight-compute/*/"$1" \
+    /usr/local/cuda*/compute-sanitizer/"$1" 2>/dev/null | sort -V | tail -1
+}
+
+if [[ " $sections " == *" ncu "* ]]; then
+  echo "== Nsight Compute: one launch of each hot kernel configuration (speed of light, pipes, shared memory, warp stalls)"
+  ncu=$(nvtool ncu)
+  if [ -z "$ncu" ]; then
+    echo "  no ncu found"
+  else
+    "$ncu" --version | tail -1 | sed 's/^/  /'
+    # --filter-mode per-launch-config with -c 1: each kernel's first launch
+    # with a given grid, block and shared memory, once; at boost clocks
+    # (--clock-control none) as the timed runs.
+    nargs="--clock-control none --target-processes all --filter-mode per-launch-config -c 1 --section SpeedOfLight
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables
+      --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats"
+    train="--device cuda --train-precision bf16 --vocab 151936 --time 1ms --no-decode --no-rl"
+    # name preset layers seqs len KEEL_FLASH_FWD kernels
+    for spec in "dense qwen3-0.6b 2 4 2048 narrow ^(flash_fwd|flash_bwd|logsoftmax_stats_rows|head_grad_bf16|adamw|rmsnorm|swiglu)" \
+      "wide qwen3-0.6b 2 4 2048 wide ^flash_fwd_wide" \
+      "moe qwen3-30b-a3b 1 2 2048 narrow ^(gemm_bf16_grouped|moe_|gather_bf16|adamw)"; do
+      set -- $spec
+      KEEL_FLASH_FWD=$6 timeout 150 "$ncu" $nargs -k "regex:$7" $bin/keel bench $train --presets $2 --layers $3 --seqs $4 --len $5 \
+        > "$out/ncu-$1.txt" 2> "$out/ncu-$1.err"
+      echo "  $1 ($2, $3 layers, $4 x $5, flash forward $6): exit $?, $(grep -c 'Section: GPU Speed Of Light' "$out/ncu-$1.txt") kernels profiled"
+      # Per kernel: duration, compute and memory throughput, and the pipes'
+      # and shared memory's figures, one line each.
+      awk '/^  [a-z_0-9]+(<.*>)? \(/ {k=$1} /Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per Thread|Issue Slots Busy|No Eligible/ {printf "%s %s\n", k, $0}' \
+        "$out/ncu-$1.txt" | sed 's/  */ /g; s/^/    /' | head -120
+    done
+    echo "  decoding step (bf16, 256 sequences, in its graph): attention and the fused row kernels"
+    timeout 120 "$ncu" $nargs -k "regex:^(attn_decode|norm_rope_kv|rmsnorm_fwd_bf16|swiglu_fwd_bf16|draw_rows|logsoftmax)" \
+      $bin/keel bench --device cuda --presets qwen3-0.6b --layers 2 --vocab 151936 --seqs 1 --len 64 --time 1ms --no-rl \
+      --decode-precisions bf16 --decode-slots 256 > "$out/ncu-decode.txt" 2> "$out/ncu-decode.err"
+    echo "  exit $?, $(grep -c 'Section: GPU Speed Of Light' "$out/ncu-decode.txt") kernels profiled"
+    awk '/^  [a-z_0-9]+(<.*>)? \(/ {k=$1} /Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy/ {printf "%s %s\n", k, $0}' \
+      "$out/ncu-decode.txt" | sed 's/  */ /g; s/^/    /' | head -60
+  fi
+fi
+
+if [[ " $sections " == *" sanitize "* ]]; then
+  echo "== compute-sanitizer on the tiled kernels' tests (memcheck, racecheck, synccheck)"
+  cs=$(nvtool compute-sanitizer)
+  if [ -z "$cs" ]; then
+    echo "  no compute-sanitizer found"
+  else
+    # racecheck (shared memory hazards, the slowest) on the tiled and
+    # pipelined kernels; memcheck and synccheck on every kernel test.
+    tiled='TestDeviceFlashAttention|TestDeviceGemmGrouped|TestDeviceMoEGroup|TestDeviceAttention|TestDeviceGemm$|TestDeviceQuantGrouped|TestDeviceHead'
+    for spec in "memcheck TestDevice" "racecheck $tiled" "synccheck TestDevice"; do
+      set -- $spec
+      tool=$1
+      timeout 150 "$cs" --tool $tool --error-exitcode 3 --print-limit 20 $bin/cuda.test -test.v -test.run "$2" > "$out/sanitize-$tool.log" 2>&1
+      rc=$?
+      echo "  $tool: exit $rc ($(grep -c '^--- PASS' "$out/sanitize-$tool.log") tests passed, $(grep -c '^--- FAIL' "$out/sanitize-$tool.log") failed); $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$tool.log" | tail -1)"
+      grep -E '^========= (Invalid|Race|Barrier|Error|  +at )' "$out/sanitize-$tool.log" | head -12 | sed 's/^/    /'
+      [ $rc -eq 0 ] || status=1
+    done
+  fi
+fi
+
 if [[ " $sections " == *" fit "* ]]; then
   echo "== full-parameter bf16 training of the Qwen3-1.7B shape at 4 x 4096 tokens with recomputation (train/memplan: 37.5 GiB)"
   timeout 200 $bin/keel bench --device cuda --train-precision bf16 --recompute --presets qwen3-1.7b --vocab 151936 --seqs 4 --len 4096 \
