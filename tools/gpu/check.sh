@@ -280,9 +280,32 @@ if [[ " $sections " == *" ncu "* ]]; then
     # --filter-mode per-launch-config with -c 1: each kernel's first launch
     # with a given grid, block and shared memory, once; at boost clocks
     # (--clock-control none) as the timed runs.
-    nargs="--clock-control none --target-processes all --filter-mode per-launch-config -c 1 --section SpeedOfLight
-      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables
-      --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats"
+    # The sections this ncu has, of those wanted (an unknown one stops it).
+    nargs="--clock-control none --target-processes all --filter-mode per-launch-config -c 1"
+    "$ncu" --list-sections > "$out/ncu-sections.txt" 2>&1
+    for sec in SpeedOfLight ComputeWorkloadAnalysis MemoryWorkloadAnalysis MemoryWorkloadAnalysis_Tables \
+      WarpStateStats Occupancy LaunchStats SchedulerStats InstructionStats; do
+      grep -q "^$sec " "$out/ncu-sections.txt" && nargs="$nargs --section $sec"
+    done
+    # And a few raw metrics (those this ncu knows for the card's chip): the
+    # tensor pipe's share, shared memory's wavefronts and bank conflicts,
+    # and why warps stall.
+    chip=gh100  # the H100 and the H200 alike
+    "$ncu" --query-metrics --chip $chip > "$out/ncu-metrics.txt" 2>&1
+    metrics=
+    for m in sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+      l1tex__data_pipe_lsu_wavefronts_mem_shared.sum l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum \
+      smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio \
+      smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio \
+      smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio \
+      smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio \
+      smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio \
+      smsp__average_warps_issue_stalled_wait_per_issue_active.ratio \
+      smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio; do
+      grep -q "^${m%%.*} " "$out/ncu-metrics.txt" && metrics="$metrics${metrics:+,}$m"
+    done
+    [ -n "$metrics" ] && nargs="$nargs --metrics $metrics"
+    echo "  $nargs"
     train="--device cuda --train-precision bf16 --vocab 151936 --time 1ms --no-decode --no-rl"
     # name preset layers seqs len KEEL_FLASH_FWD kernels
     for spec in "dense qwen3-0.6b 2 4 2048 narrow ^(flash_fwd|flash_bwd|logsoftmax_stats_rows|head_grad_bf16|adamw|rmsnorm|swiglu)" \
@@ -294,8 +317,8 @@ if [[ " $sections " == *" ncu "* ]]; then
       echo "  $1 ($2, $3 layers, $4 x $5, flash forward $6): exit $?, $(grep -c 'Section: GPU Speed Of Light' "$out/ncu-$1.txt") kernels profiled"
       # Per kernel: duration, compute and memory throughput, and the pipes'
       # and shared memory's figures, one line each.
-      awk '/^  [a-z_0-9]+(<.*>)? \(/ {k=$1} /Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per Thread|Issue Slots Busy|No Eligible/ {printf "%s %s\n", k, $0}' \
-        "$out/ncu-$1.txt" | sed 's/  */ /g; s/^/    /' | head -120
+      awk '/^  [a-z_0-9]+(<.*>)? \(/ {k=$1} /Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per Thread|Issue Slots Busy|No Eligible|hmma|bank_conflicts|stalled/ {printf "%s %s\n", k, $0}' \
+        "$out/ncu-$1.txt" | sed 's/  */ /g; s/^/    /' | head -200
     done
     echo "  decoding step (bf16, 256 sequences, in its graph): attention and the fused row kernels"
     timeout 120 "$ncu" $nargs -k "regex:^(attn_decode|norm_rope_kv|rmsnorm_fwd_bf16|swiglu_fwd_bf16|draw_rows|logsoftmax)" \
