@@ -112,7 +112,7 @@ type Blas struct {
 	h   uintptr
 	ws  Buffer
 
-	mu    sync.Mutex
+	mu    sync.Mutex // held from finding a plan until its product is issued
 	plans map[gemmKey]*gemmPlan
 }
 
@@ -216,23 +216,29 @@ func (b *Blas) gemmBF16(stream uintptr, ws Buffer, transA, transB bool, m, n, k 
 		}
 		in, acc = add, true
 	}
-	p, err := b.plan(gemmKey{transA, transB, m, n, k, lda, ldb, ldc, alignment(A.Ptr), alignment(B.Ptr), alignment(C.Ptr), alignment(in.Ptr)})
-	if err != nil {
-		return err
-	}
+	key := gemmKey{transA, transB, m, n, k, lda, ldb, ldc, alignment(A.Ptr), alignment(B.Ptr), alignment(C.Ptr), alignment(in.Ptr)}
 	alpha, beta := new(float32), new(float32)
 	*alpha = 1
 	if acc {
 		*beta = 1
 	}
+	// The plan is found and used under b.mu: another goroutine's product
+	// (the trainer's beside an async rollout's) may otherwise evict and
+	// destroy it in between (closePlans).
 	matmul := func() error {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		p, err := b.planLocked(key)
+		if err != nil {
+			return err
+		}
 		return b.check(b.lt.matmul(b.h, p.desc, unsafe.Pointer(alpha), A.Ptr, p.a, B.Ptr, p.b, unsafe.Pointer(beta),
 			in.Ptr, p.c, C.Ptr, p.c, unsafe.Pointer(&p.algo[0]), ws.Ptr, uintptr(ws.Size), stream),
 			fmt.Sprintf("cublasLtMatmul(%d×%d×%d)", m, n, k))
 	}
-	err = b.dev.do(func() error {
+	err := b.dev.do(func() error {
 		if b.dev.prof != nil && stream == 0 {
-			return b.dev.prof.time(b.dev.drv, fmt.Sprintf("cublasLt bf16 %d×%d×%d %s%s align %d/%d/%d", m, n, k,
+			return b.dev.prof.time(b.dev, fmt.Sprintf("cublasLt bf16 %d×%d×%d %s%s align %d/%d/%d", m, n, k,
 				opName(transA), opName(transB), alignment(A.Ptr), alignment(B.Ptr), alignment(C.Ptr)), matmul)
 		}
 		return matmul()
@@ -250,10 +256,9 @@ func opName(t bool) string {
 	return "N"
 }
 
-// plan returns (making once) the descriptors and algorithm of a shape.
-func (b *Blas) plan(key gemmKey) (*gemmPlan, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+// planLocked returns (making once) the descriptors and algorithm of a
+// shape; b.mu is held.
+func (b *Blas) planLocked(key gemmKey) (*gemmPlan, error) {
 	if p, ok := b.plans[key]; ok {
 		return p, nil
 	}

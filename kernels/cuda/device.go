@@ -40,6 +40,14 @@ type Device struct {
 	blas    *Blas
 	closed  atomic.Bool
 	prof    *profile // KEEL_CUDA_PROFILE=1
+
+	// recording is held by Ops.Capture while a stream records a graph
+	// (exclusively) and around every synchronisation of the context
+	// (shared): the driver refuses a cuCtxSynchronize while any stream of
+	// the context records, whichever thread asks, and the recording is
+	// lost. So one goroutine's Sync or Free (the trainer's) waits for
+	// another's recording (an async rollout's decoding step) to end.
+	recording sync.RWMutex
 }
 
 // Device attributes (CUdevice_attribute).
@@ -130,8 +138,7 @@ func (d *Device) Close() error {
 	if d.closed.Load() {
 		return nil
 	}
-	err := d.do(func() error {
-		err := d.drv.check(d.drv.ctxSynchronize(), "cuCtxSynchronize")
+	err := d.doSynced(func(err error) error {
 		if d.blas != nil {
 			d.blas.close()
 			d.drv.memFree(d.blas.ws.Ptr)
@@ -159,7 +166,16 @@ func (d *Device) Close() error {
 // Sync waits for all work issued on the device and returns the first
 // error a kernel raised (an illegal address, say).
 func (d *Device) Sync() error {
-	return d.do(func() error { return d.drv.check(d.drv.ctxSynchronize(), "cuCtxSynchronize") })
+	return d.doSynced(func(err error) error { return err })
+}
+
+// doSynced synchronises the context, then runs f with the
+// synchronisation's error, the context current, and no graph being
+// recorded on it (see Device.recording).
+func (d *Device) doSynced(f func(syncErr error) error) error {
+	d.recording.RLock()
+	defer d.recording.RUnlock()
+	return d.do(func() error { return f(d.drv.check(d.drv.ctxSynchronize(), "cuCtxSynchronize")) })
 }
 
 // MemInfo returns the device's free and total memory in bytes.
@@ -192,8 +208,8 @@ func (d *Device) Free(b Buffer) error {
 	if b.Ptr == 0 {
 		return nil
 	}
-	return d.do(func() error {
-		if err := d.drv.check(d.drv.ctxSynchronize(), "cuCtxSynchronize"); err != nil {
+	return d.doSynced(func(err error) error {
+		if err != nil {
 			return err
 		}
 		return d.drv.check(d.drv.memFree(b.Ptr), "cuMemFree")
@@ -393,7 +409,7 @@ func (f *Function) launchOn(stream uintptr, grid, block Dim3, shared int, args .
 	}
 	err = f.dev.do(func() error {
 		if f.dev.prof != nil && stream == 0 {
-			return f.dev.prof.time(f.dev.drv, f.Name, launch)
+			return f.dev.prof.time(f.dev, f.Name, launch)
 		}
 		return launch()
 	})

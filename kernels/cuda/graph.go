@@ -88,8 +88,7 @@ func (o *Ops) CloseGraphs() {
 		return
 	}
 	d := o.Dev.drv
-	o.Dev.do(func() error {
-		d.ctxSynchronize()
+	o.Dev.doSynced(func(error) error {
 		d.eventDestroy(g.before)
 		d.eventDestroy(g.after)
 		d.streamDestroy(g.stream)
@@ -102,14 +101,21 @@ func (o *Ops) CloseGraphs() {
 // Capture records the kernels and cuBLASLt products that f launches
 // through o (and its BF16Linear and QuantLinear) into a graph, without
 // running them. f must do nothing else on the device: no copy, no
-// allocation, no synchronisation (the driver refuses those during a
-// recording, and the emulator says which call it was); launches through
-// other Ops run as usual. ErrNoGraphs where graphs are unavailable.
+// allocation, no synchronisation, no Free (the driver refuses those during
+// a recording, and the emulator says which call it was; a Sync or Free
+// would wait for the recording to end); launches through other Ops run as
+// usual. Other goroutines' Sync and Free wait until the recording ends.
+// ErrNoGraphs where graphs are unavailable.
 func (o *Ops) Capture(f func() error) (*Graph, error) {
 	if err := o.PrepareGraphs(); err != nil {
 		return nil, err
 	}
 	d, s := o.Dev.drv, o.graph.stream
+	// No goroutine synchronises the context while this one records (see
+	// Device.recording); f must not either, nor free memory: it would wait
+	// for itself.
+	o.Dev.recording.Lock()
+	defer o.Dev.recording.Unlock()
 	if err := o.Dev.do(func() error {
 		return d.check(d.beginCapture(s, captureModeRelaxed), "cuStreamBeginCapture")
 	}); err != nil {

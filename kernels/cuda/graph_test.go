@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/keel-rl/keel/kernels"
 	"github.com/keel-rl/keel/model"
@@ -255,5 +257,91 @@ func TestDeviceFusedBF16(t *testing.T) {
 	}
 	if err := ops.LinearMany(xin, rows, in, in, Product{Y: fused, W: arena, Out: out, LdY: out, Add: bufOf(g, add)}); err == nil {
 		t.Error("the float32 products took an addend they do not add")
+	}
+}
+
+// TestDeviceCaptureBesideSync: one goroutine records a graph while others
+// synchronise the device and free a buffer (an async rollout beside the
+// trainer, on one GPU). The driver refuses a context synchronisation
+// during any stream's recording and loses the recording (so does the
+// emulator), so Sync and Free must wait until the recording ends: then
+// the recording succeeds, and its replay computes y = 0 + x + z.
+func TestDeviceCaptureBesideSync(t *testing.T) {
+	g := newGPU(t)
+	ops := NewOps(g.d)
+	if !ops.GraphsAvailable() {
+		t.Skip("graphs unavailable (a profiled run or an old driver)")
+	}
+	defer ops.CloseGraphs()
+	const n = 300
+	r := rand.New(rand.NewPCG(8, 1))
+	xs, zs := randF32(r, n, 1), randF32(r, n, 1)
+	x, z := bufOf(g, xs), bufOf(g, zs)
+	y := g.poisoned(n)
+	spare, err := g.d.Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ops.Add(y, z, n); err != nil { // the module loaded before the recording
+		t.Fatal(err)
+	}
+	recording, release := make(chan struct{}), make(chan struct{})
+	type result struct {
+		gr  *Graph
+		err error
+	}
+	captured := make(chan result, 1)
+	go func() {
+		gr, err := ops.Capture(func() error {
+			close(recording)
+			if err := ops.Add(y, x, n); err != nil {
+				return err
+			}
+			err := ops.Add(y, z, n)
+			<-release // the other goroutines' calls come now
+			return err
+		})
+		captured <- result{gr, err}
+	}()
+	<-recording
+	var ended atomic.Bool // set once the recording has ended
+	synced, freed := make(chan error, 1), make(chan error, 1)
+	go func() {
+		err := g.d.Sync()
+		if !ended.Load() {
+			err = fmt.Errorf("Sync returned during the recording (%v)", err)
+		}
+		synced <- err
+	}()
+	go func() {
+		err := g.d.Free(spare)
+		if !ended.Load() {
+			err = fmt.Errorf("Free returned during the recording (%v)", err)
+		}
+		freed <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // time for a Sync or Free that does not wait to come through
+	ended.Store(true)
+	close(release)
+	res := <-captured
+	if res.err != nil {
+		t.Fatalf("recording beside a Sync and a Free: %v", res.err)
+	}
+	defer res.gr.Close()
+	for what, c := range map[string]chan error{"Sync": synced, "Free": freed} {
+		if err := <-c; err != nil {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+	if err := Upload(g.d, y, make([]float32, n)); err != nil {
+		t.Fatal(err)
+	}
+	if err := res.gr.Launch(); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range g.f32(y, n) {
+		if want := xs[i] + zs[i]; v != want {
+			t.Fatalf("replay: y[%d] = %g, want %g", i, v, want)
+		}
 	}
 }

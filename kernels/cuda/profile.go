@@ -37,7 +37,10 @@ func newProfile() *profile {
 // time runs f (which issues work on the device) between two
 // synchronisations and adds its wall time to name's row. Called with the
 // context current.
-func (p *profile) time(d *driver, name string, f func() error) error {
+func (p *profile) time(dev *Device, name string, f func() error) error {
+	dev.recording.RLock() // no synchronisation while a graph records
+	defer dev.recording.RUnlock()
+	d := dev.drv
 	if err := d.check(d.ctxSynchronize(), "cuCtxSynchronize"); err != nil {
 		return err
 	}

@@ -43,6 +43,7 @@ enum {
   LAUNCH_FAILED = 719,
   NOT_SUPPORTED = 801,
   STREAM_CAPTURE_UNSUPPORTED = 900,
+  STREAM_CAPTURE_INVALIDATED = 901,
 };
 
 namespace {
@@ -171,6 +172,7 @@ struct Graph {
 // products on it are recorded instead.
 struct Stream {
   Graph* capture = nullptr;
+  bool invalidated = false;  // its recording met a cuCtxSynchronize
 };
 std::mutex stream_mu;
 std::set<Stream*> streams;
@@ -280,7 +282,20 @@ API CUresult cuDevicePrimaryCtxRelease_v2(int dev) {
   return dev == 0 ? OK : INVALID_VALUE;
 }
 API CUresult cuCtxSetCurrent(uintptr_t ctx) { return ctx == 1 ? OK : INVALID_HANDLE; }
-API CUresult cuCtxSynchronize() { return OK; }
+// cuCtxSynchronize refuses, as the driver does, while any stream of the
+// context records a graph, whichever thread asks, and that recording is
+// lost (cuStreamEndCapture then fails).
+API CUresult cuCtxSynchronize() {
+  std::lock_guard<std::mutex> l(stream_mu);
+  bool recording = false;
+  for (Stream* st : streams)
+    if (st->capture) recording = st->invalidated = true;
+  if (recording) {
+    complain("cuCtxSynchronize", "while a stream records a graph: the recording is invalidated");
+    return STREAM_CAPTURE_UNSUPPORTED;
+  }
+  return OK;
+}
 
 API CUresult cuMemAlloc_v2(uint64_t* ptr, size_t bytes) {
   if (!inited) return NOT_INITIALIZED;
@@ -544,6 +559,12 @@ API CUresult cuStreamEndCapture(uintptr_t s, uintptr_t* g) {
   if (!st->capture) return STREAM_CAPTURE_UNSUPPORTED;
   *g = (uintptr_t)st->capture;
   st->capture = nullptr;
+  if (st->invalidated) {
+    st->invalidated = false;
+    delete (Graph*)*g;
+    *g = 0;
+    return STREAM_CAPTURE_INVALIDATED;
+  }
   return OK;
 }
 API CUresult cuGraphInstantiateWithFlags(uintptr_t* exec, uintptr_t g, unsigned long long flags) {
@@ -624,6 +645,8 @@ static const char* names(int r, bool name) {
     case NOT_SUPPORTED: return name ? "CUDA_ERROR_NOT_SUPPORTED" : "operation not supported by the emulator";
     case STREAM_CAPTURE_UNSUPPORTED:
       return name ? "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED" : "operation not permitted when stream is capturing";
+    case STREAM_CAPTURE_INVALIDATED:
+      return name ? "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED" : "operation failed due to a previous error during capture";
   }
   return nullptr;
 }
