@@ -40,15 +40,17 @@ type Device struct {
 	blas    *Blas
 	closed  atomic.Bool
 	prof    *profile // KEEL_CUDA_PROFILE=1
-
-	// recording is held by Ops.Capture while a stream records a graph
-	// (exclusively) and around every synchronisation of the context
-	// (shared): the driver refuses a cuCtxSynchronize while any stream of
-	// the context records, whichever thread asks, and the recording is
-	// lost. So one goroutine's Sync or Free (the trainer's) waits for
-	// another's recording (an async rollout's decoding step) to end.
-	recording sync.RWMutex
 }
+
+// recording is held by Ops.Capture while a stream records a graph
+// (exclusively) and around every synchronisation of a context (shared):
+// the driver refuses a cuCtxSynchronize while any stream of the context
+// records, whichever thread asks, and the recording is lost. So one
+// goroutine's Sync or Free (the trainer's) waits for another's recording
+// (an async rollout's decoding step) to end. The process's, not a
+// Device's: the trainer and the rollout open Devices of their own on one
+// GPU's primary context.
+var recording sync.RWMutex
 
 // Device attributes (CUdevice_attribute).
 const (
@@ -171,10 +173,10 @@ func (d *Device) Sync() error {
 
 // doSynced synchronises the context, then runs f with the
 // synchronisation's error, the context current, and no graph being
-// recorded on it (see Device.recording).
+// recorded (see recording).
 func (d *Device) doSynced(f func(syncErr error) error) error {
-	d.recording.RLock()
-	defer d.recording.RUnlock()
+	recording.RLock()
+	defer recording.RUnlock()
 	return d.do(func() error { return f(d.drv.check(d.drv.ctxSynchronize(), "cuCtxSynchronize")) })
 }
 

@@ -111,11 +111,11 @@ func (o *Ops) Capture(f func() error) (*Graph, error) {
 		return nil, err
 	}
 	d, s := o.Dev.drv, o.graph.stream
-	// No goroutine synchronises the context while this one records (see
-	// Device.recording); f must not either, nor free memory: it would wait
-	// for itself.
-	o.Dev.recording.Lock()
-	defer o.Dev.recording.Unlock()
+	// No goroutine synchronises a context while this one records (see
+	// recording); f must not either, nor free memory: it would wait for
+	// itself.
+	recording.Lock()
+	defer recording.Unlock()
 	if err := o.Dev.do(func() error {
 		return d.check(d.beginCapture(s, captureModeRelaxed), "cuStreamBeginCapture")
 	}); err != nil {

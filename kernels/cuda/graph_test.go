@@ -261,11 +261,12 @@ func TestDeviceFusedBF16(t *testing.T) {
 }
 
 // TestDeviceCaptureBesideSync: one goroutine records a graph while others
-// synchronise the device and free a buffer (an async rollout beside the
-// trainer, on one GPU). The driver refuses a context synchronisation
-// during any stream's recording and loses the recording (so does the
-// emulator), so Sync and Free must wait until the recording ends: then
-// the recording succeeds, and its replay computes y = 0 + x + z.
+// synchronise the GPU and free a buffer (an async rollout beside the
+// trainer, on one GPU: each opens a Device of its own on the primary
+// context). The driver refuses a context synchronisation during any
+// stream's recording and loses the recording (so does the emulator), so
+// Sync and Free must wait until the recording ends: then the recording
+// succeeds, and its replay computes y = 0 + x + z.
 func TestDeviceCaptureBesideSync(t *testing.T) {
 	g := newGPU(t)
 	ops := NewOps(g.d)
@@ -282,6 +283,11 @@ func TestDeviceCaptureBesideSync(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	trainer, err := Open(g.d.Ordinal) // the other engine's Device
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer trainer.Close()
 	if err := ops.Add(y, z, n); err != nil { // the module loaded before the recording
 		t.Fatal(err)
 	}
@@ -307,7 +313,7 @@ func TestDeviceCaptureBesideSync(t *testing.T) {
 	var ended atomic.Bool // set once the recording has ended
 	synced, freed := make(chan error, 1), make(chan error, 1)
 	go func() {
-		err := g.d.Sync()
+		err := trainer.Sync()
 		if !ended.Load() {
 			err = fmt.Errorf("Sync returned during the recording (%v)", err)
 		}

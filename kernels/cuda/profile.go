@@ -38,8 +38,8 @@ func newProfile() *profile {
 // synchronisations and adds its wall time to name's row. Called with the
 // context current.
 func (p *profile) time(dev *Device, name string, f func() error) error {
-	dev.recording.RLock() // no synchronisation while a graph records
-	defer dev.recording.RUnlock()
+	recording.RLock() // no synchronisation while a graph records
+	defer recording.RUnlock()
 	d := dev.drv
 	if err := d.check(d.ctxSynchronize(), "cuCtxSynchronize"); err != nil {
 		return err
