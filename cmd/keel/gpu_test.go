@@ -28,7 +28,9 @@ func gpuRL(name string, steps int, precision string) []string {
 // the routing disagreement all 0), so MiniRL with and without IS are one
 // run, bit for bit; a run stopped after two steps and resumed to three
 // ends with the same weights, samples and metrics, bit for bit, as one run
-// of three; and a GPU run resumes on the CPU.
+// of three; an asynchronous run (the rollout one version behind, beside the
+// trainer on the same GPU) is deterministic; and a GPU run resumes on the
+// CPU.
 func TestRLOnGPU(t *testing.T) {
 	cudatest.Device(t) // skips without a GPU
 	wd, _ := os.Getwd()
@@ -49,6 +51,24 @@ func TestRLOnGPU(t *testing.T) {
 			if v, ok := r[k].(float64); !ok || v != 0 {
 				t.Errorf("step %v: %s = %v, want exactly 0 (exact rollout against the GPU trainer)", r["step"], k, r[k])
 			}
+		}
+	}
+
+	// Asynchronous (rollout.staleness 1): the rollout's worker decodes on
+	// the same GPU while the trainer trains (a graph recorded while the
+	// trainer synchronises: kernels/cuda's TestDeviceCaptureBesideSync);
+	// the run is deterministic all the same, and its batches lag one
+	// version from the second step on.
+	for _, name := range []string{"async1", "async2"} {
+		if err := runRL(append(gpuRL(name, 3, "exact"), "--set", "rollout.staleness=1")); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	sameRun(t, "an asynchronous run again", "runs/async1", "runs/async2")
+	arecs, _ := readMetrics(t, "runs/async1")
+	for s, r := range arecs {
+		if want := float64(min(1, s)); r["rollout/lag_max"] != want {
+			t.Errorf("asynchronous run, step %d: rollout/lag_max = %v, want %v", s+1, r["rollout/lag_max"], want)
 		}
 	}
 
