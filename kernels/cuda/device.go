@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 )
 
@@ -200,7 +201,11 @@ func (d *Device) Alloc(n int64) (Buffer, error) {
 		return Buffer{}, fmt.Errorf("cuda: Alloc(%d bytes): size must be positive", n)
 	}
 	var p uint64
+	t0 := time.Now()
 	err := d.do(func() error { return d.drv.check(d.drv.memAlloc(&p, uint64(n)), "cuMemAlloc(%s)", gib(uint64(n))) })
+	if d.prof != nil { // the profile's table shows what allocations cost the host
+		d.prof.add("cuMemAlloc (host time)", time.Since(t0))
+	}
 	return Buffer{Ptr: p, Size: n}, err
 }
 
@@ -210,12 +215,17 @@ func (d *Device) Free(b Buffer) error {
 	if b.Ptr == 0 {
 		return nil
 	}
-	return d.doSynced(func(err error) error {
+	t0 := time.Now()
+	err := d.doSynced(func(err error) error {
 		if err != nil {
 			return err
 		}
 		return d.drv.check(d.drv.memFree(b.Ptr), "cuMemFree")
 	})
+	if d.prof != nil {
+		d.prof.add("cuMemFree with its device sync (host time)", time.Since(t0))
+	}
+	return err
 }
 
 // Zero sets b's bytes to 0.

@@ -403,22 +403,23 @@ func checkFlash(heads, kv, hd int) error {
 // rows rounded up to 128 (the wide forward's query block). A forward needs q, k and vᵀ; a backward q, k, v,
 // kᵀ, qᵀ, dO and dOᵀ. One scratch serves every layer of a pass.
 type FlashScratch struct {
-	dev                              *Device
+	mem                              Memory
 	rows, pad, heads, kv, hd         int
 	q, k, v, kt, vt, qt, dout, doutT Buffer
 	bufs                             []Buffer
 }
 
-// NewFlashScratch allocates the copies a forward (backward false) or a
-// backward over rows tokens needs.
-func NewFlashScratch(d *Device, rows, heads, kv, hd int, backward bool) (*FlashScratch, error) {
+// NewFlashScratch allocates from mem the copies a forward (backward false)
+// or a backward over rows tokens needs.
+func NewFlashScratch(mem Memory, rows, heads, kv, hd int, backward bool) (*FlashScratch, error) {
+	d := mem.Device()
 	if err := checkFlash(heads, kv, hd); err != nil {
 		return nil, err
 	}
 	if rows < 1 {
 		return nil, fmt.Errorf("cuda: flash attention's copies for %d rows", rows)
 	}
-	s := &FlashScratch{dev: d, rows: rows, pad: (rows + 127) / 128 * 128, heads: heads, kv: kv, hd: hd}
+	s := &FlashScratch{mem: mem, rows: rows, pad: (rows + 127) / 128 * 128, heads: heads, kv: kv, hd: hd}
 	qd, kvd := int64(s.pad*heads*hd)*2, int64(s.pad*kv*hd)*2
 	type copyBuf struct {
 		b     *Buffer
@@ -431,7 +432,7 @@ func NewFlashScratch(d *Device, rows, heads, kv, hd int, backward bool) (*FlashS
 			{&s.qt, qd, false}, {&s.dout, qd, true}, {&s.doutT, qd, false}}
 	}
 	for _, w := range want {
-		b, err := d.Alloc(w.bytes)
+		b, err := mem.Alloc(w.bytes)
 		if err != nil {
 			s.Free()
 			return nil, outOfMemory(d, "flash attention's bf16 copies", w.bytes, err)
@@ -451,7 +452,7 @@ func NewFlashScratch(d *Device, rows, heads, kv, hd int, backward bool) (*FlashS
 // Free releases the copies.
 func (s *FlashScratch) Free() {
 	for _, b := range s.bufs {
-		s.dev.Free(b)
+		s.mem.Free(b)
 	}
 	s.bufs = nil
 }

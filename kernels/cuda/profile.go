@@ -49,7 +49,12 @@ func (p *profile) time(dev *Device, name string, f func() error) error {
 	if e := d.check(d.ctxSynchronize(), "cuCtxSynchronize"); err == nil {
 		err = e
 	}
-	dt := time.Since(t0)
+	p.add(name, time.Since(t0))
+	return err
+}
+
+// add counts one call of name that took dt.
+func (p *profile) add(name string, dt time.Duration) {
 	p.mu.Lock()
 	r := p.rows[name]
 	if r == nil {
@@ -59,7 +64,6 @@ func (p *profile) time(dev *Device, name string, f func() error) error {
 	r.calls++
 	r.total += dt
 	p.mu.Unlock()
-	return err
 }
 
 // write prints the rows by total time, longest first, and what the device
@@ -75,7 +79,7 @@ func (p *profile) write(w io.Writer, device string) {
 	}
 	sort.Slice(names, func(i, j int) bool { return p.rows[names[i]].total > p.rows[names[j]].total })
 	wall := time.Since(p.start)
-	fmt.Fprintf(w, "KEEL_CUDA_PROFILE: %s: device work %.3f s of %.3f s since the device opened\n", device, sum.Seconds(), wall.Seconds())
+	fmt.Fprintf(w, "KEEL_CUDA_PROFILE: %s: device work (and the driver's allocation calls) %.3f s of %.3f s since the device opened\n", device, sum.Seconds(), wall.Seconds())
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "kernel or product\tcalls\ttotal ms\tmean µs\tshare\t")
 	for i, n := range names {

@@ -16,8 +16,10 @@
 #          2 x 16384, the MoE shape): keel (with flash.cu's narrow and wide
 #          forward, KEEL_FLASH_FWD, and on the first shape its one-stage
 #          backward, KEEL_FLASH_BWD=single; on the MoE shape its experts
-#          grouped on the host, KEEL_MOE_GROUP=host) and PyTorch, keel again with
-#          KEEL_CUDA_PROFILE=1 (the time of every kernel and product);
+#          grouped on the host, KEEL_MOE_GROUP=host; on the first shape its
+#          buffers allocated every step, KEEL_CUDA_POOL=0) and PyTorch, keel
+#          again with KEEL_CUDA_PROFILE=1 (the time of every kernel and
+#          product, and of the driver's allocation calls);
 #          then a profiled bf16 decode at 256 sequences, Qwen3-0.6B and MoE shapes
 #   gemm   keel's fp32 GEMM and cuBLASLt's bf16 on a 0.6B layer's shapes
 #          (GFLOP/s; BenchmarkDeviceGemm, under a minute)
@@ -236,14 +238,16 @@ if [[ " $sections " == *" profile "* ]]; then
     # On the MoE shape also KEEL_MOE_GROUP=host (the training engine still
     # groups on the device, but brings the offsets to the host and runs a
     # cuBLASLt product per expert) against the grouped products.
-    variants="narrow/two/device wide/two/device"
-    [ $tag = qwen3-0.6b-8x2048 ] && variants="$variants narrow/single/device"
-    [ $1 = qwen3-30b-a3b ] && variants="$variants narrow/two/host"
+    # On the first shape also the training engine's buffers allocated and
+    # freed on the device every step (KEEL_CUDA_POOL=0) against its Pool.
+    variants="narrow/two/device/1 wide/two/device/1"
+    [ $tag = qwen3-0.6b-8x2048 ] && variants="$variants narrow/single/device/1 narrow/two/device/0"
+    [ $1 = qwen3-30b-a3b ] && variants="$variants narrow/two/host/1"
     for v in $variants; do
-      IFS=/ read -r fwd bwd grp <<< "$v"
-      vt=$fwd-$bwd-$grp
-      KEEL_FLASH_FWD=$fwd KEEL_FLASH_BWD=$bwd KEEL_MOE_GROUP=$grp timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-$vt.json" 2> "$out/bench-keel-$tag-$vt.err"
-      echo "  keel $1 bf16, layers $2, $3 x $4 ${rc:-}, flash forward $fwd, backward $bwd stage(s), KEEL_MOE_GROUP=$grp: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-$vt.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-$vt.err")"
+      IFS=/ read -r fwd bwd grp pool <<< "$v"
+      vt=$fwd-$bwd-$grp-pool$pool
+      KEEL_FLASH_FWD=$fwd KEEL_FLASH_BWD=$bwd KEEL_MOE_GROUP=$grp KEEL_CUDA_POOL=$pool timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-$vt.json" 2> "$out/bench-keel-$tag-$vt.err"
+      echo "  keel $1 bf16, layers $2, $3 x $4 ${rc:-}, flash forward $fwd, backward $bwd stage(s), KEEL_MOE_GROUP=$grp, KEEL_CUDA_POOL=$pool: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-$vt.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-$vt.err")"
     done
     timeout 150 python3 tools/gpu/torch_train.py --preset $1 --layers $2 --seqs $3 --len $4 --mode bf16 --micro $6 $ck \
       > "$out/bench-torch-$tag.json" 2> "$out/bench-torch-$tag.err"

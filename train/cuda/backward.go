@@ -28,7 +28,7 @@ func (e *Engine) Backward(l train.Loss) error {
 		}
 	}
 	var tmp fwdState // this call's scratch, freed on return
-	defer tmp.free(e.dev)
+	defer tmp.free(e.pool)
 	if err := e.backward(f, &tmp, coefLP, coefH, l.Aux); err != nil {
 		return fmt.Errorf("train/cuda: backward: %w", err)
 	}
@@ -114,7 +114,7 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 	}
 	var flash *kc.FlashScratch
 	if e.flash() {
-		if flash, err = kc.NewFlashScratch(e.dev, T, d.heads, d.kv, d.hd, true); err != nil {
+		if flash, err = kc.NewFlashScratch(e.pool, T, d.heads, d.kv, d.hd, true); err != nil {
 			return err
 		}
 		defer flash.Free()
@@ -254,19 +254,19 @@ func (e *Engine) floatBuf(f *fwdState, v []float32) (Buffer, error) {
 func (e *Engine) headBackward(f *fwdState, dxf, dcl, dch Buffer) error {
 	d := e.dims()
 	C := e.headChunk(f.T)
-	z, err := e.alloc(C * d.V)
+	z, err := e.scratch(C * d.V)
 	if err != nil {
 		return err
 	}
-	defer e.dev.Free(z)
+	defer e.pool.Free(z)
 	// The bf16 mode writes the logits' gradient as the products' bf16
 	// operand, apart from the log-probabilities.
 	var z16 Buffer
 	if e.bf != nil {
-		if z16, err = e.alloc((C*d.V + 1) / 2); err != nil {
+		if z16, err = e.scratch((C*d.V + 1) / 2); err != nil {
 			return err
 		}
-		defer e.dev.Free(z16)
+		defer e.pool.Free(z16)
 	}
 	lm, glm := e.param(e.w, e.host.LMHead), e.param(e.g, e.host.LMHead)
 	for c0 := 0; c0 < f.T; c0 += C {

@@ -36,7 +36,10 @@ type Engine struct {
 	optCfg train.AdamWConfig
 	step   int64
 
-	ops    *kc.Ops
+	ops *kc.Ops
+	// pool serves every step's activations and scratch, so that the steps
+	// after the first allocate and free nothing on the device.
+	pool   *kc.Pool
 	rope   ropeTables
 	fw     *fwdState
 	valid  bool
@@ -93,7 +96,8 @@ func NewTrainer(dev *kc.Device, m *model.Model, cfg train.AdamWConfig, state *tr
 	// Offsets come from the engine's own host model, whose arena has m's
 	// layout (model.New lays every model of a configuration out alike).
 	host := model.New(c)
-	e := &Engine{cfg: c, dev: dev, host: host, params: host.Params(), offs: map[*model.Param]int{}, optCfg: cfg, ops: kc.NewOps(dev)}
+	e := &Engine{cfg: c, dev: dev, host: host, params: host.Params(), offs: map[*model.Param]int{}, optCfg: cfg, ops: kc.NewOps(dev),
+		pool: kc.NewPool(dev)}
 	off := 0
 	for _, p := range e.params {
 		e.offs[p] = off
@@ -140,8 +144,21 @@ func NewTrainer(dev *kc.Device, m *model.Model, cfg train.AdamWConfig, state *tr
 	return e, nil
 }
 
+// alloc allocates floats float32s on the device: for what lives as long
+// as the engine (weights, gradients, moments); a step's buffers come from
+// scratch.
 func (e *Engine) alloc(floats int) (Buffer, error) {
-	b, err := e.dev.Alloc(int64(max(floats, 1)) * 4)
+	return e.allocFrom(e.dev, floats)
+}
+
+// scratch is alloc from the engine's Pool, for a step's buffers (freed
+// into it with e.pool.Free).
+func (e *Engine) scratch(floats int) (Buffer, error) {
+	return e.allocFrom(e.pool, floats)
+}
+
+func (e *Engine) allocFrom(m kc.Memory, floats int) (Buffer, error) {
+	b, err := m.Alloc(int64(max(floats, 1)) * 4)
 	if kc.IsOutOfMemory(err) {
 		free, total, _ := e.dev.MemInfo()
 		return b, fmt.Errorf("train/cuda: %w: %.2f GiB asked, %.2f of %.2f GiB free (see train/memplan for what a model needs)",
@@ -225,9 +242,10 @@ func (e *Engine) OptimState() (*train.OptimState, error) {
 // Close frees the engine's device memory; the device stays open.
 func (e *Engine) Close() error {
 	if e.fw != nil {
-		e.fw.free(e.dev)
+		e.fw.free(e.pool)
 		e.fw = nil
 	}
+	e.pool.Release()
 	e.rope.free(e.dev)
 	e.freeBF16()
 	for _, b := range []*Buffer{&e.w, &e.g, &e.m, &e.v} {
@@ -327,11 +345,11 @@ func (e *Engine) decayRuns() []decayRun {
 func (e *Engine) gradNorm() (float64, error) {
 	n := len(e.host.Arena)
 	nb := (n + 8191) / 8192
-	part, err := e.dev.Alloc(int64(nb+1) * 8)
+	part, err := e.pool.Alloc(int64(nb+1) * 8)
 	if err != nil {
 		return 0, err
 	}
-	defer e.dev.Free(part)
+	defer e.pool.Free(part)
 	out := Buffer{Ptr: part.Ptr + uint64(nb)*8, Size: 8}
 	if err := e.ops.Launch("optim.cu", "sumsq_blocks", kc.Dim3{X: nb}, kc.Dim3{X: 256}, part, e.g, int64(n)); err != nil {
 		return 0, err

@@ -663,3 +663,78 @@ func TestDecayRuns(t *testing.T) {
 		}
 	}
 }
+
+// TestEnginePool: the engine's buffers come from its Pool, so a training
+// step after the first allocates nothing on the device (every buffer is
+// one the last step freed), and that changes no bit: three steps (forward,
+// backward, AdamW step) give the same log-probs, gradient norms and
+// weights with the Pool on and off (KEEL_CUDA_POOL=0), in both precisions.
+func TestEnginePool(t *testing.T) {
+	dev := cudatest.Device(t)
+	for _, c := range []struct{ preset, prec string }{{"tiny-dense", BF16}, {"tiny-moe", FP32}, {"tiny-moe", BF16}} {
+		t.Run(c.preset+"/"+c.prec, func(t *testing.T) {
+			cfg, _ := model.Preset(c.preset, 200)
+			m := model.New(cfg)
+			model.Init(m, 5)
+			r := rand.New(rand.NewPCG(8, 10))
+			seqs := randomSeqs(r, 200, 30, 12, 50)
+			loss := randomLoss(r, seqs)
+			type stepOut struct {
+				lp   [][]float32
+				norm float64
+			}
+			run := func(pool string) ([]stepOut, []float32, []kc.PoolStats) {
+				t.Setenv("KEEL_CUDA_POOL", pool)
+				e, err := NewTrainer(dev, m, train.DefaultAdamWConfig(), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				if err := e.SetPrecision(c.prec); err != nil {
+					t.Fatal(err)
+				}
+				var outs []stepOut
+				var stats []kc.PoolStats
+				for range 3 {
+					res, err := e.Forward(seqs, train.ForwardOptions{Temperature: 0.7})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := e.Backward(loss); err != nil {
+						t.Fatal(err)
+					}
+					norm, err := e.Step(1e-3, 1)
+					if err != nil {
+						t.Fatal(err)
+					}
+					outs = append(outs, stepOut{res.LogProbs, norm})
+					stats = append(stats, e.pool.Stats())
+				}
+				w, err := e.Weights()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return outs, w.Arena, stats
+			}
+			on, won, stats := run("1")
+			off, woff, _ := run("0")
+			for s := range on {
+				if on[s].norm != off[s].norm {
+					t.Errorf("step %d: gradient norm %v with the Pool, %v without", s+1, on[s].norm, off[s].norm)
+				}
+				for i := range on[s].lp {
+					if !sameFloats(on[s].lp[i], off[s].lp[i]) {
+						t.Fatalf("step %d, sequence %d: log-probs differ with the Pool", s+1, i)
+					}
+				}
+			}
+			if !sameFloats(won, woff) {
+				t.Error("weights after three steps differ with the Pool")
+			}
+			if stats[0].Allocs == 0 || stats[2].Allocs != stats[0].Allocs || stats[2].Reuses <= stats[0].Reuses {
+				t.Errorf("Pool after steps 1 and 3: %+v, %+v: want no new device allocation after the first step, and reuses", stats[0], stats[2])
+			}
+			t.Logf("Pool after step 1: %+v; after step 3: %+v", stats[0], stats[2])
+		})
+	}
+}

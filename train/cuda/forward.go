@@ -94,9 +94,9 @@ type fwdState struct {
 	flash                                 *kc.FlashScratch // the bf16 mode's attention copies (forward)
 }
 
-func (f *fwdState) free(d *kc.Device) {
+func (f *fwdState) free(m kc.Memory) {
 	for _, b := range f.bufs {
-		d.Free(b)
+		m.Free(b)
 	}
 	f.bufs = nil
 	if f.flash != nil {
@@ -106,7 +106,7 @@ func (f *fwdState) free(d *kc.Device) {
 }
 
 func (e *Engine) buf(f *fwdState, floats int) (Buffer, error) {
-	b, err := e.alloc(floats)
+	b, err := e.scratch(floats)
 	if err == nil {
 		f.bufs = append(f.bufs, b)
 	}
@@ -179,7 +179,7 @@ func (e *Engine) Forward(seqs [][]int32, opt train.ForwardOptions) (*train.Resul
 		return nil, err
 	}
 	if e.fw != nil {
-		e.fw.free(e.dev)
+		e.fw.free(e.pool)
 	}
 	f := &fwdState{temp: 1, replay: opt.Replay, recompute: e.recompute}
 	e.fw = f
@@ -207,7 +207,7 @@ func (e *Engine) Forward(seqs [][]int32, opt train.ForwardOptions) (*train.Resul
 	}
 	if free, _, err := e.dev.MemInfo(); err != nil {
 		return nil, err
-	} else if err := checkActivations(&e.cfg, f.T, free, e.recompute); err != nil {
+	} else if err := checkActivations(&e.cfg, f.T, free+e.pool.Cached(), e.recompute); err != nil {
 		return nil, err
 	}
 	if err := e.ensureRope(maxLen); err != nil {
@@ -607,7 +607,7 @@ func (e *Engine) attentionForward(f *fwdState, a *layerActs, l *model.Layer) err
 			if e.flash() {
 				if f.flash == nil {
 					var err error
-					if f.flash, err = kc.NewFlashScratch(e.dev, T, d.heads, d.kv, d.hd, false); err != nil {
+					if f.flash, err = kc.NewFlashScratch(e.pool, T, d.heads, d.kv, d.hd, false); err != nil {
 						return err
 					}
 				}
@@ -669,11 +669,11 @@ func (e *Engine) mlpForward(f *fwdState, a *layerActs, l *model.Layer, next Buff
 func (e *Engine) headForward(f *fwdState, noEntropy bool) error {
 	d := e.dims()
 	C := e.headChunk(f.T)
-	z, err := e.alloc(C * d.V)
+	z, err := e.scratch(C * d.V)
 	if err != nil {
 		return err
 	}
-	defer e.dev.Free(z)
+	defer e.pool.Free(z)
 	lm := e.param(e.w, e.host.LMHead)
 	for c0 := 0; c0 < f.T; c0 += C {
 		rows := min(C, f.T-c0)
