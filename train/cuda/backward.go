@@ -299,7 +299,9 @@ func (e *Engine) headBackward(f *fwdState, dxf, dcl, dch Buffer) error {
 			}
 		}
 	}
-	return e.dev.Sync() // z is freed on return
+	// z goes back to the Pool on return, without waiting for the work
+	// that reads it: whoever gets it next issues after that work.
+	return nil
 }
 
 // embedBackward adds the rows of dx to the embedding's gradient, grouped by

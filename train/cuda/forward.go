@@ -691,7 +691,9 @@ func (e *Engine) headForward(f *fwdState, noEntropy bool) error {
 			return err
 		}
 	}
-	return e.dev.Sync() // z is freed on return
+	// z goes back to the Pool on return, without waiting for the work
+	// that reads it: whoever gets it next issues after that work.
+	return nil
 }
 
 // intSub is the span of n int32 at element offset off of b.
