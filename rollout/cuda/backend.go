@@ -57,6 +57,8 @@ type Backend struct {
 	// Slots rows) as CUDA graphs, one per row count graphRows gives, made
 	// at first use; nil where they are off (useGraphs).
 	graphs map[int]*kc.Graph
+	// stage is the host's side of a step's one upload and one download.
+	stage []uint32
 	// pad is the host's copy of a graph step's padded inputs.
 	pad struct {
 		slot, pos, tok, outRow []int32
@@ -82,6 +84,12 @@ type expertWeights struct {
 
 // scratch is one step's device memory, sized for Options.StepRows rows.
 type scratch struct {
+	// in holds a step's inputs, uploaded in one copy (each copy from the
+	// host is a call into the driver that first waits for the device):
+	// draw, slot, pos, tok, outRow and temps are spans of it (stepIn).
+	// out holds what a step's draws give back, downloaded in one copy:
+	// drawn and drawnLP are spans of it.
+	in, out                                         Buffer
 	slot, pos, tok, outRow, temps                   Buffer
 	x, h1, qraw, kraw, q, k, v, att, xmid, h2, next Buffer
 	gu, a                                           Buffer // dense MLP
@@ -126,10 +134,9 @@ func (s *scratch) spans(c *model.Config, o *rollout.Options) []span {
 	qd, kvd := c.NumAttentionHeads*c.HeadDim, c.NumKeyValueHeads*c.HeadDim
 	I := c.IntermediateSize
 	E, k, Im := c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
-	spans := []span{{&s.slot, R}, {&s.pos, R}, {&s.tok, R}, {&s.outRow, S}, {&s.temps, S},
+	spans := []span{{&s.in, stepIn(R, S)}, {&s.out, 2 * S},
 		{&s.x, R * H}, {&s.h1, R * H}, {&s.qraw, R * qd}, {&s.kraw, R * kvd}, {&s.q, R * qd}, {&s.k, R * kvd}, {&s.v, R * kvd},
-		{&s.att, R * qd}, {&s.xmid, R * H}, {&s.h2, R * H}, {&s.next, R * H}, {&s.xo, S * H}, {&s.logits, S * V},
-		{&s.draw, 2 * S}, {&s.drawn, S}, {&s.drawnLP, S}}
+		{&s.att, R * qd}, {&s.xmid, R * H}, {&s.h2, R * H}, {&s.next, R * H}, {&s.xo, S * H}, {&s.logits, S * V}}
 	if len(c.MoELayers()) < c.NumHiddenLayers {
 		spans = append(spans, span{&s.gu, R * 2 * I}, span{&s.a, R * I})
 	}
@@ -310,7 +317,27 @@ func (b *Backend) alloc() error {
 			return err
 		}
 	}
+	b.s.split(o.StepRows, o.Slots)
 	return nil
+}
+
+// stepIn is the words of a step's inputs for R rows and S output rows:
+// each output row's uniform (a float64: two words, first so that they
+// are 8-byte aligned), each row's slot, position and token, each output
+// row's step row and temperature.
+func stepIn(R, S int) int { return 2*S + 3*R + 2*S }
+
+// split points the step's inputs and draws at their spans of in and out.
+func (s *scratch) split(R, S int) {
+	at := 0
+	for _, p := range []struct {
+		b *Buffer
+		n int
+	}{{&s.draw, 2 * S}, {&s.slot, R}, {&s.pos, R}, {&s.tok, R}, {&s.outRow, S}, {&s.temps, S}} {
+		*p.b = s.in.Floats(at, p.n)
+		at += p.n
+	}
+	s.drawn, s.drawnLP = s.out.Floats(0, S), s.out.Floats(S, S)
 }
 
 // Config returns the model's configuration.
@@ -440,7 +467,7 @@ func (b *Backend) Step(sb *rollout.StepBatch) error {
 	if b.graphs != nil && nOut == R && R <= b.opt.Slots {
 		return b.stepGraph(sb)
 	}
-	if err := b.upload(sb.Slot, sb.Pos, sb.Tok, sb.OutRow, sb.OutTemp); err != nil {
+	if err := b.upload(sb.Slot, sb.Pos, sb.Tok, sb.OutRow, sb.OutTemp, sb.Draw); err != nil {
 		return err
 	}
 	if err := b.forward(sb, R, nOut); err != nil {
@@ -474,18 +501,31 @@ func (b *Backend) routesOut(sb *rollout.StepBatch, R, run int) error {
 }
 
 // upload copies a step's rows (slot, position, token) and output rows
-// (step row, temperature) to the device.
-func (b *Backend) upload(slot, pos, tok, outRow []int32, temps []float32) error {
-	s := &b.s
-	for _, u := range []struct {
-		dst Buffer
-		src []int32
-	}{{s.slot, slot}, {s.pos, pos}, {s.tok, tok}, {s.outRow, outRow}} {
-		if err := kc.Upload(b.dev, u.dst, u.src); err != nil {
-			return err
-		}
+// (step row, temperature, the uniform of a row drawn on the device) to
+// the device, in one copy: they are packed here as scratch.in lays them
+// out (split).
+func (b *Backend) upload(slot, pos, tok, outRow []int32, temps []float32, draw []float64) error {
+	R, S := b.opt.StepRows, b.opt.Slots
+	st := slices.Grow(b.stage[:0], stepIn(R, S))[:stepIn(R, S)]
+	for i, u := range draw {
+		bits := math.Float64bits(u)
+		st[2*i], st[2*i+1] = uint32(bits), uint32(bits>>32) // little-endian, as the GPU reads it
 	}
-	return kc.Upload(b.dev, s.temps, temps)
+	at := 2 * S
+	for _, src := range []struct {
+		v   []int32
+		cap int
+	}{{slot, R}, {pos, R}, {tok, R}, {outRow, S}} {
+		for i, v := range src.v {
+			st[at+i] = uint32(v)
+		}
+		at += src.cap
+	}
+	for i, t := range temps {
+		st[at+i] = math.Float32bits(t)
+	}
+	b.stage = st
+	return kc.Upload(b.dev, b.s.in, st[:at+len(temps)])
 }
 
 // useGraphs says whether the backend replays decoding steps as CUDA
@@ -535,7 +575,7 @@ func (b *Backend) stepGraph(sb *rollout.StepBatch) error {
 	for r := R; r < n; r++ {
 		p.temps = append(p.temps, 1)
 	}
-	if err := b.upload(p.slot, p.pos, p.tok, p.outRow, p.temps); err != nil {
+	if err := b.upload(p.slot, p.pos, p.tok, p.outRow, p.temps, sb.Draw); err != nil {
 		return err
 	}
 	if b.bf != nil {
@@ -699,18 +739,20 @@ func (b *Backend) outputs(sb *rollout.StepBatch, nOut int) error {
 	if drawn == 0 {
 		return kc.Download(b.dev, sb.LogProbs[:nOut*V], s.logits)
 	}
-	if err := kc.Upload(b.dev, s.draw, sb.Draw[:nOut]); err != nil {
-		return err
-	}
+	// The uniforms came with the step's inputs (upload).
 	if err := b.ops.DrawRows(s.drawn, s.drawnLP, s.logits, s.draw, s.temps, nOut, V); err != nil {
 		return fmt.Errorf("rollout/cuda: drawing: %w", err)
 	}
-	if err := kc.Download(b.dev, sb.Drawn[:nOut], s.drawn); err != nil {
+	// Tokens and log-probs in one copy: out is [drawn S][drawnLP S].
+	S := b.opt.Slots
+	got := slices.Grow(b.stage[:0], 2*S)[:2*S]
+	if err := kc.Download(b.dev, got, s.out); err != nil {
 		return err
 	}
-	if err := kc.Download(b.dev, sb.DrawnLP[:nOut], s.drawnLP); err != nil {
-		return err
+	for o := range nOut {
+		sb.Drawn[o], sb.DrawnLP[o] = int32(got[o]), math.Float32frombits(got[S+o])
 	}
+	b.stage = got
 	for o, u := range sb.Draw[:nOut] {
 		if u < 0 {
 			if err := kc.Download(b.dev, sb.LogProbs[o*V:(o+1)*V], s.logits.Floats(o*V, V)); err != nil {
