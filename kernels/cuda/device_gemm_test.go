@@ -453,6 +453,38 @@ func TestDeviceFlashAttention(t *testing.T) {
 			}
 		}
 		closeTo(t, name+" wide lse against narrow", g.f32(wlse, T*c.heads), g.f32(blse, T*c.heads), 1e-4)
+		// The wide forward with Q in shared memory, both copy paths: where
+		// it folds 64 keys at a time (head sizes 32 and 64) the narrow
+		// forward's arithmetic row for row, so its bits; at head size 128
+		// (32 keys at a time) within rounding, against float64 below.
+		if ops.FlashWide || ops.FlashWideQ {
+			t.Fatal("KEEL_FLASH_FWD is set: the test compares the other forwards with the narrow one")
+		}
+		qout := g.poisoned(T * qd)
+		for i, plainCopies := range []bool{false, true} {
+			wq := NewOps(g.d)
+			wq.FlashWideQ, wq.FlashPlainCopies = true, plainCopies
+			o, l := g.poisoned(T*qd), g.poisoned(T*c.heads)
+			if i == 0 {
+				o = qout
+			}
+			if err := wq.FlashAttention(fs, o, l, bq, bk, bv, bst, scale); err != nil {
+				t.Fatal(err)
+			}
+			if err := g.d.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			what := fmt.Sprintf("%s Q in shared memory (plain copies %v)", name, plainCopies)
+			if c.hd < 128 {
+				sameBits(t, what+" out against narrow", g.f32(o, T*qd), g.f32(bout, T*qd))
+				sameBits(t, what+" lse against narrow", g.f32(l, T*c.heads), g.f32(blse, T*c.heads))
+			} else {
+				closeTo(t, what+" lse against narrow", g.f32(l, T*c.heads), g.f32(blse, T*c.heads), 1e-4)
+			}
+			if i == 1 {
+				sameBits(t, what+" out, cp.async against plain copies", g.f32(o, T*qd), g.f32(qout, T*qd))
+			}
+		}
 		wdq, wdk, wdv := g.poisoned(T*qd), g.poisoned(T*kvd), g.poisoned(T*kvd)
 		if err := ops.FlashAttentionBackward(bs, wdq, wdk, wdv, bdsum, bdo, wout, wlse, bq, bk, bv, bst, ben, scale); err != nil {
 			t.Fatal(err)
@@ -467,7 +499,7 @@ func TestDeviceFlashAttention(t *testing.T) {
 			got  Buffer
 			want []float64
 		}{{"out", bout, out}, {"dq", bdq, dq}, {"dk", bdk, dk}, {"dv", bdv, dv},
-			{"wide out", wout, out}, {"dq after the wide forward", wdq, dq}, {"dk after the wide forward", wdk, dk}, {"dv after the wide forward", wdv, dv}} {
+			{"wide out", wout, out}, {"out, Q in shared memory", qout, out}, {"dq after the wide forward", wdq, dq}, {"dk after the wide forward", wdk, dk}, {"dv after the wide forward", wdv, dv}} {
 			e := normRelErr(g.f32(x.got, len(x.want)), x.want)
 			t.Logf("%s %s: |got - float64| / |float64| = %.2e", name, x.what, e)
 			if !(e < 1e-2) {

@@ -26,6 +26,14 @@ type Ops struct {
 	// outputs within rounding (the online softmax's rescaling falls at
 	// other keys); which is faster is for a GPU to say (tools/gpu/check.sh).
 	FlashWide bool
+	// FlashWideQ runs the wide forward with Q's fragments read from shared
+	// memory at every key tile instead of held in registers
+	// (KEEL_FLASH_FWD=wideq at NewOps): 64 registers freer at head size
+	// 128, so its key tiles are 64 long where the wide forward's are 16
+	// (a quarter of the barriers and copies a key, more products in
+	// flight behind each copy), for one more shared-memory read per four
+	// products. The narrow forward's bits (its tiles are 64 keys too).
+	FlashWideQ bool
 	// FlashBackwardSingle runs flash.cu's backward kernels with one stage
 	// of shared memory (KEEL_FLASH_BWD=single at NewOps): each tile's copy
 	// waited for before its products, as before the pipelined kernels
@@ -52,6 +60,7 @@ type Ops struct {
 func NewOps(d *Device) *Ops {
 	return &Ops{Dev: d, fns: map[string]*Function{}, shared: map[*Function]int{},
 		FlashPlainCopies: os.Getenv("KEEL_FLASH_COPY") == "sync", FlashWide: os.Getenv("KEEL_FLASH_FWD") == "wide",
+		FlashWideQ:          os.Getenv("KEEL_FLASH_FWD") == "wideq",
 		FlashBackwardSingle: os.Getenv("KEEL_FLASH_BWD") == "single", DecodePerHead: os.Getenv("KEEL_DECODE_ATTN") == "head"}
 }
 
@@ -480,11 +489,14 @@ func (o *Ops) FlashAttention(s *FlashScratch, out, lse, q, k, v, seqStart Buffer
 		func() error { return o.rowsBF16(s.k, k, T, kvd) },
 		func() error { return o.colsBF16(s.vt, v, T, kvd, s.pad) },
 		func() error {
-			name, rows := "flash_fwd_%d", 64
-			if o.FlashWide {
+			name, rows, shared := "flash_fwd_%d", 64, 0
+			switch {
+			case o.FlashWideQ:
+				name, rows, shared = "flash_fwd_wq_%d", 128, flashForwardShared(s.hd)
+			case o.FlashWide:
 				name, rows = "flash_fwd_wide_%d", 128
 			}
-			return o.Launch("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + rows - 1) / rows, Y: s.heads}, Dim3{X: 128},
+			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + rows - 1) / rows, Y: s.heads}, Dim3{X: 128}, shared,
 				out, lse, s.q, s.k, s.vt, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
 		},
 	} {
@@ -493,6 +505,15 @@ func (o *Ops) FlashAttention(s *FlashScratch, out, lse, q, k, v, seqStart Buffer
 		}
 	}
 	return nil
+}
+
+// flashForwardShared is the dynamic shared memory, in bytes, of flash.cu's
+// wide forward with Q in shared memory (flash_fwd_wq) for head size hd:
+// Q's 128 rows, two stages of 64 keys' K rows and of V transposed
+// (FLASH_FWDQ_BODY). 104 KiB at head size 128: two blocks a multiprocessor.
+func flashForwardShared(hd int) int {
+	kp := hd/2 + 4
+	return 4 * (128*kp + 2*64*kp + 2*hd*(64/2+4))
 }
 
 // flashBackwardShared is the dynamic shared memory, in bytes, of flash.cu's

@@ -14,7 +14,7 @@
 #          (fp32, bf16 autocast) on the Qwen3-0.6B and 30B-A3B shapes
 #   profile  bf16 training, issue 24's rows (Qwen3-0.6B at 8 x 2048 and
 #          2 x 16384, the MoE shape): keel (with flash.cu's narrow and wide
-#          forward, KEEL_FLASH_FWD, and on the first shape its one-stage
+#          forwards, KEEL_FLASH_FWD=wide and wideq, and on the first shape its one-stage
 #          backward, KEEL_FLASH_BWD=single; on the MoE shape its experts
 #          grouped on the host, KEEL_MOE_GROUP=host; on the first shape its
 #          buffers allocated every step, KEEL_CUDA_POOL=0) and PyTorch, keel
@@ -240,7 +240,7 @@ if [[ " $sections " == *" profile "* ]]; then
     # cuBLASLt product per expert) against the grouped products.
     # On the first shape also the training engine's buffers allocated and
     # freed on the device every step (KEEL_CUDA_POOL=0) against its Pool.
-    variants="narrow/two/device/1 wide/two/device/1"
+    variants="narrow/two/device/1 wide/two/device/1 wideq/two/device/1"
     [ $tag = qwen3-0.6b-8x2048 ] && variants="$variants narrow/single/device/1 narrow/two/device/0"
     [ $1 = qwen3-30b-a3b ] && variants="$variants narrow/two/host/1"
     for v in $variants; do
@@ -313,7 +313,7 @@ if [[ " $sections " == *" ncu "* ]]; then
     train="--device cuda --train-precision bf16 --vocab 151936 --time 1ms --no-decode --no-rl"
     # name preset layers seqs len KEEL_FLASH_FWD kernels
     for spec in "dense qwen3-0.6b 2 4 2048 narrow ^(flash_fwd|flash_bwd|logsoftmax_stats_rows|head_grad_bf16|adamw|rmsnorm|swiglu)" \
-      "wide qwen3-0.6b 2 4 2048 wide ^flash_fwd_wide" \
+      "wide qwen3-0.6b 2 4 2048 wide ^flash_fwd_wide" "wideq qwen3-0.6b 2 4 2048 wideq ^flash_fwd_wq" \
       "moe qwen3-30b-a3b 1 2 2048 narrow ^(gemm_bf16_grouped|moe_|gather_bf16|adamw)"; do
       set -- $spec
       KEEL_FLASH_FWD=$6 timeout 150 "$ncu" $nargs -k "regex:$7" $bin/keel bench $train --presets $2 --layers $3 --seqs $4 --len $5 \

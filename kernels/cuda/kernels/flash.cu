@@ -117,26 +117,56 @@ __device__ __forceinline__ void store_tile(float* dst, i64 ld, const float (&acc
   }
 }
 
+// QRegs hands a warp's Q fragments out of registers, loaded once
+// (load_a); QShared reads them from the block's Q tile in shared memory
+// (rows KP words apart, from the warp's first row) each time: 64 registers
+// freer at head size 128, for key tiles four times as long.
+template <int HD, int MT>
+struct QRegs {
+  const u32 (&qa)[MT][HD / 16][4];
+  __device__ __forceinline__ void get(int mt, int ks, u32 (&a)[4]) const {
+    a[0] = qa[mt][ks][0], a[1] = qa[mt][ks][1], a[2] = qa[mt][ks][2], a[3] = qa[mt][ks][3];
+  }
+};
+template <int HD>
+struct QShared {
+  const u32* qs;
+  int g, t;
+  __device__ __forceinline__ void get(int mt, int ks, u32 (&a)[4]) const {
+    constexpr int KP = HD / 2 + 4;
+    const u32* p0 = qs + (16 * mt + g) * KP + ks * 8 + t;
+    const u32* p1 = p0 + 8 * KP;
+    a[0] = p0[0], a[1] = p1[0], a[2] = p0[4], a[3] = p1[4];
+  }
+};
+
 // flash_fwd_tile folds a tile of BK keys (K row-major and V transposed in
-// shared memory, from key jt) into a warp's MT row tiles: scores, the
-// online softmax's update, and P·V.
-template <int HD, int MT, int BK>
+// shared memory, V's rows VP words apart, from key jt) into a warp's MT
+// row tiles: scores, the online softmax's update, and P·V. Each score
+// sums its k slices in order, whichever source gives the Q fragments (QF:
+// QRegs or QShared).
+template <int HD, int MT, int BK, int VP, class QF>
 __device__ __forceinline__ void flash_fwd_tile(const u32* Ks, const u32* Vt, float (&o)[MT][HD / 8][4],
-                                               float (&m)[MT][2], float (&l)[MT][2], const u32 (&qa)[MT][HD / 16][4],
+                                               float (&m)[MT][2], float (&l)[MT][2], const QF& qf,
                                                const int (&rr)[MT][2], const int (&st)[MT][2], int jt, int T,
                                                float sl2, int g, int t) {
-  constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, VP = BK / 2 + 4;
+  constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4;
   const float ninf = -__int_as_float(0x7f800000);
   float s[MT][BK / 8][4];
 #pragma unroll
-  for (int nt = 0; nt < BK / 8; nt++) {
+  for (int nt = 0; nt < BK / 8; nt++)
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
 #pragma unroll
-    for (int ks = 0; ks < KS; ks++) {
+  for (int ks = 0; ks < KS; ks++) {
+    u32 qa[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) qf.get(mt, ks, qa[mt]);
+#pragma unroll
+    for (int nt = 0; nt < BK / 8; nt++) {
       const u32 b[2] = {Ks[(nt * 8 + g) * KP + ks * 8 + t], Ks[(nt * 8 + g) * KP + ks * 8 + t + 4]};
 #pragma unroll
-      for (int mt = 0; mt < MT; mt++) mma16816(s[mt][nt], qa[mt][ks], b);
+      for (int mt = 0; mt < MT; mt++) mma16816(s[mt][nt], qa[mt], b);
     }
   }
 #pragma unroll
@@ -201,10 +231,13 @@ __device__ __forceinline__ void flash_fwd_tile(const u32* Ks, const u32* Vt, flo
 // memory feeds MT products: MT = 2 halves the shared-memory reads per
 // product (the FlashAttention-2 layout) for more registers. With STAGES =
 // 2 the next tile's copy is in flight while this one's products run
-// (shared memory for two tiles). grid = (ceil(T/(64·MT)), heads), block
-// 128.
-template <int HD, int MT, int BK, int STAGES>
-__device__ __forceinline__ void flash_fwd(u32* Ks, u32* Vt, float* __restrict__ out, float* __restrict__ lse,
+// (shared memory for two tiles). With QS (STAGES = 2 only) the block's Q
+// rows are copied into Qs with the first tile and each tile reads its Q
+// fragments there, instead of holding them in registers. A tile's keys
+// are folded in SUB at a time (the scores of SUB keys in registers, not
+// BK). grid = (ceil(T/(64·MT)), heads), block 128.
+template <int HD, int MT, int BK, int STAGES, bool QS = false, int SUB = BK>
+__device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vt, float* __restrict__ out, float* __restrict__ lse,
                                           const bf16_t* __restrict__ qb, const bf16_t* __restrict__ kb,
                                           const bf16_t* __restrict__ vt, const int* __restrict__ seq_start, int T,
                                           int Tp, int heads, int kv, float scale, int async) {
@@ -213,8 +246,9 @@ __device__ __forceinline__ void flash_fwd(u32* Ks, u32* Vt, float* __restrict__ 
   const int i0 = blockIdx.x * BQ, h = blockIdx.y, grp = h / (heads / kv);
   const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
   const int last = min(T, i0 + BQ) - 1, wr = i0 + 16 * MT * w;
+  static_assert(!QS || STAGES == 2, "Q in shared memory comes with the first tile's copy");
   int rr[MT][2], st[MT][2];
-  u32 qa[MT][KS][4];
+  u32 qa[QS ? 1 : MT][QS ? 1 : KS][4];  // Q's fragments, unless QS
   float o[MT][ND][4], m[MT][2], l[MT][2];
   const float ninf = -__int_as_float(0x7f800000), sl2 = scale * FA_LOG2E;
 #pragma unroll
@@ -226,13 +260,15 @@ __device__ __forceinline__ void flash_fwd(u32* Ks, u32* Vt, float* __restrict__ 
       m[mt][e] = ninf;
       l[mt][e] = 0.f;
     }
-    load_a<HD>(qa[mt], qb + (i64)i0 * qd + (i64)h * HD, qd, 16 * MT * w + 16 * mt + g, t);
+    if constexpr (!QS) load_a<HD>(qa[mt], qb + (i64)i0 * qd + (i64)h * HD, qd, 16 * MT * w + 16 * mt + g, t);
 #pragma unroll
     for (int n = 0; n < ND; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
   }
   constexpr int KT = BK * KP, VT = HD * VP;  // a stage's words of K and of V
   const int j0 = seq_start[i0] & -BK;
   if (STAGES == 2) {
+    // The copy rows stop at Tp: i0 + BQ <= Tp (a multiple of 128).
+    if constexpr (QS) copy_rows<HD>(Qs, KP, qb + (i64)i0 * qd + (i64)h * HD, qd, BQ, async);
     copy_rows<HD>(Ks, KP, kb + (i64)j0 * kvd + (i64)grp * HD, kvd, BK, async);
     copy_cols<HD>(Vt, VP, vt + (i64)grp * HD * Tp + j0, Tp, BK, async);
     copies_commit(async);
@@ -256,7 +292,17 @@ __device__ __forceinline__ void flash_fwd(u32* Ks, u32* Vt, float* __restrict__ 
       copies_done(async);
       __syncthreads();
     }
-    if (wr + 16 * MT - 1 >= jt) flash_fwd_tile<HD, MT, BK>(K, V, o, m, l, qa, rr, st, jt, T, sl2, g, t);
+#pragma unroll
+    for (int sub = 0; sub < BK; sub += SUB) {
+      if (wr + 16 * MT - 1 < jt + sub) continue;  // keys past the warp's last row
+      if constexpr (QS) {
+        flash_fwd_tile<HD, MT, SUB, VP>(K + sub * KP, V + sub / 2, o, m, l, QShared<HD>{Qs + 16 * MT * w * KP, g, t}, rr,
+                                        st, jt + sub, T, sl2, g, t);
+      } else {
+        flash_fwd_tile<HD, MT, SUB, VP>(K + sub * KP, V + sub / 2, o, m, l, QRegs<HD, MT>{qa}, rr, st, jt + sub, T, sl2,
+                                        g, t);
+      }
+    }
     if (STAGES == 2) __syncthreads();  // this stage is free for the copy after next
   }
 #pragma unroll
@@ -571,7 +617,17 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
 #define FLASH_FWD_BODY(HD, MT, BK, STAGES)                                                                   \
   __shared__ u32x4 Ks[STAGES * BK * (HD / 2 + 4) / 4];                                                       \
   __shared__ u32x4 Vt[STAGES * HD * (BK / 2 + 4) / 4];                                                       \
-  flash_fwd<HD, MT, BK, STAGES>((u32*)Ks, (u32*)Vt, out, lse, qb, kb, vt, seq_start, T, Tp, heads, kv, scale, async);
+  flash_fwd<HD, MT, BK, STAGES>(nullptr, (u32*)Ks, (u32*)Vt, out, lse, qb, kb, vt, seq_start, T, Tp, heads, kv, scale, async);
+// The wide forward with Q in shared memory and 64-key tiles folded in SUB
+// at a time, in dynamic shared memory (Ops.FlashAttention launches it with
+// flashForwardShared's bytes): Q's 128 rows, then two stages of K, then
+// two of V transposed.
+#define FLASH_FWDQ_BODY(HD, SUB)                                                                       \
+  KEEL_DYNAMIC_SHARED(u32x4, fq##HD);                                                                   \
+  u32* sm = (u32*)fq##HD;                                                                               \
+  u32* ks = sm + 128 * (HD / 2 + 4);                                                                    \
+  flash_fwd<HD, 2, 64, 2, true, SUB>(sm, ks, ks + 2 * 64 * (HD / 2 + 4), out, lse, qb, kb, vt, seq_start, T, Tp, heads, \
+                                     kv, scale, async);
 #define FLASH_DQ_PARAMS                                                                                         \
   float *__restrict__ dq, float *__restrict__ dsum, const float *__restrict__ dout, const float *__restrict__ out,  \
       const float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ dob,               \
@@ -611,6 +667,10 @@ extern "C" __global__ void __launch_bounds__(128) flash_fwd_128(FLASH_FWD_PARAMS
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_wide_32(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(32, 2, 64, 2) }
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_wide_64(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(64, 2, 32, 2) }
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_wide_128(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(128, 2, 16, 2) }
+// The wide forward with Q in shared memory (Ops.FlashWideQ).
+extern "C" __global__ void __launch_bounds__(128) flash_fwd_wq_32(FLASH_FWD_PARAMS) { FLASH_FWDQ_BODY(32, 64) }
+extern "C" __global__ void __launch_bounds__(128) flash_fwd_wq_64(FLASH_FWD_PARAMS) { FLASH_FWDQ_BODY(64, 64) }
+extern "C" __global__ void __launch_bounds__(128) flash_fwd_wq_128(FLASH_FWD_PARAMS) { FLASH_FWDQ_BODY(128, 32) }
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_32(FLASH_DQ_PARAMS) { FLASH_DQ_BODY(32) }
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_64(FLASH_DQ_PARAMS) { FLASH_DQ_BODY(64) }
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_128(FLASH_DQ_PARAMS) { FLASH_DQ_BODY(128) }
