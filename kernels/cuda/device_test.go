@@ -206,6 +206,63 @@ func TestDeviceRMSNorm(t *testing.T) {
 	}
 }
 
+// TestDeviceRMSNormWarp: the backward of short rows a warp each (q_norm's
+// and k_norm's heads) against the CPU kernel: rows alone and per head
+// inside wider rows, across warps and chunks, n at its bound; in place
+// (dx = dy, as the engine calls it) and accumulating into dx.
+func TestDeviceRMSNormWarp(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(1, 9))
+	for _, c := range []struct{ rows, n, per, stride int }{
+		{1, 7, 1, 7}, {70, 129, 1, 129}, {300, 128, 1, 128}, {257, 256, 1, 256}, {16 * 40, 64, 16, 16*64 + 3}, {3 * 37, 32, 3, 3*32 + 5},
+	} {
+		tokens := c.rows / c.per
+		x, w, dy := randF32(r, tokens*c.stride, 1), randF32(r, c.n, 1), randF32(r, tokens*c.stride, 1)
+		inv := make([]float32, c.rows)
+		dx, dw := make([]float32, len(dy)), make([]float32, c.n)
+		at := func(row int) int { return row/c.per*c.stride + row%c.per*c.n }
+		for i := 0; i < c.rows; i++ {
+			o := at(i)
+			inv[i] = kernels.RMSNorm(make([]float32, c.n), x[o:o+c.n], w, 1e-6)
+			kernels.RMSNormBackward(dx[o:o+c.n], dw, dy[o:o+c.n], x[o:o+c.n], w, inv[i])
+		}
+		bx, bw, binv := bufOf(g, x), bufOf(g, w), bufOf(g, inv)
+		chunks := (c.rows + 255) / 256
+		name := fmt.Sprintf("%d rows of %d, %d a group of %d", c.rows, c.n, c.per, c.stride)
+		for _, mode := range []string{"apart", "in place", "accumulating"} {
+			bdy := bufOf(g, dy)
+			bdx, a := bufOf(g, make([]float32, len(dy))), 0 // the gaps between head rows stay 0
+			want := append([]float32(nil), dx...)
+			switch mode {
+			case "in place":
+				bdx = bdy
+				for i := range want { // the gaps keep dy's values
+					want[i] = dy[i]
+				}
+				for i := 0; i < c.rows; i++ {
+					copy(want[at(i):at(i)+c.n], dx[at(i):at(i)+c.n])
+				}
+			case "accumulating":
+				pre := randF32(r, len(dy), 1)
+				bdx, a = bufOf(g, pre), 1
+				for i := range want {
+					want[i] = pre[i]
+				}
+				for i := 0; i < c.rows; i++ {
+					for j := 0; j < c.n; j++ {
+						want[at(i)+j] += dx[at(i)+j]
+					}
+				}
+			}
+			bpart, bdw := g.poisoned(chunks*c.n), g.poisoned(c.n)
+			g.launch("rows.cu", "rmsnorm_bwd_warp", chunks, 256, bdx, bpart, bdy, bx, bw, binv, c.rows, c.n, c.per, int64(c.stride), a)
+			g.launch("rows.cu", "sum_chunks", (c.n+255)/256, 256, bdw, bpart, chunks, c.n, 0)
+			closeTo(t, name+" dx "+mode, g.f32(bdx, len(dy)), want, 1e-5)
+			closeTo(t, name+" dw "+mode, g.f32(bdw, c.n), dw, 1e-5)
+		}
+	}
+}
+
 // TestDeviceBatchInvariance: a row's results alone and inside a batch of
 // 70 are the same bits (the contract the exact rollout rests on).
 func TestDeviceBatchInvariance(t *testing.T) {

@@ -35,6 +35,11 @@ func (e *Engine) Backward(l train.Loss) error {
 	return e.dev.Sync()
 }
 
+// rows.cu's rmsnorm_bwd_warp: rows of at most normWarpMax elements, a
+// chunk of the weight gradient's partial sums every normWarpChunk rows
+// (NORM_WMAX, NORM_WCHUNK).
+const normWarpMax, normWarpChunk = 256, 256
+
 func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64) error {
 	d, T := e.dims(), f.T
 	m := e.host
@@ -59,14 +64,18 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		return err
 	}
 	// norm backward over rows of n (per to a group of stride), adding the
-	// weight gradient into gw.
+	// weight gradient into gw. Short rows (q_norm's and k_norm's heads)
+	// take a warp each; longer ones a block each.
 	normBack := func(dx, dy, x, w, inv, gw Buffer, rows, n, per, stride int, acc bool) error {
 		a := 0
 		if acc {
 			a = 1
 		}
-		ch := (rows + 31) / 32
-		if err := e.launch("rows.cu", "rmsnorm_bwd", kc.Dim3{X: ch}, block256, dx, part, dy, x, w, inv, rows, n, per, int64(stride), a); err != nil {
+		kernel, ch := "rmsnorm_bwd", (rows+31)/32
+		if n <= normWarpMax {
+			kernel, ch = "rmsnorm_bwd_warp", (rows+normWarpChunk-1)/normWarpChunk
+		}
+		if err := e.launch("rows.cu", kernel, kc.Dim3{X: ch}, block256, dx, part, dy, x, w, inv, rows, n, per, int64(stride), a); err != nil {
 			return err
 		}
 		return e.launch("rows.cu", "sum_chunks", kc.Dim3{X: (n + 255) / 256}, block256, gw, part, ch, n, 1)

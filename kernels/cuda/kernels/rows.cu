@@ -77,6 +77,59 @@ extern "C" __global__ void rmsnorm_bwd(float* dx, float* __restrict__ dw_part, c
   }
 }
 
+// rmsnorm_bwd_warp is rmsnorm_bwd for rows of at most NORM_WMAX elements
+// (q_norm's and k_norm's head rows): a warp per row, each warp 32
+// consecutive rows in order and a block 8 warps, so a row's sum is a
+// warp's shuffles instead of the block's barriers, and a block's 256
+// threads all work where rmsnorm_bwd's left most idle and waited out two
+// barriers a row. dx is rmsnorm_bwd's arithmetic per element (mean(dy*w*x)
+// summed in double, in a warp's order); the weight gradient's partial sum
+// per chunk of NORM_WCHUNK rows adds each warp's rows in order, then the
+// warps in order (sum_chunks adds the chunks). dx may alias dy when acc is
+// 0. grid = ceil(rows/NORM_WCHUNK), block = KEEL_THREADS.
+#define NORM_WMAX 256
+#define NORM_WCHUNK 256
+extern "C" __global__ void __launch_bounds__(KEEL_THREADS) rmsnorm_bwd_warp(float* dx, float* __restrict__ dw_part, const float* dy,
+                                                                       const float* __restrict__ x,
+                                                                       const float* __restrict__ w,
+                                                                       const float* __restrict__ inv, int rows, int n,
+                                                                       int per, i64 stride, int acc) {
+  __shared__ float ps[KEEL_THREADS / 32][NORM_WMAX];
+  const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, c = blockIdx.x;
+  float pw[NORM_WMAX / 32];
+#pragma unroll
+  for (int i = 0; i < NORM_WMAX / 32; i++) pw[i] = 0.f;
+  const int r0 = c * NORM_WCHUNK + wp * 32, r1 = min(rows, r0 + 32);
+  for (int r = r0; r < r1; r++) {  // warp-uniform
+    const i64 o = row_offset(r, n, per, stride);
+    double d = 0.0;
+    for (int j = lane; j < n; j += 32) d += (double)dy[o + j] * (double)w[j] * (double)x[o + j];
+    d = warp_sum_f64(d);
+    const double iv = inv[r];
+    const float k = (float)(iv * iv * iv * d / (double)n);
+    const float ivf = inv[r];
+#pragma unroll
+    for (int i = 0; i < NORM_WMAX / 32; i++) {
+      const int j = lane + 32 * i;
+      if (j < n) {
+        const float g = dy[o + j], xv = x[o + j];
+        const float v = ivf * (g * w[j]) - xv * k;
+        pw[i] += g * (xv * ivf);
+        dx[o + j] = acc ? dx[o + j] + v : v;
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < NORM_WMAX / 32; i++)
+    if (lane + 32 * i < n) ps[wp][lane + 32 * i] = pw[i];
+  __syncthreads();
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    float v = ps[0][j];
+    for (int q = 1; q < KEEL_THREADS / 32; q++) v += ps[q][j];
+    dw_part[(i64)c * n + j] = v;
+  }
+}
+
 // sum_chunks: out[j] (+)= sum over c of parts[c*n + j], c in order.
 // grid*block >= n.
 extern "C" __global__ void sum_chunks(float* __restrict__ out, const float* __restrict__ parts,
