@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"cmp"
 	"os"
 	"slices"
 	"sync"
@@ -102,6 +103,9 @@ func poolClass(n int64) int64 {
 // buffers while a small request does not take a large buffer.
 func fits(c, n int64) bool { return c >= n && c <= poolClass(n+n/4) }
 
+// bySize orders the cached buffers by capacity (their Size).
+func bySize(b Buffer, n int64) int { return cmp.Compare(b.Size, n) }
+
 // Alloc returns a buffer of n bytes (its Size is n): a cached one when one
 // fits, else a new allocation. When the device is out of memory, the
 // cached buffers are freed and the allocation tried again.
@@ -110,15 +114,7 @@ func (p *Pool) Alloc(n int64) (Buffer, error) {
 		return p.alloc(n)
 	}
 	p.mu.Lock()
-	i, _ := slices.BinarySearchFunc(p.cached, n, func(b Buffer, n int64) int {
-		switch {
-		case b.Size < n:
-			return -1
-		case b.Size > n:
-			return 1
-		}
-		return 0
-	})
+	i, _ := slices.BinarySearchFunc(p.cached, n, bySize)
 	if i < len(p.cached) && (fits(p.cached[i].Size, n) && !p.exact || p.cached[i].Size == n) {
 		b := p.cached[i]
 		p.cached = slices.Delete(p.cached, i, i+1)
@@ -166,15 +162,7 @@ func (p *Pool) Free(b Buffer) error {
 	}
 	delete(p.owned, b.Ptr)
 	b.Size = c
-	i, _ := slices.BinarySearchFunc(p.cached, c, func(x Buffer, c int64) int {
-		switch {
-		case x.Size < c:
-			return -1
-		case x.Size > c:
-			return 1
-		}
-		return 0
-	})
+	i, _ := slices.BinarySearchFunc(p.cached, c, bySize)
 	p.cached = slices.Insert(p.cached, i, b)
 	p.stats.Cached += c
 	p.mu.Unlock()
