@@ -138,6 +138,10 @@ type Product struct {
 	Y, W     Buffer
 	Out, LdY int
 	Add      Buffer
+	// Y16: Y holds bf16, the float32 sums rounded once as the product
+	// stores them (an operand of the kernel after it, such as SwiGLU's);
+	// no Add then.
+	Y16 bool
 }
 
 // LinearMany computes several products of the same input x (q, k and v of
@@ -169,7 +173,7 @@ func (l *BF16Linear) products(x16 Buffer, rows, in int, ps []Product) error {
 		if err != nil {
 			return err
 		}
-		if err := l.ops.gemmBF16Add(l.blas, true, false, p.Out, rows, in, w16, in, x16, in, p.Y, p.LdY, false, p.Add); err != nil {
+		if err := l.ops.gemmBF16Add(l.blas, true, false, p.Out, rows, in, w16, in, x16, in, p.Y, p.LdY, false, p.Add, p.Y16); err != nil {
 			return err
 		}
 	}

@@ -125,6 +125,7 @@ type gemmKey struct {
 	// of the plan.
 	alignA, alignB, alignC uint32
 	alignAdd               uint32 // the addend's, where it is not C (gemmBF16's add)
+	out16                  bool   // C (and D) bf16, not float32
 }
 
 // maxPlans bounds the cached plans: an MoE step's experts see many token
@@ -197,17 +198,22 @@ func (b *Blas) closePlans() {
 // float32 accumulation: op(A) is A (k columns of m, ld lda) or its
 // transpose (transA), likewise B. On the default stream, without waiting.
 func (b *Blas) GemmBF16(transA, transB bool, m, n, k int, A Buffer, lda int, B Buffer, ldb int, C Buffer, ldc int, acc bool) error {
-	return b.gemmBF16(0, b.ws, transA, transB, m, n, k, A, lda, B, ldb, C, ldc, acc, Buffer{})
+	return b.gemmBF16(0, b.ws, transA, transB, m, n, k, A, lda, B, ldb, C, ldc, acc, Buffer{}, false)
 }
 
 // gemmBF16 is GemmBF16 on stream (0: the default stream) with the
 // workspace ws: work on a stream of its own (Ops.Capture's) may run
 // beside the default stream's, so it must not share the handle's. With an
 // addend (add.Ptr != 0, acc false) it computes C = op(A)·op(B) + add, add
-// laid out as C: a residual added in the product's epilogue.
-func (b *Blas) gemmBF16(stream uintptr, ws Buffer, transA, transB bool, m, n, k int, A Buffer, lda int, B Buffer, ldb int, C Buffer, ldc int, acc bool, add Buffer) error {
+// laid out as C: a residual added in the product's epilogue. With out16,
+// C is bf16: the float32 sums rounded once as they are stored (no addend,
+// no accumulation).
+func (b *Blas) gemmBF16(stream uintptr, ws Buffer, transA, transB bool, m, n, k int, A Buffer, lda int, B Buffer, ldb int, C Buffer, ldc int, acc bool, add Buffer, out16 bool) error {
 	if m <= 0 || n <= 0 || k <= 0 {
 		return nil
+	}
+	if out16 && (acc || add.Ptr != 0) {
+		return fmt.Errorf("cuda: a bf16 product with a bf16 output accumulates nothing")
 	}
 	in := C // cuBLASLt's C, the addend; C here is its D
 	if add.Ptr != 0 {
@@ -216,7 +222,7 @@ func (b *Blas) gemmBF16(stream uintptr, ws Buffer, transA, transB bool, m, n, k 
 		}
 		in, acc = add, true
 	}
-	key := gemmKey{transA, transB, m, n, k, lda, ldb, ldc, alignment(A.Ptr), alignment(B.Ptr), alignment(C.Ptr), alignment(in.Ptr)}
+	key := gemmKey{transA, transB, m, n, k, lda, ldb, ldc, alignment(A.Ptr), alignment(B.Ptr), alignment(C.Ptr), alignment(in.Ptr), out16}
 	alpha, beta := new(float32), new(float32)
 	*alpha = 1
 	if acc {
@@ -301,7 +307,11 @@ func (b *Blas) planLocked(key gemmKey) (*gemmPlan, error) {
 		if err := b.check(lt.layoutCreate(&p.b, dataBF16, br, bc, int64(key.ldb)), "layout B"); err != nil {
 			return err
 		}
-		if err := b.check(lt.layoutCreate(&p.c, dataF32, uint64(key.m), uint64(key.n), int64(key.ldc)), "layout C"); err != nil {
+		ct := int32(dataF32)
+		if key.out16 {
+			ct = dataBF16
+		}
+		if err := b.check(lt.layoutCreate(&p.c, ct, uint64(key.m), uint64(key.n), int64(key.ldc)), "layout C"); err != nil {
 			return err
 		}
 		var pref uintptr

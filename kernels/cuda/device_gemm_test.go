@@ -876,3 +876,97 @@ func TestDeviceNVFP4(t *testing.T) {
 		}
 	}
 }
+
+// TestDeviceBF16Output: a bf16 product written in bf16 (Product.Y16; the
+// gate and up projections side by side, as the bf16 training mode keeps
+// them) is the float32 product rounded to bf16, within one bf16 step where
+// the two outputs' algorithms add in other orders (none on the emulator);
+// every element written; refused where the products have no bf16 output
+// or with an addend. And SwiGLU's forward and backward from a bf16 gu give
+// the float32-input kernels' bits over the widened values.
+func TestDeviceBF16Output(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(17, 4))
+	const rows, in, n = 21, 40, 24 // n: each of the two products' outputs
+	arena := bufOf(g, randF32(r, 4+2*n*in, 1))
+	wg, wu := arena.Floats(4, n*in), arena.Floats(4+n*in, n*in)
+	x := bufOf(g, randF32(r, rows*in, 1))
+	ops := NewOps(g.d)
+	bl, err := NewBF16Linear(ops, arena, 4+2*n*in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bl.Free()
+	nan16 := make([]uint16, rows*2*n)
+	for i := range nan16 {
+		nan16[i] = 0x7fc1
+	}
+	gu16 := bufOf(g, nan16)
+	if err := bl.LinearMany(x, rows, in, in, Product{Y: gu16, W: wg, Out: n, LdY: 2 * n, Y16: true},
+		Product{Y: BF16Rows(gu16, n, rows*2*n-n), W: wu, Out: n, LdY: 2 * n, Y16: true}); err != nil {
+		t.Fatal(err)
+	}
+	gu := g.poisoned(rows * 2 * n)
+	if err := bl.LinearMany(x, rows, in, in, Product{Y: gu, W: wg, Out: n, LdY: 2 * n},
+		Product{Y: gu.Floats(n, rows*2*n-n), W: wu, Out: n, LdY: 2 * n}); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]uint16, rows*2*n)
+	if err := Download(g.d, got, gu16); err != nil {
+		t.Fatal(err)
+	}
+	want := g.f32(gu, rows*2*n)
+	steps := 0
+	for i, h := range got {
+		w := kernels.BF16FromFloat32(want[i])
+		if h == 0x7fc1 {
+			t.Fatalf("element %d (row %d, column %d) not written", i, i/(2*n), i%(2*n))
+		}
+		if d := int(h) - int(w); d != 0 {
+			if d < -1 || d > 1 || g.d.Emulated {
+				t.Fatalf("element %d: bf16 %#04x, the float32 product %g rounds to %#04x", i, h, want[i], uint16(w))
+			}
+			steps++
+		}
+	}
+	t.Logf("%d of %d elements one bf16 step from the rounded float32 product", steps, len(got))
+	if err := bl.LinearMany(x, rows, in, in, Product{Y: gu16, W: wg, Out: n, LdY: 2 * n, Y16: true, Add: gu}); err == nil {
+		t.Error("a bf16 output with an addend was accepted")
+	}
+	if err := ops.LinearMany(x, rows, in, in, Product{Y: gu16, W: wg, Out: n, LdY: 2 * n, Y16: true}); err == nil {
+		t.Error("the float32 products accepted a bf16 output")
+	}
+
+	// SwiGLU from the bf16 gu: the same bits as from its widened values.
+	wide := make([]float32, len(got))
+	for i, h := range got {
+		wide[i] = kernels.BF16(h).Float32()
+	}
+	guw, da := bufOf(g, wide), bufOf(g, randF32(r, rows*n, 1))
+	a16, a16w := bufOf(g, make([]uint16, rows*n)), bufOf(g, make([]uint16, rows*n))
+	d16, d16w := bufOf(g, make([]uint16, rows*2*n)), bufOf(g, make([]uint16, rows*2*n))
+	for _, err := range []error{ops.SwiGLUBF16From16(a16, gu16, rows, n), ops.SwiGLUBF16(a16w, guw, rows, n),
+		ops.SwiGLUBackBF16From16(d16, da, gu16, rows, n), ops.SwiGLUBackBF16(d16w, da, guw, rows, n)} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		what string
+		a, b Buffer
+		n    int
+	}{{"SwiGLU", a16, a16w, rows * n}, {"SwiGLU's backward", d16, d16w, rows * 2 * n}} {
+		x, y := make([]uint16, c.n), make([]uint16, c.n)
+		if err := Download(g.d, x, c.a); err != nil {
+			t.Fatal(err)
+		}
+		if err := Download(g.d, y, c.b); err != nil {
+			t.Fatal(err)
+		}
+		for i := range x {
+			if x[i] != y[i] {
+				t.Fatalf("%s from bf16 gu, element %d: %#04x, from its widened values %#04x", c.what, i, x[i], y[i])
+			}
+		}
+	}
+}

@@ -183,14 +183,14 @@ func (g *Graph) Close() {
 // gemmBF16 is blas.GemmBF16 on o's stream: with the graphs' workspace
 // while Capture records.
 func (o *Ops) gemmBF16(blas *Blas, transA, transB bool, m, n, k int, A Buffer, lda int, B Buffer, ldb int, C Buffer, ldc int, acc bool) error {
-	return o.gemmBF16Add(blas, transA, transB, m, n, k, A, lda, B, ldb, C, ldc, acc, Buffer{})
+	return o.gemmBF16Add(blas, transA, transB, m, n, k, A, lda, B, ldb, C, ldc, acc, Buffer{}, false)
 }
 
 // gemmBF16Add is gemmBF16 with an addend (Blas.gemmBF16's add).
-func (o *Ops) gemmBF16Add(blas *Blas, transA, transB bool, m, n, k int, A Buffer, lda int, B Buffer, ldb int, C Buffer, ldc int, acc bool, add Buffer) error {
+func (o *Ops) gemmBF16Add(blas *Blas, transA, transB bool, m, n, k int, A Buffer, lda int, B Buffer, ldb int, C Buffer, ldc int, acc bool, add Buffer, out16 bool) error {
 	ws := blas.ws
 	if o.stream != 0 {
 		ws = o.graph.ws
 	}
-	return blas.gemmBF16(o.stream, ws, transA, transB, m, n, k, A, lda, B, ldb, C, ldc, acc, add)
+	return blas.gemmBF16(o.stream, ws, transA, transB, m, n, k, A, lda, B, ldb, C, ldc, acc, add, out16)
 }

@@ -154,11 +154,12 @@ func (o *Ops) LinearMany(x Buffer, rows, in, ldx int, ps ...Product) error {
 	return nil
 }
 
-// noAddend refuses products with an addend where the epilogue has none.
+// noAddend refuses products with an addend, or a bf16 output, where the
+// epilogue has neither.
 func noAddend(ps []Product) error {
 	for _, p := range ps {
-		if p.Add.Ptr != 0 {
-			return fmt.Errorf("cuda: a product with an addend outside the bf16 products")
+		if p.Add.Ptr != 0 || p.Y16 {
+			return fmt.Errorf("cuda: a product with an addend or a bf16 output outside the bf16 products")
 		}
 	}
 	return nil
@@ -241,6 +242,17 @@ func (o *Ops) NormRopeKVBF16(q, kcache, vcache, qraw, kraw, v, qw, kw, cos, sin,
 // SwiGLUBF16 is SwiGLU with a rounded to bf16 in the same pass.
 func (o *Ops) SwiGLUBF16(a16, gu Buffer, rows, n int) error {
 	return o.Launch("rows.cu", "swiglu_fwd_bf16", elemGrid(rows*n), block256, a16, gu, int64(rows), n)
+}
+
+// SwiGLUBF16From16 is SwiGLUBF16 from gu16 [rows, 2n] in bf16 (a product's
+// bf16 output, Product.Y16).
+func (o *Ops) SwiGLUBF16From16(a16, gu16 Buffer, rows, n int) error {
+	return o.Launch("rows.cu", "swiglu_fwd_bf16_gu16", elemGrid(rows*n), block256, a16, gu16, int64(rows), n)
+}
+
+// SwiGLUBackBF16From16 is SwiGLUBackBF16 from gu16 in bf16.
+func (o *Ops) SwiGLUBackBF16From16(dgu16, da, gu16 Buffer, rows, n int) error {
+	return o.Launch("rows.cu", "swiglu_bwd_bf16_gu16", elemGrid(rows*n), block256, dgu16, da, gu16, int64(rows), n)
 }
 
 // SwiGLUBackBF16 is SwiGLU's backward with dgu rounded to bf16: from da

@@ -1,7 +1,8 @@
 // The emulator's cuBLASLt: the matmul keel asks for (kernels/cuda/
 // cublaslt.go), D = alpha·op(A)·op(B) + beta·C over column-major layouts,
-// bf16 A and B, float32 C and D, float32 compute and scale, computed in
-// float64 and rounded once. Everything else (other types, orders, epilogues,
+// bf16 A and B, float32 C and D (or bf16 C and D: the float32 result
+// rounded to bf16), float32 compute and scale, computed in float64 and
+// rounded once. Everything else (other types, orders, epilogues,
 // batched layouts) is refused with CUBLAS_STATUS_NOT_SUPPORTED and a
 // message, so that keel cannot come to depend on something the emulator
 // does not check. The shapes are checked as the library does: op(A) is
@@ -70,9 +71,10 @@ int shapes(const Desc* d, const Layout* a, const Layout* b, const Layout* c, con
   if (d->compute != COMPUTE_32F || d->scale != R_32F)
     return refuse("compute type " + std::to_string(d->compute) + ", scale type " + std::to_string(d->scale) +
                   " (emulated: CUBLAS_COMPUTE_32F with CUDA_R_32F scale)");
-  if (a->type != R_16BF || b->type != R_16BF || c->type != R_32F || dd->type != R_32F)
+  if (a->type != R_16BF || b->type != R_16BF || (c->type != R_32F && c->type != R_16BF) || dd->type != c->type)
     return refuse("types A " + std::to_string(a->type) + ", B " + std::to_string(b->type) + ", C " +
-                  std::to_string(c->type) + ", D " + std::to_string(dd->type) + " (emulated: bf16, bf16, f32, f32)");
+                  std::to_string(c->type) + ", D " + std::to_string(dd->type) +
+                  " (emulated: bf16, bf16, and f32 or bf16 for both C and D)");
   if (c->rows != dd->rows || c->cols != dd->cols || c->ld != dd->ld) return refuse("C and D with different layouts");
   *m = dd->rows;
   *n = dd->cols;
@@ -90,6 +92,16 @@ float bf16(uint16_t h) {
   float f;
   memcpy(&f, &u, 4);
   return f;
+}
+
+// to_bf16 rounds to nearest, ties to even (keel's f32_to_bf16); a NaN
+// stays a NaN.
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
 }
 
 }  // namespace
@@ -242,6 +254,7 @@ int run(const Product& pr) {
     return invalid("an operand outside the device's allocations");
   const uint16_t* a = (const uint16_t*)A;
   const uint16_t* b = (const uint16_t*)B;
+  const bool c16 = lc->type == R_16BF;  // C and D bf16: D the float32 result rounded once
   const float* cm = (const float*)C;
   float* dm = (float*)D;
   // Rows of op(A) and columns of op(B), widened once, each contiguous in k.
@@ -258,8 +271,12 @@ int run(const Product& pr) {
       double acc = 0;
       for (uint64_t p = 0; p < k; p++) acc += (double)x[p] * y[p];
       double v = al * acc;
-      if (be != 0) v += be * cm[i + j * lc->ld];
-      dm[i + j * lc->ld] = (float)v;
+      const uint64_t at = i + j * lc->ld;
+      if (be != 0) v += be * (c16 ? bf16(((const uint16_t*)C)[at]) : cm[at]);
+      if (c16)
+        ((uint16_t*)D)[at] = to_bf16((float)v);
+      else
+        dm[at] = (float)v;
     }
   return SUCCESS;
 }

@@ -153,7 +153,7 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			},
 			func() error {
 				if e.bf != nil {
-					return e.ops.SwiGLUBackBF16(dgu, da, a.gu, T, d.I)
+					return e.ops.SwiGLUBackBF16From16(dgu, da, a.gu, T, d.I)
 				}
 				return e.launch("rows.cu", "swiglu_bwd", elemGrid(T*d.I), block256, dgu, da, a.gu, int64(T), d.I)
 			},

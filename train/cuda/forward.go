@@ -553,11 +553,14 @@ func (e *Engine) allocLayer(f *fwdState, a *layerActs, dense, moe bool) error {
 		}
 	}
 	if dense {
-		act := span{&a.a, T * d.I}
+		// gu is the gate and up products' output: in the bf16 mode their
+		// bf16 output (the float32 sums rounded once, as PyTorch's autocast
+		// keeps a product's output), which SwiGLU and its backward read.
+		act, gu := span{&a.a, T * d.I}, span{&a.gu, T * 2 * d.I}
 		if e.bf != nil {
-			act = bf16Span(&a.ab, T*d.I)
+			act, gu = bf16Span(&a.ab, T*d.I), bf16Span(&a.gu, T*2*d.I)
 		}
-		if err := e.bufs(f, span{&a.gu, T * 2 * d.I}, act); err != nil {
+		if err := e.bufs(f, gu, act); err != nil {
 			return err
 		}
 	}
@@ -642,12 +645,16 @@ func (e *Engine) mlpForward(f *fwdState, a *layerActs, l *model.Layer, next Buff
 	d, T := e.dims(), f.T
 	steps := []func() error{
 		func() error {
-			return e.linears(e.pick(a.h2, a.h2b), T, d.H, kc.Product{Y: a.gu, W: e.param(e.w, l.Gate), Out: d.I, LdY: 2 * d.I},
+			if e.bf != nil { // gu in bf16
+				return e.linears(a.h2b, T, d.H, kc.Product{Y: a.gu, W: e.param(e.w, l.Gate), Out: d.I, LdY: 2 * d.I, Y16: true},
+					kc.Product{Y: kc.BF16Rows(a.gu, d.I, T*2*d.I-d.I), W: e.param(e.w, l.Up), Out: d.I, LdY: 2 * d.I, Y16: true})
+			}
+			return e.linears(a.h2, T, d.H, kc.Product{Y: a.gu, W: e.param(e.w, l.Gate), Out: d.I, LdY: 2 * d.I},
 				kc.Product{Y: sub(a.gu, d.I, T*2*d.I-d.I), W: e.param(e.w, l.Up), Out: d.I, LdY: 2 * d.I})
 		},
 		func() error {
 			if e.bf != nil {
-				return e.ops.SwiGLUBF16(a.ab, a.gu, T, d.I)
+				return e.ops.SwiGLUBF16From16(a.ab, a.gu, T, d.I)
 			}
 			return e.ops.SwiGLU(a.a, a.gu, T, d.I)
 		},

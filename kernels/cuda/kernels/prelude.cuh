@@ -145,6 +145,11 @@ __device__ __forceinline__ void copies_wait_prev(int async) {
 #endif
 }
 
+// widen reads an input element as float32: a float32 as it is, a bf16
+// exactly.
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ float widen(bf16_t h) { return bf16_to_f32(h); }
+
 // put stores an output element: float32, or rounded to bf16 where the
 // element is a bf16 product's operand (the fused kernels' outputs).
 __device__ __forceinline__ void put(float* p, float v) { *p = v; }

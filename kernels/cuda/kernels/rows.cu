@@ -141,15 +141,15 @@ extern "C" __global__ void sum_chunks(float* __restrict__ out, const float* __re
   out[j] = v;
 }
 
-// swiglu_rows: a = silu(g) * u, where each row of gu holds the gate and
-// up projections side by side ([rows, 2n]) and a is [rows, n], float32 or
-// bf16 (put).
-template <typename O>
-__device__ __forceinline__ void swiglu_rows(O* __restrict__ a, const float* __restrict__ gu, i64 rows, int n) {
+// swiglu_rows: a = silu(g) * u, where each row of gu (float32, or bf16 as
+// a product wrote it) holds the gate and up projections side by side
+// ([rows, 2n]) and a is [rows, n], float32 or bf16 (put).
+template <typename O, typename I>
+__device__ __forceinline__ void swiglu_rows(O* __restrict__ a, const I* __restrict__ gu, i64 rows, int n) {
   const i64 total = rows * n;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
     const i64 r = i / n, j = i % n;
-    const float g = gu[r * 2 * n + j], u = gu[r * 2 * n + n + j];
+    const float g = widen(gu[r * 2 * n + j]), u = widen(gu[r * 2 * n + n + j]);
     put(a + i, g / (1.f + expf(-g)) * u);
   }
 }
@@ -165,15 +165,21 @@ extern "C" __global__ void swiglu_fwd_bf16(bf16_t* __restrict__ a, const float* 
   swiglu_rows(a, gu, rows, n);
 }
 
+// swiglu_fwd_bf16_gu16 is swiglu_fwd_bf16 from gu in bf16 (the gate and up
+// product's bf16 output in the bf16 training mode).
+extern "C" __global__ void swiglu_fwd_bf16_gu16(bf16_t* __restrict__ a, const bf16_t* __restrict__ gu, i64 rows, int n) {
+  swiglu_rows(a, gu, rows, n);
+}
+
 // swiglu_bwd_rows: from da [rows, n], dgu [rows, 2n] = (da*u*silu'(g),
 // da*silu(g)), float32 or bf16 (put).
-template <typename O>
+template <typename O, typename I>
 __device__ __forceinline__ void swiglu_bwd_rows(O* __restrict__ dgu, const float* __restrict__ da,
-                                                const float* __restrict__ gu, i64 rows, int n) {
+                                                const I* __restrict__ gu, i64 rows, int n) {
   const i64 total = rows * n;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
     const i64 r = i / n, j = i % n;
-    const float g = gu[r * 2 * n + j], u = gu[r * 2 * n + n + j];
+    const float g = widen(gu[r * 2 * n + j]), u = widen(gu[r * 2 * n + n + j]);
     const float sg = 1.f / (1.f + expf(-g));
     const float silu = g * sg;
     const float d = da[i];
@@ -193,6 +199,12 @@ extern "C" __global__ void swiglu_bwd(float* __restrict__ dgu, const float* __re
 // is all dgu is used for.
 extern "C" __global__ void swiglu_bwd_bf16(bf16_t* __restrict__ dgu, const float* __restrict__ da,
                                            const float* __restrict__ gu, i64 rows, int n) {
+  swiglu_bwd_rows(dgu, da, gu, rows, n);
+}
+
+// swiglu_bwd_bf16_gu16 is swiglu_bwd_bf16 from gu in bf16.
+extern "C" __global__ void swiglu_bwd_bf16_gu16(bf16_t* __restrict__ dgu, const float* __restrict__ da,
+                                                const bf16_t* __restrict__ gu, i64 rows, int n) {
   swiglu_bwd_rows(dgu, da, gu, rows, n);
 }
 
