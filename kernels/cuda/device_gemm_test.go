@@ -404,6 +404,57 @@ func TestDeviceFlashAttention(t *testing.T) {
 		}{{"out", bout, pout, T * qd}, {"lse", blse, plse, T * c.heads}, {"dq", bdq, pdq, T * qd}, {"dk", bdk, pdk, T * kvd}, {"dv", bdv, pdv, T * kvd}} {
 			sameBits(t, fmt.Sprintf("%s %s, cp.async %v against %v", name, x.what, !ops.FlashPlainCopies, !plain.FlashPlainCopies), g.f32(x.a, x.n), g.f32(x.b, x.n))
 		}
+		// With q's and k's bf16 copies given (the training engine's, made by
+		// NormRopeBF16, padded with zero rows): the same bits, the
+		// backward's transposed copies made from them.
+		gq, gk := g.poisoned(FlashPad(T)*qd/2), g.poisoned(FlashPad(T)*kvd/2)
+		for _, z := range []Buffer{gq, gk} {
+			if err := g.d.Zero(z); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := ops.ToBF16(gq, bq, T*qd); err != nil {
+			t.Fatal(err)
+		}
+		if err := ops.ToBF16(gk, bk, T*kvd); err != nil {
+			t.Fatal(err)
+		}
+		gfs, err := NewFlashScratchGivenQK(g.d, T, c.heads, c.kv, c.hd, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gbs, err := NewFlashScratchGivenQK(g.d, T, c.heads, c.kv, c.hd, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ops.FlashAttention(gfs, g.poisoned(T*qd), g.poisoned(T*c.heads), bq, bk, bv, bst, scale); err == nil {
+			t.Error("a given-q/k scratch without its copies (UseQK) was accepted")
+		}
+		gout, glse, gdsum := g.poisoned(T*qd), g.poisoned(T*c.heads), g.poisoned(T*c.heads)
+		gdq, gdk, gdv := g.poisoned(T*qd), g.poisoned(T*kvd), g.poisoned(T*kvd)
+		for _, s := range []*FlashScratch{gfs, gbs} {
+			if err := s.UseQK(gq, gk); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := ops.FlashAttention(gfs, gout, glse, Buffer{}, Buffer{}, bv, bst, scale); err != nil {
+			t.Fatal(err)
+		}
+		if err := ops.FlashAttentionBackward(gbs, gdq, gdk, gdv, gdsum, bdo, gout, glse, Buffer{}, Buffer{}, bv, bst, ben, scale); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.d.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		gfs.Free()
+		gbs.Free()
+		for _, x := range []struct {
+			what string
+			a, b Buffer
+			n    int
+		}{{"out", bout, gout, T * qd}, {"lse", blse, glse, T * c.heads}, {"dq", bdq, gdq, T * qd}, {"dk", bdk, gdk, T * kvd}, {"dv", bdv, gdv, T * kvd}} {
+			sameBits(t, fmt.Sprintf("%s %s, q and k copies given", name, x.what), g.f32(x.b, x.n), g.f32(x.a, x.n))
+		}
 		// The backward with one stage of shared memory (each tile's copy
 		// waited for before its products), both copy paths: the same
 		// arithmetic in the same order as the pipelined kernels, so the

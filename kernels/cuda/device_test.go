@@ -332,6 +332,34 @@ func TestDeviceNormRope(t *testing.T) {
 		name := fmt.Sprintf("norm+rope %v", c)
 		closeTo(t, name, g.f32(bout, len(out)), out, 1e-5)
 		closeTo(t, name+" inv", g.f32(binv, len(inv)), inv, 1e-6)
+		// In bf16, padded for flash.cu: the float32 kernel's output
+		// rounded, bit for bit, and zero pad rows (over a NaN-filled
+		// buffer), the same inverse RMS.
+		width, pad := c.heads*c.hd, FlashPad(c.T)
+		nan16 := make([]uint16, pad*width)
+		for i := range nan16 {
+			nan16[i] = 0x7fc1
+		}
+		bout16, binv16 := bufOf(g, nan16), g.poisoned(len(inv))
+		ops := NewOps(g.d)
+		if err := ops.NormRopeBF16(bout16, binv16, bufOf(g, raw), bufOf(g, w), bcos, bsin, bpos, c.T, c.heads, c.hd, stride, 1e-6); err != nil {
+			t.Fatal(err)
+		}
+		got16 := make([]uint16, pad*width)
+		if err := Download(g.d, got16, bout16); err != nil {
+			t.Fatal(err)
+		}
+		f32out := g.f32(bout, len(out))
+		for i, h := range got16 {
+			want := uint16(0)
+			if i < len(f32out) {
+				want = uint16(kernels.BF16FromFloat32(f32out[i]))
+			}
+			if h != want {
+				t.Fatalf("%s bf16 element %d (row %d): %#04x, want %#04x", name, i, i/width, h, want)
+			}
+		}
+		sameBits(t, name+" bf16 inv", g.f32(binv16, len(inv)), g.f32(binv, len(inv)))
 
 		// The backward's rotation: RoPE with negated sines, in place.
 		d := randF32(r, c.T*stride, 1)

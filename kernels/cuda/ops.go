@@ -208,6 +208,14 @@ func (o *Ops) NormRope(out, inv, raw, w, cos, sin, pos Buffer, rows, heads, hd, 
 	return o.Launch("rows.cu", "norm_rope_fwd", Dim3{X: rows}, block256, out, inv, raw, w, cos, sin, pos, heads, hd, int64(rawStride), eps)
 }
 
+// NormRopeBF16 is NormRope with out16 in bf16, [FlashPad(rows), heads·hd]
+// with the pad rows zero: flash.cu's row-major copy of q or k
+// (FlashScratch.UseQK), bit for bit NormRope's output rounded.
+func (o *Ops) NormRopeBF16(out16, inv, raw, w, cos, sin, pos Buffer, rows, heads, hd, rawStride int, eps float32) error {
+	return o.Launch("rows.cu", "norm_rope_fwd_bf16", Dim3{X: FlashPad(rows)}, block256, out16, inv, raw, w, cos, sin, pos, heads, hd,
+		int64(rawStride), eps, rows)
+}
+
 // Attention: causal grouped-query attention over packed sequences
 // (seqStart, int32 per row, is where each row's sequence starts; the
 // sequences lie in order), by the tiled kernel: each row's bits are the
@@ -428,11 +436,45 @@ type FlashScratch struct {
 	rows, pad, heads, kv, hd         int
 	q, k, v, kt, vt, qt, dout, doutT Buffer
 	bufs                             []Buffer
+	// givenQK: the caller makes q's and k's row-major copies
+	// (NormRopeBF16) and points the scratch at them (UseQK).
+	givenQK bool
 }
 
 // NewFlashScratch allocates from mem the copies a forward (backward false)
 // or a backward over rows tokens needs.
 func NewFlashScratch(mem Memory, rows, heads, kv, hd int, backward bool) (*FlashScratch, error) {
+	return newFlashScratch(mem, rows, heads, kv, hd, backward, false)
+}
+
+// NewFlashScratchGivenQK is NewFlashScratch for a caller that makes q's and
+// k's row-major bf16 copies itself ([Pad(rows), width], the pad rows zero:
+// NormRopeBF16 writes them so, and the training engine keeps them for the
+// backward) and hands them to each call with UseQK: no rounding pass of
+// its own for them, and in a backward the transposed copies made from
+// them (the same bits).
+func NewFlashScratchGivenQK(mem Memory, rows, heads, kv, hd int, backward bool) (*FlashScratch, error) {
+	return newFlashScratch(mem, rows, heads, kv, hd, backward, true)
+}
+
+// FlashPad is the rows of flash.cu's copies for rows tokens: rows rounded
+// up to 128.
+func FlashPad(rows int) int { return (rows + 127) / 128 * 128 }
+
+// UseQK points a NewFlashScratchGivenQK scratch at q16 and k16, the bf16
+// row-major copies of the next call's q and k.
+func (s *FlashScratch) UseQK(q16, k16 Buffer) error {
+	if !s.givenQK {
+		return fmt.Errorf("cuda: UseQK on a flash scratch that makes its own copies of q and k")
+	}
+	if q16.Size < int64(s.pad*s.heads*s.hd)*2 || k16.Size < int64(s.pad*s.kv*s.hd)*2 {
+		return fmt.Errorf("cuda: UseQK: copies of %d and %d bytes for %d padded rows of %d and %d", q16.Size, k16.Size, s.pad, s.heads*s.hd, s.kv*s.hd)
+	}
+	s.q, s.k = q16, k16
+	return nil
+}
+
+func newFlashScratch(mem Memory, rows, heads, kv, hd int, backward, givenQK bool) (*FlashScratch, error) {
 	d := mem.Device()
 	if err := checkFlash(heads, kv, hd); err != nil {
 		return nil, err
@@ -440,7 +482,7 @@ func NewFlashScratch(mem Memory, rows, heads, kv, hd int, backward bool) (*Flash
 	if rows < 1 {
 		return nil, fmt.Errorf("cuda: flash attention's copies for %d rows", rows)
 	}
-	s := &FlashScratch{mem: mem, rows: rows, pad: (rows + 127) / 128 * 128, heads: heads, kv: kv, hd: hd}
+	s := &FlashScratch{mem: mem, rows: rows, pad: FlashPad(rows), heads: heads, kv: kv, hd: hd, givenQK: givenQK}
 	qd, kvd := int64(s.pad*heads*hd)*2, int64(s.pad*kv*hd)*2
 	type copyBuf struct {
 		b     *Buffer
@@ -451,6 +493,9 @@ func NewFlashScratch(mem Memory, rows, heads, kv, hd int, backward bool) (*Flash
 	if backward {
 		want = []copyBuf{{&s.q, qd, true}, {&s.k, kvd, true}, {&s.v, kvd, true}, {&s.kt, kvd, false},
 			{&s.qt, qd, false}, {&s.dout, qd, true}, {&s.doutT, qd, false}}
+	}
+	if givenQK {
+		want = want[2:] // q and k come with each call (UseQK)
 	}
 	for _, w := range want {
 		b, err := mem.Alloc(w.bytes)
@@ -486,6 +531,28 @@ func (o *Ops) colsBF16(dst, src Buffer, rows, width, pad int) error {
 	return o.Launch("flash.cu", "flash_cols", Dim3{X: pad / 32, Y: (width + 31) / 32}, block256, dst, src, rows, width, pad)
 }
 
+// cols16 is colsBF16 from a bf16 src [rows, width]: the same bits as from
+// the float32 values it rounds.
+func (o *Ops) cols16(dst, src16 Buffer, rows, width, pad int) error {
+	return o.Launch("flash.cu", "flash_cols16", Dim3{X: pad / 32, Y: (width + 31) / 32}, block256, dst, src16, rows, width, pad)
+}
+
+// qkCopies makes s's row-major copies of q and k, unless the caller gave
+// them (UseQK).
+func (o *Ops) qkCopies(s *FlashScratch, q, k Buffer) error {
+	if s.givenQK {
+		if s.q.Ptr == 0 || s.k.Ptr == 0 {
+			return fmt.Errorf("cuda: a flash scratch without its copies of q and k (UseQK)")
+		}
+		return nil
+	}
+	T := s.rows
+	if err := o.rowsBF16(s.q, q, T, s.heads*s.hd); err != nil {
+		return err
+	}
+	return o.rowsBF16(s.k, k, T, s.kv*s.hd)
+}
+
 // FlashAttention is Attention on the tensor cores (flash.cu): bf16
 // operands, float32 accumulation, the softmax online, for the bf16
 // training mode. Deterministic, but neither batch invariant nor equal to
@@ -495,10 +562,9 @@ func (o *Ops) FlashAttention(s *FlashScratch, out, lse, q, k, v, seqStart Buffer
 	if s.vt.Ptr == 0 {
 		return fmt.Errorf("cuda: FlashAttention given a backward's scratch")
 	}
-	T, qd, kvd := s.rows, s.heads*s.hd, s.kv*s.hd
+	T, kvd := s.rows, s.kv*s.hd
 	for _, f := range []func() error{
-		func() error { return o.rowsBF16(s.q, q, T, qd) },
-		func() error { return o.rowsBF16(s.k, k, T, kvd) },
+		func() error { return o.qkCopies(s, q, k) },
 		func() error { return o.colsBF16(s.vt, v, T, kvd, s.pad) },
 		func() error {
 			name, rows, shared := "flash_fwd_%d", 64, 0
@@ -552,10 +618,19 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv, dsum, dout, ou
 	}
 	T, qd, kvd := s.rows, s.heads*s.hd, s.kv*s.hd
 	for _, f := range []func() error{
-		func() error { return o.rowsBF16(s.q, q, T, qd) },
-		func() error { return o.colsBF16(s.qt, q, T, qd, s.pad) },
-		func() error { return o.rowsBF16(s.k, k, T, kvd) },
-		func() error { return o.colsBF16(s.kt, k, T, kvd, s.pad) },
+		func() error { return o.qkCopies(s, q, k) },
+		func() error {
+			if s.givenQK { // transposed from the bf16 copies: the same bits
+				return o.cols16(s.qt, s.q, T, qd, s.pad)
+			}
+			return o.colsBF16(s.qt, q, T, qd, s.pad)
+		},
+		func() error {
+			if s.givenQK {
+				return o.cols16(s.kt, s.k, T, kvd, s.pad)
+			}
+			return o.colsBF16(s.kt, k, T, kvd, s.pad)
+		},
 		func() error { return o.rowsBF16(s.v, v, T, kvd) },
 		func() error { return o.rowsBF16(s.dout, dout, T, qd) },
 		func() error { return o.colsBF16(s.doutT, dout, T, qd, s.pad) },

@@ -69,7 +69,12 @@ type layerActs struct {
 	// each once, in the kernel that computes it where one can, and the
 	// backward's weight gradients read them again.
 	h1b, attb, h2b, ab Buffer
-	moe                *moeActs // nil in dense layers
+	// With flash.cu (the bf16 mode), q and k after their norm and RoPE
+	// are kept only as flash.cu's bf16 row-major copies ([FlashPad(T),
+	// width], the pad rows zero), which NormRopeBF16 writes and both
+	// attention passes read (FlashScratch.UseQK); q and k stay unused.
+	q16, k16 Buffer
+	moe      *moeActs // nil in dense layers
 }
 
 // fwdState is one Forward's input and saved activations.
@@ -527,8 +532,13 @@ func (e *Engine) layerBufs(f *fwdState, a *layerActs, l *model.Layer) error {
 // MLP's or an MoE block's (device side) as asked.
 func (e *Engine) allocLayer(f *fwdState, a *layerActs, dense, moe bool) error {
 	d, T := e.dims(), f.T
-	if err := e.bufs(f, span{&a.qraw, T * d.qd}, span{&a.kraw, T * d.kvd}, span{&a.q, T * d.qd},
-		span{&a.k, T * d.kvd}, span{&a.v, T * d.kvd}, span{&a.att, T * d.qd}, span{&a.xmid, T * d.H},
+	q, k := span{&a.q, T * d.qd}, span{&a.k, T * d.kvd}
+	if e.flash() {
+		Tp := kc.FlashPad(T)
+		q, k = bf16Span(&a.q16, Tp*d.qd), bf16Span(&a.k16, Tp*d.kvd)
+	}
+	if err := e.bufs(f, span{&a.qraw, T * d.qd}, span{&a.kraw, T * d.kvd}, q, k,
+		span{&a.v, T * d.kvd}, span{&a.att, T * d.qd}, span{&a.xmid, T * d.H},
 		span{&a.inv1, T}, span{&a.invq, T * d.heads}, span{&a.invk, T * d.kv}, span{&a.lse, T * d.heads}, span{&a.inv2, T}); err != nil {
 		return err
 	}
@@ -601,20 +611,29 @@ func (e *Engine) attentionForward(f *fwdState, a *layerActs, l *model.Layer) err
 				kc.Product{Y: a.kraw, W: e.param(e.w, l.K), Out: d.kvd, LdY: d.kvd}, kc.Product{Y: a.v, W: e.param(e.w, l.V), Out: d.kvd, LdY: d.kvd})
 		},
 		func() error {
+			if e.flash() { // straight into flash.cu's bf16 copy
+				return e.ops.NormRopeBF16(a.q16, a.invq, a.qraw, e.param(e.w, l.QNorm), e.rope.cos, e.rope.sin, f.dPos, T, d.heads, d.hd, d.qd, d.eps)
+			}
 			return e.ops.NormRope(a.q, a.invq, a.qraw, e.param(e.w, l.QNorm), e.rope.cos, e.rope.sin, f.dPos, T, d.heads, d.hd, d.qd, d.eps)
 		},
 		func() error {
+			if e.flash() {
+				return e.ops.NormRopeBF16(a.k16, a.invk, a.kraw, e.param(e.w, l.KNorm), e.rope.cos, e.rope.sin, f.dPos, T, d.kv, d.hd, d.kvd, d.eps)
+			}
 			return e.ops.NormRope(a.k, a.invk, a.kraw, e.param(e.w, l.KNorm), e.rope.cos, e.rope.sin, f.dPos, T, d.kv, d.hd, d.kvd, d.eps)
 		},
 		func() error {
 			if e.flash() {
 				if f.flash == nil {
 					var err error
-					if f.flash, err = kc.NewFlashScratch(e.pool, T, d.heads, d.kv, d.hd, false); err != nil {
+					if f.flash, err = kc.NewFlashScratchGivenQK(e.pool, T, d.heads, d.kv, d.hd, false); err != nil {
 						return err
 					}
 				}
-				return e.ops.FlashAttention(f.flash, a.att, a.lse, a.q, a.k, a.v, f.dStart, d.scale)
+				if err := f.flash.UseQK(a.q16, a.k16); err != nil {
+					return err
+				}
+				return e.ops.FlashAttention(f.flash, a.att, a.lse, Buffer{}, Buffer{}, a.v, f.dStart, d.scale)
 			}
 			return e.ops.Attention(a.att, a.lse, a.q, a.k, a.v, f.dStart, T, d.heads, d.kv, d.hd, d.scale)
 		},

@@ -62,19 +62,30 @@ __device__ __forceinline__ void load_a(u32 (&a)[HD / 16][4], const bf16_t* src, 
 // flash_cols writes dst[c*Tp + t] = bf16(src[t*n + c]) for the T rows and
 // n columns of src, zeros for T <= t < Tp: a transposed bf16 copy, through
 // 32 x 32 tiles of shared memory. grid = (Tp/32, ceil(n/32)), block 256.
-extern "C" __global__ void __launch_bounds__(256) flash_cols(bf16_t* __restrict__ dst, const float* __restrict__ src,
-                                                             int T, int n, int Tp) {
+template <typename I>
+__device__ __forceinline__ void cols_bf16(bf16_t* __restrict__ dst, const I* __restrict__ src, int T, int n, int Tp) {
   __shared__ float tile[32][33];
   const int t0 = blockIdx.x * 32, c0 = blockIdx.y * 32, tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
   for (int i = ty; i < 32; i += 8) {
     const int t = t0 + i, c = c0 + tx;
-    tile[i][tx] = (t < T && c < n) ? src[(i64)t * n + c] : 0.f;
+    tile[i][tx] = (t < T && c < n) ? widen(src[(i64)t * n + c]) : 0.f;
   }
   __syncthreads();
   for (int i = ty; i < 32; i += 8) {
     const int c = c0 + i, t = t0 + tx;
     if (c < n && t < Tp) dst[(i64)c * Tp + t] = f32_to_bf16(tile[tx][i]);
   }
+}
+extern "C" __global__ void __launch_bounds__(256) flash_cols(bf16_t* __restrict__ dst, const float* __restrict__ src,
+                                                             int T, int n, int Tp) {
+  cols_bf16(dst, src, T, n, Tp);
+}
+
+// flash_cols16 is flash_cols from a bf16 src (the training engine's bf16
+// q and k): the same bits as flash_cols from the float32 values it rounds.
+extern "C" __global__ void __launch_bounds__(256) flash_cols16(bf16_t* __restrict__ dst, const bf16_t* __restrict__ src,
+                                                               int T, int n, int Tp) {
+  cols_bf16(dst, src, T, n, Tp);
 }
 
 // quad_sum and quad_max reduce over the four lanes that share a row of an

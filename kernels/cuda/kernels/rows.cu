@@ -239,6 +239,39 @@ extern "C" __global__ void norm_rope_fwd(float* __restrict__ out, float* __restr
   }
 }
 
+// norm_rope_fwd_bf16 is norm_rope_fwd with out rounded to bf16, [Tp,
+// heads*hd] with the rows T..Tp-1 zero: flash.cu's row-major copy of q or k
+// (FlashScratch.UseQK), made in the pass that computes it, bit for bit
+// the float32 kernel's output rounded. grid = Tp, block = KEEL_THREADS.
+extern "C" __global__ void norm_rope_fwd_bf16(bf16_t* __restrict__ out, float* __restrict__ inv,
+                                              const float* __restrict__ raw, const float* __restrict__ w,
+                                              const float* __restrict__ cosv, const float* __restrict__ sinv,
+                                              const int* __restrict__ pos, int heads, int hd, i64 raw_stride,
+                                              float eps, int T) {
+  const i64 t = blockIdx.x;
+  const int half = hd / 2, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  if (t >= T) {  // a pad row
+    for (int i = threadIdx.x; i < heads * hd; i += blockDim.x) out[t * heads * hd + i] = 0;
+    return;
+  }
+  const float* cs = cosv + (i64)pos[t] * half;
+  const float* sn = sinv + (i64)pos[t] * half;
+  for (int h = threadIdx.x >> 5; h < heads; h += warps) {
+    const float* x = raw + t * raw_stride + (i64)h * hd;
+    bf16_t* y = out + (t * heads + h) * (i64)hd;
+    float ss = 0.f;
+    for (int i = lane; i < hd; i += 32) ss = fmaf(x[i], x[i], ss);
+    ss = warp_sum(ss);
+    const float iv = (float)(1.0 / sqrt((double)(ss / (float)hd + eps)));
+    if (lane == 0 && inv) inv[t * heads + h] = iv;
+    for (int i = lane; i < half; i += 32) {
+      const float a = x[i] * iv * w[i], b = x[i + half] * iv * w[i + half];
+      y[i] = f32_to_bf16(a * cs[i] - b * sn[i]);
+      y[i + half] = f32_to_bf16(b * cs[i] + a * sn[i]);
+    }
+  }
+}
+
 // norm_rope_kv_bf16 is the bf16 rollout's fused q/k step: for step row t,
 // its q heads as norm_rope_fwd makes them (into q, float32), its k heads
 // likewise but rounded to bf16 straight into the cache at (slot[t],
