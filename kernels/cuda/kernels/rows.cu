@@ -208,24 +208,24 @@ extern "C" __global__ void swiglu_bwd_bf16_gu16(bf16_t* __restrict__ dgu, const 
   swiglu_bwd_rows(dgu, da, gu, rows, n);
 }
 
-// norm_rope_fwd: for token t and head h, out = RoPE(RMSNorm(raw head row))
-// (Qwen3's q_norm/k_norm then rotate-half RoPE at position pos[t]),
-// saving each head row's inverse RMS in inv[t*heads + h]. Token t's heads
-// start at raw[t*raw_stride]; out is [T, heads*hd]; cos and sin are
-// [positions, hd/2]. grid = T, block = KEEL_THREADS: warp k does heads k,
-// k+8, ...
-extern "C" __global__ void norm_rope_fwd(float* __restrict__ out, float* __restrict__ inv,
-                                         const float* __restrict__ raw, const float* __restrict__ w,
-                                         const float* __restrict__ cosv, const float* __restrict__ sinv,
-                                         const int* __restrict__ pos, int heads, int hd, i64 raw_stride,
-                                         float eps) {
-  const i64 t = blockIdx.x;
+// norm_rope_token: for token t and head h, out = RoPE(RMSNorm(raw head
+// row)) (Qwen3's q_norm/k_norm then rotate-half RoPE at position pos[t]),
+// float32 or rounded to bf16 (put), saving each head row's inverse RMS in
+// inv[t*heads + h]. Token t's heads start at raw[t*raw_stride]; out is
+// [T, heads*hd]; cos and sin are [positions, hd/2]. Warp k of the block
+// does heads k, k+8, ...
+template <typename O>
+__device__ __forceinline__ void norm_rope_token(O* __restrict__ out, float* __restrict__ inv,
+                                                const float* __restrict__ raw, const float* __restrict__ w,
+                                                const float* __restrict__ cosv, const float* __restrict__ sinv,
+                                                const int* __restrict__ pos, int heads, int hd, i64 raw_stride,
+                                                float eps, i64 t) {
   const int half = hd / 2, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   const float* cs = cosv + (i64)pos[t] * half;
   const float* sn = sinv + (i64)pos[t] * half;
   for (int h = threadIdx.x >> 5; h < heads; h += warps) {
     const float* x = raw + t * raw_stride + (i64)h * hd;
-    float* y = out + (t * heads + h) * (i64)hd;
+    O* y = out + (t * heads + h) * (i64)hd;
     float ss = 0.f;
     for (int i = lane; i < hd; i += 32) ss = fmaf(x[i], x[i], ss);
     ss = warp_sum(ss);
@@ -233,10 +233,20 @@ extern "C" __global__ void norm_rope_fwd(float* __restrict__ out, float* __restr
     if (lane == 0 && inv) inv[t * heads + h] = iv;
     for (int i = lane; i < half; i += 32) {
       const float a = x[i] * iv * w[i], b = x[i + half] * iv * w[i + half];
-      y[i] = a * cs[i] - b * sn[i];
-      y[i + half] = b * cs[i] + a * sn[i];
+      put(y + i, a * cs[i] - b * sn[i]);
+      put(y + i + half, b * cs[i] + a * sn[i]);
     }
   }
+}
+
+// norm_rope_fwd: norm_rope_token in float32. grid = T, block =
+// KEEL_THREADS.
+extern "C" __global__ void norm_rope_fwd(float* __restrict__ out, float* __restrict__ inv,
+                                         const float* __restrict__ raw, const float* __restrict__ w,
+                                         const float* __restrict__ cosv, const float* __restrict__ sinv,
+                                         const int* __restrict__ pos, int heads, int hd, i64 raw_stride,
+                                         float eps) {
+  norm_rope_token(out, inv, raw, w, cosv, sinv, pos, heads, hd, raw_stride, eps, blockIdx.x);
 }
 
 // norm_rope_fwd_bf16 is norm_rope_fwd with out rounded to bf16, [Tp,
@@ -249,27 +259,11 @@ extern "C" __global__ void norm_rope_fwd_bf16(bf16_t* __restrict__ out, float* _
                                               const int* __restrict__ pos, int heads, int hd, i64 raw_stride,
                                               float eps, int T) {
   const i64 t = blockIdx.x;
-  const int half = hd / 2, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   if (t >= T) {  // a pad row
     for (int i = threadIdx.x; i < heads * hd; i += blockDim.x) out[t * heads * hd + i] = 0;
     return;
   }
-  const float* cs = cosv + (i64)pos[t] * half;
-  const float* sn = sinv + (i64)pos[t] * half;
-  for (int h = threadIdx.x >> 5; h < heads; h += warps) {
-    const float* x = raw + t * raw_stride + (i64)h * hd;
-    bf16_t* y = out + (t * heads + h) * (i64)hd;
-    float ss = 0.f;
-    for (int i = lane; i < hd; i += 32) ss = fmaf(x[i], x[i], ss);
-    ss = warp_sum(ss);
-    const float iv = (float)(1.0 / sqrt((double)(ss / (float)hd + eps)));
-    if (lane == 0 && inv) inv[t * heads + h] = iv;
-    for (int i = lane; i < half; i += 32) {
-      const float a = x[i] * iv * w[i], b = x[i + half] * iv * w[i + half];
-      y[i] = f32_to_bf16(a * cs[i] - b * sn[i]);
-      y[i + half] = f32_to_bf16(b * cs[i] + a * sn[i]);
-    }
-  }
+  norm_rope_token(out, inv, raw, w, cosv, sinv, pos, heads, hd, raw_stride, eps, t);
 }
 
 // norm_rope_kv_bf16 is the bf16 rollout's fused q/k step: for step row t,
