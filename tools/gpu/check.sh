@@ -31,7 +31,7 @@
 #          the grouped default,
 #          and transformers' generate beside them (about 3 minutes)
 #   ncu    Nsight Compute on one launch of each hot kernel configuration
-#          (flash.cu narrow and wide, the LM head's row kernels, AdamW, the
+#          (flash.cu narrow, wide and wideq, the LM head's row kernels, AdamW, the
 #          grouped expert products and MoE grouping, the decoding step's
 #          attention): speed of light, pipes, shared memory, warp stalls,
 #          occupancy; the figures the next speed work needs (about 2 minutes)
