@@ -385,6 +385,14 @@ func TestDeviceHead(t *testing.T) {
 		for _, temp := range []float32{1, 0.6} {
 			rows := 6
 			z := randF32(r, rows*V, 4)
+			// Row 3 rises all the way (every value a new maximum: the
+			// online sums rescale at each), row 4 is one spike (entropy
+			// near 0).
+			for j := 0; j < V; j++ {
+				z[3*V+j] = float32(j) * 20 / float32(V)
+				z[4*V+j] = -3
+			}
+			z[4*V+V/2] = 40
 			logp := append([]float32(nil), z...)
 			ent := make([]float32, rows)
 			for i := 0; i < rows; i++ {
@@ -461,16 +469,58 @@ func TestDeviceHead(t *testing.T) {
 			bcl, bch, btg := bufOf(g, cl), bufOf(g, ch), bufOf(g, targets)
 			g.launch("head.cu", "head_bwd", rows, 256, bdz, bz, bcl, bch, btg, V, temp)
 			closeTo(t, name+" head backward", g.f32(bdz, rows*V), want, 4e-6)
-			// The bf16 mode's: head_grad_bf16 from the logits (the
-			// log-softmax recomputed inside) is head_bwd's gradient
-			// rounded, bit for bit.
+			// The bf16 mode's one-read head: head_stats_bf16's log-sum-exp,
+			// target log-prob and entropy against float64 over the same
+			// tempered logits, and head_grad_bf16_saved's gradient from
+			// them against float64 given those statistics, within the bf16
+			// rounding of its output.
+			at := func(i, j int) float32 {
+				if temp != 1 {
+					return z[i*V+j] / temp
+				}
+				return z[i*V+j]
+			}
+			wantLSE, wantLP16, wantH := make([]float32, rows), make([]float32, rows), make([]float32, rows)
+			for i := 0; i < rows; i++ {
+				mx := math.Inf(-1)
+				for j := 0; j < V; j++ {
+					mx = math.Max(mx, float64(at(i, j)))
+				}
+				var s, t float64
+				for j := 0; j < V; j++ {
+					d := float64(at(i, j)) - mx
+					s += math.Exp(d)
+					t += math.Exp(d) * d
+				}
+				l := mx + math.Log(s)
+				wantLSE[i], wantH[i] = float32(l), float32(math.Log(s)-t/s)
+				if tg := targets[i]; tg >= 0 {
+					wantLP16[i] = float32(float64(at(i, int(tg))) - l)
+				}
+			}
+			slse, slp, sh := g.poisoned(rows), g.poisoned(rows), g.poisoned(rows)
+			g.launch("head.cu", "head_stats_bf16", rows, 256, bufOf(g, z), slse, slp, sh, btg, V, temp)
+			closeTo(t, name+" one-read log-sum-exp", g.f32(slse, rows), wantLSE, 1e-6)
+			closeTo(t, name+" one-read log-prob", g.f32(slp, rows), wantLP16, 1e-6)
+			closeTo(t, name+" one-read entropy", g.f32(sh, rows), wantH, 2e-6)
+			glse, gh := g.f32(slse, rows), g.f32(sh, rows)
 			g16 := g.poisoned((rows*V + 1) / 2)
-			g.launch("head.cu", "head_grad_bf16", rows, 256, g16, bufOf(g, z), bcl, bch, btg, V, temp)
-			want16 := make([]kernels.BF16, rows*V)
-			kernels.ToBF16(want16, g.f32(bdz, rows*V))
-			for i, v := range g.u16(g16, rows*V) {
-				if v != uint16(want16[i]) {
-					t.Fatalf("%s: bf16 head gradient %d: head_grad_bf16 %#04x, head_bwd rounded %#04x", name, i, v, uint16(want16[i]))
+			g.launch("head.cu", "head_grad_bf16_saved", rows, 256, g16, bufOf(g, z), slse, sh, bcl, bch, btg, V, temp)
+			got16 := g.u16(g16, rows*V)
+			for i := 0; i < rows; i++ {
+				for j := 0; j < V; j++ {
+					zv := float64(at(i, j) - glse[i])
+					p := math.Exp(zv)
+					w := -float64(cl[i])*p - float64(ch[i])*p*(zv+float64(gh[i]))
+					if int32(j) == targets[i] {
+						w += float64(cl[i])
+					}
+					w /= float64(temp)
+					got := float64(kernels.BF16(got16[i*V+j]).Float32())
+					slack := math.Abs(w)/256 + 1e-6*(math.Abs(float64(cl[i]))+math.Abs(float64(ch[i]))*(1+math.Abs(zv)+math.Abs(float64(gh[i]))))
+					if !(math.Abs(got-w) <= slack) {
+						t.Fatalf("%s: bf16 head gradient [%d,%d] = %g, want %g (float64 from the saved statistics)", name, i, j, got, w)
+					}
 				}
 			}
 		}

@@ -312,7 +312,7 @@ if [[ " $sections " == *" ncu "* ]]; then
     echo "  $nargs"
     train="--device cuda --train-precision bf16 --vocab 151936 --time 1ms --no-decode --no-rl"
     # name preset layers seqs len KEEL_FLASH_FWD kernels
-    for spec in "dense qwen3-0.6b 2 4 2048 narrow ^(flash_fwd|flash_bwd|logsoftmax_stats_rows|head_grad_bf16|adamw|rmsnorm|swiglu)" \
+    for spec in "dense qwen3-0.6b 2 4 2048 narrow ^(flash_fwd|flash_bwd|head_stats_bf16|head_grad_bf16_saved|adamw|rmsnorm|swiglu)" \
       "wide qwen3-0.6b 2 4 2048 wide ^flash_fwd_wide" "wideq qwen3-0.6b 2 4 2048 wideq ^flash_fwd_wq" \
       "moe qwen3-30b-a3b 1 2 2048 narrow ^(gemm_bf16_grouped|moe_|gather_bf16|adamw)"; do
       set -- $spec

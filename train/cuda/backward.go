@@ -262,7 +262,9 @@ func (e *Engine) floatBuf(f *fwdState, v []float32) (Buffer, error) {
 
 // headBackward writes dxf, the gradient at the final norm's output, and
 // adds the LM head's (or the tied embedding's) gradient, chunk by chunk of
-// rows as the forward went, recomputing each chunk's log-softmax.
+// rows as the forward went, recomputing each chunk's logits (and in the
+// float32 mode their log-softmax; the bf16 mode takes each row's
+// log-sum-exp and entropy from the forward, so it reads the logits once).
 func (e *Engine) headBackward(f *fwdState, dxf, dcl, dch Buffer) error {
 	d := e.dims()
 	C := e.headChunk(f.T)
@@ -288,9 +290,9 @@ func (e *Engine) headBackward(f *fwdState, dxf, dcl, dch Buffer) error {
 		steps := []func() error{
 			func() error { return e.linears(xf, rows, d.H, kc.Product{Y: z, W: lm, Out: d.V, LdY: d.V}) },
 			func() error {
-				if e.bf != nil { // the log-softmax recomputed inside, the gradient written in bf16
-					if err := e.launch("head.cu", "head_grad_bf16", rowsGrid(rows), block256, z16, z, sub(dcl, c0, rows), sub(dch, c0, rows),
-						intSub(f.dTargets, c0, rows), d.V, f.temp); err != nil {
+				if e.bf != nil { // from the forward's log-sum-exp and entropy, the gradient written in bf16
+					if err := e.launch("head.cu", "head_grad_bf16_saved", rowsGrid(rows), block256, z16, z, sub(f.lse, c0, rows), sub(f.ent, c0, rows),
+						sub(dcl, c0, rows), sub(dch, c0, rows), intSub(f.dTargets, c0, rows), d.V, f.temp); err != nil {
 						return err
 					}
 					return e.bf.BackBF16(dx, glm, z16, d.V, xf, d.H, lm, rows, d.H, d.V, d.H, false)

@@ -90,6 +90,7 @@ type fwdState struct {
 	layers                                []layerActs
 	xL, invf, xf                          Buffer // last residual, final norm
 	lp, ent                               Buffer // [T]
+	lse                                   Buffer // [T] the bf16 mode's log-sum-exp of each row's logits, for the backward
 	bufs                                  []Buffer
 	replay                                []*model.Routes
 	work                                  *layerActs       // with recomputation: the layers' shared activations
@@ -496,6 +497,11 @@ func (e *Engine) forward(f *fwdState, opt train.ForwardOptions) error {
 	if err := e.bufs(f, span{&f.invf, T}, xf, span{&f.lp, T}, span{&f.ent, T}); err != nil {
 		return err
 	}
+	if e.bf != nil {
+		if err := e.bufs(f, span{&f.lse, T}); err != nil {
+			return err
+		}
+	}
 	if err := e.norm(f.xf, f.invf, x, e.param(e.w, m.Norm), T, d.H, d.eps); err != nil {
 		return err
 	}
@@ -691,7 +697,8 @@ func (e *Engine) mlpForward(f *fwdState, a *layerActs, l *model.Layer, next Buff
 
 // headForward computes, chunk by chunk of token rows, the log-softmax of
 // the logits at the temperature, each row's next-token log-prob and the
-// entropy.
+// entropy (the bf16 mode: also each row's log-sum-exp, for the backward;
+// its one-read kernel writes the entropy whether asked or not).
 func (e *Engine) headForward(f *fwdState, noEntropy bool) error {
 	d := e.dims()
 	C := e.headChunk(f.T)
@@ -705,6 +712,13 @@ func (e *Engine) headForward(f *fwdState, noEntropy bool) error {
 		rows := min(C, f.T-c0)
 		if err := e.linears(e.rows(f.xf, c0*d.H, rows*d.H), rows, d.H, kc.Product{Y: z, W: lm, Out: d.V, LdY: d.V}); err != nil {
 			return err
+		}
+		if e.bf != nil { // one read of the logits; the entropy comes free
+			if err := e.launch("head.cu", "head_stats_bf16", rowsGrid(rows), block256, z, sub(f.lse, c0, rows), sub(f.lp, c0, rows),
+				sub(f.ent, c0, rows), intSub(f.dTargets, c0, rows), d.V, f.temp); err != nil {
+				return err
+			}
+			continue
 		}
 		// The log-softmax, each row's target log-prob and (unless not
 		// wanted) its entropy in one pass set.

@@ -133,19 +133,103 @@ extern "C" __global__ void head_bwd(float* dz, const float* logp, const float* _
   for (int j = threadIdx.x; j < V; j += blockDim.x) d[j] = logit_grad(z[j], cl, ch, ent, j == tgt, temp);
 }
 
-// head_grad_bf16 is logsoftmax_rows then head_bwd then a rounding to bf16
-// in one launch, without writing the log-probabilities back: from the
-// logits z (read, not changed), each row's log-softmax at temp is
-// recomputed element by element as logsoftmax_row makes it (the same max,
-// double sum and subtraction), and its gradient as head_bwd makes it,
-// rounded to bf16 into dz16 (the head's backward products' operand): the
-// same bits as the three, two passes over the rows fewer. The bf16
-// training mode's head backward. grid = rows.
-extern "C" __global__ void head_grad_bf16(bf16_t* __restrict__ dz16, const float* __restrict__ z,
-                                          const float* __restrict__ coef_lp, const float* __restrict__ coef_h,
-                                          const int* __restrict__ targets, int V, float temp) {
-  __shared__ float s[32];
-  __shared__ double sd[32];
+// The bf16 training mode's head reads each row of logits once in its
+// forward and once in its backward, where the float32 mode's kernels above
+// read it three and four times (and write it back): at Qwen3's vocabulary
+// a row is 600 KB, so these passes, not the products, were the head's
+// cost. The forward keeps each row's log-sum-exp and entropy; the backward
+// takes them instead of recomputing them. The sums are taken online
+// (Milakov & Gimelshein's running maximum), which changes their order
+// against logsoftmax_row: the same values within float32 rounding, not the
+// same bits, so the float32 mode (which the exact rollout matches bit for
+// bit) keeps the kernels above.
+
+// stats_add folds v into one thread's running maximum m, sum s of
+// exp(v - m) and sum t of exp(v - m)·(v - m); both sums rescale when the
+// maximum grows. A NaN leaves m alone and makes s NaN, as it would the
+// two-pass sums.
+__device__ __forceinline__ void stats_add(float& m, double& s, double& t, float v) {
+  if (v > m) {
+    if (s != 0.0) {
+      const double dm = (double)m - (double)v, c = exp(dm);
+      t = c * (t + dm * s);
+      s *= c;
+    }
+    m = v;
+  }
+  const float d = v - m;
+  const double e = (double)expf(d);
+  s += e;
+  t += e * (double)d;
+}
+
+// stats_merge folds another thread's (m2, s2, t2) into (m, s, t).
+__device__ __forceinline__ void stats_merge(float& m, double& s, double& t, float m2, double s2, double t2) {
+  if (s2 == 0.0) return;  // nothing folded there (an empty share of the row)
+  if (s == 0.0) {
+    m = m2, s = s2, t = t2;
+    return;
+  }
+  const float mm = fmaxf(m, m2);
+  const double d1 = (double)m - (double)mm, d2 = (double)m2 - (double)mm;
+  const double c1 = exp(d1), c2 = exp(d2);
+  t = c1 * (t + d1 * s) + c2 * (t2 + d2 * s2);
+  s = c1 * s + c2 * s2;
+  m = mm;
+}
+
+// head_stats_bf16 is the bf16 mode's forward head: from the logits z of
+// each row (read once, not changed) at temperature temp, lse[r] = the
+// log-sum-exp (as logsoftmax_row's l: float of max + log sum), lp[r] = the
+// target's log-prob (0 for a negative target) and H[r] = the entropy
+// log s - t/s, in float64 until the end. grid = rows, block = 256.
+extern "C" __global__ void head_stats_bf16(const float* __restrict__ z, float* __restrict__ lse,
+                                           float* __restrict__ lp, float* __restrict__ H,
+                                           const int* __restrict__ targets, int V, float temp) {
+  __shared__ float sm[32];
+  __shared__ double ss[32], st[32];
+  const float* row = z + (i64)blockIdx.x * V;
+  auto at = [&](int j) { return temp != 1.f ? row[j] / temp : row[j]; };
+  float m = -__int_as_float(0x7f800000);
+  double s = 0.0, t = 0.0;
+  const int n = blockDim.x;
+  int j = threadIdx.x;
+  for (; j + 3 * n < V; j += 4 * n) {  // four loads in flight a thread
+    const float v0 = at(j), v1 = at(j + n), v2 = at(j + 2 * n), v3 = at(j + 3 * n);
+    stats_add(m, s, t, v0);
+    stats_add(m, s, t, v1);
+    stats_add(m, s, t, v2);
+    stats_add(m, s, t, v3);
+  }
+  for (; j < V; j += n) stats_add(m, s, t, at(j));
+  // The block's: each warp's in a fixed butterfly, then warp 0 over the
+  // warps in order.
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+    const double s2 = __shfl_xor_sync(0xffffffffu, s, o), t2 = __shfl_xor_sync(0xffffffffu, t, o);
+    stats_merge(m, s, t, m2, s2, t2);
+  }
+  const int w = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) sm[w] = m, ss[w] = s, st[w] = t;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int k = 1; k < (n >> 5); k++) stats_merge(m, s, t, sm[k], ss[k], st[k]);
+  const double ls = log(s);
+  const float l = (float)((double)m + ls);
+  const int tg = targets[blockIdx.x];
+  lse[blockIdx.x] = l;
+  lp[blockIdx.x] = tg < 0 ? 0.f : at(tg) - l;
+  H[blockIdx.x] = (float)(ls - t / s);
+}
+
+// head_grad_bf16_saved is head_bwd's gradient rounded to bf16, from the
+// logits z (read once, not changed) and each row's log-sum-exp and
+// entropy as head_stats_bf16 wrote them over the same logits: the bf16
+// mode's head backward, whose products read dz16. grid = rows.
+extern "C" __global__ void head_grad_bf16_saved(bf16_t* __restrict__ dz16, const float* __restrict__ z,
+                                                const float* __restrict__ lse, const float* __restrict__ H,
+                                                const float* __restrict__ coef_lp, const float* __restrict__ coef_h,
+                                                const int* __restrict__ targets, int V, float temp) {
   const i64 r = blockIdx.x;
   const float* row = z + r * V;
   bf16_t* d = dz16 + r * V;
@@ -154,26 +238,12 @@ extern "C" __global__ void head_grad_bf16(bf16_t* __restrict__ dz16, const float
     for (int j = threadIdx.x; j < V; j += blockDim.x) d[j] = f32_to_bf16(0.f);
     return;
   }
-  // A logit at the temperature, as logsoftmax_row divides it.
-  auto at = [&](int j) { return temp != 1.f ? row[j] / temp : row[j]; };
-  float mx = -__int_as_float(0x7f800000);
-  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, at(j));
-  mx = block_max(mx, s);
-  double sum = 0.0;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) sum += (double)expf(at(j) - mx);
-  sum = block_sum_f64(sum, sd);
-  const float l = (float)((double)mx + log(sum));
-  float ent = 0.f;
-  if (ch != 0.f) {
-    double h = 0.0;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-      const float lp = at(j) - l;
-      h -= (double)expf(lp) * (double)lp;
-    }
-    ent = (float)block_sum_f64(h, sd);
-  }
+  const float l = lse[r], ent = ch != 0.f ? H[r] : 0.f;
   const int tgt = cl != 0.f ? targets[r] : -1;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) d[j] = f32_to_bf16(logit_grad(at(j) - l, cl, ch, ent, j == tgt, temp));
+  for (int j = threadIdx.x; j < V; j += blockDim.x) {
+    const float v = temp != 1.f ? row[j] / temp : row[j];
+    d[j] = f32_to_bf16(logit_grad(v - l, cl, ch, ent, j == tgt, temp));
+  }
 }
 
 // DRAW_BLOCK is the span of tokens whose probabilities draw_rows sums as
