@@ -836,6 +836,7 @@ func TestDeviceDrawRows(t *testing.T) {
 	for _, V := range []int{7, 2000, 151936} {
 		const rows = 12
 		z := randF32(r, rows*V, 3)
+		raw := make([]float32, rows*V) // each row's logits before its log-softmax
 		temps := make([]float32, rows)
 		u := make([]float64, rows)
 		for i := 0; i < rows; i++ {
@@ -866,7 +867,13 @@ func TestDeviceDrawRows(t *testing.T) {
 				u[i] = 0
 			case 8:
 				u[i] = math.Nextafter(1, 0)
+			case 9, 10: // a temperature other than 1 (only draw_rows_raw divides by it)
+				temps[i] = 0.7
+				for j := range row {
+					row[j] += 5 // logits, not log-probs: the log-sum-exp is not 0
+				}
 			}
+			copy(raw[i*V:], row)
 			kernels.LogSoftmax(row, row)
 		}
 		bz, bu, bt := bufOf(g, z), bufOf(g, u), bufOf(g, temps)
@@ -899,6 +906,70 @@ func TestDeviceDrawRows(t *testing.T) {
 			if temps[i] == 0 || row[got[i]] == inf || !rollout.NearDrawBoundary(row, u[i], min(got[i], want)) {
 				t.Errorf("V=%d row %d (temperature %v, u %v): device drew %d (%v), DrawRow %d (%v)", V, i, temps[i], u[i], got[i], glp[i], want, wlp)
 			}
+		}
+
+		// draw_rows_raw from the logits: DrawRow over the log-softmax at
+		// the row's temperature (float64's log-sum-exp rounded, which the
+		// kernel's may miss by an ulp: draws may differ within rounding of
+		// a boundary, log-probs by the ulp), the logits not changed; and
+		// logsoftmax_rows_host's rows as LogSoftmaxTemps makes them.
+		braw, tok2, lp2 := bufOf(g, raw), bufOf(g, make([]int32, rows)), g.poisoned(rows)
+		if err := ops.DrawRowsRaw(tok2, lp2, braw, bu, bt, rows, V); err != nil {
+			t.Fatal(err)
+		}
+		got2 := make([]int32, rows)
+		if err := Download(g.d, got2, tok2); err != nil {
+			t.Fatal(err)
+		}
+		glp2 := g.f32(lp2, rows)
+		for i := 0; i < rows; i++ {
+			if u[i] < 0 {
+				if got2[i] != 0 || !math.IsNaN(float64(glp2[i])) {
+					t.Errorf("V=%d row %d (host's): draw_rows_raw wrote token %d, log-prob %v", V, i, got2[i], glp2[i])
+				}
+				continue
+			}
+			tp := temps[i]
+			if tp == 0 {
+				tp = 1
+			}
+			lrow := make([]float32, V)
+			l := math.Inf(-1)
+			for j := range lrow {
+				lrow[j] = raw[i*V+j] / tp
+				l = math.Max(l, float64(lrow[j]))
+			}
+			var s float64
+			for _, v := range lrow {
+				s += math.Exp(float64(v) - l)
+			}
+			l32 := float32(l + math.Log(s))
+			for j := range lrow {
+				lrow[j] -= l32
+			}
+			want, _ := rollout.DrawRow(lrow, u[i], temps[i])
+			if got2[i] < 0 || int(got2[i]) >= V || lrow[got2[i]] == inf || math.Abs(float64(glp2[i]-lrow[got2[i]])) > 2e-6*(1+math.Abs(float64(l32))) {
+				t.Fatalf("V=%d row %d (raw): token %d, log-prob %v (from float64's log-sum-exp %v)", V, i, got2[i], glp2[i], lrow[max(got2[i], 0)])
+			}
+			if got2[i] != want && (temps[i] == 0 || !rollout.NearDrawBoundary(lrow, u[i], min(got2[i], want))) {
+				t.Errorf("V=%d row %d (raw, temperature %v, u %v): device drew %d, DrawRow %d", V, i, temps[i], u[i], got2[i], want)
+			}
+		}
+		sameBits(t, fmt.Sprintf("V=%d draw_rows_raw's logits", V), g.f32(braw, rows*V), raw)
+		if err := ops.LogSoftmaxHostRows(braw, bt, bu, rows, V); err != nil {
+			t.Fatal(err)
+		}
+		host := bufOf(g, raw)
+		if err := ops.LogSoftmaxTemps(host, bt, rows, V); err != nil {
+			t.Fatal(err)
+		}
+		gotRows, wantRows := g.f32(braw, rows*V), g.f32(host, rows*V)
+		for i := 0; i < rows; i++ {
+			w := wantRows[i*V : (i+1)*V]
+			if u[i] >= 0 {
+				w = raw[i*V : (i+1)*V] // a drawn row is left as it was
+			}
+			sameBits(t, fmt.Sprintf("V=%d logsoftmax_rows_host row %d", V, i), gotRows[i*V:(i+1)*V], w)
 		}
 	}
 }

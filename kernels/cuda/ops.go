@@ -357,6 +357,26 @@ func (o *Ops) DrawRows(tok, lp, z, u, temps Buffer, rows, V int) error {
 	return o.Launch("head.cu", "draw_rows", Dim3{X: rows}, block256, tok, lp, z, u, temps, V)
 }
 
+// DrawRowsRaw is DrawRows from the logits z themselves (not changed):
+// each drawn row's log-softmax at its temperature is taken on the fly from
+// a log-sum-exp summed online, so the kernel reads a row twice where
+// LogSoftmaxTemps then DrawRows read it four times and write it once.
+// The log-sum-exp is not LogSoftmaxTemps's bits: the reduced-precision
+// rollouts draw so, the exact one (whose log-probs are the training
+// engine's) through LogSoftmaxTemps and DrawRows. V <= DrawMaxVocab.
+func (o *Ops) DrawRowsRaw(tok, lp, z, u, temps Buffer, rows, V int) error {
+	if V > DrawMaxVocab {
+		return fmt.Errorf("cuda: DrawRowsRaw over a vocabulary of %d, at most %d", V, DrawMaxVocab)
+	}
+	return o.Launch("head.cu", "draw_rows_raw", Dim3{X: rows}, block256, tok, lp, z, u, temps, V)
+}
+
+// LogSoftmaxHostRows is LogSoftmaxTemps over the rows whose uniform u[r]
+// (float64) is negative: the rows the host samples beside DrawRowsRaw's.
+func (o *Ops) LogSoftmaxHostRows(z, temps, u Buffer, rows, V int) error {
+	return o.Launch("head.cu", "logsoftmax_rows_host", Dim3{X: rows}, block256, z, temps, u, V)
+}
+
 // ToBF16 rounds n floats of src into dst (bf16, half the bytes).
 func (o *Ops) ToBF16(dst, src Buffer, n int) error {
 	return o.Launch("convert.cu", "f32_to_bf16", elemGrid(n), block256, dst, src, int64(n))

@@ -698,9 +698,9 @@ func (b *Backend) forward(sb *rollout.StepBatch, R, nOut int) error {
 	if nOut == 0 {
 		return nil
 	}
-	// The output rows only: gather, final norm, LM head, log-softmax at
-	// each row's temperature (per-row kernels: the same bits as over all
-	// rows).
+	// The output rows only: gather, final norm, LM head (per-row kernels:
+	// the same bits as over all rows). The log-softmax at each row's
+	// temperature comes after the step (outputs).
 	steps := []func() error{
 		func() error { return o.Gather(s.xo, x, s.outRow, nOut, H) },
 		func() error {
@@ -715,7 +715,6 @@ func (b *Backend) forward(sb *rollout.StepBatch, R, nOut int) error {
 			}
 			return b.linear(s.logits, s.h1, b.param(b.host.LMHead), nOut, H, V, V, H)
 		},
-		func() error { return o.LogSoftmaxTemps(s.logits, s.temps, nOut, V) },
 	}
 	for _, st := range steps {
 		if err := st(); err != nil {
@@ -725,9 +724,13 @@ func (b *Backend) forward(sb *rollout.StepBatch, R, nOut int) error {
 	return nil
 }
 
-// outputs draws the output rows the batcher asked the device to draw and
-// copies the rest's log-probabilities to the host: all of them in one
-// copy when no row is drawn, else row by row.
+// outputs takes the output rows' log-softmax from their logits, draws the
+// rows the batcher asked the device to draw and copies the rest's
+// log-probabilities to the host: all of them in one copy when no row is
+// drawn, else row by row. The reduced precisions draw from the logits
+// (DrawRowsRaw: two reads of a row, no log-softmax written but the host's
+// rows'); exact takes the log-softmax the training engine's kernels take,
+// then draws from it.
 func (b *Backend) outputs(sb *rollout.StepBatch, nOut int) error {
 	V, s := b.cfg.VocabSize, &b.s
 	drawn := 0
@@ -736,11 +739,25 @@ func (b *Backend) outputs(sb *rollout.StepBatch, nOut int) error {
 			drawn++
 		}
 	}
-	if drawn == 0 {
+	// The uniforms came with the step's inputs (upload).
+	var err error
+	switch {
+	case drawn > 0 && b.opt.Precision != rollout.Exact:
+		err = b.ops.DrawRowsRaw(s.drawn, s.drawnLP, s.logits, s.draw, s.temps, nOut, V)
+		if err == nil && drawn < nOut {
+			err = b.ops.LogSoftmaxHostRows(s.logits, s.temps, s.draw, nOut, V)
+		}
+	case drawn > 0:
+		if err = b.ops.LogSoftmaxTemps(s.logits, s.temps, nOut, V); err == nil {
+			err = b.ops.DrawRows(s.drawn, s.drawnLP, s.logits, s.draw, s.temps, nOut, V)
+		}
+	default:
+		if err := b.ops.LogSoftmaxTemps(s.logits, s.temps, nOut, V); err != nil {
+			return fmt.Errorf("rollout/cuda: head: %w", err)
+		}
 		return kc.Download(b.dev, sb.LogProbs[:nOut*V], s.logits)
 	}
-	// The uniforms came with the step's inputs (upload).
-	if err := b.ops.DrawRows(s.drawn, s.drawnLP, s.logits, s.draw, s.temps, nOut, V); err != nil {
+	if err != nil {
 		return fmt.Errorf("rollout/cuda: drawing: %w", err)
 	}
 	// Tokens and log-probs in one copy: out is [drawn S][drawnLP S].

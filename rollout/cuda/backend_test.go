@@ -452,17 +452,24 @@ func randomLossFor(seqs [][]int32) train.Loss {
 // log-probability is the row's own at the token, bit for bit; a row left
 // to the host still gets its log-probabilities. Vocabularies of one
 // partial-sum block, of fewer blocks than warps, and Qwen3's (297 blocks:
-// each warp sums many).
+// each warp sums many). In exact precision; and in bf16, which draws from
+// the logits (draw_rows_raw) with a log-sum-exp summed in another order:
+// the drawn log-prob within an ulp of the log-sum-exp of the row's own,
+// the draws as DrawRow's but within rounding of a boundary.
 func TestDeviceDraw(t *testing.T) {
 	dev := cudatest.Device(t)
-	for _, vocab := range []int{96, 3000, 151936} {
+	for _, c := range []struct {
+		vocab int
+		prec  rollout.Precision
+	}{{96, rollout.Exact}, {3000, rollout.Exact}, {151936, rollout.Exact}, {96, rollout.BF16}, {151936, rollout.BF16}} {
+		vocab := c.vocab
 		cfg, err := model.Preset("tiny-moe", vocab)
 		if err != nil {
 			t.Fatal(err)
 		}
 		m := model.New(cfg)
 		model.Init(m, 13)
-		b, err := New(dev, m, rollout.Options{Slots: 8, MaxLen: 16})
+		b, err := New(dev, m, rollout.Options{Slots: 8, MaxLen: 16, Precision: c.prec})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -513,23 +520,27 @@ func TestDeviceDraw(t *testing.T) {
 				}
 				drawn++
 				got := sb.Drawn[o]
-				if got < 0 || int(got) >= vocab || math.Float32bits(sb.DrawnLP[o]) != math.Float32bits(z[got]) {
-					t.Fatalf("vocab %d, row %d: token %d with log-prob %v", vocab, o, got, sb.DrawnLP[o])
+				if got < 0 || int(got) >= vocab {
+					t.Fatalf("vocab %d %v, row %d: token %d", vocab, c.prec, o, got)
+				}
+				if lp, w := sb.DrawnLP[o], z[got]; c.prec == rollout.Exact && math.Float32bits(lp) != math.Float32bits(w) ||
+					!(math.Abs(float64(lp-w)) <= 2e-6*(1+math.Abs(float64(w)))) {
+					t.Fatalf("vocab %d %v, row %d: token %d with log-prob %v, the row's own %v", vocab, c.prec, o, got, lp, w)
 				}
 				want, _ := rollout.DrawRow(z, u, temps[o])
 				if got == want {
 					continue
 				}
 				if temps[o] == 0 || !rollout.NearDrawBoundary(z, u, min(got, want)) {
-					t.Fatalf("vocab %d, row %d (temperature %v), u %v: device drew %d, DrawRow %d", vocab, o, temps[o], u, got, want)
+					t.Fatalf("vocab %d %v, row %d (temperature %v), u %v: device drew %d, DrawRow %d", vocab, c.prec, o, temps[o], u, got, want)
 				}
 				near++
 			}
 		}
 		b.Close()
-		t.Logf("vocab %d: %d rows drawn on the device, %d differ from DrawRow at a boundary within rounding", vocab, drawn, near)
+		t.Logf("vocab %d %v: %d rows drawn on the device, %d differ from DrawRow at a boundary within rounding", vocab, c.prec, drawn, near)
 		if near > drawn/100 {
-			t.Errorf("vocab %d: %d of %d draws differ", vocab, near, drawn)
+			t.Errorf("vocab %d %v: %d of %d draws differ", vocab, c.prec, near, drawn)
 		}
 	}
 }

@@ -147,8 +147,9 @@ extern "C" __global__ void head_bwd(float* dz, const float* logp, const float* _
 // stats_add folds v into one thread's running maximum m, sum s of
 // exp(v - m) and sum t of exp(v - m)·(v - m); both sums rescale when the
 // maximum grows. A NaN leaves m alone and makes s NaN, as it would the
-// two-pass sums.
+// two-pass sums; -inf (an impossible token) adds nothing.
 __device__ __forceinline__ void stats_add(float& m, double& s, double& t, float v) {
+  if (v == -__int_as_float(0x7f800000)) return;
   if (v > m) {
     if (s != 0.0) {
       const double dm = (double)m - (double)v, c = exp(dm);
@@ -178,6 +179,43 @@ __device__ __forceinline__ void stats_merge(float& m, double& s, double& t, floa
   m = mm;
 }
 
+// block_stats merges every thread's (m, s, t) over the block (a multiple
+// of 32 threads) and gives every thread the result, the same bits on
+// each: a fixed butterfly in each warp, then the warps' in order.
+__device__ void block_stats(float& m, double& s, double& t) {
+  __shared__ float sm[32];
+  __shared__ double ss[32], st[32];
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+    const double s2 = __shfl_xor_sync(0xffffffffu, s, o), t2 = __shfl_xor_sync(0xffffffffu, t, o);
+    stats_merge(m, s, t, m2, s2, t2);
+  }
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sm[threadIdx.x >> 5] = m, ss[threadIdx.x >> 5] = s, st[threadIdx.x >> 5] = t;
+  __syncthreads();
+  m = sm[0], s = ss[0], t = st[0];
+  for (int k = 1; k < (int)(blockDim.x >> 5); k++) stats_merge(m, s, t, sm[k], ss[k], st[k]);
+}
+
+// row_stats folds the values at(0..V) of a row, four loads in flight a
+// thread, and merges them over the block.
+template <class F>
+__device__ void row_stats(F at, int V, float& m, double& s, double& t) {
+  m = -__int_as_float(0x7f800000);
+  s = 0.0, t = 0.0;
+  const int n = blockDim.x;
+  int j = threadIdx.x;
+  for (; j + 3 * n < V; j += 4 * n) {
+    const float v0 = at(j), v1 = at(j + n), v2 = at(j + 2 * n), v3 = at(j + 3 * n);
+    stats_add(m, s, t, v0);
+    stats_add(m, s, t, v1);
+    stats_add(m, s, t, v2);
+    stats_add(m, s, t, v3);
+  }
+  for (; j < V; j += n) stats_add(m, s, t, at(j));
+  block_stats(m, s, t);
+}
+
 // head_stats_bf16 is the bf16 mode's forward head: from the logits z of
 // each row (read once, not changed) at temperature temp, lse[r] = the
 // log-sum-exp (as logsoftmax_row's l: float of max + log sum), lp[r] = the
@@ -186,34 +224,12 @@ __device__ __forceinline__ void stats_merge(float& m, double& s, double& t, floa
 extern "C" __global__ void head_stats_bf16(const float* __restrict__ z, float* __restrict__ lse,
                                            float* __restrict__ lp, float* __restrict__ H,
                                            const int* __restrict__ targets, int V, float temp) {
-  __shared__ float sm[32];
-  __shared__ double ss[32], st[32];
   const float* row = z + (i64)blockIdx.x * V;
   auto at = [&](int j) { return temp != 1.f ? row[j] / temp : row[j]; };
-  float m = -__int_as_float(0x7f800000);
-  double s = 0.0, t = 0.0;
-  const int n = blockDim.x;
-  int j = threadIdx.x;
-  for (; j + 3 * n < V; j += 4 * n) {  // four loads in flight a thread
-    const float v0 = at(j), v1 = at(j + n), v2 = at(j + 2 * n), v3 = at(j + 3 * n);
-    stats_add(m, s, t, v0);
-    stats_add(m, s, t, v1);
-    stats_add(m, s, t, v2);
-    stats_add(m, s, t, v3);
-  }
-  for (; j < V; j += n) stats_add(m, s, t, at(j));
-  // The block's: each warp's in a fixed butterfly, then warp 0 over the
-  // warps in order.
-  for (int o = 16; o > 0; o >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
-    const double s2 = __shfl_xor_sync(0xffffffffu, s, o), t2 = __shfl_xor_sync(0xffffffffu, t, o);
-    stats_merge(m, s, t, m2, s2, t2);
-  }
-  const int w = threadIdx.x >> 5;
-  if ((threadIdx.x & 31) == 0) sm[w] = m, ss[w] = s, st[w] = t;
-  __syncthreads();
+  float m;
+  double s, t;
+  row_stats(at, V, m, s, t);
   if (threadIdx.x != 0) return;
-  for (int k = 1; k < (n >> 5); k++) stats_merge(m, s, t, sm[k], ss[k], st[k]);
   const double ls = log(s);
   const float l = (float)((double)m + ls);
   const int tg = targets[blockIdx.x];
@@ -252,35 +268,22 @@ extern "C" __global__ void head_grad_bf16_saved(bf16_t* __restrict__ dz16, const
 #define DRAW_BLOCK 512
 #define DRAW_MAX_BLOCKS 1024
 
-// draw_rows draws the token of every output row r with u[r] >= 0 from its
-// log-probabilities z[r] (tempered and normalised, logsoftmax_rows_t) by
-// rollout.DrawRow's rule, writing it to tok[r] and z at it to lp[r]:
-// at temperature 0 the most probable token, the lowest id among equals;
-// otherwise inverse CDF in token order, the first token at which the
-// running float64 sum of exp(z) exceeds u[r] times the row's total, a
-// token of probability 0 never drawn. The sums of exp over each
-// DRAW_BLOCK tokens are taken by one warp each, then thread 0 finds the
-// block where the draw lands and scans its tokens one by one: the same
-// draws as the host's sampler except where u falls within a few ulps of a
-// boundary between two tokens. Rows with u[r] < 0 are left alone (the host
-// samples them). grid = rows, block = KEEL_THREADS.
-extern "C" __global__ void draw_rows(int* __restrict__ tok, float* __restrict__ lp, const float* __restrict__ z,
-                                     const double* __restrict__ u, const float* __restrict__ temps, int V) {
+// draw_row draws one row's token by draw_rows's rule from its
+// log-probabilities lpv(j), writing the token to *tok and its log-prob to
+// *lp (thread 0); greedy takes the most probable.
+template <class F>
+__device__ void draw_row(F lpv, int V, double ur, bool greedy, int* tok, float* lp) {
   __shared__ double sums[DRAW_MAX_BLOCKS];
   __shared__ float sv[32];
   __shared__ int si[32];
-  const i64 r = blockIdx.x;
-  const double ur = u[r];
-  if (ur < 0.0) return;
-  const float* row = z + r * V;
   const int w = threadIdx.x >> 5, l = threadIdx.x & 31, warps = blockDim.x >> 5;
-  if (temps[r] == 0.f) {
+  if (greedy) {
     // Argmax: each thread's first maximum over its tokens (ascending),
     // then the warps' and the block's, the lower id winning ties.
     float bv = -__int_as_float(0x7f800000);
     int bi = V;
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
-      const float v = row[j];
+      const float v = lpv(j);
       if (v > bv || bi == V) {
         bv = v;
         bi = j;
@@ -307,8 +310,8 @@ extern "C" __global__ void draw_rows(int* __restrict__ tok, float* __restrict__ 
         }
       }
       if (bi >= V) bi = 0;  // a row of NaN: token 0, as the host's scan
-      tok[r] = bi;
-      lp[r] = row[bi];
+      *tok = bi;
+      *lp = lpv(bi);
     }
     return;
   }
@@ -316,7 +319,7 @@ extern "C" __global__ void draw_rows(int* __restrict__ tok, float* __restrict__ 
   for (int b = w; b < nb; b += warps) {
     const int hi = min((b + 1) * DRAW_BLOCK, V);
     double s = 0.0;
-    for (int j = b * DRAW_BLOCK + l; j < hi; j += 32) s += (double)expf(row[j]);
+    for (int j = b * DRAW_BLOCK + l; j < hi; j += 32) s += (double)expf(lpv(j));
     s = warp_sum_f64(s);
     if (l == 0) sums[b] = s;
   }
@@ -330,7 +333,7 @@ extern "C" __global__ void draw_rows(int* __restrict__ tok, float* __restrict__ 
   for (; b < nb && cum + sums[b] <= target; b++) cum += sums[b];
   int pick = -1;
   for (int j = b * DRAW_BLOCK; j < V; j++) {
-    const float p = expf(row[j]);
+    const float p = expf(lpv(j));
     if (p == 0.f) continue;
     cum += (double)p;
     if (cum > target) {
@@ -341,9 +344,61 @@ extern "C" __global__ void draw_rows(int* __restrict__ tok, float* __restrict__ 
   // Rounding left the target unreached: the last token of probability
   // above 0.
   for (int j = V - 1; pick < 0 && j > 0; j--) {
-    if (expf(row[j]) != 0.f) pick = j;
+    if (expf(lpv(j)) != 0.f) pick = j;
   }
   if (pick < 0) pick = 0;
-  tok[r] = pick;
-  lp[r] = row[pick];
+  *tok = pick;
+  *lp = lpv(pick);
+}
+
+// draw_rows draws the token of every output row r with u[r] >= 0 from its
+// log-probabilities z[r] (tempered and normalised, logsoftmax_rows_t) by
+// rollout.DrawRow's rule, writing it to tok[r] and z at it to lp[r]:
+// at temperature 0 the most probable token, the lowest id among equals;
+// otherwise inverse CDF in token order, the first token at which the
+// running float64 sum of exp(z) exceeds u[r] times the row's total, a
+// token of probability 0 never drawn. The sums of exp over each
+// DRAW_BLOCK tokens are taken by one warp each, then thread 0 finds the
+// block where the draw lands and scans its tokens one by one: the same
+// draws as the host's sampler except where u falls within a few ulps of a
+// boundary between two tokens. Rows with u[r] < 0 are left alone (the host
+// samples them). grid = rows, block = KEEL_THREADS.
+extern "C" __global__ void draw_rows(int* __restrict__ tok, float* __restrict__ lp, const float* __restrict__ z,
+                                     const double* __restrict__ u, const float* __restrict__ temps, int V) {
+  const i64 r = blockIdx.x;
+  const double ur = u[r];
+  if (ur < 0.0) return;
+  const float* row = z + r * V;
+  draw_row([&](int j) { return row[j]; }, V, ur, temps[r] == 0.f, tok + r, lp + r);
+}
+
+// draw_rows_raw is draw_rows over the log-softmax of the logits z at each
+// row's temperature (0 meaning 1) without writing it: a first pass takes
+// the row's log-sum-exp l online (head_stats_bf16's sums), the draw's
+// pass reads each log-prob as z/temp - l. Two reads of the row where
+// logsoftmax_rows_t then draw_rows make four and a write. l is not
+// logsoftmax_row's bits, so the exact rollout, whose log-probs must be
+// the training engine's, keeps those two. grid = rows.
+extern "C" __global__ void draw_rows_raw(int* __restrict__ tok, float* __restrict__ lp, const float* __restrict__ z,
+                                         const double* __restrict__ u, const float* __restrict__ temps, int V) {
+  const i64 r = blockIdx.x;
+  const double ur = u[r];
+  if (ur < 0.0) return;
+  const float* row = z + r * V;
+  const float tr = temps[r], tp = tr == 0.f ? 1.f : tr;
+  auto at = [&](int j) { return tp != 1.f ? row[j] / tp : row[j]; };
+  float m;
+  double s, t;
+  row_stats(at, V, m, s, t);
+  const float l = (float)((double)m + log(s));
+  draw_row([&](int j) { return at(j) - l; }, V, ur, tr == 0.f, tok + r, lp + r);
+}
+
+// logsoftmax_rows_host is logsoftmax_rows_t over the rows with u[r] < 0
+// only (the rows the host samples, beside draw_rows_raw's). grid = rows.
+extern "C" __global__ void logsoftmax_rows_host(float* z, const float* __restrict__ temps,
+                                                const double* __restrict__ u, int V) {
+  if (u[blockIdx.x] >= 0.0) return;
+  const float t = temps[blockIdx.x];
+  logsoftmax_row(z + (i64)blockIdx.x * V, V, t == 0.f ? 1.f : t);
 }
