@@ -324,22 +324,39 @@ __device__ void draw_row(F lpv, int V, double ur, bool greedy, int* tok, float* 
     if (l == 0) sums[b] = s;
   }
   __syncthreads();
-  if (threadIdx.x != 0) return;
+  if (w != 0) return;
+  // Warp 0: every lane finds the block where the draw lands (the same
+  // bits on each), the lanes take the exps of its tokens into shared
+  // memory together, then lane 0 adds them in token order: the scan's
+  // sums are the one-by-one scan's, without a global load's latency per
+  // token.
   double total = 0.0;
   for (int b = 0; b < nb; b++) total += sums[b];
   const double target = ur * total;
   double cum = 0.0;
   int b = 0;
   for (; b < nb && cum + sums[b] <= target; b++) cum += sums[b];
+  __shared__ float pexp[DRAW_BLOCK];
+  const int j0 = b * DRAW_BLOCK, n = max(0, min(DRAW_BLOCK, V - j0));
+  for (int k = l; k < n; k += 32) pexp[k] = expf(lpv(j0 + k));
+  __syncwarp();
+  if (l != 0) return;
   int pick = -1;
-  for (int j = b * DRAW_BLOCK; j < V; j++) {
-    const float p = expf(lpv(j));
+  for (int k = 0; k < n; k++) {
+    const float p = pexp[k];
     if (p == 0.f) continue;
     cum += (double)p;
     if (cum > target) {
-      pick = j;
+      pick = j0 + k;
       break;
     }
+  }
+  // Rounding may carry the draw past the block: on to the row's end.
+  for (int j = j0 + n; pick < 0 && j < V; j++) {
+    const float p = expf(lpv(j));
+    if (p == 0.f) continue;
+    cum += (double)p;
+    if (cum > target) pick = j;
   }
   // Rounding left the target unreached: the last token of probability
   // above 0.
@@ -358,8 +375,9 @@ __device__ void draw_row(F lpv, int V, double ur, bool greedy, int* tok, float* 
 // otherwise inverse CDF in token order, the first token at which the
 // running float64 sum of exp(z) exceeds u[r] times the row's total, a
 // token of probability 0 never drawn. The sums of exp over each
-// DRAW_BLOCK tokens are taken by one warp each, then thread 0 finds the
-// block where the draw lands and scans its tokens one by one: the same
+// DRAW_BLOCK tokens are taken by one warp each, then warp 0 finds the
+// block where the draw lands and its lane 0 scans that block's tokens one
+// by one (their exps staged in shared memory by the warp): the same
 // draws as the host's sampler except where u falls within a few ulps of a
 // boundary between two tokens. Rows with u[r] < 0 are left alone (the host
 // samples them). grid = rows, block = KEEL_THREADS.
