@@ -263,6 +263,55 @@ func TestDeviceRMSNormWarp(t *testing.T) {
 	}
 }
 
+// TestDeviceNormRopeBackBF16: norm_rope_bwd_bf16 (the bf16 mode's q and k
+// backward through RoPE and the head norm, rounded for the products) is
+// rope_rows with the negated sines, rmsnorm_bwd_warp in place and the
+// rounding to bf16, bit for bit, the weight gradient too; per-head rows of
+// several sizes (a half-row under a warp at 32), rows past a chunk's end.
+func TestDeviceNormRopeBackBF16(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(3, 11))
+	for _, c := range []struct{ rows, n, per int }{
+		{16 * 40, 128, 16}, {8 * 33, 64, 8}, {3 * 37, 32, 3}, {1, 2, 1}, {300, 256, 1},
+	} {
+		stride, tokens, half := c.per*c.n, c.rows/c.per, c.n/2
+		const maxPos = 50
+		x, w, dy := randF32(r, tokens*stride, 1), randF32(r, c.n, 1), randF32(r, tokens*stride, 1)
+		inv := make([]float32, c.rows)
+		for i := range inv {
+			inv[i] = 0.5 + r.Float32()
+		}
+		cos, nsin := randF32(r, maxPos*half, 1), randF32(r, maxPos*half, 1)
+		pos := make([]int32, tokens)
+		for i := range pos {
+			pos[i] = int32(r.IntN(maxPos))
+		}
+		bx, bw, binv, bcos, bsin, bpos := bufOf(g, x), bufOf(g, w), bufOf(g, inv), bufOf(g, cos), bufOf(g, nsin), bufOf(g, pos)
+		chunks := (c.rows + 255) / 256
+		name := fmt.Sprintf("%d rows of %d, %d a token", c.rows, c.n, c.per)
+
+		ref := bufOf(g, dy)
+		g.launch("rows.cu", "rope_rows", tokens, 256, ref, bcos, bsin, bpos, c.per, c.n, int64(stride))
+		rpart, rdw := g.poisoned(chunks*c.n), g.poisoned(c.n)
+		g.launch("rows.cu", "rmsnorm_bwd_warp", chunks, 256, ref, rpart, ref, bx, bw, binv, c.rows, c.n, c.per, int64(stride), 0)
+		g.launch("rows.cu", "sum_chunks", (c.n+255)/256, 256, rdw, rpart, chunks, c.n, 0)
+		want16 := make([]kernels.BF16, tokens*stride)
+		kernels.ToBF16(want16, g.f32(ref, tokens*stride))
+
+		bdy := bufOf(g, dy)
+		b16, part, dw := g.poisoned((tokens*stride+1)/2), g.poisoned(chunks*c.n), g.poisoned(c.n)
+		g.launch("rows.cu", "norm_rope_bwd_bf16", chunks, 256, b16, part, bdy, bx, bw, binv, bcos, bsin, bpos, c.rows, c.n, c.per, int64(stride))
+		g.launch("rows.cu", "sum_chunks", (c.n+255)/256, 256, dw, part, chunks, c.n, 0)
+		for i, v := range g.u16(b16, tokens*stride) {
+			if v != uint16(want16[i]) {
+				t.Fatalf("%s: dx %d: %#04x, the three kernels' %#04x", name, i, v, uint16(want16[i]))
+			}
+		}
+		sameBits(t, name+" dw", g.f32(dw, c.n), g.f32(rdw, c.n))
+		sameBits(t, name+" dy unchanged", g.f32(bdy, len(dy)), dy)
+	}
+}
+
 // TestDeviceBatchInvariance: a row's results alone and inside a batch of
 // 70 are the same bits (the contract the exact rollout rests on).
 func TestDeviceBatchInvariance(t *testing.T) {

@@ -80,6 +80,17 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		}
 		return e.launch("rows.cu", "sum_chunks", kc.Dim3{X: (n + 255) / 256}, block256, gw, part, ch, n, 1)
 	}
+	// normRopeBack is rope_rows (the transpose), normBack in place and the
+	// rounding to bf16 in one pass (norm_rope_bwd_bf16, the same bits):
+	// dx16 [T, stride] the products' operand, dy (float32) not changed.
+	normRopeBack := func(dx16, dy, x, w, inv, gw Buffer, rows, n, per, stride int) error {
+		ch := (rows + normWarpChunk - 1) / normWarpChunk
+		if err := e.launch("rows.cu", "norm_rope_bwd_bf16", kc.Dim3{X: ch}, block256, dx16, part, dy, x, w, inv,
+			e.rope.cos, e.rope.neg, f.dPos, rows, n, per, int64(stride)); err != nil {
+			return err
+		}
+		return e.launch("rows.cu", "sum_chunks", kc.Dim3{X: (n + 255) / 256}, block256, gw, part, ch, n, 1)
+	}
 	dres, err := e.buf(tmp, T*d.H)
 	if err != nil {
 		return err
@@ -91,6 +102,15 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 	if err := e.bufs(tmp, span{&dh, T * d.H}, span{&datt, T * d.qd},
 		span{&dq, T * d.qd}, span{&dk, T * d.kvd}, span{&dv, T * d.kvd}, span{&dsum, T * d.heads}); err != nil {
 		return err
+	}
+	// The bf16 mode takes q's and k's gradients back through RoPE and
+	// their norms straight into the products' bf16 operands.
+	var dq16, dk16 Buffer
+	fusedQK := e.bf != nil && d.hd <= normWarpMax && !e.unfusedQK
+	if fusedQK {
+		if err := e.bufs(tmp, bf16Span(&dq16, T*d.qd), bf16Span(&dk16, T*d.kvd)); err != nil {
+			return err
+		}
 	}
 	nMoE := len(e.cfg.MoELayers())
 	if nMoE < e.cfg.NumHiddenLayers { // dense layers; dgu is the products' bf16 operand in the bf16 mode
@@ -201,34 +221,53 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 				return e.launch("attn.cu", "attn_bwd_kv", kc.Dim3{X: T, Y: (d.kv + 3) / 4}, kc.Dim3{X: 128},
 					dk, dv, datt, a.lse, dsum, a.q, a.k, a.v, f.dEnd, d.heads, d.kv, d.hd, d.scale)
 			},
+		}
+		if fusedQK { // RoPE's and the norms' backward and the rounding, one pass each for q and k
+			steps = append(steps,
+				func() error {
+					return normRopeBack(dq16, dq, a.qraw, w(l.QNorm), a.invq, g(l.QNorm), T*d.heads, d.hd, d.heads, d.qd)
+				},
+				func() error {
+					return normRopeBack(dk16, dk, a.kraw, w(l.KNorm), a.invk, g(l.KNorm), T*d.kv, d.hd, d.kv, d.kvd)
+				},
+				func() error {
+					if err := e.bf.BackBF16(dh, g(l.Q), dq16, d.qd, a.h1b, d.H, w(l.Q), T, d.H, d.qd, d.H, false); err != nil {
+						return err
+					}
+					return e.bf.BackBF16(dh, g(l.K), dk16, d.kvd, a.h1b, d.H, w(l.K), T, d.H, d.kvd, d.H, true)
+				})
+		} else {
+			steps = append(steps,
+				func() error {
+					return e.launch("rows.cu", "rope_rows", rowsGrid(T), block256, dq, e.rope.cos, e.rope.neg, f.dPos, d.heads, d.hd, int64(d.qd))
+				},
+				func() error {
+					return e.launch("rows.cu", "rope_rows", rowsGrid(T), block256, dk, e.rope.cos, e.rope.neg, f.dPos, d.kv, d.hd, int64(d.kvd))
+				},
+				// q_norm and k_norm, per head row, in place.
+				func() error {
+					return normBack(dq, dq, a.qraw, w(l.QNorm), a.invq, g(l.QNorm), T*d.heads, d.hd, d.heads, d.qd, false)
+				},
+				func() error {
+					return normBack(dk, dk, a.kraw, w(l.KNorm), a.invk, g(l.KNorm), T*d.kv, d.hd, d.kv, d.kvd, false)
+				},
+				func() error {
+					h1 := e.pick(a.h1, a.h1b)
+					if err := e.backSaved(dh, g(l.Q), dq, h1, w(l.Q), T, d.H, d.qd, d.H, d.qd, false); err != nil {
+						return err
+					}
+					return e.backSaved(dh, g(l.K), dk, h1, w(l.K), T, d.H, d.kvd, d.H, d.kvd, true)
+				})
+		}
+		steps = append(steps,
 			func() error {
-				return e.launch("rows.cu", "rope_rows", rowsGrid(T), block256, dq, e.rope.cos, e.rope.neg, f.dPos, d.heads, d.hd, int64(d.qd))
-			},
-			func() error {
-				return e.launch("rows.cu", "rope_rows", rowsGrid(T), block256, dk, e.rope.cos, e.rope.neg, f.dPos, d.kv, d.hd, int64(d.kvd))
-			},
-			// q_norm and k_norm, per head row, in place.
-			func() error {
-				return normBack(dq, dq, a.qraw, w(l.QNorm), a.invq, g(l.QNorm), T*d.heads, d.hd, d.heads, d.qd, false)
-			},
-			func() error {
-				return normBack(dk, dk, a.kraw, w(l.KNorm), a.invk, g(l.KNorm), T*d.kv, d.hd, d.kv, d.kvd, false)
-			},
-			func() error {
-				h1 := e.pick(a.h1, a.h1b)
-				if err := e.backSaved(dh, g(l.Q), dq, h1, w(l.Q), T, d.H, d.qd, d.H, d.qd, false); err != nil {
-					return err
-				}
-				if err := e.backSaved(dh, g(l.K), dk, h1, w(l.K), T, d.H, d.kvd, d.H, d.kvd, true); err != nil {
-					return err
-				}
-				return e.backSaved(dh, g(l.V), dv, h1, w(l.V), T, d.H, d.kvd, d.H, d.kvd, true)
+				return e.backSaved(dh, g(l.V), dv, e.pick(a.h1, a.h1b), w(l.V), T, d.H, d.kvd, d.H, d.kvd, true)
 			},
 			// dres becomes the gradient at the layer's input.
 			func() error {
 				return normBack(dres, dh, a.x, w(l.InputNorm), a.inv1, g(l.InputNorm), T, d.H, 1, d.H, true)
 			},
-		}
+		)
 		for i, s := range steps {
 			if err := s(); err != nil {
 				return fmt.Errorf("layer %d, step %d: %w", li, i, err)

@@ -52,6 +52,10 @@ type Engine struct {
 	// headChunkRows, when positive, replaces headChunk's choice (tests
 	// cover several chunks with it).
 	headChunkRows int
+	// unfusedQK takes the bf16 mode's q and k gradients back through RoPE
+	// and their norms kernel by kernel, as the float32 mode does (tests
+	// compare the fused pass, norm_rope_bwd_bf16, with it).
+	unfusedQK bool
 	// expertsPerLaunch runs the bf16 mode's expert products in the
 	// forward one cuBLASLt product per expert, the grouping's offsets
 	// brought to the host for it (KEEL_MOE_GROUP=host, read by

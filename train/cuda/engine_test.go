@@ -548,6 +548,39 @@ func TestEngineRecompute(t *testing.T) {
 	}
 }
 
+// TestEngineFusedQKBack: in the bf16 mode, q's and k's gradients taken
+// back through RoPE and their norms and rounded in one pass
+// (norm_rope_bwd_bf16) give the gradients of the kernel-by-kernel path bit
+// for bit, dense and MoE.
+func TestEngineFusedQKBack(t *testing.T) {
+	dev := cudatest.Device(t)
+	for _, preset := range []string{"tiny-dense", "tiny-moe"} {
+		var grads [2][]float32
+		for i, unfused := range []bool{false, true} {
+			_, _, _, e := enginePair(t, dev, preset, 0, 200)
+			if err := e.SetPrecision(BF16); err != nil {
+				t.Fatal(err)
+			}
+			e.unfusedQK = unfused
+			r := rand.New(rand.NewPCG(7, 1))
+			seqs := randomSeqs(r, 200, 30, 12, 40)
+			if _, err := e.Forward(seqs, train.ForwardOptions{Temperature: 0.9}); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Backward(randomLoss(r, seqs)); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			if grads[i], err = e.Gradients(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !sameFloats(grads[0], grads[1]) {
+			t.Errorf("%s: gradients with the fused q/k backward differ from the kernel-by-kernel path's (relative %.3g)", preset, relErr(grads[0], grads[1]))
+		}
+	}
+}
+
 // TestEngineHeadChunks: how many token rows the LM head holds at once
 // changes no log-prob or entropy (per-row kernels; in the float32 mode a
 // batch-invariant product, so bit for bit), and the gradients only by the

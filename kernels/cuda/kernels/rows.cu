@@ -130,6 +130,86 @@ extern "C" __global__ void __launch_bounds__(KEEL_THREADS) rmsnorm_bwd_warp(floa
   }
 }
 
+// norm_rope_bwd_bf16 is the bf16 mode's backward of q's (or k's) norm
+// and RoPE, into the products' bf16 operand: per head row r (token r/per),
+// the gradient dy at RoPE's output taken back through RoPE (rope_rows with
+// the negated sines sinv, the same expressions), then through the head's
+// RMSNorm as rmsnorm_bwd_warp takes it (the same sums in the same order),
+// rounded to bf16 into dx16 (laid out as dy: row_offset), with the weight
+// gradient's partial sums per NORM_WCHUNK rows as rmsnorm_bwd_warp writes
+// them. So the bits of rope_rows, rmsnorm_bwd_warp (acc 0) and the
+// rounding, in one pass that reads dy and x once and writes bf16, where
+// the three read and wrote float32 five times. n <= NORM_WMAX, even.
+// grid = ceil(rows/NORM_WCHUNK), block = KEEL_THREADS.
+extern "C" __global__ void __launch_bounds__(KEEL_THREADS) norm_rope_bwd_bf16(bf16_t* __restrict__ dx16, float* __restrict__ dw_part,
+                                                                         const float* __restrict__ dy,
+                                                                         const float* __restrict__ x,
+                                                                         const float* __restrict__ w,
+                                                                         const float* __restrict__ inv,
+                                                                         const float* __restrict__ cosv,
+                                                                         const float* __restrict__ sinv,
+                                                                         const int* __restrict__ pos, int rows, int n,
+                                                                         int per, i64 stride) {
+  __shared__ float ps[KEEL_THREADS / 32][NORM_WMAX];
+  __shared__ float row[KEEL_THREADS / 32][NORM_WMAX];
+  const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, c = blockIdx.x, half = n / 2;
+  float pw[NORM_WMAX / 32];
+#pragma unroll
+  for (int i = 0; i < NORM_WMAX / 32; i++) pw[i] = 0.f;
+  const int r0 = c * NORM_WCHUNK + wp * 32, r1 = min(rows, r0 + 32);
+  for (int r = r0; r < r1; r++) {  // warp-uniform
+    const i64 o = row_offset(r, n, per, stride);
+    const i64 t = r / per;
+    const float* cs = cosv + (i64)pos[t] * half;
+    const float* sn = sinv + (i64)pos[t] * half;
+    __syncwarp();  // the last row's reads of row[wp] are done
+    for (int j = lane; j < n; j += 32) row[wp][j] = dy[o + j];
+    __syncwarp();
+    float g[NORM_WMAX / 32];
+    double d = 0.0;
+#pragma unroll
+    for (int i = 0; i < NORM_WMAX / 32; i++) {
+      const int j = lane + 32 * i;
+      g[i] = 0.f;
+      if (j < n) {
+        // rope_rows: x[i] = a·cos - b·sin, x[i+half] = b·cos + a·sin.
+        if (j < half) {
+          const float a = row[wp][j], b = row[wp][j + half];
+          g[i] = a * cs[j] - b * sn[j];
+        } else {
+          const int k = j - half;
+          const float a = row[wp][k], b = row[wp][j];
+          g[i] = b * cs[k] + a * sn[k];
+        }
+        d += (double)g[i] * (double)w[j] * (double)x[o + j];
+      }
+    }
+    d = warp_sum_f64(d);
+    const double iv = inv[r];
+    const float k = (float)(iv * iv * iv * d / (double)n);
+    const float ivf = inv[r];
+#pragma unroll
+    for (int i = 0; i < NORM_WMAX / 32; i++) {
+      const int j = lane + 32 * i;
+      if (j < n) {
+        const float xv = x[o + j];
+        const float v = ivf * (g[i] * w[j]) - xv * k;
+        pw[i] += g[i] * (xv * ivf);
+        dx16[o + j] = f32_to_bf16(v);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < NORM_WMAX / 32; i++)
+    if (lane + 32 * i < n) ps[wp][lane + 32 * i] = pw[i];
+  __syncthreads();
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    float v = ps[0][j];
+    for (int q = 1; q < KEEL_THREADS / 32; q++) v += ps[q][j];
+    dw_part[(i64)c * n + j] = v;
+  }
+}
+
 // sum_chunks: out[j] (+)= sum over c of parts[c*n + j], c in order.
 // grid*block >= n.
 extern "C" __global__ void sum_chunks(float* __restrict__ out, const float* __restrict__ parts,
