@@ -380,15 +380,27 @@ __device__ __forceinline__ void decode_group(O* __restrict__ out, const float* _
     l[x] = 0.f;
   }
   const int n = pos[r] + 1;
-  float kn[P], vn[P];
-  load_key(kn, vn, kb, vb, hd, lane);
-  for (int j = 0; j < n; j++) {
-    float k[P], v[P];
+  // The rows of the next D keys are in flight while this key is folded in
+  // (a ring of D registers sets, key j in set j % D): one key ahead left a
+  // warp waiting out most of a memory latency per key, and the cache is
+  // most of a step's bytes. The folds are in key order, as before: the
+  // same bits.
+  constexpr int D = P <= 4 ? 4 : 2;
+  float kn[D][P], vn[D][P];
 #pragma unroll
-    for (int e = 0; e < P; e++) k[e] = kn[e], v[e] = vn[e];
-    if (j + 1 < n) load_key(kn, vn, kb + (j + 1) * kvd, vb + (j + 1) * kvd, hd, lane);
+  for (int u = 0; u < D; u++)
+    if (u < n) load_key(kn[u], vn[u], kb + u * kvd, vb + u * kvd, hd, lane);
+  for (int j = 0; j < n; j += D) {
 #pragma unroll
-    for (int x = 0; x < G; x++) fold_key(acc[x], mx[x], l[x], qr[x], k, v, hd, scale, lane);
+    for (int u = 0; u < D; u++) {
+      if (j + u >= n) break;
+      float k[P], v[P];
+#pragma unroll
+      for (int e = 0; e < P; e++) k[e] = kn[u][e], v[e] = vn[u][e];
+      if (j + u + D < n) load_key(kn[u], vn[u], kb + (j + u + D) * kvd, vb + (j + u + D) * kvd, hd, lane);
+#pragma unroll
+      for (int x = 0; x < G; x++) fold_key(acc[x], mx[x], l[x], qr[x], k, v, hd, scale, lane);
+    }
   }
 #pragma unroll
   for (int x = 0; x < G; x++) attend_finish(o + x * hd, (float*)0, acc[x], mx[x], l[x], hd, lane);
