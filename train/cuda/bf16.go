@@ -22,6 +22,7 @@ const (
 // BF16).
 func (e *Engine) SetPrecision(p string) error {
 	e.freeBF16()
+	e.valid = false // the last Forward's activations are the other mode's
 	switch p {
 	case FP32, "":
 		return nil

@@ -31,6 +31,19 @@ __device__ __forceinline__ void load_key(float (&k)[P], float (&v)[P], const T* 
   }
 }
 
+// load_raw is load_key without the widening: this lane's elements of a
+// key and a value row as stored (0 past hd; widen gives load_key's
+// values).
+template <typename T, int P>
+__device__ __forceinline__ void load_raw(T (&k)[P], T (&v)[P], const T* kr, const T* vr, int hd, int lane) {
+#pragma unroll
+  for (int e = 0; e < P; e++) {
+    const int d = lane + 32 * e;
+    k[e] = d < hd ? kr[d] : T(0);
+    v[e] = d < hd ? vr[d] : T(0);
+  }
+}
+
 // fold_key folds one key (its row k and value row v, as load_key gives
 // them) into a query row's online-softmax state: attend_key's arithmetic.
 template <int P>
@@ -385,21 +398,24 @@ __device__ __forceinline__ void decode_group(O* __restrict__ out, const float* _
   // warp waiting out most of a memory latency per key, and the cache is
   // most of a step's bytes. The folds are in key order, as before: the
   // same bits.
+  // The ring holds the rows as loaded (a bf16 cache's unwidened), so no
+  // instruction waits on a load before the key's turn comes.
   constexpr int D = P <= 4 ? 4 : 2;
-  float kn[D][P], vn[D][P];
+  T kn[D][P], vn[D][P];
 #pragma unroll
   for (int u = 0; u < D; u++)
-    if (u < n) load_key(kn[u], vn[u], kb + u * kvd, vb + u * kvd, hd, lane);
+    if (u < n) load_raw(kn[u], vn[u], kb + u * kvd, vb + u * kvd, hd, lane);
   for (int j = 0; j < n; j += D) {
 #pragma unroll
     for (int u = 0; u < D; u++) {
-      if (j + u >= n) break;
-      float k[P], v[P];
+      if (j + u < n) {
+        float k[P], v[P];
 #pragma unroll
-      for (int e = 0; e < P; e++) k[e] = kn[u][e], v[e] = vn[u][e];
-      if (j + u + D < n) load_key(kn[u], vn[u], kb + (j + u + D) * kvd, vb + (j + u + D) * kvd, hd, lane);
+        for (int e = 0; e < P; e++) k[e] = widen(kn[u][e]), v[e] = widen(vn[u][e]);
+        if (j + u + D < n) load_raw(kn[u], vn[u], kb + (j + u + D) * kvd, vb + (j + u + D) * kvd, hd, lane);
 #pragma unroll
-      for (int x = 0; x < G; x++) fold_key(acc[x], mx[x], l[x], qr[x], k, v, hd, scale, lane);
+        for (int x = 0; x < G; x++) fold_key(acc[x], mx[x], l[x], qr[x], k, v, hd, scale, lane);
+      }
     }
   }
 #pragma unroll

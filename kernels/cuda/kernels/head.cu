@@ -200,7 +200,7 @@ __device__ void block_stats(float& m, double& s, double& t) {
 // row_stats folds the values at(0..V) of a row, four loads in flight a
 // thread, and merges them over the block.
 template <class F>
-__device__ void row_stats(F at, int V, float& m, double& s, double& t) {
+__device__ __forceinline__ void row_stats(F at, int V, float& m, double& s, double& t) {
   m = -__int_as_float(0x7f800000);
   s = 0.0, t = 0.0;
   const int n = blockDim.x;
