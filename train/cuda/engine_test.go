@@ -352,6 +352,14 @@ func TestEngineErrors(t *testing.T) {
 	if err := e.Backward(train.Loss{LogProb: [][]float32{{1}}}); err == nil {
 		t.Error("a loss of the wrong shape was accepted")
 	}
+	// A Forward in one precision is no Forward for a Backward in another
+	// (the bf16 mode's head reads what its own forward keeps).
+	if err := e.SetPrecision(BF16); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Backward(train.Loss{LogProb: [][]float32{{1, 1, 0}}}); err == nil {
+		t.Error("Backward after a change of precision since the Forward was accepted")
+	}
 }
 
 // TestEngineBF16 checks the bf16 mode against the CPU engine (float32).
