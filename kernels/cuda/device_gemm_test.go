@@ -324,6 +324,46 @@ func TestDeviceAttention(t *testing.T) {
 		sameBits(t, name+" decoding, grouped against per head", g.f32(decRounded, T*qd), g.f32(ph, T*qd))
 		sameBits(t, name+" bf16 decoding, grouped against per head", g.f32(dec16, T*qd), g.f32(ph16, T*qd))
 		sameBits(t, name+" bf16 decoding to bf16, grouped against per head", g.f32(g16, (T*qd+1)/2), g.f32(p16, (T*qd+1)/2))
+		// Keys split into runs (flash-decoding, the reduced precisions'):
+		// within float32 rounding of the unsplit kernel, runs of one key
+		// and empty runs included; its bf16 output is its float32 output
+		// rounded; a padding row gets zeros.
+		padSlot := append([]int32(nil), slot...)
+		padSlot[T-1] = -1
+		bpad := bufOf(g, padSlot)
+		for _, o := range []*Ops{ops, perHead} {
+			for _, splits := range []int{2, 3, 16} {
+				part := g.poisoned(T * splits * c.heads * (c.hd + 2))
+				sp, sp16 := g.poisoned(T*qd), g.poisoned(T*qd)
+				if err := o.AttnDecodeBF16Split(false, sp, part, bq, kc16, vc16, bpad, bpos, T, maxLen, c.heads, c.kv, c.hd, scale, splits); err != nil {
+					t.Fatal(err)
+				}
+				if err := o.AttnDecodeBF16Split(true, sp16, part, bq, kc16, vc16, bpad, bpos, T, maxLen, c.heads, c.kv, c.hd, scale, splits); err != nil {
+					t.Fatal(err)
+				}
+				if err := g.d.Sync(); err != nil {
+					t.Fatal(err)
+				}
+				sname := fmt.Sprintf("%s bf16 decoding in %d splits (per head %v)", name, splits, o.DecodePerHead)
+				got, want := g.f32(sp, T*qd), g.f32(dec16, T*qd)
+				closeTo(t, sname, got[:(T-1)*qd], want[:(T-1)*qd], 2e-6)
+				for i, v := range got[(T-1)*qd:] {
+					if v != 0 {
+						t.Fatalf("%s: the padding row's output %d is %v", sname, i, v)
+					}
+				}
+				w16 := make([]kernels.BF16, T*qd)
+				kernels.ToBF16(w16, got)
+				for i, v := range g.u16(sp16, T*qd) {
+					if v != uint16(w16[i]) {
+						t.Fatalf("%s: bf16 output %d is %#04x, the float32 output rounded %#04x", sname, i, v, uint16(w16[i]))
+					}
+				}
+			}
+		}
+		if splits := ops.DecodeSplits(T, c.heads, c.kv); splits < 1 || splits > 16 || T*splits*c.heads*(c.hd+2) > DecodeSplitFloats(T, c.heads, c.kv, c.hd) && splits > 1 {
+			t.Errorf("%s: %d splits for %d rows, scratch for %d floats", name, splits, T, DecodeSplitFloats(T, c.heads, c.kv, c.hd))
+		}
 		bdq, bdsum := g.poisoned(T*qd), g.poisoned(T*c.heads)
 		bdk, bdv := g.poisoned(T*kvd), g.poisoned(T*kvd)
 		launch2("attn_bwd_q", c.heads, bdq, bdsum, bdo, bout, blse, bq, bk, bv, bst, c.heads, c.kv, c.hd, scale)

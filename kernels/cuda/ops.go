@@ -326,6 +326,13 @@ func (o *Ops) decode(name string, out, q, kcache, vcache, slot, pos Buffer, rows
 	if err := checkHeads(heads, kv, hd); err != nil {
 		return err
 	}
+	name, warps := o.decodeKernel(name, heads, kv, hd)
+	return o.Launch("attn.cu", name, Dim3{X: rows, Y: (warps + 3) / 4}, Dim3{X: 128}, out, q, kcache, vcache, slot, pos, maxLen, heads, kv, hd, scale)
+}
+
+// decodeKernel names the decoding kernel of family name for the heads and
+// head size, with the warps a step row takes.
+func (o *Ops) decodeKernel(name string, heads, kv, hd int) (string, int) {
 	g, warps := heads/kv, kv
 	if !decodeGroups[g] || o.DecodePerHead {
 		g, warps = 1, heads
@@ -334,7 +341,83 @@ func (o *Ops) decode(name string, out, q, kcache, vcache, slot, pos Buffer, rows
 	if hd <= 128 { // the kernels for head sizes up to 128: half the registers
 		name += "_s"
 	}
-	return o.Launch("attn.cu", name, Dim3{X: rows, Y: (warps + 3) / 4}, Dim3{X: 128}, out, q, kcache, vcache, slot, pos, maxLen, heads, kv, hd, scale)
+	return name, warps
+}
+
+// decodeSplitWarps is how many warps a decoding step's attention is split
+// to reach: about 16 a multiprocessor on a 132-SM H100, what 256
+// sequences of a model with 8 KV heads give unsplit. decodeMaxSplits
+// bounds the runs of one row's keys.
+const decodeSplitWarps, decodeMaxSplits = 2048, 16
+
+// decodeSplits is the runs each row's keys are split into for a step of
+// rows rows of warps warps each: enough to reach decodeSplitWarps, at
+// most decodeMaxSplits; 1 from decodeSplitWarps/warps rows up.
+func decodeSplits(rows, warps int) int {
+	if rows*warps <= 0 {
+		return 1
+	}
+	return min(decodeMaxSplits, (decodeSplitWarps+rows*warps-1)/(rows*warps))
+}
+
+// DecodeSplits is the runs AttnDecodeBF16Split splits each row's keys
+// into for a step of rows rows: a few long sequences (a rollout's tail)
+// otherwise leave most of the GPU idle, each warp folding thousands of
+// keys one after another.
+func (o *Ops) DecodeSplits(rows, heads, kv int) int {
+	_, warps := o.decodeKernel("", heads, kv, 0)
+	return decodeSplits(rows, warps)
+}
+
+// DecodeSplitFloats is the scratch AttnDecodeBF16Split needs for steps of
+// up to rows rows (whichever kernels DecodePerHead picks): rows ×
+// splits × heads × (hd+2) floats at its largest.
+func DecodeSplitFloats(rows, heads, kv, hd int) int {
+	warps := kv
+	if kv <= 0 || !decodeGroups[heads/kv] {
+		warps = heads
+	}
+	most := 0
+	for r := 1; r <= rows; r++ {
+		s := decodeSplits(r, warps)
+		if s == 1 {
+			break
+		}
+		most = max(most, r*s)
+	}
+	return most * heads * (hd + 2)
+}
+
+// AttnDecodeBF16Split is AttnDecodeBF16 (or, with out16, AttnDecodeBF16To16)
+// with each row's keys split into splits contiguous runs (flash-decoding):
+// a warp per run and head group writes its unnormalised sums to part
+// (DecodeSplitFloats), then decode_combine merges the runs. Within float32
+// rounding of the unsplit kernels, not their bits: for the reduced
+// precisions, whose decoding owes the training engine no bits. splits of
+// 1 is the unsplit kernel.
+func (o *Ops) AttnDecodeBF16Split(out16 bool, out, part, q, kcache, vcache, slot, pos Buffer, rows, maxLen, heads, kv, hd int, scale float32, splits int) error {
+	if splits <= 1 {
+		if out16 {
+			return o.AttnDecodeBF16To16(out, q, kcache, vcache, slot, pos, rows, maxLen, heads, kv, hd, scale)
+		}
+		return o.AttnDecodeBF16(out, q, kcache, vcache, slot, pos, rows, maxLen, heads, kv, hd, scale)
+	}
+	if err := checkHeads(heads, kv, hd); err != nil {
+		return err
+	}
+	if need := int64(rows*splits*heads*(hd+2)) * 4; part.Size < need {
+		return fmt.Errorf("cuda: AttnDecodeBF16Split: %d bytes of scratch for %d rows in %d splits, want %d", part.Size, rows, splits, need)
+	}
+	name, warps := o.decodeKernel("attn_decode_bf16_split", heads, kv, hd)
+	if err := o.Launch("attn.cu", name, Dim3{X: rows, Y: (warps + 3) / 4, Z: splits}, Dim3{X: 128},
+		part, q, kcache, vcache, slot, pos, maxLen, heads, kv, hd, scale); err != nil {
+		return err
+	}
+	comb := "decode_combine"
+	if out16 {
+		comb = "decode_combine_out16"
+	}
+	return o.Launch("attn.cu", comb, Dim3{X: rows, Y: (heads + 3) / 4}, Dim3{X: 128}, out, part, slot, heads, hd, splits)
 }
 
 // LogSoftmaxTemps: LogSoftmax with a temperature per row (0 meaning 1).

@@ -354,6 +354,38 @@ extern "C" __global__ void kv_store_bf16(bf16_t* __restrict__ kc, bf16_t* __rest
   }
 }
 
+// decode_keys folds keys j0..n-1 of one KV head's cache rows (kb, vb,
+// kvd apart) into the online softmaxes of G query heads, in key order.
+template <typename T, int G, int P>
+__device__ __forceinline__ void decode_keys(float (&acc)[G][P], float (&mx)[G], float (&l)[G], const float (&qr)[G][P],
+                                            const T* __restrict__ kb, const T* __restrict__ vb, int j0, int n, i64 kvd,
+                                            int hd, float scale, int lane) {
+  // The rows of the next D keys are in flight while this key is folded in
+  // (a ring of D register sets, key j in set (j - j0) % D), held as loaded
+  // (a bf16 cache's unwidened) so that no instruction waits on a load
+  // before its key's turn: one key ahead left a warp waiting out most of a
+  // memory latency per key, and the cache is most of a step's bytes. The
+  // folds are in key order: the same bits as one key at a time.
+  constexpr int D = P <= 4 ? 4 : 2;
+  T kn[D][P], vn[D][P];
+#pragma unroll
+  for (int u = 0; u < D; u++)
+    if (j0 + u < n) load_raw(kn[u], vn[u], kb + (j0 + u) * kvd, vb + (j0 + u) * kvd, hd, lane);
+  for (int j = j0; j < n; j += D) {
+#pragma unroll
+    for (int u = 0; u < D; u++) {
+      if (j + u < n) {
+        float k[P], v[P];
+#pragma unroll
+        for (int e = 0; e < P; e++) k[e] = widen(kn[u][e]), v[e] = widen(vn[u][e]);
+        if (j + u + D < n) load_raw(kn[u], vn[u], kb + (j + u + D) * kvd, vb + (j + u + D) * kvd, hd, lane);
+#pragma unroll
+        for (int x = 0; x < G; x++) fold_key(acc[x], mx[x], l[x], qr[x], k, v, hd, scale, lane);
+      }
+    }
+  }
+}
+
 // decode_group is the rollout's attention: step row r attends over
 // positions [0, pos[r]] of its slot's cache. Warp w takes the G query
 // heads w·G .. w·G+G-1, which share one KV head when G = heads/kv (the
@@ -362,8 +394,15 @@ extern "C" __global__ void kv_store_bf16(bf16_t* __restrict__ kc, bf16_t* __rest
 // of work per key), or one head with G = 1. Each head folds its keys in
 // order with fold_key, so its bits are attend's (the training forward's)
 // whatever G. A padding row (negative slot) gets zeros.
+//
+// With part, the keys are split into gridDim.z contiguous runs (split
+// blockIdx.z takes the z-th of ceil(n/splits) keys) and each head's
+// unnormalised sums and its max and sum of exps go to part for
+// decode_combine (flash-decoding: a few long rows still fill the GPU); a
+// padding row writes nothing there. Not attend's bits: the reduced
+// precisions' decoding only.
 template <typename T, typename O, int G, int P>
-__device__ __forceinline__ void decode_group(O* __restrict__ out, const float* __restrict__ q,
+__device__ __forceinline__ void decode_group(O* __restrict__ out, float* __restrict__ part, const float* __restrict__ q,
                                              const T* __restrict__ kc, const T* __restrict__ vc,
                                              const int* __restrict__ slot, const int* __restrict__ pos, int max_len,
                                              int heads, int kv, int hd, float scale) {
@@ -374,7 +413,8 @@ __device__ __forceinline__ void decode_group(O* __restrict__ out, const float* _
   const i64 qd = (i64)heads * hd, kvd = (i64)kv * hd;
   O* o = out + r * qd + (i64)h0 * hd;
   if (slot[r] < 0) {
-    for (int d = lane; d < G * hd; d += 32) put(o + d, 0.f);
+    if (!part)
+      for (int d = lane; d < G * hd; d += 32) put(o + d, 0.f);
     return;
   }
   const T* kb = kc + (i64)slot[r] * max_len * kvd + (i64)g * hd;
@@ -393,33 +433,66 @@ __device__ __forceinline__ void decode_group(O* __restrict__ out, const float* _
     l[x] = 0.f;
   }
   const int n = pos[r] + 1;
-  // The rows of the next D keys are in flight while this key is folded in
-  // (a ring of D registers sets, key j in set j % D): one key ahead left a
-  // warp waiting out most of a memory latency per key, and the cache is
-  // most of a step's bytes. The folds are in key order, as before: the
-  // same bits.
-  // The ring holds the rows as loaded (a bf16 cache's unwidened), so no
-  // instruction waits on a load before the key's turn comes.
-  constexpr int D = P <= 4 ? 4 : 2;
-  T kn[D][P], vn[D][P];
+  if (!part) {
+    decode_keys<T, G, P>(acc, mx, l, qr, kb, vb, 0, n, kvd, hd, scale, lane);
 #pragma unroll
-  for (int u = 0; u < D; u++)
-    if (u < n) load_raw(kn[u], vn[u], kb + u * kvd, vb + u * kvd, hd, lane);
-  for (int j = 0; j < n; j += D) {
-#pragma unroll
-    for (int u = 0; u < D; u++) {
-      if (j + u < n) {
-        float k[P], v[P];
-#pragma unroll
-        for (int e = 0; e < P; e++) k[e] = widen(kn[u][e]), v[e] = widen(vn[u][e]);
-        if (j + u + D < n) load_raw(kn[u], vn[u], kb + (j + u + D) * kvd, vb + (j + u + D) * kvd, hd, lane);
-#pragma unroll
-        for (int x = 0; x < G; x++) fold_key(acc[x], mx[x], l[x], qr[x], k, v, hd, scale, lane);
-      }
-    }
+    for (int x = 0; x < G; x++) attend_finish(o + x * hd, (float*)0, acc[x], mx[x], l[x], hd, lane);
+    return;
   }
+  const int S = gridDim.z, len = (n + S - 1) / S, j0 = min(n, (int)blockIdx.z * len);
+  decode_keys<T, G, P>(acc, mx, l, qr, kb, vb, j0, min(n, j0 + len), kvd, hd, scale, lane);
 #pragma unroll
-  for (int x = 0; x < G; x++) attend_finish(o + x * hd, (float*)0, acc[x], mx[x], l[x], hd, lane);
+  for (int x = 0; x < G; x++) {
+    float* pp = part + (((i64)r * heads + h0 + x) * S + blockIdx.z) * (hd + 2);
+#pragma unroll
+    for (int e = 0; e < P; e++) {
+      const int d = lane + 32 * e;
+      if (d < hd) pp[d] = acc[x][e];
+    }
+    if (lane == 0) pp[hd] = mx[x], pp[hd + 1] = l[x];
+  }
+}
+
+// decode_combine merges the splits of attn_decode_bf16_split_*: for step
+// row r and head h, out = sum_s e^(mx_s - m)·acc_s / sum_s e^(mx_s - m)·l_s
+// over the splits that had keys (l_s > 0), m their largest max; a padding
+// row gets zeros. A warp per head. grid = (rows, ceil(heads/ATT_WARPS)),
+// block = 32*ATT_WARPS.
+template <typename O>
+__device__ __forceinline__ void decode_combine_body(O* __restrict__ out, const float* __restrict__ part,
+                                                    const int* __restrict__ slot, int heads, int hd, int S) {
+  const int r = blockIdx.x, lane = threadIdx.x & 31, h = blockIdx.y * ATT_WARPS + (threadIdx.x >> 5);
+  if (h >= heads) return;
+  O* o = out + ((i64)r * heads + h) * hd;
+  if (slot[r] < 0) {
+    for (int d = lane; d < hd; d += 32) put(o + d, 0.f);
+    return;
+  }
+  const float* p = part + ((i64)r * heads + h) * S * (hd + 2);
+  float m = -__int_as_float(0x7f800000);
+  for (int s = 0; s < S; s++)
+    if (p[s * (hd + 2) + hd + 1] > 0.f) m = fmaxf(m, p[s * (hd + 2) + hd]);
+  float L = 0.f;
+  for (int s = 0; s < S; s++) {
+    const float ls = p[s * (hd + 2) + hd + 1];
+    if (ls > 0.f) L += ls * expf(p[s * (hd + 2) + hd] - m);
+  }
+  for (int d = lane; d < hd; d += 32) {
+    float a = 0.f;
+    for (int s = 0; s < S; s++) {
+      const float* ps = p + s * (hd + 2);
+      if (ps[hd + 1] > 0.f) a += ps[d] * expf(ps[hd] - m);
+    }
+    put(o + d, a / L);
+  }
+}
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) decode_combine(float* __restrict__ out, const float* __restrict__ part,
+                                                                        const int* __restrict__ slot, int heads, int hd, int S) {
+  decode_combine_body(out, part, slot, heads, hd, S);
+}
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) decode_combine_out16(bf16_t* __restrict__ out, const float* __restrict__ part,
+                                                                              const int* __restrict__ slot, int heads, int hd, int S) {
+  decode_combine_body(out, part, slot, heads, hd, S);
 }
 
 // The decoding kernels, for G of 1 (a warp per query head, any group) and
@@ -434,7 +507,23 @@ __device__ __forceinline__ void decode_group(O* __restrict__ out, const float* _
   O *__restrict__ out, const float *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,      \
       const int *__restrict__ slot, const int *__restrict__ pos, int max_len, int heads, int kv, int hd,     \
       float scale
-#define DECODE_BODY(T, O, G, P) decode_group<T, O, G, P>(out, q, kc, vc, slot, pos, max_len, heads, kv, hd, scale);
+#define DECODE_BODY(T, O, G, P) decode_group<T, O, G, P>(out, (float*)0, q, kc, vc, slot, pos, max_len, heads, kv, hd, scale);
+// attn_decode_bf16_split_g<G>[_s]: the bf16 cache's decoding, keys split
+// over gridDim.z (grid = (rows, ceil(heads/G/ATT_WARPS), splits)), into
+// part [rows, heads, splits, hd+2] for decode_combine.
+#define SPLIT_PARAMS                                                                                          \
+  float *__restrict__ part, const float *__restrict__ q, const bf16_t *__restrict__ kc,                      \
+      const bf16_t *__restrict__ vc, const int *__restrict__ slot, const int *__restrict__ pos, int max_len, \
+      int heads, int kv, int hd, float scale
+#define SPLIT_BODY(G, P) decode_group<bf16_t, float, G, P>((float*)0, part, q, kc, vc, slot, pos, max_len, heads, kv, hd, scale);
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_split_g1(SPLIT_PARAMS) { SPLIT_BODY(1, ATT_PER) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_split_g2(SPLIT_PARAMS) { SPLIT_BODY(2, ATT_PER) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_split_g4(SPLIT_PARAMS) { SPLIT_BODY(4, ATT_PER) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_split_g8(SPLIT_PARAMS) { SPLIT_BODY(8, ATT_PER) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_split_g1_s(SPLIT_PARAMS) { SPLIT_BODY(1, 4) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_split_g2_s(SPLIT_PARAMS) { SPLIT_BODY(2, 4) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_split_g4_s(SPLIT_PARAMS) { SPLIT_BODY(4, 4) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_split_g8_s(SPLIT_PARAMS) { SPLIT_BODY(8, 4) }
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_g1(DECODE_PARAMS(float, float)) { DECODE_BODY(float, float, 1, ATT_PER) }
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_g2(DECODE_PARAMS(float, float)) { DECODE_BODY(float, float, 2, ATT_PER) }
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_g4(DECODE_PARAMS(float, float)) { DECODE_BODY(float, float, 4, ATT_PER) }

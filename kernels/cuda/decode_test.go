@@ -1,0 +1,36 @@
+package cuda
+
+import "testing"
+
+// TestDecodeSplits: the splits of a decoding step's keys by rows (no GPU
+// needed): none from 2048 warps up, up to 16 for a few rows, and
+// DecodeSplitFloats's scratch enough for every row count, grouped or a
+// warp per head.
+func TestDecodeSplits(t *testing.T) {
+	grouped, perHead := &Ops{}, &Ops{DecodePerHead: true}
+	for _, c := range []struct{ rows, heads, kv, want int }{
+		{256, 16, 8, 1}, {64, 16, 8, 4}, {100, 16, 8, 3}, {8, 16, 8, 16}, {1, 16, 8, 16}, {2048, 32, 4, 1}, {150, 10, 2, 2}, {300, 10, 2, 1},
+	} {
+		if got := grouped.DecodeSplits(c.rows, c.heads, c.kv); got != c.want {
+			t.Errorf("%d rows of %d heads on %d KV heads: %d splits, want %d", c.rows, c.heads, c.kv, got, c.want)
+		}
+	}
+	if got := perHead.DecodeSplits(64, 16, 8); got != 2 {
+		t.Errorf("a warp per head, 64 rows of 16 heads: %d splits, want 2", got)
+	}
+	for _, c := range []struct{ heads, kv, hd int }{{16, 8, 128}, {32, 4, 128}, {10, 2, 64}, {9, 1, 16}} {
+		room := DecodeSplitFloats(4096, c.heads, c.kv, c.hd)
+		for _, o := range []*Ops{grouped, perHead} {
+			for rows := 1; rows <= 4096; rows++ {
+				s := o.DecodeSplits(rows, c.heads, c.kv)
+				if s > 1 && rows*s*c.heads*(c.hd+2) > room {
+					t.Fatalf("%+v, per head %v: %d rows in %d splits need %d floats, DecodeSplitFloats gives %d",
+						c, o.DecodePerHead, rows, s, rows*s*c.heads*(c.hd+2), room)
+				}
+			}
+		}
+		if small := DecodeSplitFloats(4, c.heads, c.kv, c.hd); small > room || small != 4*grouped.DecodeSplits(4, c.heads, c.kv)*c.heads*(c.hd+2) {
+			t.Errorf("%+v: scratch for 4 rows %d floats (for 4096: %d)", c, small, room)
+		}
+	}
+}
