@@ -97,6 +97,7 @@ type scratch struct {
 	draw, drawn, drawnLP                            Buffer // per output row: uniform (float64), token, log-prob
 	probs, gates, row, gtok, ids, xg, gug, ag, yg   Buffer // MoE
 	x16                                             Buffer // bf16: a product's operand, rounded by the kernel before it
+	part                                            Buffer // the reduced precisions: the decoding attention's split sums (kc.DecodeSplitFloats)
 	grp                                             kc.MoEGroups
 	xg16                                            Buffer // bf16 MoE grouped on the device: the experts' rows, then SwiGLU's
 }
@@ -142,6 +143,9 @@ func (s *scratch) spans(c *model.Config, o *rollout.Options) []span {
 	}
 	if o.Precision == rollout.BF16 {
 		spans = append(spans, span{&s.x16, (R*max(H, qd, I) + 1) / 2})
+	}
+	if o.Precision != rollout.Exact {
+		spans = append(spans, span{&s.part, kc.DecodeSplitFloats(max(R, S), c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim)})
 	}
 	if nMoE := len(c.MoELayers()); nMoE > 0 && groupsOnDevice(c, o) {
 		// Every MoE layer's routes stay on the device until the step ends.
@@ -425,6 +429,17 @@ func (b *Backend) Close() {
 
 func (b *Backend) param(p *model.Param) Buffer { return b.w.Floats(b.offs[p], p.Size()) }
 
+// splits is the runs the reduced precisions' decoding attention splits
+// each row's keys into for a step of R rows (kc.Ops.DecodeSplits): by
+// graphRows's count for a decoding step, so that a step gets the same
+// splits replayed in a graph of padded rows as launched one by one.
+func (b *Backend) splits(R int) int {
+	if R <= b.opt.Slots {
+		R = graphRows(R, b.opt.Slots)
+	}
+	return b.ops.DecodeSplits(R, b.cfg.NumAttentionHeads, b.cfg.NumKeyValueHeads)
+}
+
 // bf16Cache reports whether the KV cache holds bfloat16 (bf16, fp8 and
 // fp4, as the CPU engine keeps it) rather than float32 (exact).
 func (b *Backend) bf16Cache() bool { return b.opt.Precision != rollout.Exact }
@@ -667,7 +682,7 @@ func (b *Backend) forward(sb *rollout.StepBatch, R, nOut int) error {
 			},
 			func() error {
 				if b.bf16Cache() {
-					return o.AttnDecodeBF16(s.att, s.q, b.kcache[li], b.vcache[li], s.slot, s.pos, R, b.opt.MaxLen, heads, kv, hd, scale)
+					return o.AttnDecodeBF16Split(false, s.att, s.part, s.q, b.kcache[li], b.vcache[li], s.slot, s.pos, R, b.opt.MaxLen, heads, kv, hd, scale, b.splits(R))
 				}
 				return o.AttnDecode(s.att, s.q, b.kcache[li], b.vcache[li], s.slot, s.pos, R, b.opt.MaxLen, heads, kv, hd, scale)
 			},
@@ -846,7 +861,7 @@ func (b *Backend) layerBF16(f *kc.BF16Linear, li, ml, R int, x, next Buffer) err
 				b.cos, b.sin, s.slot, s.pos, R, heads, kv, hd, b.opt.MaxLen, eps)
 		},
 		func() error {
-			return o.AttnDecodeBF16To16(s.x16, s.q, b.kcache[li], b.vcache[li], s.slot, s.pos, R, b.opt.MaxLen, heads, kv, hd, scale)
+			return o.AttnDecodeBF16Split(true, s.x16, s.part, s.q, b.kcache[li], b.vcache[li], s.slot, s.pos, R, b.opt.MaxLen, heads, kv, hd, scale, b.splits(R))
 		},
 		func() error {
 			return f.LinearManyBF16(s.x16, R, qd, kc.Product{Y: s.xmid, W: b.param(l.O), Out: H, LdY: H, Add: x})

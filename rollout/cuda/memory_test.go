@@ -44,13 +44,14 @@ func TestPlanByHand(t *testing.T) {
 	}
 	// bf16: the cache's element halves; the weights' bf16 copy, the
 	// products' operand (8 rows × the widest input, 384), cuBLASLt's
-	// workspace, and the fused step's operand (the same size) join the
-	// fixed part.
+	// workspace, the fused step's operand (the same size) and the split
+	// decoding attention's sums (8 rows in 16 splits, the most for 2
+	// warps a row, × 4 heads × (32 + 2) floats) join the fixed part.
 	b, err := Plan(&cfg, rollout.Options{Precision: rollout.BF16, Slots: 4, MaxLen: 16, StepRows: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := m.Fixed + params*2 + 2*8*384*2 + 32<<20; b.Fixed != want {
+	if want := m.Fixed + params*2 + 2*8*384*2 + 32<<20 + 8*16*4*34*4; b.Fixed != want {
 		t.Errorf("bf16 fixed %d bytes, want %d", b.Fixed, want)
 	}
 	if want := int64(4*2*16*64*2 + (128+100+6)*4); b.PerSlot != want {
