@@ -18,6 +18,9 @@ func TestDecodeSplits(t *testing.T) {
 	if got := perHead.DecodeSplits(64, 16, 8); got != 2 {
 		t.Errorf("a warp per head, 64 rows of 16 heads: %d splits, want 2", got)
 	}
+	if got := (&Ops{DecodeNoSplit: true}).DecodeSplits(1, 16, 8); got != 1 {
+		t.Errorf("KEEL_DECODE_SPLIT=0: %d splits, want 1", got)
+	}
 	for _, c := range []struct{ heads, kv, hd int }{{16, 8, 128}, {32, 4, 128}, {10, 2, 64}, {9, 1, 16}} {
 		room := DecodeSplitFloats(4096, c.heads, c.kv, c.hd)
 		for _, o := range []*Ops{grouped, perHead} {

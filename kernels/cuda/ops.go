@@ -45,6 +45,10 @@ type Ops struct {
 	// kernels (a warp per KV head, which reads each key and value row once
 	// for the query heads that share it): the same bits.
 	DecodePerHead bool
+	// DecodeNoSplit keeps each row's keys in one run in the reduced
+	// precisions' decoding attention (KEEL_DECODE_SPLIT=0 at NewOps), as
+	// before AttnDecodeBF16Split: DecodeSplits is then 1.
+	DecodeNoSplit bool
 
 	mu     sync.Mutex
 	fns    map[string]*Function
@@ -61,7 +65,8 @@ func NewOps(d *Device) *Ops {
 	return &Ops{Dev: d, fns: map[string]*Function{}, shared: map[*Function]int{},
 		FlashPlainCopies: os.Getenv("KEEL_FLASH_COPY") == "sync", FlashWide: os.Getenv("KEEL_FLASH_FWD") == "wide",
 		FlashWideQ:          os.Getenv("KEEL_FLASH_FWD") == "wideq",
-		FlashBackwardSingle: os.Getenv("KEEL_FLASH_BWD") == "single", DecodePerHead: os.Getenv("KEEL_DECODE_ATTN") == "head"}
+		FlashBackwardSingle: os.Getenv("KEEL_FLASH_BWD") == "single", DecodePerHead: os.Getenv("KEEL_DECODE_ATTN") == "head",
+		DecodeNoSplit: os.Getenv("KEEL_DECODE_SPLIT") == "0"}
 }
 
 // flashAsync is flash.cu's copy flag: 1 for cp.async.
@@ -365,6 +370,9 @@ func decodeSplits(rows, warps int) int {
 // otherwise leave most of the GPU idle, each warp folding thousands of
 // keys one after another.
 func (o *Ops) DecodeSplits(rows, heads, kv int) int {
+	if o.DecodeNoSplit {
+		return 1
+	}
 	_, warps := o.decodeKernel("", heads, kv, 0)
 	return decodeSplits(rows, warps)
 }
