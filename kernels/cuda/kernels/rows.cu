@@ -89,12 +89,28 @@ extern "C" __global__ void rmsnorm_bwd(float* dx, float* __restrict__ dw_part, c
 // 0. grid = ceil(rows/NORM_WCHUNK), block = KEEL_THREADS.
 #define NORM_WMAX 256
 #define NORM_WCHUNK 256
+// norm_warp_partials writes the block's partial sums of the weight
+// gradient for chunk c: each warp's pw (its rows' sums, lane + 32i) in
+// shared memory, then the warps' added in order.
+__device__ void norm_warp_partials(float* __restrict__ dw_part, const float (&pw)[NORM_WMAX / 32], int n, int c) {
+  __shared__ float ps[KEEL_THREADS / 32][NORM_WMAX];
+  const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+#pragma unroll
+  for (int i = 0; i < NORM_WMAX / 32; i++)
+    if (lane + 32 * i < n) ps[wp][lane + 32 * i] = pw[i];
+  __syncthreads();
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    float v = ps[0][j];
+    for (int q = 1; q < KEEL_THREADS / 32; q++) v += ps[q][j];
+    dw_part[(i64)c * n + j] = v;
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(KEEL_THREADS) rmsnorm_bwd_warp(float* dx, float* __restrict__ dw_part, const float* dy,
                                                                        const float* __restrict__ x,
                                                                        const float* __restrict__ w,
                                                                        const float* __restrict__ inv, int rows, int n,
                                                                        int per, i64 stride, int acc) {
-  __shared__ float ps[KEEL_THREADS / 32][NORM_WMAX];
   const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, c = blockIdx.x;
   float pw[NORM_WMAX / 32];
 #pragma unroll
@@ -119,15 +135,7 @@ extern "C" __global__ void __launch_bounds__(KEEL_THREADS) rmsnorm_bwd_warp(floa
       }
     }
   }
-#pragma unroll
-  for (int i = 0; i < NORM_WMAX / 32; i++)
-    if (lane + 32 * i < n) ps[wp][lane + 32 * i] = pw[i];
-  __syncthreads();
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    float v = ps[0][j];
-    for (int q = 1; q < KEEL_THREADS / 32; q++) v += ps[q][j];
-    dw_part[(i64)c * n + j] = v;
-  }
+  norm_warp_partials(dw_part, pw, n, c);
 }
 
 // norm_rope_bwd_bf16 is the bf16 mode's backward of q's (or k's) norm
@@ -150,7 +158,6 @@ extern "C" __global__ void __launch_bounds__(KEEL_THREADS) norm_rope_bwd_bf16(bf
                                                                          const float* __restrict__ sinv,
                                                                          const int* __restrict__ pos, int rows, int n,
                                                                          int per, i64 stride) {
-  __shared__ float ps[KEEL_THREADS / 32][NORM_WMAX];
   __shared__ float row[KEEL_THREADS / 32][NORM_WMAX];
   const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, c = blockIdx.x, half = n / 2;
   float pw[NORM_WMAX / 32];
@@ -199,15 +206,7 @@ extern "C" __global__ void __launch_bounds__(KEEL_THREADS) norm_rope_bwd_bf16(bf
       }
     }
   }
-#pragma unroll
-  for (int i = 0; i < NORM_WMAX / 32; i++)
-    if (lane + 32 * i < n) ps[wp][lane + 32 * i] = pw[i];
-  __syncthreads();
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    float v = ps[0][j];
-    for (int q = 1; q < KEEL_THREADS / 32; q++) v += ps[q][j];
-    dw_part[(i64)c * n + j] = v;
-  }
+  norm_warp_partials(dw_part, pw, n, c);
 }
 
 // sum_chunks: out[j] (+)= sum over c of parts[c*n + j], c in order.
