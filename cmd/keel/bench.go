@@ -69,6 +69,8 @@ type benchOptions struct {
 	decodeSlots         []int
 	decodePrecs         []rollout.Precision
 	decodeGroup         int
+	decodePrompt        int // prompt tokens of the decode table's sequences
+	decodeNew           int // new tokens of each
 	rlPrec, servePrec   rollout.Precision
 	rlMaxNew            int
 	device, trainPrec   string
@@ -112,6 +114,8 @@ func parseBenchFlags(args []string) (*benchOptions, error) {
 	decodeSlots := fs.String("decode-slots", "64,256", "comma-separated concurrent sequences for the decode table")
 	decodePrec := fs.String("decode-precisions", "exact,fp32,bf16,fp8", "comma-separated rollout precisions for the decode table")
 	decodeGroup := fs.Int("decode-group", 1, "samples per prompt in the decode table (RL's group size G; the samples of a prompt share its prefill)")
+	decodePrompt := fs.Int("decode-prompt", 32, "prompt tokens of each sequence in the decode table")
+	decodeNew := fs.Int("decode-new", 96, "new tokens of each sequence in the decode table (long ones measure decoding at long contexts)")
 	noRL := fs.Bool("no-rl", false, "skip the RL-step table")
 	rlPrec := fs.String("rl-precision", "fp8", "rollout precision of the RL-step table")
 	rlMaxNew := fs.Int("rl-max-new", 96, "response budget of the RL-step table (32 prompts x 8 samples of 32-token prompts)")
@@ -128,7 +132,7 @@ func parseBenchFlags(args []string) (*benchOptions, error) {
 		return nil, err
 	}
 	o := &benchOptions{vocab: *vocab, seqs: *seqs, seqLen: *seqLen, dur: *dur, quick: *quick, noGemm: *noGemm, json: *asJSON,
-		noDecode: *noDecode, noRL: *noRL, noServe: *noServe, decodeGroup: *decodeGroup, serveClients: *serveClients,
+		noDecode: *noDecode, noRL: *noRL, noServe: *noServe, decodeGroup: *decodeGroup, decodePrompt: *decodePrompt, decodeNew: *decodeNew, serveClients: *serveClients,
 		device: *dev, layers: *layers, peakTFLOPS: *peak, peakGBPerS: *peakGB, trainPrec: *trainPrec, rlMaxNew: *rlMaxNew}
 	gpu, err := kc.ParseDevice(*dev)
 	if err != nil {
@@ -160,6 +164,9 @@ func parseBenchFlags(args []string) (*benchOptions, error) {
 	}
 	if o.decodePrecs, err = parsePrecisions(*decodePrec, "--decode-precisions"); err != nil {
 		return nil, err
+	}
+	if o.decodePrompt < 1 || o.decodeNew < 1 {
+		return nil, fmt.Errorf("--decode-prompt %d, --decode-new %d: both must be at least 1", o.decodePrompt, o.decodeNew)
 	}
 	for _, f := range strings.Split(*decodeSlots, ",") {
 		var n int
@@ -249,7 +256,7 @@ func measure(o *benchOptions) (*benchReport, error) {
 		}
 		for _, n := range o.decodeSlots {
 			for _, p := range o.decodePrecs {
-				r, err := rollout.BenchDecodeGroups(tr.Preset, o.vocab, p, n, o.decodeGroup, 32, 96, o.dur)
+				r, err := rollout.BenchDecodeGroups(tr.Preset, o.vocab, p, n, o.decodeGroup, o.decodePrompt, o.decodeNew, o.dur)
 				if err != nil {
 					return nil, err
 				}
@@ -319,7 +326,7 @@ func printBench(rep *benchReport) error {
 // benchGPUDecode measures one decode row on the GPU rollout backend, with
 // the bandwidth its steps reach.
 func benchGPUDecode(o *benchOptions, preset string, prec rollout.Precision, slots int) (benchDecodeRow, error) {
-	const promptLen, newTokens = 32, 96
+	promptLen, newTokens := o.decodePrompt, o.decodeNew
 	var cfg model.Config
 	r, err := rollout.BenchDecodeOn(rollout.DecodeSpec{Preset: preset, Layers: o.layers, Vocab: o.vocab, Precision: prec,
 		Slots: slots, Group: o.decodeGroup, PromptLen: promptLen, NewTokens: newTokens, Time: o.dur,
@@ -386,9 +393,10 @@ func printBenchNotes(rep *benchReport) {
 		fmt.Printf("\nRL step: MiniRL, %d random 32-token prompts x %d samples of up to %d tokens, one mini-batch, a synthetic reward; phases as shares of the step; loop overhead = the step less the two engines and the weight push (scoring, coefficients, metrics).\n", r.Prompts, r.Group, r.MaxNew)
 	}
 	if len(rep.Decode) > 0 {
-		fmt.Println("\ndecode: 32-token prompts, 96 new tokens each at temperature 1, all sequences concurrent, \"per prompt\" samples sharing each prompt's prefill; tokens/s counts generated tokens (prefill time included); vs forward = over the forward tok/s above.")
+		d := rep.Decode[0]
+		fmt.Printf("\ndecode: %d-token prompts, %d new tokens each at temperature 1, all sequences concurrent, \"per prompt\" samples sharing each prompt's prefill; tokens/s counts generated tokens (prefill time included); vs forward = over the forward tok/s above.\n", d.PromptLen, d.NewTokens)
 		if rep.PeakGBPerS > 0 {
-			fmt.Printf("weights+KV GB/s: the bytes one decoding step reads (the weights in the precision's storage, MoE experts in the share the step's tokens route to, every sequence's keys and values at the mean context of 80 positions) times steps per second; of bandwidth: over --peak-gbps (%.0f GB/s). Prefill time counts, so both are lower bounds.\n", rep.PeakGBPerS)
+			fmt.Printf("weights+KV GB/s: the bytes one decoding step reads (the weights in the precision's storage, MoE experts in the share the step's tokens route to, every sequence's keys and values at the mean context of %d positions) times steps per second; of bandwidth: over --peak-gbps (%.0f GB/s). Prefill time counts, so both are lower bounds.\n", d.PromptLen+d.NewTokens/2, rep.PeakGBPerS)
 		}
 	}
 	switch {

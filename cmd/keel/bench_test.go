@@ -19,6 +19,7 @@ func TestBenchFlagErrors(t *testing.T) {
 	}{
 		{[]string{"--decode-group", "3", "--decode-slots", "64"}, "--decode-group 3 does not divide --decode-slots 64"},
 		{[]string{"--decode-group", "0"}, "--decode-group 0 does not divide"},
+		{[]string{"--decode-new", "0"}, "--decode-prompt 32, --decode-new 0: both must be at least 1"},
 		{[]string{"--decode-slots", "64,x"}, `--decode-slots: "x" is not a positive count`},
 		{[]string{"--decode-precisions", "fp16"}, "--decode-precisions"},
 		{[]string{"--len", "1"}, "--len must be at least 2"},

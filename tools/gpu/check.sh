@@ -28,7 +28,7 @@
 #          with CUDA graphs and without, the MoE layers grouped on the host
 #          (KEEL_MOE_GROUP=host, no graphs) against the device, the decoding
 #          attention a warp per query head (KEEL_DECODE_ATTN=head) and
-#          unsplit (KEEL_DECODE_SPLIT=0, at 64 sequences) against
+#          unsplit (KEEL_DECODE_SPLIT=0, 64 sequences of 1,056 tokens) against
 #          the defaults,
 #          and transformers' generate beside them (about 3 minutes)
 #   ncu    Nsight Compute on one launch of each hot kernel configuration
@@ -195,12 +195,15 @@ if [[ " $sections " == *" decode "* ]]; then
     --no-rl --decode-precisions bf16 --decode-slots 256 --peak-gbps $peakgb > "$out/decode-keel-perhead.json" 2> "$out/decode-keel-perhead.err"
   echo "  keel qwen3-0.6b, KEEL_DECODE_ATTN=head: exit $?"
   decode_rows "$out/decode-keel-perhead.json" || tail -2 "$out/decode-keel-perhead.err"
-  # Each row's keys in one run (the old kernels) against the split
-  # attention (flash-decoding: 4 runs a row at 64 sequences), with graphs.
-  KEEL_DECODE_SPLIT=0 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
-    --no-rl --decode-precisions bf16 --decode-slots 64 --peak-gbps $peakgb > "$out/decode-keel-nosplit.json" 2> "$out/decode-keel-nosplit.err"
-  echo "  keel qwen3-0.6b, KEEL_DECODE_SPLIT=0: exit $?"
-  decode_rows "$out/decode-keel-nosplit.json" || tail -2 "$out/decode-keel-nosplit.err"
+  # Long contexts (1,024 new tokens) at 64 sequences: the split attention
+  # (flash-decoding, 4 runs a row; the default) against each row's keys in
+  # one run (KEEL_DECODE_SPLIT=0, the old kernels), with graphs.
+  for sp in 1 0; do
+    KEEL_DECODE_SPLIT=$sp timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+      --no-rl --decode-precisions bf16 --decode-slots 64 --decode-new 1024 --peak-gbps $peakgb > "$out/decode-keel-long-split$sp.json" 2> "$out/decode-keel-long-split$sp.err"
+    echo "  keel qwen3-0.6b, 32 + 1024 tokens, KEEL_DECODE_SPLIT=$sp: exit $?"
+    decode_rows "$out/decode-keel-long-split$sp.json" || tail -2 "$out/decode-keel-long-split$sp.err"
+  done
   for v in "qwen3-0.6b 0 256" "qwen3-0.6b 0 64" "qwen3-30b-a3b 2 256"; do
     set -- $v
     timeout 200 python3 tools/gpu/torch_decode.py --preset $1 --layers $2 --batch $3 --dtype bf16 --compile off > "$out/decode-torch-$1-$3.json" 2> "$out/decode-torch-$1-$3.err"
