@@ -17,7 +17,8 @@
 #          forwards, KEEL_FLASH_FWD=wide and wideq, and on the first shape its one-stage
 #          backward, KEEL_FLASH_BWD=single; on the MoE shape its experts
 #          grouped on the host, KEEL_MOE_GROUP=host; on the first shape its
-#          buffers allocated every step, KEEL_CUDA_POOL=0) and PyTorch, keel
+#          buffers allocated every step, KEEL_CUDA_POOL=0, and the LM head's
+#          logits recomputed in the backward, KEEL_HEAD_KEEP=0) and PyTorch, keel
 #          again with KEEL_CUDA_PROFILE=1 (the time of every kernel and
 #          product, and of the driver's allocation calls);
 #          then a profiled bf16 decode at 256 sequences, Qwen3-0.6B and MoE shapes
@@ -250,14 +251,16 @@ if [[ " $sections " == *" profile "* ]]; then
     # cuBLASLt product per expert) against the grouped products.
     # On the first shape also the training engine's buffers allocated and
     # freed on the device every step (KEEL_CUDA_POOL=0) against its Pool.
-    variants="narrow/two/device/1 wide/two/device/1 wideq/two/device/1"
-    [ $tag = qwen3-0.6b-8x2048 ] && variants="$variants narrow/single/device/1 narrow/two/device/0"
-    [ $1 = qwen3-30b-a3b ] && variants="$variants narrow/two/host/1"
+    # On the first shape also the LM head's logits recomputed in the
+    # backward (KEEL_HEAD_KEEP=0) against kept from the forward.
+    variants="narrow/two/device/1/1 wide/two/device/1/1 wideq/two/device/1/1"
+    [ $tag = qwen3-0.6b-8x2048 ] && variants="$variants narrow/single/device/1/1 narrow/two/device/0/1 narrow/two/device/1/0"
+    [ $1 = qwen3-30b-a3b ] && variants="$variants narrow/two/host/1/1"
     for v in $variants; do
-      IFS=/ read -r fwd bwd grp pool <<< "$v"
-      vt=$fwd-$bwd-$grp-pool$pool
-      KEEL_FLASH_FWD=$fwd KEEL_FLASH_BWD=$bwd KEEL_MOE_GROUP=$grp KEEL_CUDA_POOL=$pool timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-$vt.json" 2> "$out/bench-keel-$tag-$vt.err"
-      echo "  keel $1 bf16, layers $2, $3 x $4 ${rc:-}, flash forward $fwd, backward $bwd stage(s), KEEL_MOE_GROUP=$grp, KEEL_CUDA_POOL=$pool: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-$vt.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-$vt.err")"
+      IFS=/ read -r fwd bwd grp pool keep <<< "$v"
+      vt=$fwd-$bwd-$grp-pool$pool-keep$keep
+      KEEL_FLASH_FWD=$fwd KEEL_FLASH_BWD=$bwd KEEL_MOE_GROUP=$grp KEEL_CUDA_POOL=$pool KEEL_HEAD_KEEP=$keep timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-$vt.json" 2> "$out/bench-keel-$tag-$vt.err"
+      echo "  keel $1 bf16, layers $2, $3 x $4 ${rc:-}, flash forward $fwd, backward $bwd stage(s), KEEL_MOE_GROUP=$grp, KEEL_CUDA_POOL=$pool, KEEL_HEAD_KEEP=$keep: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-$vt.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-$vt.err")"
     done
     timeout 150 python3 tools/gpu/torch_train.py --preset $1 --layers $2 --seqs $3 --len $4 --mode bf16 --micro $6 $ck \
       > "$out/bench-torch-$tag.json" 2> "$out/bench-torch-$tag.err"

@@ -301,17 +301,22 @@ func (e *Engine) floatBuf(f *fwdState, v []float32) (Buffer, error) {
 
 // headBackward writes dxf, the gradient at the final norm's output, and
 // adds the LM head's (or the tied embedding's) gradient, chunk by chunk of
-// rows as the forward went, recomputing each chunk's logits (and in the
-// float32 mode their log-softmax; the bf16 mode takes each row's
-// log-sum-exp and entropy from the forward, so it reads the logits once).
+// rows as the forward went, recomputing each chunk's logits unless the
+// forward kept them (headKeeps) (and in the float32 mode their
+// log-softmax; the bf16 mode takes each row's log-sum-exp and entropy
+// from the forward, so it reads the logits once).
 func (e *Engine) headBackward(f *fwdState, dxf, dcl, dch Buffer) error {
 	d := e.dims()
 	C := e.headChunk(f.T)
-	z, err := e.scratch(C * d.V)
-	if err != nil {
-		return err
+	kept := f.logits.Ptr != 0 // the forward's logits (headKeeps): no product to recompute them
+	var z Buffer
+	var err error
+	if !kept {
+		if z, err = e.scratch(C * d.V); err != nil {
+			return err
+		}
+		defer e.pool.Free(z)
 	}
-	defer e.pool.Free(z)
 	// The bf16 mode writes the logits' gradient as the products' bf16
 	// operand, apart from the log-probabilities.
 	var z16 Buffer
@@ -326,8 +331,16 @@ func (e *Engine) headBackward(f *fwdState, dxf, dcl, dch Buffer) error {
 		rows := min(C, f.T-c0)
 		xf := e.rows(f.xf, c0*d.H, rows*d.H)
 		dx := sub(dxf, c0*d.H, rows*d.H)
+		if kept {
+			z = sub(f.logits, c0*d.V, rows*d.V)
+		}
 		steps := []func() error{
-			func() error { return e.linears(xf, rows, d.H, kc.Product{Y: z, W: lm, Out: d.V, LdY: d.V}) },
+			func() error {
+				if kept {
+					return nil
+				}
+				return e.linears(xf, rows, d.H, kc.Product{Y: z, W: lm, Out: d.V, LdY: d.V})
+			},
 			func() error {
 				if e.bf != nil { // from the forward's log-sum-exp and entropy, the gradient written in bf16
 					if err := e.launch("head.cu", "head_grad_bf16_saved", rowsGrid(rows), block256, z16, z, sub(f.lse, c0, rows), sub(f.ent, c0, rows),

@@ -16,6 +16,7 @@ package cuda
 import (
 	"fmt"
 	"math"
+	"os"
 
 	kc "github.com/keel-rl/keel/kernels/cuda"
 	"github.com/keel-rl/keel/model"
@@ -56,6 +57,11 @@ type Engine struct {
 	// and their norms kernel by kernel, as the float32 mode does (tests
 	// compare the fused pass, norm_rope_bwd_bf16, with it).
 	unfusedQK bool
+	// keepLogits says whether the bf16 mode's forward keeps its logits for
+	// the backward: keepAuto where they fit (headKeeps), keepNever at
+	// KEEL_HEAD_KEEP=0 (the backward recomputes them, as before), keepAlways
+	// in tests.
+	keepLogits int
 	// expertsPerLaunch runs the bf16 mode's expert products in the
 	// forward one cuBLASLt product per expert, the grouping's offsets
 	// brought to the host for it (KEEL_MOE_GROUP=host, read by
@@ -102,6 +108,9 @@ func NewTrainer(dev *kc.Device, m *model.Model, cfg train.AdamWConfig, state *tr
 	host := model.New(c)
 	e := &Engine{cfg: c, dev: dev, host: host, params: host.Params(), offs: map[*model.Param]int{}, optCfg: cfg, ops: kc.NewOps(dev),
 		pool: kc.NewPool(dev)}
+	if os.Getenv("KEEL_HEAD_KEEP") == "0" {
+		e.keepLogits = keepNever
+	}
 	off := 0
 	for _, p := range e.params {
 		e.offs[p] = off

@@ -589,6 +589,48 @@ func TestEngineFusedQKBack(t *testing.T) {
 	}
 }
 
+// TestEngineKeepLogits: the bf16 mode's backward from the logits its
+// forward kept gives what it gives recomputing them, bit for bit (the
+// same product of the same operands), log-probs, entropies and
+// gradients, over several head chunks, dense and MoE.
+func TestEngineKeepLogits(t *testing.T) {
+	dev := cudatest.Device(t)
+	for _, preset := range []string{"tiny-dense", "tiny-moe"} {
+		var grads [2][]float32
+		var res [2]*train.Result
+		for i, keep := range []int{keepAlways, keepNever} {
+			_, _, _, e := enginePair(t, dev, preset, 0, 200)
+			if err := e.SetPrecision(BF16); err != nil {
+				t.Fatal(err)
+			}
+			e.keepLogits, e.headChunkRows = keep, 7
+			r := rand.New(rand.NewPCG(3, 8))
+			seqs := randomSeqs(r, 200, 30, 12, 25)
+			var err error
+			if res[i], err = e.Forward(seqs, train.ForwardOptions{Temperature: 0.8}); err != nil {
+				t.Fatal(err)
+			}
+			if kept := e.fw.logits.Ptr != 0; kept != (keep == keepAlways) {
+				t.Fatalf("%s: logits kept %v with keepLogits %d", preset, kept, keep)
+			}
+			if err := e.Backward(randomLoss(r, seqs)); err != nil {
+				t.Fatal(err)
+			}
+			if grads[i], err = e.Gradients(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for s := range res[0].LogProbs {
+			if !sameFloats(res[0].LogProbs[s], res[1].LogProbs[s]) || !sameFloats(res[0].Entropy[s], res[1].Entropy[s]) {
+				t.Fatalf("%s, sequence %d: log-probs or entropies differ with the logits kept", preset, s)
+			}
+		}
+		if !sameFloats(grads[0], grads[1]) {
+			t.Errorf("%s: gradients from the kept logits differ from recomputing them (relative %.3g)", preset, relErr(grads[0], grads[1]))
+		}
+	}
+}
+
 // TestEngineHeadChunks: how many token rows the LM head holds at once
 // changes no log-prob or entropy (per-row kernels; in the float32 mode a
 // batch-invariant product, so bit for bit), and the gradients only by the

@@ -91,6 +91,7 @@ type fwdState struct {
 	xL, invf, xf                          Buffer // last residual, final norm
 	lp, ent                               Buffer // [T]
 	lse                                   Buffer // [T] the bf16 mode's log-sum-exp of each row's logits, for the backward
+	logits                                Buffer // [T, V] the bf16 mode's logits, kept for the backward where they fit (headKeeps)
 	bufs                                  []Buffer
 	replay                                []*model.Routes
 	work                                  *layerActs       // with recomputation: the layers' shared activations
@@ -702,14 +703,27 @@ func (e *Engine) mlpForward(f *fwdState, a *layerActs, l *model.Layer, next Buff
 func (e *Engine) headForward(f *fwdState, noEntropy bool) error {
 	d := e.dims()
 	C := e.headChunk(f.T)
-	z, err := e.scratch(C * d.V)
+	keep, err := e.headKeeps(f.T)
 	if err != nil {
 		return err
 	}
-	defer e.pool.Free(z)
+	var z Buffer
+	if keep {
+		if err := e.bufs(f, span{&f.logits, f.T * d.V}); err != nil {
+			return err
+		}
+	} else {
+		if z, err = e.scratch(C * d.V); err != nil {
+			return err
+		}
+		defer e.pool.Free(z)
+	}
 	lm := e.param(e.w, e.host.LMHead)
 	for c0 := 0; c0 < f.T; c0 += C {
 		rows := min(C, f.T-c0)
+		if keep {
+			z = sub(f.logits, c0*d.V, rows*d.V)
+		}
 		if err := e.linears(e.rows(f.xf, c0*d.H, rows*d.H), rows, d.H, kc.Product{Y: z, W: lm, Out: d.V, LdY: d.V}); err != nil {
 			return err
 		}
@@ -734,6 +748,36 @@ func (e *Engine) headForward(f *fwdState, noEntropy bool) error {
 	// z goes back to the Pool on return, without waiting for the work
 	// that reads it: whoever gets it next issues after that work.
 	return nil
+}
+
+// The settings of Engine.keepLogits.
+const (
+	keepAuto   = 0
+	keepNever  = -1
+	keepAlways = 1
+)
+
+// headKeeps says whether the bf16 mode's forward over T tokens keeps all
+// its logits ([T, V] float32) for the backward, which then reads them
+// instead of recomputing them (the same bits: the same product): the
+// backward's LM-head product and its write of the logits are gone, some
+// 5% of a step at Qwen3-0.6B's shape (2·T·V·H FLOPs; 10 GB at 16k tokens
+// written and read). As PyTorch keeps its logits for autograd. Kept
+// where they take at most half of the memory left after the forward's
+// activations (free and the Pool's), so the backward keeps room; the
+// float32 mode recomputes them (its reference path).
+func (e *Engine) headKeeps(T int) (bool, error) {
+	if e.bf == nil || e.keepLogits == keepNever {
+		return false, nil
+	}
+	if e.keepLogits == keepAlways {
+		return true, nil
+	}
+	free, _, err := e.dev.MemInfo()
+	if err != nil {
+		return false, err
+	}
+	return int64(T)*int64(e.cfg.VocabSize)*4 <= (free+e.pool.Cached())/2, nil
 }
 
 // intSub is the span of n int32 at element offset off of b.
