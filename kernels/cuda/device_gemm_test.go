@@ -374,8 +374,9 @@ func TestDeviceAttention(t *testing.T) {
 	}
 }
 
-// TestDeviceFlashAttention: the tensor-core attention of the bf16 mode and
-// its backward against float64 over the bf16-rounded inputs (the kernels
+// TestDeviceFlashAttention: the tensor-core attention of the bf16 mode
+// (its output rounded to bf16) and its backward against float64 over the
+// bf16-rounded inputs (the kernels
 // round q, k, v and dO as they load them), on packed sequences that share
 // and cross tiles, every head size it is built for, and grouped heads.
 // What remains is P and dS rounded to bf16 before their products and
@@ -441,7 +442,7 @@ func TestDeviceFlashAttention(t *testing.T) {
 			what string
 			a, b Buffer
 			n    int
-		}{{"out", bout, pout, T * qd}, {"lse", blse, plse, T * c.heads}, {"dq", bdq, pdq, T * qd}, {"dk", bdk, pdk, T * kvd}, {"dv", bdv, pdv, T * kvd}} {
+		}{{"out", bout, pout, (T*qd + 1) / 2}, {"lse", blse, plse, T * c.heads}, {"dq", bdq, pdq, T * qd}, {"dk", bdk, pdk, T * kvd}, {"dv", bdv, pdv, T * kvd}} {
 			sameBits(t, fmt.Sprintf("%s %s, cp.async %v against %v", name, x.what, !ops.FlashPlainCopies, !plain.FlashPlainCopies), g.f32(x.a, x.n), g.f32(x.b, x.n))
 		}
 		// With q's and k's bf16 copies given (the training engine's, made by
@@ -492,7 +493,7 @@ func TestDeviceFlashAttention(t *testing.T) {
 			what string
 			a, b Buffer
 			n    int
-		}{{"out", bout, gout, T * qd}, {"lse", blse, glse, T * c.heads}, {"dq", bdq, gdq, T * qd}, {"dk", bdk, gdk, T * kvd}, {"dv", bdv, gdv, T * kvd}} {
+		}{{"out", bout, gout, (T*qd + 1) / 2}, {"lse", blse, glse, T * c.heads}, {"dq", bdq, gdq, T * qd}, {"dk", bdk, gdk, T * kvd}, {"dv", bdv, gdv, T * kvd}} {
 			sameBits(t, fmt.Sprintf("%s %s, q and k copies given", name, x.what), g.f32(x.b, x.n), g.f32(x.a, x.n))
 		}
 		// The backward with one stage of shared memory (each tile's copy
@@ -539,7 +540,7 @@ func TestDeviceFlashAttention(t *testing.T) {
 				t.Fatal(err)
 			}
 			if i == 1 {
-				sameBits(t, name+" wide out, cp.async against plain copies", g.f32(o, T*qd), g.f32(wout, T*qd))
+				sameBits(t, name+" wide out, cp.async against plain copies", g.f32(o, (T*qd+1)/2), g.f32(wout, (T*qd+1)/2))
 				sameBits(t, name+" wide lse, cp.async against plain copies", g.f32(l, T*c.heads), g.f32(wlse, T*c.heads))
 			}
 		}
@@ -567,13 +568,13 @@ func TestDeviceFlashAttention(t *testing.T) {
 			}
 			what := fmt.Sprintf("%s Q in shared memory (plain copies %v)", name, plainCopies)
 			if c.hd < 128 {
-				sameBits(t, what+" out against narrow", g.f32(o, T*qd), g.f32(bout, T*qd))
+				sameBits(t, what+" out against narrow", g.f32(o, (T*qd+1)/2), g.f32(bout, (T*qd+1)/2))
 				sameBits(t, what+" lse against narrow", g.f32(l, T*c.heads), g.f32(blse, T*c.heads))
 			} else {
 				closeTo(t, what+" lse against narrow", g.f32(l, T*c.heads), g.f32(blse, T*c.heads), 1e-4)
 			}
 			if i == 1 {
-				sameBits(t, what+" out, cp.async against plain copies", g.f32(o, T*qd), g.f32(qout, T*qd))
+				sameBits(t, what+" out, cp.async against plain copies", g.f32(o, (T*qd+1)/2), g.f32(qout, (T*qd+1)/2))
 			}
 		}
 		wdq, wdk, wdv := g.poisoned(T*qd), g.poisoned(T*kvd), g.poisoned(T*kvd)
@@ -589,9 +590,14 @@ func TestDeviceFlashAttention(t *testing.T) {
 			what string
 			got  Buffer
 			want []float64
-		}{{"out", bout, out}, {"dq", bdq, dq}, {"dk", bdk, dk}, {"dv", bdv, dv},
-			{"wide out", wout, out}, {"out, Q in shared memory", qout, out}, {"dq after the wide forward", wdq, dq}, {"dk after the wide forward", wdk, dk}, {"dv after the wide forward", wdv, dv}} {
-			e := normRelErr(g.f32(x.got, len(x.want)), x.want)
+			bf16 bool // the forward's output, in bf16
+		}{{"out", bout, out, true}, {"dq", bdq, dq, false}, {"dk", bdk, dk, false}, {"dv", bdv, dv, false},
+			{"wide out", wout, out, true}, {"out, Q in shared memory", qout, out, true}, {"dq after the wide forward", wdq, dq, false}, {"dk after the wide forward", wdk, dk, false}, {"dv after the wide forward", wdv, dv, false}} {
+			got := g.f32(x.got, len(x.want))
+			if x.bf16 {
+				got = g.bf16(x.got, len(x.want))
+			}
+			e := normRelErr(got, x.want)
 			t.Logf("%s %s: |got - float64| / |float64| = %.2e", name, x.what, e)
 			if !(e < 1e-2) {
 				t.Errorf("%s %s: relative error %.3g, want under 1e-2", name, x.what, e)

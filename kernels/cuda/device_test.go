@@ -124,6 +124,15 @@ func (g *gpu) f32(b Buffer, n int) []float32 {
 	return out
 }
 
+// bf16 reads n bf16 values of b, widened.
+func (g *gpu) bf16(b Buffer, n int) []float32 {
+	out := make([]float32, n)
+	for i, v := range g.u16(b, n) {
+		out[i] = kernels.BF16(v).Float32()
+	}
+	return out
+}
+
 func (g *gpu) u16(b Buffer, n int) []uint16 {
 	g.t.Helper()
 	out := make([]uint16, n)

@@ -666,10 +666,11 @@ func (o *Ops) qkCopies(s *FlashScratch, q, k Buffer) error {
 
 // FlashAttention is Attention on the tensor cores (flash.cu): bf16
 // operands, float32 accumulation, the softmax online, for the bf16
-// training mode. Deterministic, but neither batch invariant nor equal to
+// training mode; out16 [rows, heads*hd] gets the output rounded to bf16
+// (the output projection's operand, as the backward reads it too). Deterministic, but neither batch invariant nor equal to
 // Attention's bits: the exact mode keeps Attention. s is a scratch for
 // s.rows rows with the same heads and head size.
-func (o *Ops) FlashAttention(s *FlashScratch, out, lse, q, k, v, seqStart Buffer, scale float32) error {
+func (o *Ops) FlashAttention(s *FlashScratch, out16, lse, q, k, v, seqStart Buffer, scale float32) error {
 	if s.vt.Ptr == 0 {
 		return fmt.Errorf("cuda: FlashAttention given a backward's scratch")
 	}
@@ -686,7 +687,7 @@ func (o *Ops) FlashAttention(s *FlashScratch, out, lse, q, k, v, seqStart Buffer
 				name, rows = "flash_fwd_wide_%d", 128
 			}
 			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + rows - 1) / rows, Y: s.heads}, Dim3{X: 128}, shared,
-				out, lse, s.q, s.k, s.vt, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
+				out16, lse, s.q, s.k, s.vt, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
 		},
 	} {
 		if err := f(); err != nil {
@@ -720,10 +721,10 @@ func flashBackwardShared(hd int, dkv bool) int {
 }
 
 // FlashAttentionBackward computes FlashAttention's gradients dq, dk and dv
-// for the upstream gradient dout, from its out and lse; dsum [rows, heads]
+// for the upstream gradient dout (float32), from its out16 (bf16) and lse; dsum [rows, heads]
 // is scratch (D = dO·O per row and head). Two passes, no atomics. s is a
 // backward's scratch.
-func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv, dsum, dout, out, lse, q, k, v, seqStart, seqEnd Buffer, scale float32) error {
+func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv, dsum, dout, out16, lse, q, k, v, seqStart, seqEnd Buffer, scale float32) error {
 	if s.dout.Ptr == 0 {
 		return fmt.Errorf("cuda: FlashAttentionBackward given a forward's scratch")
 	}
@@ -743,15 +744,16 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv, dsum, dout, ou
 			return o.colsBF16(s.kt, k, T, kvd, s.pad)
 		},
 		func() error { return o.rowsBF16(s.v, v, T, kvd) },
-		func() error { return o.rowsBF16(s.dout, dout, T, qd) },
-		func() error { return o.colsBF16(s.doutT, dout, T, qd, s.pad) },
+		func() error { // dO's row-major and transposed copies from one read
+			return o.Launch("flash.cu", "flash_rows_cols", Dim3{X: s.pad / 32, Y: (qd + 31) / 32}, block256, s.dout, s.doutT, dout, T, qd, s.pad)
+		},
 		func() error {
 			name, shared := "flash_bwd_dq_%d", 0
 			if !o.FlashBackwardSingle {
 				name, shared = "flash_bwd_dq_2_%d", flashBackwardShared(s.hd, false)
 			}
 			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: 128}, shared,
-				dq, dsum, dout, out, lse, s.q, s.dout, s.k, s.kt, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
+				dq, dsum, dout, out16, lse, s.q, s.dout, s.k, s.kt, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
 		},
 		func() error {
 			name, shared := "flash_bwd_dkv_%d", 0

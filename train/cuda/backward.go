@@ -212,7 +212,7 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 					if err := flash.UseQK(a.q16, a.k16); err != nil {
 						return err
 					}
-					return e.ops.FlashAttentionBackward(flash, dq, dk, dv, dsum, datt, a.att, a.lse, Buffer{}, Buffer{}, a.v, f.dStart, f.dEnd, d.scale)
+					return e.ops.FlashAttentionBackward(flash, dq, dk, dv, dsum, datt, a.attb, a.lse, Buffer{}, Buffer{}, a.v, f.dStart, f.dEnd, d.scale)
 				}
 				if err := e.launch("attn.cu", "attn_bwd_q", kc.Dim3{X: T, Y: (d.heads + 3) / 4}, kc.Dim3{X: 128},
 					dq, dsum, datt, a.att, a.lse, a.q, a.k, a.v, f.dStart, d.heads, d.kv, d.hd, d.scale); err != nil {

@@ -129,9 +129,13 @@ type span struct {
 // bf16Span asks for n bf16 values (half as many floats, rounded up).
 func bf16Span(b *Buffer, n int) span { return span{b, (n + 1) / 2} }
 
-// bufs allocates each span as part of f (freed with f).
+// bufs allocates each span as part of f (freed with f); a span without a
+// buffer (span{}) is skipped.
 func (e *Engine) bufs(f *fwdState, spans ...span) error {
 	for _, s := range spans {
+		if s.b == nil { // a buffer this mode does without
+			continue
+		}
 		var err error
 		if *s.b, err = e.buf(f, s.n); err != nil {
 			return err
@@ -539,13 +543,13 @@ func (e *Engine) layerBufs(f *fwdState, a *layerActs, l *model.Layer) error {
 // MLP's or an MoE block's (device side) as asked.
 func (e *Engine) allocLayer(f *fwdState, a *layerActs, dense, moe bool) error {
 	d, T := e.dims(), f.T
-	q, k := span{&a.q, T * d.qd}, span{&a.k, T * d.kvd}
-	if e.flash() {
+	q, k, att := span{&a.q, T * d.qd}, span{&a.k, T * d.kvd}, span{&a.att, T * d.qd}
+	if e.flash() { // flash.cu writes attention's output in bf16 only (attb)
 		Tp := kc.FlashPad(T)
-		q, k = bf16Span(&a.q16, Tp*d.qd), bf16Span(&a.k16, Tp*d.kvd)
+		q, k, att = bf16Span(&a.q16, Tp*d.qd), bf16Span(&a.k16, Tp*d.kvd), span{}
 	}
 	if err := e.bufs(f, span{&a.qraw, T * d.qd}, span{&a.kraw, T * d.kvd}, q, k,
-		span{&a.v, T * d.kvd}, span{&a.att, T * d.qd}, span{&a.xmid, T * d.H},
+		span{&a.v, T * d.kvd}, att, span{&a.xmid, T * d.H},
 		span{&a.inv1, T}, span{&a.invq, T * d.heads}, span{&a.invk, T * d.kv}, span{&a.lse, T * d.heads}, span{&a.inv2, T}); err != nil {
 		return err
 	}
@@ -640,13 +644,13 @@ func (e *Engine) attentionForward(f *fwdState, a *layerActs, l *model.Layer) err
 				if err := f.flash.UseQK(a.q16, a.k16); err != nil {
 					return err
 				}
-				return e.ops.FlashAttention(f.flash, a.att, a.lse, Buffer{}, Buffer{}, a.v, f.dStart, d.scale)
+				return e.ops.FlashAttention(f.flash, a.attb, a.lse, Buffer{}, Buffer{}, a.v, f.dStart, d.scale)
 			}
 			return e.ops.Attention(a.att, a.lse, a.q, a.k, a.v, f.dStart, T, d.heads, d.kv, d.hd, d.scale)
 		},
 		// xmid = x + att·Woᵀ.
 		func() error {
-			if e.bf != nil {
+			if e.bf != nil && !e.flash() {
 				if err := e.ops.ToBF16Rows(a.attb, a.att, T, d.qd, d.qd); err != nil {
 					return err
 				}

@@ -62,13 +62,17 @@ __device__ __forceinline__ void load_a(u32 (&a)[HD / 16][4], const bf16_t* src, 
 // flash_cols writes dst[c*Tp + t] = bf16(src[t*n + c]) for the T rows and
 // n columns of src, zeros for T <= t < Tp: a transposed bf16 copy, through
 // 32 x 32 tiles of shared memory. grid = (Tp/32, ceil(n/32)), block 256.
+// With rows, each element read is also written rounded into the
+// row-major copy rows [Tp, n] (rows T.. left as they are).
 template <typename I>
-__device__ __forceinline__ void cols_bf16(bf16_t* __restrict__ dst, const I* __restrict__ src, int T, int n, int Tp) {
+__device__ __forceinline__ void cols_bf16(bf16_t* __restrict__ dst, const I* __restrict__ src, int T, int n, int Tp,
+                                          bf16_t* __restrict__ rows = nullptr) {
   __shared__ float tile[32][33];
   const int t0 = blockIdx.x * 32, c0 = blockIdx.y * 32, tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
   for (int i = ty; i < 32; i += 8) {
     const int t = t0 + i, c = c0 + tx;
     tile[i][tx] = (t < T && c < n) ? widen(src[(i64)t * n + c]) : 0.f;
+    if (rows && t < T && c < n) rows[(i64)t * n + c] = f32_to_bf16(tile[i][tx]);
   }
   __syncthreads();
   for (int i = ty; i < 32; i += 8) {
@@ -79,6 +83,14 @@ __device__ __forceinline__ void cols_bf16(bf16_t* __restrict__ dst, const I* __r
 extern "C" __global__ void __launch_bounds__(256) flash_cols(bf16_t* __restrict__ dst, const float* __restrict__ src,
                                                              int T, int n, int Tp) {
   cols_bf16(dst, src, T, n, Tp);
+}
+
+// flash_rows_cols is flash_cols that also writes the row-major copy rows
+// (ToBF16's rounding of the T rows): dO's two copies for the backward
+// from one read of it.
+extern "C" __global__ void __launch_bounds__(256) flash_rows_cols(bf16_t* __restrict__ rows, bf16_t* __restrict__ dst,
+                                                                  const float* __restrict__ src, int T, int n, int Tp) {
+  cols_bf16(dst, src, T, n, Tp, rows);
 }
 
 // flash_cols16 is flash_cols from a bf16 src (the training engine's bf16
@@ -109,21 +121,21 @@ __device__ __forceinline__ void c_to_a(u32 (&a)[4], const float (&lo)[4], const 
 }
 
 // store_tile writes a warp's 16 x HD float32 tile acc into rows r0 (times
-// s0) and r0 + 8 (times s1) of dst, rows ld apart, skipping rows at or
-// past T.
-template <int HD>
-__device__ __forceinline__ void store_tile(float* dst, i64 ld, const float (&acc)[HD / 8][4], int r0, int T, float s0,
+// s0) and r0 + 8 (times s1) of dst (float32, or rounded to bf16), rows ld
+// apart, skipping rows at or past T.
+template <int HD, typename O>
+__device__ __forceinline__ void store_tile(O* dst, i64 ld, const float (&acc)[HD / 8][4], int r0, int T, float s0,
                                            float s1, int t) {
 #pragma unroll
   for (int n = 0; n < HD / 8; n++) {
     const int c = n * 8 + 2 * t;
     if (r0 < T) {
-      dst[r0 * ld + c] = acc[n][0] * s0;
-      dst[r0 * ld + c + 1] = acc[n][1] * s0;
+      put(dst + r0 * ld + c, acc[n][0] * s0);
+      put(dst + r0 * ld + c + 1, acc[n][1] * s0);
     }
     if (r0 + 8 < T) {
-      dst[(r0 + 8) * ld + c] = acc[n][2] * s1;
-      dst[(r0 + 8) * ld + c + 1] = acc[n][3] * s1;
+      put(dst + (r0 + 8) * ld + c, acc[n][2] * s1);
+      put(dst + (r0 + 8) * ld + c + 1, acc[n][3] * s1);
     }
   }
 }
@@ -234,9 +246,10 @@ __device__ __forceinline__ void flash_fwd_tile(const u32* Ks, const u32* Vt, flo
 }
 
 // flash_fwd: out = softmax(q k^T * scale) v over each row's sequence
-// prefix, lse its log-sum-exp (natural log, as attn.cu's), from the bf16
-// copies qb, kb (row-major) and vt (transposed). A block takes 64·MT query
-// rows of one head; warp w owns MT tiles of 16 rows (16·MT·w onwards) and
+// prefix, rounded to bf16 (the output projection's operand, and the
+// backward's D), lse its log-sum-exp (natural log, as attn.cu's), from
+// the bf16 copies qb, kb (row-major) and vt (transposed). A block takes
+// 64·MT query rows of one head; warp w owns MT tiles of 16 rows (16·MT·w onwards) and
 // walks the keys in tiles of BK in shared memory (K row-major, V
 // transposed, as bf16 pairs). Each K or V fragment read from shared
 // memory feeds MT products: MT = 2 halves the shared-memory reads per
@@ -248,7 +261,7 @@ __device__ __forceinline__ void flash_fwd_tile(const u32* Ks, const u32* Vt, flo
 // are folded in SUB at a time (the scores of SUB keys in registers, not
 // BK). grid = (ceil(T/(64·MT)), heads), block 128.
 template <int HD, int MT, int BK, int STAGES, bool QS = false, int SUB = BK>
-__device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vt, float* __restrict__ out, float* __restrict__ lse,
+__device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vt, bf16_t* __restrict__ out, float* __restrict__ lse,
                                           const bf16_t* __restrict__ qb, const bf16_t* __restrict__ kb,
                                           const bf16_t* __restrict__ vt, const int* __restrict__ seq_start, int T,
                                           int Tp, int heads, int kv, float scale, int async) {
@@ -342,7 +355,8 @@ __device__ __forceinline__ void dq_tile_copy(u32* Ks, u32* Kt, u32* Vs, const bf
 // words: K row-major, V row-major, K transposed.
 #define DQ_STAGE_WORDS(HD) (2 * FB_BK * ((HD) / 2 + 4) + (HD) * (FB_BK / 2 + 4))
 
-// flash_bwd_dq: for query rows i and head h, D_i = dO_i.O_i (into dsum)
+// flash_bwd_dq: for query rows i and head h, D_i = dO_i.O_i (into dsum;
+// dO rounded to bf16 as dob holds it, O as the forward wrote it)
 // and dq_i = scale * sum_j P_ij (dO_i.v_j - D_i) k_j, P recomputed from
 // lse. Blocks as flash_fwd's; key tiles of FB_BK, K in shared memory
 // row-major (kb) and transposed (kt), V row-major (vb); Q and dO from qb
@@ -352,7 +366,7 @@ __device__ __forceinline__ void dq_tile_copy(u32* Ks, u32* Kt, u32* Vs, const bf
 // grid = (ceil(T/FA_BQ), heads), block 128.
 template <int HD, int STAGES>
 __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Kt0, u32* Vs0, float* __restrict__ dq, float* __restrict__ dsum,
-                                             const float* __restrict__ dout, const float* __restrict__ out,
+                                             const float* __restrict__ dout, const bf16_t* __restrict__ out,
                                              const float* __restrict__ lse, const bf16_t* __restrict__ qb,
                                              const bf16_t* __restrict__ dob, const bf16_t* __restrict__ kb,
                                              const bf16_t* __restrict__ kt, const bf16_t* __restrict__ vb,
@@ -372,15 +386,15 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Kt0, u32* Vs0, float
   load_a<HD>(da, dob + base, qd, 16 * w + g, t);
   // D for rows r0 and r1 from the lanes' own elements, then the quad,
   // with dO rounded as dP's product takes it (so that sum_j P_ij dP_ij
-  // and D_i cancel as they should).
+  // and D_i cancel as they should), O as the forward rounded it.
   float D0 = 0.f, D1 = 0.f;
 #pragma unroll
   for (int ks = 0; ks < KS; ks++) {
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int c = ks * 16 + 2 * t + (e & 1) + (e & 2) * 4;
-      if (r0 < T) D0 = fmaf(bf16_to_f32(f32_to_bf16(dout[(i64)r0 * qd + (i64)h * HD + c])), out[(i64)r0 * qd + (i64)h * HD + c], D0);
-      if (r1 < T) D1 = fmaf(bf16_to_f32(f32_to_bf16(dout[(i64)r1 * qd + (i64)h * HD + c])), out[(i64)r1 * qd + (i64)h * HD + c], D1);
+      if (r0 < T) D0 = fmaf(bf16_to_f32(f32_to_bf16(dout[(i64)r0 * qd + (i64)h * HD + c])), bf16_to_f32(out[(i64)r0 * qd + (i64)h * HD + c]), D0);
+      if (r1 < T) D1 = fmaf(bf16_to_f32(f32_to_bf16(dout[(i64)r1 * qd + (i64)h * HD + c])), bf16_to_f32(out[(i64)r1 * qd + (i64)h * HD + c]), D1);
     }
   }
   D0 = quad_sum(D0);
@@ -622,7 +636,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
 // names written out: keel's CUDA emulator finds kernels by name). Shared
 // tiles are u32x4 arrays, 16-byte aligned, used as words.
 #define FLASH_FWD_PARAMS                                                                                        \
-  float *__restrict__ out, float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ kb, \
+  bf16_t *__restrict__ out, float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ kb, \
       const bf16_t *__restrict__ vt, const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, \
       int async
 #define FLASH_FWD_BODY(HD, MT, BK, STAGES)                                                                   \
@@ -640,7 +654,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
   flash_fwd<HD, 2, 64, 2, true, SUB>(sm, ks, ks + 2 * 64 * (HD / 2 + 4), out, lse, qb, kb, vt, seq_start, T, Tp, heads, \
                                      kv, scale, async);
 #define FLASH_DQ_PARAMS                                                                                         \
-  float *__restrict__ dq, float *__restrict__ dsum, const float *__restrict__ dout, const float *__restrict__ out,  \
+  float *__restrict__ dq, float *__restrict__ dsum, const float *__restrict__ dout, const bf16_t *__restrict__ out, \
       const float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ dob,               \
       const bf16_t *__restrict__ kb, const bf16_t *__restrict__ kt, const bf16_t *__restrict__ vb,                \
       const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, int async
