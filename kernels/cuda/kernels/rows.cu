@@ -89,6 +89,39 @@ extern "C" __global__ void rmsnorm_bwd(float* dx, float* __restrict__ dw_part, c
 // 0. grid = ceil(rows/NORM_WCHUNK), block = KEEL_THREADS.
 #define NORM_WMAX 256
 #define NORM_WCHUNK 256
+// norm_row_back is one row's RMSNorm backward by a warp, rmsnorm_bwd's
+// arithmetic: from g (the lane's elements lane + 32i of the gradient at
+// the norm's output), the row's input x, the weight w and the row's
+// inverse RMS, it writes dx (float32, or rounded to bf16; plus addend's
+// element where addend is given, which may be dx) and adds the lane's
+// g·x·inv into pw. n <= NORM_WMAX.
+template <typename O>
+__device__ __forceinline__ void norm_row_back(O* dx, const float* addend, const float (&g)[NORM_WMAX / 32],
+                                              const float* __restrict__ x, const float* __restrict__ w, float invr,
+                                              int n, float (&pw)[NORM_WMAX / 32]) {
+  const int lane = threadIdx.x & 31;
+  double d = 0.0;
+#pragma unroll
+  for (int i = 0; i < NORM_WMAX / 32; i++) {
+    const int j = lane + 32 * i;
+    if (j < n) d += (double)g[i] * (double)w[j] * (double)x[j];
+  }
+  d = warp_sum_f64(d);
+  const double iv = invr;
+  const float k = (float)(iv * iv * iv * d / (double)n);
+  const float ivf = invr;
+#pragma unroll
+  for (int i = 0; i < NORM_WMAX / 32; i++) {
+    const int j = lane + 32 * i;
+    if (j < n) {
+      const float xv = x[j];
+      const float v = ivf * (g[i] * w[j]) - xv * k;
+      pw[i] += g[i] * (xv * ivf);
+      put(dx + j, addend ? addend[j] + v : v);
+    }
+  }
+}
+
 // norm_warp_partials writes the block's partial sums of the weight
 // gradient for chunk c: each warp's pw (its rows' sums, lane + 32i) in
 // shared memory, then the warps' added in order.
@@ -118,22 +151,10 @@ extern "C" __global__ void __launch_bounds__(KEEL_THREADS) rmsnorm_bwd_warp(floa
   const int r0 = c * NORM_WCHUNK + wp * 32, r1 = min(rows, r0 + 32);
   for (int r = r0; r < r1; r++) {  // warp-uniform
     const i64 o = row_offset(r, n, per, stride);
-    double d = 0.0;
-    for (int j = lane; j < n; j += 32) d += (double)dy[o + j] * (double)w[j] * (double)x[o + j];
-    d = warp_sum_f64(d);
-    const double iv = inv[r];
-    const float k = (float)(iv * iv * iv * d / (double)n);
-    const float ivf = inv[r];
+    float g[NORM_WMAX / 32];
 #pragma unroll
-    for (int i = 0; i < NORM_WMAX / 32; i++) {
-      const int j = lane + 32 * i;
-      if (j < n) {
-        const float g = dy[o + j], xv = x[o + j];
-        const float v = ivf * (g * w[j]) - xv * k;
-        pw[i] += g * (xv * ivf);
-        dx[o + j] = acc ? dx[o + j] + v : v;
-      }
-    }
+    for (int i = 0; i < NORM_WMAX / 32; i++) g[i] = lane + 32 * i < n ? dy[o + lane + 32 * i] : 0.f;
+    norm_row_back(dx + o, acc ? dx + o : nullptr, g, x + o, w, inv[r], n, pw);
   }
   norm_warp_partials(dw_part, pw, n, c);
 }
@@ -173,7 +194,6 @@ extern "C" __global__ void __launch_bounds__(KEEL_THREADS) norm_rope_bwd_bf16(bf
     for (int j = lane; j < n; j += 32) row[wp][j] = dy[o + j];
     __syncwarp();
     float g[NORM_WMAX / 32];
-    double d = 0.0;
 #pragma unroll
     for (int i = 0; i < NORM_WMAX / 32; i++) {
       const int j = lane + 32 * i;
@@ -188,23 +208,9 @@ extern "C" __global__ void __launch_bounds__(KEEL_THREADS) norm_rope_bwd_bf16(bf
           const float a = row[wp][k], b = row[wp][j];
           g[i] = b * cs[k] + a * sn[k];
         }
-        d += (double)g[i] * (double)w[j] * (double)x[o + j];
       }
     }
-    d = warp_sum_f64(d);
-    const double iv = inv[r];
-    const float k = (float)(iv * iv * iv * d / (double)n);
-    const float ivf = inv[r];
-#pragma unroll
-    for (int i = 0; i < NORM_WMAX / 32; i++) {
-      const int j = lane + 32 * i;
-      if (j < n) {
-        const float xv = x[o + j];
-        const float v = ivf * (g[i] * w[j]) - xv * k;
-        pw[i] += g[i] * (xv * ivf);
-        dx16[o + j] = f32_to_bf16(v);
-      }
-    }
+    norm_row_back(dx16 + o, nullptr, g, x + o, w, inv[r], n, pw);
   }
   norm_warp_partials(dw_part, pw, n, c);
 }
