@@ -667,9 +667,10 @@ func (o *Ops) qkCopies(s *FlashScratch, q, k Buffer) error {
 // FlashAttention is Attention on the tensor cores (flash.cu): bf16
 // operands, float32 accumulation, the softmax online, for the bf16
 // training mode; out16 [rows, heads*hd] gets the output rounded to bf16
-// (the output projection's operand, as the backward reads it too). Deterministic, but neither batch invariant nor equal to
-// Attention's bits: the exact mode keeps Attention. s is a scratch for
-// s.rows rows with the same heads and head size.
+// (the output projection's operand, as the backward reads it too).
+// Deterministic, but neither batch invariant nor equal to Attention's
+// bits: the exact mode keeps Attention. s is a scratch for s.rows rows
+// with the same heads and head size.
 func (o *Ops) FlashAttention(s *FlashScratch, out16, lse, q, k, v, seqStart Buffer, scale float32) error {
 	if s.vt.Ptr == 0 {
 		return fmt.Errorf("cuda: FlashAttention given a backward's scratch")
@@ -721,9 +722,9 @@ func flashBackwardShared(hd int, dkv bool) int {
 }
 
 // FlashAttentionBackward computes FlashAttention's gradients dq, dk and dv
-// for the upstream gradient dout (float32), from its out16 (bf16) and lse; dsum [rows, heads]
-// is scratch (D = dO·O per row and head). Two passes, no atomics. s is a
-// backward's scratch.
+// for the upstream gradient dout (float32), from its out16 (bf16) and
+// lse; dsum [rows, heads] is scratch (D = dO·O per row and head). Two
+// passes, no atomics. s is a backward's scratch.
 func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv, dsum, dout, out16, lse, q, k, v, seqStart, seqEnd Buffer, scale float32) error {
 	if s.dout.Ptr == 0 {
 		return fmt.Errorf("cuda: FlashAttentionBackward given a forward's scratch")
