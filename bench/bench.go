@@ -97,7 +97,7 @@ func TrainOn(spec TrainSpec) (TrainResult, error) {
 	}
 	step := func() error {
 		eng.ZeroGrad()
-		if _, err := eng.Forward(batch, train.ForwardOptions{}); err != nil {
+		if _, err := eng.Forward(batch, train.ForwardOptions{Backward: true}); err != nil {
 			return err
 		}
 		if err := eng.Backward(train.Loss{LogProb: coef}); err != nil {

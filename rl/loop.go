@@ -1070,6 +1070,7 @@ func (l *Loop) microStep(i int, micro []*Sample, tot Totals, activeTokens int, a
 	r := l.R
 	fresh := i == 0 && !l.separatePiOld
 	opt := l.forwardOpts(micro, !fresh)
+	opt.Backward = true
 	opt.NoEntropy = !fresh && r.Algorithm.EntropyCoef == 0
 	t := time.Now()
 	res, err := l.Trainer.Forward(seqs(micro), opt)

@@ -163,7 +163,7 @@ func (t *Trainer) Step() (Stats, error) {
 	batch := t.Batches.Next()
 	seqs, coef, targets := Sequences(batch)
 	t.Engine.ZeroGrad()
-	res, err := t.Engine.Forward(seqs, train.ForwardOptions{NoEntropy: true})
+	res, err := t.Engine.Forward(seqs, train.ForwardOptions{NoEntropy: true, Backward: true})
 	if err != nil {
 		return Stats{}, err
 	}

@@ -99,6 +99,11 @@ type ForwardOptions struct {
 	// sampled from. 0 means 1 (no tempering); entropies are those of the
 	// tempered distribution, and Backward differentiates through 1/T.
 	Temperature float64
+	// Backward says a Backward of this Forward's loss follows: an engine
+	// may keep what it would otherwise recompute there (the GPU engine's
+	// bf16 mode keeps its logits where they fit). Forward-only calls (log
+	// pi_old, a reference's log-probs, scoring) leave it false.
+	Backward bool
 }
 
 // Result is what one Forward computed.

@@ -32,7 +32,14 @@ func (e *Engine) Backward(l train.Loss) error {
 	if err := e.backward(f, &tmp, coefLP, coefH, l.Aux); err != nil {
 		return fmt.Errorf("train/cuda: backward: %w", err)
 	}
-	return e.dev.Sync()
+	if err := e.dev.Sync(); err != nil {
+		return err
+	}
+	// The kept logits (headKeeps) go back to the device, not into the
+	// Pool: the step's moments and other engines on the GPU get the room
+	// (another Backward of this Forward recomputes them).
+	f.freeLogits(e.dev)
+	return nil
 }
 
 // rows.cu's rmsnorm_bwd_warp: rows of at most normWarpMax elements, a

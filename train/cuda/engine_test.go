@@ -592,7 +592,9 @@ func TestEngineFusedQKBack(t *testing.T) {
 // TestEngineKeepLogits: the bf16 mode's backward from the logits its
 // forward kept gives what it gives recomputing them, bit for bit (the
 // same product of the same operands), log-probs, entropies and
-// gradients, over several head chunks, dense and MoE.
+// gradients, over several head chunks, dense and MoE; the kept logits go
+// back to the device with the Backward, and a forward-only call keeps
+// none.
 func TestEngineKeepLogits(t *testing.T) {
 	dev := cudatest.Device(t)
 	for _, preset := range []string{"tiny-dense", "tiny-moe"} {
@@ -616,8 +618,20 @@ func TestEngineKeepLogits(t *testing.T) {
 			if err := e.Backward(randomLoss(r, seqs)); err != nil {
 				t.Fatal(err)
 			}
+			if e.fw.logits.Ptr != 0 {
+				t.Fatalf("%s: the kept logits outlived the Backward", preset)
+			}
 			if grads[i], err = e.Gradients(); err != nil {
 				t.Fatal(err)
+			}
+			// A forward no backward follows keeps nothing, where the
+			// engine decides (keepAuto).
+			e.keepLogits = keepAuto
+			if _, err := e.Forward(seqs, train.ForwardOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if e.fw.logits.Ptr != 0 {
+				t.Fatalf("%s: a forward-only call kept its logits", preset)
 			}
 		}
 		for s := range res[0].LogProbs {

@@ -91,7 +91,7 @@ type fwdState struct {
 	xL, invf, xf                          Buffer // last residual, final norm
 	lp, ent                               Buffer // [T]
 	lse                                   Buffer // [T] the bf16 mode's log-sum-exp of each row's logits, for the backward
-	logits                                Buffer // [T, V] the bf16 mode's logits, kept for the backward where they fit (headKeeps)
+	logits                                Buffer // [T, V] the bf16 mode's logits, kept for the backward where they fit (headKeeps; the device's, not the Pool's)
 	bufs                                  []Buffer
 	replay                                []*model.Routes
 	work                                  *layerActs       // with recomputation: the layers' shared activations
@@ -106,6 +106,7 @@ func (f *fwdState) free(m kc.Memory) {
 		m.Free(b)
 	}
 	f.bufs = nil
+	f.freeLogits(m.Device())
 	if f.flash != nil {
 		f.flash.Free()
 		f.flash = nil
@@ -510,7 +511,7 @@ func (e *Engine) forward(f *fwdState, opt train.ForwardOptions) error {
 	if err := e.norm(f.xf, f.invf, x, e.param(e.w, m.Norm), T, d.H, d.eps); err != nil {
 		return err
 	}
-	return e.headForward(f, opt.NoEntropy)
+	return e.headForward(f, opt.NoEntropy, opt.Backward)
 }
 
 // layerBufs gives layer l's activations a their device memory: their own
@@ -704,19 +705,25 @@ func (e *Engine) mlpForward(f *fwdState, a *layerActs, l *model.Layer, next Buff
 // the logits at the temperature, each row's next-token log-prob and the
 // entropy (the bf16 mode: also each row's log-sum-exp, for the backward;
 // its one-read kernel writes the entropy whether asked or not).
-func (e *Engine) headForward(f *fwdState, noEntropy bool) error {
+func (e *Engine) headForward(f *fwdState, noEntropy, backward bool) error {
 	d := e.dims()
 	C := e.headChunk(f.T)
-	keep, err := e.headKeeps(f.T)
+	keep, err := e.headKeeps(f.T, backward)
 	if err != nil {
 		return err
 	}
 	var z Buffer
 	if keep {
-		if err := e.bufs(f, span{&f.logits, f.T * d.V}); err != nil {
+		// From the device, not the Pool: Backward gives it back to the
+		// device when done, so the memory is not held as the Pool's cache.
+		// Out of memory after all: the backward recomputes them.
+		if f.logits, err = e.alloc(f.T * d.V); kc.IsOutOfMemory(err) {
+			keep, f.logits = false, Buffer{}
+		} else if err != nil {
 			return err
 		}
-	} else {
+	}
+	if !keep {
 		if z, err = e.scratch(C * d.V); err != nil {
 			return err
 		}
@@ -762,26 +769,44 @@ const (
 )
 
 // headKeeps says whether the bf16 mode's forward over T tokens keeps all
-// its logits ([T, V] float32) for the backward, which then reads them
-// instead of recomputing them (the same bits: the same product): the
-// backward's LM-head product and its write of the logits are gone, some
-// 5% of a step at Qwen3-0.6B's shape (2·T·V·H FLOPs; 10 GB at 16k tokens
-// written and read). As PyTorch keeps its logits for autograd. Kept
-// where they take at most half of the memory left after the forward's
-// activations (free and the Pool's), so the backward keeps room; the
-// float32 mode recomputes them (its reference path).
-func (e *Engine) headKeeps(T int) (bool, error) {
+// its logits ([T, V] float32) for the backward that follows
+// (ForwardOptions.Backward), which then reads them instead of recomputing
+// them (the same bits: the same product): the backward's LM-head product
+// and its write of the logits are gone, some 5% of a step at Qwen3-0.6B's
+// shape (2·T·V·H FLOPs; 10 GB at 16k tokens written and read). As
+// PyTorch keeps its logits for autograd. Kept where they take at most a
+// quarter of the memory left after the forward's activations (free and
+// the Pool's, less the AdamW moments if the first Step has yet to
+// allocate them), so the backward and the step keep room, and given back
+// to the device when the backward is done; the float32 mode recomputes
+// them (its reference path).
+func (e *Engine) headKeeps(T int, backward bool) (bool, error) {
 	if e.bf == nil || e.keepLogits == keepNever {
 		return false, nil
 	}
 	if e.keepLogits == keepAlways {
 		return true, nil
 	}
+	if !backward {
+		return false, nil
+	}
 	free, _, err := e.dev.MemInfo()
 	if err != nil {
 		return false, err
 	}
-	return int64(T)*int64(e.cfg.VocabSize)*4 <= (free+e.pool.Cached())/2, nil
+	room := free + e.pool.Cached()
+	if e.m.Ptr == 0 {
+		room -= 8 * int64(len(e.host.Arena))
+	}
+	return int64(T)*int64(e.cfg.VocabSize)*4 <= room/4, nil
+}
+
+// freeLogits gives the kept logits (headKeeps) back to the device.
+func (f *fwdState) freeLogits(d *kc.Device) {
+	if f.logits.Ptr != 0 {
+		d.Free(f.logits)
+		f.logits = Buffer{}
+	}
 }
 
 // intSub is the span of n int32 at element offset off of b.

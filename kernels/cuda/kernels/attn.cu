@@ -411,7 +411,7 @@ __device__ __forceinline__ void decode_group(O* __restrict__ out, float* __restr
   if (h0 >= heads) return;
   const int g = G == 1 ? h0 / (heads / kv) : h0 / G;  // G > 1 is heads/kv
   const i64 qd = (i64)heads * hd, kvd = (i64)kv * hd;
-  O* o = out + r * qd + (i64)h0 * hd;
+  O* o = part ? nullptr : out + r * qd + (i64)h0 * hd;  // no arithmetic on the null out of a split
   if (slot[r] < 0) {
     if (!part)
       for (int d = lane; d < G * hd; d += 32) put(o + d, 0.f);
