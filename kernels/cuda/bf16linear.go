@@ -48,6 +48,17 @@ func (l *BF16Linear) Free() {
 	*l = BF16Linear{}
 }
 
+// ScratchBytes returns the bytes of operand scratch the products have
+// grown so far: device memory a training step holds besides its Pool's,
+// which train/memplan's plan counts.
+func (l *BF16Linear) ScratchBytes() int64 {
+	var n int64
+	for _, b := range []Buffer{l.a, l.b} {
+		n += b.Size
+	}
+	return n
+}
+
 // Copy16 is the bf16 copy of w, a span of the float32 arena: where an
 // optimiser that writes it as it updates w (train/cuda's adamw_bf16) puts
 // it, before Fresh.

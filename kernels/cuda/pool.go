@@ -52,8 +52,8 @@ type Pool struct {
 	poison func(b Buffer) error
 
 	mu     sync.Mutex
-	cached []Buffer         // by capacity, ascending; Size is the capacity
-	owned  map[uint64]int64 // capacity of every buffer handed out, by address
+	cached []Buffer          // by capacity, ascending; Size is the capacity
+	owned  map[uint64]handed // every buffer handed out, by address
 	stats  PoolStats
 }
 
@@ -61,12 +61,18 @@ type Pool struct {
 type PoolStats struct {
 	Allocs, Reuses, Frees int   // device allocations, allocations served from the cache, cached buffers freed on the device
 	Cached                int64 // bytes held for reuse now
+	// InUse is the bytes asked for by the buffers handed out and not yet
+	// freed (the Pool holds them rounded up to its classes), and Peak the
+	// most InUse has been since the Pool was made or ResetPeak was
+	// called: what a step's activations and scratch take, which
+	// train/memplan's plan counts.
+	InUse, Peak int64
 }
 
 // NewPool returns an empty Pool over d.
 func NewPool(d *Device) *Pool {
 	p := &Pool{dev: d, alloc: d.Alloc, free: d.Free, oom: IsOutOfMemory, off: os.Getenv("KEEL_CUDA_POOL") == "0",
-		owned: map[uint64]int64{}}
+		owned: map[uint64]handed{}}
 	if d.Emulated {
 		p.exact = true
 		p.poison = func(b Buffer) error {
@@ -110,8 +116,17 @@ func bySize(b Buffer, n int64) int { return cmp.Compare(b.Size, n) }
 // fits, else a new allocation. When the device is out of memory, the
 // cached buffers are freed and the allocation tried again.
 func (p *Pool) Alloc(n int64) (Buffer, error) {
-	if p.off || n <= 0 {
+	if n <= 0 {
 		return p.alloc(n)
+	}
+	if p.off {
+		b, err := p.alloc(n)
+		if err == nil {
+			p.mu.Lock()
+			p.hand(b.Ptr, n, n)
+			p.mu.Unlock()
+		}
+		return b, err
 	}
 	p.mu.Lock()
 	i, _ := slices.BinarySearchFunc(p.cached, n, bySize)
@@ -120,7 +135,7 @@ func (p *Pool) Alloc(n int64) (Buffer, error) {
 		p.cached = slices.Delete(p.cached, i, i+1)
 		p.stats.Cached -= b.Size
 		p.stats.Reuses++
-		p.owned[b.Ptr] = b.Size
+		p.hand(b.Ptr, b.Size, n)
 		p.mu.Unlock()
 		if p.poison != nil {
 			if err := p.poison(b); err != nil {
@@ -143,7 +158,7 @@ func (p *Pool) Alloc(n int64) (Buffer, error) {
 	}
 	p.mu.Lock()
 	p.stats.Allocs++
-	p.owned[b.Ptr] = c
+	p.hand(b.Ptr, c, n)
 	p.mu.Unlock()
 	return Buffer{Ptr: b.Ptr, Size: n}, nil
 }
@@ -155,18 +170,42 @@ func (p *Pool) Free(b Buffer) error {
 		return nil
 	}
 	p.mu.Lock()
-	c, ok := p.owned[b.Ptr]
+	h, ok := p.owned[b.Ptr]
+	if ok {
+		delete(p.owned, b.Ptr)
+		p.stats.InUse -= h.asked
+	}
+	c := h.capacity
 	if !ok || p.off {
 		p.mu.Unlock()
 		return p.free(b)
 	}
-	delete(p.owned, b.Ptr)
 	b.Size = c
 	i, _ := slices.BinarySearchFunc(p.cached, c, bySize)
 	p.cached = slices.Insert(p.cached, i, b)
 	p.stats.Cached += c
 	p.mu.Unlock()
 	return nil
+}
+
+// handed is a buffer the Pool handed out: its capacity, and the bytes
+// asked for.
+type handed struct{ capacity, asked int64 }
+
+// hand records the buffer at ptr of capacity c handed out for a request
+// of n bytes; p.mu is held.
+func (p *Pool) hand(ptr uint64, c, n int64) {
+	p.owned[ptr] = handed{c, n}
+	p.stats.InUse += n
+	p.stats.Peak = max(p.stats.Peak, p.stats.InUse)
+}
+
+// ResetPeak sets Stats().Peak to the bytes in use now, so that the next
+// Peak is the most in use from here on.
+func (p *Pool) ResetPeak() {
+	p.mu.Lock()
+	p.stats.Peak = p.stats.InUse
+	p.mu.Unlock()
 }
 
 // Release frees every cached buffer on the device (the buffers handed out

@@ -20,7 +20,7 @@ var errFakeOOM = errors.New("fake device: out of memory")
 
 func newFakePool(limit int64) (*Pool, *fakeMemory) {
 	f := &fakeMemory{next: 1 << 20, limit: limit, live: map[uint64]int64{}}
-	p := &Pool{owned: map[uint64]int64{}, oom: func(err error) bool { return errors.Is(err, errFakeOOM) },
+	p := &Pool{owned: map[uint64]handed{}, oom: func(err error) bool { return errors.Is(err, errFakeOOM) },
 		alloc: func(n int64) (Buffer, error) {
 			if f.used+n > f.limit {
 				return Buffer{}, errFakeOOM
@@ -129,6 +129,39 @@ func TestPoolOutOfMemory(t *testing.T) {
 		t.Errorf("20 MiB beside 16 MiB in 32 MiB: %v, want the device's out-of-memory error", err)
 	}
 	p.Free(b)
+}
+
+// InUse counts the bytes asked for by the buffers handed out and not
+// freed (not the Pool's rounding), Peak the most since ResetPeak, with
+// caching on and off; a foreign buffer's free changes neither.
+func TestPoolPeak(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		p, _ := newFakePool(1 << 40)
+		p.off = off
+		check := func(what string, inUse, peak int64) {
+			t.Helper()
+			if s := p.Stats(); s.InUse != inUse || s.Peak != peak {
+				t.Errorf("off=%v, %s: in use %d, peak %d; want %d, %d", off, what, s.InUse, s.Peak, inUse, peak)
+			}
+		}
+		a, _ := p.Alloc(3*mib + 1)
+		b, _ := p.Alloc(100)
+		check("two buffers", 3*mib+101, 3*mib+101)
+		p.Free(a)
+		check("one freed", 100, 3*mib+101)
+		p.ResetPeak()
+		check("peak reset", 100, 100)
+		c, _ := p.Alloc(3 * mib) // a's buffer again, when caching
+		if !off && c.Ptr != a.Ptr {
+			t.Errorf("3 MiB after a 3 MiB + 1 free: a new buffer")
+		}
+		check("reuse", 3*mib+100, 3*mib+100)
+		foreign, _ := p.alloc(512)
+		p.Free(foreign)
+		p.Free(b)
+		p.Free(c)
+		check("all freed", 0, 3*mib+100)
+	}
 }
 
 // Turned off (KEEL_CUDA_POOL=0) or exact (the emulator), the Pool keeps

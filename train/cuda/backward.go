@@ -47,6 +47,17 @@ func (e *Engine) Backward(l train.Loss) error {
 // (NORM_WMAX, NORM_WCHUNK).
 const normWarpMax, normWarpChunk = 256, 256
 
+// normChunks is the number of chunks of partial sums rows.cu's norm
+// backward writes over rows of n: normWarpChunk rows a chunk for rows of
+// at most normWarpMax (a warp a row), else 32 (a block a row,
+// NORM_CHUNK).
+func normChunks(rows, n int) int {
+	if n <= normWarpMax {
+		return (rows + normWarpChunk - 1) / normWarpChunk
+	}
+	return (rows + 31) / 32
+}
+
 func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64) error {
 	d, T := e.dims(), f.T
 	m := e.host
@@ -65,8 +76,10 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 	if err := e.headBackward(f, dxf, dcl, dch); err != nil {
 		return err
 	}
-	chunks := (T*max(d.heads, 1) + 31) / 32
-	part, err := e.buf(tmp, chunks*max(d.H, d.hd))
+	// The norms' weight-gradient partial sums, for the largest of the
+	// norms' backward passes (the layer norms over T rows of H, q_norm
+	// over T·heads rows of head_dim; k_norm has fewer rows).
+	part, err := e.buf(tmp, max(normChunks(T, d.H)*d.H, normChunks(T*d.heads, d.hd)*d.hd))
 	if err != nil {
 		return err
 	}
@@ -78,9 +91,9 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		if acc {
 			a = 1
 		}
-		kernel, ch := "rmsnorm_bwd", (rows+31)/32
+		kernel, ch := "rmsnorm_bwd", normChunks(rows, n)
 		if n <= normWarpMax {
-			kernel, ch = "rmsnorm_bwd_warp", (rows+normWarpChunk-1)/normWarpChunk
+			kernel = "rmsnorm_bwd_warp"
 		}
 		if err := e.launch("rows.cu", kernel, kc.Dim3{X: ch}, block256, dx, part, dy, x, w, inv, rows, n, per, int64(stride), a); err != nil {
 			return err
@@ -91,7 +104,7 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 	// rounding to bf16 in one pass (norm_rope_bwd_bf16, the same bits):
 	// dx16 [T, stride] the products' operand, dy (float32) not changed.
 	normRopeBack := func(dx16, dy, x, w, inv, gw Buffer, rows, n, per, stride int) error {
-		ch := (rows + normWarpChunk - 1) / normWarpChunk
+		ch := normChunks(rows, n) // n ≤ normWarpMax: a warp a row
 		if err := e.launch("rows.cu", "norm_rope_bwd_bf16", kc.Dim3{X: ch}, block256, dx16, part, dy, x, w, inv,
 			e.rope.cos, e.rope.neg, f.dPos, rows, n, per, int64(stride)); err != nil {
 			return err

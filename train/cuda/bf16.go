@@ -44,3 +44,21 @@ func (e *Engine) freeBF16() {
 		e.bf = nil
 	}
 }
+
+// precision returns the engine's precision, FP32 or BF16.
+func (e *Engine) precision() string {
+	if e.bf != nil {
+		return BF16
+	}
+	return FP32
+}
+
+// scratchHeld returns the bytes of the bf16 products' operand scratch,
+// which the memory plan counts among a step's activations and which,
+// grown by an earlier step, MemInfo counts as used.
+func (e *Engine) scratchHeld() int64 {
+	if e.bf != nil {
+		return e.bf.ScratchBytes()
+	}
+	return 0
+}

@@ -219,7 +219,7 @@ func (e *Engine) Forward(seqs [][]int32, opt train.ForwardOptions) (*train.Resul
 	}
 	if free, _, err := e.dev.MemInfo(); err != nil {
 		return nil, err
-	} else if err := checkActivations(&e.cfg, f.T, free+e.pool.Cached(), e.recompute); err != nil {
+	} else if err := checkActivations(&e.cfg, f.T, free+e.pool.Cached()+e.scratchHeld(), e.precision(), e.recompute); err != nil {
 		return nil, err
 	}
 	if err := e.ensureRope(maxLen); err != nil {
@@ -394,25 +394,13 @@ func (e *Engine) linearBack(dx, dw, dy, x, w Buffer, rows, in, out, lddx, lddy, 
 	return e.ops.LinearBackW(dw, dy, x, rows, in, out, lddy, ldx)
 }
 
-// headRows is the number of token rows whose logits are held at once in
-// the float32 mode, as the CPU engine chooses it (a function of the
-// vocabulary only).
-func headRows(v int) int { return max(16, (1<<24)/v) }
-
 // headChunk is the number of the T token rows whose logits the LM head
-// holds at once: headRows in the float32 mode; in the bf16 mode
-// train/memplan's HeadChunkTokens, which the memory plan counts and which
-// gives the head's products and row kernels enough rows to fill the GPU
-// (headRows is 110 at Qwen3's vocabulary of 151936: 110 blocks).
+// holds at once (train/memplan.HeadChunk, which the memory plan counts).
 func (e *Engine) headChunk(T int) int {
-	c := headRows(e.cfg.VocabSize)
-	if e.bf != nil {
-		c = memplan.HeadChunkTokens
-	}
 	if e.headChunkRows > 0 {
-		c = e.headChunkRows
+		return min(e.headChunkRows, T)
 	}
-	return min(c, T)
+	return memplan.HeadChunk(e.precision(), e.cfg.VocabSize, T)
 }
 
 type dims struct {
@@ -477,6 +465,12 @@ func (e *Engine) forward(f *fwdState, opt train.ForwardOptions) error {
 			return fmt.Errorf("train/cuda: layer %d: %w", li, err)
 		}
 		x = next
+	}
+	if f.flash != nil && !f.recompute {
+		// The copies go back to the Pool before the backward makes its
+		// own (recomputation keeps them: it runs the layers again).
+		f.flash.Free()
+		f.flash = nil
 	}
 	for li := range f.layers {
 		if mo := f.layers[li].moe; mo != nil && !f.recompute {

@@ -9,11 +9,11 @@ import (
 
 // checkActivations returns an error, before anything is allocated, when
 // the activations of a forward and backward over T tokens (train/memplan's
-// float32 plan, with or without recomputation) need more than free bytes:
-// one clear error instead of an allocation failing half way through a
-// step.
-func checkActivations(cfg *model.Config, T int, free int64, recompute bool) error {
-	p, err := memplan.Plan(cfg, memplan.Shape{Seqs: 1, SeqLen: T}, memplan.Mode{Precision: memplan.FP32, Recompute: recompute})
+// plan in precision prec, with or without recomputation) need more than
+// free bytes: one clear error instead of an allocation failing half way
+// through a step.
+func checkActivations(cfg *model.Config, T int, free int64, prec string, recompute bool) error {
+	p, err := memplan.Plan(cfg, memplan.Shape{Seqs: 1, SeqLen: T}, memplan.Mode{Precision: prec, Recompute: recompute})
 	if err != nil {
 		return err
 	}

@@ -4,63 +4,73 @@
 // micro-batch, item by item, so that a run that cannot fit fails at once
 // with what to change, and a run that can is sized to fit.
 //
-// The plan is of the CUDA training engine as keel builds it:
+// The plan is of the CUDA training engine as keel builds it, buffer by
+// buffer; train/cuda's TestEnginePlan measures the engine's peak on keel's
+// CUDA emulator and holds the plan to it (never below; above by no more
+// than the LM head's scratch, which the plan counts beside the backward's
+// layer scratch though the two are not live at once):
 //
 //   - fp32 master weights, fp32 gradients (accumulated in place by the
 //     products, a tied embedding and LM head sharing one), AdamW's m and v
 //     in fp32, updated in place (no copy of the weights or gradients).
-//   - In bf16 mode the products read bf16 copies of the weights, made once
-//     per optimiser step: every parameter but an untied embedding, which is
-//     only gathered from (the norm vectors are copied too; they are a few
-//     thousand floats). In fp32 mode the products read the masters.
-//   - Activations of shape [tokens, ·] are stored in the training precision
-//     (bf16: 2 bytes, fp32: 4), the residual stream included; per-row
-//     statistics (inverse RMS of every norm, attention's logsumexp), router
-//     logits and the MoE routes are fp32 or int32 (4 bytes).
-//   - What one Qwen3 decoder layer saves for backward, per token (H hidden,
-//     Q = heads·head_dim, K = kv_heads·head_dim):
-//     the layer input (H; the input of input_layernorm), that norm's output
-//     (H; the input of q/k/v_proj), the q, k, v projections before q_norm
-//     and k_norm (Q+2K; the norms' inputs, v as attention reads it), q and
-//     k after the norm and RoPE (Q+K; attention's inputs), the attention
-//     output (Q; o_proj's input), the residual after attention (H;
-//     post_attention_layernorm's input) and that norm's output (H; the
-//     MLP's input); in fp32 the inverse RMS of the two layer norms (2) and
-//     of q_norm and k_norm per head (heads + kv_heads), and attention's
-//     logsumexp per head (heads). Attention is a flash-style kernel: no
-//     tokens × tokens matrix is ever stored.
+//   - In bf16 mode the products read a bf16 copy of the whole weight
+//     arena, made once per optimiser step, and cuBLASLt has a workspace.
+//     In fp32 mode keel's own products read the masters.
+//   - The residual stream (each layer's input and the attention block's
+//     output, xmid) and every product's output but the MLP's gate and up
+//     are fp32 (4 bytes); what a product reads (the norms' outputs, SwiGLU's
+//     output, the gate and up outputs, the MoE block's grouped rows) is
+//     stored in the training precision (bf16: 2 bytes, fp32: 4); per-row
+//     statistics (inverse RMS of every norm, attention's logsumexp),
+//     router probabilities and the MoE routes are fp32 or int32.
+//   - What one Qwen3 decoder layer saves for backward, per token (H
+//     hidden, Q = heads·head_dim, K = kv_heads·head_dim): the layer input
+//     (H, fp32), input_layernorm's output (H), the q, k, v projections
+//     before q_norm and k_norm (Q+2K, fp32), q and k after the norm and
+//     RoPE (Q+K), the attention output (Q), xmid (H, fp32) and
+//     post_attention_layernorm's output (H); the inverse RMS of the two
+//     layer norms (2) and of q_norm and k_norm per head (heads +
+//     kv_heads), and attention's logsumexp per head (heads). In bf16 mode
+//     at the head sizes flash.cu takes (32, 64, 128) q and k are its bf16
+//     copies, rows rounded up to 128, and the output is bf16 only; at
+//     other head sizes q, k and the output are fp32, with a bf16 copy of
+//     the output. No tokens × tokens matrix is ever stored.
 //   - A dense MLP saves its gate and up outputs (2I) and the SwiGLU output
-//     (I; down_proj's input). An MoE block saves the router logits (E,
-//     fp32; the softmax overwrites them), the routes (top_k expert ids,
-//     gate weights, assignment rows and their tokens: 4 int32/fp32 per
-//     slot, and the grouping's counts per chunk of 256 slots and expert,
-//     twice, and its tile map: E/128 + 1/32 words more), the replayed ids
-//     of every MoE layer (one per slot, uploaded at once, so not shared
-//     under Recompute), the routed token copies (top_k·H, grouped by expert), per
-//     routed copy the experts' gate and up outputs (2·I_moe) and SwiGLU
-//     output (I_moe), and the experts' outputs before gating (top_k·H; the
-//     gate weights' gradient needs them).
+//     (I). An MoE block saves the router probabilities (E), gate weight and
+//     expert id per slot, the grouping by expert (rows, tokens, offsets,
+//     tile map, counts per chunk of 256 slots), the replayed ids of every
+//     MoE layer (uploaded at once, so not shared under Recompute), the
+//     routed token copies (top_k·H), per routed copy the experts' gate and
+//     up outputs (2·I_moe, fp32) and SwiGLU output (I_moe), and the
+//     experts' outputs before gating (top_k·H, fp32).
 //   - With Recompute (activation checkpointing) only each layer's input is
 //     kept; backward recomputes one layer at a time into one shared set of
 //     a layer's activations (room for a dense and an MoE block when the
-//     model has both kinds).
-//   - Beyond the layers: the final norm's input and output (2H) and its
-//     inverse RMS; the LM head computes log-probabilities over chunks of
-//     at most HeadChunkTokens tokens, holding one chunk's fp32 logits and
-//     their gradient (2 · chunk · vocab · 4 bytes).
+//     model has both kinds) and a buffer for its output.
+//   - Beyond the layers: the final norm's input and output and its inverse
+//     RMS; per token the ids, positions, sequence bounds, targets,
+//     log-probabilities, entropies (and in bf16 the logits' log-sum-exp);
+//     the LM head computes over chunks of HeadChunk tokens, holding one
+//     chunk's fp32 logits (and in bf16 mode their gradient in bf16;
+//     fp32 writes it over the logits).
+//   - flash.cu's bf16 copies for the backward (v, kᵀ, qᵀ, dO, dOᵀ), and
+//     under Recompute the forward's vᵀ too.
 //   - Backward holds one layer's activation gradients at a time: the
-//     residual stream's and the norm output's (2H), the attention output's
-//     (Q), the q/k/v projections' (Q+2K), flash attention's per-row dot
-//     product (heads, fp32), and the MLP's (3I) or the MoE block's (per
-//     routed copy 3·I_moe and 2H, and in fp32 the gate weights' top_k and
-//     the router probabilities' E), whichever layer kind is larger.
-//   - A cuBLASLt workspace of WorkspaceBytes.
+//     residual stream's, the final norm's and a norm output's (3H), the
+//     attention output's and q's (2Q), k's and v's (2K), attention's row
+//     dots (heads), the loss coefficients (2), the norms' weight-gradient
+//     partial sums, in bf16 mode q's and k's gradients as bf16 operands
+//     (Q+K), a dense MLP's (I fp32, 2I) and an MoE block's (per routed
+//     copy 2H + 1 + 3·I_moe, fp32, and the router's E per token) when the
+//     model has that kind of block, and the token rows the embedding's
+//     gradient groups. In bf16 mode the widest gradient a product reads
+//     is rounded into a bf16 operand.
 //
 // Not counted: the CUDA context and the memory other processes use (the
 // free bytes given to Fits are measured after the context exists),
-// allocator fragmentation, and vectors of a few bytes per token or per
-// position (token ids, positions, log-probabilities, RoPE tables), which
-// are well under 0.1% of any plan.
+// allocator fragmentation, the RoPE tables, and the LM head's logits kept
+// whole for the backward, which the engine keeps only where they fit
+// (train/cuda's headKeeps).
 package memplan
 
 import (
@@ -80,12 +90,27 @@ const (
 	FP32 = "fp32" // everything in fp32
 )
 
-// HeadChunkTokens is the most token rows whose logits the LM head holds at
-// once.
+// HeadChunkTokens is the most token rows whose logits the bf16 mode's LM
+// head holds at once.
 const HeadChunkTokens = 4096
 
-// WorkspaceBytes is the cuBLASLt workspace the engine allocates.
-const WorkspaceBytes = 256 << 20
+// HeadChunk is the number of the T token rows whose logits the LM head
+// holds at once in precision p: in the bf16 mode HeadChunkTokens, enough
+// rows for the head's products and row kernels to fill a GPU; in the fp32
+// mode as the CPU engine chooses it, from the vocabulary alone
+// (max(16, 2^24/vocab): 110 rows at Qwen3's 151936).
+func HeadChunk(p string, vocab, T int) int {
+	c := HeadChunkTokens
+	if p != BF16 {
+		c = max(16, (1<<24)/max(vocab, 1))
+	}
+	return max(1, min(c, T))
+}
+
+// WorkspaceBytes is the cuBLASLt workspace the bf16 mode's products use
+// (kernels/cuda.BlasWorkspaceBytes; the fp32 mode runs keel's own
+// products and has none).
+const WorkspaceBytes = 32 << 20
 
 // maxTokens bounds the tokens of a micro-batch (engines index rows with
 // int32).
@@ -113,6 +138,10 @@ type Item struct {
 	// activations, their gradients, the head's logits) rather than on the
 	// model alone.
 	Batch bool
+	// Exclusive items are live at different times (the backward's LM
+	// head scratch, then its layers' gradients): a Budget counts the
+	// largest of them, not their sum.
+	Exclusive bool
 }
 
 // Budget is the GPU memory a training step needs, item by item.
@@ -156,22 +185,35 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	var c calc
 	T := int64(s.Tokens())
 	H, I, V := int64(cfg.HiddenSize), int64(cfg.IntermediateSize), int64(cfg.VocabSize)
-	nh, nkv := int64(cfg.NumAttentionHeads), int64(cfg.NumKeyValueHeads)
-	Q, K := c.mul(nh, int64(cfg.HeadDim)), c.mul(nkv, int64(cfg.HeadDim))
+	nh, nkv, hd := int64(cfg.NumAttentionHeads), int64(cfg.NumKeyValueHeads), int64(cfg.HeadDim)
+	Q, K := c.mul(nh, hd), c.mul(nkv, hd)
 	E, k, Im := int64(cfg.NumExperts), int64(cfg.NumExpertsPerTok), int64(cfg.MoeIntermediateSize)
+	R := c.mul(T, k) // routed (token, slot) pairs
 	L := int64(cfg.NumHiddenLayers)
 	Lm := int64(len(cfg.MoELayers()))
 	Ld := L - Lm
+	bf := m.Precision == BF16
+	flash := bf && FlashHeadDim(cfg.HeadDim)
+	Tp := T // the rows of flash.cu's copies: T rounded up to 128
+	if flash {
+		Tp = c.mul((T+127)/128, 128)
+	}
 
-	// Per token, per layer (see the package comment).
-	attn := c.add(c.mul(a, c.add(3*H, 3*Q, 3*K)), 4*(2+2*nh+nkv))
-	mlp := c.mul(a, 3*I)
-	router := c.add(4*E, 16*k, k*E/32, k/8) // logits; id, gate, row, token per slot; the grouping's counts and tiles
-	routed := c.mul(a, k, H)
-	experts := c.mul(a, k, c.add(3*Im, H))
-	// Backward's activation gradients, per token, for one layer.
-	gradDense := mlp
-	gradMoE := c.add(c.mul(a, k, c.add(3*Im, 2*H)), 4*k, 4*E)
+	// One layer's saved activations (see the package comment).
+	attn := c.mul(T, c.add(c.mul(a, 2*H), c.mul(4, c.add(H, Q, 2*K)), 4*(2+2*nh+nkv)))
+	switch {
+	case flash: // q and k as flash.cu's bf16 copies, the output in bf16
+		attn = c.add(attn, c.mul(Tp, 2, c.add(Q, K)), c.mul(T, 2, Q))
+	case bf: // q, k and the output in fp32, the output's bf16 copy
+		attn = c.add(attn, c.mul(T, c.add(c.mul(4, c.add(2*Q, K)), 2*Q)))
+	default:
+		attn = c.add(attn, c.mul(T, 4, c.add(2*Q, K)))
+	}
+	mlp := c.mul(T, a, 3*I)
+	router := c.add(c.mul(T, 4, E), c.mul(R, 8), 8*E, // probabilities; gates and ids; load statistics
+		c.mul(4, c.add(E+1, 2*R, 2*(ceilDiv(R, moeTile)+E), c.mul(2, ceilDiv(R, moeChunk), E)))) // the grouping
+	routed := c.mul(R, a, H)
+	experts := c.mul(R, c.add(8*Im, c.mul(a, Im), 4*H))
 
 	b := &Budget{Params: P, cfg: *cfg, shape: s, mode: m}
 	if cfg.MlpOnlyLayers != nil {
@@ -182,19 +224,19 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 			b.Items = append(b.Items, Item{Name: name, Bytes: bytes, Batch: batch})
 		}
 	}
+	exclusive := func(name string, bytes int64) {
+		add(name, bytes, true)
+		b.Items[len(b.Items)-1].Exclusive = true
+	}
 
 	add("master weights (fp32)", c.mul(4, P), false)
-	if m.Precision == BF16 {
-		copied := P
-		if !cfg.TieWordEmbeddings {
-			copied -= c.mul(V, H) // the embedding is only gathered from
-		}
-		add("weight copies (bf16)", c.mul(2, copied), false)
+	if bf {
+		add("weight copies (bf16)", c.mul(2, P), false)
 	}
 	add("gradients (fp32)", c.mul(4, P), false)
 	add("AdamW m and v (fp32)", c.mul(8, P), false)
 
-	add(fmt.Sprintf("layer inputs (%s)", layers(L)), c.mul(L, T, H, a), true)
+	add(fmt.Sprintf("layer inputs (%s, fp32)", layers(L)), c.mul(L, T, 4, H), true)
 	nAttn, nDense, nMoE := L, Ld, Lm
 	if m.Recompute {
 		// One shared set of a layer's activations, with room for either
@@ -207,33 +249,86 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 		}
 		return layers(n)
 	}
-	add(fmt.Sprintf("attention activations (%s)", label(nAttn)), c.mul(nAttn, T, attn), true)
-	add(fmt.Sprintf("MLP activations (%s)", label(nDense)), c.mul(nDense, T, mlp), true)
-	add(fmt.Sprintf("MoE router logits and routes (%s)", label(nMoE)), c.mul(nMoE, T, router), true)
-	add(fmt.Sprintf("MoE replayed routes (%s)", layers(Lm)), c.mul(Lm, T, 4*k), true)
-	add(fmt.Sprintf("MoE routed token copies (%s)", label(nMoE)), c.mul(nMoE, T, routed), true)
-	add(fmt.Sprintf("MoE expert activations (%s)", label(nMoE)), c.mul(nMoE, T, experts), true)
-	add("final norm input and output", c.mul(T, c.add(c.mul(2*a, H), 4)), true)
+	add(fmt.Sprintf("attention activations (%s)", label(nAttn)), c.mul(nAttn, attn), true)
+	add(fmt.Sprintf("MLP activations (%s)", label(nDense)), c.mul(nDense, mlp), true)
+	add(fmt.Sprintf("MoE router probabilities and routes (%s)", label(nMoE)), c.mul(nMoE, router), true)
+	add(fmt.Sprintf("MoE replayed routes (%s)", layers(Lm)), c.mul(Lm, R, 4), true)
+	add(fmt.Sprintf("MoE routed token copies (%s)", label(nMoE)), c.mul(nMoE, routed), true)
+	add(fmt.Sprintf("MoE expert activations (%s)", label(nMoE)), c.mul(nMoE, experts), true)
+	add("final norm input and output", c.mul(T, c.add(4*H, c.mul(a, H), 4)), true)
+	tokVecs := int64(7) // token ids, positions, sequence starts and ends, targets; log-probs, entropies
+	if bf {
+		tokVecs++ // the head's log-sum-exp per row
+	}
+	add("log-probabilities and token vectors", c.mul(T, 4, tokVecs), true)
+	if flash {
+		// The backward's copies (q and k come from the forward): v, kᵀ,
+		// qᵀ, dO, dOᵀ. The forward's vᵀ goes before the backward, except
+		// under Recompute, which runs the layers' forwards again.
+		fl := c.mul(Tp, 2, c.add(2*K, 3*Q))
+		if m.Recompute {
+			fl = c.add(fl, c.mul(Tp, 2, K))
+		}
+		add("flash attention's bf16 copies", fl, true)
+	}
 
-	chunk := min(T, HeadChunkTokens)
-	add(fmt.Sprintf("LM head logits and gradient (%d tokens, fp32)", chunk), c.mul(2*4, chunk, V), true)
-
-	gradMLP := int64(0)
+	// The backward keeps the loss's coefficients and the final norm's
+	// gradient throughout; first the LM head's scratch is live, then, once
+	// it is freed, one layer's gradients at a time.
+	add("loss coefficients and final norm gradient", c.mul(T, 4, c.add(2, H)), true)
+	chunk := int64(HeadChunk(m.Precision, cfg.VocabSize, int(T)))
+	head, headName := c.mul(chunk, V, 4), fmt.Sprintf("LM head logits and their gradient (%d tokens, fp32)", chunk)
+	if bf {
+		head = c.add(head, c.mul(4, (c.mul(chunk, V)+1)/2))
+		headName = fmt.Sprintf("LM head logits (%d tokens, fp32) and their gradient (bf16)", chunk)
+	}
+	exclusive(headName, head)
+	grads := c.mul(T, 4, c.add(2*H, 2*Q, 2*K, nh))                                                       // the residual's and a norm output's; attention's, q's; k's, v's; flash's row dots
+	grads = c.add(grads, c.mul(4, max(c.mul(ceilDiv(T, 32), H), c.mul(ceilDiv(c.mul(T, nh), 256), hd)))) // the norms' partial sums
+	if bf {
+		grads = c.add(grads, c.mul(T, 2, c.add(Q, K))) // q's and k's in bf16
+	}
 	if Ld > 0 {
-		gradMLP = gradDense
+		grads = c.add(grads, c.mul(T, c.add(4*I, c.mul(a, 2*I))))
 	}
 	if Lm > 0 {
-		gradMLP = max(gradMLP, gradMoE)
+		grads = c.add(grads, c.mul(R, 4, c.add(2*H, 1, 3*Im)), c.mul(T, 4, E), 4*E)
 	}
-	grads := c.add(c.mul(a, c.add(2*H, 2*Q, 2*K)), 4*nh, gradMLP)
-	add("activation gradients (1 layer)", c.mul(T, grads), true)
-	add("cuBLASLt workspace", WorkspaceBytes, false)
+	if m.Recompute {
+		grads = c.add(grads, c.mul(T, 4, H)) // the recomputed layer's output
+	}
+	grads = c.add(grads, c.mul(4, c.add(c.mul(3, T), 1))) // the embedding's rows grouped by token
+	exclusive("activation gradients (1 layer)", grads)
+	if bf {
+		// The products' gradient operand (dy) rounded to bf16, for the
+		// largest: the residual's, v's, the router's or the experts' rows.
+		w := max(H, K)
+		if Lm > 0 {
+			w = max(w, k*H, E)
+		}
+		add("bf16 gradient operand", c.mul(T, 2, w), true)
+	}
+	if bf {
+		add("cuBLASLt workspace", WorkspaceBytes, false)
+	}
 
 	if c.overflow || b.Total() < 0 {
 		return nil, fmt.Errorf("memplan: the plan for %d × %d tokens overflows 63 bits", s.Seqs, s.SeqLen)
 	}
 	return b, nil
 }
+
+// FlashHeadDim says whether the bf16 mode runs attention on the tensor
+// cores (flash.cu) at head size hd, as kernels/cuda.FlashHeadDim does
+// (train/cuda's tests check the two agree).
+func FlashHeadDim(hd int) bool { return hd == 32 || hd == 64 || hd == 128 }
+
+// The MoE grouping's row tile and chunk of pairs (kernels/cuda's moeTile
+// and moeChunk).
+const moeTile, moeChunk = 64, 256
+
+// ceilDiv returns ⌈x/y⌉ for x ≥ 0, y > 0.
+func ceilDiv(x, y int64) int64 { return (x + y - 1) / y }
 
 // layers returns "1 layer" or "N layers".
 func layers(n int64) string {
@@ -271,25 +366,29 @@ func (c *calc) add(xs ...int64) int64 {
 	return s
 }
 
-// Activations returns the sum of the items that depend on the
-// micro-batch (Item.Batch): what the engine allocates at each step.
-func (b *Budget) Activations() int64 {
-	var n int64
+// Activations returns the bytes of the items that depend on the
+// micro-batch (Item.Batch): what the engine allocates at each step, at
+// its peak.
+func (b *Budget) Activations() int64 { return b.sum(func(it Item) bool { return it.Batch }) }
+
+// Total returns the bytes of the items: their sum, counting only the
+// largest of the Exclusive ones.
+func (b *Budget) Total() int64 { return b.sum(func(Item) bool { return true }) }
+
+// sum adds the items keep says to count, the Exclusive ones' largest
+// only.
+func (b *Budget) sum(keep func(Item) bool) int64 {
+	var t, ex int64
 	for _, it := range b.Items {
-		if it.Batch {
-			n += it.Bytes
+		switch {
+		case !keep(it):
+		case it.Exclusive:
+			ex = max(ex, it.Bytes)
+		default:
+			t += it.Bytes
 		}
 	}
-	return n
-}
-
-// Total returns the sum of the items.
-func (b *Budget) Total() int64 {
-	var t int64
-	for _, it := range b.Items {
-		t += it.Bytes
-	}
-	return t
+	return t + ex
 }
 
 // Fits returns nil if the budget fits in free bytes of device memory, and
@@ -391,7 +490,8 @@ func (b *Budget) describe() string {
 }
 
 // String returns the budget as a table in GiB, one item a line, under a
-// line naming the model, micro-batch and mode, with the total last.
+// line naming the model, micro-batch and mode, with the total and a note
+// on the Exclusive items (marked *) last.
 func (b *Budget) String() string {
 	w := len("total")
 	for _, it := range b.Items {
@@ -399,10 +499,18 @@ func (b *Budget) String() string {
 	}
 	var s strings.Builder
 	fmt.Fprintf(&s, "memory plan: %s\n", b.describe())
+	ex := false
 	for _, it := range b.Items {
-		fmt.Fprintf(&s, "  %-*s %10.3f GiB\n", w, it.Name, float64(it.Bytes)/(1<<30))
+		mark := " "
+		if it.Exclusive {
+			mark, ex = "*", true
+		}
+		fmt.Fprintf(&s, "  %s %-*s %10.3f GiB\n", mark, w, it.Name, float64(it.Bytes)/(1<<30))
 	}
-	fmt.Fprintf(&s, "  %-*s %10.3f GiB\n", w, "total", float64(b.Total())/(1<<30))
+	fmt.Fprintf(&s, "    %-*s %10.3f GiB\n", w, "total", float64(b.Total())/(1<<30))
+	if ex {
+		s.WriteString("  * not live at once: the total counts the largest\n")
+	}
 	return s.String()
 }
 
