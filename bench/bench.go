@@ -32,6 +32,17 @@ type TrainResult struct {
 	TokensPerS    float64 // forward + backward + clip + AdamW
 	FwdFLOPs      float64 // model FLOPs per token, forward
 	TrainGFLOPS   float64 // achieved model GFLOP/s of the training step (3 × forward FLOPs)
+	// On a GPU: the most bytes the training steps' activations and
+	// scratch took (train/cuda's PeakActivations), and what train/memplan
+	// planned for them (Budget.Activations).
+	ActivationBytes, PlannedActivationBytes int64 `json:",omitempty"`
+}
+
+// activationPeaker is a training engine that measures its activations'
+// peak (train/cuda.Engine).
+type activationPeaker interface {
+	ResetPeak()
+	PeakActivations() int64
 }
 
 // Train builds preset at the given vocabulary with a fixed seed, and times
@@ -74,7 +85,8 @@ func TrainOn(spec TrainSpec) (TrainResult, error) {
 	model.Init(m, 1)
 	// The Trainer contract, as the RL loop and keel sft drive it.
 	var eng train.Trainer
-	if eng, err = device.Trainer(device.Options{Device: spec.Device, Precision: spec.Precision, Recompute: spec.Recompute}, m, train.DefaultAdamWConfig(), nil); err != nil {
+	opt := device.Options{Device: spec.Device, Precision: spec.Precision, Recompute: spec.Recompute}
+	if eng, err = device.Trainer(opt, m, train.DefaultAdamWConfig(), nil); err != nil {
 		return TrainResult{}, err
 	}
 	defer eng.Close()
@@ -112,8 +124,18 @@ func TrainOn(spec TrainSpec) (TrainResult, error) {
 	if res.FwdTokensPerS, err = bestRate(fwd, tokens, d); err != nil {
 		return res, fmt.Errorf("%s forward: %w", preset, err)
 	}
+	peaker, measures := eng.(activationPeaker)
+	if measures {
+		peaker.ResetPeak()
+	}
 	if res.TokensPerS, err = bestRate(step, tokens, d); err != nil {
 		return res, fmt.Errorf("%s training step: %w", preset, err)
+	}
+	if measures {
+		res.ActivationBytes = peaker.PeakActivations()
+		if plan, err := opt.Plan(&cfg, tokens); err == nil && plan != nil {
+			res.PlannedActivationBytes = plan.Activations()
+		}
 	}
 	res.TrainGFLOPS = 3 * res.FwdFLOPs * res.TokensPerS / 1e9
 	return res, nil

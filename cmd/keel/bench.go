@@ -307,13 +307,22 @@ func printBench(rep *benchReport) error {
 		}
 		fmt.Fprintln(w)
 	}
-	fmt.Fprintf(w, "model\tparams\ttokens/step\tforward tok/s\ttrain tok/s\ttrain GFLOP/s\tMFU\t\n")
+	act := rep.Device != "" // the GPU engine measures its activations' memory
+	head := "model\tparams\ttokens/step\tforward tok/s\ttrain tok/s\ttrain GFLOP/s\tMFU\t"
+	if act {
+		head += "activations GiB\tplanned GiB\t"
+	}
+	fmt.Fprintln(w, head)
 	for _, r := range rep.Train {
 		mfu := "-"
 		if u, ok := rep.Utilisation[r.Preset]; ok {
 			mfu = fmt.Sprintf("%.0f%%", 100*u)
 		}
-		fmt.Fprintf(w, "%s\t%d\t%d\t%.0f\t%.0f\t%.1f\t%s\t\n", r.Preset, r.Params, r.Tokens, r.FwdTokensPerS, r.TokensPerS, r.TrainGFLOPS, mfu)
+		fmt.Fprintf(w, "%s\t%d\t%d\t%.0f\t%.0f\t%.1f\t%s\t", r.Preset, r.Params, r.Tokens, r.FwdTokensPerS, r.TokensPerS, r.TrainGFLOPS, mfu)
+		if act {
+			fmt.Fprintf(w, "%.2f\t%.2f\t", float64(r.ActivationBytes)/(1<<30), float64(r.PlannedActivationBytes)/(1<<30))
+		}
+		fmt.Fprintln(w)
 	}
 	printBenchTables(w, rep)
 	if err := w.Flush(); err != nil {
@@ -402,6 +411,7 @@ func printBenchNotes(rep *benchReport) {
 	switch {
 	case rep.Device != "":
 		fmt.Printf("\nMFU: model FLOPs of a training step (3 × forward, GEMMs and attention) per second over the card's dense bf16 peak given by --peak-tflops (%.1f TFLOP/s).\n", rep.PeakGFLOPS/1000)
+		fmt.Printf("activations: the most device memory a training step's activations and scratch took (the engine's buffers in use at their peak, logits kept for the backward, the bf16 operand scratch; weights, gradients and AdamW state apart); planned: train/memplan's plan for them, which the engine checks before a step.\n")
 	case rep.PeakGFLOPS > 0:
 		fmt.Printf("\nMFU: model FLOPs of a training step (3 × forward, GEMMs and attention) per second over keel's float32 GEMM at 1024³ (%.1f GFLOP/s) in this run.\n", rep.PeakGFLOPS)
 	}

@@ -7,7 +7,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/keel-rl/keel/bench"
 	"github.com/keel-rl/keel/internal/cudatest"
 )
 
@@ -131,5 +133,27 @@ func TestRLOnGPU(t *testing.T) {
 	}
 	if k3 := recs[2]["train_infer/k3"]; k3 != 0.0 {
 		t.Errorf("resumed on the CPU: step 3's train-infer k3 = %v, want exactly 0", k3)
+	}
+}
+
+// TestBenchTrainOnGPU: keel bench's GPU training rows carry the
+// activations' measured peak beside train/memplan's plan for them. The
+// bench step keeps its logits for the backward where they fit (they do
+// here), which the plan leaves out: the measure is at most the plan plus
+// the kept logits (tokens × vocab × 4 bytes), and at least half the plan
+// (a measure that lost the Pool's count would be near zero).
+func TestBenchTrainOnGPU(t *testing.T) {
+	cudatest.Device(t) // skips without a GPU
+	for _, rc := range []bool{false, true} {
+		r, err := bench.TrainOn(bench.TrainSpec{Device: "cuda", Precision: "bf16", Recompute: rc, Preset: "tiny-moe", Vocab: 64,
+			Seqs: 2, SeqLen: 24, Time: time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		kept := int64(r.Tokens * 64 * 4)
+		t.Logf("recompute %v: activations %d bytes, planned %d, kept logits %d", rc, r.ActivationBytes, r.PlannedActivationBytes, kept)
+		if r.PlannedActivationBytes <= 0 || r.ActivationBytes > r.PlannedActivationBytes+kept || r.ActivationBytes < r.PlannedActivationBytes/2 {
+			t.Errorf("recompute %v: activations %d bytes, planned %d (kept logits %d)", rc, r.ActivationBytes, r.PlannedActivationBytes, kept)
+		}
 	}
 }

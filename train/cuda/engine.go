@@ -62,6 +62,8 @@ type Engine struct {
 	// KEEL_HEAD_KEEP=0 (the backward recomputes them, as before), keepAlways
 	// in tests.
 	keepLogits int
+	// keptPeak is the largest kept logits since ResetPeak, in bytes.
+	keptPeak int64
 	// expertsPerLaunch runs the bf16 mode's expert products in the
 	// forward one cuBLASLt product per expert, the grouping's offsets
 	// brought to the host for it (KEEL_MOE_GROUP=host, read by

@@ -716,6 +716,7 @@ func (e *Engine) headForward(f *fwdState, noEntropy, backward bool) error {
 		} else if err != nil {
 			return err
 		}
+		e.keptPeak = max(e.keptPeak, f.logits.Size)
 	}
 	if !keep {
 		if z, err = e.scratch(C * d.V); err != nil {

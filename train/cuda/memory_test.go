@@ -143,14 +143,17 @@ func enginePlan(t *testing.T, dev *kc.Device, cfg model.Config, lens []int, prec
 	r := rand.New(rand.NewPCG(1, 2))
 	seqs := randomSeqs(r, cfg.VocabSize, lens...)
 	loss := randomLoss(r, seqs)
-	e.pool.ResetPeak()
-	if _, err := e.Forward(seqs, train.ForwardOptions{Backward: true}); err != nil {
-		t.Fatal(err)
+	step := func() int64 {
+		e.ResetPeak()
+		if _, err := e.Forward(seqs, train.ForwardOptions{Backward: true}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Backward(loss); err != nil {
+			t.Fatal(err)
+		}
+		return e.PeakActivations()
 	}
-	if err := e.Backward(loss); err != nil {
-		t.Fatal(err)
-	}
-	peak := e.pool.Stats().Peak + e.scratchHeld()
+	peak := step()
 	T := 0
 	for _, n := range lens {
 		T += n
@@ -174,6 +177,17 @@ func enginePlan(t *testing.T, dev *kc.Device, cfg model.Config, lens []int, prec
 		t.Errorf("the engine took %d bytes, %d more than the plan's %d:\n%s", peak, peak-plan, plan, p)
 	} else if plan-peak > slack {
 		t.Errorf("the plan's %d bytes exceed the engine's %d by %d, more than the %d it may:\n%s", plan, peak, plan-peak, slack, p)
+	}
+
+	if prec == BF16 && !rc {
+		// Logits kept for the backward count whole in PeakActivations
+		// (an upper bound: the backward then makes no chunk of its own).
+		e.keepLogits = keepAlways
+		kept := step()
+		if e.keptPeak != int64(T*cfg.VocabSize*4) || kept <= peak {
+			t.Errorf("with kept logits: %d bytes kept (want %d), peak %d (without %d)", e.keptPeak, T*cfg.VocabSize*4, kept, peak)
+		}
+		e.keepLogits = keepNever
 	}
 
 	if _, err := e.Step(1e-3, 1); err != nil {
