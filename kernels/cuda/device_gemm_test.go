@@ -487,6 +487,9 @@ func TestDeviceFlashAttention(t *testing.T) {
 		if err := g.d.Sync(); err != nil {
 			t.Fatal(err)
 		}
+		if err := gfs.UseQKV(gq, gk, gq); err == nil {
+			t.Error("UseQKV on a scratch that makes its own copy of v was accepted")
+		}
 		gfs.Free()
 		gbs.Free()
 		for _, x := range []struct {
@@ -495,6 +498,58 @@ func TestDeviceFlashAttention(t *testing.T) {
 			n    int
 		}{{"out", bout, gout, (T*qd + 1) / 2}, {"lse", blse, glse, T * c.heads}, {"dq", bdq, gdq, T * qd}, {"dk", bdk, gdk, T * kvd}, {"dv", bdv, gdv, T * kvd}} {
 			sameBits(t, fmt.Sprintf("%s %s, q and k copies given", name, x.what), g.f32(x.b, x.n), g.f32(x.a, x.n))
+		}
+		// With v's bf16 copy given too (the bf16 mode's v product writes
+		// it, [FlashPad(T), kv·hd] with zero pad rows): the forward's vᵀ
+		// and the backward's row-major v are it, the same bits.
+		gv := g.poisoned(FlashPad(T) * kvd / 2)
+		if err := g.d.Zero(gv); err != nil {
+			t.Fatal(err)
+		}
+		if err := ops.ToBF16(gv, bv, T*kvd); err != nil {
+			t.Fatal(err)
+		}
+		vfs, err := NewFlashScratchGivenQKV(g.d, T, c.heads, c.kv, c.hd, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vbs, err := NewFlashScratchGivenQKV(g.d, T, c.heads, c.kv, c.hd, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := vfs.UseQK(gq, gk); err != nil {
+			t.Fatal(err)
+		}
+		if err := ops.FlashAttention(vfs, g.poisoned(T*qd), g.poisoned(T*c.heads), Buffer{}, Buffer{}, bv, bst, scale); err == nil {
+			t.Error("a given-v scratch without its copy of v (UseQKV) was accepted")
+		}
+		if err := vfs.UseQKV(gq, gk, Buffer{Ptr: gv.Ptr, Size: int64(T * kvd * 2)}); err == nil && FlashPad(T) > T {
+			t.Error("UseQKV took a copy of v without its pad rows")
+		}
+		vout, vlse, vdsum := g.poisoned(T*qd), g.poisoned(T*c.heads), g.poisoned(T*c.heads)
+		vdq, vdk, vdv := g.poisoned(T*qd), g.poisoned(T*kvd), g.poisoned(T*kvd)
+		for _, s := range []*FlashScratch{vfs, vbs} {
+			if err := s.UseQKV(gq, gk, gv); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := ops.FlashAttention(vfs, vout, vlse, Buffer{}, Buffer{}, Buffer{}, bst, scale); err != nil {
+			t.Fatal(err)
+		}
+		if err := ops.FlashAttentionBackward(vbs, vdq, vdk, vdv, vdsum, bdo, vout, vlse, Buffer{}, Buffer{}, Buffer{}, bst, ben, scale); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.d.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		vfs.Free()
+		vbs.Free()
+		for _, x := range []struct {
+			what string
+			a, b Buffer
+			n    int
+		}{{"out", bout, vout, (T*qd + 1) / 2}, {"lse", blse, vlse, T * c.heads}, {"dq", bdq, vdq, T * qd}, {"dk", bdk, vdk, T * kvd}, {"dv", bdv, vdv, T * kvd}} {
+			sameBits(t, fmt.Sprintf("%s %s, q, k and v copies given", name, x.what), g.f32(x.b, x.n), g.f32(x.a, x.n))
 		}
 		// The backward with one stage of shared memory (each tile's copy
 		// waited for before its products), both copy paths: the same

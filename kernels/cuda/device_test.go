@@ -11,6 +11,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/keel-rl/keel/kernels"
@@ -318,6 +319,20 @@ func TestDeviceNormRopeBackBF16(t *testing.T) {
 		}
 		sameBits(t, name+" dw", g.f32(dw, c.n), g.f32(rdw, c.n))
 		sameBits(t, name+" dy unchanged", g.f32(bdy, len(dy)), dy)
+
+		// With x in bf16 (the bf16 mode's q and k as their products wrote
+		// them): the bits of the float32 kernel over the widened x.
+		x16, xw := roundOperand(x)
+		w16, wpart, wdw := g.poisoned((tokens*stride+1)/2), g.poisoned(chunks*c.n), g.poisoned(c.n)
+		g.launch("rows.cu", "norm_rope_bwd_bf16", chunks, 256, w16, wpart, bdy, bufOf(g, xw), bw, binv, bcos, bsin, bpos, c.rows, c.n, c.per, int64(stride))
+		g.launch("rows.cu", "sum_chunks", (c.n+255)/256, 256, wdw, wpart, chunks, c.n, 0)
+		h16, hpart, hdw := g.poisoned((tokens*stride+1)/2), g.poisoned(chunks*c.n), g.poisoned(c.n)
+		g.launch("rows.cu", "norm_rope_bwd_bf16_x16", chunks, 256, h16, hpart, bdy, bufOf(g, x16), bw, binv, bcos, bsin, bpos, c.rows, c.n, c.per, int64(stride))
+		g.launch("rows.cu", "sum_chunks", (c.n+255)/256, 256, hdw, hpart, chunks, c.n, 0)
+		if !slices.Equal(g.u16(h16, tokens*stride), g.u16(w16, tokens*stride)) {
+			t.Errorf("%s: dx from bf16 x is not the bits of the widened x's", name)
+		}
+		sameBits(t, name+" dw from bf16 x", g.f32(hdw, c.n), g.f32(wdw, c.n))
 	}
 }
 
@@ -418,6 +433,21 @@ func TestDeviceNormRope(t *testing.T) {
 			}
 		}
 		sameBits(t, name+" bf16 inv", g.f32(binv16, len(inv)), g.f32(binv, len(inv)))
+		// From raw in bf16 (as the bf16 mode's products write q and k):
+		// bit for bit the kernel over the widened values, pad rows zero.
+		raw16, rawW := roundOperand(raw)
+		wide16, wideInv := bufOf(g, nan16), g.poisoned(len(inv))
+		if err := ops.NormRopeBF16(wide16, wideInv, bufOf(g, rawW), bufOf(g, w), bcos, bsin, bpos, c.T, c.heads, c.hd, stride, 1e-6); err != nil {
+			t.Fatal(err)
+		}
+		from16, from16Inv := bufOf(g, nan16), g.poisoned(len(inv))
+		if err := ops.NormRopeBF16From16(from16, from16Inv, bufOf(g, raw16), bufOf(g, w), bcos, bsin, bpos, c.T, c.heads, c.hd, stride, 1e-6); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := g.u16(from16, pad*width), g.u16(wide16, pad*width); !slices.Equal(got, want) {
+			t.Errorf("%s from bf16 raw: not the bits of the widened values", name)
+		}
+		sameBits(t, name+" from bf16 raw, inv", g.f32(from16Inv, len(inv)), g.f32(wideInv, len(inv)))
 
 		// The backward's rotation: RoPE with negated sines, in place.
 		d := randF32(r, c.T*stride, 1)

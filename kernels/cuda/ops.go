@@ -221,6 +221,13 @@ func (o *Ops) NormRopeBF16(out16, inv, raw, w, cos, sin, pos Buffer, rows, heads
 		int64(rawStride), eps, rows)
 }
 
+// NormRopeBF16From16 is NormRopeBF16 from raw16, q or k in bf16 as its
+// product wrote it: bit for bit NormRopeBF16 over the widened values.
+func (o *Ops) NormRopeBF16From16(out16, inv, raw16, w, cos, sin, pos Buffer, rows, heads, hd, rawStride int, eps float32) error {
+	return o.Launch("rows.cu", "norm_rope_fwd_bf16_raw16", Dim3{X: FlashPad(rows)}, block256, out16, inv, raw16, w, cos, sin, pos, heads, hd,
+		int64(rawStride), eps, rows)
+}
+
 // Attention: causal grouped-query attention over packed sequences
 // (seqStart, int32 per row, is where each row's sequence starts; the
 // sequences lie in order), by the tiled kernel: each row's bits are the
@@ -548,14 +555,15 @@ type FlashScratch struct {
 	q, k, v, kt, vt, qt, dout, doutT Buffer
 	bufs                             []Buffer
 	// givenQK: the caller makes q's and k's row-major copies
-	// (NormRopeBF16) and points the scratch at them (UseQK).
-	givenQK bool
+	// (NormRopeBF16) and points the scratch at them (UseQK); givenV: v's
+	// too (UseQKV).
+	givenQK, givenV bool
 }
 
 // NewFlashScratch allocates from mem the copies a forward (backward false)
 // or a backward over rows tokens needs.
 func NewFlashScratch(mem Memory, rows, heads, kv, hd int, backward bool) (*FlashScratch, error) {
-	return newFlashScratch(mem, rows, heads, kv, hd, backward, false)
+	return newFlashScratch(mem, rows, heads, kv, hd, backward, false, false)
 }
 
 // NewFlashScratchGivenQK is NewFlashScratch for a caller that makes q's and
@@ -565,7 +573,16 @@ func NewFlashScratch(mem Memory, rows, heads, kv, hd int, backward bool) (*Flash
 // its own for them, and in a backward the transposed copies made from
 // them (the same bits).
 func NewFlashScratchGivenQK(mem Memory, rows, heads, kv, hd int, backward bool) (*FlashScratch, error) {
-	return newFlashScratch(mem, rows, heads, kv, hd, backward, true)
+	return newFlashScratch(mem, rows, heads, kv, hd, backward, true, false)
+}
+
+// NewFlashScratchGivenQKV is NewFlashScratchGivenQK for a caller that has
+// v in bf16 as well ([Pad(rows), kv·hd], the pad rows zero: the bf16
+// training mode's v product writes it so) and hands it to each call with
+// UseQKV: the forward makes vᵀ from it, and a backward reads it as its
+// row-major copy (none of its own, no rounding pass).
+func NewFlashScratchGivenQKV(mem Memory, rows, heads, kv, hd int, backward bool) (*FlashScratch, error) {
+	return newFlashScratch(mem, rows, heads, kv, hd, backward, true, true)
 }
 
 // FlashPad is the rows of flash.cu's copies for rows tokens: rows rounded
@@ -585,7 +602,32 @@ func (s *FlashScratch) UseQK(q16, k16 Buffer) error {
 	return nil
 }
 
-func newFlashScratch(mem Memory, rows, heads, kv, hd int, backward, givenQK bool) (*FlashScratch, error) {
+// UseQKV is UseQK for a NewFlashScratchGivenQKV scratch, with v16 the
+// bf16 row-major copy of the next call's v.
+func (s *FlashScratch) UseQKV(q16, k16, v16 Buffer) error {
+	if !s.givenV {
+		return fmt.Errorf("cuda: UseQKV on a flash scratch that makes its own copies of v")
+	}
+	if v16.Size < int64(s.pad*s.kv*s.hd)*2 {
+		return fmt.Errorf("cuda: UseQKV: a copy of v of %d bytes for %d padded rows of %d", v16.Size, s.pad, s.kv*s.hd)
+	}
+	if err := s.UseQK(q16, k16); err != nil {
+		return err
+	}
+	s.v = v16
+	return nil
+}
+
+// vGiven reports whether the scratch reads the caller's v (UseQKV), and
+// fails if the caller has given none.
+func (s *FlashScratch) vGiven() (bool, error) {
+	if s.givenV && s.v.Ptr == 0 {
+		return true, fmt.Errorf("cuda: a flash scratch without its copy of v (UseQKV)")
+	}
+	return s.givenV, nil
+}
+
+func newFlashScratch(mem Memory, rows, heads, kv, hd int, backward, givenQK, givenV bool) (*FlashScratch, error) {
 	d := mem.Device()
 	if err := checkFlash(heads, kv, hd); err != nil {
 		return nil, err
@@ -593,22 +635,23 @@ func newFlashScratch(mem Memory, rows, heads, kv, hd int, backward, givenQK bool
 	if rows < 1 {
 		return nil, fmt.Errorf("cuda: flash attention's copies for %d rows", rows)
 	}
-	s := &FlashScratch{mem: mem, rows: rows, pad: FlashPad(rows), heads: heads, kv: kv, hd: hd, givenQK: givenQK}
+	s := &FlashScratch{mem: mem, rows: rows, pad: FlashPad(rows), heads: heads, kv: kv, hd: hd, givenQK: givenQK, givenV: givenV}
 	qd, kvd := int64(s.pad*heads*hd)*2, int64(s.pad*kv*hd)*2
 	type copyBuf struct {
 		b     *Buffer
 		bytes int64
 		zero  bool // row-major: the pad rows must read as zeros
+		given bool // the caller's, with each call (UseQK, UseQKV)
 	}
-	want := []copyBuf{{&s.q, qd, true}, {&s.k, kvd, true}, {&s.vt, kvd, false}}
+	want := []copyBuf{{&s.q, qd, true, givenQK}, {&s.k, kvd, true, givenQK}, {&s.vt, kvd, false, false}}
 	if backward {
-		want = []copyBuf{{&s.q, qd, true}, {&s.k, kvd, true}, {&s.v, kvd, true}, {&s.kt, kvd, false},
-			{&s.qt, qd, false}, {&s.dout, qd, true}, {&s.doutT, qd, false}}
-	}
-	if givenQK {
-		want = want[2:] // q and k come with each call (UseQK)
+		want = []copyBuf{{&s.q, qd, true, givenQK}, {&s.k, kvd, true, givenQK}, {&s.v, kvd, true, givenV}, {&s.kt, kvd, false, false},
+			{&s.qt, qd, false, false}, {&s.dout, qd, true, false}, {&s.doutT, qd, false, false}}
 	}
 	for _, w := range want {
+		if w.given {
+			continue
+		}
 		b, err := mem.Alloc(w.bytes)
 		if err != nil {
 			s.Free()
@@ -678,7 +721,15 @@ func (o *Ops) FlashAttention(s *FlashScratch, out16, lse, q, k, v, seqStart Buff
 	T, kvd := s.rows, s.kv*s.hd
 	for _, f := range []func() error{
 		func() error { return o.qkCopies(s, q, k) },
-		func() error { return o.colsBF16(s.vt, v, T, kvd, s.pad) },
+		func() error {
+			if given, err := s.vGiven(); given || err != nil { // vᵀ from the caller's copy: the same bits
+				if err != nil {
+					return err
+				}
+				return o.cols16(s.vt, s.v, T, kvd, s.pad)
+			}
+			return o.colsBF16(s.vt, v, T, kvd, s.pad)
+		},
 		func() error {
 			name, rows, shared := "flash_fwd_%d", 64, 0
 			switch {
@@ -744,7 +795,12 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv, dsum, dout, ou
 			}
 			return o.colsBF16(s.kt, k, T, kvd, s.pad)
 		},
-		func() error { return o.rowsBF16(s.v, v, T, kvd) },
+		func() error {
+			if given, err := s.vGiven(); given || err != nil { // the caller's copy
+				return err
+			}
+			return o.rowsBF16(s.v, v, T, kvd)
+		},
 		func() error { // dO's row-major and transposed copies from one read
 			return o.Launch("flash.cu", "flash_rows_cols", Dim3{X: s.pad / 32, Y: (qd + 31) / 32}, block256, s.dout, s.doutT, dout, T, qd, s.pad)
 		},

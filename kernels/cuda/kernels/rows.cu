@@ -91,20 +91,21 @@ extern "C" __global__ void rmsnorm_bwd(float* dx, float* __restrict__ dw_part, c
 #define NORM_WCHUNK 256
 // norm_row_back is one row's RMSNorm backward by a warp, rmsnorm_bwd's
 // arithmetic: from g (the lane's elements lane + 32i of the gradient at
-// the norm's output), the row's input x, the weight w and the row's
-// inverse RMS, it writes dx (float32, or rounded to bf16; plus addend's
-// element where addend is given, which may be dx) and adds the lane's
-// g·x·inv into pw. n <= NORM_WMAX.
-template <typename O>
+// the norm's output), the row's input x (float32, or bf16 as a product
+// wrote it: widened), the weight w and the row's inverse RMS, it writes
+// dx (float32, or rounded to bf16; plus addend's element where addend is
+// given, which may be dx) and adds the lane's g·x·inv into pw. n <=
+// NORM_WMAX.
+template <typename O, typename X>
 __device__ __forceinline__ void norm_row_back(O* dx, const float* addend, const float (&g)[NORM_WMAX / 32],
-                                              const float* __restrict__ x, const float* __restrict__ w, float invr,
+                                              const X* __restrict__ x, const float* __restrict__ w, float invr,
                                               int n, float (&pw)[NORM_WMAX / 32]) {
   const int lane = threadIdx.x & 31;
   double d = 0.0;
 #pragma unroll
   for (int i = 0; i < NORM_WMAX / 32; i++) {
     const int j = lane + 32 * i;
-    if (j < n) d += (double)g[i] * (double)w[j] * (double)x[j];
+    if (j < n) d += (double)g[i] * (double)w[j] * (double)widen(x[j]);
   }
   d = warp_sum_f64(d);
   const double iv = invr;
@@ -114,7 +115,7 @@ __device__ __forceinline__ void norm_row_back(O* dx, const float* addend, const 
   for (int i = 0; i < NORM_WMAX / 32; i++) {
     const int j = lane + 32 * i;
     if (j < n) {
-      const float xv = x[j];
+      const float xv = widen(x[j]);
       const float v = ivf * (g[i] * w[j]) - xv * k;
       pw[i] += g[i] * (xv * ivf);
       put(dx + j, addend ? addend[j] + v : v);
@@ -168,17 +169,15 @@ extern "C" __global__ void __launch_bounds__(KEEL_THREADS) rmsnorm_bwd_warp(floa
 // gradient's partial sums per NORM_WCHUNK rows as rmsnorm_bwd_warp writes
 // them. So the bits of rope_rows, rmsnorm_bwd_warp (acc 0) and the
 // rounding, in one pass that reads dy and x once and writes bf16, where
-// the three read and wrote float32 five times. n <= NORM_WMAX, even.
-// grid = ceil(rows/NORM_WCHUNK), block = KEEL_THREADS.
-extern "C" __global__ void __launch_bounds__(KEEL_THREADS) norm_rope_bwd_bf16(bf16_t* __restrict__ dx16, float* __restrict__ dw_part,
-                                                                         const float* __restrict__ dy,
-                                                                         const float* __restrict__ x,
-                                                                         const float* __restrict__ w,
-                                                                         const float* __restrict__ inv,
-                                                                         const float* __restrict__ cosv,
-                                                                         const float* __restrict__ sinv,
-                                                                         const int* __restrict__ pos, int rows, int n,
-                                                                         int per, i64 stride) {
+// the three read and wrote float32 five times. x, the norm's input, is
+// float32 or (norm_rope_bwd_bf16_x16) the bf16 q or k its product wrote,
+// widened. n <= NORM_WMAX, even. grid = ceil(rows/NORM_WCHUNK), block =
+// KEEL_THREADS.
+template <typename X>
+__device__ void norm_rope_bwd_rows(bf16_t* __restrict__ dx16, float* __restrict__ dw_part, const float* __restrict__ dy,
+                                   const X* __restrict__ x, const float* __restrict__ w, const float* __restrict__ inv,
+                                   const float* __restrict__ cosv, const float* __restrict__ sinv,
+                                   const int* __restrict__ pos, int rows, int n, int per, i64 stride) {
   __shared__ float row[KEEL_THREADS / 32][NORM_WMAX];
   const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, c = blockIdx.x, half = n / 2;
   float pw[NORM_WMAX / 32];
@@ -213,6 +212,29 @@ extern "C" __global__ void __launch_bounds__(KEEL_THREADS) norm_rope_bwd_bf16(bf
     norm_row_back(dx16 + o, nullptr, g, x + o, w, inv[r], n, pw);
   }
   norm_warp_partials(dw_part, pw, n, c);
+}
+
+extern "C" __global__ void __launch_bounds__(KEEL_THREADS) norm_rope_bwd_bf16(bf16_t* __restrict__ dx16, float* __restrict__ dw_part,
+                                                                         const float* __restrict__ dy,
+                                                                         const float* __restrict__ x,
+                                                                         const float* __restrict__ w,
+                                                                         const float* __restrict__ inv,
+                                                                         const float* __restrict__ cosv,
+                                                                         const float* __restrict__ sinv,
+                                                                         const int* __restrict__ pos, int rows, int n,
+                                                                         int per, i64 stride) {
+  norm_rope_bwd_rows(dx16, dw_part, dy, x, w, inv, cosv, sinv, pos, rows, n, per, stride);
+}
+extern "C" __global__ void __launch_bounds__(KEEL_THREADS) norm_rope_bwd_bf16_x16(bf16_t* __restrict__ dx16, float* __restrict__ dw_part,
+                                                                             const float* __restrict__ dy,
+                                                                             const bf16_t* __restrict__ x,
+                                                                             const float* __restrict__ w,
+                                                                             const float* __restrict__ inv,
+                                                                             const float* __restrict__ cosv,
+                                                                             const float* __restrict__ sinv,
+                                                                             const int* __restrict__ pos, int rows, int n,
+                                                                             int per, i64 stride) {
+  norm_rope_bwd_rows(dx16, dw_part, dy, x, w, inv, cosv, sinv, pos, rows, n, per, stride);
 }
 
 // sum_chunks: out[j] (+)= sum over c of parts[c*n + j], c in order.
@@ -296,12 +318,13 @@ extern "C" __global__ void swiglu_bwd_bf16_gu16(bf16_t* __restrict__ dgu, const 
 // norm_rope_token: for token t and head h, out = RoPE(RMSNorm(raw head
 // row)) (Qwen3's q_norm/k_norm then rotate-half RoPE at position pos[t]),
 // float32 or rounded to bf16 (put), saving each head row's inverse RMS in
-// inv[t*heads + h]. Token t's heads start at raw[t*raw_stride]; out is
-// [T, heads*hd]; cos and sin are [positions, hd/2]. Warp k of the block
-// does heads k, k+8, ...
-template <typename O>
+// inv[t*heads + h]. raw is float32, or bf16 as a product wrote it
+// (widened). Token t's heads start at raw[t*raw_stride]; out is [T,
+// heads*hd]; cos and sin are [positions, hd/2]. Warp k of the block does
+// heads k, k+8, ...
+template <typename O, typename R>
 __device__ __forceinline__ void norm_rope_token(O* __restrict__ out, float* __restrict__ inv,
-                                                const float* __restrict__ raw, const float* __restrict__ w,
+                                                const R* __restrict__ raw, const float* __restrict__ w,
                                                 const float* __restrict__ cosv, const float* __restrict__ sinv,
                                                 const int* __restrict__ pos, int heads, int hd, i64 raw_stride,
                                                 float eps, i64 t) {
@@ -309,15 +332,15 @@ __device__ __forceinline__ void norm_rope_token(O* __restrict__ out, float* __re
   const float* cs = cosv + (i64)pos[t] * half;
   const float* sn = sinv + (i64)pos[t] * half;
   for (int h = threadIdx.x >> 5; h < heads; h += warps) {
-    const float* x = raw + t * raw_stride + (i64)h * hd;
+    const R* x = raw + t * raw_stride + (i64)h * hd;
     O* y = out + (t * heads + h) * (i64)hd;
     float ss = 0.f;
-    for (int i = lane; i < hd; i += 32) ss = fmaf(x[i], x[i], ss);
+    for (int i = lane; i < hd; i += 32) ss = fmaf(widen(x[i]), widen(x[i]), ss);
     ss = warp_sum(ss);
     const float iv = (float)(1.0 / sqrt((double)(ss / (float)hd + eps)));
     if (lane == 0 && inv) inv[t * heads + h] = iv;
     for (int i = lane; i < half; i += 32) {
-      const float a = x[i] * iv * w[i], b = x[i + half] * iv * w[i + half];
+      const float a = widen(x[i]) * iv * w[i], b = widen(x[i + half]) * iv * w[i + half];
       put(y + i, a * cs[i] - b * sn[i]);
       put(y + i + half, b * cs[i] + a * sn[i]);
     }
@@ -343,6 +366,23 @@ extern "C" __global__ void norm_rope_fwd_bf16(bf16_t* __restrict__ out, float* _
                                               const float* __restrict__ cosv, const float* __restrict__ sinv,
                                               const int* __restrict__ pos, int heads, int hd, i64 raw_stride,
                                               float eps, int T) {
+  const i64 t = blockIdx.x;
+  if (t >= T) {  // a pad row
+    for (int i = threadIdx.x; i < heads * hd; i += blockDim.x) out[t * heads * hd + i] = 0;
+    return;
+  }
+  norm_rope_token(out, inv, raw, w, cosv, sinv, pos, heads, hd, raw_stride, eps, t);
+}
+
+// norm_rope_fwd_bf16_raw16 is norm_rope_fwd_bf16 from raw in bf16 (the
+// bf16 mode's q and k as their products wrote them): bit for bit
+// norm_rope_fwd_bf16 over the widened values. grid = Tp, block =
+// KEEL_THREADS.
+extern "C" __global__ void norm_rope_fwd_bf16_raw16(bf16_t* __restrict__ out, float* __restrict__ inv,
+                                                    const bf16_t* __restrict__ raw, const float* __restrict__ w,
+                                                    const float* __restrict__ cosv, const float* __restrict__ sinv,
+                                                    const int* __restrict__ pos, int heads, int hd, i64 raw_stride,
+                                                    float eps, int T) {
   const i64 t = blockIdx.x;
   if (t >= T) {  // a pad row
     for (int i = threadIdx.x; i < heads * hd; i += blockDim.x) out[t * heads * hd + i] = 0;
