@@ -103,9 +103,15 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 	// normRopeBack is rope_rows (the transpose), normBack in place and the
 	// rounding to bf16 in one pass (norm_rope_bwd_bf16, the same bits):
 	// dx16 [T, stride] the products' operand, dy (float32) not changed.
+	// x, the norm's input (q_raw or k_raw), is bf16 with flash.cu (as its
+	// product wrote it), else float32.
 	normRopeBack := func(dx16, dy, x, w, inv, gw Buffer, rows, n, per, stride int) error {
 		ch := normChunks(rows, n) // n ≤ normWarpMax: a warp a row
-		if err := e.launch("rows.cu", "norm_rope_bwd_bf16", kc.Dim3{X: ch}, block256, dx16, part, dy, x, w, inv,
+		kernel := "norm_rope_bwd_bf16"
+		if e.flash() {
+			kernel = "norm_rope_bwd_bf16_x16"
+		}
+		if err := e.launch("rows.cu", kernel, kc.Dim3{X: ch}, block256, dx16, part, dy, x, w, inv,
 			e.rope.cos, e.rope.neg, f.dPos, rows, n, per, int64(stride)); err != nil {
 			return err
 		}
@@ -131,6 +137,21 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		if err := e.bufs(tmp, bf16Span(&dq16, T*d.qd), bf16Span(&dk16, T*d.kvd)); err != nil {
 			return err
 		}
+	}
+	// widened is x (n values) in float32: x itself, or with flash.cu's
+	// bf16 q_raw and k_raw a float32 copy (the unfused path, a test's).
+	var wide Buffer
+	widened := func(x Buffer, n int) (Buffer, error) {
+		if !e.flash() {
+			return x, nil
+		}
+		if wide.Ptr == 0 {
+			var err error
+			if wide, err = e.buf(tmp, T*d.qd); err != nil {
+				return Buffer{}, err
+			}
+		}
+		return wide, e.launch("convert.cu", "bf16_to_f32", elemGrid(n), block256, wide, x, int64(n))
 	}
 	nMoE := len(e.cfg.MoELayers())
 	if nMoE < e.cfg.NumHiddenLayers { // dense layers; dgu is the products' bf16 operand in the bf16 mode
@@ -163,7 +184,7 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 	}
 	var flash *kc.FlashScratch
 	if e.flash() {
-		if flash, err = kc.NewFlashScratchGivenQK(e.pool, T, d.heads, d.kv, d.hd, true); err != nil {
+		if flash, err = kc.NewFlashScratchGivenQKV(e.pool, T, d.heads, d.kv, d.hd, true); err != nil {
 			return err
 		}
 		defer flash.Free()
@@ -229,10 +250,10 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			},
 			func() error {
 				if flash != nil {
-					if err := flash.UseQK(a.q16, a.k16); err != nil {
+					if err := flash.UseQKV(a.q16, a.k16, a.v); err != nil {
 						return err
 					}
-					return e.ops.FlashAttentionBackward(flash, dq, dk, dv, dsum, datt, a.attb, a.lse, Buffer{}, Buffer{}, a.v, f.dStart, f.dEnd, d.scale)
+					return e.ops.FlashAttentionBackward(flash, dq, dk, dv, dsum, datt, a.attb, a.lse, Buffer{}, Buffer{}, Buffer{}, f.dStart, f.dEnd, d.scale)
 				}
 				if err := e.launch("attn.cu", "attn_bwd_q", kc.Dim3{X: T, Y: (d.heads + 3) / 4}, kc.Dim3{X: 128},
 					dq, dsum, datt, a.att, a.lse, a.q, a.k, a.v, f.dStart, d.heads, d.kv, d.hd, d.scale); err != nil {
@@ -264,12 +285,21 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 				func() error {
 					return e.launch("rows.cu", "rope_rows", rowsGrid(T), block256, dk, e.rope.cos, e.rope.neg, f.dPos, d.kv, d.hd, int64(d.kvd))
 				},
-				// q_norm and k_norm, per head row, in place.
+				// q_norm and k_norm, per head row, in place (from float32
+				// copies of q_raw and k_raw where the products wrote bf16).
 				func() error {
-					return normBack(dq, dq, a.qraw, w(l.QNorm), a.invq, g(l.QNorm), T*d.heads, d.hd, d.heads, d.qd, false)
+					x, err := widened(a.qraw, T*d.qd)
+					if err != nil {
+						return err
+					}
+					return normBack(dq, dq, x, w(l.QNorm), a.invq, g(l.QNorm), T*d.heads, d.hd, d.heads, d.qd, false)
 				},
 				func() error {
-					return normBack(dk, dk, a.kraw, w(l.KNorm), a.invk, g(l.KNorm), T*d.kv, d.hd, d.kv, d.kvd, false)
+					x, err := widened(a.kraw, T*d.kvd)
+					if err != nil {
+						return err
+					}
+					return normBack(dk, dk, x, w(l.KNorm), a.invk, g(l.KNorm), T*d.kv, d.hd, d.kv, d.kvd, false)
 				},
 				func() error {
 					h1 := e.pick(a.h1, a.h1b)

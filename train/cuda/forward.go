@@ -539,14 +539,23 @@ func (e *Engine) layerBufs(f *fwdState, a *layerActs, l *model.Layer) error {
 func (e *Engine) allocLayer(f *fwdState, a *layerActs, dense, moe bool) error {
 	d, T := e.dims(), f.T
 	q, k, att := span{&a.q, T * d.qd}, span{&a.k, T * d.kvd}, span{&a.att, T * d.qd}
-	if e.flash() { // flash.cu writes attention's output in bf16 only (attb)
-		Tp := kc.FlashPad(T)
+	qraw, kraw, v := span{&a.qraw, T * d.qd}, span{&a.kraw, T * d.kvd}, span{&a.v, T * d.kvd}
+	Tp := kc.FlashPad(T)
+	if e.flash() {
+		// flash.cu writes attention's output in bf16 only (attb); the q,
+		// k and v products write bf16 (as PyTorch's autocast keeps a
+		// product's output), v with flash.cu's pad rows (zero).
 		q, k, att = bf16Span(&a.q16, Tp*d.qd), bf16Span(&a.k16, Tp*d.kvd), span{}
+		qraw, kraw, v = bf16Span(&a.qraw, T*d.qd), bf16Span(&a.kraw, T*d.kvd), bf16Span(&a.v, Tp*d.kvd)
 	}
-	if err := e.bufs(f, span{&a.qraw, T * d.qd}, span{&a.kraw, T * d.kvd}, q, k,
-		span{&a.v, T * d.kvd}, att, span{&a.xmid, T * d.H},
+	if err := e.bufs(f, qraw, kraw, q, k, v, att, span{&a.xmid, T * d.H},
 		span{&a.inv1, T}, span{&a.invq, T * d.heads}, span{&a.invk, T * d.kv}, span{&a.lse, T * d.heads}, span{&a.inv2, T}); err != nil {
 		return err
+	}
+	if e.flash() && Tp > T {
+		if err := e.dev.Zero(kc.BF16Rows(a.v, T*d.kvd, (Tp-T)*d.kvd)); err != nil {
+			return err
+		}
 	}
 	// The products' inputs: float32, or bf16 in the bf16 mode (an MoE
 	// block gathers its rows from h2 as kept).
@@ -613,18 +622,20 @@ func (e *Engine) attentionForward(f *fwdState, a *layerActs, l *model.Layer) err
 			return e.norm(e.pick(a.h1, a.h1b), a.inv1, x, e.param(e.w, l.InputNorm), T, d.H, d.eps)
 		},
 		func() error {
-			return e.linears(e.pick(a.h1, a.h1b), T, d.H, kc.Product{Y: a.qraw, W: e.param(e.w, l.Q), Out: d.qd, LdY: d.qd},
-				kc.Product{Y: a.kraw, W: e.param(e.w, l.K), Out: d.kvd, LdY: d.kvd}, kc.Product{Y: a.v, W: e.param(e.w, l.V), Out: d.kvd, LdY: d.kvd})
+			y16 := e.flash() // q_raw, k_raw and v in bf16
+			return e.linears(e.pick(a.h1, a.h1b), T, d.H, kc.Product{Y: a.qraw, W: e.param(e.w, l.Q), Out: d.qd, LdY: d.qd, Y16: y16},
+				kc.Product{Y: a.kraw, W: e.param(e.w, l.K), Out: d.kvd, LdY: d.kvd, Y16: y16},
+				kc.Product{Y: a.v, W: e.param(e.w, l.V), Out: d.kvd, LdY: d.kvd, Y16: y16})
 		},
 		func() error {
-			if e.flash() { // straight into flash.cu's bf16 copy
-				return e.ops.NormRopeBF16(a.q16, a.invq, a.qraw, e.param(e.w, l.QNorm), e.rope.cos, e.rope.sin, f.dPos, T, d.heads, d.hd, d.qd, d.eps)
+			if e.flash() { // from the bf16 q_raw, straight into flash.cu's bf16 copy
+				return e.ops.NormRopeBF16From16(a.q16, a.invq, a.qraw, e.param(e.w, l.QNorm), e.rope.cos, e.rope.sin, f.dPos, T, d.heads, d.hd, d.qd, d.eps)
 			}
 			return e.ops.NormRope(a.q, a.invq, a.qraw, e.param(e.w, l.QNorm), e.rope.cos, e.rope.sin, f.dPos, T, d.heads, d.hd, d.qd, d.eps)
 		},
 		func() error {
 			if e.flash() {
-				return e.ops.NormRopeBF16(a.k16, a.invk, a.kraw, e.param(e.w, l.KNorm), e.rope.cos, e.rope.sin, f.dPos, T, d.kv, d.hd, d.kvd, d.eps)
+				return e.ops.NormRopeBF16From16(a.k16, a.invk, a.kraw, e.param(e.w, l.KNorm), e.rope.cos, e.rope.sin, f.dPos, T, d.kv, d.hd, d.kvd, d.eps)
 			}
 			return e.ops.NormRope(a.k, a.invk, a.kraw, e.param(e.w, l.KNorm), e.rope.cos, e.rope.sin, f.dPos, T, d.kv, d.hd, d.kvd, d.eps)
 		},
@@ -632,14 +643,14 @@ func (e *Engine) attentionForward(f *fwdState, a *layerActs, l *model.Layer) err
 			if e.flash() {
 				if f.flash == nil {
 					var err error
-					if f.flash, err = kc.NewFlashScratchGivenQK(e.pool, T, d.heads, d.kv, d.hd, false); err != nil {
+					if f.flash, err = kc.NewFlashScratchGivenQKV(e.pool, T, d.heads, d.kv, d.hd, false); err != nil {
 						return err
 					}
 				}
-				if err := f.flash.UseQK(a.q16, a.k16); err != nil {
+				if err := f.flash.UseQKV(a.q16, a.k16, a.v); err != nil {
 					return err
 				}
-				return e.ops.FlashAttention(f.flash, a.attb, a.lse, Buffer{}, Buffer{}, a.v, f.dStart, d.scale)
+				return e.ops.FlashAttention(f.flash, a.attb, a.lse, Buffer{}, Buffer{}, Buffer{}, f.dStart, d.scale)
 			}
 			return e.ops.Attention(a.att, a.lse, a.q, a.k, a.v, f.dStart, T, d.heads, d.kv, d.hd, d.scale)
 		},

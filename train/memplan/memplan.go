@@ -17,24 +17,26 @@
 //     arena, made once per optimiser step, and cuBLASLt has a workspace.
 //     In fp32 mode keel's own products read the masters.
 //   - The residual stream (each layer's input and the attention block's
-//     output, xmid) and every product's output but the MLP's gate and up
-//     are fp32 (4 bytes); what a product reads (the norms' outputs, SwiGLU's
-//     output, the gate and up outputs, the MoE block's grouped rows) is
-//     stored in the training precision (bf16: 2 bytes, fp32: 4); per-row
+//     output, xmid) is fp32 (4 bytes); what a product reads (the norms'
+//     outputs, SwiGLU's output, the MoE block's grouped rows) is stored in
+//     the training precision (bf16: 2 bytes, fp32: 4), as are the dense
+//     MLP's gate and up outputs; per-row
 //     statistics (inverse RMS of every norm, attention's logsumexp),
 //     router probabilities and the MoE routes are fp32 or int32.
 //   - What one Qwen3 decoder layer saves for backward, per token (H
 //     hidden, Q = heads·head_dim, K = kv_heads·head_dim): the layer input
 //     (H, fp32), input_layernorm's output (H), the q, k, v projections
-//     before q_norm and k_norm (Q+2K, fp32), q and k after the norm and
-//     RoPE (Q+K), the attention output (Q), xmid (H, fp32) and
+//     before q_norm and k_norm (Q+2K), q and k after the norm and RoPE
+//     (Q+K), the attention output (Q), xmid (H, fp32) and
 //     post_attention_layernorm's output (H); the inverse RMS of the two
 //     layer norms (2) and of q_norm and k_norm per head (heads +
 //     kv_heads), and attention's logsumexp per head (heads). In bf16 mode
-//     at the head sizes flash.cu takes (32, 64, 128) q and k are its bf16
-//     copies, rows rounded up to 128, and the output is bf16 only; at
-//     other head sizes q, k and the output are fp32, with a bf16 copy of
-//     the output. No tokens × tokens matrix is ever stored.
+//     at the head sizes flash.cu takes (32, 64, 128) all of these but the
+//     statistics are bf16: q and k after the norm are flash.cu's copies
+//     and v its row-major copy, rows rounded up to 128; at other head
+//     sizes the q, k, v projections, q, k and the output are fp32, with a
+//     bf16 copy of the output. In fp32 mode everything is fp32. No tokens
+//     × tokens matrix is ever stored.
 //   - A dense MLP saves its gate and up outputs (2I) and the SwiGLU output
 //     (I). An MoE block saves the router probabilities (E), gate weight and
 //     expert id per slot, the grouping by expert (rows, tokens, offsets,
@@ -53,7 +55,7 @@
 //     the LM head computes over chunks of HeadChunk tokens, holding one
 //     chunk's fp32 logits (and in bf16 mode their gradient in bf16;
 //     fp32 writes it over the logits).
-//   - flash.cu's bf16 copies for the backward (v, kᵀ, qᵀ, dO, dOᵀ), and
+//   - flash.cu's bf16 copies for the backward (kᵀ, qᵀ, dO, dOᵀ), and
 //     under Recompute the forward's vᵀ too.
 //   - Backward holds one layer's activation gradients at a time: the
 //     residual stream's, the final norm's and a norm output's (3H), the
@@ -200,14 +202,17 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	}
 
 	// One layer's saved activations (see the package comment).
-	attn := c.mul(T, c.add(c.mul(a, 2*H), c.mul(4, c.add(H, Q, 2*K)), 4*(2+2*nh+nkv)))
+	attn := c.mul(T, c.add(c.mul(a, 2*H), 4*H, 4*(2+2*nh+nkv))) // the norms' outputs; xmid; statistics
 	switch {
-	case flash: // q and k as flash.cu's bf16 copies, the output in bf16
-		attn = c.add(attn, c.mul(Tp, 2, c.add(Q, K)), c.mul(T, 2, Q))
-	case bf: // q, k and the output in fp32, the output's bf16 copy
-		attn = c.add(attn, c.mul(T, c.add(c.mul(4, c.add(2*Q, K)), 2*Q)))
+	case flash:
+		// q_raw and k_raw as their products wrote them (bf16); q and k
+		// after the norm and RoPE as flash.cu's bf16 copies and v as its
+		// product wrote it, all three padded; the output in bf16.
+		attn = c.add(attn, c.mul(T, 2, c.add(Q, K)), c.mul(Tp, 2, c.add(Q, 2*K)), c.mul(T, 2, Q))
+	case bf: // q_raw, k_raw, v; q, k and the output in fp32; the output's bf16 copy
+		attn = c.add(attn, c.mul(T, c.add(c.mul(4, c.add(3*Q, 3*K)), 2*Q)))
 	default:
-		attn = c.add(attn, c.mul(T, 4, c.add(2*Q, K)))
+		attn = c.add(attn, c.mul(T, 4, c.add(3*Q, 3*K)))
 	}
 	mlp := c.mul(T, a, 3*I)
 	router := c.add(c.mul(T, 4, E), c.mul(R, 8), 8*E, // probabilities; gates and ids; load statistics
@@ -262,10 +267,10 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	}
 	add("log-probabilities and token vectors", c.mul(T, 4, tokVecs), true)
 	if flash {
-		// The backward's copies (q and k come from the forward): v, kᵀ,
+		// The backward's copies (q, k and v come from the forward): kᵀ,
 		// qᵀ, dO, dOᵀ. The forward's vᵀ goes before the backward, except
 		// under Recompute, which runs the layers' forwards again.
-		fl := c.mul(Tp, 2, c.add(2*K, 3*Q))
+		fl := c.mul(Tp, 2, c.add(K, 3*Q))
 		if m.Recompute {
 			fl = c.add(fl, c.mul(Tp, 2, K))
 		}

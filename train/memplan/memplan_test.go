@@ -225,25 +225,26 @@ func TestPlanByHand(t *testing.T) {
 		{"cuBLASLt workspace", ws, false, false},
 	})
 
-	// A head size flash.cu takes (32): q and k as its bf16 copies of
-	// ⌈T/128⌉·128 rows, the output in bf16 only, and its backward's
-	// copies. tinyDense with head_dim 32: Q 64, K 32; T = 6, 128 rows.
-	// Attention per layer: 6·(32 + 4·(8+64+64) + 28) + 128·2·96 + 6·2·64
-	// = 6·604 + 24576 + 768 = 28968; the backward's copies 128·2·(2·32 +
-	// 3·64) = 65536, and under recompute the forward's vᵀ 128·2·32 = 8192
-	// more.
+	// A head size flash.cu takes (32): q_raw and k_raw in bf16 as their
+	// products write them, q and k as flash.cu's bf16 copies and v as its
+	// product writes it, all three of ⌈T/128⌉·128 rows, the output in bf16,
+	// and the backward's copies. tinyDense with head_dim 32: Q 64, K 32;
+	// T = 6, 128 rows. Attention per layer: 6·(2·16 + 4·8 + 28) + 6·2·96
+	// + 128·2·128 + 6·2·64 = 552 + 1152 + 32768 + 768 = 35240; the
+	// backward's copies 128·2·(32 + 3·64) = 57344, and under recompute the
+	// forward's vᵀ 128·2·32 = 8192 more.
 	fd := tinyDense()
 	fd.HeadDim = 32
 	fb := mustPlan(t, fd, Shape{2, 3}, Mode{Precision: BF16})
-	if it := fb.Items[5]; it.Name != "attention activations (2 layers)" || it.Bytes != 2*28968 {
-		t.Errorf("flash attention activations: %+v, want 2 · 28968", it)
+	if it := fb.Items[5]; it.Name != "attention activations (2 layers)" || it.Bytes != 2*35240 {
+		t.Errorf("flash attention activations: %+v, want 2 · 35240", it)
 	}
-	if it := fb.Items[9]; it.Name != "flash attention's bf16 copies" || it.Bytes != 65536 {
-		t.Errorf("flash copies: %+v, want 65536", it)
+	if it := fb.Items[9]; it.Name != "flash attention's bf16 copies" || it.Bytes != 57344 {
+		t.Errorf("flash copies: %+v, want 57344", it)
 	}
 	fr := mustPlan(t, fd, Shape{2, 3}, Mode{Precision: BF16, Recompute: true})
-	if it := fr.Items[9]; it.Name != "flash attention's bf16 copies" || it.Bytes != 65536+8192 {
-		t.Errorf("flash copies under recompute: %+v, want 73728", it)
+	if it := fr.Items[9]; it.Name != "flash attention's bf16 copies" || it.Bytes != 57344+8192 {
+		t.Errorf("flash copies under recompute: %+v, want 65536", it)
 	}
 }
 
@@ -305,11 +306,11 @@ func TestRecomputeSmaller(t *testing.T) {
 //
 // The plan says (bf16, vocab 151936): weights, copies, gradients and AdamW
 // take 18 bytes × 1.72B parameters = 28.84 GiB. With recompute the total is
-// 37.73 GiB (40.5 GB): layer inputs 3.50 GiB (the fp32 residual stream),
-// one recomputed layer 1.22 GiB, the LM head's 4096-token chunk 3.48 GiB
+// 37.57 GiB (40.3 GB): layer inputs 3.50 GiB (the fp32 residual stream),
+// one recomputed layer 1.10 GiB, the LM head's 4096-token chunk 3.48 GiB
 // (the layer gradients, 1.60 GiB, come after it is freed). Without
-// recompute it is 70.68 GiB (75.9 GB): the 28 layers' attention and MLP
-// activations take 34.20 GiB, so it fits as well, with 4.1 GB to spare.
+// recompute it is 67.14 GiB (72.1 GB): the 28 layers' attention and MLP
+// activations take 30.70 GiB, so it fits as well, with 7.9 GB to spare.
 func TestQwen3_17BFits80GB(t *testing.T) {
 	c := qwen17(t)
 	s := Shape{4, 4096}
@@ -319,7 +320,7 @@ func TestQwen3_17BFits80GB(t *testing.T) {
 	}
 	full := mustPlan(t, c, s, Mode{Precision: BF16})
 	t.Logf("\n%s\n%s", rc, full)
-	if rc.Total() != 40_512_718_848 || full.Total() != 75_886_299_136 {
+	if rc.Total() != 40_344_946_688 || full.Total() != 72_094_648_320 {
 		t.Errorf("totals %d and %d: the plan changed; update the comment above", rc.Total(), full.Total())
 	}
 	// 18 bytes a parameter before any activation.
@@ -342,9 +343,9 @@ func TestFitsError(t *testing.T) {
 		t.Errorf("exactly the total: %v", err)
 	}
 	// 60 GB: too small for 4 × 4096 without recompute. The three biggest
-	// items are the attention activations (28 · 16384 · 43176 bytes =
-	// 19.8 GB), the MLP activations (28 · 16384 · 36864 = 16.9 GB) and
-	// AdamW (8 · 1.72B = 13.8 GB).
+	// items are the MLP activations (28 · 16384 · 36864 bytes = 16.9 GB),
+	// the attention activations (28 · 16384 · 34984 = 16.0 GB) and AdamW
+	// (8 · 1.72B = 13.8 GB).
 	const free = 60e9
 	err := full.Fits(free)
 	if err == nil {
@@ -389,7 +390,7 @@ func TestFitsError(t *testing.T) {
 	}
 	// With recompute on, the error does not suggest it; 37 GB holds one
 	// sequence (31.0 GB for the model, 3.7 GB for the head's chunk, 1.4 GB
-	// for the rest: 36.2 GB), not two (37.6 GB).
+	// for the rest: 36.1 GB), not two (37.5 GB).
 	if err := rc.Fits(37e9); err == nil || strings.Contains(err.Error(), "turn on recompute") ||
 		!strings.Contains(err.Error(), "use at most 1 sequence of 4096 tokens per micro-batch") {
 		t.Errorf("recompute, 37 GB: %v", err)
