@@ -190,6 +190,28 @@ func TestDeviceGemmGrouped(t *testing.T) {
 				}
 			}
 		}
+		// With a bf16 output: the float32 output rounded, bit for bit, the
+		// columns past N and between rows untouched (NaN-filled).
+		c16 := make([]uint16, R*ldc)
+		for i := range c16 {
+			c16[i] = 0x7fc1
+		}
+		y16 := bufOf(g, c16)
+		if err := ops.GemmGroupedBF16To16(gr, R, y16, bx16, bw16, N, K, K, ldc, stride); err != nil {
+			t.Fatal(err)
+		}
+		if err := ops.GemmGroupedBF16To16(gr, R, y16, bx16, bw16, N, K, K, ldc, 0); err == nil {
+			t.Error("gemm_bf16_grouped_c16 with experts overlapping in their weights was accepted")
+		}
+		for i, h := range g.u16(y16, R*ldc) {
+			want := uint16(0x7fc1)
+			if i%ldc < N {
+				want = uint16(kernels.BF16FromFloat32(first[i]))
+			}
+			if h != want {
+				t.Fatalf("gemm_bf16_grouped_c16 %v, element %d (row %d, column %d): %#04x, want %#04x", c, i, i/ldc, i%ldc, h, want)
+			}
+		}
 		// Batch invariance: token 1's k pairs grouped alone.
 		one := ids[c.k : 2*c.k]
 		_, rowOne, _ := model.GroupByExpert(one, E, c.k)

@@ -163,6 +163,18 @@ func (o *Ops) GemmGroupedBF16(g *MoEGroups, pairs int, c, a16, w16 Buffer, N, K,
 		vec16([]Buffer{a16, w16}, lda, K, wstride), o.flashAsync())
 }
 
+// GemmGroupedBF16To16 is GemmGroupedBF16 with c16 in bf16 (written, not
+// accumulated): each output the float32 sum rounded once, bit for bit
+// GemmGroupedBF16's output rounded.
+func (o *Ops) GemmGroupedBF16To16(g *MoEGroups, pairs int, c16, a16, w16 Buffer, N, K, lda, ldc, wstride int) error {
+	if err := errors.Join(groupedProduct(g, pairs, w16, N, K, wstride, 2), rowsFit("input", a16, pairs, K, lda, 2), rowsFit("output", c16, pairs, N, ldc, 2)); err != nil {
+		return err
+	}
+	return o.Launch("gemm.cu", "gemm_bf16_grouped_c16", Dim3{X: (N + 63) / 64, Y: groupTiles(pairs, g.Experts)}, Dim3{X: 128},
+		c16, a16, w16, g.Off, g.Tiles, N, K, int64(lda), int64(ldc), int64(wstride),
+		vec16([]Buffer{a16, w16}, lda, K, wstride), o.flashAsync())
+}
+
 // GemmGroupedBF16BackX is GemmGroupedBF16's input gradient: dx[r, 0:K]
 // (+)= dy16[r, 0:N] · W_e (the weights read transposed).
 func (o *Ops) GemmGroupedBF16BackX(g *MoEGroups, pairs int, dx, dy16, w16 Buffer, N, K, lddy, lddx, wstride int, acc bool) error {
@@ -198,6 +210,18 @@ func (l *BF16Linear) Grouped(g *MoEGroups, pairs int, y, x16, w Buffer, N, K, ld
 		return err
 	}
 	return l.ops.GemmGroupedBF16(g, pairs, y, x16, w16, N, K, ldx, ldy, wstride, false)
+}
+
+// Grouped16 is Grouped with y16 in bf16 (GemmGroupedBF16To16).
+func (l *BF16Linear) Grouped16(g *MoEGroups, pairs int, y16, x16, w Buffer, N, K, ldx, ldy, wstride int) error {
+	if err := l.weights(); err != nil {
+		return err
+	}
+	w16, err := l.w16span(w)
+	if err != nil {
+		return err
+	}
+	return l.ops.GemmGroupedBF16To16(g, pairs, y16, x16, w16, N, K, ldx, ldy, wstride)
 }
 
 // GroupedBack is Grouped's backward from bf16 operands: dx[r, 0:K] (+)=

@@ -960,7 +960,7 @@ func (b *Backend) moe(sb *rollout.StepBatch, ml int, l *model.Layer, R int, next
 		if err := f.ExpertsBF16(xg16, s.gug, s.ag, s.yg, off, func(x int) kc.ExpertWeights {
 			ex := &l.Experts[x]
 			return kc.ExpertWeights{Gate: b.param(ex.Gate), Up: b.param(ex.Up), Down: b.param(ex.Down)}
-		}, H, I); err != nil {
+		}, H, I, false); err != nil {
 			return err
 		}
 		return o.MoECombine(next, s.xmid, s.yg, s.gates, s.row, R, k, H)

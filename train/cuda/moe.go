@@ -28,7 +28,7 @@ type moeActs struct {
 	dProbs, dGates  Buffer
 	dIds, dPsum     Buffer // [T, k] int32, [E] float64
 	grp             kc.MoEGroups
-	xg, gug, ag, yg Buffer // [R, H], [R, 2I], [R, I], [R, H], R = T·k; xg and ag in bf16 in the bf16 mode
+	xg, gug, ag, yg Buffer // [R, H], [R, 2I], [R, I], [R, H], R = T·k; xg, gug and ag in bf16 in the bf16 mode
 }
 
 // moeForward runs the sparse block of layer L on h2 (the post-attention
@@ -87,12 +87,12 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 			return e.bf.ExpertsBF16(mo.xg, mo.gug, mo.ag, mo.yg, mo.off, func(x int) kc.ExpertWeights {
 				ex := &L.Experts[x]
 				return kc.ExpertWeights{Gate: e.param(e.w, ex.Gate), Up: e.param(e.w, ex.Up), Down: e.param(e.w, ex.Down)}
-			}, H, I)
+			}, H, I, true)
 		})
 	} else if e.bf != nil {
 		steps = append(steps,
-			func() error { return e.bf.Grouped(&mo.grp, R, mo.gug, mo.xg, ew.gateUp, 2*I, H, H, 2*I, ew.stride) },
-			func() error { return e.ops.SwiGLUBF16(mo.ag, mo.gug, R, I) },
+			func() error { return e.bf.Grouped16(&mo.grp, R, mo.gug, mo.xg, ew.gateUp, 2*I, H, H, 2*I, ew.stride) },
+			func() error { return e.ops.SwiGLUBF16From16(mo.ag, mo.gug, R, I) },
 			func() error { return e.bf.Grouped(&mo.grp, R, mo.yg, mo.ag, ew.down, H, I, I, H, ew.stride) })
 	} else {
 		steps = append(steps,
@@ -310,7 +310,7 @@ func (e *Engine) moeExpertsBackGroupedBF16(mo *moeActs, L *model.Layer, sc *moeS
 		func() error {
 			return e.bf.GroupedBack(g, R, sc.da, gw.down, dy16, mo.ag, ew.down, H, I, H, I, I, S, false)
 		},
-		func() error { return e.ops.SwiGLUBackBF16(dgu16, sc.da, mo.gug, R, I) },
+		func() error { return e.ops.SwiGLUBackBF16From16(dgu16, sc.da, mo.gug, R, I) },
 		func() error {
 			return e.bf.GroupedBack(g, R, sc.dxg, gw.gateUp, dgu16, mo.xg, ew.gateUp, 2*I, H, 2*I, H, H, S, false)
 		},
@@ -345,7 +345,7 @@ func (e *Engine) moeExpertsBackBF16(mo *moeActs, L *model.Layer, sc *moeScratch,
 	}); err != nil {
 		return err
 	}
-	if err := e.ops.SwiGLUBackBF16(dgu16, sc.da, mo.gug, R, I); err != nil {
+	if err := e.ops.SwiGLUBackBF16From16(dgu16, sc.da, mo.gug, R, I); err != nil {
 		return err
 	}
 	if err := model.EachExpert(mo.off, func(x, r0, n int) error {

@@ -43,8 +43,8 @@
 //     tile map, counts per chunk of 256 slots), the replayed ids of every
 //     MoE layer (uploaded at once, so not shared under Recompute), the
 //     routed token copies (top_k·H), per routed copy the experts' gate and
-//     up outputs (2·I_moe, fp32) and SwiGLU output (I_moe), and the
-//     experts' outputs before gating (top_k·H, fp32).
+//     up outputs (2·I_moe) and SwiGLU output (I_moe), and the experts'
+//     outputs before gating (top_k·H, fp32).
 //   - With Recompute (activation checkpointing) only each layer's input is
 //     kept; backward recomputes one layer at a time into one shared set of
 //     a layer's activations (room for a dense and an MoE block when the
@@ -218,7 +218,7 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	router := c.add(c.mul(T, 4, E), c.mul(R, 8), 8*E, // probabilities; gates and ids; load statistics
 		c.mul(4, c.add(E+1, 2*R, 2*(ceilDiv(R, moeTile)+E), c.mul(2, ceilDiv(R, moeChunk), E)))) // the grouping
 	routed := c.mul(R, a, H)
-	experts := c.mul(R, c.add(8*Im, c.mul(a, Im), 4*H))
+	experts := c.mul(R, c.add(c.mul(a, 3*Im), 4*H)) // gate and up, SwiGLU's output; the outputs before gating (fp32)
 
 	b := &Budget{Params: P, cfg: *cfg, shape: s, mode: m}
 	if cfg.MlpOnlyLayers != nil {

@@ -276,9 +276,10 @@ __device__ __forceinline__ int gb_col(int wn, int j, int t, int q) { return wn +
 
 // gb_tile is one block's 64 x 64 tile of C (M x N valid) over k = 0..K-1:
 // A(m, k) and B(n, k) from the tile's origin, each k-contiguous or
-// transposed (AT, BT).
-template <bool AT, bool BT>
-__device__ __forceinline__ void gb_tile(float* __restrict__ C, i64 ldc, const bf16_t* __restrict__ A, i64 lda,
+// transposed (AT, BT); C float32, or bf16 (each float32 sum rounded once;
+// acc 0).
+template <bool AT, bool BT, typename O = float>
+__device__ __forceinline__ void gb_tile(O* __restrict__ C, i64 ldc, const bf16_t* __restrict__ A, i64 lda,
                                         const bf16_t* __restrict__ B, i64 ldb, int M, int N, int K, int acc, int vec,
                                         int async) {
   __shared__ __align__(16) u32 As[2][64 * GB_P];
@@ -380,8 +381,12 @@ __device__ __forceinline__ void gb_tile(float* __restrict__ C, i64 ldc, const bf
       for (int q = 0; q < 4; q++) {
         const int m = gb_row(wm, i, g, q), n = gb_col(wn, j, t, q);
         if (m >= M || n >= N) continue;
-        float* p = C + m * ldc + n;
-        *p = acc ? *p + d[i][j][q] : d[i][j][q];
+        O* p = C + m * ldc + n;
+        if constexpr (sizeof(O) == sizeof(float)) {
+          *p = acc ? *p + d[i][j][q] : d[i][j][q];
+        } else {
+          put(p, d[i][j][q]);
+        }
       }
 }
 
@@ -396,6 +401,19 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16_grouped(
   const int r0 = off[e] + tiles[2 * blockIdx.y + 1] * MOE_TILE, n0 = blockIdx.x * 64;
   gb_tile<false, false>(C + r0 * ldc + n0, ldc, A + r0 * lda, lda, B + e * wstride + (i64)n0 * K, K,
                         min(MOE_TILE, off[e + 1] - r0), min(64, N - n0), K, acc, vec, async);
+}
+
+// gemm_bf16_grouped_c16 is gemm_bf16_grouped with C in bf16 (acc 0): the
+// bf16 training mode's gate and up outputs, each the float32 sum rounded
+// once (gemm_bf16_grouped's output rounded, bit for bit).
+extern "C" __global__ void __launch_bounds__(128) gemm_bf16_grouped_c16(
+    bf16_t* __restrict__ C, const bf16_t* __restrict__ A, const bf16_t* __restrict__ B, const int* __restrict__ off,
+    const int* __restrict__ tiles, int N, int K, i64 lda, i64 ldc, i64 wstride, int vec, int async) {
+  const int e = tiles[2 * blockIdx.y];
+  if (e < 0) return;
+  const int r0 = off[e] + tiles[2 * blockIdx.y + 1] * MOE_TILE, n0 = blockIdx.x * 64;
+  gb_tile<false, false>(C + r0 * ldc + n0, ldc, A + r0 * lda, lda, B + e * wstride + (i64)n0 * K, K,
+                        min(MOE_TILE, off[e + 1] - r0), min(64, N - n0), K, 0, vec, async);
 }
 
 // gemm_bf16_grouped_dx: the input's gradient, C[r, j] (+)= sum_n
