@@ -33,16 +33,17 @@ type TrainResult struct {
 	FwdFLOPs      float64 // model FLOPs per token, forward
 	TrainGFLOPS   float64 // achieved model GFLOP/s of the training step (3 × forward FLOPs)
 	// On a GPU: the most bytes the training steps' activations and
-	// scratch took (train/cuda's PeakActivations), and what train/memplan
+	// scratch took (train/cuda's PeakActivations), the device memory
+	// behind them (its allocator's size classes), and what train/memplan
 	// planned for them (Budget.Activations).
-	ActivationBytes, PlannedActivationBytes int64 `json:",omitempty"`
+	ActivationBytes, ActivationHeldBytes, PlannedActivationBytes int64 `json:",omitempty"`
 }
 
 // activationPeaker is a training engine that measures its activations'
 // peak (train/cuda.Engine).
 type activationPeaker interface {
 	ResetPeak()
-	PeakActivations() int64
+	PeakActivations() (asked, held int64)
 }
 
 // Train builds preset at the given vocabulary with a fixed seed, and times
@@ -132,7 +133,7 @@ func TrainOn(spec TrainSpec) (TrainResult, error) {
 		return res, fmt.Errorf("%s training step: %w", preset, err)
 	}
 	if measures {
-		res.ActivationBytes = peaker.PeakActivations()
+		res.ActivationBytes, res.ActivationHeldBytes = peaker.PeakActivations()
 		if plan, err := opt.Plan(&cfg, tokens); err == nil && plan != nil {
 			res.PlannedActivationBytes = plan.Activations()
 		}

@@ -62,11 +62,13 @@ type PoolStats struct {
 	Allocs, Reuses, Frees int   // device allocations, allocations served from the cache, cached buffers freed on the device
 	Cached                int64 // bytes held for reuse now
 	// InUse is the bytes asked for by the buffers handed out and not yet
-	// freed (the Pool holds them rounded up to its classes), and Peak the
-	// most InUse has been since the Pool was made or ResetPeak was
-	// called: what a step's activations and scratch take, which
-	// train/memplan's plan counts.
-	InUse, Peak int64
+	// freed, and Peak the most InUse has been since the Pool was made or
+	// ResetPeak was called: what a step's activations and scratch take,
+	// which train/memplan's plan counts. Held and PeakHeld are the same
+	// for the buffers' capacities: the device memory behind them (a
+	// request rounded up to the Pool's class, or served by a cached buffer
+	// up to a quarter larger).
+	InUse, Peak, Held, PeakHeld int64
 }
 
 // NewPool returns an empty Pool over d.
@@ -174,6 +176,7 @@ func (p *Pool) Free(b Buffer) error {
 	if ok {
 		delete(p.owned, b.Ptr)
 		p.stats.InUse -= h.asked
+		p.stats.Held -= h.capacity
 	}
 	c := h.capacity
 	if !ok || p.off {
@@ -198,13 +201,15 @@ func (p *Pool) hand(ptr uint64, c, n int64) {
 	p.owned[ptr] = handed{c, n}
 	p.stats.InUse += n
 	p.stats.Peak = max(p.stats.Peak, p.stats.InUse)
+	p.stats.Held += c
+	p.stats.PeakHeld = max(p.stats.PeakHeld, p.stats.Held)
 }
 
-// ResetPeak sets Stats().Peak to the bytes in use now, so that the next
-// Peak is the most in use from here on.
+// ResetPeak sets Stats().Peak and PeakHeld to the bytes in use and held
+// now, so that the next ones are the most from here on.
 func (p *Pool) ResetPeak() {
 	p.mu.Lock()
-	p.stats.Peak = p.stats.InUse
+	p.stats.Peak, p.stats.PeakHeld = p.stats.InUse, p.stats.Held
 	p.mu.Unlock()
 }
 

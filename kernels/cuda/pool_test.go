@@ -132,35 +132,50 @@ func TestPoolOutOfMemory(t *testing.T) {
 }
 
 // InUse counts the bytes asked for by the buffers handed out and not
-// freed (not the Pool's rounding), Peak the most since ResetPeak, with
+// freed, Held their capacities (the Pool's rounding, or the larger cached
+// buffer a request reuses), each with its peak since ResetPeak, with
 // caching on and off; a foreign buffer's free changes neither.
 func TestPoolPeak(t *testing.T) {
 	for _, off := range []bool{false, true} {
 		p, _ := newFakePool(1 << 40)
 		p.off = off
-		check := func(what string, inUse, peak int64) {
+		// What the Pool holds for a request of n: its class when caching,
+		// and a's 4 MiB buffer for c's 3 MiB.
+		class := func(n int64) int64 {
+			if off {
+				return n
+			}
+			return poolClass(n)
+		}
+		reused := class(3 * mib)
+		if !off {
+			reused = 4 * mib
+		}
+		check := func(what string, inUse, peak, held, peakHeld int64) {
 			t.Helper()
-			if s := p.Stats(); s.InUse != inUse || s.Peak != peak {
-				t.Errorf("off=%v, %s: in use %d, peak %d; want %d, %d", off, what, s.InUse, s.Peak, inUse, peak)
+			if s := p.Stats(); s.InUse != inUse || s.Peak != peak || s.Held != held || s.PeakHeld != peakHeld {
+				t.Errorf("off=%v, %s: in use %d, peak %d, held %d, peak held %d; want %d, %d, %d, %d", off, what,
+					s.InUse, s.Peak, s.Held, s.PeakHeld, inUse, peak, held, peakHeld)
 			}
 		}
 		a, _ := p.Alloc(3*mib + 1)
 		b, _ := p.Alloc(100)
-		check("two buffers", 3*mib+101, 3*mib+101)
+		both := class(3*mib+1) + class(100)
+		check("two buffers", 3*mib+101, 3*mib+101, both, both)
 		p.Free(a)
-		check("one freed", 100, 3*mib+101)
+		check("one freed", 100, 3*mib+101, class(100), both)
 		p.ResetPeak()
-		check("peak reset", 100, 100)
-		c, _ := p.Alloc(3 * mib) // a's buffer again, when caching
+		check("peak reset", 100, 100, class(100), class(100))
+		c, _ := p.Alloc(3 * mib)
 		if !off && c.Ptr != a.Ptr {
 			t.Errorf("3 MiB after a 3 MiB + 1 free: a new buffer")
 		}
-		check("reuse", 3*mib+100, 3*mib+100)
+		check("reuse", 3*mib+100, 3*mib+100, class(100)+reused, class(100)+reused)
 		foreign, _ := p.alloc(512)
 		p.Free(foreign)
 		p.Free(b)
 		p.Free(c)
-		check("all freed", 0, 3*mib+100)
+		check("all freed", 0, 3*mib+100, 0, class(100)+reused)
 	}
 }
 

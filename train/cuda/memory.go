@@ -17,14 +17,11 @@ func checkActivations(cfg *model.Config, T int, free int64, prec string, recompu
 	if err != nil {
 		return err
 	}
-	var need int64
+	need := p.Activations() // the backward's Exclusive items counted as the plan counts them
 	var biggest memplan.Item
 	for _, it := range p.Items {
-		if it.Batch {
-			need += it.Bytes
-			if it.Bytes > biggest.Bytes {
-				biggest = it
-			}
+		if it.Batch && it.Bytes > biggest.Bytes {
+			biggest = it
 		}
 	}
 	if need <= free {
@@ -45,12 +42,16 @@ func (e *Engine) ResetPeak() {
 }
 
 // PeakActivations returns the most bytes the steps' activations and
-// scratch took since ResetPeak (or the engine was made), measured: what
-// train/memplan's Budget.Activations plans, to set beside it. It is the
-// Pool's peak of bytes in use, plus the largest logits a forward kept for
-// its backward (headKeeps: outside the plan, and only where they fit),
-// plus the bf16 products' operand scratch: exact without kept logits, an
-// upper bound with them.
-func (e *Engine) PeakActivations() int64 {
-	return e.pool.Stats().Peak + e.keptPeak + e.scratchHeld()
+// scratch took since ResetPeak (or the engine was made), measured: asked,
+// what train/memplan's Budget.Activations plans, to set beside it; held,
+// the device memory behind them (the Pool rounds its buffers up to its
+// size classes and serves a request from a cached buffer up to a quarter
+// larger). Each is the Pool's peak, plus the largest logits a forward
+// kept for its backward (headKeeps: outside the plan, and only where they
+// fit), plus the bf16 products' operand scratch: exact without kept
+// logits, an upper bound with them.
+func (e *Engine) PeakActivations() (asked, held int64) {
+	st := e.pool.Stats()
+	own := e.keptPeak + e.scratchHeld()
+	return st.Peak + own, st.PeakHeld + own
 }

@@ -34,6 +34,22 @@ func TestCheckActivations(t *testing.T) {
 		if err := checkActivations(&cfg, 16384, 20<<30, prec, true); err != nil {
 			t.Errorf("%s: 16384 tokens with recompute in 20 GiB: %v", prec, err)
 		}
+		// The check asks exactly for the plan's activations (the
+		// backward's head scratch and layer gradients counted as the plan
+		// counts them, the larger only).
+		for _, rc := range []bool{false, true} {
+			p, err := memplan.Plan(&cfg, memplan.Shape{Seqs: 1, SeqLen: 16384}, memplan.Mode{Precision: prec, Recompute: rc})
+			if err != nil {
+				t.Fatal(err)
+			}
+			need := p.Activations()
+			if err := checkActivations(&cfg, 16384, need, prec, rc); err != nil {
+				t.Errorf("%s, recompute %v: the plan's %d bytes refused: %v", prec, rc, need, err)
+			}
+			if checkActivations(&cfg, 16384, need-1, prec, rc) == nil {
+				t.Errorf("%s, recompute %v: a byte less than the plan's %d accepted", prec, rc, need)
+			}
+		}
 		if err := checkActivations(&cfg, 0, 1<<30, prec, false); err == nil {
 			t.Errorf("%s: zero tokens accepted", prec)
 		}
@@ -151,7 +167,11 @@ func enginePlan(t *testing.T, dev *kc.Device, cfg model.Config, lens []int, prec
 		if err := e.Backward(loss); err != nil {
 			t.Fatal(err)
 		}
-		return e.PeakActivations()
+		asked, held := e.PeakActivations()
+		if held < asked {
+			t.Errorf("the Pool holds %d bytes for %d asked", held, asked)
+		}
+		return asked
 	}
 	peak := step()
 	T := 0

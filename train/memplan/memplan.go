@@ -289,7 +289,17 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	}
 	exclusive(headName, head)
 	grads := c.mul(T, 4, c.add(2*H, 2*Q, 2*K, nh))                                                       // the residual's and a norm output's; attention's, q's; k's, v's; flash's row dots
-	grads = c.add(grads, c.mul(4, max(c.mul(ceilDiv(T, 32), H), c.mul(ceilDiv(c.mul(T, nh), 256), hd)))) // the norms' partial sums
+	// The norms' weight-gradient partial sums, for the largest of the
+	// layer norms' (T rows of H) and q_norm's (T·heads rows of head_dim):
+	// rows.cu writes a chunk of them per 256 rows of at most 256 elements,
+	// per 32 rows of longer ones.
+	normParts := func(rows, n int64) int64 {
+		if n <= 256 {
+			return c.mul(ceilDiv(rows, 256), n)
+		}
+		return c.mul(ceilDiv(rows, 32), n)
+	}
+	grads = c.add(grads, c.mul(4, max(normParts(T, H), normParts(c.mul(T, nh), hd))))
 	if bf {
 		grads = c.add(grads, c.mul(T, 2, c.add(Q, K))) // q's and k's in bf16
 	}
