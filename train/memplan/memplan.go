@@ -288,7 +288,7 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 		headName = fmt.Sprintf("LM head logits (%d tokens, fp32) and their gradient (bf16)", chunk)
 	}
 	exclusive(headName, head)
-	grads := c.mul(T, 4, c.add(2*H, 2*Q, 2*K, nh))                                                       // the residual's and a norm output's; attention's, q's; k's, v's; flash's row dots
+	grads := c.mul(T, 4, c.add(2*H, 2*Q, 2*K, nh)) // the residual's and a norm output's; attention's, q's; k's, v's; flash's row dots
 	// The norms' weight-gradient partial sums, for the largest of the
 	// layer norms' (T rows of H) and q_norm's (T·heads rows of head_dim):
 	// rows.cu writes a chunk of them per 256 rows of at most 256 elements,
