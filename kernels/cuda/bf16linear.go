@@ -278,9 +278,10 @@ type ExpertWeights struct{ Gate, Up, Down Buffer }
 // ExpertsBF16 runs an MoE layer's experts over its rows grouped by expert
 // (xg16 [n, H] in bf16; expert x's rows are off[x]..off[x+1], its weights
 // w(x)), a cuBLASLt product per expert: gug [n, 2I] their gate and up
-// projections side by side (float32, or bf16 where gu16), ag16 [n, I]
-// SwiGLU of them in bf16, yg [n, H] the down projections.
-func (l *BF16Linear) ExpertsBF16(xg16, gug, ag16, yg Buffer, off []int, w func(x int) ExpertWeights, H, I int, gu16 bool) error {
+// projections side by side, ag16 [n, I] SwiGLU of them in bf16, yg [n, H]
+// the down projections; gug and yg float32, or bf16 where out16 (each
+// float32 sum rounded once).
+func (l *BF16Linear) ExpertsBF16(xg16, gug, ag16, yg Buffer, off []int, w func(x int) ExpertWeights, H, I int, out16 bool) error {
 	n := off[len(off)-1]
 	each := func(f func(x, r0, m int) error) error {
 		for x := 0; x+1 < len(off); x++ {
@@ -293,7 +294,7 @@ func (l *BF16Linear) ExpertsBF16(xg16, gug, ag16, yg Buffer, off []int, w func(x
 		return nil
 	}
 	if err := each(func(x, r0, m int) error {
-		if gu16 {
+		if out16 {
 			gu := BF16Rows(gug, r0*2*I, m*2*I)
 			return l.LinearManyBF16(BF16Rows(xg16, r0*H, m*H), m, H, Product{Y: gu, W: w(x).Gate, Out: I, LdY: 2 * I, Y16: true},
 				Product{Y: BF16Rows(gu, I, m*2*I-I), W: w(x).Up, Out: I, LdY: 2 * I, Y16: true})
@@ -305,14 +306,18 @@ func (l *BF16Linear) ExpertsBF16(xg16, gug, ag16, yg Buffer, off []int, w func(x
 		return err
 	}
 	swiglu := l.ops.SwiGLUBF16
-	if gu16 {
+	if out16 {
 		swiglu = l.ops.SwiGLUBF16From16
 	}
 	if err := swiglu(ag16, gug, n, I); err != nil {
 		return err
 	}
 	return each(func(x, r0, m int) error {
-		return l.LinearManyBF16(BF16Rows(ag16, r0*I, m*I), m, I, Product{Y: yg.Floats(r0*H, m*H), W: w(x).Down, Out: H, LdY: H})
+		y := yg.Floats(r0*H, m*H)
+		if out16 {
+			y = BF16Rows(yg, r0*H, m*H)
+		}
+		return l.LinearManyBF16(BF16Rows(ag16, r0*I, m*I), m, I, Product{Y: y, W: w(x).Down, Out: H, LdY: H, Y16: out16})
 	})
 }
 

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -380,5 +381,55 @@ func TestDeviceQuantGrouped(t *testing.T) {
 			t.Errorf("%s: a grouped product over matrices that are not adjacent: no error", format)
 		}
 		q.Free()
+	}
+}
+
+// TestDeviceMoECombine: the MoE block's combination and its backward from
+// the experts' outputs in bf16 (the bf16 training mode's) are the
+// float32 kernels' bits over the widened values; the float32 combination
+// against a float64 reference over its slots.
+func TestDeviceMoECombine(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(9, 4))
+	for _, c := range []struct{ T, k, H int }{{1, 1, 3}, {7, 2, 64}, {33, 8, 300}} {
+		R := c.T * c.k
+		yg, resid, dout := randF32(r, R*c.H, 1), randF32(r, c.T*c.H, 1), randF32(r, c.T*c.H, 1)
+		gates := randF32(r, R, 1)
+		row := make([]int32, R)
+		for i, p := range r.Perm(R) {
+			row[i] = int32(p)
+		}
+		y16, yw := roundOperand(yg)
+		bres, bg, brow, bdo := bufOf(g, resid), bufOf(g, gates), bufOf(g, row), bufOf(g, dout)
+		ops := NewOps(g.d)
+		name := fmt.Sprintf("%d tokens, %d slots, H %d", c.T, c.k, c.H)
+
+		want, got := g.poisoned(c.T*c.H), g.poisoned(c.T*c.H)
+		if err := ops.MoECombine(want, bres, bufOf(g, yw), bg, brow, c.T, c.k, c.H); err != nil {
+			t.Fatal(err)
+		}
+		if err := ops.MoECombine16(got, bres, bufOf(g, y16), bg, brow, c.T, c.k, c.H); err != nil {
+			t.Fatal(err)
+		}
+		w32 := g.f32(want, c.T*c.H)
+		sameBits(t, name+": combined from bf16", g.f32(got, c.T*c.H), w32)
+		ref := make([]float32, c.T*c.H)
+		for tk := 0; tk < c.T; tk++ {
+			for j := 0; j < c.H; j++ {
+				var acc float64
+				for s := 0; s < c.k; s++ {
+					acc += float64(gates[tk*c.k+s]) * float64(yw[int(row[tk*c.k+s])*c.H+j])
+				}
+				ref[tk*c.H+j] = float32(float64(resid[tk*c.H+j]) + acc)
+			}
+		}
+		closeTo(t, name+": combined against float64", w32, ref, 1e-5)
+
+		dyW, dgW := g.poisoned(R*c.H), g.poisoned(R)
+		dy16, dg16 := g.poisoned(R*c.H), g.poisoned(R)
+		g.launch("moe.cu", "moe_combine_bwd", c.T, 256, dyW, dgW, bdo, bufOf(g, yw), bg, brow, c.k, c.H)
+		g.launch("moe.cu", "moe_combine_bwd_y16", c.T, 256, dy16, dg16, bdo, bufOf(g, y16), bg, brow, c.k, c.H)
+		sameBits(t, name+": dy from bf16", g.f32(dy16, R*c.H), g.f32(dyW, R*c.H))
+		sameBits(t, name+": gates' gradient from bf16", g.f32(dg16, R), g.f32(dgW, R))
 	}
 }

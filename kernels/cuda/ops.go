@@ -308,6 +308,13 @@ func (o *Ops) MoECombine(out, resid, yg, gates, row Buffer, rows, k, H int) erro
 	return o.Launch("moe.cu", "moe_combine", Dim3{X: rows}, block256, out, resid, yg, gates, row, k, H)
 }
 
+// MoECombine16 is MoECombine from yg16, the experts' outputs in bf16 (as
+// the bf16 training mode's down products write them): MoECombine's bits
+// over the widened values.
+func (o *Ops) MoECombine16(out, resid, yg16, gates, row Buffer, rows, k, H int) error {
+	return o.Launch("moe.cu", "moe_combine_y16", Dim3{X: rows}, block256, out, resid, yg16, gates, row, k, H)
+}
+
 // KVStore writes step rows' keys and values into the cache of their slot
 // at their position (slot, pos: int32 per row; caches [slots, maxLen, kvd]).
 // A row whose slot is negative is padding and writes nothing.

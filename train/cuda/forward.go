@@ -594,14 +594,14 @@ func (e *Engine) allocLayer(f *fwdState, a *layerActs, dense, moe bool) error {
 		E, k, H, I := c.NumExperts, c.NumExpertsPerTok, c.HiddenSize, c.MoeIntermediateSize
 		R := T * k
 		mo := a.moe
-		// The grouped rows, the gate and up outputs and SwiGLU's output:
-		// in bf16 in the bf16 mode.
-		xg, gug, ag := span{&mo.xg, R * H}, span{&mo.gug, R * 2 * I}, span{&mo.ag, R * I}
-		if e.bf != nil { // the gate and up outputs too, as the dense MLP's
-			xg, gug, ag = bf16Span(&mo.xg, R*H), bf16Span(&mo.gug, R*2*I), bf16Span(&mo.ag, R*I)
+		// The grouped rows, the gate and up outputs, SwiGLU's output and
+		// the experts' outputs: in bf16 in the bf16 mode.
+		xg, gug, ag, yg := span{&mo.xg, R * H}, span{&mo.gug, R * 2 * I}, span{&mo.ag, R * I}, span{&mo.yg, R * H}
+		if e.bf != nil { // the products' outputs too, as the dense MLP's
+			xg, gug, ag, yg = bf16Span(&mo.xg, R*H), bf16Span(&mo.gug, R*2*I), bf16Span(&mo.ag, R*I), bf16Span(&mo.yg, R*H)
 		}
 		if err := e.bufs(f, span{&mo.dProbs, T * E}, span{&mo.dGates, R},
-			span{&mo.dIds, R}, span{&mo.dPsum, 2 * E}, xg, gug, ag, span{&mo.yg, R * H}); err != nil {
+			span{&mo.dIds, R}, span{&mo.dPsum, 2 * E}, xg, gug, ag, yg); err != nil {
 			return err
 		}
 		for _, g := range mo.grp.Layout(R, E) {

@@ -28,7 +28,7 @@ type moeActs struct {
 	dProbs, dGates  Buffer
 	dIds, dPsum     Buffer // [T, k] int32, [E] float64
 	grp             kc.MoEGroups
-	xg, gug, ag, yg Buffer // [R, H], [R, 2I], [R, I], [R, H], R = T·k; xg, gug and ag in bf16 in the bf16 mode
+	xg, gug, ag, yg Buffer // [R, H], [R, 2I], [R, I], [R, H], R = T·k; all four in bf16 in the bf16 mode
 }
 
 // moeForward runs the sparse block of layer L on h2 (the post-attention
@@ -93,7 +93,7 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 		steps = append(steps,
 			func() error { return e.bf.Grouped16(&mo.grp, R, mo.gug, mo.xg, ew.gateUp, 2*I, H, H, 2*I, ew.stride) },
 			func() error { return e.ops.SwiGLUBF16From16(mo.ag, mo.gug, R, I) },
-			func() error { return e.bf.Grouped(&mo.grp, R, mo.yg, mo.ag, ew.down, H, I, I, H, ew.stride) })
+			func() error { return e.bf.Grouped16(&mo.grp, R, mo.yg, mo.ag, ew.down, H, I, I, H, ew.stride) })
 	} else {
 		steps = append(steps,
 			func() error {
@@ -104,7 +104,12 @@ func (e *Engine) moeForward(f *fwdState, mo *moeActs, L *model.Layer, h2, resid,
 				return e.ops.GemmGrouped(&mo.grp, R, mo.yg, mo.ag, ew.down, H, I, I, H, ew.stride, false)
 			})
 	}
-	steps = append(steps, func() error { return e.ops.MoECombine(out, resid, mo.yg, mo.dGates, mo.grp.Row, T, k, H) })
+	steps = append(steps, func() error {
+		if e.bf != nil { // the experts' outputs in bf16
+			return e.ops.MoECombine16(out, resid, mo.yg, mo.dGates, mo.grp.Row, T, k, H)
+		}
+		return e.ops.MoECombine(out, resid, mo.yg, mo.dGates, mo.grp.Row, T, k, H)
+	})
 	for _, s := range steps {
 		if err := s(); err != nil {
 			return err
@@ -238,7 +243,11 @@ func (e *Engine) moeBackward(f *fwdState, sc *moeScratch, mo *moeActs, L *model.
 	c := &e.cfg
 	T, H, k := f.T, c.HiddenSize, c.NumExpertsPerTok
 	R := T * k
-	if err := e.launch("moe.cu", "moe_combine_bwd", rowsGrid(T), block256, sc.dy, sc.dgt, dout, mo.yg, mo.dGates, mo.grp.Row, k, H); err != nil {
+	combine := "moe_combine_bwd"
+	if e.bf != nil { // the experts' outputs in bf16
+		combine = "moe_combine_bwd_y16"
+	}
+	if err := e.launch("moe.cu", combine, rowsGrid(T), block256, sc.dy, sc.dgt, dout, mo.yg, mo.dGates, mo.grp.Row, k, H); err != nil {
 		return err
 	}
 	var err error

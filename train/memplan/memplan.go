@@ -19,8 +19,8 @@
 //   - The residual stream (each layer's input and the attention block's
 //     output, xmid) is fp32 (4 bytes); what a product reads (the norms'
 //     outputs, SwiGLU's output, the MoE block's grouped rows) is stored in
-//     the training precision (bf16: 2 bytes, fp32: 4), as are the dense
-//     MLP's gate and up outputs; per-row
+//     the training precision (bf16: 2 bytes, fp32: 4), as are the MLP's
+//     and the experts' products' outputs; per-row
 //     statistics (inverse RMS of every norm, attention's logsumexp),
 //     router probabilities and the MoE routes are fp32 or int32.
 //   - What one Qwen3 decoder layer saves for backward, per token (H
@@ -44,7 +44,7 @@
 //     MoE layer (uploaded at once, so not shared under Recompute), the
 //     routed token copies (top_k·H), per routed copy the experts' gate and
 //     up outputs (2·I_moe) and SwiGLU output (I_moe), and the experts'
-//     outputs before gating (top_k·H, fp32).
+//     outputs before gating (top_k·H).
 //   - With Recompute (activation checkpointing) only each layer's input is
 //     kept; backward recomputes one layer at a time into one shared set of
 //     a layer's activations (room for a dense and an MoE block when the
@@ -218,7 +218,7 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	router := c.add(c.mul(T, 4, E), c.mul(R, 8), 8*E, // probabilities; gates and ids; load statistics
 		c.mul(4, c.add(E+1, 2*R, 2*(ceilDiv(R, moeTile)+E), c.mul(2, ceilDiv(R, moeChunk), E)))) // the grouping
 	routed := c.mul(R, a, H)
-	experts := c.mul(R, c.add(c.mul(a, 3*Im), 4*H)) // gate and up, SwiGLU's output; the outputs before gating (fp32)
+	experts := c.mul(R, a, c.add(3*Im, H)) // gate and up, SwiGLU's output, the outputs before gating
 
 	b := &Budget{Params: P, cfg: *cfg, shape: s, mode: m}
 	if cfg.MlpOnlyLayers != nil {

@@ -22,28 +22,41 @@ extern "C" __global__ void softmax_rows(float* z, int V) {
 }
 
 // moe_combine: out[t] = resid[t] + sum_s gates[t*k+s] * yg[row[t*k+s]],
-// the slots added in order. grid = T.
-extern "C" __global__ void moe_combine(float* __restrict__ out, const float* __restrict__ resid,
-                                       const float* __restrict__ yg, const float* __restrict__ gates,
-                                       const int* __restrict__ row, int k, int H) {
+// the slots added in order; yg float32, or (moe_combine_y16) bf16 as the
+// bf16 training mode's down products write it, widened. grid = T.
+template <typename Y>
+__device__ __forceinline__ void moe_combine_token(float* __restrict__ out, const float* __restrict__ resid,
+                                                  const Y* __restrict__ yg, const float* __restrict__ gates,
+                                                  const int* __restrict__ row, int k, int H) {
   const i64 t = blockIdx.x;
   for (int j = threadIdx.x; j < H; j += blockDim.x) {
     float acc = 0.f;
     for (int s = 0; s < k; s++) {
-      const float y = yg[(i64)row[t * k + s] * H + j];
+      const float y = widen(yg[(i64)row[t * k + s] * H + j]);
       acc = s == 0 ? gates[t * k] * y : fmaf(gates[t * k + s], y, acc);
     }
     out[t * H + j] = resid[t * H + j] + acc;
   }
 }
+extern "C" __global__ void moe_combine(float* __restrict__ out, const float* __restrict__ resid,
+                                       const float* __restrict__ yg, const float* __restrict__ gates,
+                                       const int* __restrict__ row, int k, int H) {
+  moe_combine_token(out, resid, yg, gates, row, k, H);
+}
+extern "C" __global__ void moe_combine_y16(float* __restrict__ out, const float* __restrict__ resid,
+                                           const bf16_t* __restrict__ yg, const float* __restrict__ gates,
+                                           const int* __restrict__ row, int k, int H) {
+  moe_combine_token(out, resid, yg, gates, row, k, H);
+}
 
 // moe_combine_bwd: for token t and slot s, the gate's gradient
 // dgt[t*k+s] = dout[t].yg[r] and the expert output's gradient
-// dy[r] = gate * dout[t], r = row[t*k+s]. grid = T.
-extern "C" __global__ void moe_combine_bwd(float* __restrict__ dy, float* __restrict__ dgt,
-                                           const float* __restrict__ dout, const float* __restrict__ yg,
-                                           const float* __restrict__ gates, const int* __restrict__ row,
-                                           int k, int H) {
+// dy[r] = gate * dout[t], r = row[t*k+s]; yg float32 or (_y16) bf16.
+// grid = T.
+template <typename Y>
+__device__ void moe_combine_bwd_token(float* __restrict__ dy, float* __restrict__ dgt, const float* __restrict__ dout,
+                                      const Y* __restrict__ yg, const float* __restrict__ gates,
+                                      const int* __restrict__ row, int k, int H) {
   __shared__ double sd[32];
   const i64 t = blockIdx.x;
   for (int s = 0; s < k; s++) {
@@ -52,12 +65,24 @@ extern "C" __global__ void moe_combine_bwd(float* __restrict__ dy, float* __rest
     double dot = 0.0;
     for (int j = threadIdx.x; j < H; j += blockDim.x) {
       const float d = dout[t * H + j];
-      dot += (double)d * (double)yg[r * H + j];
+      dot += (double)d * (double)widen(yg[r * H + j]);
       dy[r * H + j] = g * d;
     }
     dot = block_sum_f64(dot, sd);
     if (threadIdx.x == 0) dgt[t * k + s] = (float)dot;
   }
+}
+extern "C" __global__ void moe_combine_bwd(float* __restrict__ dy, float* __restrict__ dgt,
+                                           const float* __restrict__ dout, const float* __restrict__ yg,
+                                           const float* __restrict__ gates, const int* __restrict__ row,
+                                           int k, int H) {
+  moe_combine_bwd_token(dy, dgt, dout, yg, gates, row, k, H);
+}
+extern "C" __global__ void moe_combine_bwd_y16(float* __restrict__ dy, float* __restrict__ dgt,
+                                               const float* __restrict__ dout, const bf16_t* __restrict__ yg,
+                                               const float* __restrict__ gates, const int* __restrict__ row,
+                                               int k, int H) {
+  moe_combine_bwd_token(dy, dgt, dout, yg, gates, row, k, H);
 }
 
 // moe_gather_sum: dxn[t] = sum_s dxg[row[t*k+s]], slots in order. grid = T.
