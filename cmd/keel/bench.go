@@ -96,7 +96,7 @@ func runBench(args []string) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(rep)
 	}
-	return printBench(rep)
+	return printBench(os.Stdout, rep)
 }
 
 // parseBenchFlags reads and checks keel bench's flags.
@@ -292,14 +292,14 @@ func measure(o *benchOptions) (*benchReport, error) {
 	return rep, nil
 }
 
-// printBench writes the report's tables and what each measured.
-func printBench(rep *benchReport) error {
+// printBench writes the report's tables and what each measured to out.
+func printBench(out io.Writer, rep *benchReport) error {
 	if rep.Device != "" {
-		fmt.Printf("keel bench: %s (the GPU engine, %s products; MFU against the card's bf16 peak)\n\n", rep.Device, rep.TrainPrecision)
+		fmt.Fprintf(out, "keel bench: %s (the GPU engine, %s products; MFU against the card's bf16 peak)\n\n", rep.Device, rep.TrainPrecision)
 	} else {
-		fmt.Printf("keel bench: kernels %s, %d threads\n\n", rep.CPU, rep.Threads)
+		fmt.Fprintf(out, "keel bench: kernels %s, %d threads\n\n", rep.CPU, rep.Threads)
 	}
-	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	if len(rep.Gemm) > 0 {
 		fmt.Fprintln(w, "GEMM M\tK\tN\tf32 GFLOP/s\tbf16 GFLOP/s\tbf16/f32\t")
 		for _, g := range rep.Gemm {
@@ -328,7 +328,7 @@ func printBench(rep *benchReport) error {
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	printBenchNotes(rep)
+	printBenchNotes(out, rep)
 	return nil
 }
 
@@ -392,27 +392,27 @@ func printBenchTables(w io.Writer, rep *benchReport) {
 	}
 }
 
-// printBenchNotes says what each table measured.
-func printBenchNotes(rep *benchReport) {
+// printBenchNotes says to out what each table measured.
+func printBenchNotes(out io.Writer, rep *benchReport) {
 	if len(rep.Serve) > 0 {
-		fmt.Println("\nkeel serve: a preset with random weights served on loopback; rounds of CLIENTS concurrent requests (32-token prompts, 96 new tokens, one sample each) as POST /generate and as streamed /v1/completions, alternated with the same batch on an in-process engine; tok/s = generated tokens per second of a round, best round; latencies over all requests; then one weight sync: the model written as a Hugging Face directory (float32) and loaded with /update_weights_from_disk.")
+		fmt.Fprintln(out, "\nkeel serve: a preset with random weights served on loopback; rounds of CLIENTS concurrent requests (32-token prompts, 96 new tokens, one sample each) as POST /generate and as streamed /v1/completions, alternated with the same batch on an in-process engine; tok/s = generated tokens per second of a round, best round; latencies over all requests; then one weight sync: the model written as a Hugging Face directory (float32) and loaded with /update_weights_from_disk.")
 	}
 	if len(rep.RL) > 0 {
 		r := rep.RL[0]
-		fmt.Printf("\nRL step: MiniRL, %d random 32-token prompts x %d samples of up to %d tokens, one mini-batch, a synthetic reward; phases as shares of the step; loop overhead = the step less the two engines and the weight push (scoring, coefficients, metrics).\n", r.Prompts, r.Group, r.MaxNew)
+		fmt.Fprintf(out, "\nRL step: MiniRL, %d random 32-token prompts x %d samples of up to %d tokens, one mini-batch, a synthetic reward; phases as shares of the step; loop overhead = the step less the two engines and the weight push (scoring, coefficients, metrics).\n", r.Prompts, r.Group, r.MaxNew)
 	}
 	if len(rep.Decode) > 0 {
 		d := rep.Decode[0]
-		fmt.Printf("\ndecode: %d-token prompts, %d new tokens each at temperature 1, all sequences concurrent, \"per prompt\" samples sharing each prompt's prefill; tokens/s counts generated tokens (prefill time included); vs forward = over the forward tok/s above.\n", d.PromptLen, d.NewTokens)
+		fmt.Fprintf(out, "\ndecode: %d-token prompts, %d new tokens each at temperature 1, all sequences concurrent, \"per prompt\" samples sharing each prompt's prefill; tokens/s counts generated tokens (prefill time included); vs forward = over the forward tok/s above.\n", d.PromptLen, d.NewTokens)
 		if rep.PeakGBPerS > 0 {
-			fmt.Printf("weights+KV GB/s: the bytes one decoding step reads (the weights in the precision's storage, MoE experts in the share the step's tokens route to, every sequence's keys and values at the mean context of %d positions) times steps per second; of bandwidth: over --peak-gbps (%.0f GB/s). Prefill time counts, so both are lower bounds.\n", d.PromptLen+d.NewTokens/2, rep.PeakGBPerS)
+			fmt.Fprintf(out, "weights+KV GB/s: the bytes one decoding step reads (the weights in the precision's storage, MoE experts in the share the step's tokens route to, every sequence's keys and values at the mean context of %d positions) times steps per second; of bandwidth: over --peak-gbps (%.0f GB/s). Prefill time counts, so both are lower bounds.\n", d.PromptLen+d.NewTokens/2, rep.PeakGBPerS)
 		}
 	}
 	switch {
 	case rep.Device != "":
-		fmt.Printf("\nMFU: model FLOPs of a training step (3 × forward, GEMMs and attention) per second over the card's dense bf16 peak given by --peak-tflops (%.1f TFLOP/s).\n", rep.PeakGFLOPS/1000)
-		fmt.Printf("activations: the most device memory a training step's activations and scratch took (the engine's buffers in use at their peak, logits kept for the backward, the bf16 operand scratch; weights, gradients and AdamW state apart); planned: train/memplan's plan for them, which the engine checks before a step.\n")
+		fmt.Fprintf(out, "\nMFU: model FLOPs of a training step (3 × forward, GEMMs and attention) per second over the card's dense bf16 peak given by --peak-tflops (%.1f TFLOP/s).\n", rep.PeakGFLOPS/1000)
+		fmt.Fprintf(out, "activations: the bytes a training step's activations and scratch took at their peak (the engine's buffers as asked of its allocator, logits kept for the backward, the bf16 operand scratch; weights, gradients and AdamW state apart; --json's ActivationHeldBytes adds the allocator's rounding); planned: train/memplan's plan for them, which the engine checks before a step.\n")
 	case rep.PeakGFLOPS > 0:
-		fmt.Printf("\nMFU: model FLOPs of a training step (3 × forward, GEMMs and attention) per second over keel's float32 GEMM at 1024³ (%.1f GFLOP/s) in this run.\n", rep.PeakGFLOPS)
+		fmt.Fprintf(out, "\nMFU: model FLOPs of a training step (3 × forward, GEMMs and attention) per second over keel's float32 GEMM at 1024³ (%.1f GFLOP/s) in this run.\n", rep.PeakGFLOPS)
 	}
 }

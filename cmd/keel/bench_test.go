@@ -89,3 +89,28 @@ func TestBenchDecodeTable(t *testing.T) {
 		t.Errorf("bandwidth columns without a card:\n%s", b.String())
 	}
 }
+
+// The training table shows the measured and planned activations on a GPU
+// (a report naming its device), and not on the CPU.
+func TestBenchTrainTable(t *testing.T) {
+	row := bench.TrainResult{Preset: "qwen3-0.6b", Params: 596049920, Tokens: 16384, FwdTokensPerS: 30000, TokensPerS: 10000,
+		TrainGFLOPS: 100000, ActivationBytes: 3 << 30, ActivationHeldBytes: 4 << 30, PlannedActivationBytes: 3<<30 + 1<<28}
+	var b strings.Builder
+	rep := &benchReport{Device: "NVIDIA H100 80GB HBM3", Train: []bench.TrainResult{row}, Utilisation: map[string]float64{"qwen3-0.6b": 0.1}, PeakGFLOPS: 989e3}
+	if err := printBench(&b, rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"activations GiB", "planned GiB", "3.00", "3.25\n", "activations: the bytes"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("missing %q in\n%s", want, b.String())
+		}
+	}
+	b.Reset()
+	rep.Device = ""
+	if err := printBench(&b, rep); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "activations") {
+		t.Errorf("activation columns on the CPU:\n%s", b.String())
+	}
+}
