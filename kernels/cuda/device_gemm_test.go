@@ -442,7 +442,7 @@ func TestDeviceFlashAttention(t *testing.T) {
 			what string
 			a, b Buffer
 			n    int
-		}{{"out", bout, pout, (T*qd + 1) / 2}, {"lse", blse, plse, T * c.heads}, {"dq", bdq, pdq, T * qd}, {"dk", bdk, pdk, T * kvd}, {"dv", bdv, pdv, T * kvd}} {
+		}{{"out", bout, pout, (T*qd + 1) / 2}, {"lse", blse, plse, T * c.heads}, {"dq", bdq, pdq, T * qd}, {"dk", bdk, pdk, T * kvd}, {"dv (bf16)", bdv, pdv, (T*kvd + 1) / 2}} {
 			sameBits(t, fmt.Sprintf("%s %s, cp.async %v against %v", name, x.what, !ops.FlashPlainCopies, !plain.FlashPlainCopies), g.f32(x.a, x.n), g.f32(x.b, x.n))
 		}
 		// With q's and k's bf16 copies given (the training engine's, made by
@@ -496,7 +496,7 @@ func TestDeviceFlashAttention(t *testing.T) {
 			what string
 			a, b Buffer
 			n    int
-		}{{"out", bout, gout, (T*qd + 1) / 2}, {"lse", blse, glse, T * c.heads}, {"dq", bdq, gdq, T * qd}, {"dk", bdk, gdk, T * kvd}, {"dv", bdv, gdv, T * kvd}} {
+		}{{"out", bout, gout, (T*qd + 1) / 2}, {"lse", blse, glse, T * c.heads}, {"dq", bdq, gdq, T * qd}, {"dk", bdk, gdk, T * kvd}, {"dv (bf16)", bdv, gdv, (T*kvd + 1) / 2}} {
 			sameBits(t, fmt.Sprintf("%s %s, q and k copies given", name, x.what), g.f32(x.b, x.n), g.f32(x.a, x.n))
 		}
 		// With v's bf16 copy given too (the bf16 mode's v product writes
@@ -548,7 +548,7 @@ func TestDeviceFlashAttention(t *testing.T) {
 			what string
 			a, b Buffer
 			n    int
-		}{{"out", bout, vout, (T*qd + 1) / 2}, {"lse", blse, vlse, T * c.heads}, {"dq", bdq, vdq, T * qd}, {"dk", bdk, vdk, T * kvd}, {"dv", bdv, vdv, T * kvd}} {
+		}{{"out", bout, vout, (T*qd + 1) / 2}, {"lse", blse, vlse, T * c.heads}, {"dq", bdq, vdq, T * qd}, {"dk", bdk, vdk, T * kvd}, {"dv (bf16)", bdv, vdv, (T*kvd + 1) / 2}} {
 			sameBits(t, fmt.Sprintf("%s %s, q, k and v copies given", name, x.what), g.f32(x.b, x.n), g.f32(x.a, x.n))
 		}
 		// The backward with one stage of shared memory (each tile's copy
@@ -572,7 +572,7 @@ func TestDeviceFlashAttention(t *testing.T) {
 				what string
 				a, b Buffer
 				n    int
-			}{{"dsum", bdsum, sdsum, T * c.heads}, {"dq", bdq, sdq, T * qd}, {"dk", bdk, sdk, T * kvd}, {"dv", bdv, sdv, T * kvd}} {
+			}{{"dsum", bdsum, sdsum, T * c.heads}, {"dq", bdq, sdq, T * qd}, {"dk", bdk, sdk, T * kvd}, {"dv (bf16)", bdv, sdv, (T*kvd + 1) / 2}} {
 				sameBits(t, fmt.Sprintf("%s %s, pipelined backward against one stage (plain copies %v)", name, x.what, plainCopies), g.f32(x.a, x.n), g.f32(x.b, x.n))
 			}
 		}
@@ -645,9 +645,9 @@ func TestDeviceFlashAttention(t *testing.T) {
 			what string
 			got  Buffer
 			want []float64
-			bf16 bool // the forward's output, in bf16
-		}{{"out", bout, out, true}, {"dq", bdq, dq, false}, {"dk", bdk, dk, false}, {"dv", bdv, dv, false},
-			{"wide out", wout, out, true}, {"out, Q in shared memory", qout, out, true}, {"dq after the wide forward", wdq, dq, false}, {"dk after the wide forward", wdk, dk, false}, {"dv after the wide forward", wdv, dv, false}} {
+			bf16 bool // the forward's output and dv, in bf16
+		}{{"out", bout, out, true}, {"dq", bdq, dq, false}, {"dk", bdk, dk, false}, {"dv", bdv, dv, true},
+			{"wide out", wout, out, true}, {"out, Q in shared memory", qout, out, true}, {"dq after the wide forward", wdq, dq, false}, {"dk after the wide forward", wdk, dk, false}, {"dv after the wide forward", wdv, dv, true}} {
 			got := g.f32(x.got, len(x.want))
 			if x.bf16 {
 				got = g.bf16(x.got, len(x.want))

@@ -198,14 +198,20 @@ func (o *Ops) GemmGroupedBF16BackW(g *MoEGroups, dw, dy16, x16 Buffer, N, K, ldd
 		vec16([]Buffer{dy16, x16}, lddy, ldx, N, K), o.flashAsync())
 }
 
+// current16 is the bf16 copy of w, a span of the float32 arena, rounded
+// again first if the weights changed (Stale).
+func (l *BF16Linear) current16(w Buffer) (Buffer, error) {
+	if err := l.weights(); err != nil {
+		return Buffer{}, err
+	}
+	return l.w16span(w)
+}
+
 // Grouped is GemmGroupedBF16 with the weights' bf16 copy: w is the span
 // of the float32 arena holding every expert's [N, K] (expert e at word
 // e·wstride), x16 the grouped rows in bf16.
 func (l *BF16Linear) Grouped(g *MoEGroups, pairs int, y, x16, w Buffer, N, K, ldx, ldy, wstride int) error {
-	if err := l.weights(); err != nil {
-		return err
-	}
-	w16, err := l.w16span(w)
+	w16, err := l.current16(w)
 	if err != nil {
 		return err
 	}
@@ -214,10 +220,7 @@ func (l *BF16Linear) Grouped(g *MoEGroups, pairs int, y, x16, w Buffer, N, K, ld
 
 // Grouped16 is Grouped with y16 in bf16 (GemmGroupedBF16To16).
 func (l *BF16Linear) Grouped16(g *MoEGroups, pairs int, y16, x16, w Buffer, N, K, ldx, ldy, wstride int) error {
-	if err := l.weights(); err != nil {
-		return err
-	}
-	w16, err := l.w16span(w)
+	w16, err := l.current16(w)
 	if err != nil {
 		return err
 	}
@@ -228,10 +231,7 @@ func (l *BF16Linear) Grouped16(g *MoEGroups, pairs int, y16, x16, w Buffer, N, K
 // dy16[r, 0:N] · W_e and dW_e (the float32 gradient span dw, laid out as
 // w) += dy16_eᵀ · x16_e, for every expert over its grouped rows.
 func (l *BF16Linear) GroupedBack(g *MoEGroups, pairs int, dx, dw, dy16, x16, w Buffer, N, K, lddy, ldx, lddx, wstride int, acc bool) error {
-	if err := l.weights(); err != nil {
-		return err
-	}
-	w16, err := l.w16span(w)
+	w16, err := l.current16(w)
 	if err != nil {
 		return err
 	}

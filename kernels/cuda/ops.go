@@ -779,11 +779,12 @@ func flashBackwardShared(hd int, dkv bool) int {
 	return 4 * 2 * (2*bk*kp + hd*(bk/2+4))
 }
 
-// FlashAttentionBackward computes FlashAttention's gradients dq, dk and dv
-// for the upstream gradient dout (float32), from its out16 (bf16) and
-// lse; dsum [rows, heads] is scratch (D = dO·O per row and head). Two
-// passes, no atomics. s is a backward's scratch.
-func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv, dsum, dout, out16, lse, q, k, v, seqStart, seqEnd Buffer, scale float32) error {
+// FlashAttentionBackward computes FlashAttention's gradients dq and dk
+// (float32) and dv16 (bf16: each float32 sum rounded once, as the v
+// product's backward reads it) for the upstream gradient dout (float32),
+// from its out16 (bf16) and lse; dsum [rows, heads] is scratch (D = dO·O
+// per row and head). Two passes, no atomics. s is a backward's scratch.
+func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, out16, lse, q, k, v, seqStart, seqEnd Buffer, scale float32) error {
 	if s.dout.Ptr == 0 {
 		return fmt.Errorf("cuda: FlashAttentionBackward given a forward's scratch")
 	}
@@ -825,7 +826,7 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv, dsum, dout, ou
 				name, shared = "flash_bwd_dkv_2_%d", flashBackwardShared(s.hd, true)
 			}
 			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + 63) / 64, Y: s.kv}, Dim3{X: 128}, shared,
-				dk, dv, lse, dsum, s.q, s.qt, s.dout, s.doutT, s.k, s.v, seqStart, seqEnd, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
+				dk, dv16, lse, dsum, s.q, s.qt, s.dout, s.doutT, s.k, s.v, seqStart, seqEnd, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
 		},
 	} {
 		if err := f(); err != nil {

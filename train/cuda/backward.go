@@ -125,8 +125,12 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		return err
 	}
 	var da, dgu, dh, datt, dq, dk, dv, dsum Buffer
+	dvs := span{&dv, T * d.kvd}
+	if e.flash() { // flash.cu writes dv in bf16, the v product's operand
+		dvs = bf16Span(&dv, T*d.kvd)
+	}
 	if err := e.bufs(tmp, span{&dh, T * d.H}, span{&datt, T * d.qd},
-		span{&dq, T * d.qd}, span{&dk, T * d.kvd}, span{&dv, T * d.kvd}, span{&dsum, T * d.heads}); err != nil {
+		span{&dq, T * d.qd}, span{&dk, T * d.kvd}, dvs, span{&dsum, T * d.heads}); err != nil {
 		return err
 	}
 	// The bf16 mode takes q's and k's gradients back through RoPE and
@@ -311,6 +315,9 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		}
 		steps = append(steps,
 			func() error {
+				if e.flash() { // dv in bf16 already
+					return e.bf.BackBF16(dh, g(l.V), dv, d.kvd, a.h1b, d.H, w(l.V), T, d.H, d.kvd, d.H, true)
+				}
 				return e.backSaved(dh, g(l.V), dv, e.pick(a.h1, a.h1b), w(l.V), T, d.H, d.kvd, d.H, d.kvd, true)
 			},
 			// dres becomes the gradient at the layer's input.

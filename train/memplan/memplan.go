@@ -59,9 +59,10 @@
 //     under Recompute the forward's vᵀ too.
 //   - Backward holds one layer's activation gradients at a time: the
 //     residual stream's, the final norm's and a norm output's (3H), the
-//     attention output's and q's (2Q), k's and v's (2K), attention's row
-//     dots (heads), the loss coefficients (2), the norms' weight-gradient
-//     partial sums, in bf16 mode q's and k's gradients as bf16 operands
+//     attention output's and q's (2Q), k's and v's (2K; v's in bf16 with
+//     flash.cu), attention's row dots (heads), the loss coefficients (2),
+//     the norms' weight-gradient partial sums, in bf16 mode q's and k's
+//     gradients as bf16 operands
 //     (Q+K), a dense MLP's (I fp32, 2I) and an MoE block's (per routed
 //     copy 2H + 1 + 3·I_moe, fp32, and the router's E per token) when the
 //     model has that kind of block, and the token rows the embedding's
@@ -289,6 +290,9 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	}
 	exclusive(headName, head)
 	grads := c.mul(T, 4, c.add(2*H, 2*Q, 2*K, nh)) // the residual's and a norm output's; attention's, q's; k's, v's; flash's row dots
+	if flash {
+		grads -= c.mul(T, 2, K) // flash.cu writes v's in bf16
+	}
 	// The norms' weight-gradient partial sums, for the largest of the
 	// layer norms' (T rows of H) and q_norm's (T·heads rows of head_dim):
 	// rows.cu writes a chunk of them per 256 rows of at most 256 elements,
@@ -317,7 +321,10 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	if bf {
 		// The products' gradient operand (dy) rounded to bf16, for the
 		// largest: the residual's, v's, the router's or the experts' rows.
-		w := max(H, K)
+		w := H // the residual's (o's and down's products)
+		if !flash {
+			w = max(w, K) // v's (flash.cu writes it in bf16)
+		}
 		if Lm > 0 {
 			w = max(w, k*H, E)
 		}

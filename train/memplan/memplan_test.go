@@ -242,6 +242,17 @@ func TestPlanByHand(t *testing.T) {
 	if it := fb.Items[9]; it.Name != "flash attention's bf16 copies" || it.Bytes != 57344 {
 		t.Errorf("flash copies: %+v, want 57344", it)
 	}
+	// Its gradients: 6·4·(2·8 + 2·64 + 2·32 + 2) = 5040 less v's in bf16
+	// 6·2·32 = 384; the partial sums 4·max(⌈6/256⌉·8, ⌈12/256⌉·32) = 128;
+	// q's and k's bf16 6·2·96 = 1152; the MLP's 576; the grouping 76:
+	// 6588. The gradient operand is the residual's alone (v's comes in
+	// bf16): 6·8·2.
+	if it := fb.Items[12]; it.Name != "activation gradients (1 layer)" || it.Bytes != 6588 {
+		t.Errorf("flash gradients: %+v, want 6588", it)
+	}
+	if it := fb.Items[13]; it.Name != "bf16 gradient operand" || it.Bytes != 96 {
+		t.Errorf("flash gradient operand: %+v, want 96", it)
+	}
 	fr := mustPlan(t, fd, Shape{2, 3}, Mode{Precision: BF16, Recompute: true})
 	if it := fr.Items[9]; it.Name != "flash attention's bf16 copies" || it.Bytes != 57344+8192 {
 		t.Errorf("flash copies under recompute: %+v, want 65536", it)

@@ -506,8 +506,9 @@ __device__ __forceinline__ void dkv_stats_store(u32* S, int c, float L, float D,
 }
 
 // flash_bwd_dkv: for key rows j and KV head grp, over the query heads of
-// the group and the rows i >= j of the sequence: dv_j = sum P_ij dO_i and
-// dk_j = scale * sum P_ij (dO_i.v_j - D_i) q_i. A block takes FA_BK keys,
+// the group and the rows i >= j of the sequence: dv_j = sum P_ij dO_i
+// (rounded to bf16: the v product's gradient operand, all that reads it)
+// and dk_j = scale * sum P_ij (dO_i.v_j - D_i) q_i (float32). A block takes FA_BK keys,
 // warp w keys 16w..16w+15 (K as A fragments in registers, V in shared
 // memory), and walks the queries of each head in turn in tiles of FB_BQ (Q
 // and dO in shared memory row-major, from qb and dob, and transposed, from
@@ -516,7 +517,7 @@ __device__ __forceinline__ void dkv_stats_store(u32* S, int c, float L, float D,
 // registers then (the same bits as one stage). smem: DKV_V_WORDS, then
 // STAGES of DKV_STAGE_WORDS. grid = (ceil(T/FA_BK), kv), block 128.
 template <int HD, int STAGES>
-__device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk, float* __restrict__ dv,
+__device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk, bf16_t* __restrict__ dv,
                                               const float* __restrict__ lse, const float* __restrict__ dsum,
                                               const bf16_t* __restrict__ qb, const bf16_t* __restrict__ qt,
                                               const bf16_t* __restrict__ dob, const bf16_t* __restrict__ dot,
@@ -660,7 +661,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
       const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, int async
 #define FLASH_DQ_ARGS dq, dsum, dout, out, lse, qb, dob, kb, kt, vb, seq_start, T, Tp, heads, kv, scale, async
 #define FLASH_DKV_PARAMS                                                                                           \
-  float *__restrict__ dk, float *__restrict__ dv, const float *__restrict__ lse, const float *__restrict__ dsum,     \
+  float *__restrict__ dk, bf16_t *__restrict__ dv, const float *__restrict__ lse, const float *__restrict__ dsum,    \
       const bf16_t *__restrict__ qb, const bf16_t *__restrict__ qt, const bf16_t *__restrict__ dob,                 \
       const bf16_t *__restrict__ dot, const bf16_t *__restrict__ kb, const bf16_t *__restrict__ vb,                 \
       const int *__restrict__ seq_start, const int *__restrict__ seq_end, int T, int Tp, int heads, int kv,          \

@@ -357,6 +357,22 @@ extern "C" __global__ void norm_rope_fwd(float* __restrict__ out, float* __restr
   norm_rope_token(out, inv, raw, w, cosv, sinv, pos, heads, hd, raw_stride, eps, blockIdx.x);
 }
 
+// norm_rope_padded is norm_rope_token for block t of Tp, writing zeros
+// for the pad rows t >= T.
+template <typename R>
+__device__ __forceinline__ void norm_rope_padded(bf16_t* __restrict__ out, float* __restrict__ inv,
+                                                 const R* __restrict__ raw, const float* __restrict__ w,
+                                                 const float* __restrict__ cosv, const float* __restrict__ sinv,
+                                                 const int* __restrict__ pos, int heads, int hd, i64 raw_stride,
+                                                 float eps, int T) {
+  const i64 t = blockIdx.x;
+  if (t >= T) {  // a pad row
+    for (int i = threadIdx.x; i < heads * hd; i += blockDim.x) out[t * heads * hd + i] = 0;
+    return;
+  }
+  norm_rope_token(out, inv, raw, w, cosv, sinv, pos, heads, hd, raw_stride, eps, t);
+}
+
 // norm_rope_fwd_bf16 is norm_rope_fwd with out rounded to bf16, [Tp,
 // heads*hd] with the rows T..Tp-1 zero: flash.cu's row-major copy of q or k
 // (FlashScratch.UseQK), made in the pass that computes it, bit for bit
@@ -366,12 +382,7 @@ extern "C" __global__ void norm_rope_fwd_bf16(bf16_t* __restrict__ out, float* _
                                               const float* __restrict__ cosv, const float* __restrict__ sinv,
                                               const int* __restrict__ pos, int heads, int hd, i64 raw_stride,
                                               float eps, int T) {
-  const i64 t = blockIdx.x;
-  if (t >= T) {  // a pad row
-    for (int i = threadIdx.x; i < heads * hd; i += blockDim.x) out[t * heads * hd + i] = 0;
-    return;
-  }
-  norm_rope_token(out, inv, raw, w, cosv, sinv, pos, heads, hd, raw_stride, eps, t);
+  norm_rope_padded(out, inv, raw, w, cosv, sinv, pos, heads, hd, raw_stride, eps, T);
 }
 
 // norm_rope_fwd_bf16_raw16 is norm_rope_fwd_bf16 from raw in bf16 (the
@@ -383,12 +394,7 @@ extern "C" __global__ void norm_rope_fwd_bf16_raw16(bf16_t* __restrict__ out, fl
                                                     const float* __restrict__ cosv, const float* __restrict__ sinv,
                                                     const int* __restrict__ pos, int heads, int hd, i64 raw_stride,
                                                     float eps, int T) {
-  const i64 t = blockIdx.x;
-  if (t >= T) {  // a pad row
-    for (int i = threadIdx.x; i < heads * hd; i += blockDim.x) out[t * heads * hd + i] = 0;
-    return;
-  }
-  norm_rope_token(out, inv, raw, w, cosv, sinv, pos, heads, hd, raw_stride, eps, t);
+  norm_rope_padded(out, inv, raw, w, cosv, sinv, pos, heads, hd, raw_stride, eps, T);
 }
 
 // norm_rope_kv_bf16 is the bf16 rollout's fused q/k step: for step row t,
