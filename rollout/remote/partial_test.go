@@ -19,7 +19,11 @@ import (
 // Partial rollouts on a real keel serve (exact precision): weights pushed
 // in place while the requests run; the sequences in flight continue on
 // them, and every token's log mu is that of the weights its answer says
-// sampled it, given the whole sequence, bit for bit.
+// sampled it, given the whole sequence, bit for bit. Whether the switch
+// lands while sequences are in flight depends on timing (a loaded machine
+// can starve the client's poll until the generation ends), so a run
+// without one is tried again, up to five times; the bits are checked on
+// every run.
 func TestGenerateSwitchingInPlace(t *testing.T) {
 	cfg := model.Config{
 		Architecture: model.ArchQwen3MoE, VocabSize: 128, HiddenSize: 32, IntermediateSize: 40,
@@ -28,6 +32,40 @@ func TestGenerateSwitchingInPlace(t *testing.T) {
 		NumExperts: 6, NumExpertsPerTok: 2, MoeIntermediateSize: 24, NormTopKProb: true, DecoderSparseStep: 1,
 	}
 	m1, m2 := testmodel.Random(cfg, 1), testmodel.Random(cfg, 2)
+	r := rand.New(rand.NewPCG(1, 2))
+	prompts := make([][]int32, 8)
+	for i := range prompts {
+		for range 5 {
+			prompts[i] = append(prompts[i], int32(5+r.IntN(90)))
+		}
+	}
+	e1, e2 := train.New(m1), train.New(m2)
+	var url string
+	for attempt := 1; ; attempt++ {
+		var switched int
+		url, switched = switchingRun(t, cfg, m1, m2, e1, e2, prompts)
+		if switched > 0 {
+			break
+		}
+		if attempt == 5 {
+			t.Fatalf("no sample was switched in flight in %d runs", attempt)
+		}
+		t.Logf("run %d: no sample was switched in flight; again", attempt)
+	}
+	// Without in-place pushes the client refuses to switch, and other
+	// kinds of servers cannot push in place.
+	if _, err := New(Options{Servers: []string{url}, Kind: KindSGLang, Config: cfg, InPlace: true}); err == nil {
+		t.Fatal("in-place pushes accepted for kind sglang")
+	}
+}
+
+// switchingRun serves m1 on a fresh keel serve, generates 8 samples of
+// each prompt with a push of m2 offered once 50 tokens are sampled, checks
+// every token's log mu against the training engine of the weights that
+// sampled it (e1, e2), and returns the server's address and the number of
+// samples switched in flight.
+func switchingRun(t *testing.T, cfg model.Config, m1, m2 *model.Model, e1, e2 *train.Engine, prompts [][]int32) (string, int) {
+	t.Helper()
 	eng, err := rollout.New(m1, rollout.Options{Precision: rollout.Exact, Slots: 8, MaxLen: 256})
 	if err != nil {
 		t.Fatal(err)
@@ -45,15 +83,8 @@ func TestGenerateSwitchingInPlace(t *testing.T) {
 	if err := c.UpdateWeights(context.Background(), m1, 0); err != nil {
 		t.Fatal(err)
 	}
-	r := rand.New(rand.NewPCG(1, 2))
-	prompts := make([][]int32, 3)
-	for i := range prompts {
-		for range 5 {
-			prompts[i] = append(prompts[i], int32(5+r.IntN(90)))
-		}
-	}
-	// The switch comes once the server has sampled some tokens: 24
-	// sequences of 240 tokens in 8 slots leave the first ones in flight.
+	// The switch comes once the server has sampled some tokens: 64
+	// sequences of up to 240 tokens in 8 slots, several waves of them.
 	calls, loaded, offered := 0, false, false
 	next := func() *rollout.Switch {
 		calls++
@@ -67,10 +98,9 @@ func TestGenerateSwitchingInPlace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !loaded || c.Version() != 1 {
+	if offered && (!loaded || c.Version() != 1) {
 		t.Fatalf("the switch was not loaded (version %d)", c.Version())
 	}
-	e1, e2 := train.New(m1), train.New(m2)
 	switched := 0
 	for i, s := range out {
 		seq := append(slices.Clone(prompts[s.Prompt]), s.Tokens...)
@@ -94,14 +124,7 @@ func TestGenerateSwitchingInPlace(t *testing.T) {
 		}
 	}
 	if switched == 0 {
-		for _, s := range out {
-			t.Logf("sample: %d tokens, version %d, finish %s", len(s.Tokens), s.Version, s.Finish)
-		}
-		t.Fatalf("no sample was switched in flight (%d polls)", calls)
+		t.Logf("%d polls, %v offered", calls, offered)
 	}
-	// Without in-place pushes the client refuses to switch, and other
-	// kinds of servers cannot push in place.
-	if _, err := New(Options{Servers: []string{ts.URL}, Kind: KindSGLang, Config: cfg, InPlace: true}); err == nil {
-		t.Fatal("in-place pushes accepted for kind sglang")
-	}
+	return ts.URL, switched
 }
