@@ -729,10 +729,11 @@ func (o *Ops) FlashAttention(s *FlashScratch, out16, lse, q, k, v, seqStart Buff
 	for _, f := range []func() error{
 		func() error { return o.qkCopies(s, q, k) },
 		func() error {
-			if given, err := s.vGiven(); given || err != nil { // vᵀ from the caller's copy: the same bits
-				if err != nil {
-					return err
-				}
+			given, err := s.vGiven()
+			switch {
+			case err != nil:
+				return err
+			case given: // vᵀ from the caller's copy: the same bits
 				return o.cols16(s.vt, s.v, T, kvd, s.pad)
 			}
 			return o.colsBF16(s.vt, v, T, kvd, s.pad)
@@ -804,7 +805,8 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 			return o.colsBF16(s.kt, k, T, kvd, s.pad)
 		},
 		func() error {
-			if given, err := s.vGiven(); given || err != nil { // the caller's copy
+			given, err := s.vGiven()
+			if given || err != nil { // the caller's copy (or none)
 				return err
 			}
 			return o.rowsBF16(s.v, v, T, kvd)

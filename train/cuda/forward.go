@@ -65,14 +65,18 @@ type layerActs struct {
 	inv1, invq, invk, lse, inv2                      Buffer
 	// In the bf16 mode the products' inputs are kept as the bf16 copies
 	// the products read (h1, h2 and a dense layer's a only so; att also
-	// in float32, which attention's backward reads): the forward makes
-	// each once, in the kernel that computes it where one can, and the
-	// backward's weight gradients read them again.
+	// in float32 where attention is attn.cu's, whose backward reads it):
+	// the forward makes each once, in the kernel that computes it where
+	// one can, and the backward's weight gradients read them again. gu is
+	// bf16 in the bf16 mode, as its products write it.
 	h1b, attb, h2b, ab Buffer
-	// With flash.cu (the bf16 mode), q and k after their norm and RoPE
-	// are kept only as flash.cu's bf16 row-major copies ([FlashPad(T),
-	// width], the pad rows zero), which NormRopeBF16 writes and both
-	// attention passes read (FlashScratch.UseQK); q and k stay unused.
+	// With flash.cu (the bf16 mode at its head sizes), q and k after
+	// their norm and RoPE are kept only as flash.cu's bf16 row-major
+	// copies ([FlashPad(T), width], the pad rows zero), which
+	// NormRopeBF16From16 writes and both attention passes read
+	// (FlashScratch.UseQKV); q and k stay unused. qraw, kraw and v hold
+	// bf16 then, as their products write them, v with flash.cu's pad rows
+	// (zero): flash.cu's row-major copy of v.
 	q16, k16 Buffer
 	moe      *moeActs // nil in dense layers
 }

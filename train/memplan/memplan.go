@@ -6,9 +6,9 @@
 //
 // The plan is of the CUDA training engine as keel builds it, buffer by
 // buffer; train/cuda's TestEnginePlan measures the engine's peak on keel's
-// CUDA emulator and holds the plan to it (never below; above by no more
-// than the LM head's scratch, which the plan counts beside the backward's
-// layer scratch though the two are not live at once):
+// CUDA emulator and holds the plan to it: never below, above by no more
+// than the MoE layers' replayed routes (counted whether or not a step
+// replays) and 0.1%:
 //
 //   - fp32 master weights, fp32 gradients (accumulated in place by the
 //     products, a tied embedding and LM head sharing one), AdamW's m and v
@@ -20,9 +20,9 @@
 //     output, xmid) is fp32 (4 bytes); what a product reads (the norms'
 //     outputs, SwiGLU's output, the MoE block's grouped rows) is stored in
 //     the training precision (bf16: 2 bytes, fp32: 4), as are the MLP's
-//     and the experts' products' outputs; per-row
-//     statistics (inverse RMS of every norm, attention's logsumexp),
-//     router probabilities and the MoE routes are fp32 or int32.
+//     and the experts' products' outputs; per-row statistics (inverse RMS
+//     of every norm, attention's logsumexp), router probabilities and the
+//     MoE routes are fp32 or int32.
 //   - What one Qwen3 decoder layer saves for backward, per token (H
 //     hidden, Q = heads·head_dim, K = kv_heads·head_dim): the layer input
 //     (H, fp32), input_layernorm's output (H), the q, k, v projections
@@ -32,8 +32,9 @@
 //     layer norms (2) and of q_norm and k_norm per head (heads +
 //     kv_heads), and attention's logsumexp per head (heads). In bf16 mode
 //     at the head sizes flash.cu takes (32, 64, 128) all of these but the
-//     statistics are bf16: q and k after the norm are flash.cu's copies
-//     and v its row-major copy, rows rounded up to 128; at other head
+//     layer input, xmid and the statistics are bf16: q and k after the
+//     norm are flash.cu's copies and v its row-major copy, rows rounded up
+//     to 128; at other head
 //     sizes the q, k, v projections, q, k and the output are fp32, with a
 //     bf16 copy of the output. In fp32 mode everything is fp32. No tokens
 //     × tokens matrix is ever stored.
@@ -57,17 +58,18 @@
 //     fp32 writes it over the logits).
 //   - flash.cu's bf16 copies for the backward (kᵀ, qᵀ, dO, dOᵀ), and
 //     under Recompute the forward's vᵀ too.
-//   - Backward holds one layer's activation gradients at a time: the
-//     residual stream's, the final norm's and a norm output's (3H), the
-//     attention output's and q's (2Q), k's and v's (2K; v's in bf16 with
-//     flash.cu), attention's row dots (heads), the loss coefficients (2),
-//     the norms' weight-gradient partial sums, in bf16 mode q's and k's
-//     gradients as bf16 operands
-//     (Q+K), a dense MLP's (I fp32, 2I) and an MoE block's (per routed
-//     copy 2H + 1 + 3·I_moe, fp32, and the router's E per token) when the
-//     model has that kind of block, and the token rows the embedding's
-//     gradient groups. In bf16 mode the widest gradient a product reads
-//     is rounded into a bf16 operand.
+//   - Backward holds the loss coefficients (2) and the final norm's
+//     gradient (H) throughout; first the LM head's scratch, then, once it
+//     is freed (the two are Exclusive items), one layer's activation
+//     gradients at a time: the residual stream's and a norm output's
+//     (2H), the attention output's and q's (2Q), k's and v's (2K; v's in
+//     bf16 with flash.cu), attention's row dots (heads), the norms'
+//     weight-gradient partial sums, in bf16 mode q's and k's gradients as
+//     bf16 operands (Q+K), a dense MLP's (I fp32, 2I) and an MoE block's
+//     (per routed copy 2H + 1 + 3·I_moe, fp32, and the router's E per
+//     token) when the model has that kind of block, and the token rows the
+//     embedding's gradient groups. In bf16 mode the widest gradient a
+//     product reads is rounded into a bf16 operand.
 //
 // Not counted: the CUDA context and the memory other processes use (the
 // free bytes given to Fits are measured after the context exists),
