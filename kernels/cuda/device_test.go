@@ -212,6 +212,20 @@ func TestDeviceRMSNorm(t *testing.T) {
 			g.launch("rows.cu", "sum_chunks", (n+255)/256, 256, bdw, bpart, chunks, n, 0)
 			closeTo(t, name+" dx", g.f32(bdx, rows*n), dx, 1e-5)
 			closeTo(t, name+" dw", g.f32(bdw, n), dw, 1e-5)
+			// Accumulating, with dx's bf16 rounding written too: dx the
+			// plain kernel's bits, dx16 their rounding.
+			plain, both, b16 := bufOf(g, dy), bufOf(g, dy), g.poisoned((rows*n+1)/2)
+			g.launch("rows.cu", "rmsnorm_bwd", chunks, 256, plain, bpart, bdy, bx, bw, binv, rows, n, 1, int64(n), 1)
+			g.launch("rows.cu", "rmsnorm_bwd_dx16", chunks, 256, both, b16, bpart, bdy, bx, bw, binv, rows, n, 1, int64(n), 1)
+			got := g.f32(both, rows*n)
+			sameBits(t, name+" dx alongside its bf16 copy", got, g.f32(plain, rows*n))
+			want16 := make([]kernels.BF16, rows*n)
+			kernels.ToBF16(want16, got)
+			for i, h := range g.u16(b16, rows*n) {
+				if h != uint16(want16[i]) {
+					t.Fatalf("%s: dx16[%d] %#04x, dx rounded %#04x", name, i, h, uint16(want16[i]))
+				}
+			}
 		}
 	}
 }
@@ -265,10 +279,35 @@ func TestDeviceRMSNormWarp(t *testing.T) {
 				}
 			}
 			bpart, bdw := g.poisoned(chunks*c.n), g.poisoned(c.n)
+			pre := g.f32(bdx, len(dy)) // dx before, for the variant below
 			g.launch("rows.cu", "rmsnorm_bwd_warp", chunks, 256, bdx, bpart, bdy, bx, bw, binv, c.rows, c.n, c.per, int64(c.stride), a)
 			g.launch("rows.cu", "sum_chunks", (c.n+255)/256, 256, bdw, bpart, chunks, c.n, 0)
 			closeTo(t, name+" dx "+mode, g.f32(bdx, len(dy)), want, 1e-5)
 			closeTo(t, name+" dw "+mode, g.f32(bdw, c.n), dw, 1e-5)
+			if mode == "in place" {
+				continue // dx is dy there: the variant below would read what it wrote
+			}
+			// With dx's bf16 rounding written too (laid out as dx; the
+			// gaps untouched): dx and dw the plain kernel's bits.
+			vdx, v16 := bufOf(g, pre), bufOf(g, make([]uint16, len(dy)))
+			vpart, vdw := g.poisoned(chunks*c.n), g.poisoned(c.n)
+			g.launch("rows.cu", "rmsnorm_bwd_warp_dx16", chunks, 256, vdx, v16, vpart, bdy, bx, bw, binv, c.rows, c.n, c.per, int64(c.stride), a)
+			g.launch("rows.cu", "sum_chunks", (c.n+255)/256, 256, vdw, vpart, chunks, c.n, 0)
+			got := g.f32(vdx, len(dy))
+			sameBits(t, name+" dx alongside its bf16 copy, "+mode, got, g.f32(bdx, len(dy)))
+			sameBits(t, name+" dw alongside dx's bf16 copy, "+mode, g.f32(vdw, c.n), g.f32(bdw, c.n))
+			h16 := g.u16(v16, len(dy))
+			for i := 0; i < c.rows; i++ {
+				for j := at(i); j < at(i)+c.n; j++ {
+					if want := uint16(kernels.BF16FromFloat32(got[j])); h16[j] != want {
+						t.Fatalf("%s %s: dx16[%d] %#04x, dx rounded %#04x", name, mode, j, h16[j], want)
+					}
+					h16[j] = 0
+				}
+			}
+			if slices.ContainsFunc(h16, func(h uint16) bool { return h != 0 }) {
+				t.Errorf("%s %s: dx16 written outside the rows", name, mode)
+			}
 		}
 	}
 }

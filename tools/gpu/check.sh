@@ -369,7 +369,7 @@ if [[ " $sections " == *" sanitize "* ]]; then
 fi
 
 if [[ " $sections " == *" fit "* ]]; then
-  echo "== full-parameter bf16 training of the Qwen3-1.7B shape at 4 x 4096 tokens with recomputation (train/memplan: 37.57 GiB, activations 8.70 GiB)"
+  echo "== full-parameter bf16 training of the Qwen3-1.7B shape at 4 x 4096 tokens with recomputation (train/memplan: 37.51 GiB, activations 8.64 GiB)"
   timeout 200 $bin/keel bench --device cuda --train-precision bf16 --recompute --presets qwen3-1.7b --vocab 151936 --seqs 4 --len 4096 \
     --time 1ms --json --no-decode --no-rl > "$out/bench-keel-1.7b.json" 2> "$out/bench-keel-1.7b.err"
   echo "  exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%d parameters, %.0f train tok/s, MFU %.1f%%, activations %.2f GiB (planned %.2f; held by the Pool %.2f)' % (t['Params'], t['TokensPerS'], 100*r['mfu'][t['Preset']], t.get('ActivationBytes', 0)/2**30, t.get('PlannedActivationBytes', 0)/2**30, t.get('ActivationHeldBytes', 0)/2**30))" "$out/bench-keel-1.7b.json" 2>/dev/null || tail -2 "$out/bench-keel-1.7b.err")"

@@ -100,6 +100,36 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		}
 		return e.launch("rows.cu", "sum_chunks", kc.Dim3{X: (n + 255) / 256}, block256, gw, part, ch, n, 1)
 	}
+	// resBack is normBack over the residual stream's T rows of H into
+	// dres, writing its bf16 rounding into dres16 too where the product
+	// that reads dres next is the bf16 mode's (rmsnorm_bwd_dx16: the bits
+	// BackFrom16's rounding would give, without its pass).
+	var dres16 Buffer
+	if e.bf != nil {
+		if err := e.bufs(tmp, bf16Span(&dres16, T*d.H)); err != nil {
+			return err
+		}
+	}
+	resBack := func(dx, dy, x, w, inv, gw Buffer, acc, copy16 bool) error {
+		if !copy16 || e.bf == nil {
+			return normBack(dx, dy, x, w, inv, gw, T, d.H, 1, d.H, acc)
+		}
+		a := 0
+		if acc {
+			a = 1
+		}
+		kernel, ch := "rmsnorm_bwd_dx16", normChunks(T, d.H)
+		if d.H <= normWarpMax {
+			kernel = "rmsnorm_bwd_warp_dx16"
+		}
+		if err := e.launch("rows.cu", kernel, kc.Dim3{X: ch}, block256, dx, dres16, part, dy, x, w, inv, T, d.H, 1, int64(d.H), a); err != nil {
+			return err
+		}
+		return e.launch("rows.cu", "sum_chunks", kc.Dim3{X: (d.H + 255) / 256}, block256, gw, part, ch, d.H, 1)
+	}
+	// dense says whether layer li is a dense one (its MLP's down product
+	// reads the gradient at the layer's output, dres16 in the bf16 mode).
+	dense := func(li int) bool { return li >= 0 && m.Layers[li].Router == nil }
 	// normRopeBack is rope_rows (the transpose), normBack in place and the
 	// rounding to bf16 in one pass (norm_rope_bwd_bf16, the same bits):
 	// dx16 [T, stride] the products' operand, dy (float32) not changed.
@@ -121,7 +151,7 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 	if err != nil {
 		return err
 	}
-	if err := normBack(dres, dxf, f.xL, e.param(e.w, m.Norm), f.invf, e.param(e.g, m.Norm), T, d.H, 1, d.H, false); err != nil {
+	if err := resBack(dres, dxf, f.xL, e.param(e.w, m.Norm), f.invf, e.param(e.g, m.Norm), false, dense(len(m.Layers)-1)); err != nil {
 		return err
 	}
 	var da, dgu, dh, datt, dq, dk, dv, dsum Buffer
@@ -214,7 +244,10 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		// output; dh becomes the gradient at h2.
 		mlp := []func() error{
 			func() error {
-				return e.backSaved(da, g(l.Down), dres, e.pick(a.a, a.ab), w(l.Down), T, d.I, d.H, d.I, d.H, false)
+				if e.bf != nil { // dres16 is dres rounded, by the norm backward that wrote dres
+					return e.bf.BackBF16(da, g(l.Down), dres16, d.H, a.ab, d.I, w(l.Down), T, d.I, d.H, d.I, false)
+				}
+				return e.backSaved(da, g(l.Down), dres, a.a, w(l.Down), T, d.I, d.H, d.I, d.H, false)
 			},
 			func() error {
 				if e.bf != nil {
@@ -246,11 +279,14 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		steps := []func() error{
 			// dres becomes the gradient at xmid.
 			func() error {
-				return normBack(dres, dh, a.xmid, w(l.PostAttnNorm), a.inv2, g(l.PostAttnNorm), T, d.H, 1, d.H, true)
+				return resBack(dres, dh, a.xmid, w(l.PostAttnNorm), a.inv2, g(l.PostAttnNorm), true, true)
 			},
 			// Attention.
 			func() error {
-				return e.backSaved(datt, g(l.O), dres, e.pick(a.att, a.attb), w(l.O), T, d.qd, d.H, d.qd, d.H, false)
+				if e.bf != nil {
+					return e.bf.BackBF16(datt, g(l.O), dres16, d.H, a.attb, d.qd, w(l.O), T, d.qd, d.H, d.qd, false)
+				}
+				return e.backSaved(datt, g(l.O), dres, a.att, w(l.O), T, d.qd, d.H, d.qd, d.H, false)
 			},
 			func() error {
 				if flash != nil {
@@ -322,7 +358,7 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			},
 			// dres becomes the gradient at the layer's input.
 			func() error {
-				return normBack(dres, dh, a.x, w(l.InputNorm), a.inv1, g(l.InputNorm), T, d.H, 1, d.H, true)
+				return resBack(dres, dh, a.x, w(l.InputNorm), a.inv1, g(l.InputNorm), true, dense(li-1))
 			},
 		)
 		for i, s := range steps {

@@ -64,8 +64,8 @@
 //     gradients at a time: the residual stream's and a norm output's
 //     (2H), the attention output's and q's (2Q), k's and v's (2K; v's in
 //     bf16 with flash.cu), attention's row dots (heads), the norms'
-//     weight-gradient partial sums, in bf16 mode q's and k's gradients as
-//     bf16 operands (Q+K), a dense MLP's (I fp32, 2I) and an MoE block's
+//     weight-gradient partial sums, in bf16 mode q's, k's and the
+//     residual's gradients as bf16 operands (Q+K+H), a dense MLP's (I fp32, 2I) and an MoE block's
 //     (per routed copy 2H + 1 + 3·I_moe, fp32, and the router's E per
 //     token) when the model has that kind of block, and the token rows the
 //     embedding's gradient groups. In bf16 mode the widest gradient a
@@ -307,7 +307,7 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	}
 	grads = c.add(grads, c.mul(4, max(normParts(T, H), normParts(c.mul(T, nh), hd))))
 	if bf {
-		grads = c.add(grads, c.mul(T, 2, c.add(Q, K))) // q's and k's in bf16
+		grads = c.add(grads, c.mul(T, 2, c.add(Q, K, H))) // q's, k's and the residual's in bf16
 	}
 	if Ld > 0 {
 		grads = c.add(grads, c.mul(T, c.add(4*I, c.mul(a, 2*I))))
@@ -322,10 +322,12 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	exclusive("activation gradients (1 layer)", grads)
 	if bf {
 		// The products' gradient operand (dy) rounded to bf16, for the
-		// largest: the residual's, v's, the router's or the experts' rows.
-		w := H // the residual's (o's and down's products)
+		// largest: v's, the router's or the experts' rows (the residual's
+		// comes in bf16 from the norm backward, and with flash.cu v's
+		// from attention's).
+		var w int64
 		if !flash {
-			w = max(w, K) // v's (flash.cu writes it in bf16)
+			w = K
 		}
 		if Lm > 0 {
 			w = max(w, k*H, E)

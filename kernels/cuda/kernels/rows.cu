@@ -48,12 +48,13 @@ extern "C" __global__ void rmsnorm_fwd_bf16(bf16_t* __restrict__ y, float* __res
 // (written, or added when acc), and the weight gradient dy*x*inv summed
 // over the rows of each chunk of 32 into dw_part[chunk*n ...] in row order
 // (sum_chunks adds the chunks). dx may alias dy when acc is 0.
-// grid = ceil(rows/32), block = KEEL_THREADS.
+// rmsnorm_bwd_dx16 also writes dx rounded to bf16 into dx16 (laid out as
+// dx): the bf16 mode's gradient operand of the product that reads it
+// next, made in this pass. grid = ceil(rows/32), block = KEEL_THREADS.
 #define NORM_CHUNK 32
-extern "C" __global__ void rmsnorm_bwd(float* dx, float* __restrict__ dw_part, const float* dy,
-                                       const float* __restrict__ x, const float* __restrict__ w,
-                                       const float* __restrict__ inv, int rows, int n, int per,
-                                       i64 stride, int acc) {
+__device__ void rmsnorm_bwd_rows(float* dx, bf16_t* __restrict__ dx16, float* __restrict__ dw_part, const float* dy,
+                                 const float* __restrict__ x, const float* __restrict__ w,
+                                 const float* __restrict__ inv, int rows, int n, int per, i64 stride, int acc) {
   __shared__ double s[32];
   const int c = blockIdx.x;
   float* part = dw_part + (i64)c * n;
@@ -72,9 +73,23 @@ extern "C" __global__ void rmsnorm_bwd(float* dx, float* __restrict__ dw_part, c
       const float v = ivf * (g * w[j]) - xv * k;
       const float pw = g * (xv * ivf);
       part[j] = r == c * NORM_CHUNK ? pw : part[j] + pw;
-      dx[o + j] = acc ? dx[o + j] + v : v;
+      const float out = acc ? dx[o + j] + v : v;
+      dx[o + j] = out;
+      if (dx16) dx16[o + j] = f32_to_bf16(out);
     }
   }
+}
+extern "C" __global__ void rmsnorm_bwd(float* dx, float* __restrict__ dw_part, const float* dy,
+                                       const float* __restrict__ x, const float* __restrict__ w,
+                                       const float* __restrict__ inv, int rows, int n, int per,
+                                       i64 stride, int acc) {
+  rmsnorm_bwd_rows(dx, nullptr, dw_part, dy, x, w, inv, rows, n, per, stride, acc);
+}
+extern "C" __global__ void rmsnorm_bwd_dx16(float* dx, bf16_t* __restrict__ dx16, float* __restrict__ dw_part,
+                                            const float* dy, const float* __restrict__ x,
+                                            const float* __restrict__ w, const float* __restrict__ inv, int rows,
+                                            int n, int per, i64 stride, int acc) {
+  rmsnorm_bwd_rows(dx, dx16, dw_part, dy, x, w, inv, rows, n, per, stride, acc);
 }
 
 // rmsnorm_bwd_warp is rmsnorm_bwd for rows of at most NORM_WMAX elements
@@ -94,12 +109,12 @@ extern "C" __global__ void rmsnorm_bwd(float* dx, float* __restrict__ dw_part, c
 // the norm's output), the row's input x (float32, or bf16 as a product
 // wrote it: widened), the weight w and the row's inverse RMS, it writes
 // dx (float32, or rounded to bf16; plus addend's element where addend is
-// given, which may be dx) and adds the lane's g·x·inv into pw. n <=
-// NORM_WMAX.
+// given, which may be dx), and where dx16 is given its bf16 rounding too,
+// and adds the lane's g·x·inv into pw. n <= NORM_WMAX.
 template <typename O, typename X>
 __device__ __forceinline__ void norm_row_back(O* dx, const float* addend, const float (&g)[NORM_WMAX / 32],
                                               const X* __restrict__ x, const float* __restrict__ w, float invr,
-                                              int n, float (&pw)[NORM_WMAX / 32]) {
+                                              int n, float (&pw)[NORM_WMAX / 32], bf16_t* dx16 = nullptr) {
   const int lane = threadIdx.x & 31;
   double d = 0.0;
 #pragma unroll
@@ -118,7 +133,9 @@ __device__ __forceinline__ void norm_row_back(O* dx, const float* addend, const 
       const float xv = widen(x[j]);
       const float v = ivf * (g[i] * w[j]) - xv * k;
       pw[i] += g[i] * (xv * ivf);
-      put(dx + j, addend ? addend[j] + v : v);
+      const float out = addend ? addend[j] + v : v;
+      put(dx + j, out);
+      if (dx16) dx16[j] = f32_to_bf16(out);
     }
   }
 }
@@ -140,11 +157,9 @@ __device__ void norm_warp_partials(float* __restrict__ dw_part, const float (&pw
   }
 }
 
-extern "C" __global__ void __launch_bounds__(KEEL_THREADS) rmsnorm_bwd_warp(float* dx, float* __restrict__ dw_part, const float* dy,
-                                                                       const float* __restrict__ x,
-                                                                       const float* __restrict__ w,
-                                                                       const float* __restrict__ inv, int rows, int n,
-                                                                       int per, i64 stride, int acc) {
+__device__ void rmsnorm_bwd_warp_rows(float* dx, bf16_t* __restrict__ dx16, float* __restrict__ dw_part, const float* dy,
+                                      const float* __restrict__ x, const float* __restrict__ w,
+                                      const float* __restrict__ inv, int rows, int n, int per, i64 stride, int acc) {
   const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, c = blockIdx.x;
   float pw[NORM_WMAX / 32];
 #pragma unroll
@@ -155,9 +170,26 @@ extern "C" __global__ void __launch_bounds__(KEEL_THREADS) rmsnorm_bwd_warp(floa
     float g[NORM_WMAX / 32];
 #pragma unroll
     for (int i = 0; i < NORM_WMAX / 32; i++) g[i] = lane + 32 * i < n ? dy[o + lane + 32 * i] : 0.f;
-    norm_row_back(dx + o, acc ? dx + o : nullptr, g, x + o, w, inv[r], n, pw);
+    norm_row_back(dx + o, acc ? dx + o : nullptr, g, x + o, w, inv[r], n, pw, dx16 ? dx16 + o : nullptr);
   }
   norm_warp_partials(dw_part, pw, n, c);
+}
+extern "C" __global__ void __launch_bounds__(KEEL_THREADS) rmsnorm_bwd_warp(float* dx, float* __restrict__ dw_part, const float* dy,
+                                                                       const float* __restrict__ x,
+                                                                       const float* __restrict__ w,
+                                                                       const float* __restrict__ inv, int rows, int n,
+                                                                       int per, i64 stride, int acc) {
+  rmsnorm_bwd_warp_rows(dx, nullptr, dw_part, dy, x, w, inv, rows, n, per, stride, acc);
+}
+// rmsnorm_bwd_warp_dx16 is rmsnorm_bwd_warp writing dx's bf16 rounding into
+// dx16 too (rmsnorm_bwd_dx16).
+extern "C" __global__ void __launch_bounds__(KEEL_THREADS) rmsnorm_bwd_warp_dx16(float* dx, bf16_t* __restrict__ dx16,
+                                                                            float* __restrict__ dw_part, const float* dy,
+                                                                            const float* __restrict__ x,
+                                                                            const float* __restrict__ w,
+                                                                            const float* __restrict__ inv, int rows,
+                                                                            int n, int per, i64 stride, int acc) {
+  rmsnorm_bwd_warp_rows(dx, dx16, dw_part, dy, x, w, inv, rows, n, per, stride, acc);
 }
 
 // norm_rope_bwd_bf16 is the bf16 mode's backward of q's (or k's) norm
