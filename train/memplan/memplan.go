@@ -291,9 +291,11 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 		headName = fmt.Sprintf("LM head logits (%d tokens, fp32) and their gradient (bf16)", chunk)
 	}
 	exclusive(headName, head)
-	grads := c.mul(T, 4, c.add(2*H, 2*Q, 2*K, nh)) // the residual's and a norm output's; attention's, q's; k's, v's; flash's row dots
+	grads := c.mul(T, 4, c.add(2*H, 2*Q, K, nh)) // the residual's and a norm output's; attention's, q's; k's; flash's row dots
 	if flash {
-		grads -= c.mul(T, 2, K) // flash.cu writes v's in bf16
+		grads = c.add(grads, c.mul(T, 2, K)) // v's, which flash.cu writes in bf16
+	} else {
+		grads = c.add(grads, c.mul(T, 4, K))
 	}
 	// The norms' weight-gradient partial sums, for the largest of the
 	// layer norms' (T rows of H) and q_norm's (T·heads rows of head_dim):
@@ -324,7 +326,8 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 		// The products' gradient operand (dy) rounded to bf16, for the
 		// largest: v's, the router's or the experts' rows (the residual's
 		// comes in bf16 from the norm backward, and with flash.cu v's
-		// from attention's).
+		// from attention's; q's and k's from their norm's backward, at
+		// every head size the engine takes, 256 at most).
 		var w int64
 		if !flash {
 			w = K

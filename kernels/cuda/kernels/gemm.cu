@@ -404,8 +404,9 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16_grouped(
 }
 
 // gemm_bf16_grouped_c16 is gemm_bf16_grouped with C in bf16 (acc 0): the
-// bf16 training mode's gate and up outputs, each the float32 sum rounded
-// once (gemm_bf16_grouped's output rounded, bit for bit).
+// bf16 training mode's expert outputs (gate and up, down), each the
+// float32 sum rounded once (gemm_bf16_grouped's output rounded, bit for
+// bit).
 extern "C" __global__ void __launch_bounds__(128) gemm_bf16_grouped_c16(
     bf16_t* __restrict__ C, const bf16_t* __restrict__ A, const bf16_t* __restrict__ B, const int* __restrict__ off,
     const int* __restrict__ tiles, int N, int K, i64 lda, i64 ldc, i64 wstride, int vec, int async) {
