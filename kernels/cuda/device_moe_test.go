@@ -386,8 +386,9 @@ func TestDeviceQuantGrouped(t *testing.T) {
 
 // TestDeviceMoECombine: the MoE block's combination and its backward from
 // the experts' outputs in bf16 (the bf16 training mode's) are the
-// float32 kernels' bits over the widened values; the float32 combination
-// against a float64 reference over its slots.
+// float32 kernels' bits over the widened values (the backward's dy
+// rounded to bf16); the float32 combination against a float64 reference
+// over its slots.
 func TestDeviceMoECombine(t *testing.T) {
 	g := newGPU(t)
 	r := rand.New(rand.NewPCG(9, 4))
@@ -425,11 +426,19 @@ func TestDeviceMoECombine(t *testing.T) {
 		}
 		closeTo(t, name+": combined against float64", w32, ref, 1e-5)
 
+		// The backward from bf16 outputs writes dy in bf16: the float32
+		// kernel's dy rounded, and its gates' gradient, bit for bit.
 		dyW, dgW := g.poisoned(R*c.H), g.poisoned(R)
-		dy16, dg16 := g.poisoned(R*c.H), g.poisoned(R)
+		dy16, dg16 := g.poisoned((R*c.H+1)/2), g.poisoned(R)
 		g.launch("moe.cu", "moe_combine_bwd", c.T, 256, dyW, dgW, bdo, bufOf(g, yw), bg, brow, c.k, c.H)
 		g.launch("moe.cu", "moe_combine_bwd_y16", c.T, 256, dy16, dg16, bdo, bufOf(g, y16), bg, brow, c.k, c.H)
-		sameBits(t, name+": dy from bf16", g.f32(dy16, R*c.H), g.f32(dyW, R*c.H))
+		want16 := make([]kernels.BF16, R*c.H)
+		kernels.ToBF16(want16, g.f32(dyW, R*c.H))
+		for i, h := range g.u16(dy16, R*c.H) {
+			if h != uint16(want16[i]) {
+				t.Fatalf("%s: dy16[%d] %#04x, the float32 dy rounded %#04x", name, i, h, uint16(want16[i]))
+			}
+		}
 		sameBits(t, name+": gates' gradient from bf16", g.f32(dg16, R), g.f32(dgW, R))
 	}
 }

@@ -219,7 +219,11 @@ func (e *Engine) newMoEScratch(tmp *fwdState, T int, auxGrad []float32) (*moeScr
 	H, E, k, I := c.HiddenSize, c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
 	R := T * k
 	s := &moeScratch{}
-	if err := e.bufs(tmp, span{&s.dy, R * H}, span{&s.dgt, R}, span{&s.da, R * I}, span{&s.dgu, R * 2 * I}, span{&s.dxg, R * H}, span{&s.dp, T * E}, span{&s.aux, E}); err != nil {
+	dy := span{&s.dy, R * H}
+	if e.bf != nil { // the experts' down products' gradient operand, written in bf16 (moe_combine_bwd_y16)
+		dy = bf16Span(&s.dy, R*H)
+	}
+	if err := e.bufs(tmp, dy, span{&s.dgt, R}, span{&s.da, R * I}, span{&s.dgu, R * 2 * I}, span{&s.dxg, R * H}, span{&s.dp, T * E}, span{&s.aux, E}); err != nil {
 		return nil, err
 	}
 	return s, kc.Upload(e.dev, s.aux, auxGrad)
@@ -301,7 +305,8 @@ func (e *Engine) moeExpertsBackGrouped(mo *moeActs, L *model.Layer, sc *moeScrat
 
 // moeExpertsBackGroupedBF16 is the experts' backward in the bf16 mode,
 // every expert's products in one grouped launch each on the tensor cores:
-// dy rounded once, the down products' inputs and the grouped rows as the
+// dy as the combination's backward wrote it (bf16), the down products'
+// inputs and the grouped rows as the
 // forward kept them (bf16), SwiGLU's backward writing dgu in bf16 (into
 // dgu's room), and dxg = dgu·[W_gate; W_up] in one product.
 func (e *Engine) moeExpertsBackGroupedBF16(mo *moeActs, L *model.Layer, sc *moeScratch, R int) error {
@@ -312,10 +317,8 @@ func (e *Engine) moeExpertsBackGroupedBF16(mo *moeActs, L *model.Layer, sc *moeS
 		return err
 	}
 	g, S := &mo.grp, ew.stride
-	dgu16 := sc.dgu // bf16 [R, 2I] in the float32 buffer's first half
-	var dy16 Buffer
+	dgu16, dy16 := sc.dgu, sc.dy // dgu: bf16 [R, 2I] in the float32 buffer's first half; dy in bf16 (moe_combine_bwd_y16)
 	steps := []func() error{
-		func() (err error) { dy16, err = e.bf.Round(1, sc.dy, R, H, H); return err },
 		func() error {
 			return e.bf.GroupedBack(g, R, sc.da, gw.down, dy16, mo.ag, ew.down, H, I, H, I, I, S, false)
 		},
@@ -333,16 +336,13 @@ func (e *Engine) moeExpertsBackGroupedBF16(mo *moeActs, L *model.Layer, sc *moeS
 }
 
 // moeExpertsBackBF16 is the experts' backward in the bf16 mode with a
-// cuBLASLt product per expert (KEEL_MOE_GROUP=host): dy rounded to bf16
-// once for every expert's products, dgu written in bf16 by SwiGLU's
+// cuBLASLt product per expert (KEEL_MOE_GROUP=host): dy in bf16 as the
+// combination's backward wrote it, dgu written in bf16 by SwiGLU's
 // backward, the other inputs as the forward kept them (bf16).
 func (e *Engine) moeExpertsBackBF16(mo *moeActs, L *model.Layer, sc *moeScratch, R int) error {
 	c := &e.cfg
 	H, I := c.HiddenSize, c.MoeIntermediateSize
-	dy16, err := e.bf.Round(1, sc.dy, R, H, H)
-	if err != nil {
-		return err
-	}
+	dy16 := sc.dy                             // in bf16 (moe_combine_bwd_y16)
 	ag16, xg16, dgu16 := mo.ag, mo.xg, sc.dgu // the forward's bf16 rows; dgu in bf16 in its room
 	if err := model.EachExpert(mo.off, func(x, r0, n int) error {
 		ex := &L.Experts[x]

@@ -65,11 +65,14 @@
 //     (2H), the attention output's and q's (2Q), k's and v's (2K; v's in
 //     bf16 with flash.cu), attention's row dots (heads), the norms'
 //     weight-gradient partial sums, in bf16 mode q's, k's and the
-//     residual's gradients as bf16 operands (Q+K+H), a dense MLP's (I fp32, 2I) and an MoE block's
-//     (per routed copy 2H + 1 + 3·I_moe, fp32, and the router's E per
-//     token) when the model has that kind of block, and the token rows the
-//     embedding's gradient groups. In bf16 mode the widest gradient a
-//     product reads is rounded into a bf16 operand.
+//     residual's gradients as bf16 operands (Q+K+H), a dense MLP's (I
+//     fp32, 2I) and an MoE block's (per routed copy H in the training
+//     precision, H + 1 + 3·I_moe in fp32, and the router's E per token)
+//     when the model has that kind of block, and the token rows the
+//     embedding's gradient groups. In bf16 mode the wider of v's (at head
+//     sizes flash.cu does not take) and the router's gradient is rounded
+//     into a bf16 operand: every other gradient a product reads comes in
+//     bf16 from the kernel that computes it.
 //
 // Not counted: the CUDA context and the memory other processes use (the
 // free bytes given to Fits are measured after the context exists),
@@ -314,8 +317,8 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	if Ld > 0 {
 		grads = c.add(grads, c.mul(T, c.add(4*I, c.mul(a, 2*I))))
 	}
-	if Lm > 0 {
-		grads = c.add(grads, c.mul(R, 4, c.add(2*H, 1, 3*Im)), c.mul(T, 4, E), 4*E)
+	if Lm > 0 { // per routed copy dy (bf16 in bf16 mode), dxg, the gate's, the experts' da and dgu; the router's
+		grads = c.add(grads, c.mul(R, c.add(c.mul(a, H), c.mul(4, c.add(H, 1, 3*Im)))), c.mul(T, 4, E), 4*E)
 	}
 	if m.Recompute {
 		grads = c.add(grads, c.mul(T, 4, H)) // the recomputed layer's output
@@ -324,16 +327,17 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	exclusive("activation gradients (1 layer)", grads)
 	if bf {
 		// The products' gradient operand (dy) rounded to bf16, for the
-		// largest: v's, the router's or the experts' rows (the residual's
-		// comes in bf16 from the norm backward, and with flash.cu v's
-		// from attention's; q's and k's from their norm's backward, at
-		// every head size the engine takes, 256 at most).
+		// larger of v's and the router's (the residual's comes in bf16
+		// from the norm backward, the experts' from the combination's,
+		// and with flash.cu v's from attention's; q's and k's from their
+		// norm's backward, at every head size the engine takes, 256 at
+		// most).
 		var w int64
 		if !flash {
 			w = K
 		}
 		if Lm > 0 {
-			w = max(w, k*H, E)
+			w = max(w, E) // the router's (the experts' dy comes in bf16)
 		}
 		add("bf16 gradient operand", c.mul(T, 2, w), true)
 	}

@@ -178,10 +178,10 @@ func TestPlanByHand(t *testing.T) {
 	// Replayed ids 10·4 = 40; routed copies 10·2·8 = 160; experts
 	// 10·2·(3·6 + 8) = 520. Gradients: 5·168 = 840, partial sums 32,
 	// q's, k's and the residual's bf16 5·40 = 200, the MLP's 5·96 = 480,
-	// the MoE block's 10·4·(2·8 + 1 + 3·6) + 5·4·4 + 4·4 = 1496, the
-	// grouping 4·16 = 64: 3112. The gradient operand's widest rows are
-	// the experts' (k·H = 16): 5·16·2. The bf16 copies cover the whole
-	// arena.
+	// the MoE block's 10·(2·8 + 4·(8 + 1 + 3·6)) + 5·4·4 + 4·4 = 1336,
+	// the grouping 4·16 = 64: 2952. The gradient operand's widest rows
+	// are v's and the router's (4): 5·4·2. The bf16 copies cover the
+	// whole arena.
 	b = mustPlan(t, m, Shape{1, 5}, Mode{Precision: BF16})
 	checkItems(t, "tiny MoE bf16", b, []Item{
 		{"master weights (fp32)", 5984, false, false},
@@ -199,8 +199,8 @@ func TestPlanByHand(t *testing.T) {
 		{"log-probabilities and token vectors", 160, true, false},
 		{"loss coefficients and final norm gradient", 200, true, false}, // 5 · 4 · (2 + 8)
 		{"LM head logits (5 tokens, fp32) and their gradient (bf16)", 300, true, true},
-		{"activation gradients (1 layer)", 3112, true, true},
-		{"bf16 gradient operand", 160, true, false},
+		{"activation gradients (1 layer)", 2952, true, true},
+		{"bf16 gradient operand", 40, true, false},
 		{"cuBLASLt workspace", ws, false, false},
 	})
 	// Recompute keeps one shared layer with room for both kinds of block
@@ -223,8 +223,8 @@ func TestPlanByHand(t *testing.T) {
 		{"log-probabilities and token vectors", 160, true, false},
 		{"loss coefficients and final norm gradient", 200, true, false}, // 5 · 4 · (2 + 8)
 		{"LM head logits (5 tokens, fp32) and their gradient (bf16)", 300, true, true},
-		{"activation gradients (1 layer)", 3272, true, true},
-		{"bf16 gradient operand", 160, true, false},
+		{"activation gradients (1 layer)", 3112, true, true},
+		{"bf16 gradient operand", 40, true, false},
 		{"cuBLASLt workspace", ws, false, false},
 	})
 

@@ -51,10 +51,11 @@ extern "C" __global__ void moe_combine_y16(float* __restrict__ out, const float*
 
 // moe_combine_bwd: for token t and slot s, the gate's gradient
 // dgt[t*k+s] = dout[t].yg[r] and the expert output's gradient
-// dy[r] = gate * dout[t], r = row[t*k+s]; yg float32 or (_y16) bf16.
-// grid = T.
-template <typename Y>
-__device__ void moe_combine_bwd_token(float* __restrict__ dy, float* __restrict__ dgt, const float* __restrict__ dout,
+// dy[r] = gate * dout[t], r = row[t*k+s]. moe_combine_bwd_y16, the bf16
+// training mode's, reads yg in bf16 and writes dy rounded to bf16 (the
+// experts' down products' gradient operand). grid = T.
+template <typename Y, typename D>
+__device__ void moe_combine_bwd_token(D* __restrict__ dy, float* __restrict__ dgt, const float* __restrict__ dout,
                                       const Y* __restrict__ yg, const float* __restrict__ gates,
                                       const int* __restrict__ row, int k, int H) {
   __shared__ double sd[32];
@@ -66,7 +67,7 @@ __device__ void moe_combine_bwd_token(float* __restrict__ dy, float* __restrict_
     for (int j = threadIdx.x; j < H; j += blockDim.x) {
       const float d = dout[t * H + j];
       dot += (double)d * (double)widen(yg[r * H + j]);
-      dy[r * H + j] = g * d;
+      put(dy + r * H + j, g * d);
     }
     dot = block_sum_f64(dot, sd);
     if (threadIdx.x == 0) dgt[t * k + s] = (float)dot;
@@ -78,7 +79,7 @@ extern "C" __global__ void moe_combine_bwd(float* __restrict__ dy, float* __rest
                                            int k, int H) {
   moe_combine_bwd_token(dy, dgt, dout, yg, gates, row, k, H);
 }
-extern "C" __global__ void moe_combine_bwd_y16(float* __restrict__ dy, float* __restrict__ dgt,
+extern "C" __global__ void moe_combine_bwd_y16(bf16_t* __restrict__ dy, float* __restrict__ dgt,
                                                const float* __restrict__ dout, const bf16_t* __restrict__ yg,
                                                const float* __restrict__ gates, const int* __restrict__ row,
                                                int k, int H) {
