@@ -318,15 +318,6 @@ func elemGrid(n int) kc.Dim3 { return kc.Dim3{X: max(1, min((n+255)/256, 8192))}
 // attn.cu's batch-invariant kernels, which the exact rollout shares.
 func (e *Engine) flash() bool { return e.bf != nil && kc.FlashHeadDim(e.cfg.HeadDim) }
 
-// linear: y[r, 0:out] (row stride ldy) = x[r, 0:in] (row stride ldx) ·
-// Wᵀ, W [out, in] a span of the weights, in the engine's precision.
-func (e *Engine) linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error {
-	if e.bf != nil {
-		return e.bf.Linear(y, x, w, rows, in, out, ldy, ldx)
-	}
-	return e.ops.Linear(y, x, w, rows, in, out, ldy, ldx)
-}
-
 // linears computes several products of the same input x [rows, in],
 // contiguous (q, k and v; gate and up): float32, or in the bf16 mode the
 // bf16 copy the forward keeps (pick).
