@@ -103,7 +103,11 @@ type Backend interface {
 // temperature 0 it is ignored and the draw is the argmax), writing the
 // token to Drawn[o] and its log-probability to DrawnLP[o] instead of the
 // row's LogProbs, which it need not write. So a GPU moves a token and a
-// float per row to the host, not a vocabulary of floats.
+// float per row to the host, not a vocabulary of floats. A drawn row whose
+// policy truncates (TopK[o] > 0 or 0 < TopP[o] < 1; TopK and TopP are
+// empty or one per output row) is drawn by DrawTruncated's rule instead,
+// its truncated log-probability written to DrawnTLP[o] (for other drawn
+// rows DrawnTLP[o] is DrawnLP[o]).
 type StepBatch struct {
 	Slot, Pos, Tok []int32   // per row
 	OutRow         []int32   // per output row: its step row
@@ -111,18 +115,27 @@ type StepBatch struct {
 	LogProbs       []float32 // [Slots][vocab]: the first len(OutRow) rows are the step's
 	Routes         [][]int32 // per MoE layer: [StepRows][k], the first Rows() rows the step's
 
-	Draw    []float64 // per output row: its uniform, or -1 (the batcher samples)
-	Drawn   []int32   // [Slots]: per output row with Draw >= 0, the token drawn
-	DrawnLP []float32 // [Slots]: its log-probability under the row's LogProbs
+	Draw     []float64 // per output row: its uniform, or -1 (the batcher samples)
+	TopK     []int32   // per output row drawn by the backend: its top-k (0: off)
+	TopP     []float64 // per output row drawn by the backend: its top-p (0 or 1: off)
+	Drawn    []int32   // [Slots]: per output row with Draw >= 0, the token drawn
+	DrawnLP  []float32 // [Slots]: its log-probability under the row's LogProbs
+	DrawnTLP []float32 // [Slots]: under the truncated distribution it was drawn from
+}
+
+// Truncates reports whether output row o is drawn from a truncated
+// distribution (StepBatch.TopK, TopP).
+func (b *StepBatch) Truncates(o int) bool {
+	return (o < len(b.TopK) && b.TopK[o] > 0) || (o < len(b.TopP) && b.TopP[o] > 0 && b.TopP[o] < 1)
 }
 
 // A Drawer is a Backend that can draw output rows' tokens itself
 // (StepBatch.Draw): a GPU backend, where copying every output row's
 // log-probabilities to the host would cost more than the step. The draw
-// follows DrawRow's rule, so the same seeds give the same samples (up to
-// a probability within rounding of a sampling boundary) as the batcher's
-// own sampling; the batcher still samples the rows whose policy truncates
-// (top-k, top-p) or reports top log-probabilities.
+// follows DrawRow's rule (DrawTruncated's under top-k or top-p), so the
+// same seeds give the same samples (up to a probability within rounding
+// of a sampling boundary) as the batcher's own sampling; the batcher
+// still samples the rows whose policy reports top log-probabilities.
 type Drawer interface {
 	Backend
 	// Draws reports whether Step honours StepBatch.Draw; if false the
@@ -162,6 +175,66 @@ func NearDrawBoundary(z []float32, u float64, i int32) bool {
 	return math.Abs(cum-u*total) <= 1e-6*total
 }
 
+// DrawTruncated is the rule by which a policy with top-k or top-p draws a
+// token from the log-probabilities z (as DrawRow's) with the uniform u in
+// [0, 1) at a temperature other than 0: the candidates are z's tokens in
+// descending probability (the lower id first among equals), cut to the
+// first topK (off unless 0 < topK < len(z)), then to the shortest prefix
+// whose running float64 sum of p = exp(z) reaches topP (off unless
+// 0 < topP < 1); the draw is the first candidate, in that order, at which
+// the running sum exceeds u times the kept total. It returns the token, z
+// at it and its log-probability under the kept distribution (z minus the
+// log of the kept total). A Drawer's truncated draws are checked against
+// it.
+func DrawTruncated(z []float32, u float64, topK int, topP float64) (tok int32, lp, tlp float32) {
+	i, tlp := drawTruncated(z, make([]float32, len(z)), make([]int32, len(z)), u, topK, topP)
+	return i, z[i], tlp
+}
+
+// NearTruncBoundary reports whether DrawTruncated's cut or draw for z, u,
+// topK and topP lies within rounding (1e-6 of the total probability) of a
+// boundary: a running sum of the candidates' probabilities within that of
+// topP (where top-p cuts) or of u times a kept total within that of the
+// cut (where the draw lands). Two exact implementations adding in
+// different orders may differ there, and only there.
+func NearTruncBoundary(z []float32, u float64, topK int, topP float64) bool {
+	p := make([]float32, len(z))
+	for i, v := range z {
+		p[i] = float32(math.Exp(float64(v)))
+	}
+	var total float64
+	for _, v := range p {
+		total += float64(v)
+	}
+	tol := 1e-6 * total
+	cand := candidates(z, p, make([]int32, len(z)), topK, 0)
+	var cum float64
+	sums := make([]float64, len(cand))
+	for i, id := range cand {
+		cum += float64(p[id])
+		sums[i] = cum
+	}
+	kept := cum
+	if topP > 0 && topP < 1 {
+		for _, s := range sums {
+			if math.Abs(s-topP) <= tol {
+				return true
+			}
+			if s >= topP {
+				kept = s
+				break
+			}
+		}
+	}
+	target := u * kept
+	for _, s := range sums {
+		if math.Abs(s-target) <= tol {
+			return true
+		}
+	}
+	return false
+}
+
 // greedy returns the most probable token of z (the lowest id among
 // equals) and z at it.
 func greedy(z []float32) (int32, float32) {
@@ -181,7 +254,8 @@ func newStepBatch(c *model.Config, opt Options) StepBatch {
 		Tok:    make([]int32, 0, opt.StepRows),
 		OutRow: make([]int32, 0, opt.Slots), OutTemp: make([]float32, 0, opt.Slots),
 		LogProbs: make([]float32, opt.Slots*c.VocabSize),
-		Draw:     make([]float64, 0, opt.Slots), Drawn: make([]int32, opt.Slots), DrawnLP: make([]float32, opt.Slots),
+		Draw:     make([]float64, 0, opt.Slots), TopK: make([]int32, 0, opt.Slots), TopP: make([]float64, 0, opt.Slots),
+		Drawn: make([]int32, opt.Slots), DrawnLP: make([]float32, opt.Slots), DrawnTLP: make([]float32, opt.Slots),
 	}
 	for i := 0; i < c.NumHiddenLayers; i++ {
 		if c.IsMoELayer(i) {
@@ -198,6 +272,7 @@ func (b *StepBatch) Rows() int { return len(b.Slot) }
 func (b *StepBatch) reset() {
 	b.Slot, b.Pos, b.Tok = b.Slot[:0], b.Pos[:0], b.Tok[:0]
 	b.OutRow, b.OutTemp, b.Draw = b.OutRow[:0], b.OutTemp[:0], b.Draw[:0]
+	b.TopK, b.TopP = b.TopK[:0], b.TopP[:0]
 }
 
 // add appends a row: token tok at position pos of slot's sequence.
@@ -213,5 +288,6 @@ func (b *StepBatch) output(temp float32) int {
 	b.OutRow = append(b.OutRow, int32(len(b.Slot)-1))
 	b.OutTemp = append(b.OutTemp, temp)
 	b.Draw = append(b.Draw, -1)
+	b.TopK, b.TopP = append(b.TopK, 0), append(b.TopP, 0)
 	return len(b.OutRow) - 1
 }

@@ -252,6 +252,7 @@ func TestSchedulerBackendError(t *testing.T) {
 type drawingBackend struct {
 	Backend
 	drawn, mixed int // rows drawn; steps with drawn and host-sampled rows
+	truncated    int // rows drawn from a truncated distribution
 	badToken     int32
 }
 
@@ -269,7 +270,13 @@ func (d *drawingBackend) Step(b *StepBatch) error {
 			continue
 		}
 		z := b.LogProbs[o*V : (o+1)*V]
-		b.Drawn[o], b.DrawnLP[o] = DrawRow(z, u, b.OutTemp[o])
+		if b.Truncates(o) {
+			b.Drawn[o], b.DrawnLP[o], b.DrawnTLP[o] = DrawTruncated(z, u, int(b.TopK[o]), b.TopP[o])
+			d.truncated++
+		} else {
+			b.Drawn[o], b.DrawnLP[o] = DrawRow(z, u, b.OutTemp[o])
+			b.DrawnTLP[o] = b.DrawnLP[o]
+		}
 		if d.badToken != 0 {
 			b.Drawn[o] = d.badToken
 		}
@@ -286,9 +293,9 @@ func (d *drawingBackend) Step(b *StepBatch) error {
 
 // A backend that draws the tokens itself gives the batcher's own samples
 // bit for bit: the same uniforms from the same streams, drawn by the same
-// rule, for every untruncated policy (greedy included), while truncated
-// ones and those that report top log-probabilities are still sampled by
-// the batcher (steps mixing the two included, through the scheduler);
+// rule, for every policy (greedy and truncated included) but those that
+// report top log-probabilities, which are still sampled by the batcher
+// (steps mixing the two included, through the scheduler);
 // and a token out of the vocabulary is an error, not a panic.
 func TestBackendDraws(t *testing.T) {
 	for _, cfg := range []model.Config{denseConfig(), moeConfig()} {
@@ -327,7 +334,7 @@ func TestBackendDraws(t *testing.T) {
 				t.Fatal(err)
 			}
 			identical(t, got, want)
-			if drew := d.drawn > before; drew != (!sp.Truncated() && sp.TopLogProbs == 0) {
+			if drew := d.drawn > before; drew != (sp.TopLogProbs == 0) {
 				t.Fatalf("%+v: the backend drew %d rows", sp, d.drawn-before)
 			}
 		}
@@ -339,12 +346,58 @@ func TestBackendDraws(t *testing.T) {
 		for i := range reqs {
 			identical(t, got[i], want[i])
 		}
-		if d.mixed == 0 {
-			t.Fatal("no step mixed drawn and sampled rows")
+		if d.mixed == 0 || d.truncated == 0 {
+			t.Fatalf("%d steps mixed drawn and sampled rows, %d truncated rows drawn", d.mixed, d.truncated)
 		}
 		d.badToken = int32(cfg.VocabSize)
 		if _, err := e.Generate(prompts, 1, Sampling{Temperature: 1, MaxNewTokens: 3}); err == nil || !strings.Contains(err.Error(), "drew token") {
 			t.Fatalf("a token out of the vocabulary: %v", err)
+		}
+	}
+}
+
+// DrawTruncated and NearTruncBoundary by hand: tokens in descending
+// probability (1, 3, 2, 0; ties in id order), each cut alone and both, the
+// draw against the kept total, and the boundaries of the cut and the draw.
+func TestDrawTruncated(t *testing.T) {
+	ln := func(p float64) float32 { return float32(math.Log(p)) }
+	z := []float32{ln(0.1), ln(0.4), ln(0.2), ln(0.3)}
+	for _, c := range []struct {
+		k    int
+		p, u float64
+		want int32
+		kept float64
+	}{
+		{2, 0, 0.5, 1, 0.7}, {2, 0, 0.6, 3, 0.7}, // 0.35 and 0.42 of 0.7
+		{0, 0.65, 0.6, 3, 0.7}, {0, 0.75, 0.9, 2, 0.9}, {3, 0.5, 0.99, 3, 0.7},
+		{4, 0, 0.95, 0, 1}, {0, 0.2, 0.99, 1, 0.4}, {1, 0, 0, 1, 0.4},
+	} {
+		tok, lp, tlp := DrawTruncated(z, c.u, c.k, c.p)
+		if tok != c.want || lp != z[c.want] || math.Abs(float64(tlp)-math.Log(math.Exp(float64(lp))/c.kept)) > 1e-6 {
+			t.Errorf("top-k %d top-p %v u %v: token %d (%v, truncated %v), want %d of a kept %v", c.k, c.p, c.u, tok, lp, tlp, c.want, c.kept)
+		}
+	}
+	eq := []float32{ln(0.25), ln(0.25), ln(0.25), ln(0.25)}
+	if tok, _, _ := DrawTruncated(eq, 0.7, 2, 0); tok != 1 { // 0.35 of tokens 0 and 1
+		t.Errorf("equal log-probs, top-k 2: token %d, want 1", tok)
+	}
+	for _, c := range []struct {
+		k    int
+		p, u float64
+		want bool
+	}{
+		{0, 0.7, 0.1, true},          // the top-p cut at 0.4 + 0.3
+		{0, 0.65, 0.4 / 0.7, true},   // the draw at 0.4 of the kept 0.7
+		{0, 0.65, 0.5, false},        // 0.35 of 0.7
+		{2, 0.9, 0.4 / 0.7, true},    // top-k 2 keeps 0.7
+		{3, 0, 0.4 / 0.9, true},      // top-k 3 keeps 0.9
+		{3, 0, 0.4 / 0.7, false},     // 0.4/0.7 of 0.9: no boundary
+		{0, 0.95, 0.0001, false},     // all kept: 0.0001 of 1
+		{0, 0.95, 0.4 + 2e-7, true},  // within 1e-6 of 0.4
+		{0, 0.95, 0.4 + 2e-5, false}, // not within
+	} {
+		if got := NearTruncBoundary(z, c.u, c.k, c.p); got != c.want {
+			t.Errorf("NearTruncBoundary(top-k %d, top-p %v, u %v) = %v", c.k, c.p, c.u, got)
 		}
 	}
 }

@@ -680,6 +680,9 @@ func (g *gen) output(s *slotState) {
 			u = uniform(&s.rng)
 		}
 		e.batch.Draw[s.outIdx] = u
+		if pol.sp.Truncated() {
+			e.batch.TopK[s.outIdx], e.batch.TopP[s.outIdx] = int32(min(pol.sp.TopK, e.vocab)), pol.sp.TopP
+		}
 	}
 }
 
@@ -759,7 +762,7 @@ func (g *gen) sampleRows(w, lo, hi int) {
 	for o := lo; o < hi; o++ {
 		s := &g.slots[b.Slot[b.OutRow[o]]]
 		if b.Draw[o] >= 0 { // drawn by the backend
-			s.sampled, s.sampLP, s.sTLP = b.Drawn[o], b.DrawnLP[o], b.DrawnLP[o]
+			s.sampled, s.sampLP, s.sTLP = b.Drawn[o], b.DrawnLP[o], b.DrawnTLP[o]
 			continue
 		}
 		z := b.LogProbs[o*e.vocab : (o+1)*e.vocab]

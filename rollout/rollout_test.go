@@ -315,8 +315,7 @@ func TestTruncation(t *testing.T) {
 		{0, 0.99, []int32{1, 3, 4, 0, 2}},
 	}
 	for _, c := range cases {
-		g := &policy{sp: Sampling{Temperature: 1, TopK: c.topK, TopP: c.topP}}
-		got := g.candidates(z, pb, buf)
+		got := candidates(z, pb, buf, c.topK, c.topP)
 		if len(got) != len(c.want) {
 			t.Fatalf("top-k %d top-p %v: %v, want %v", c.topK, c.topP, got, c.want)
 		}
@@ -328,6 +327,24 @@ func TestTruncation(t *testing.T) {
 	}
 	// Top-2 keeps tokens 1 and 3 (mass 0.7): the truncated log-probability
 	// of token 3 is log(0.3/0.7), its full one log 0.3.
+	// A top-k taken by insertion (up to insertionTopK) is the sorted row's
+	// first k, ties in id order.
+	r := rand.New(rand.NewPCG(3, 3))
+	zr := make([]float32, 500)
+	for i := range zr {
+		zr[i] = float32(r.IntN(40)) / 8 // many equal values
+	}
+	pr, all := make([]float32, len(zr)), make([]int32, len(zr))
+	for i := range all {
+		all[i] = int32(i)
+	}
+	sortByProb(all, zr)
+	for _, k := range []int{1, 2, 17, insertionTopK, insertionTopK + 1, 499} {
+		got := candidates(zr, pr, make([]int32, len(zr)), k, 0)
+		if !slices.Equal(got, all[:k]) {
+			t.Fatalf("top-k %d: %v, want %v", k, got, all[:k])
+		}
+	}
 	g := &policy{sp: Sampling{Temperature: 1, TopK: 2}}
 	var rng rand.PCG
 	counts := map[int32]int{}

@@ -81,8 +81,15 @@ func (pl *policy) sampleOne(z []float32, rng *rand.PCG, ids []int32, p []float32
 		i := drawFull(z, p, u)
 		return int32(i), z[i], z[i]
 	}
+	i, tlp := drawTruncated(z, p, ids, u, pl.sp.TopK, pl.sp.TopP)
+	return i, z[i], tlp
+}
+
+// drawTruncated draws by DrawTruncated's rule with the scratch p and ids
+// (len(z) each), returning the token and its truncated log-probability.
+func drawTruncated(z, p []float32, ids []int32, u float64, topK int, topP float64) (int32, float32) {
 	kernels.Exp(p, z)
-	cand := pl.candidates(z, p, ids)
+	cand := candidates(z, p, ids, topK, topP)
 	var kept float64
 	for _, id := range cand {
 		kept += float64(p[id])
@@ -97,17 +104,18 @@ func (pl *policy) sampleOne(z []float32, rng *rand.PCG, ids []int32, p []float32
 			break
 		}
 	}
-	return pick, z[pick], float32(float64(z[pick]) - math.Log(kept))
+	return pick, float32(float64(z[pick]) - math.Log(kept))
 }
 
 // uniform is a draw's uniform in [0, 1): 53 random bits.
 func uniform(rng *rand.PCG) float64 { return float64(rng.Uint64()>>11) * 0x1p-53 }
 
 // backendDraws reports whether the backend can draw the tokens of this
-// policy (untruncated, no top log-probabilities): the batcher then passes
-// the uniform (Drawer, StepBatch.Draw) instead of sampling.
+// policy (truncated or not, but no top log-probabilities, which need the
+// whole row): the batcher then passes the uniform (Drawer,
+// StepBatch.Draw) instead of sampling.
 func (pl *policy) backendDraws() bool {
-	return !pl.sp.Truncated() && pl.sp.TopLogProbs == 0
+	return pl.sp.TopLogProbs == 0
 }
 
 // drawBlock is the number of tokens whose probabilities drawFull sums in
@@ -164,13 +172,18 @@ func drawFull(z, p []float32, u float64) int {
 	return 0
 }
 
+// insertionTopK is the largest top-k that candidates takes by insertion
+// into a sorted prefix (O(V k)); beyond it, by sorting the row.
+const insertionTopK = 64
+
 // candidates returns the truncated set in descending probability (ties:
-// lower id first): the top-k, then cut to the smallest prefix whose
-// probability (p = exp(z)) reaches top-p.
-func (pl *policy) candidates(z, p []float32, buf []int32) []int32 {
+// lower id first): the top-k (k = topK, off unless 0 < k < len(z)), then
+// cut to the smallest prefix whose probability (p = exp(z)) reaches tp
+// (off unless 0 < tp < 1).
+func candidates(z, p []float32, buf []int32, topK int, tp float64) []int32 {
 	var cand []int32
-	if k := pl.sp.TopK; k > 0 && k < len(z) {
-		// Insertion into a sorted prefix of k: cheap for the small k used.
+	if k := topK; k > 0 && k < len(z) && k <= insertionTopK {
+		// Insertion into a sorted prefix of k: cheap for a small k.
 		cand = buf[:0]
 		for i := range z {
 			id := int32(i)
@@ -192,8 +205,11 @@ func (pl *policy) candidates(z, p []float32, buf []int32) []int32 {
 			cand[i] = int32(i)
 		}
 		sortByProb(cand, z)
+		if topK > 0 && topK < len(z) {
+			cand = cand[:topK]
+		}
 	}
-	if tp := pl.sp.TopP; tp > 0 && tp < 1 {
+	if tp > 0 && tp < 1 {
 		var cum float64
 		for i, id := range cand {
 			cum += float64(p[id])

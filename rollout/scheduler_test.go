@@ -51,6 +51,9 @@ func mixedRequests(r *rand.Rand, vocab, n int) []Request {
 		switch i % 5 {
 		case 1:
 			sp.Temperature = 1
+			if i%10 == 1 {
+				sp.TopLogProbs = 2 // sampled on the host beside a Drawer
+			}
 		case 2:
 			sp.Temperature, sp.TopK = 0.7, 1+r.IntN(6)
 		case 3:

@@ -949,6 +949,186 @@ func TestDeviceMoERoute(t *testing.T) {
 	}
 }
 
+// TestDeviceDrawTruncated: draw_rows and draw_rows_raw with top-k and
+// top-p against rollout.DrawTruncated on the same rows: each cut alone and
+// both; a top-k of the whole vocabulary (drawn in probability order);
+// equal log-probabilities at the top-k cut, at the top-p cut and across
+// a whole row (taken in id order); impossible tokens; a one-hot row; a
+// top-p below the largest probability; the extremes of the uniform;
+// greedy and host rows beside them. A draw may differ only where a cut or
+// the draw lies within rounding of a boundary (NearTruncBoundary), and
+// the truncated log-probability only by the rounding of the kept total.
+func TestDeviceDrawTruncated(t *testing.T) {
+	g := newGPU(t)
+	ops := NewOps(g.d)
+	r := rand.New(rand.NewPCG(11, 11))
+	inf := float32(math.Inf(-1))
+	near := 0
+	for _, V := range []int{7, 2000, 151936} {
+		const rows = 18
+		raw := randF32(r, rows*V, 3)
+		temps := make([]float32, rows)
+		u := make([]float64, rows)
+		topK := make([]int32, rows)
+		topP := make([]float64, rows)
+		for i := 0; i < rows; i++ {
+			row := raw[i*V : (i+1)*V]
+			temps[i], u[i] = 1, r.Float64()
+			switch i {
+			case 0:
+				topK[i] = 5
+			case 1:
+				topP[i] = 0.9
+			case 2:
+				topK[i], topP[i] = 50, 0.5
+			case 3: // the whole vocabulary, in probability order
+				topK[i] = int32(V)
+			case 4: // one value everywhere: ids in order
+				for j := range row {
+					row[j] = 0.25
+				}
+				topK[i] = 3
+			case 5, 6: // ties across the top-k and the top-p cuts
+				for j := range row {
+					row[j] -= 10
+				}
+				for j := 0; j < V; j += 2 {
+					row[j] = 2.5
+				}
+				if i == 5 {
+					topK[i] = int32(V/2 - V/4 + 1)
+				} else {
+					topP[i] = 0.3
+				}
+			case 7: // one token
+				for j := range row {
+					row[j] = inf
+				}
+				row[V/3] = 0
+				topP[i] = 0.9
+			case 8: // a third of the tokens impossible
+				for j := range row {
+					if j%3 == 1 {
+						row[j] = inf
+					}
+				}
+				topP[i] = 0.99
+			case 9: // greedy: the cut changes nothing
+				temps[i], topK[i] = 0, 5
+			case 10:
+				u[i], topP[i] = 0, 0.7
+			case 11:
+				u[i], topK[i] = math.Nextafter(1, 0), 4
+			case 12: // left to the host
+				u[i], topK[i] = -1, 3
+			case 13: // below the largest probability: only the top token
+				row[V-1] = 20
+				topP[i] = 1e-3
+			case 14, 15: // a temperature other than 1 (only draw_rows_raw divides by it)
+				temps[i], topK[i], topP[i] = 0.7, 20, 0.95
+			case 16: // both cuts among equal values: the shorter is kept
+				for j := range row {
+					row[j] = -1
+				}
+				topK[i], topP[i] = int32(V/2+1), 0.3
+			case 17: // a log-prob of exactly 0 ranks first
+				row[V-1] = 40
+				topK[i] = 1
+			}
+		}
+		z := slices.Clone(raw)
+		for i := 0; i < rows; i++ {
+			kernels.LogSoftmax(z[i*V:(i+1)*V], z[i*V:(i+1)*V])
+		}
+		d := Draws{U: bufOf(g, u), Temps: bufOf(g, temps), TopK: bufOf(g, topK), TopP: bufOf(g, topP)}
+		for _, rawRows := range []bool{false, true} {
+			d.Tok, d.LP, d.TLP = bufOf(g, make([]int32, rows)), g.poisoned(rows), g.poisoned(rows)
+			var err error
+			if rawRows {
+				err = ops.DrawRowsRaw(d, bufOf(g, raw), rows, V)
+			} else {
+				err = ops.DrawRows(d, bufOf(g, z), rows, V)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make([]int32, rows)
+			if err := Download(g.d, got, d.Tok); err != nil {
+				t.Fatal(err)
+			}
+			glp, gtlp := g.f32(d.LP, rows), g.f32(d.TLP, rows)
+			for i := 0; i < rows; i++ {
+				name := fmt.Sprintf("V=%d row %d (raw %v, top-k %d, top-p %v, u %v)", V, i, rawRows, topK[i], topP[i], u[i])
+				if u[i] < 0 {
+					if got[i] != 0 || !math.IsNaN(float64(glp[i])) || !math.IsNaN(float64(gtlp[i])) {
+						t.Errorf("%s: the host's row written: token %d, log-probs %v %v", name, got[i], glp[i], gtlp[i])
+					}
+					continue
+				}
+				row := z[i*V : (i+1)*V]
+				tol := 4e-7 * (1 + math.Abs(float64(row[got[i]])))
+				if rawRows { // the row's log-softmax at its temperature, from float64's log-sum-exp
+					row = logSoftmaxF64(raw[i*V:(i+1)*V], temps[i])
+					tol = 4e-6 * (1 + math.Abs(float64(raw[i*V])))
+				}
+				if got[i] < 0 || int(got[i]) >= V || row[got[i]] == inf {
+					t.Fatalf("%s: token %d", name, got[i])
+				}
+				if !rawRows && math.Float32bits(glp[i]) != math.Float32bits(row[got[i]]) {
+					t.Errorf("%s: log-prob %v, z at token %d is %v", name, glp[i], got[i], row[got[i]])
+				}
+				if temps[i] == 0 {
+					if want, _ := rollout.DrawRow(row, 0, 0); got[i] != want || gtlp[i] != glp[i] {
+						t.Errorf("%s: greedy token %d (truncated log-prob %v), want %d", name, got[i], gtlp[i], want)
+					}
+					continue
+				}
+				want, _, wtlp := rollout.DrawTruncated(row, u[i], int(topK[i]), topP[i])
+				if got[i] != want {
+					if !rollout.NearTruncBoundary(row, u[i], int(topK[i]), topP[i]) {
+						t.Errorf("%s: device drew %d (%v), DrawTruncated %d (%v)", name, got[i], row[got[i]], want, row[want])
+					}
+					near++
+					continue
+				}
+				if math.Abs(float64(gtlp[i]-wtlp)) > tol {
+					t.Errorf("%s: token %d, truncated log-prob %v, want %v", name, got[i], gtlp[i], wtlp)
+				}
+				if !rawRows && math.Abs(float64(glp[i]-row[got[i]])) > tol {
+					t.Errorf("%s: log-prob %v, want %v", name, glp[i], row[got[i]])
+				}
+			}
+		}
+	}
+	t.Logf("%d draws differ from DrawTruncated's within rounding of a boundary", near)
+	if near > 2 {
+		t.Errorf("%d draws differ within rounding of a boundary: more than chance", near)
+	}
+}
+
+// logSoftmaxF64 is the log-softmax of logits at temperature temp (0
+// meaning 1) through float64's log-sum-exp, rounded once to float32.
+func logSoftmaxF64(logits []float32, temp float32) []float32 {
+	if temp == 0 {
+		temp = 1
+	}
+	out := make([]float32, len(logits))
+	m := math.Inf(-1)
+	for j, v := range logits {
+		out[j] = v / temp
+		m = math.Max(m, float64(out[j]))
+	}
+	var s float64
+	for _, v := range out {
+		s += math.Exp(float64(v) - m)
+	}
+	l := float32(m + math.Log(s))
+	for j := range out {
+		out[j] -= l
+	}
+	return out
+}
+
 // TestDeviceDrawRows: draw_rows against rollout.DrawRow on the same
 // log-softmax rows: vocabularies of one partial-sum block, a few, and
 // Qwen3's 151,936 (each warp sums many blocks); rows with tokens of
@@ -1005,9 +1185,12 @@ func TestDeviceDrawRows(t *testing.T) {
 		}
 		bz, bu, bt := bufOf(g, z), bufOf(g, u), bufOf(g, temps)
 		tok := bufOf(g, make([]int32, rows))
-		lp := g.poisoned(rows)
+		lp, tlp := g.poisoned(rows), g.poisoned(rows)
+		off := Draws{U: bu, Temps: bt, TopK: bufOf(g, make([]int32, rows)), TopP: bufOf(g, make([]float64, rows))}
+		d := off
+		d.Tok, d.LP, d.TLP = tok, lp, tlp
 		ops := NewOps(g.d)
-		if err := ops.DrawRows(tok, lp, bz, bu, bt, rows, V); err != nil {
+		if err := ops.DrawRows(d, bz, rows, V); err != nil {
 			t.Fatal(err)
 		}
 		got := make([]int32, rows)
@@ -1015,6 +1198,7 @@ func TestDeviceDrawRows(t *testing.T) {
 			t.Fatal(err)
 		}
 		glp := g.f32(lp, rows)
+		sameBits(t, fmt.Sprintf("V=%d untruncated rows' truncated log-probs", V), g.f32(tlp, rows), glp)
 		for i := 0; i < rows; i++ {
 			row := z[i*V : (i+1)*V]
 			if u[i] < 0 {
@@ -1041,9 +1225,12 @@ func TestDeviceDrawRows(t *testing.T) {
 		// a boundary, log-probs by the ulp), the logits not changed; and
 		// logsoftmax_rows_host's rows as LogSoftmaxTemps makes them.
 		braw, tok2, lp2 := bufOf(g, raw), bufOf(g, make([]int32, rows)), g.poisoned(rows)
-		if err := ops.DrawRowsRaw(tok2, lp2, braw, bu, bt, rows, V); err != nil {
+		d = off
+		d.Tok, d.LP, d.TLP = tok2, lp2, g.poisoned(rows)
+		if err := ops.DrawRowsRaw(d, braw, rows, V); err != nil {
 			t.Fatal(err)
 		}
+		sameBits(t, fmt.Sprintf("V=%d untruncated raw rows' truncated log-probs", V), g.f32(d.TLP, rows), g.f32(lp2, rows))
 		got2 := make([]int32, rows)
 		if err := Download(g.d, got2, tok2); err != nil {
 			t.Fatal(err)

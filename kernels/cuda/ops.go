@@ -451,29 +451,39 @@ func (o *Ops) LogSoftmaxTemps(z, temps Buffer, rows, V int) error {
 // kernel's shared table of partial sums).
 const DrawMaxVocab = 512 * 1024
 
+// Draws is what DrawRows reads and writes, one entry a row.
+type Draws struct {
+	Tok, LP, TLP Buffer // written: the token (int32), its log-prob, its truncated log-prob
+	U, Temps     Buffer // the uniform (float64; < 0: the row is left alone), the temperature
+	TopK, TopP   Buffer // top-k (int32; 0: off), top-p (float64; 0 or 1: off)
+}
+
 // DrawRows draws, for every one of rows log-softmax rows of z [rows, V]
-// whose uniform u[r] (float64) is >= 0, a token by rollout.DrawRow's rule
-// (temps[r] == 0: the argmax) into tok[r] (int32), with z at it in
-// lp[r]; rows with u[r] < 0 are left alone. V <= DrawMaxVocab.
-func (o *Ops) DrawRows(tok, lp, z, u, temps Buffer, rows, V int) error {
+// whose uniform d.U[r] is >= 0, a token by rollout.DrawRow's rule
+// (d.Temps[r] == 0: the argmax), or by rollout.DrawTruncated's where the
+// row's top-k or top-p truncates, into d.Tok[r], with z at it in d.LP[r]
+// and its log-prob under the truncated distribution in d.TLP[r] (d.LP[r]
+// where none is); rows with d.U[r] < 0 are left alone. V <= DrawMaxVocab.
+func (o *Ops) DrawRows(d Draws, z Buffer, rows, V int) error {
 	if V > DrawMaxVocab {
 		return fmt.Errorf("cuda: DrawRows over a vocabulary of %d, at most %d", V, DrawMaxVocab)
 	}
-	return o.Launch("head.cu", "draw_rows", Dim3{X: rows}, block256, tok, lp, z, u, temps, V)
+	return o.Launch("head.cu", "draw_rows", Dim3{X: rows}, block256, d.Tok, d.LP, d.TLP, z, d.U, d.Temps, d.TopK, d.TopP, V)
 }
 
 // DrawRowsRaw is DrawRows from the logits z themselves (not changed):
 // each drawn row's log-softmax at its temperature is taken on the fly from
 // a log-sum-exp summed online, so the kernel reads a row twice where
-// LogSoftmaxTemps then DrawRows read it four times and write it once.
+// LogSoftmaxTemps then DrawRows read it four times and write it once (a
+// truncated row more: each cut and the draw reads it up to nine times).
 // The log-sum-exp is not LogSoftmaxTemps's bits: the reduced-precision
 // rollouts draw so, the exact one (whose log-probs are the training
 // engine's) through LogSoftmaxTemps and DrawRows. V <= DrawMaxVocab.
-func (o *Ops) DrawRowsRaw(tok, lp, z, u, temps Buffer, rows, V int) error {
+func (o *Ops) DrawRowsRaw(d Draws, z Buffer, rows, V int) error {
 	if V > DrawMaxVocab {
 		return fmt.Errorf("cuda: DrawRowsRaw over a vocabulary of %d, at most %d", V, DrawMaxVocab)
 	}
-	return o.Launch("head.cu", "draw_rows_raw", Dim3{X: rows}, block256, tok, lp, z, u, temps, V)
+	return o.Launch("head.cu", "draw_rows_raw", Dim3{X: rows}, block256, d.Tok, d.LP, d.TLP, z, d.U, d.Temps, d.TopK, d.TopP, V)
 }
 
 // LogSoftmaxHostRows is LogSoftmaxTemps over the rows whose uniform u[r]

@@ -86,15 +86,16 @@ type expertWeights struct {
 type scratch struct {
 	// in holds a step's inputs, uploaded in one copy (each copy from the
 	// host is a call into the driver that first waits for the device):
-	// draw, slot, pos, tok, outRow and temps are spans of it (stepIn).
-	// out holds what a step's draws give back, downloaded in one copy:
-	// drawn and drawnLP are spans of it.
+	// draw, topP, slot, pos, tok, outRow, temps and topK are spans of it
+	// (stepIn). out holds what a step's draws give back, downloaded in one
+	// copy: drawn, drawnLP and drawnTLP are spans of it.
 	in, out                                         Buffer
 	slot, pos, tok, outRow, temps                   Buffer
 	x, h1, qraw, kraw, q, k, v, att, xmid, h2, next Buffer
 	gu, a                                           Buffer // dense MLP
 	xo, logits                                      Buffer // output rows
-	draw, drawn, drawnLP                            Buffer // per output row: uniform (float64), token, log-prob
+	draw, topP, topK                                Buffer // per output row: uniform and top-p (float64), top-k
+	drawn, drawnLP, drawnTLP                        Buffer // per output row drawn: token, log-prob, truncated log-prob
 	probs, gates, row, gtok, ids, xg, gug, ag, yg   Buffer // MoE
 	x16                                             Buffer // bf16: a product's operand, rounded by the kernel before it
 	part                                            Buffer // the reduced precisions: the decoding attention's split sums (kc.DecodeSplitFloats)
@@ -135,7 +136,7 @@ func (s *scratch) spans(c *model.Config, o *rollout.Options) []span {
 	qd, kvd := c.NumAttentionHeads*c.HeadDim, c.NumKeyValueHeads*c.HeadDim
 	I := c.IntermediateSize
 	E, k, Im := c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
-	spans := []span{{&s.in, stepIn(R, S)}, {&s.out, 2 * S},
+	spans := []span{{&s.in, stepIn(R, S)}, {&s.out, 3 * S},
 		{&s.x, R * H}, {&s.h1, R * H}, {&s.qraw, R * qd}, {&s.kraw, R * kvd}, {&s.q, R * qd}, {&s.k, R * kvd}, {&s.v, R * kvd},
 		{&s.att, R * qd}, {&s.xmid, R * H}, {&s.h2, R * H}, {&s.next, R * H}, {&s.xo, S * H}, {&s.logits, S * V}}
 	if len(c.MoELayers()) < c.NumHiddenLayers {
@@ -326,10 +327,10 @@ func (b *Backend) alloc() error {
 }
 
 // stepIn is the words of a step's inputs for R rows and S output rows:
-// each output row's uniform (a float64: two words, first so that they
-// are 8-byte aligned), each row's slot, position and token, each output
-// row's step row and temperature.
-func stepIn(R, S int) int { return 2*S + 3*R + 2*S }
+// each output row's uniform and top-p (float64s: two words each, first so
+// that they are 8-byte aligned), each row's slot, position and token,
+// each output row's step row, temperature and top-k.
+func stepIn(R, S int) int { return 4*S + 3*R + 3*S }
 
 // split points the step's inputs and draws at their spans of in and out.
 func (s *scratch) split(R, S int) {
@@ -337,11 +338,11 @@ func (s *scratch) split(R, S int) {
 	for _, p := range []struct {
 		b *Buffer
 		n int
-	}{{&s.draw, 2 * S}, {&s.slot, R}, {&s.pos, R}, {&s.tok, R}, {&s.outRow, S}, {&s.temps, S}} {
+	}{{&s.draw, 2 * S}, {&s.topP, 2 * S}, {&s.slot, R}, {&s.pos, R}, {&s.tok, R}, {&s.outRow, S}, {&s.temps, S}, {&s.topK, S}} {
 		*p.b = s.in.Floats(at, p.n)
 		at += p.n
 	}
-	s.drawn, s.drawnLP = s.out.Floats(0, S), s.out.Floats(S, S)
+	s.drawn, s.drawnLP, s.drawnTLP = s.out.Floats(0, S), s.out.Floats(S, S), s.out.Floats(2*S, S)
 }
 
 // Config returns the model's configuration.
@@ -482,7 +483,7 @@ func (b *Backend) Step(sb *rollout.StepBatch) error {
 	if b.graphs != nil && nOut == R && R <= b.opt.Slots {
 		return b.stepGraph(sb)
 	}
-	if err := b.upload(sb.Slot, sb.Pos, sb.Tok, sb.OutRow, sb.OutTemp, sb.Draw); err != nil {
+	if err := b.upload(sb.Slot, sb.Pos, sb.Tok, sb.OutRow, sb.OutTemp, sb); err != nil {
 		return err
 	}
 	if err := b.forward(sb, R, nOut); err != nil {
@@ -516,17 +517,20 @@ func (b *Backend) routesOut(sb *rollout.StepBatch, R, run int) error {
 }
 
 // upload copies a step's rows (slot, position, token) and output rows
-// (step row, temperature, the uniform of a row drawn on the device) to
-// the device, in one copy: they are packed here as scratch.in lays them
-// out (split).
-func (b *Backend) upload(slot, pos, tok, outRow []int32, temps []float32, draw []float64) error {
+// (step row, temperature, and for a row drawn on the device its uniform,
+// top-k and top-p) to the device, in one copy: they are packed here as
+// scratch.in lays them out (split).
+func (b *Backend) upload(slot, pos, tok, outRow []int32, temps []float32, sb *rollout.StepBatch) error {
 	R, S := b.opt.StepRows, b.opt.Slots
 	st := slices.Grow(b.stage[:0], stepIn(R, S))[:stepIn(R, S)]
-	for i, u := range draw {
-		bits := math.Float64bits(u)
-		st[2*i], st[2*i+1] = uint32(bits), uint32(bits>>32) // little-endian, as the GPU reads it
+	clear(st)
+	for o, u := range sb.Draw {
+		putFloat64(st[2*o:], u)
+		if o < len(sb.TopP) {
+			putFloat64(st[2*S+2*o:], sb.TopP[o])
+		}
 	}
-	at := 2 * S
+	at := 4 * S
 	for _, src := range []struct {
 		v   []int32
 		cap int
@@ -539,8 +543,18 @@ func (b *Backend) upload(slot, pos, tok, outRow []int32, temps []float32, draw [
 	for i, t := range temps {
 		st[at+i] = math.Float32bits(t)
 	}
+	at += S
+	for i, k := range sb.TopK {
+		st[at+i] = uint32(k)
+	}
 	b.stage = st
-	return kc.Upload(b.dev, b.s.in, st[:at+len(temps)])
+	return kc.Upload(b.dev, b.s.in, st)
+}
+
+// putFloat64 writes v into two words, little-endian, as the GPU reads it.
+func putFloat64(w []uint32, v float64) {
+	bits := math.Float64bits(v)
+	w[0], w[1] = uint32(bits), uint32(bits>>32)
 }
 
 // useGraphs says whether the backend replays decoding steps as CUDA
@@ -590,7 +604,7 @@ func (b *Backend) stepGraph(sb *rollout.StepBatch) error {
 	for r := R; r < n; r++ {
 		p.temps = append(p.temps, 1)
 	}
-	if err := b.upload(p.slot, p.pos, p.tok, p.outRow, p.temps, sb.Draw); err != nil {
+	if err := b.upload(p.slot, p.pos, p.tok, p.outRow, p.temps, sb); err != nil {
 		return err
 	}
 	if b.bf != nil {
@@ -755,16 +769,17 @@ func (b *Backend) outputs(sb *rollout.StepBatch, nOut int) error {
 		}
 	}
 	// The uniforms came with the step's inputs (upload).
+	d := kc.Draws{Tok: s.drawn, LP: s.drawnLP, TLP: s.drawnTLP, U: s.draw, Temps: s.temps, TopK: s.topK, TopP: s.topP}
 	var err error
 	switch {
 	case drawn > 0 && b.opt.Precision != rollout.Exact:
-		err = b.ops.DrawRowsRaw(s.drawn, s.drawnLP, s.logits, s.draw, s.temps, nOut, V)
+		err = b.ops.DrawRowsRaw(d, s.logits, nOut, V)
 		if err == nil && drawn < nOut {
 			err = b.ops.LogSoftmaxHostRows(s.logits, s.temps, s.draw, nOut, V)
 		}
 	case drawn > 0:
 		if err = b.ops.LogSoftmaxTemps(s.logits, s.temps, nOut, V); err == nil {
-			err = b.ops.DrawRows(s.drawn, s.drawnLP, s.logits, s.draw, s.temps, nOut, V)
+			err = b.ops.DrawRows(d, s.logits, nOut, V)
 		}
 	default:
 		if err := b.ops.LogSoftmaxTemps(s.logits, s.temps, nOut, V); err != nil {
@@ -775,14 +790,17 @@ func (b *Backend) outputs(sb *rollout.StepBatch, nOut int) error {
 	if err != nil {
 		return fmt.Errorf("rollout/cuda: drawing: %w", err)
 	}
-	// Tokens and log-probs in one copy: out is [drawn S][drawnLP S].
+	// Tokens and log-probs in one copy: out is [drawn S][drawnLP S][drawnTLP S].
 	S := b.opt.Slots
-	got := slices.Grow(b.stage[:0], 2*S)[:2*S]
+	got := slices.Grow(b.stage[:0], 3*S)[:3*S]
 	if err := kc.Download(b.dev, got, s.out); err != nil {
 		return err
 	}
 	for o := range nOut {
 		sb.Drawn[o], sb.DrawnLP[o] = int32(got[o]), math.Float32frombits(got[S+o])
+		if o < len(sb.DrawnTLP) {
+			sb.DrawnTLP[o] = math.Float32frombits(got[2*S+o])
+		}
 	}
 	b.stage = got
 	for o, u := range sb.Draw[:nOut] {
@@ -802,7 +820,8 @@ func (b *Backend) checkBatch(sb *rollout.StepBatch) error {
 	R, outs := sb.Rows(), len(sb.OutRow)
 	nMoE := len(b.cfg.MoELayers())
 	switch {
-	case len(sb.Pos) != R || len(sb.Tok) != R || len(sb.OutTemp) != outs || (len(sb.Draw) != 0 && len(sb.Draw) != outs):
+	case len(sb.Pos) != R || len(sb.Tok) != R || len(sb.OutTemp) != outs || (len(sb.Draw) != 0 && len(sb.Draw) != outs) ||
+		(len(sb.TopK) != 0 && len(sb.TopK) != outs) || (len(sb.TopP) != 0 && len(sb.TopP) != outs):
 		return errors.New("rollout/cuda: step batch: rows or output rows of different lengths")
 	case R > b.opt.StepRows || outs > b.opt.Slots:
 		return fmt.Errorf("rollout/cuda: step batch of %d rows and %d output rows, limits %d and %d", R, outs, b.opt.StepRows, b.opt.Slots)

@@ -477,7 +477,7 @@ func TestDeviceDraw(t *testing.T) {
 		temps := []float32{1, 0.7, 0, 1.3, 1, 0, 0.9, 1}
 		batch := func() *rollout.StepBatch {
 			sb := &rollout.StepBatch{LogProbs: make([]float32, opt.Slots*vocab),
-				Drawn: make([]int32, opt.Slots), DrawnLP: make([]float32, opt.Slots)}
+				Drawn: make([]int32, opt.Slots), DrawnLP: make([]float32, opt.Slots), DrawnTLP: make([]float32, opt.Slots)}
 			for range cfg.MoELayers() {
 				sb.Routes = append(sb.Routes, make([]int32, opt.StepRows*cfg.NumExpertsPerTok))
 			}
@@ -493,15 +493,26 @@ func TestDeviceDraw(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := rand.New(rand.NewPCG(uint64(vocab), 1))
-		near, drawn := 0, 0
+		near, drawn, truncated := 0, 0, 0
 		trials := 200
 		if vocab > 10000 {
 			trials = 40 // DrawRow on the host over 151,936 tokens a row
 		}
 		for trial := 0; trial < trials; trial++ {
 			sb := batch()
-			for range sb.OutRow {
+			for o := range sb.OutRow {
 				sb.Draw = append(sb.Draw, r.Float64())
+				k, p := 0, 0.0 // every third row cut by top-k, every third by top-p (and some by both)
+				switch (trial + o) % 3 {
+				case 1:
+					k = 1 + r.IntN(40)
+				case 2:
+					p = 0.5 + 0.45*r.Float64()
+					if o%2 == 0 {
+						k = 1 + r.IntN(vocab)
+					}
+				}
+				sb.TopK, sb.TopP = append(sb.TopK, int32(k)), append(sb.TopP, p)
 			}
 			host := trial % opt.Slots
 			sb.Draw[host] = -1
@@ -527,6 +538,23 @@ func TestDeviceDraw(t *testing.T) {
 					!(math.Abs(float64(lp-w)) <= 2e-6*(1+math.Abs(float64(w)))) {
 					t.Fatalf("vocab %d %v, row %d: token %d with log-prob %v, the row's own %v", vocab, c.prec, o, got, lp, w)
 				}
+				if temps[o] != 0 && sb.Truncates(o) {
+					truncated++
+					want, _, wtlp := rollout.DrawTruncated(z, u, int(sb.TopK[o]), sb.TopP[o])
+					if got != want {
+						if !rollout.NearTruncBoundary(z, u, int(sb.TopK[o]), sb.TopP[o]) {
+							t.Fatalf("vocab %d %v, row %d (temperature %v, top-k %d, top-p %v), u %v: device drew %d, DrawTruncated %d",
+								vocab, c.prec, o, temps[o], sb.TopK[o], sb.TopP[o], u, got, want)
+						}
+						near++
+					} else if tlp := sb.DrawnTLP[o]; !(math.Abs(float64(tlp-wtlp)) <= 4e-6*(1+math.Abs(float64(wtlp)))) {
+						t.Fatalf("vocab %d %v, row %d: token %d, truncated log-prob %v, DrawTruncated's %v", vocab, c.prec, o, got, tlp, wtlp)
+					}
+					continue
+				}
+				if sb.DrawnTLP[o] != sb.DrawnLP[o] {
+					t.Fatalf("vocab %d %v, row %d: untruncated, truncated log-prob %v, log-prob %v", vocab, c.prec, o, sb.DrawnTLP[o], sb.DrawnLP[o])
+				}
 				want, _ := rollout.DrawRow(z, u, temps[o])
 				if got == want {
 					continue
@@ -538,7 +566,7 @@ func TestDeviceDraw(t *testing.T) {
 			}
 		}
 		b.Close()
-		t.Logf("vocab %d %v: %d rows drawn on the device, %d differ from DrawRow at a boundary within rounding", vocab, c.prec, drawn, near)
+		t.Logf("vocab %d %v: %d rows drawn on the device (%d truncated), %d differ from DrawRow or DrawTruncated at a boundary within rounding", vocab, c.prec, drawn, truncated, near)
 		if near > drawn/100 {
 			t.Errorf("vocab %d %v: %d of %d draws differ", vocab, c.prec, near, drawn)
 		}

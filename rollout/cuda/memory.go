@@ -73,8 +73,11 @@ func Plan(c *model.Config, opt rollout.Options) (Memory, error) {
 	for _, sp := range s.spans(&cfg, &opt) {
 		m.Fixed += int64(max(sp.n, 1)) * 4
 	}
-	// spans counted Slots output rows; move them to the per-slot part.
-	out := int64(cfg.HiddenSize+cfg.VocabSize+6) * 4
+	// spans counted Slots output rows; move them to the per-slot part: the
+	// hidden row and logits, and the words of stepIn's and out's (step
+	// row, temperature, top-k, the uniform's and top-p's two each; token,
+	// log-prob, truncated log-prob).
+	out := int64(cfg.HiddenSize+cfg.VocabSize+10) * 4
 	m.Fixed -= int64(opt.Slots) * out
 	m.PerSlot = int64(cfg.NumHiddenLayers)*2*int64(opt.MaxLen)*kvd*elem + out
 	return m, nil

@@ -34,9 +34,9 @@ func TestPlanByHand(t *testing.T) {
 		t.Errorf("fixed %d bytes, want %d", m.Fixed, want)
 	}
 	// A slot: K and V of 16 positions × 64 in 4 layers (float32), and its
-	// output row: hidden 128, logits 100, out row, temperature, draw (2),
-	// token, log-prob.
-	if want := int64(4*2*16*64*4 + (128+100+6)*4); m.PerSlot != want {
+	// output row: hidden 128, logits 100, out row, temperature, top-k,
+	// draw (2), top-p (2), token, log-prob, truncated log-prob.
+	if want := int64(4*2*16*64*4 + (128+100+10)*4); m.PerSlot != want {
 		t.Errorf("per slot %d bytes, want %d", m.PerSlot, want)
 	}
 	if m.Total(3) != m.Fixed+3*m.PerSlot {
@@ -54,7 +54,7 @@ func TestPlanByHand(t *testing.T) {
 	if want := m.Fixed + params*2 + 2*8*384*2 + 32<<20 + 8*16*4*34*4; b.Fixed != want {
 		t.Errorf("bf16 fixed %d bytes, want %d", b.Fixed, want)
 	}
-	if want := int64(4*2*16*64*2 + (128+100+6)*4); b.PerSlot != want {
+	if want := int64(4*2*16*64*2 + (128+100+10)*4); b.PerSlot != want {
 		t.Errorf("bf16 per slot %d bytes, want %d", b.PerSlot, want)
 	}
 	// fp8: bf16's but the fused operand, and a scale per output row of every matrix (a layer's

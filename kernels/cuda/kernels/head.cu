@@ -368,26 +368,242 @@ __device__ void draw_row(F lpv, int V, double ur, bool greedy, int* tok, float* 
   *lp = lpv(pick);
 }
 
+// The truncated draws (top-k, top-p: rollout.DrawTruncated's rule) walk a
+// row's tokens in descending probability, the lower id first among
+// equals, without sorting it: each cut and the draw is the first token in
+// that order at which a running count or sum reaches a limit, found by a
+// radix descent over the tokens' keys (draw_find). The sums are of
+// fixed-point probabilities, DRAW_FIX = 2^43 units to 1 (floor(p 2^43)):
+// a row of up to 2^19 tokens sums below 2^62, exactly and the same in any
+// order, so no atomics or fixed reduction order are needed for the bits
+// to be a row's alone. A token's probability is off by less than 2^-43,
+// so the cuts and the draw differ from the host's float64 sums only within
+// rounding of a boundary (rollout.NearTruncBoundary).
+#define DRAW_FIX 8796093022208.0  // 2^43
+typedef unsigned long long u64;
+
+// draw_key orders tokens as the truncated draws walk them: ascending key
+// is descending z (-0 counted as +0, as the host compares values).
+__device__ __forceinline__ u32 draw_key(float v) {
+  const u32 b = v == 0.f ? 0u : __float_as_uint(v);
+  return (b & 0x80000000u) ? b : (~b & 0x7fffffffu);
+}
+
+// draw_fix is the fixed-point probability of log-probability v.
+__device__ __forceinline__ u64 draw_fix(float v) {
+  const float p = expf(v);
+  return p > 0.f ? (u64)((double)p * DRAW_FIX) : 0ull;
+}
+
+// DrawFind is where draw_find stopped: the key and id of the token found
+// and the count and fixed-point mass of the tokens up to it, in the
+// draw's order, inclusive. found is false when the limit is never
+// reached; count and mass are then the whole row's.
+struct DrawFind {
+  u32 key;
+  int id;
+  u64 count, mass;
+  bool found;
+};
+
+// draw_reached says whether a running count c and mass m have reached
+// lim: mode 0 c >= lim, mode 1 m >= lim, mode 2 m > lim.
+__device__ __forceinline__ bool draw_reached(int mode, u64 c, u64 m, u64 lim) {
+  return mode == 0 ? c >= lim : mode == 1 ? m >= lim : m > lim;
+}
+
+// warp_bins16 sums each lane's 16 bins v over the warp, returning bin
+// (lane >> 1)'s total: a halving butterfly (each step a lane keeps half
+// its bins and adds its partner's copy of them), 16 shuffles where a sum
+// per bin takes 80. v is spent.
+template <class T>
+__device__ __forceinline__ T warp_bins16(T (&v)[16]) {
+  const int l = threadIdx.x & 31;
+#pragma unroll
+  for (int s = 0; s < 4; s++) {
+    const int h = 8 >> s, bit = 16 >> s;
+    const bool up = (l & bit) != 0;
+#pragma unroll
+    for (int i = 0; i < h; i++) {
+      const T send = up ? v[i] : v[i + h], keep = up ? v[i + h] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, bit);
+    }
+  }
+  return v[0] + __shfl_xor_sync(0xffffffffu, v[0], 1);
+}
+
+// draw_find returns the first token of the row (log-probabilities lpv(j),
+// V tokens) in the draw's order at which the running count or mass
+// reaches lim (draw_reached's mode). A radix descent over the keys, four
+// bits a pass from the top: each pass counts and weighs the tokens whose
+// key starts with the digits chosen so far by their next digit (per
+// thread in registers, then over the warp, warp_bins16, and the warps in
+// order), and the first digit at which the running totals reach lim is
+// chosen. A digit held by one token ends the descent: that token, found
+// by a pass of its own. Tokens of one key (equal z, equal probability)
+// are taken in id order: the n-th, n the fewest that reach lim, found by a
+// block scan. Every thread calls it and gets the result.
+template <class F>
+__device__ DrawFind draw_find(F lpv, int V, int mode, u64 lim) {
+  __shared__ u64 wc[32][16], wm[32][16];
+  __shared__ u64 s_c, s_m, s_n, s_bm;
+  __shared__ int s_digit, s_id, s_done;
+  __shared__ u32 s_key;
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, warps = blockDim.x >> 5;
+  u32 prefix = 0, mask = 0;
+  u64 accC = 0, accM = 0, binC = 0, binM = 0;
+  __syncthreads();  // the last call's results are read
+  for (int shift = 28; shift >= 0; shift -= 4) {
+    u64 c[16], m[16];
+#pragma unroll
+    for (int d = 0; d < 16; d++) c[d] = 0, m[d] = 0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+      const float v = lpv(j);
+      const u32 key = draw_key(v);
+      if ((key & mask) != prefix) continue;
+      const u32 dig = (key >> shift) & 15u;
+      const u64 p = draw_fix(v);
+#pragma unroll
+      for (int d = 0; d < 16; d++) {
+        const bool hit = dig == (u32)d;
+        c[d] += hit ? 1ull : 0ull;
+        m[d] += hit ? p : 0ull;
+      }
+    }
+    const u64 cw = warp_bins16(c), mw = warp_bins16(m);
+    if ((l & 1) == 0) wc[w][l >> 1] = cw, wm[w][l >> 1] = mw;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int digit = -1;
+      for (int d = 0; d < 16 && digit < 0; d++) {
+        u64 cd = 0, md = 0;
+        for (int k = 0; k < warps; k++) cd += wc[k][d], md += wm[k][d];
+        if (cd != 0 && draw_reached(mode, accC + cd, accM + md, lim)) {
+          digit = d;
+          binC = cd;
+          binM = md;
+        } else {
+          accC += cd;
+          accM += md;
+        }
+      }
+      s_digit = digit;
+      s_c = accC, s_m = accM, s_n = binC, s_bm = binM;
+    }
+    __syncthreads();
+    const int digit = s_digit;
+    accC = s_c, accM = s_m, binC = s_n, binM = s_bm;
+    __syncthreads();
+    if (digit < 0) return DrawFind{0u, -1, accC, accM, false};
+    prefix |= (u32)digit << shift;
+    mask |= 15u << shift;
+    if (binC == 1) break;
+  }
+  if (binC == 1) {  // the one token with the prefix, wherever it is
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+      const float v = lpv(j);
+      if ((draw_key(v) & mask) == prefix) s_id = j, s_key = draw_key(v);
+    }
+    __syncthreads();
+    return DrawFind{s_key, s_id, accC + 1, accM + binM, true};
+  }
+  // binC tokens of the whole key chosen, each of mass binM / binC: the
+  // n-th of them in id order.
+  const u64 pt = binM / binC;
+  u64 n = 1;
+  if (mode == 0) n = lim - accC;
+  else if (pt != 0) n = (lim - accM) / pt + (mode == 2 ? 1 : ((lim - accM) % pt != 0));
+  n = min(max(n, (u64)1), binC);
+  if (threadIdx.x == 0) s_done = 0, s_id = -1;
+  u64 base = 0;  // matches in the chunks before
+  for (int j0 = 0; j0 < V; j0 += blockDim.x) {
+    const int j = j0 + threadIdx.x;
+    const int f = j < V && draw_key(lpv(j)) == prefix;
+    int incl = f;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int t = __shfl_up_sync(0xffffffffu, incl, o);
+      if (l >= o) incl += t;
+    }
+    if (l == 31) wc[w][0] = (u64)incl;
+    __syncthreads();
+    u64 before = base, total = base;
+    for (int k = 0; k < warps; k++) {
+      if (k < w) before += wc[k][0];
+      total += wc[k][0];
+    }
+    if (f && before + (u64)incl == n) s_id = j, s_done = 1;
+    __syncthreads();
+    base = total;
+    if (s_done) break;
+  }
+  return DrawFind{prefix, s_id, accC + n, accM + n * pt, true};
+}
+
+// draw_row_trunc draws one row's token by rollout.DrawTruncated's rule
+// from its log-probabilities lpv(j) with uniform ur, top-k k (off unless
+// 0 < k < V) and top-p tp (off unless 0 < tp < 1): the cuts and the draw
+// are draw_find's, the kept total their fixed-point mass. Thread 0 writes
+// the token, its log-probability and its truncated log-probability.
+template <class F>
+__device__ void draw_row_trunc(F lpv, int V, double ur, int k, double tp, int* tok, float* lp, float* tlp) {
+  DrawFind end{0u, -1, 0ull, 0ull, false};
+  if (k > 0 && k < V) end = draw_find(lpv, V, 0, (u64)k);
+  if (tp > 0.0 && tp < 1.0) {
+    const DrawFind f = draw_find(lpv, V, 1, (u64)ceil(tp * DRAW_FIX));
+    if (f.found && (!end.found || f.key < end.key || (f.key == end.key && f.id <= end.id))) end = f;
+  }
+  // Uncut (top-k at least V, top-p never reached): the whole row's mass.
+  const u64 kept = end.found ? end.mass : draw_find(lpv, V, 0, (u64)V + 1).mass;
+  DrawFind pick;
+  if (kept == 0) {
+    pick = draw_find(lpv, V, 0, 1ull);  // nothing of weight: the most probable
+  } else {
+    u64 target = (u64)(ur * (double)kept);
+    if (target >= kept) target = kept - 1;
+    pick = draw_find(lpv, V, 2, target);
+  }
+  if (threadIdx.x == 0) {
+    if (pick.id < 0) pick.id = 0;  // not reached: the sums are exact, so never
+    const float z = lpv(pick.id);
+    *tok = pick.id;
+    *lp = z;
+    *tlp = (float)((double)z - log((double)kept / DRAW_FIX));
+  }
+}
+
 // draw_rows draws the token of every output row r with u[r] >= 0 from its
 // log-probabilities z[r] (tempered and normalised, logsoftmax_rows_t) by
-// rollout.DrawRow's rule, writing it to tok[r] and z at it to lp[r]:
-// at temperature 0 the most probable token, the lowest id among equals;
-// otherwise inverse CDF in token order, the first token at which the
-// running float64 sum of exp(z) exceeds u[r] times the row's total, a
+// rollout.DrawRow's rule, writing it to tok[r] and z at it to lp[r] and
+// tlp[r]: at temperature 0 the most probable token, the lowest id among
+// equals; otherwise inverse CDF in token order, the first token at which
+// the running float64 sum of exp(z) exceeds u[r] times the row's total, a
 // token of probability 0 never drawn. The sums of exp over each
 // DRAW_BLOCK tokens are taken by one warp each, then warp 0 finds the
 // block where the draw lands and its lane 0 scans that block's tokens one
 // by one (their exps staged in shared memory by the warp): the same
 // draws as the host's sampler except where u falls within a few ulps of a
-// boundary between two tokens. Rows with u[r] < 0 are left alone (the host
+// boundary between two tokens. A row with top-k topk[r] > 0 or top-p
+// 0 < topp[r] < 1 at a temperature other than 0 is drawn by
+// rollout.DrawTruncated's rule instead (draw_row_trunc), its truncated
+// log-probability in tlp[r]. Rows with u[r] < 0 are left alone (the host
 // samples them). grid = rows, block = KEEL_THREADS.
-extern "C" __global__ void draw_rows(int* __restrict__ tok, float* __restrict__ lp, const float* __restrict__ z,
-                                     const double* __restrict__ u, const float* __restrict__ temps, int V) {
+extern "C" __global__ void draw_rows(int* __restrict__ tok, float* __restrict__ lp, float* __restrict__ tlp,
+                                     const float* __restrict__ z, const double* __restrict__ u,
+                                     const float* __restrict__ temps, const int* __restrict__ topk,
+                                     const double* __restrict__ topp, int V) {
   const i64 r = blockIdx.x;
   const double ur = u[r];
   if (ur < 0.0) return;
   const float* row = z + r * V;
-  draw_row([&](int j) { return row[j]; }, V, ur, temps[r] == 0.f, tok + r, lp + r);
+  auto at = [&](int j) { return row[j]; };
+  const int k = topk[r];
+  const double p = topp[r];
+  if (temps[r] != 0.f && (k > 0 || (p > 0.0 && p < 1.0))) {
+    draw_row_trunc(at, V, ur, k, p, tok + r, lp + r, tlp + r);
+    return;
+  }
+  draw_row(at, V, ur, temps[r] == 0.f, tok + r, lp + r);
+  if (threadIdx.x == 0) tlp[r] = lp[r];
 }
 
 // draw_rows_raw is draw_rows over the log-softmax of the logits z at each
@@ -397,8 +613,10 @@ extern "C" __global__ void draw_rows(int* __restrict__ tok, float* __restrict__ 
 // logsoftmax_rows_t then draw_rows make four and a write. l is not
 // logsoftmax_row's bits, so the exact rollout, whose log-probs must be
 // the training engine's, keeps those two. grid = rows.
-extern "C" __global__ void draw_rows_raw(int* __restrict__ tok, float* __restrict__ lp, const float* __restrict__ z,
-                                         const double* __restrict__ u, const float* __restrict__ temps, int V) {
+extern "C" __global__ void draw_rows_raw(int* __restrict__ tok, float* __restrict__ lp, float* __restrict__ tlp,
+                                         const float* __restrict__ z, const double* __restrict__ u,
+                                         const float* __restrict__ temps, const int* __restrict__ topk,
+                                         const double* __restrict__ topp, int V) {
   const i64 r = blockIdx.x;
   const double ur = u[r];
   if (ur < 0.0) return;
@@ -409,7 +627,15 @@ extern "C" __global__ void draw_rows_raw(int* __restrict__ tok, float* __restric
   double s, t;
   row_stats(at, V, m, s, t);
   const float l = (float)((double)m + log(s));
-  draw_row([&](int j) { return at(j) - l; }, V, ur, tr == 0.f, tok + r, lp + r);
+  auto lpv = [&](int j) { return at(j) - l; };
+  const int k = topk[r];
+  const double p = topp[r];
+  if (tr != 0.f && (k > 0 || (p > 0.0 && p < 1.0))) {
+    draw_row_trunc(lpv, V, ur, k, p, tok + r, lp + r, tlp + r);
+    return;
+  }
+  draw_row(lpv, V, ur, tr == 0.f, tok + r, lp + r);
+  if (threadIdx.x == 0) tlp[r] = lp[r];
 }
 
 // logsoftmax_rows_host is logsoftmax_rows_t over the rows with u[r] < 0
