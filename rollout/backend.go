@@ -107,7 +107,11 @@ type Backend interface {
 // policy truncates (TopK[o] > 0 or 0 < TopP[o] < 1; TopK and TopP are
 // empty or one per output row) is drawn by DrawTruncated's rule instead,
 // its truncated log-probability written to DrawnTLP[o] (for other drawn
-// rows DrawnTLP[o] is DrawnLP[o]).
+// rows DrawnTLP[o] is DrawnLP[o]). A drawn row with TopN[o] > 0 (TopN
+// empty or one per output row, at most MaxTopLogProbs) also gets its
+// TopN[o] most probable tokens and their log-probabilities, the most
+// probable first and the lower id first among equals, in
+// Top[o*MaxTopLogProbs:].
 type StepBatch struct {
 	Slot, Pos, Tok []int32   // per row
 	OutRow         []int32   // per output row: its step row
@@ -115,12 +119,14 @@ type StepBatch struct {
 	LogProbs       []float32 // [Slots][vocab]: the first len(OutRow) rows are the step's
 	Routes         [][]int32 // per MoE layer: [StepRows][k], the first Rows() rows the step's
 
-	Draw     []float64 // per output row: its uniform, or -1 (the batcher samples)
-	TopK     []int32   // per output row drawn by the backend: its top-k (0: off)
-	TopP     []float64 // per output row drawn by the backend: its top-p (0 or 1: off)
-	Drawn    []int32   // [Slots]: per output row with Draw >= 0, the token drawn
-	DrawnLP  []float32 // [Slots]: its log-probability under the row's LogProbs
-	DrawnTLP []float32 // [Slots]: under the truncated distribution it was drawn from
+	Draw     []float64      // per output row: its uniform, or -1 (the batcher samples)
+	TopK     []int32        // per output row drawn by the backend: its top-k (0: off)
+	TopP     []float64      // per output row drawn by the backend: its top-p (0 or 1: off)
+	TopN     []int32        // per output row drawn by the backend: the top log-probs to report
+	Drawn    []int32        // [Slots]: per output row with Draw >= 0, the token drawn
+	DrawnLP  []float32      // [Slots]: its log-probability under the row's LogProbs
+	DrawnTLP []float32      // [Slots]: under the truncated distribution it was drawn from
+	Top      []TokenLogProb // [Slots][MaxTopLogProbs]: a drawn row's TopN most probable tokens
 }
 
 // Truncates reports whether output row o is drawn from a truncated
@@ -134,8 +140,8 @@ func (b *StepBatch) Truncates(o int) bool {
 // log-probabilities to the host would cost more than the step. The draw
 // follows DrawRow's rule (DrawTruncated's under top-k or top-p), so the
 // same seeds give the same samples (up to a probability within rounding
-// of a sampling boundary) as the batcher's own sampling; the batcher
-// still samples the rows whose policy reports top log-probabilities.
+// of a sampling boundary) as the batcher's own sampling, and it reports
+// the top log-probabilities a policy asks for (StepBatch.TopN).
 type Drawer interface {
 	Backend
 	// Draws reports whether Step honours StepBatch.Draw; if false the
@@ -255,7 +261,9 @@ func newStepBatch(c *model.Config, opt Options) StepBatch {
 		OutRow: make([]int32, 0, opt.Slots), OutTemp: make([]float32, 0, opt.Slots),
 		LogProbs: make([]float32, opt.Slots*c.VocabSize),
 		Draw:     make([]float64, 0, opt.Slots), TopK: make([]int32, 0, opt.Slots), TopP: make([]float64, 0, opt.Slots),
+		TopN:  make([]int32, 0, opt.Slots),
 		Drawn: make([]int32, opt.Slots), DrawnLP: make([]float32, opt.Slots), DrawnTLP: make([]float32, opt.Slots),
+		Top: make([]TokenLogProb, opt.Slots*MaxTopLogProbs),
 	}
 	for i := 0; i < c.NumHiddenLayers; i++ {
 		if c.IsMoELayer(i) {
@@ -272,7 +280,7 @@ func (b *StepBatch) Rows() int { return len(b.Slot) }
 func (b *StepBatch) reset() {
 	b.Slot, b.Pos, b.Tok = b.Slot[:0], b.Pos[:0], b.Tok[:0]
 	b.OutRow, b.OutTemp, b.Draw = b.OutRow[:0], b.OutTemp[:0], b.Draw[:0]
-	b.TopK, b.TopP = b.TopK[:0], b.TopP[:0]
+	b.TopK, b.TopP, b.TopN = b.TopK[:0], b.TopP[:0], b.TopN[:0]
 }
 
 // add appends a row: token tok at position pos of slot's sequence.
@@ -288,6 +296,6 @@ func (b *StepBatch) output(temp float32) int {
 	b.OutRow = append(b.OutRow, int32(len(b.Slot)-1))
 	b.OutTemp = append(b.OutTemp, temp)
 	b.Draw = append(b.Draw, -1)
-	b.TopK, b.TopP = append(b.TopK, 0), append(b.TopP, 0)
+	b.TopK, b.TopP, b.TopN = append(b.TopK, 0), append(b.TopP, 0), append(b.TopN, 0)
 	return len(b.OutRow) - 1
 }

@@ -251,9 +251,10 @@ func TestSchedulerBackendError(t *testing.T) {
 // not 0, is drawn instead (a broken backend).
 type drawingBackend struct {
 	Backend
-	drawn, mixed int // rows drawn; steps with drawn and host-sampled rows
-	truncated    int // rows drawn from a truncated distribution
-	badToken     int32
+	drawn     int // rows drawn
+	truncated int // rows drawn from a truncated distribution
+	tops      int // rows whose top log-probabilities it reported
+	badToken  int32
 }
 
 func (d *drawingBackend) Draws() bool { return true }
@@ -263,19 +264,21 @@ func (d *drawingBackend) Step(b *StepBatch) error {
 		return err
 	}
 	V := d.Config().VocabSize
-	host := 0
 	for o, u := range b.Draw {
 		if u < 0 {
-			host++
 			continue
 		}
 		z := b.LogProbs[o*V : (o+1)*V]
-		if b.Truncates(o) {
+		if b.Truncates(o) && b.OutTemp[o] != 0 {
 			b.Drawn[o], b.DrawnLP[o], b.DrawnTLP[o] = DrawTruncated(z, u, int(b.TopK[o]), b.TopP[o])
 			d.truncated++
 		} else {
 			b.Drawn[o], b.DrawnLP[o] = DrawRow(z, u, b.OutTemp[o])
 			b.DrawnTLP[o] = b.DrawnLP[o]
+		}
+		if n := int(b.TopN[o]); n > 0 {
+			topTokens(b.Top[o*MaxTopLogProbs:o*MaxTopLogProbs+n], z)
+			d.tops++
 		}
 		if d.badToken != 0 {
 			b.Drawn[o] = d.badToken
@@ -285,17 +288,13 @@ func (d *drawingBackend) Step(b *StepBatch) error {
 		}
 		d.drawn++
 	}
-	if host > 0 && host < len(b.Draw) {
-		d.mixed++
-	}
 	return nil
 }
 
 // A backend that draws the tokens itself gives the batcher's own samples
 // bit for bit: the same uniforms from the same streams, drawn by the same
-// rule, for every policy (greedy and truncated included) but those that
-// report top log-probabilities, which are still sampled by the batcher
-// (steps mixing the two included, through the scheduler);
+// rule, for every policy (greedy, truncated and those that report top
+// log-probabilities included, alone and mixed in a scheduler's steps);
 // and a token out of the vocabulary is an error, not a panic.
 func TestBackendDraws(t *testing.T) {
 	for _, cfg := range []model.Config{denseConfig(), moeConfig()} {
@@ -334,8 +333,8 @@ func TestBackendDraws(t *testing.T) {
 				t.Fatal(err)
 			}
 			identical(t, got, want)
-			if drew := d.drawn > before; drew != (sp.TopLogProbs == 0) {
-				t.Fatalf("%+v: the backend drew %d rows", sp, d.drawn-before)
+			if d.drawn == before {
+				t.Fatalf("%+v: the backend drew no row", sp)
 			}
 		}
 		reqs := mixedRequests(rand.New(rand.NewPCG(31, uint64(cfg.NumExperts))), cfg.VocabSize, 14)
@@ -346,8 +345,8 @@ func TestBackendDraws(t *testing.T) {
 		for i := range reqs {
 			identical(t, got[i], want[i])
 		}
-		if d.mixed == 0 || d.truncated == 0 {
-			t.Fatalf("%d steps mixed drawn and sampled rows, %d truncated rows drawn", d.mixed, d.truncated)
+		if d.truncated == 0 || d.tops == 0 {
+			t.Fatalf("%d truncated rows drawn, %d rows' top log-probabilities reported", d.truncated, d.tops)
 		}
 		d.badToken = int32(cfg.VocabSize)
 		if _, err := e.Generate(prompts, 1, Sampling{Temperature: 1, MaxNewTokens: 3}); err == nil || !strings.Contains(err.Error(), "drew token") {

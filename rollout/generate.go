@@ -668,13 +668,14 @@ func (g *gen) take(s *slotState) {
 // output makes the step's last row slot s's output row, to be tempered
 // at its group's temperature.
 //
-// Where the backend draws (Drawer) and the policy lets it, the row's
-// uniform is taken from the sequence's stream here, as sampleOne would
-// take it after the step: the same seeds give the same draws either way.
+// Where the backend draws (Drawer), the row's uniform is taken from the
+// sequence's stream here, as sampleOne would take it after the step (the
+// same seeds give the same draws either way), and the row carries its
+// policy's top-k, top-p and top log-probabilities.
 func (g *gen) output(s *slotState) {
 	e, pol := g.e, s.grp.pol
 	s.outIdx = e.batch.output(float32(pol.sp.Temperature))
-	if e.draws && pol.backendDraws() {
+	if e.draws {
 		u := 0.0
 		if pol.sp.Temperature != 0 {
 			u = uniform(&s.rng)
@@ -683,6 +684,7 @@ func (g *gen) output(s *slotState) {
 		if pol.sp.Truncated() {
 			e.batch.TopK[s.outIdx], e.batch.TopP[s.outIdx] = int32(min(pol.sp.TopK, e.vocab)), pol.sp.TopP
 		}
+		e.batch.TopN[s.outIdx] = int32(pol.sp.TopLogProbs)
 	}
 }
 
@@ -763,6 +765,9 @@ func (g *gen) sampleRows(w, lo, hi int) {
 		s := &g.slots[b.Slot[b.OutRow[o]]]
 		if b.Draw[o] >= 0 { // drawn by the backend
 			s.sampled, s.sampLP, s.sTLP = b.Drawn[o], b.DrawnLP[o], b.DrawnTLP[o]
+			if n := s.grp.pol.sp.TopLogProbs; n > 0 {
+				copy(s.stepTop[:n], b.Top[o*MaxTopLogProbs:])
+			}
 			continue
 		}
 		z := b.LogProbs[o*e.vocab : (o+1)*e.vocab]

@@ -110,14 +110,6 @@ func drawTruncated(z, p []float32, ids []int32, u float64, topK int, topP float6
 // uniform is a draw's uniform in [0, 1): 53 random bits.
 func uniform(rng *rand.PCG) float64 { return float64(rng.Uint64()>>11) * 0x1p-53 }
 
-// backendDraws reports whether the backend can draw the tokens of this
-// policy (truncated or not, but no top log-probabilities, which need the
-// whole row): the batcher then passes the uniform (Drawer,
-// StepBatch.Draw) instead of sampling.
-func (pl *policy) backendDraws() bool {
-	return pl.sp.TopLogProbs == 0
-}
-
 // drawBlock is the number of tokens whose probabilities drawFull sums in
 // one vectorised pass.
 const drawBlock = 512

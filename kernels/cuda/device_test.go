@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"sort"
 	"testing"
 
 	"github.com/keel-rl/keel/kernels"
@@ -971,9 +972,11 @@ func TestDeviceDrawTruncated(t *testing.T) {
 		u := make([]float64, rows)
 		topK := make([]int32, rows)
 		topP := make([]float64, rows)
+		topN := make([]int32, rows)
 		for i := 0; i < rows; i++ {
 			row := raw[i*V : (i+1)*V]
 			temps[i], u[i] = 1, r.Float64()
+			topN[i] = []int32{0, 1, 5, TopMax}[i%4] // reported beside the draw
 			switch i {
 			case 0:
 				topK[i] = 5
@@ -1040,9 +1043,10 @@ func TestDeviceDrawTruncated(t *testing.T) {
 		for i := 0; i < rows; i++ {
 			kernels.LogSoftmax(z[i*V:(i+1)*V], z[i*V:(i+1)*V])
 		}
-		d := Draws{U: bufOf(g, u), Temps: bufOf(g, temps), TopK: bufOf(g, topK), TopP: bufOf(g, topP)}
+		d := Draws{U: bufOf(g, u), Temps: bufOf(g, temps), TopK: bufOf(g, topK), TopP: bufOf(g, topP), TopN: bufOf(g, topN)}
 		for _, rawRows := range []bool{false, true} {
 			d.Tok, d.LP, d.TLP = bufOf(g, make([]int32, rows)), g.poisoned(rows), g.poisoned(rows)
+			d.TopTok, d.TopLP = bufOf(g, make([]int32, rows*TopMax)), g.poisoned(rows*TopMax)
 			var err error
 			if rawRows {
 				err = ops.DrawRowsRaw(d, bufOf(g, raw), rows, V)
@@ -1057,10 +1061,16 @@ func TestDeviceDrawTruncated(t *testing.T) {
 				t.Fatal(err)
 			}
 			glp, gtlp := g.f32(d.LP, rows), g.f32(d.TLP, rows)
+			topTok := make([]int32, rows*TopMax)
+			if err := Download(g.d, topTok, d.TopTok); err != nil {
+				t.Fatal(err)
+			}
+			topLP := g.f32(d.TopLP, rows*TopMax)
 			for i := 0; i < rows; i++ {
 				name := fmt.Sprintf("V=%d row %d (raw %v, top-k %d, top-p %v, u %v)", V, i, rawRows, topK[i], topP[i], u[i])
+				gotTop, gotTopLP := topTok[i*TopMax:(i+1)*TopMax], topLP[i*TopMax:(i+1)*TopMax]
 				if u[i] < 0 {
-					if got[i] != 0 || !math.IsNaN(float64(glp[i])) || !math.IsNaN(float64(gtlp[i])) {
+					if got[i] != 0 || !math.IsNaN(float64(glp[i])) || !math.IsNaN(float64(gtlp[i])) || !math.IsNaN(float64(gotTopLP[0])) {
 						t.Errorf("%s: the host's row written: token %d, log-probs %v %v", name, got[i], glp[i], gtlp[i])
 					}
 					continue
@@ -1070,6 +1080,48 @@ func TestDeviceDrawTruncated(t *testing.T) {
 				if rawRows { // the row's log-softmax at its temperature, from float64's log-sum-exp
 					row = logSoftmaxF64(raw[i*V:(i+1)*V], temps[i])
 					tol = 4e-6 * (1 + math.Abs(float64(raw[i*V])))
+				}
+				// The most probable tokens: exact rows, those of sorting the
+				// row; raw rows, those of sorting the logits at the row's
+				// temperature (which the kernel's log-sum-exp, subtracted,
+				// may tie but not reorder: the same set, in the order of
+				// the log-probs reported, ties by id).
+				n := min(int(topN[i]), V)
+				rank := row
+				if rawRows {
+					tp := temps[i]
+					if tp == 0 {
+						tp = 1
+					}
+					rank = make([]float32, V)
+					for j, v := range raw[i*V : (i+1)*V] {
+						rank[j] = v / tp // the kernel's division
+					}
+				}
+				wantTop := topOf(rank, n)
+				sameSet := slices.Equal(gotTop[:n], wantTop)
+				if rawRows {
+					sortedGot := slices.Clone(gotTop[:n])
+					slices.Sort(sortedGot)
+					sortedWant := slices.Clone(wantTop)
+					slices.Sort(sortedWant)
+					sameSet = slices.Equal(sortedGot, sortedWant)
+					for j := 1; j < n && sameSet; j++ {
+						a, b := gotTopLP[j-1], gotTopLP[j]
+						sameSet = a > b || (a == b && gotTop[j-1] < gotTop[j])
+					}
+				}
+				if !sameSet {
+					t.Errorf("%s: top %d tokens %v, want %v", name, n, gotTop[:n], wantTop)
+				} else {
+					for j, id := range gotTop[:n] {
+						if math.Abs(float64(gotTopLP[j]-row[id])) > tol {
+							t.Errorf("%s: top token %d log-prob %v, want %v", name, id, gotTopLP[j], row[id])
+						}
+					}
+				}
+				if n < TopMax && !math.IsNaN(float64(gotTopLP[n])) {
+					t.Errorf("%s: %d top tokens asked, entry %d written", name, n, n)
 				}
 				if got[i] < 0 || int(got[i]) >= V || row[got[i]] == inf {
 					t.Fatalf("%s: token %d", name, got[i])
@@ -1104,6 +1156,17 @@ func TestDeviceDrawTruncated(t *testing.T) {
 	if near > 2 {
 		t.Errorf("%d draws differ within rounding of a boundary: more than chance", near)
 	}
+}
+
+// topOf returns the n largest entries' ids of z, the largest first, the
+// lower id first among equal values (-0 equal to 0), by sorting.
+func topOf(z []float32, n int) []int32 {
+	ids := make([]int32, len(z))
+	for i := range ids {
+		ids[i] = int32(i)
+	}
+	sort.SliceStable(ids, func(a, b int) bool { return z[ids[a]] > z[ids[b]] })
+	return ids[:n]
 }
 
 // logSoftmaxF64 is the log-softmax of logits at temperature temp (0
@@ -1186,7 +1249,8 @@ func TestDeviceDrawRows(t *testing.T) {
 		bz, bu, bt := bufOf(g, z), bufOf(g, u), bufOf(g, temps)
 		tok := bufOf(g, make([]int32, rows))
 		lp, tlp := g.poisoned(rows), g.poisoned(rows)
-		off := Draws{U: bu, Temps: bt, TopK: bufOf(g, make([]int32, rows)), TopP: bufOf(g, make([]float64, rows))}
+		off := Draws{U: bu, Temps: bt, TopK: bufOf(g, make([]int32, rows)), TopP: bufOf(g, make([]float64, rows)),
+			TopN: bufOf(g, make([]int32, rows))}
 		d := off
 		d.Tok, d.LP, d.TLP = tok, lp, tlp
 		ops := NewOps(g.d)

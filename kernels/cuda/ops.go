@@ -451,24 +451,34 @@ func (o *Ops) LogSoftmaxTemps(z, temps Buffer, rows, V int) error {
 // kernel's shared table of partial sums).
 const DrawMaxVocab = 512 * 1024
 
-// Draws is what DrawRows reads and writes, one entry a row.
+// Draws is what DrawRows reads and writes, one entry a row (TopTok and
+// TopLP: TopMax entries a row).
 type Draws struct {
-	Tok, LP, TLP Buffer // written: the token (int32), its log-prob, its truncated log-prob
-	U, Temps     Buffer // the uniform (float64; < 0: the row is left alone), the temperature
-	TopK, TopP   Buffer // top-k (int32; 0: off), top-p (float64; 0 or 1: off)
+	Tok, LP, TLP  Buffer // written: the token (int32), its log-prob, its truncated log-prob
+	TopTok, TopLP Buffer // written: the TopN most probable tokens (int32) and their log-probs
+	U, Temps      Buffer // the uniform (float64; < 0: the row is left alone), the temperature
+	TopK, TopP    Buffer // top-k (int32; 0: off), top-p (float64; 0 or 1: off)
+	TopN          Buffer // the most probable tokens to report (int32, at most TopMax; 0: none)
 }
+
+// TopMax is the most probable tokens DrawRows reports a row (head.cu's
+// TOP_MAX; rollout.MaxTopLogProbs).
+const TopMax = 20
 
 // DrawRows draws, for every one of rows log-softmax rows of z [rows, V]
 // whose uniform d.U[r] is >= 0, a token by rollout.DrawRow's rule
 // (d.Temps[r] == 0: the argmax), or by rollout.DrawTruncated's where the
 // row's top-k or top-p truncates, into d.Tok[r], with z at it in d.LP[r]
 // and its log-prob under the truncated distribution in d.TLP[r] (d.LP[r]
-// where none is); rows with d.U[r] < 0 are left alone. V <= DrawMaxVocab.
+// where none is), and where d.TopN[r] > 0 the row's d.TopN[r] most
+// probable tokens and their log-probs, the most probable first (the lower
+// id first among equals), at d.TopTok[r*TopMax:] and d.TopLP[r*TopMax:];
+// rows with d.U[r] < 0 are left alone. V <= DrawMaxVocab.
 func (o *Ops) DrawRows(d Draws, z Buffer, rows, V int) error {
 	if V > DrawMaxVocab {
 		return fmt.Errorf("cuda: DrawRows over a vocabulary of %d, at most %d", V, DrawMaxVocab)
 	}
-	return o.Launch("head.cu", "draw_rows", Dim3{X: rows}, block256, d.Tok, d.LP, d.TLP, z, d.U, d.Temps, d.TopK, d.TopP, V)
+	return o.Launch("head.cu", "draw_rows", Dim3{X: rows}, block256, d.Tok, d.LP, d.TLP, d.TopTok, d.TopLP, z, d.U, d.Temps, d.TopK, d.TopP, d.TopN, V)
 }
 
 // DrawRowsRaw is DrawRows from the logits z themselves (not changed):
@@ -483,7 +493,7 @@ func (o *Ops) DrawRowsRaw(d Draws, z Buffer, rows, V int) error {
 	if V > DrawMaxVocab {
 		return fmt.Errorf("cuda: DrawRowsRaw over a vocabulary of %d, at most %d", V, DrawMaxVocab)
 	}
-	return o.Launch("head.cu", "draw_rows_raw", Dim3{X: rows}, block256, d.Tok, d.LP, d.TLP, z, d.U, d.Temps, d.TopK, d.TopP, V)
+	return o.Launch("head.cu", "draw_rows_raw", Dim3{X: rows}, block256, d.Tok, d.LP, d.TLP, d.TopTok, d.TopLP, z, d.U, d.Temps, d.TopK, d.TopP, d.TopN, V)
 }
 
 // LogSoftmaxHostRows is LogSoftmaxTemps over the rows whose uniform u[r]

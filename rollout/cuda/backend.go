@@ -86,16 +86,17 @@ type expertWeights struct {
 type scratch struct {
 	// in holds a step's inputs, uploaded in one copy (each copy from the
 	// host is a call into the driver that first waits for the device):
-	// draw, topP, slot, pos, tok, outRow, temps and topK are spans of it
-	// (stepIn). out holds what a step's draws give back, downloaded in one
-	// copy: drawn, drawnLP and drawnTLP are spans of it.
+	// draw, topP, slot, pos, tok, outRow, temps, topK and topN are spans
+	// of it (stepIn). out holds what a step's draws give back, downloaded
+	// in one copy: drawn, drawnLP, drawnTLP, topTok and topLP are spans of
+	// it (stepOut).
 	in, out                                         Buffer
 	slot, pos, tok, outRow, temps                   Buffer
 	x, h1, qraw, kraw, q, k, v, att, xmid, h2, next Buffer
 	gu, a                                           Buffer // dense MLP
 	xo, logits                                      Buffer // output rows
-	draw, topP, topK                                Buffer // per output row: uniform and top-p (float64), top-k
-	drawn, drawnLP, drawnTLP                        Buffer // per output row drawn: token, log-prob, truncated log-prob
+	draw, topP, topK, topN                          Buffer // per output row: uniform and top-p (float64), top-k, top log-probs asked
+	drawn, drawnLP, drawnTLP, topTok, topLP         Buffer // per output row drawn: token, log-prob, truncated log-prob, top tokens and log-probs
 	probs, gates, row, gtok, ids, xg, gug, ag, yg   Buffer // MoE
 	x16                                             Buffer // bf16: a product's operand, rounded by the kernel before it
 	part                                            Buffer // the reduced precisions: the decoding attention's split sums (kc.DecodeSplitFloats)
@@ -136,7 +137,7 @@ func (s *scratch) spans(c *model.Config, o *rollout.Options) []span {
 	qd, kvd := c.NumAttentionHeads*c.HeadDim, c.NumKeyValueHeads*c.HeadDim
 	I := c.IntermediateSize
 	E, k, Im := c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
-	spans := []span{{&s.in, stepIn(R, S)}, {&s.out, 3 * S},
+	spans := []span{{&s.in, stepIn(R, S)}, {&s.out, stepOut(S)},
 		{&s.x, R * H}, {&s.h1, R * H}, {&s.qraw, R * qd}, {&s.kraw, R * kvd}, {&s.q, R * qd}, {&s.k, R * kvd}, {&s.v, R * kvd},
 		{&s.att, R * qd}, {&s.xmid, R * H}, {&s.h2, R * H}, {&s.next, R * H}, {&s.xo, S * H}, {&s.logits, S * V}}
 	if len(c.MoELayers()) < c.NumHiddenLayers {
@@ -329,8 +330,14 @@ func (b *Backend) alloc() error {
 // stepIn is the words of a step's inputs for R rows and S output rows:
 // each output row's uniform and top-p (float64s: two words each, first so
 // that they are 8-byte aligned), each row's slot, position and token,
-// each output row's step row, temperature and top-k.
-func stepIn(R, S int) int { return 4*S + 3*R + 3*S }
+// each output row's step row, temperature, top-k and number of top
+// log-probabilities.
+func stepIn(R, S int) int { return 4*S + 3*R + 4*S }
+
+// stepOut is the words of what a step's draws give back for S output
+// rows: each row's token, log-prob and truncated log-prob, then its
+// kc.TopMax top tokens and their log-probs.
+func stepOut(S int) int { return 3*S + 2*kc.TopMax*S }
 
 // split points the step's inputs and draws at their spans of in and out.
 func (s *scratch) split(R, S int) {
@@ -338,11 +345,12 @@ func (s *scratch) split(R, S int) {
 	for _, p := range []struct {
 		b *Buffer
 		n int
-	}{{&s.draw, 2 * S}, {&s.topP, 2 * S}, {&s.slot, R}, {&s.pos, R}, {&s.tok, R}, {&s.outRow, S}, {&s.temps, S}, {&s.topK, S}} {
+	}{{&s.draw, 2 * S}, {&s.topP, 2 * S}, {&s.slot, R}, {&s.pos, R}, {&s.tok, R}, {&s.outRow, S}, {&s.temps, S}, {&s.topK, S}, {&s.topN, S}} {
 		*p.b = s.in.Floats(at, p.n)
 		at += p.n
 	}
 	s.drawn, s.drawnLP, s.drawnTLP = s.out.Floats(0, S), s.out.Floats(S, S), s.out.Floats(2*S, S)
+	s.topTok, s.topLP = s.out.Floats(3*S, kc.TopMax*S), s.out.Floats(3*S+kc.TopMax*S, kc.TopMax*S)
 }
 
 // Config returns the model's configuration.
@@ -518,8 +526,8 @@ func (b *Backend) routesOut(sb *rollout.StepBatch, R, run int) error {
 
 // upload copies a step's rows (slot, position, token) and output rows
 // (step row, temperature, and for a row drawn on the device its uniform,
-// top-k and top-p) to the device, in one copy: they are packed here as
-// scratch.in lays them out (split).
+// top-k, top-p and number of top log-probabilities) to the device, in one
+// copy: they are packed here as scratch.in lays them out (split).
 func (b *Backend) upload(slot, pos, tok, outRow []int32, temps []float32, sb *rollout.StepBatch) error {
 	R, S := b.opt.StepRows, b.opt.Slots
 	st := slices.Grow(b.stage[:0], stepIn(R, S))[:stepIn(R, S)]
@@ -546,6 +554,10 @@ func (b *Backend) upload(slot, pos, tok, outRow []int32, temps []float32, sb *ro
 	at += S
 	for i, k := range sb.TopK {
 		st[at+i] = uint32(k)
+	}
+	at += S
+	for i, n := range sb.TopN {
+		st[at+i] = uint32(n)
 	}
 	b.stage = st
 	return kc.Upload(b.dev, b.s.in, st)
@@ -769,7 +781,8 @@ func (b *Backend) outputs(sb *rollout.StepBatch, nOut int) error {
 		}
 	}
 	// The uniforms came with the step's inputs (upload).
-	d := kc.Draws{Tok: s.drawn, LP: s.drawnLP, TLP: s.drawnTLP, U: s.draw, Temps: s.temps, TopK: s.topK, TopP: s.topP}
+	d := kc.Draws{Tok: s.drawn, LP: s.drawnLP, TLP: s.drawnTLP, TopTok: s.topTok, TopLP: s.topLP,
+		U: s.draw, Temps: s.temps, TopK: s.topK, TopP: s.topP, TopN: s.topN}
 	var err error
 	switch {
 	case drawn > 0 && b.opt.Precision != rollout.Exact:
@@ -790,9 +803,18 @@ func (b *Backend) outputs(sb *rollout.StepBatch, nOut int) error {
 	if err != nil {
 		return fmt.Errorf("rollout/cuda: drawing: %w", err)
 	}
-	// Tokens and log-probs in one copy: out is [drawn S][drawnLP S][drawnTLP S].
-	S := b.opt.Slots
-	got := slices.Grow(b.stage[:0], 3*S)[:3*S]
+	// Tokens and log-probs in one copy: out is [drawn S][drawnLP S][drawnTLP
+	// S], then (only copied if a row asked for them) the top tokens and
+	// log-probs, kc.TopMax a row.
+	S, tops := b.opt.Slots, false
+	for o, u := range sb.Draw {
+		tops = tops || (u >= 0 && o < len(sb.TopN) && sb.TopN[o] > 0)
+	}
+	n := 3 * S
+	if tops {
+		n = stepOut(S)
+	}
+	got := slices.Grow(b.stage[:0], n)[:n]
 	if err := kc.Download(b.dev, got, s.out); err != nil {
 		return err
 	}
@@ -800,6 +822,13 @@ func (b *Backend) outputs(sb *rollout.StepBatch, nOut int) error {
 		sb.Drawn[o], sb.DrawnLP[o] = int32(got[o]), math.Float32frombits(got[S+o])
 		if o < len(sb.DrawnTLP) {
 			sb.DrawnTLP[o] = math.Float32frombits(got[2*S+o])
+		}
+		if !tops || sb.Draw[o] < 0 || o >= len(sb.TopN) {
+			continue
+		}
+		for j := range min(int(sb.TopN[o]), kc.TopMax) {
+			at := o*kc.TopMax + j
+			sb.Top[o*rollout.MaxTopLogProbs+j] = rollout.TokenLogProb{Token: int32(got[3*S+at]), LogProb: math.Float32frombits(got[3*S+kc.TopMax*S+at])}
 		}
 	}
 	b.stage = got
@@ -821,12 +850,17 @@ func (b *Backend) checkBatch(sb *rollout.StepBatch) error {
 	nMoE := len(b.cfg.MoELayers())
 	switch {
 	case len(sb.Pos) != R || len(sb.Tok) != R || len(sb.OutTemp) != outs || (len(sb.Draw) != 0 && len(sb.Draw) != outs) ||
-		(len(sb.TopK) != 0 && len(sb.TopK) != outs) || (len(sb.TopP) != 0 && len(sb.TopP) != outs):
+		(len(sb.TopK) != 0 && len(sb.TopK) != outs) || (len(sb.TopP) != 0 && len(sb.TopP) != outs) || (len(sb.TopN) != 0 && len(sb.TopN) != outs):
 		return errors.New("rollout/cuda: step batch: rows or output rows of different lengths")
 	case R > b.opt.StepRows || outs > b.opt.Slots:
 		return fmt.Errorf("rollout/cuda: step batch of %d rows and %d output rows, limits %d and %d", R, outs, b.opt.StepRows, b.opt.Slots)
 	case len(sb.LogProbs) < outs*b.cfg.VocabSize || len(sb.Routes) != nMoE || (len(sb.Draw) != 0 && (len(sb.Drawn) < outs || len(sb.DrawnLP) < outs)):
 		return errors.New("rollout/cuda: step batch: log-probs or routes not allocated for the model")
+	}
+	for o, n := range sb.TopN {
+		if n < 0 || n > kc.TopMax || (n > 0 && len(sb.Top) < (o+1)*rollout.MaxTopLogProbs) {
+			return fmt.Errorf("rollout/cuda: output row %d: %d top log-probabilities (at most %d, room for %d)", o, n, kc.TopMax, len(sb.Top)/rollout.MaxTopLogProbs)
+		}
 	}
 	for _, r := range sb.Routes {
 		if len(r) < R*b.cfg.NumExpertsPerTok {

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"sort"
 	"strings"
 	"testing"
 
@@ -211,41 +212,58 @@ func TestAgainstCPURollout(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer cpu.Close()
-			sp := rollout.Sampling{Temperature: 1, MaxNewTokens: 40, Seed: 5}
-			gs, err := gpu.Generate(prompts, 8, sp)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cs, err := cpu.Generate(prompts, 8, sp)
-			if err != nil {
-				t.Fatal(err)
-			}
-			same, flips, worst := 0, 0, 0.0
-			for i := range gs {
-				n := min(len(gs[i].Tokens), len(cs[i].Tokens))
-				equal := len(gs[i].Tokens) == len(cs[i].Tokens)
-				p := len(prompts[gs[i].Prompt])
-				for j := 0; j < n; j++ {
-					if gs[i].Tokens[j] != cs[i].Tokens[j] {
-						equal = false
-						break
-					}
-					if !sameRoutesAt(gs[i].Routes, cs[i].Routes, p-1+j) {
-						flips++
-						break
-					}
-					worst = math.Max(worst, math.Abs(float64(gs[i].LogProbs[j]-cs[i].LogProbs[j])))
+			// Full sampling, and top-k, top-p and top log-probabilities
+			// (drawn and reported by the device too).
+			for _, sp := range []rollout.Sampling{
+				{Temperature: 1, MaxNewTokens: 40, Seed: 5},
+				{Temperature: 0.8, TopK: 20, TopP: 0.9, TopLogProbs: 3, MaxNewTokens: 40, Seed: 6},
+			} {
+				gs, err := gpu.Generate(prompts, 8, sp)
+				if err != nil {
+					t.Fatal(err)
 				}
-				if equal {
-					same++
+				cs, err := cpu.Generate(prompts, 8, sp)
+				if err != nil {
+					t.Fatal(err)
 				}
-			}
-			t.Logf("%d of %d samples identical, %d compared up to a router flip; max |log mu GPU - CPU| while tokens and routes agree: %.3g", same, len(gs), flips, worst)
-			if worst > 1e-4 {
-				t.Errorf("log mu differs by %.3g", worst)
-			}
-			if same < len(gs)*3/4 {
-				t.Errorf("only %d of %d samples identical", same, len(gs))
+				same, flips, worst := 0, 0, 0.0
+				for i := range gs {
+					n := min(len(gs[i].Tokens), len(cs[i].Tokens))
+					equal := len(gs[i].Tokens) == len(cs[i].Tokens)
+					p := len(prompts[gs[i].Prompt])
+					for j := 0; j < n; j++ {
+						if gs[i].Tokens[j] != cs[i].Tokens[j] {
+							equal = false
+							break
+						}
+						if !sameRoutesAt(gs[i].Routes, cs[i].Routes, p-1+j) {
+							flips++
+							break
+						}
+						worst = math.Max(worst, math.Abs(float64(gs[i].LogProbs[j]-cs[i].LogProbs[j])))
+						if sp.Truncated() {
+							worst = math.Max(worst, math.Abs(float64(gs[i].TruncLogProbs[j]-cs[i].TruncLogProbs[j])))
+						}
+						for k := range sp.TopLogProbs {
+							g, c := gs[i].TopLogProbs[j][k], cs[i].TopLogProbs[j][k]
+							if g.Token != c.Token {
+								t.Fatalf("sample %d position %d: top token %d is %d, the CPU's %d", i, j, k, g.Token, c.Token)
+							}
+							worst = math.Max(worst, math.Abs(float64(g.LogProb-c.LogProb)))
+						}
+					}
+					if equal {
+						same++
+					}
+				}
+				t.Logf("%+v: %d of %d samples identical, %d compared up to a router flip; max |log mu GPU - CPU| (and truncated, top) while tokens and routes agree: %.3g",
+					sp, same, len(gs), flips, worst)
+				if worst > 1e-4 {
+					t.Errorf("log mu differs by %.3g", worst)
+				}
+				if same < len(gs)*3/4 {
+					t.Errorf("only %d of %d samples identical", same, len(gs))
+				}
 			}
 		})
 	}
@@ -477,7 +495,8 @@ func TestDeviceDraw(t *testing.T) {
 		temps := []float32{1, 0.7, 0, 1.3, 1, 0, 0.9, 1}
 		batch := func() *rollout.StepBatch {
 			sb := &rollout.StepBatch{LogProbs: make([]float32, opt.Slots*vocab),
-				Drawn: make([]int32, opt.Slots), DrawnLP: make([]float32, opt.Slots), DrawnTLP: make([]float32, opt.Slots)}
+				Drawn: make([]int32, opt.Slots), DrawnLP: make([]float32, opt.Slots), DrawnTLP: make([]float32, opt.Slots),
+				Top: make([]rollout.TokenLogProb, opt.Slots*rollout.MaxTopLogProbs)}
 			for range cfg.MoELayers() {
 				sb.Routes = append(sb.Routes, make([]int32, opt.StepRows*cfg.NumExpertsPerTok))
 			}
@@ -493,7 +512,7 @@ func TestDeviceDraw(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := rand.New(rand.NewPCG(uint64(vocab), 1))
-		near, drawn, truncated := 0, 0, 0
+		near, drawn, truncated, tops := 0, 0, 0, 0
 		trials := 200
 		if vocab > 10000 {
 			trials = 40 // DrawRow on the host over 151,936 tokens a row
@@ -513,6 +532,11 @@ func TestDeviceDraw(t *testing.T) {
 					}
 				}
 				sb.TopK, sb.TopP = append(sb.TopK, int32(k)), append(sb.TopP, p)
+				n := 0 // every fourth row reports its top log-probabilities
+				if (trial+o)%4 == 3 {
+					n = 1 + r.IntN(rollout.MaxTopLogProbs)
+				}
+				sb.TopN = append(sb.TopN, int32(n))
 			}
 			host := trial % opt.Slots
 			sb.Draw[host] = -1
@@ -530,6 +554,10 @@ func TestDeviceDraw(t *testing.T) {
 					continue
 				}
 				drawn++
+				if n := int(sb.TopN[o]); n > 0 {
+					tops++
+					checkTop(t, fmt.Sprintf("vocab %d %v, row %d", vocab, c.prec, o), sb.Top[o*rollout.MaxTopLogProbs:][:n], z, c.prec == rollout.Exact)
+				}
 				got := sb.Drawn[o]
 				if got < 0 || int(got) >= vocab {
 					t.Fatalf("vocab %d %v, row %d: token %d", vocab, c.prec, o, got)
@@ -566,10 +594,48 @@ func TestDeviceDraw(t *testing.T) {
 			}
 		}
 		b.Close()
-		t.Logf("vocab %d %v: %d rows drawn on the device (%d truncated), %d differ from DrawRow or DrawTruncated at a boundary within rounding", vocab, c.prec, drawn, truncated, near)
+		t.Logf("vocab %d %v: %d rows drawn on the device (%d truncated, %d with top log-probs), %d differ from DrawRow or DrawTruncated at a boundary within rounding",
+			vocab, c.prec, drawn, truncated, tops, near)
 		if near > drawn/100 {
 			t.Errorf("vocab %d %v: %d of %d draws differ", vocab, c.prec, near, drawn)
 		}
+	}
+}
+
+// checkTop checks a row's top log-probabilities reported by the device
+// against its log-probabilities z: the len(got) most probable tokens, the
+// most probable first, the lower id first among equals. exact: the tokens
+// those of sorting z, their log-probs z's bits; otherwise (drawn from the
+// logits, with a log-sum-exp of its own, which may tie neighbours) the
+// same set of tokens in the order of the log-probs reported, each within
+// rounding of z's.
+func checkTop(t *testing.T, name string, got []rollout.TokenLogProb, z []float32, exact bool) {
+	t.Helper()
+	ids := make([]int32, len(z))
+	for i := range ids {
+		ids[i] = int32(i)
+	}
+	sort.SliceStable(ids, func(a, b int) bool { return z[ids[a]] > z[ids[b]] })
+	want := ids[:len(got)]
+	gotIDs := make([]int32, len(got))
+	for j, g := range got {
+		gotIDs[j] = g.Token
+		if g.Token < 0 || int(g.Token) >= len(z) {
+			t.Fatalf("%s: top token %d", name, g.Token)
+		}
+		w := z[g.Token]
+		if exact && math.Float32bits(g.LogProb) != math.Float32bits(w) || !(math.Abs(float64(g.LogProb-w)) <= 2e-6*(1+math.Abs(float64(w)))) {
+			t.Fatalf("%s: top token %d log-prob %v, the row's %v", name, g.Token, g.LogProb, w)
+		}
+		if j > 0 && !(got[j-1].LogProb > g.LogProb || got[j-1].LogProb == g.LogProb && got[j-1].Token < g.Token) {
+			t.Fatalf("%s: top tokens out of order: %v", name, got)
+		}
+	}
+	if !exact {
+		gotIDs, want = slices.Sorted(slices.Values(gotIDs)), slices.Sorted(slices.Values(want))
+	}
+	if !slices.Equal(gotIDs, want) {
+		t.Fatalf("%s: top tokens %v, want %v", name, gotIDs, want)
 	}
 }
 

@@ -74,10 +74,10 @@ func Plan(c *model.Config, opt rollout.Options) (Memory, error) {
 		m.Fixed += int64(max(sp.n, 1)) * 4
 	}
 	// spans counted Slots output rows; move them to the per-slot part: the
-	// hidden row and logits, and the words of stepIn's and out's (step
-	// row, temperature, top-k, the uniform's and top-p's two each; token,
-	// log-prob, truncated log-prob).
-	out := int64(cfg.HiddenSize+cfg.VocabSize+10) * 4
+	// hidden row and logits, and the words of stepIn's (step row,
+	// temperature, top-k, top log-probs asked, the uniform's and top-p's
+	// two each) and stepOut's.
+	out := int64(cfg.HiddenSize+cfg.VocabSize+8+stepOut(1)) * 4
 	m.Fixed -= int64(opt.Slots) * out
 	m.PerSlot = int64(cfg.NumHiddenLayers)*2*int64(opt.MaxLen)*kvd*elem + out
 	return m, nil

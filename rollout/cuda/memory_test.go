@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	kc "github.com/keel-rl/keel/kernels/cuda"
 	"github.com/keel-rl/keel/model"
 	"github.com/keel-rl/keel/rollout"
 )
@@ -35,8 +36,9 @@ func TestPlanByHand(t *testing.T) {
 	}
 	// A slot: K and V of 16 positions × 64 in 4 layers (float32), and its
 	// output row: hidden 128, logits 100, out row, temperature, top-k,
-	// draw (2), top-p (2), token, log-prob, truncated log-prob.
-	if want := int64(4*2*16*64*4 + (128+100+10)*4); m.PerSlot != want {
+	// top log-probs asked, draw (2), top-p (2), token, log-prob,
+	// truncated log-prob, 20 top tokens and their log-probs.
+	if want := int64(4*2*16*64*4 + (128+100+51)*4); m.PerSlot != want {
 		t.Errorf("per slot %d bytes, want %d", m.PerSlot, want)
 	}
 	if m.Total(3) != m.Fixed+3*m.PerSlot {
@@ -54,7 +56,7 @@ func TestPlanByHand(t *testing.T) {
 	if want := m.Fixed + params*2 + 2*8*384*2 + 32<<20 + 8*16*4*34*4; b.Fixed != want {
 		t.Errorf("bf16 fixed %d bytes, want %d", b.Fixed, want)
 	}
-	if want := int64(4*2*16*64*2 + (128+100+10)*4); b.PerSlot != want {
+	if want := int64(4*2*16*64*2 + (128+100+51)*4); b.PerSlot != want {
 		t.Errorf("bf16 per slot %d bytes, want %d", b.PerSlot, want)
 	}
 	// fp8: bf16's but the fused operand, and a scale per output row of every matrix (a layer's
@@ -69,6 +71,9 @@ func TestPlanByHand(t *testing.T) {
 	}
 	if _, err := Plan(&cfg, rollout.Options{Slots: 4, StepRows: 2}); err == nil {
 		t.Error("step rows below slots accepted")
+	}
+	if kc.TopMax != rollout.MaxTopLogProbs {
+		t.Errorf("the kernel reports %d top log-probabilities, the batcher asks up to %d", kc.TopMax, rollout.MaxTopLogProbs)
 	}
 }
 

@@ -571,6 +571,59 @@ __device__ void draw_row_trunc(F lpv, int V, double ur, int k, double tp, int* t
   }
 }
 
+// TOP_MAX bounds the most probable tokens a row reports (top_row;
+// rollout.MaxTopLogProbs).
+#define TOP_MAX 20
+
+// top_row writes the row's n (at most TOP_MAX) most probable tokens and
+// their log-probabilities lpv(j) to ttok and tlpv, the most probable
+// first, the lower id first among equals (rollout's topTokens): draw_find
+// gives the n-th, a pass counts each thread's tokens that rank at or
+// before it, a block scan gives each thread its place, a second pass
+// stages them in shared memory, and thread 0 sorts the n.
+template <class F>
+__device__ void top_row(F lpv, int V, int n, int* ttok, float* tlpv) {
+  __shared__ int sid[TOP_MAX], wsum[32];
+  __shared__ float sval[TOP_MAX];
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  n = min(min(n, V), TOP_MAX);
+  const DrawFind f = draw_find(lpv, V, 0, (u64)n);
+  auto ranks = [&](int j, float v) {
+    const u32 k = draw_key(v);
+    return k < f.key || (k == f.key && j <= f.id);
+  };
+  int cnt = 0;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) cnt += ranks(j, lpv(j));
+  int incl = cnt;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int t = __shfl_up_sync(0xffffffffu, incl, o);
+    if (l >= o) incl += t;
+  }
+  if (l == 31) wsum[w] = incl;
+  __syncthreads();
+  int at = incl - cnt;
+  for (int k = 0; k < w; k++) at += wsum[k];
+  for (int j = threadIdx.x; j < V && at < n; j += blockDim.x) {
+    const float v = lpv(j);
+    if (ranks(j, v)) sid[at] = j, sval[at] = v, at++;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int i = 1; i < n; i++) {  // insertion sort by the draw's order
+    const int id = sid[i];
+    const float v = sval[i];
+    const u32 k = draw_key(v);
+    int j = i;
+    for (; j > 0 && (draw_key(sval[j - 1]) > k || (draw_key(sval[j - 1]) == k && sid[j - 1] > id)); j--) {
+      sid[j] = sid[j - 1];
+      sval[j] = sval[j - 1];
+    }
+    sid[j] = id;
+    sval[j] = v;
+  }
+  for (int i = 0; i < n; i++) ttok[i] = sid[i], tlpv[i] = sval[i];
+}
+
 // draw_rows draws the token of every output row r with u[r] >= 0 from its
 // log-probabilities z[r] (tempered and normalised, logsoftmax_rows_t) by
 // rollout.DrawRow's rule, writing it to tok[r] and z at it to lp[r] and
@@ -585,17 +638,21 @@ __device__ void draw_row_trunc(F lpv, int V, double ur, int k, double tp, int* t
 // boundary between two tokens. A row with top-k topk[r] > 0 or top-p
 // 0 < topp[r] < 1 at a temperature other than 0 is drawn by
 // rollout.DrawTruncated's rule instead (draw_row_trunc), its truncated
-// log-probability in tlp[r]. Rows with u[r] < 0 are left alone (the host
+// log-probability in tlp[r]. A row with topn[r] > 0 also gets its topn[r]
+// most probable tokens and their log-probabilities in ttok and tlpv, at
+// r * TOP_MAX (top_row). Rows with u[r] < 0 are left alone (the host
 // samples them). grid = rows, block = KEEL_THREADS.
 extern "C" __global__ void draw_rows(int* __restrict__ tok, float* __restrict__ lp, float* __restrict__ tlp,
-                                     const float* __restrict__ z, const double* __restrict__ u,
-                                     const float* __restrict__ temps, const int* __restrict__ topk,
-                                     const double* __restrict__ topp, int V) {
+                                     int* __restrict__ ttok, float* __restrict__ tlpv, const float* __restrict__ z,
+                                     const double* __restrict__ u, const float* __restrict__ temps,
+                                     const int* __restrict__ topk, const double* __restrict__ topp,
+                                     const int* __restrict__ topn, int V) {
   const i64 r = blockIdx.x;
   const double ur = u[r];
   if (ur < 0.0) return;
   const float* row = z + r * V;
   auto at = [&](int j) { return row[j]; };
+  if (topn[r] > 0) top_row(at, V, topn[r], ttok + r * TOP_MAX, tlpv + r * TOP_MAX);
   const int k = topk[r];
   const double p = topp[r];
   if (temps[r] != 0.f && (k > 0 || (p > 0.0 && p < 1.0))) {
@@ -614,9 +671,10 @@ extern "C" __global__ void draw_rows(int* __restrict__ tok, float* __restrict__ 
 // logsoftmax_row's bits, so the exact rollout, whose log-probs must be
 // the training engine's, keeps those two. grid = rows.
 extern "C" __global__ void draw_rows_raw(int* __restrict__ tok, float* __restrict__ lp, float* __restrict__ tlp,
+                                         int* __restrict__ ttok, float* __restrict__ tlpv,
                                          const float* __restrict__ z, const double* __restrict__ u,
                                          const float* __restrict__ temps, const int* __restrict__ topk,
-                                         const double* __restrict__ topp, int V) {
+                                         const double* __restrict__ topp, const int* __restrict__ topn, int V) {
   const i64 r = blockIdx.x;
   const double ur = u[r];
   if (ur < 0.0) return;
@@ -628,6 +686,7 @@ extern "C" __global__ void draw_rows_raw(int* __restrict__ tok, float* __restric
   row_stats(at, V, m, s, t);
   const float l = (float)((double)m + log(s));
   auto lpv = [&](int j) { return at(j) - l; };
+  if (topn[r] > 0) top_row(lpv, V, topn[r], ttok + r * TOP_MAX, tlpv + r * TOP_MAX);
   const int k = topk[r];
   const double p = topp[r];
   if (tr != 0.f && (k > 0 || (p > 0.0 && p < 1.0))) {
