@@ -2,9 +2,11 @@ package rollout
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
+	"github.com/keel-rl/keel/kernels"
 	"github.com/keel-rl/keel/model"
 )
 
@@ -110,6 +112,35 @@ func BenchmarkBatcherOverhead(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(max(d.steps, 1))/1e3, "µs/step")
+		})
+	}
+}
+
+// BenchmarkSampleRow times the host's sampling of one row of Qwen3's
+// 151,936-token vocabulary (what a backend that does not draw leaves to
+// the batcher, per sequence per step): full, top-k 50, top-p 0.9, and top-p
+// 0.9 with 20 top log-probabilities. BenchmarkDeviceDraw (kernels/cuda)
+// times the device's draws of the same rows.
+func BenchmarkSampleRow(b *testing.B) {
+	const V = 151936
+	r := rand.New(rand.NewPCG(2, 2))
+	z := make([]float32, V)
+	for i := range z {
+		z[i] = float32(2 * r.NormFloat64())
+	}
+	kernels.LogSoftmax(z, z)
+	ids, p := make([]int32, V), make([]float32, V)
+	var top [MaxTopLogProbs]TokenLogProb
+	for _, sp := range []Sampling{{Temperature: 1}, {Temperature: 1, TopK: 50}, {Temperature: 1, TopP: 0.9}, {Temperature: 1, TopP: 0.9, TopLogProbs: 20}} {
+		pl := newPolicy(sp)
+		b.Run(fmt.Sprintf("top-k %d top-p %v top log-probs %d", sp.TopK, sp.TopP, sp.TopLogProbs), func(b *testing.B) {
+			rng := rand.NewPCG(1, 1)
+			for i := 0; i < b.N; i++ {
+				pl.sampleOne(z, rng, ids, p)
+				if n := sp.TopLogProbs; n > 0 {
+					topTokens(top[:n], z)
+				}
+			}
 		})
 	}
 }

@@ -37,6 +37,16 @@ func identical(t *testing.T, a, b []Sample) {
 				t.Fatalf("sample %d token %d: truncated log-prob differs", i, j)
 			}
 		}
+		if len(x.TopLogProbs) != len(y.TopLogProbs) {
+			t.Fatalf("sample %d: top log-probs at %d positions, want %d", i, len(x.TopLogProbs), len(y.TopLogProbs))
+		}
+		for j := range x.TopLogProbs {
+			if !slices.EqualFunc(x.TopLogProbs[j], y.TopLogProbs[j], func(a, b TokenLogProb) bool {
+				return a.Token == b.Token && math.Float32bits(a.LogProb) == math.Float32bits(b.LogProb)
+			}) {
+				t.Fatalf("sample %d position %d: top log-probs %v, want %v", i, j, x.TopLogProbs[j], y.TopLogProbs[j])
+			}
+		}
 	}
 }
 

@@ -373,3 +373,53 @@ func TestTurnsSwitchingWhileWaiting(t *testing.T) {
 		t.Fatal("no sample started after the switch")
 	}
 }
+
+// Multi-turn episodes over a backend that draws the tokens itself
+// (Drawer) are the batcher's own samples bit for bit: each turn's uniforms
+// come from the turn's own stream, reseeded at its start, whether the
+// batcher or the backend draws (full, truncated and with top log-probs).
+func TestTurnsOverDrawer(t *testing.T) {
+	cfg := moeConfig()
+	m := randomModel(cfg, 9)
+	opt := Options{Precision: FP8, Slots: 3, MaxLen: 96, StepRows: 16}
+	prompts := testPrompts(rand.New(rand.NewPCG(5, 5)), cfg.VocabSize, 4, 7)
+	ref, err := New(m, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ref.Close()
+	cb, err := newCPUBackend(m, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &drawingBackend{Backend: cb}
+	e, err := NewWithBackend(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	for _, sp := range []Sampling{
+		{Temperature: 1, MaxNewTokens: 6, Stop: []int32{1}, Seed: 3},
+		{Temperature: 0.9, TopK: 7, TopP: 0.8, TopLogProbs: 2, MaxNewTokens: 5, Seed: 4},
+	} {
+		turns := func() Turns { return &fakeTurns{vocab: cfg.VocabSize, turns: 3, obsLen: 2} }
+		want, err := ref.GenerateTurns(prompts, 2, sp, turns())
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := d.drawn
+		got, err := e.GenerateTurns(prompts, 2, sp, turns())
+		if err != nil {
+			t.Fatal(err)
+		}
+		identical(t, got, want)
+		for i := range got {
+			if !slices.Equal(got[i].Observations, want[i].Observations) || len(got[i].Observations) == 0 {
+				t.Fatalf("%+v sample %d: observations %v, want %v", sp, i, got[i].Observations, want[i].Observations)
+			}
+		}
+		if d.drawn == before {
+			t.Fatalf("%+v: the backend drew no row", sp)
+		}
+	}
+}

@@ -1078,7 +1078,7 @@ func TestDeviceDrawTruncated(t *testing.T) {
 				row := z[i*V : (i+1)*V]
 				tol := 4e-7 * (1 + math.Abs(float64(row[got[i]])))
 				if rawRows { // the row's log-softmax at its temperature, from float64's log-sum-exp
-					row = logSoftmaxF64(raw[i*V:(i+1)*V], temps[i])
+					row, _ = logSoftmaxF64(raw[i*V:(i+1)*V], temps[i])
 					tol = 4e-6 * (1 + math.Abs(float64(raw[i*V])))
 				}
 				// The most probable tokens: exact rows, those of sorting the
@@ -1170,8 +1170,9 @@ func topOf(z []float32, n int) []int32 {
 }
 
 // logSoftmaxF64 is the log-softmax of logits at temperature temp (0
-// meaning 1) through float64's log-sum-exp, rounded once to float32.
-func logSoftmaxF64(logits []float32, temp float32) []float32 {
+// meaning 1) through float64's log-sum-exp, rounded once to float32 (and
+// returned beside it).
+func logSoftmaxF64(logits []float32, temp float32) ([]float32, float32) {
 	if temp == 0 {
 		temp = 1
 	}
@@ -1189,7 +1190,7 @@ func logSoftmaxF64(logits []float32, temp float32) []float32 {
 	for j := range out {
 		out[j] -= l
 	}
-	return out
+	return out, l
 }
 
 // TestDeviceDrawRows: draw_rows against rollout.DrawRow on the same
@@ -1311,20 +1312,7 @@ func TestDeviceDrawRows(t *testing.T) {
 			if tp == 0 {
 				tp = 1
 			}
-			lrow := make([]float32, V)
-			l := math.Inf(-1)
-			for j := range lrow {
-				lrow[j] = raw[i*V+j] / tp
-				l = math.Max(l, float64(lrow[j]))
-			}
-			var s float64
-			for _, v := range lrow {
-				s += math.Exp(float64(v) - l)
-			}
-			l32 := float32(l + math.Log(s))
-			for j := range lrow {
-				lrow[j] -= l32
-			}
+			lrow, l32 := logSoftmaxF64(raw[i*V:(i+1)*V], tp)
 			want, _ := rollout.DrawRow(lrow, u[i], temps[i])
 			if got2[i] < 0 || int(got2[i]) >= V || lrow[got2[i]] == inf || math.Abs(float64(glp2[i]-lrow[got2[i]])) > 2e-6*(1+math.Abs(float64(l32))) {
 				t.Fatalf("V=%d row %d (raw): token %d, log-prob %v (from float64's log-sum-exp %v)", V, i, got2[i], glp2[i], lrow[max(got2[i], 0)])

@@ -23,7 +23,8 @@
 #          product, and of the driver's allocation calls);
 #          then a profiled bf16 decode at 256 sequences, Qwen3-0.6B and MoE shapes
 #   gemm   keel's fp32 GEMM and cuBLASLt's bf16 on a 0.6B layer's shapes
-#          (GFLOP/s; BenchmarkDeviceGemm, under a minute)
+#          (GFLOP/s; BenchmarkDeviceGemm, under a minute), and a decoding
+#          step's draws at 256 rows, full and truncated (BenchmarkDeviceDraw)
 #   decode issue 25's decode rows: keel (exact, bf16) at 64 and 256
 #          sequences on the Qwen3-0.6B shape and the MoE shape (2 layers),
 #          with CUDA graphs and without, the MoE layers grouped on the host
@@ -172,6 +173,10 @@ if [[ " $sections " == *" gemm "* ]]; then
   timeout 120 $bin/cuda.test -test.run '^$' -test.bench DeviceGemm -test.benchtime 20x > "$out/gemm.log" 2>&1
   echo "  exit $?"
   grep -E 'GFLOP/s' "$out/gemm.log" | awk '{print "    " $1 " " $(NF-1) " GFLOP/s"}'
+  echo "== a decoding step's draws on this card, 256 rows of 151,936 tokens: full, top-k, top-p, top-p + 20 top log-probs (BenchmarkDeviceDraw)"
+  timeout 60 $bin/cuda.test -test.run '^$' -test.bench DeviceDraw -test.benchtime 20x > "$out/draw.log" 2>&1
+  echo "  exit $?"
+  grep -E 'us/step' "$out/draw.log" | awk '{print "    " $1 " " $(NF-1) " us/step"}'
 fi
 
 if [[ " $sections " == *" decode "* ]]; then
