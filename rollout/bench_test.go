@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -119,28 +120,37 @@ func BenchmarkBatcherOverhead(b *testing.B) {
 // BenchmarkSampleRow times the host's sampling of one row of Qwen3's
 // 151,936-token vocabulary (what a backend that does not draw leaves to
 // the batcher, per sequence per step): full, top-k 50, top-p 0.9, and top-p
-// 0.9 with 20 top log-probabilities. BenchmarkDeviceDraw (kernels/cuda)
-// times the device's draws of the same rows.
+// 0.9 with 20 top log-probabilities; over a flat row (logits drawn from
+// N(0, 4)) and a peaked one (Zipf's law with exponent 1.5 over a random
+// order: top-p 0.9 keeps about 60 tokens). BenchmarkDeviceDraw
+// (kernels/cuda) times the device's draws of flat rows.
 func BenchmarkSampleRow(b *testing.B) {
 	const V = 151936
 	r := rand.New(rand.NewPCG(2, 2))
-	z := make([]float32, V)
-	for i := range z {
-		z[i] = float32(2 * r.NormFloat64())
+	flat, zipf := make([]float32, V), make([]float32, V)
+	for i, rank := range r.Perm(V) {
+		flat[i] = float32(2 * r.NormFloat64())
+		zipf[i] = float32(-1.5 * math.Log(float64(rank+1)))
 	}
-	kernels.LogSoftmax(z, z)
 	ids, p := make([]int32, V), make([]float32, V)
 	var top [MaxTopLogProbs]TokenLogProb
-	for _, sp := range []Sampling{{Temperature: 1}, {Temperature: 1, TopK: 50}, {Temperature: 1, TopP: 0.9}, {Temperature: 1, TopP: 0.9, TopLogProbs: 20}} {
-		pl := newPolicy(sp)
-		b.Run(fmt.Sprintf("top-k %d top-p %v top log-probs %d", sp.TopK, sp.TopP, sp.TopLogProbs), func(b *testing.B) {
-			rng := rand.NewPCG(1, 1)
-			for i := 0; i < b.N; i++ {
-				pl.sampleOne(z, rng, ids, p)
-				if n := sp.TopLogProbs; n > 0 {
-					topTokens(top[:n], z)
+	for _, row := range []struct {
+		name string
+		z    []float32
+	}{{"flat", flat}, {"zipf", zipf}} {
+		z := row.z
+		kernels.LogSoftmax(z, z)
+		for _, sp := range []Sampling{{Temperature: 1}, {Temperature: 1, TopK: 50}, {Temperature: 1, TopP: 0.9}, {Temperature: 1, TopP: 0.9, TopLogProbs: 20}} {
+			pl := newPolicy(sp)
+			b.Run(fmt.Sprintf("%s top-k %d top-p %v top log-probs %d", row.name, sp.TopK, sp.TopP, sp.TopLogProbs), func(b *testing.B) {
+				rng := rand.NewPCG(1, 1)
+				for i := 0; i < b.N; i++ {
+					pl.sampleOne(z, rng, ids, p)
+					if n := sp.TopLogProbs; n > 0 {
+						topTokens(top[:n], z)
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }

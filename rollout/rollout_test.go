@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"sort"
 	"strings"
 	"testing"
 
@@ -343,6 +344,56 @@ func TestTruncation(t *testing.T) {
 		got := candidates(zr, pr, make([]int32, len(zr)), k, 0)
 		if !slices.Equal(got, all[:k]) {
 			t.Fatalf("top-k %d: %v, want %v", k, got, all[:k])
+		}
+	}
+	// Top-p over a prefix of the order (topPPrefix) cuts where sorting the
+	// whole row cuts, token for token: flat and peaked rows, many equal
+	// values, impossible tokens, mass far below the largest, cuts near 0
+	// and 1, with and without a top-k.
+	for trial := 0; trial < 60; trial++ {
+		V := 1 + r.IntN(3000)
+		zt := make([]float32, V)
+		for i := range zt {
+			switch trial % 5 {
+			case 0:
+				zt[i] = float32(2 * r.NormFloat64())
+			case 1:
+				zt[i] = float32(-1.5 * math.Log(float64(1+r.IntN(V))))
+			case 2:
+				zt[i] = float32(r.IntN(6)) / 2
+			case 3:
+				zt[i] = float32(math.Inf(-1))
+				if r.IntN(3) == 0 {
+					zt[i] = float32(r.NormFloat64())
+				}
+			case 4:
+				zt[i] = -40 - float32(r.Float64()) // all far below the largest
+			}
+		}
+		zt[r.IntN(V)] = 5
+		kernels.LogSoftmax(zt, zt)
+		pt := make([]float32, V)
+		kernels.Exp(pt, zt)
+		tp := []float64{1e-6, 0.3, 0.9, 0.999, 1 - 1e-12}[trial%5]
+		k := []int{0, 0, 3, 100, V}[(trial/5)%5]
+		want := make([]int32, V)
+		for i := range want {
+			want[i] = int32(i)
+		}
+		sort.SliceStable(want, func(a, b int) bool { return zt[want[a]] > zt[want[b]] })
+		if k > 0 && k < V {
+			want = want[:k]
+		}
+		var cum float64
+		for i, id := range want {
+			if cum += float64(pt[id]); cum >= tp {
+				want = want[:i+1]
+				break
+			}
+		}
+		got := candidates(zt, pt, make([]int32, V), k, tp)
+		if !slices.Equal(got, want) {
+			t.Fatalf("trial %d (V %d, top-k %d, top-p %v): %d candidates, sorting the row gives %d", trial, V, k, tp, len(got), len(want))
 		}
 	}
 	g := &policy{sp: Sampling{Temperature: 1, TopK: 2}}

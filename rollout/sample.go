@@ -192,12 +192,17 @@ func candidates(z, p []float32, buf []int32, topK int, tp float64) []int32 {
 			}
 		}
 	} else {
-		cand = buf[:len(z)]
-		for i := range cand {
-			cand[i] = int32(i)
+		if tp > 0 && tp < 1 {
+			cand = topPPrefix(z, p, buf, tp)
 		}
-		sortByProb(cand, z)
-		if topK > 0 && topK < len(z) {
+		if cand == nil {
+			cand = buf[:len(z)]
+			for i := range cand {
+				cand[i] = int32(i)
+			}
+			sortByProb(cand, z)
+		}
+		if topK > 0 && topK < len(cand) {
 			cand = cand[:topK]
 		}
 	}
@@ -210,6 +215,64 @@ func candidates(z, p []float32, buf []int32, topK int, tp float64) []int32 {
 			}
 		}
 	}
+	return cand
+}
+
+// topPBins and topPSpan are topPPrefix's histogram: topPBins bins of
+// log-probability over the topPSpan nats below the row's largest.
+const (
+	topPBins = 64
+	topPSpan = 32
+)
+
+// topPPrefix returns, sorted by before, a prefix of z's tokens in that
+// order whose probabilities (p = exp(z)) sum past tp with room to spare
+// for rounding, so that top-p's cut lies inside it and sorting it alone
+// gives the cut sorting the whole row gives, bit for bit: the tokens in
+// the first bins of a histogram of log-probabilities below the largest,
+// as many bins as reach tp. A bin holds a range of values, so the tokens
+// up to a bin are a prefix of the order. nil where no bin reaches tp
+// (a row whose mass lies far below its largest, or NaN): the caller
+// sorts the whole row. A trained model's top-p keeps tens or hundreds of
+// tokens, so this sorts those instead of 151,936.
+func topPPrefix(z, p []float32, buf []int32, tp float64) []int32 {
+	mx := float32(math.Inf(-1))
+	for _, v := range z {
+		mx = max(mx, v)
+	}
+	bin := func(v float32) int { // -1: below the histogram
+		if !(v >= mx-topPSpan) {
+			return -1
+		}
+		return min(int((mx-v)*(topPBins/topPSpan)), topPBins-1)
+	}
+	var mass [topPBins]float64
+	for i, v := range z {
+		if b := bin(v); b >= 0 {
+			mass[b] += float64(p[i])
+		}
+	}
+	// Summed in another order than the sorted one, a bin's total may
+	// differ from the sorted running sum by rounding (under 1e-11 of it).
+	need := tp + 1e-9
+	var cum float64
+	last := -1
+	for b, m := range mass {
+		if cum += m; cum >= need {
+			last = b
+			break
+		}
+	}
+	if last < 0 {
+		return nil
+	}
+	cand := buf[:0]
+	for i, v := range z {
+		if b := bin(v); b >= 0 && b <= last {
+			cand = append(cand, int32(i))
+		}
+	}
+	sortByProb(cand, z)
 	return cand
 }
 
