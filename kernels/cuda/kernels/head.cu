@@ -383,16 +383,19 @@ __device__ void draw_row(F lpv, int V, double ur, bool greedy, int* tok, float* 
 typedef unsigned long long u64;
 
 // draw_key orders tokens as the truncated draws walk them: ascending key
-// is descending z (-0 counted as +0, as the host compares values).
+// is descending z (-0 counted as +0, as the host compares values; NaN
+// last).
 __device__ __forceinline__ u32 draw_key(float v) {
+  if (v != v) return 0xffffffffu;
   const u32 b = v == 0.f ? 0u : __float_as_uint(v);
   return (b & 0x80000000u) ? b : (~b & 0x7fffffffu);
 }
 
-// draw_fix is the fixed-point probability of log-probability v.
+// draw_fix is the fixed-point probability of log-probability v (p 2^43 is
+// exact in float: a power of two's scaling; no float64 work).
 __device__ __forceinline__ u64 draw_fix(float v) {
   const float p = expf(v);
-  return p > 0.f ? (u64)((double)p * DRAW_FIX) : 0ull;
+  return p > 0.f ? (u64)(p * 8796093022208.0f) : 0ull;
 }
 
 // DrawFind is where draw_find stopped: the key and id of the token found
@@ -412,6 +415,20 @@ __device__ __forceinline__ bool draw_reached(int mode, u64 c, u64 m, u64 lim) {
   return mode == 0 ? c >= lim : mode == 1 ? m >= lim : m > lim;
 }
 
+// warp_bins_step is a step of warp_bins16 over H bins: each lane keeps
+// the lower or upper H of its 2H bins (lane bit 2H says which) and adds its
+// partner's copy of them. H is a template constant so that every index is
+// one and the bins stay in registers.
+template <int H, class T>
+__device__ __forceinline__ void warp_bins_step(T (&v)[16], int l) {
+  const bool up = (l & (2 * H)) != 0;
+#pragma unroll
+  for (int i = 0; i < H; i++) {
+    const T lo = v[i], hi = v[i + H];
+    v[i] = (up ? hi : lo) + __shfl_xor_sync(0xffffffffu, up ? lo : hi, 2 * H);
+  }
+}
+
 // warp_bins16 sums each lane's 16 bins v over the warp, returning bin
 // (lane >> 1)'s total: a halving butterfly (each step a lane keeps half
 // its bins and adds its partner's copy of them), 16 shuffles where a sum
@@ -419,16 +436,10 @@ __device__ __forceinline__ bool draw_reached(int mode, u64 c, u64 m, u64 lim) {
 template <class T>
 __device__ __forceinline__ T warp_bins16(T (&v)[16]) {
   const int l = threadIdx.x & 31;
-#pragma unroll
-  for (int s = 0; s < 4; s++) {
-    const int h = 8 >> s, bit = 16 >> s;
-    const bool up = (l & bit) != 0;
-#pragma unroll
-    for (int i = 0; i < h; i++) {
-      const T send = up ? v[i] : v[i + h], keep = up ? v[i + h] : v[i];
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, bit);
-    }
-  }
+  warp_bins_step<8>(v, l);
+  warp_bins_step<4>(v, l);
+  warp_bins_step<2>(v, l);
+  warp_bins_step<1>(v, l);
   return v[0] + __shfl_xor_sync(0xffffffffu, v[0], 1);
 }
 
@@ -555,8 +566,8 @@ __device__ void draw_row_trunc(F lpv, int V, double ur, int k, double tp, int* t
   // Uncut (top-k at least V, top-p never reached): the whole row's mass.
   const u64 kept = end.found ? end.mass : draw_find(lpv, V, 0, (u64)V + 1).mass;
   DrawFind pick;
-  if (kept == 0) {
-    pick = draw_find(lpv, V, 0, 1ull);  // nothing of weight: the most probable
+  if (kept == 0) {  // nothing of weight: the last kept token, as the host's scan ends
+    pick = draw_find(lpv, V, 0, end.found ? end.count : (u64)V);
   } else {
     u64 target = (u64)(ur * (double)kept);
     if (target >= kept) target = kept - 1;
