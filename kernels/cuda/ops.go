@@ -478,7 +478,19 @@ func (o *Ops) DrawRows(d Draws, z Buffer, rows, V int) error {
 	if V > DrawMaxVocab {
 		return fmt.Errorf("cuda: DrawRows over a vocabulary of %d, at most %d", V, DrawMaxVocab)
 	}
-	return o.Launch("head.cu", "draw_rows", Dim3{X: rows}, block256, d.Tok, d.LP, d.TLP, d.TopTok, d.TopLP, z, d.U, d.Temps, d.TopK, d.TopP, d.TopN, V)
+	return o.drawRows("draw_rows", "draw_rows_trunc", d, z, rows, V)
+}
+
+// drawRows launches the kernel of the plain rows, then that of the rows
+// that truncate or report top log-probabilities (each kernel leaves the
+// other's rows alone, so that the plain one keeps its few registers).
+func (o *Ops) drawRows(plain, special string, d Draws, z Buffer, rows, V int) error {
+	for _, k := range []string{plain, special} {
+		if err := o.Launch("head.cu", k, Dim3{X: rows}, block256, d.Tok, d.LP, d.TLP, d.TopTok, d.TopLP, z, d.U, d.Temps, d.TopK, d.TopP, d.TopN, V); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // DrawRowsRaw is DrawRows from the logits z themselves (not changed):
@@ -493,7 +505,7 @@ func (o *Ops) DrawRowsRaw(d Draws, z Buffer, rows, V int) error {
 	if V > DrawMaxVocab {
 		return fmt.Errorf("cuda: DrawRowsRaw over a vocabulary of %d, at most %d", V, DrawMaxVocab)
 	}
-	return o.Launch("head.cu", "draw_rows_raw", Dim3{X: rows}, block256, d.Tok, d.LP, d.TLP, d.TopTok, d.TopLP, z, d.U, d.Temps, d.TopK, d.TopP, d.TopN, V)
+	return o.drawRows("draw_rows_raw", "draw_rows_trunc_raw", d, z, rows, V)
 }
 
 // LogSoftmaxHostRows is LogSoftmaxTemps over the rows whose uniform u[r]

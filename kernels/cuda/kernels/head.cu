@@ -635,6 +635,44 @@ __device__ void top_row(F lpv, int V, int n, int* ttok, float* tlpv) {
   for (int i = 0; i < n; i++) ttok[i] = sid[i], tlpv[i] = sval[i];
 }
 
+// draw_special says whether a row is drawn by draw_rows_trunc (or its raw
+// twin) rather than draw_rows: it reports top log-probabilities, or
+// truncates at a temperature other than 0. The two kernels split the rows
+// so that draw_rows, every RL recipe's, keeps the few registers a full
+// draw needs (the truncated draws' bins take about a hundred).
+__device__ __forceinline__ bool draw_special(float temp, int k, double p, int n) {
+  return n > 0 || (temp != 0.f && (k > 0 || (p > 0.0 && p < 1.0)));
+}
+
+// draw_one draws row r from its log-probabilities lpv(j) (see draw_rows):
+// a special row's top log-probabilities, then its truncated draw or its
+// full one; a plain row's full draw.
+template <bool Special, class F>
+__device__ void draw_one(F lpv, int V, i64 r, double ur, float temp, int k, double p, int n, int* tok, float* lp,
+                         float* tlp, int* ttok, float* tlpv) {
+  if (Special) {
+    if (n > 0) top_row(lpv, V, n, ttok + r * TOP_MAX, tlpv + r * TOP_MAX);
+    if (temp != 0.f && (k > 0 || (p > 0.0 && p < 1.0))) {
+      draw_row_trunc(lpv, V, ur, k, p, tok + r, lp + r, tlp + r);
+      return;
+    }
+  }
+  draw_row(lpv, V, ur, temp == 0.f, tok + r, lp + r);
+  if (threadIdx.x == 0) tlp[r] = lp[r];
+}
+
+// draw_rows_t is draw_rows (Special false) and draw_rows_trunc (true).
+template <bool Special>
+__device__ void draw_rows_t(int* tok, float* lp, float* tlp, int* ttok, float* tlpv, const float* z, const double* u,
+                            const float* temps, const int* topk, const double* topp, const int* topn, int V) {
+  const i64 r = blockIdx.x;
+  const double ur = u[r];
+  if (ur < 0.0 || draw_special(temps[r], topk[r], topp[r], topn[r]) != Special) return;
+  const float* row = z + r * V;
+  draw_one<Special>([&](int j) { return row[j]; }, V, r, ur, temps[r], topk[r], topp[r], topn[r], tok, lp, tlp,
+                    ttok, tlpv);
+}
+
 // draw_rows draws the token of every output row r with u[r] >= 0 from its
 // log-probabilities z[r] (tempered and normalised, logsoftmax_rows_t) by
 // rollout.DrawRow's rule, writing it to tok[r] and z at it to lp[r] and
@@ -646,32 +684,49 @@ __device__ void top_row(F lpv, int V, int n, int* ttok, float* tlpv) {
 // block where the draw lands and its lane 0 scans that block's tokens one
 // by one (their exps staged in shared memory by the warp): the same
 // draws as the host's sampler except where u falls within a few ulps of a
-// boundary between two tokens. A row with top-k topk[r] > 0 or top-p
-// 0 < topp[r] < 1 at a temperature other than 0 is drawn by
-// rollout.DrawTruncated's rule instead (draw_row_trunc), its truncated
-// log-probability in tlp[r]. A row with topn[r] > 0 also gets its topn[r]
-// most probable tokens and their log-probabilities in ttok and tlpv, at
-// r * TOP_MAX (top_row). Rows with u[r] < 0 are left alone (the host
-// samples them). grid = rows, block = KEEL_THREADS.
+// boundary between two tokens. Rows with u[r] < 0 are left alone (the host
+// samples them), and so are the special rows (draw_special), which
+// draw_rows_trunc draws. grid = rows, block = KEEL_THREADS.
 extern "C" __global__ void draw_rows(int* __restrict__ tok, float* __restrict__ lp, float* __restrict__ tlp,
                                      int* __restrict__ ttok, float* __restrict__ tlpv, const float* __restrict__ z,
                                      const double* __restrict__ u, const float* __restrict__ temps,
                                      const int* __restrict__ topk, const double* __restrict__ topp,
                                      const int* __restrict__ topn, int V) {
+  draw_rows_t<false>(tok, lp, tlp, ttok, tlpv, z, u, temps, topk, topp, topn, V);
+}
+
+// draw_rows_trunc draws draw_rows's special rows (draw_special): a row
+// with top-k topk[r] > 0 or top-p 0 < topp[r] < 1 at a temperature other
+// than 0 by rollout.DrawTruncated's rule (draw_row_trunc), its truncated
+// log-probability in tlp[r]; a row with topn[r] > 0 also gets its topn[r]
+// most probable tokens and their log-probabilities in ttok and tlpv, at
+// r * TOP_MAX (top_row). grid = rows, block = KEEL_THREADS.
+extern "C" __global__ void draw_rows_trunc(int* __restrict__ tok, float* __restrict__ lp, float* __restrict__ tlp,
+                                           int* __restrict__ ttok, float* __restrict__ tlpv,
+                                           const float* __restrict__ z, const double* __restrict__ u,
+                                           const float* __restrict__ temps, const int* __restrict__ topk,
+                                           const double* __restrict__ topp, const int* __restrict__ topn, int V) {
+  draw_rows_t<true>(tok, lp, tlp, ttok, tlpv, z, u, temps, topk, topp, topn, V);
+}
+
+// draw_rows_raw_t is draw_rows_raw (Special false) and draw_rows_trunc_raw
+// (true).
+template <bool Special>
+__device__ void draw_rows_raw_t(int* tok, float* lp, float* tlp, int* ttok, float* tlpv, const float* z,
+                                const double* u, const float* temps, const int* topk, const double* topp,
+                                const int* topn, int V) {
   const i64 r = blockIdx.x;
   const double ur = u[r];
-  if (ur < 0.0) return;
+  if (ur < 0.0 || draw_special(temps[r], topk[r], topp[r], topn[r]) != Special) return;
   const float* row = z + r * V;
-  auto at = [&](int j) { return row[j]; };
-  if (topn[r] > 0) top_row(at, V, topn[r], ttok + r * TOP_MAX, tlpv + r * TOP_MAX);
-  const int k = topk[r];
-  const double p = topp[r];
-  if (temps[r] != 0.f && (k > 0 || (p > 0.0 && p < 1.0))) {
-    draw_row_trunc(at, V, ur, k, p, tok + r, lp + r, tlp + r);
-    return;
-  }
-  draw_row(at, V, ur, temps[r] == 0.f, tok + r, lp + r);
-  if (threadIdx.x == 0) tlp[r] = lp[r];
+  const float tr = temps[r], tp = tr == 0.f ? 1.f : tr;
+  auto at = [&](int j) { return tp != 1.f ? row[j] / tp : row[j]; };
+  float m;
+  double s, t;
+  row_stats(at, V, m, s, t);
+  const float l = (float)((double)m + log(s));
+  draw_one<Special>([&](int j) { return at(j) - l; }, V, r, ur, tr, topk[r], topp[r], topn[r], tok, lp, tlp, ttok,
+                    tlpv);
 }
 
 // draw_rows_raw is draw_rows over the log-softmax of the logits z at each
@@ -686,26 +741,18 @@ extern "C" __global__ void draw_rows_raw(int* __restrict__ tok, float* __restric
                                          const float* __restrict__ z, const double* __restrict__ u,
                                          const float* __restrict__ temps, const int* __restrict__ topk,
                                          const double* __restrict__ topp, const int* __restrict__ topn, int V) {
-  const i64 r = blockIdx.x;
-  const double ur = u[r];
-  if (ur < 0.0) return;
-  const float* row = z + r * V;
-  const float tr = temps[r], tp = tr == 0.f ? 1.f : tr;
-  auto at = [&](int j) { return tp != 1.f ? row[j] / tp : row[j]; };
-  float m;
-  double s, t;
-  row_stats(at, V, m, s, t);
-  const float l = (float)((double)m + log(s));
-  auto lpv = [&](int j) { return at(j) - l; };
-  if (topn[r] > 0) top_row(lpv, V, topn[r], ttok + r * TOP_MAX, tlpv + r * TOP_MAX);
-  const int k = topk[r];
-  const double p = topp[r];
-  if (tr != 0.f && (k > 0 || (p > 0.0 && p < 1.0))) {
-    draw_row_trunc(lpv, V, ur, k, p, tok + r, lp + r, tlp + r);
-    return;
-  }
-  draw_row(lpv, V, ur, tr == 0.f, tok + r, lp + r);
-  if (threadIdx.x == 0) tlp[r] = lp[r];
+  draw_rows_raw_t<false>(tok, lp, tlp, ttok, tlpv, z, u, temps, topk, topp, topn, V);
+}
+
+// draw_rows_trunc_raw is draw_rows_trunc from the logits, as draw_rows_raw
+// is draw_rows. grid = rows.
+extern "C" __global__ void draw_rows_trunc_raw(int* __restrict__ tok, float* __restrict__ lp, float* __restrict__ tlp,
+                                               int* __restrict__ ttok, float* __restrict__ tlpv,
+                                               const float* __restrict__ z, const double* __restrict__ u,
+                                               const float* __restrict__ temps, const int* __restrict__ topk,
+                                               const double* __restrict__ topp, const int* __restrict__ topn,
+                                               int V) {
+  draw_rows_raw_t<true>(tok, lp, tlp, ttok, tlpv, z, u, temps, topk, topp, topn, V);
 }
 
 // logsoftmax_rows_host is logsoftmax_rows_t over the rows with u[r] < 0
