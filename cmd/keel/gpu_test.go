@@ -2,8 +2,14 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
+	"io"
+	"maps"
+	"math"
+	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -154,6 +160,77 @@ func TestBenchTrainOnGPU(t *testing.T) {
 		t.Logf("recompute %v: activations %d bytes, planned %d, kept logits %d", rc, r.ActivationBytes, r.PlannedActivationBytes, kept)
 		if r.PlannedActivationBytes <= 0 || r.ActivationBytes > r.PlannedActivationBytes+kept || r.ActivationBytes < r.PlannedActivationBytes/2 {
 			t.Errorf("recompute %v: activations %d bytes, planned %d (kept logits %d)", rc, r.ActivationBytes, r.PlannedActivationBytes, kept)
+		}
+	}
+}
+
+// TestServeOnGPU: keel serve --device cuda answers as --device cpu does:
+// the same completions for the same seeds, under top-k and top-p and with
+// top log-probabilities, which the GPU rollout draws and reports on the
+// device, and with full sampling; the log-probabilities within 1e-4 (the
+// exact GPU rollout is the GPU trainer's bits, not the CPU's).
+func TestServeOnGPU(t *testing.T) {
+	cudatest.Device(t) // skips without a GPU
+	dir := t.TempDir()
+	if err := serveTestModel(dir); err != nil {
+		t.Fatal(err)
+	}
+	cpu := startServe(t, dir, "--device", "cpu")
+	gpu := startServe(t, dir, "--device", "cuda")
+	if !strings.Contains(gpu.out.String(), " on cuda") {
+		t.Fatalf("keel serve --device cuda:\n%s", gpu.out)
+	}
+	type choice struct {
+		Text     string
+		Logprobs struct {
+			Tokens        []string
+			TokenLogprobs []float32            `json:"token_logprobs"`
+			TopLogprobs   []map[string]float32 `json:"top_logprobs"`
+		}
+	}
+	complete := func(url, body string) []choice {
+		t.Helper()
+		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %s: %s", url, resp.Status, raw)
+		}
+		var out struct{ Choices []choice }
+		if err := json.Unmarshal(raw, &out); err != nil {
+			t.Fatalf("%s: %v: %s", url, err, raw)
+		}
+		return out.Choices
+	}
+	near := func(a, b float32) bool { return math.Abs(float64(a-b)) <= 1e-4 }
+	for _, body := range []string{
+		`{"prompt": "12+7=", "max_tokens": 16, "n": 4, "temperature": 0.8, "top_p": 0.9, "top_k": 20, "seed": 7, "logprobs": 3}`,
+		`{"prompt": "3*4=", "max_tokens": 16, "n": 4, "temperature": 1, "seed": 8, "logprobs": 0}`,
+	} {
+		want, got := complete(cpu.url, body), complete(gpu.url, body)
+		t.Logf("%s: the GPU's first choice %q, %d tokens, %d positions of top log-probs", body, got[0].Text, len(got[0].Logprobs.Tokens), len(got[0].Logprobs.TopLogprobs))
+		if len(got) != len(want) || len(got) == 0 {
+			t.Fatalf("%s: %d choices on the GPU, %d on the CPU", body, len(got), len(want))
+		}
+		for i := range got {
+			g, w := got[i], want[i]
+			if g.Text != w.Text || !slices.Equal(g.Logprobs.Tokens, w.Logprobs.Tokens) {
+				t.Fatalf("%s choice %d: GPU %q, CPU %q", body, i, g.Text, w.Text)
+			}
+			if !slices.EqualFunc(g.Logprobs.TokenLogprobs, w.Logprobs.TokenLogprobs, near) {
+				t.Fatalf("%s choice %d: log-probs %v on the GPU, %v on the CPU", body, i, g.Logprobs.TokenLogprobs, w.Logprobs.TokenLogprobs)
+			}
+			if len(g.Logprobs.TopLogprobs) != len(w.Logprobs.TopLogprobs) {
+				t.Fatalf("%s choice %d: top log-probs at %d positions on the GPU, %d on the CPU", body, i, len(g.Logprobs.TopLogprobs), len(w.Logprobs.TopLogprobs))
+			}
+			for j, top := range g.Logprobs.TopLogprobs {
+				if !maps.EqualFunc(top, w.Logprobs.TopLogprobs[j], near) {
+					t.Fatalf("%s choice %d position %d: top log-probs %v on the GPU, %v on the CPU", body, i, j, top, w.Logprobs.TopLogprobs[j])
+				}
+			}
 		}
 	}
 }
