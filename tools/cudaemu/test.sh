@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs keel's GPU tests on the CUDA emulator: builds the emulator's
 # libraries (build.sh), then the device tests of kernels/cuda, train/cuda
-# and rollout/cuda, and keel rl on the GPU (cmd/keel's TestRLOnGPU), with
+# and rollout/cuda, keel rl and keel serve on the GPU (cmd/keel's TestRLOnGPU,
+# TestServeOnGPU), with
 # KEEL_CUDA_LIBS pointing at them, so that every
 # kernel and the engines' device code run on the CPU. No GPU figure comes
 # out of this; what it shows is that the code is right where a GPU would
