@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -92,6 +93,7 @@ const (
 	blasComputeF32   = 68 // CUBLAS_COMPUTE_32F
 	dataF32          = 0  // CUDA_R_32F
 	dataBF16         = 14 // CUDA_R_16BF
+	dataE4M3         = 28 // CUDA_R_8F_E4M3
 	descTransA       = 3  // CUBLASLT_MATMUL_DESC_TRANSA
 	descTransB       = 4  // CUBLASLT_MATMUL_DESC_TRANSB
 	prefMaxWorkspace = 1  // CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
@@ -126,6 +128,7 @@ type gemmKey struct {
 	alignA, alignB, alignC uint32
 	alignAdd               uint32 // the addend's, where it is not C (gemmBF16's add)
 	out16                  bool   // C (and D) bf16, not float32
+	fp8                    bool   // A and B float8 e4m3, not bf16 (GemmFP8)
 }
 
 // maxPlans bounds the cached plans: an MoE step's experts see many token
@@ -198,19 +201,40 @@ func (b *Blas) closePlans() {
 // float32 accumulation: op(A) is A (k columns of m, ld lda) or its
 // transpose (transA), likewise B. On the default stream, without waiting.
 func (b *Blas) GemmBF16(transA, transB bool, m, n, k int, A Buffer, lda int, B Buffer, ldb int, C Buffer, ldc int, acc bool) error {
-	return b.gemmBF16(0, b.ws, transA, transB, m, n, k, A, lda, B, ldb, C, ldc, acc, Buffer{}, false)
+	return b.gemm(0, b.ws, transA, transB, m, n, k, A, lda, B, ldb, C, ldc, acc, Buffer{}, false, false)
 }
 
-// gemmBF16 is GemmBF16 on stream (0: the default stream) with the
-// workspace ws: work on a stream of its own (Ops.Capture's) may run
-// beside the default stream's, so it must not share the handle's. With an
-// addend (add.Ptr != 0, acc false) it computes C = op(A)·op(B) + add, add
-// laid out as C: a residual added in the product's epilogue. With out16,
-// C is bf16: the float32 sums rounded once as they are stored (no addend,
-// no accumulation).
-func (b *Blas) gemmBF16(stream uintptr, ws Buffer, transA, transB bool, m, n, k int, A Buffer, lda int, B Buffer, ldb int, C Buffer, ldc int, acc bool, add Buffer, out16 bool) error {
+// ErrNoFP8 says cuBLASLt has no float8 product for a shape on this device
+// (a card before sm_89, a leading dimension not a multiple of 16, a
+// cuBLASLt without float8): the caller emulates it (QuantLinear).
+var ErrNoFP8 = errors.New("cuda: cuBLASLt runs no float8 product here")
+
+// GemmFP8 computes, in cuBLAS's column-major terms, C[m×n] = Aᵀ·B with A
+// (k×m, ld lda) and B (k×n, ld ldb) float8 e4m3 and C float32, with
+// float32 accumulation (cuBLASLt's default, not its fast accumulation),
+// unit scales: the tensor cores' float8 product, which takes only this
+// "TN" layout. An error wrapping ErrNoFP8 says the device or library has
+// none for the shape. On the default stream, without waiting.
+func (b *Blas) GemmFP8(m, n, k int, A Buffer, lda int, B Buffer, ldb int, C Buffer, ldc int) error {
+	return b.gemm(0, b.ws, true, false, m, n, k, A, lda, B, ldb, C, ldc, false, Buffer{}, false, true)
+}
+
+// gemm is GemmBF16 (or with fp8 GemmFP8) on stream (0: the default
+// stream) with the workspace ws: work on a stream of its own
+// (Ops.Capture's) may run beside the default stream's, so it must not
+// share the handle's. With an addend (add.Ptr != 0, acc false) it computes
+// C = op(A)·op(B) + add, add laid out as C: a residual added in the
+// product's epilogue. With out16, C is bf16: the float32 sums rounded once
+// as they are stored (no addend, no accumulation).
+func (b *Blas) gemm(stream uintptr, ws Buffer, transA, transB bool, m, n, k int, A Buffer, lda int, B Buffer, ldb int, C Buffer, ldc int, acc bool, add Buffer, out16, fp8 bool) error {
 	if m <= 0 || n <= 0 || k <= 0 {
 		return nil
+	}
+	if fp8 && (!transA || transB || acc || add.Ptr != 0 || out16) {
+		return fmt.Errorf("cuda: a float8 product is Aᵀ·B into float32, nothing added")
+	}
+	if fp8 && b.dev.Arch < 89 {
+		return fmt.Errorf("%w: sm_%d (float8 tensor cores from sm_89)", ErrNoFP8, b.dev.Arch)
 	}
 	if out16 && (acc || add.Ptr != 0) {
 		return fmt.Errorf("cuda: a bf16 product with a bf16 output accumulates nothing")
@@ -222,7 +246,7 @@ func (b *Blas) gemmBF16(stream uintptr, ws Buffer, transA, transB bool, m, n, k 
 		}
 		in, acc = add, true
 	}
-	key := gemmKey{transA, transB, m, n, k, lda, ldb, ldc, alignment(A.Ptr), alignment(B.Ptr), alignment(C.Ptr), alignment(in.Ptr), out16}
+	key := gemmKey{transA, transB, m, n, k, lda, ldb, ldc, alignment(A.Ptr), alignment(B.Ptr), alignment(C.Ptr), alignment(in.Ptr), out16, fp8}
 	alpha, beta := new(float32), new(float32)
 	*alpha = 1
 	if acc {
@@ -244,7 +268,11 @@ func (b *Blas) gemmBF16(stream uintptr, ws Buffer, transA, transB bool, m, n, k 
 	}
 	err := b.dev.do(func() error {
 		if b.dev.prof != nil && stream == 0 {
-			return b.dev.prof.time(b.dev, fmt.Sprintf("cublasLt bf16 %d×%d×%d %s%s align %d/%d/%d", m, n, k,
+			kind := "bf16"
+			if fp8 {
+				kind = "fp8"
+			}
+			return b.dev.prof.time(b.dev, fmt.Sprintf("cublasLt %s %d×%d×%d %s%s align %d/%d/%d", kind, m, n, k,
 				opName(transA), opName(transB), alignment(A.Ptr), alignment(B.Ptr), alignment(C.Ptr)), matmul)
 		}
 		return matmul()
@@ -301,10 +329,14 @@ func (b *Blas) planLocked(key gemmKey) (*gemmPlan, error) {
 		}
 		ar, ac := dims(key.transA, key.m, key.k)
 		br, bc := dims(key.transB, key.k, key.n)
-		if err := b.check(lt.layoutCreate(&p.a, dataBF16, ar, ac, int64(key.lda)), "layout A"); err != nil {
+		ab := int32(dataBF16)
+		if key.fp8 {
+			ab = dataE4M3
+		}
+		if err := b.check(lt.layoutCreate(&p.a, ab, ar, ac, int64(key.lda)), "layout A"); err != nil {
 			return err
 		}
-		if err := b.check(lt.layoutCreate(&p.b, dataBF16, br, bc, int64(key.ldb)), "layout B"); err != nil {
+		if err := b.check(lt.layoutCreate(&p.b, ab, br, bc, int64(key.ldb)), "layout B"); err != nil {
 			return err
 		}
 		ct := int32(dataF32)
@@ -333,11 +365,22 @@ func (b *Blas) planLocked(key gemmKey) (*gemmPlan, error) {
 			return err
 		}
 		if n < 1 {
-			return fmt.Errorf("cuda: cuBLASLt has no algorithm for a %d×%d×%d bf16 product", key.m, key.n, key.k)
+			return fmt.Errorf("cuda: cuBLASLt has no algorithm for a %d×%d×%d product", key.m, key.n, key.k)
 		}
 		return nil
 	})
 	if err != nil {
+		for _, d := range []uintptr{p.a, p.b, p.c} {
+			if d != 0 {
+				lt.layoutDestroy(d)
+			}
+		}
+		if p.desc != 0 {
+			lt.descDestroy(p.desc)
+		}
+		if key.fp8 {
+			return nil, fmt.Errorf("%w: %v", ErrNoFP8, err)
+		}
 		return nil, err
 	}
 	b.plans[key] = p

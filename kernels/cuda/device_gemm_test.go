@@ -935,15 +935,98 @@ func TestDeviceFP8(t *testing.T) {
 	if wantS[6] != 0x1p-3 {
 		t.Errorf("the edge row's scale is %v, not 2⁻³: the test's premise is wrong", wantS[6])
 	}
+	// The same values as e4m3 bytes (quant_e4m3_rows8, the float8
+	// product's operand), and every e4m3 value's bf16 back to its byte
+	// (bf16_e4m3), NaN to S.1111.111.
+	codes := bufOf(g, make([]uint8, rows*cols))
+	if err := ops.Launch("convert.cu", "quant_e4m3_rows8", Dim3{X: rows}, block256, codes, sc, bufOf(g, src), cols, int64(ld)); err != nil {
+		t.Fatal(err)
+	}
+	gotCodes := make([]uint8, rows*cols)
+	if err := Download(g.d, gotCodes, codes); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range gotCodes {
+		v := e4m3Value(c)
+		var b [1]kernels.BF16
+		kernels.ToBF16(b[:], []float32{v})
+		nan := got[i]&0x7f80 == 0x7f80 && got[i]&0x7f != 0
+		if nan != (c&0x7f == 0x7f) || !nan && uint16(b[0]) != got[i] {
+			t.Fatalf("e4m3 byte %d: %#x (%v), the bf16 copy %#x", i, c, v, got[i])
+		}
+	}
+	all := make([]uint16, 256)
+	for c := range all {
+		var b [1]kernels.BF16
+		kernels.ToBF16(b[:], []float32{e4m3Value(uint8(c))})
+		all[c] = uint16(b[0])
+	}
+	back := bufOf(g, make([]uint8, 256))
+	if err := ops.Launch("convert.cu", "bf16_e4m3", elemGrid(256), block256, back, bufOf(g, all), int64(256)); err != nil {
+		t.Fatal(err)
+	}
+	gotBack := make([]uint8, 256)
+	if err := Download(g.d, gotBack, back); err != nil {
+		t.Fatal(err)
+	}
+	for c, b := range gotBack {
+		if want := uint8(c); b != want && !(c&0x7f == 0x7f && b == want) {
+			t.Fatalf("e4m3 %#x (%v) through bf16: %#x", c, e4m3Value(uint8(c)), b)
+		}
+	}
 
 	// The product: y = X·Wᵀ for a weight W [out, in] inside an arena.
 	// The product y = X·Wᵀ for a weight W [out, in] inside an arena, with
 	// X's rows wider than in and y's wider than out (as for gate and up);
 	// then the weights change and Stale makes the next product use them.
+	// Emulated on the bf16 product, and (KEEL_FP8_GEMM=1) on cuBLASLt's
+	// float8 product where the card has one: the same numbers but for the
+	// order of the float32 sums (on the emulator, the same bits).
 	const M, N, K, ldx, ldy = 37, 70, 96, 100, 75
 	x := randF32(r, M*ldx, 1)
 	bx := bufOf(g, x)
-	w := randF32(r, N*K, 0.05)
+	w0 := randF32(r, N*K, 0.05)
+	w1 := randF32(r, N*K, 0.05)
+	var emulated [2][]float32
+	for _, fp8 := range []bool{false, true} {
+		if fp8 {
+			t.Setenv("KEEL_FP8_GEMM", "1")
+		}
+		testQuantLinearFP8(t, g, ops, x, bx, w0, w1, fp8, &emulated)
+	}
+	// A shape cuBLASLt's float8 product refuses (leading dimensions not
+	// multiples of 16, as the emulator holds the library to): emulated
+	// from then on, with the same results.
+	if g.d.Emulated {
+		const M, N, K = 5, 8, 24
+		x, w := randF32(r, M*K, 1), randF32(r, N*K, 0.1)
+		ba := bufOf(g, w)
+		y := [2]Buffer{g.poisoned(M * N), g.poisoned(M * N)}
+		for i, env := range []string{"0", "1"} {
+			t.Setenv("KEEL_FP8_GEMM", env)
+			fl, err := NewQuantLinear(ops, ba, len(w), []Matrix{{Off: 0, Rows: N, Cols: K}}, FormatFP8)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := fl.Linear(y[i], bufOf(g, x), ba, M, K, N, N, K); err != nil {
+				t.Fatal(err)
+			}
+			if fl.FP8GEMM() {
+				t.Error("a float8 product of leading dimension 24 not refused")
+			}
+			fl.Free()
+		}
+		sameBits(t, "a refused float8 shape, emulated", g.f32(y[1], M*N), g.f32(y[0], M*N))
+	}
+}
+
+// testQuantLinearFP8 is TestDeviceFP8's product y = X·Wᵀ (W w0, then w1
+// after Stale), fp8 saying whether KEEL_FP8_GEMM is set; emulated holds
+// the emulated products' outputs, which the float8 ones match bit for bit
+// on the emulator.
+func testQuantLinearFP8(t *testing.T, g *gpu, ops *Ops, x []float32, bx Buffer, w0, w1 []float32, fp8 bool, emulated *[2][]float32) {
+	const M, N, K, ldx, ldy = 37, 70, 96, 100, 75
+	w := w0
 	arena := append(make([]float32, 5), w...) // the weight at offset 5
 	ba := bufOf(g, arena)
 	fl, err := NewQuantLinear(ops, ba, len(arena), []Matrix{{Off: 5, Rows: N, Cols: K}}, FormatFP8)
@@ -953,7 +1036,7 @@ func TestDeviceFP8(t *testing.T) {
 	defer fl.Free()
 	for round := 0; round < 2; round++ {
 		if round == 1 {
-			w = randF32(r, N*K, 0.05)
+			w = w1
 			if err := Upload(g.d, ba.Floats(5, N*K), w); err != nil {
 				t.Fatal(err)
 			}
@@ -983,8 +1066,33 @@ func TestDeviceFP8(t *testing.T) {
 				bound[i*N+j] = bound[i*N+j]*float64(sx[i])*float64(sw[j]) + 4*0x1p-24*math.Abs(float64(ref[i*N+j]))
 			}
 		}
-		withinBound(t, fmt.Sprintf("fp8 product, round %d", round), got, ref, bound)
+		withinBound(t, fmt.Sprintf("fp8 product (float8 GEMM %v), round %d", fl.FP8GEMM(), round), got, ref, bound)
+		if want := fp8 && g.d.Arch >= 89; fl.FP8GEMM() != want {
+			t.Fatalf("KEEL_FP8_GEMM %v on sm_%d: float8 products %v", fp8, g.d.Arch, fl.FP8GEMM())
+		}
+		if !fp8 {
+			emulated[round] = got
+		} else if g.d.Emulated {
+			sameBits(t, fmt.Sprintf("the float8 product against the emulated one, round %d", round), got, emulated[round])
+		}
 	}
+}
+
+// e4m3Value widens a float8 e4m3 byte: 4 exponent bits (bias 7), 3
+// mantissa bits, subnormals below 2⁻⁶, S.1111.111 NaN.
+func e4m3Value(c uint8) float32 {
+	e, m := int(c>>3&15), float64(c&7)
+	v := math.Ldexp(1+m/8, e-7)
+	switch {
+	case e == 15 && m == 7:
+		v = math.NaN()
+	case e == 0:
+		v = math.Ldexp(m, -9)
+	}
+	if c&0x80 != 0 {
+		v = -v
+	}
+	return float32(v)
 }
 
 // TestDeviceNVFP4: the fp4 weight quantiser is kernels.PackNVFP4's: the

@@ -192,5 +192,15 @@ func (o *Ops) gemmBF16Add(blas *Blas, transA, transB bool, m, n, k int, A Buffer
 	if o.stream != 0 {
 		ws = o.graph.ws
 	}
-	return blas.gemmBF16(o.stream, ws, transA, transB, m, n, k, A, lda, B, ldb, C, ldc, acc, add, out16)
+	return blas.gemm(o.stream, ws, transA, transB, m, n, k, A, lda, B, ldb, C, ldc, acc, add, out16, false)
+}
+
+// gemmFP8 is blas.GemmFP8 on o's stream: with the graphs' workspace while
+// Capture records.
+func (o *Ops) gemmFP8(blas *Blas, m, n, k int, A Buffer, lda int, B Buffer, ldb int, C Buffer, ldc int) error {
+	ws := blas.ws
+	if o.stream != 0 {
+		ws = o.graph.ws
+	}
+	return blas.gemm(o.stream, ws, true, false, m, n, k, A, lda, B, ldb, C, ldc, false, Buffer{}, false, true)
 }

@@ -1,6 +1,10 @@
 package cuda
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+	"os"
+)
 
 // Matrix is a weight matrix in a float32 arena: element offset, rows
 // (output channels) and columns (inputs).
@@ -24,6 +28,13 @@ const (
 // cuBLASLt's bf16 GEMM with float32 accumulation, then the channel and
 // token scales. It emulates fp8 and fp4 tensor-core products' numbers on
 // any GPU cuBLASLt's bf16 runs on, at bf16 speed.
+//
+// With KEEL_FP8_GEMM=1, on a card with float8 tensor cores (sm_89 on), the
+// fp8 format's LinearMany runs cuBLASLt's float8 product itself: the same
+// quantised operands as e4m3 bytes (each matrix's made the first time a
+// product reads it), the same scales after. Its numbers are the emulation's
+// up to the order of the float32 sums. A shape or library without one
+// (ErrNoFP8) turns it off for the rest of the run, saying so on stderr.
 type QuantLinear struct {
 	ops    *Ops
 	blas   *Blas
@@ -40,7 +51,15 @@ type QuantLinear struct {
 	xN     int
 	sN     int
 	scales map[groupedLayout][2]int // Grouped's layouts checked, and their scales (groupedScales)
+	fp8    bool                     // LinearMany through cuBLASLt's float8 product (KEEL_FP8_GEMM)
+	w8b    map[uint64]Buffer        // the float8 products' weights, e4m3 bytes, by matrix
+	x8b    Buffer                   // their activation operand, e4m3 bytes
+	xbN    int
 }
+
+// FP8GEMM reports whether l's products run on cuBLASLt's float8 product
+// (KEEL_FP8_GEMM=1 on a card that has one, until a shape finds none).
+func (l *QuantLinear) FP8GEMM() bool { return l.fp8 }
 
 // NewQuantLinear mirrors the float32 arena of n floats whose product
 // weights are mats, quantised in format (FormatFP8 or FormatFP4).
@@ -52,7 +71,8 @@ func NewQuantLinear(o *Ops, arena Buffer, n int, mats []Matrix, format string) (
 	if err != nil {
 		return nil, err
 	}
-	l := &QuantLinear{ops: o, blas: blas, format: format, arena: arena, n: n, mats: map[uint64]Matrix{}, soff: map[uint64]int{}}
+	l := &QuantLinear{ops: o, blas: blas, format: format, arena: arena, n: n, mats: map[uint64]Matrix{}, soff: map[uint64]int{},
+		fp8: format == FormatFP8 && os.Getenv("KEEL_FP8_GEMM") == "1" && o.Dev.Arch >= 89, w8b: map[uint64]Buffer{}}
 	rows := 0
 	for _, m := range mats {
 		if m.Off < 0 || m.Rows < 1 || m.Cols < 1 || m.Off+m.Rows*m.Cols > n {
@@ -78,7 +98,10 @@ func (l *QuantLinear) Stale() { l.fresh = false }
 
 // Free releases the device memory.
 func (l *QuantLinear) Free() {
-	for _, b := range []Buffer{l.w8, l.ws, l.x8, l.sx} {
+	for _, b := range l.w8b {
+		l.ops.Dev.Free(b)
+	}
+	for _, b := range []Buffer{l.w8, l.ws, l.x8, l.sx, l.x8b} {
 		if b.Ptr != 0 {
 			l.ops.Dev.Free(b)
 		}
@@ -97,8 +120,34 @@ func (o *Ops) QuantE4M3Rows(dst, scale, src Buffer, rows, cols, ld int) error {
 func (l *QuantLinear) Refresh() error { return l.weights() }
 
 // Reserve grows the activation operand's scratch to rows × width now, as
-// BF16Linear.Reserve.
-func (l *QuantLinear) Reserve(rows, width int) error { return l.grow(rows, width) }
+// BF16Linear.Reserve (the float8 products' too: a decoding graph records
+// the operands' addresses, so they must not move after).
+func (l *QuantLinear) Reserve(rows, width int) error {
+	if err := l.grow(rows, width); err != nil {
+		return err
+	}
+	if l.fp8 {
+		return l.growBytes(rows * width)
+	}
+	return nil
+}
+
+// growBytes makes room for a float8 product's operand of n bytes.
+func (l *QuantLinear) growBytes(n int) error {
+	if n <= l.xbN {
+		return nil
+	}
+	if l.x8b.Ptr != 0 {
+		l.ops.Dev.Free(l.x8b)
+	}
+	var err error
+	if l.x8b, err = l.ops.Dev.Alloc(int64(n)); err != nil {
+		l.xbN = 0
+		return outOfMemory(l.ops.Dev, "a float8 product's operand", int64(n), err)
+	}
+	l.xbN = n
+	return nil
+}
 
 // grow makes room for an activation operand of rows × in.
 func (l *QuantLinear) grow(rows, in int) error {
@@ -138,8 +187,58 @@ func (l *QuantLinear) weights() error {
 		if err := l.ops.Launch("convert.cu", l.format, Dim3{X: m.Rows}, block256, dst, sc, src, m.Cols, int64(m.Cols)); err != nil {
 			return err
 		}
+		if b, ok := l.w8b[p]; ok {
+			if err := l.ops.Launch("convert.cu", "bf16_e4m3", elemGrid(m.Rows*m.Cols), block256, b, dst, int64(m.Rows*m.Cols)); err != nil {
+				return err
+			}
+		}
 	}
 	l.fresh = true
+	return nil
+}
+
+// bytes returns matrix p's e4m3 bytes, made from its bf16 copy (current:
+// weights ran) the first time a float8 product reads it.
+func (l *QuantLinear) bytes(p uint64) (Buffer, error) {
+	if b, ok := l.w8b[p]; ok {
+		return b, nil
+	}
+	m := l.mats[p]
+	n := m.Rows * m.Cols
+	b, err := l.ops.Dev.Alloc(int64(n))
+	if err != nil {
+		return Buffer{}, outOfMemory(l.ops.Dev, "a float8 product's weights", int64(n), err)
+	}
+	src := Buffer{Ptr: l.w8.Ptr + uint64(m.Off)*2, Size: int64(n) * 2}
+	if err := l.ops.Launch("convert.cu", "bf16_e4m3", elemGrid(n), block256, b, src, int64(n)); err != nil {
+		l.ops.Dev.Free(b)
+		return Buffer{}, err
+	}
+	l.w8b[p] = b
+	return b, nil
+}
+
+// linearFP8 is LinearMany through cuBLASLt's float8 product (checked
+// products, weights current).
+func (l *QuantLinear) linearFP8(x Buffer, rows, in, ldx int, ps []Product) error {
+	if err := l.growBytes(rows * in); err != nil {
+		return err
+	}
+	if err := l.ops.Launch("convert.cu", "quant_e4m3_rows8", Dim3{X: rows}, block256, l.x8b, l.sx, x, in, int64(ldx)); err != nil {
+		return err
+	}
+	for _, p := range ps {
+		w, err := l.bytes(p.W.Ptr)
+		if err != nil {
+			return err
+		}
+		if err := l.ops.gemmFP8(l.blas, p.Out, rows, in, w, in, l.x8b, in, p.Y, p.LdY); err != nil {
+			return err
+		}
+		if err := l.ops.Launch("convert.cu", "scale_rows_cols", Dim3{X: rows}, block256, p.Y, l.sx, l.ws.Floats(l.soff[p.W.Ptr], p.Out), p.Out, int64(p.LdY)); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -166,6 +265,14 @@ func (l *QuantLinear) LinearMany(x Buffer, rows, in, ldx int, ps ...Product) err
 	}
 	if err := l.grow(rows, in); err != nil {
 		return err
+	}
+	if l.fp8 {
+		err := l.linearFP8(x, rows, in, ldx, ps)
+		if !errors.Is(err, ErrNoFP8) {
+			return err
+		}
+		l.fp8 = false
+		fmt.Fprintf(os.Stderr, "keel: %v; the fp8 products are emulated in bf16 from here on\n", err)
 	}
 	if err := l.ops.QuantE4M3Rows(l.x8, l.sx, x, rows, in, ldx); err != nil {
 		return err

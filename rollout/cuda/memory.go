@@ -3,6 +3,7 @@ package cuda
 import (
 	"fmt"
 	"math"
+	"os"
 
 	kc "github.com/keel-rl/keel/kernels/cuda"
 	"github.com/keel-rl/keel/model"
@@ -64,6 +65,12 @@ func Plan(c *model.Config, opt rollout.Options) (Memory, error) {
 			// per operand row for the activations.
 			m.Fixed += (matrixRows(&cfg) + int64(rows)) * 4
 		}
+		if opt.Precision == rollout.FP8 && os.Getenv("KEEL_FP8_GEMM") == "1" {
+			// cuBLASLt's float8 products (kc.QuantLinear): the e4m3 bytes
+			// of the matrices they read and of their operand (counted
+			// even on a card without them, which keeps neither).
+			m.Fixed += float8Elems(&cfg, &opt) + int64(rows)*int64(width)
+		}
 	}
 	if len(cfg.MoELayers()) == 0 || groupsOnDevice(&cfg, &opt) {
 		m.Fixed += kc.BlasWorkspaceBytes // the decoding graphs' cuBLASLt workspace
@@ -108,6 +115,28 @@ func operandShape(c *model.Config, o *rollout.Options) (rows, width int) {
 		rows, width = pairs, max((rows*width+pairs-1)/pairs, c.HiddenSize, c.MoeIntermediateSize)
 	}
 	return rows, width
+}
+
+// float8Elems counts the elements of the matrices QuantLinear's float8
+// products read: every layer's projections and router, the LM head, and
+// the experts' where they are not grouped on the device (whose grouped
+// products stay emulated).
+func float8Elems(c *model.Config, o *rollout.Options) int64 {
+	H, qd, kvd := int64(c.HiddenSize), int64(c.NumAttentionHeads*c.HeadDim), int64(c.NumKeyValueHeads*c.HeadDim)
+	n := int64(c.VocabSize) * H
+	for l := 0; l < c.NumHiddenLayers; l++ {
+		n += (2*qd + 2*kvd) * H
+		if c.IsMoELayer(l) {
+			E := int64(c.NumExperts)
+			n += E * H
+			if !groupsOnDevice(c, o) {
+				n += E * 3 * int64(c.MoeIntermediateSize) * H
+			}
+		} else {
+			n += 3 * int64(c.IntermediateSize) * H
+		}
+	}
+	return n
 }
 
 // matrixRows counts the output rows of the matrices the products read:

@@ -2,13 +2,17 @@
 // cublaslt.go), D = alpha·op(A)·op(B) + beta·C over column-major layouts,
 // bf16 A and B, float32 C and D (or bf16 C and D: the float32 result
 // rounded to bf16), float32 compute and scale, computed in float64 and
-// rounded once. Everything else (other types, orders, epilogues,
+// rounded once; or float8 e4m3 A and B, under the library's own rules for
+// them: A transposed and B not ("TN"), their leading dimensions multiples
+// of 16, a device of sm_89 or later (KEEL_CUDA_EMU_ARCH). Everything else (other types, orders, epilogues,
 // batched layouts) is refused with CUBLAS_STATUS_NOT_SUPPORTED and a
 // message, so that keel cannot come to depend on something the emulator
 // does not check. The shapes are checked as the library does: op(A) is
 // m×k, op(B) k×n, C and D m×n, each leading dimension at least its rows,
 // and every operand inside one device allocation.
 #include <dlfcn.h>
+#include <math.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -25,7 +29,7 @@ enum {
   EXECUTION_FAILED = 13,
   NOT_SUPPORTED = 15,
 };
-enum { R_32F = 0, R_16BF = 14, COMPUTE_32F = 68 };
+enum { R_32F = 0, R_16BF = 14, R_8F_E4M3 = 28, COMPUTE_32F = 68 };
 
 namespace {
 
@@ -60,7 +64,7 @@ bool in_allocation(const char* what, uint64_t p, const Layout* l) {
     fprintf(stderr, "keel CUDA emulator: cuBLASLt without the emulator's driver\n");
     return false;
   }
-  uint64_t elem = l->type == R_16BF ? 2 : 4;
+  uint64_t elem = l->type == R_16BF ? 2 : l->type == R_8F_E4M3 ? 1 : 4;
   return check(what, p, ((l->cols - 1) * (uint64_t)l->ld + l->rows) * elem);
 }
 
@@ -71,10 +75,20 @@ int shapes(const Desc* d, const Layout* a, const Layout* b, const Layout* c, con
   if (d->compute != COMPUTE_32F || d->scale != R_32F)
     return refuse("compute type " + std::to_string(d->compute) + ", scale type " + std::to_string(d->scale) +
                   " (emulated: CUBLAS_COMPUTE_32F with CUDA_R_32F scale)");
-  if (a->type != R_16BF || b->type != R_16BF || (c->type != R_32F && c->type != R_16BF) || dd->type != c->type)
+  const bool fp8 = a->type == R_8F_E4M3 && b->type == R_8F_E4M3;
+  if ((!fp8 && (a->type != R_16BF || b->type != R_16BF)) || (c->type != R_32F && c->type != R_16BF) ||
+      dd->type != c->type)
     return refuse("types A " + std::to_string(a->type) + ", B " + std::to_string(b->type) + ", C " +
                   std::to_string(c->type) + ", D " + std::to_string(dd->type) +
-                  " (emulated: bf16, bf16, and f32 or bf16 for both C and D)");
+                  " (emulated: bf16 or e4m3 for both A and B, and f32 or bf16 for both C and D)");
+  if (fp8) {
+    const char* arch = getenv("KEEL_CUDA_EMU_ARCH");
+    if (arch && atoi(arch) < 89) return refuse("a float8 product on sm_" + std::string(arch) + " (from sm_89)");
+    if (!d->transa || d->transb) return refuse("a float8 product not in the TN layout (A transposed, B not)");
+    if (a->ld % 16 || b->ld % 16)
+      return refuse("a float8 product with leading dimensions " + std::to_string(a->ld) + " and " +
+                    std::to_string(b->ld) + " (multiples of 16)");
+  }
   if (c->rows != dd->rows || c->cols != dd->cols || c->ld != dd->ld) return refuse("C and D with different layouts");
   *m = dd->rows;
   *n = dd->cols;
@@ -85,6 +99,20 @@ int shapes(const Desc* d, const Layout* a, const Layout* b, const Layout* c, con
     return invalid("op(A) is " + std::to_string(am) + "×" + std::to_string(*k) + ", op(B) " + std::to_string(bk) +
                    "×" + std::to_string(bn) + ", D " + std::to_string(*m) + "×" + std::to_string(*n));
   return SUCCESS;
+}
+
+// e4m3 widens a float8 e4m3 value: 4 exponent bits (bias 7), 3 mantissa
+// bits, subnormals, S.1111.111 the NaN, no infinities.
+float e4m3(uint8_t v) {
+  const int s = v >> 7, e = (v >> 3) & 15, m = v & 7;
+  float f;
+  if (e == 15 && m == 7)
+    f = NAN;
+  else if (e == 0)
+    f = ldexpf((float)m, -9);
+  else
+    f = ldexpf(1.f + m / 8.f, e - 7);
+  return s ? -f : f;
 }
 
 float bf16(uint16_t h) {
@@ -252,17 +280,19 @@ int run(const Product& pr) {
   if (!in_allocation("cuBLASLt A", A, la) || !in_allocation("cuBLASLt B", B, lb) ||
       !in_allocation("cuBLASLt C", C, lc) || !in_allocation("cuBLASLt D", D, lc))
     return invalid("an operand outside the device's allocations");
-  const uint16_t* a = (const uint16_t*)A;
-  const uint16_t* b = (const uint16_t*)B;
+  // elem widens operand x's element i.
+  auto elem = [](const Layout* l, uint64_t x, uint64_t i) {
+    return l->type == R_8F_E4M3 ? e4m3(((const uint8_t*)x)[i]) : bf16(((const uint16_t*)x)[i]);
+  };
   const bool c16 = lc->type == R_16BF;  // C and D bf16: D the float32 result rounded once
   const float* cm = (const float*)C;
   float* dm = (float*)D;
   // Rows of op(A) and columns of op(B), widened once, each contiguous in k.
   std::vector<float> ar(m * k), bc(n * k);
   for (uint64_t i = 0; i < m; i++)
-    for (uint64_t p = 0; p < k; p++) ar[i * k + p] = bf16(desc->transa ? a[p + i * la->ld] : a[i + p * la->ld]);
+    for (uint64_t p = 0; p < k; p++) ar[i * k + p] = elem(la, A, desc->transa ? p + i * la->ld : i + p * la->ld);
   for (uint64_t j = 0; j < n; j++)
-    for (uint64_t p = 0; p < k; p++) bc[j * k + p] = bf16(desc->transb ? b[j + p * lb->ld] : b[p + j * lb->ld]);
+    for (uint64_t p = 0; p < k; p++) bc[j * k + p] = elem(lb, B, desc->transb ? j + p * lb->ld : p + j * lb->ld);
   const double al = pr.alpha, be = pr.beta;
   for (uint64_t j = 0; j < n; j++)
     for (uint64_t i = 0; i < m; i++) {

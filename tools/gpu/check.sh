@@ -33,6 +33,9 @@
 #          unsplit (KEEL_DECODE_SPLIT=0, 64 sequences of 1,056 tokens) against
 #          the defaults,
 #          and transformers' generate beside them (about 3 minutes)
+#   fp8    the fp8 rollout's decode at 256 sequences with its products
+#          emulated on the bf16 GEMM and on cuBLASLt's float8 product
+#          (KEEL_FP8_GEMM=1), and TestDeviceFP8 under the latter
 #   ncu    Nsight Compute on one launch of each hot kernel configuration
 #          (flash.cu narrow, wide and wideq, the LM head's row kernels, AdamW, the
 #          grouped expert products and MoE grouping, the decoding step's
@@ -52,7 +55,7 @@
 #   rl     one RL step with both engines on the GPU, Qwen3-0.6B shape,
 #          32 prompts x 8 samples of up to 1024 tokens (bf16 training,
 #          bf16 rollout): where the step's time goes (issue 25's table)
-# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [gemm] [decode] [ncu] [sanitize] [fit] [learn] [rl]
+# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [gemm] [decode] [fp8] [ncu] [sanitize] [fit] [learn] [rl]
 #        (none: tests e2e hf speed)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -215,6 +218,20 @@ if [[ " $sections " == *" decode "* ]]; then
     set -- $v
     timeout 200 python3 tools/gpu/torch_decode.py --preset $1 --layers $2 --batch $3 --dtype bf16 --compile off > "$out/decode-torch-$1-$3.json" 2> "$out/decode-torch-$1-$3.err"
     echo "  transformers $1 (layers $2) bf16, $3 sequences: exit $? $(tail -1 "$out/decode-torch-$1-$3.json" 2>/dev/null || tail -1 "$out/decode-torch-$1-$3.err")"
+  done
+fi
+
+if [[ " $sections " == *" fp8 "* ]]; then
+  echo "== the fp8 rollout's products on this card: emulated on the bf16 GEMM (the default) and cuBLASLt's float8 product (KEEL_FP8_GEMM=1), Qwen3-0.6B shape, 256 sequences"
+  KEEL_FP8_GEMM=1 timeout 60 $bin/cuda.test -test.run 'TestDeviceFP8$' -test.v > "$out/fp8-test.log" 2>&1
+  echo "  TestDeviceFP8 (the float8 product within float32 error of the quantised operands'): exit $?"
+  grep -E 'float8|FAIL|ok' "$out/fp8-test.log" | head -5 | sed 's/^/    /'
+  for f in 0 1; do
+    KEEL_FP8_GEMM=$f timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+      --no-rl --decode-precisions fp8 --decode-slots 256 --peak-gbps $peakgb > "$out/decode-keel-fp8gemm$f.json" 2> "$out/decode-keel-fp8gemm$f.err"
+    echo "  keel qwen3-0.6b fp8, KEEL_FP8_GEMM=$f: exit $?"
+    decode_rows "$out/decode-keel-fp8gemm$f.json" || tail -2 "$out/decode-keel-fp8gemm$f.err"
+    grep -h float8 "$out/decode-keel-fp8gemm$f.err" | head -2 | sed 's/^/    /'
   done
 fi
 

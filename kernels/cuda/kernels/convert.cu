@@ -72,13 +72,21 @@ __device__ __forceinline__ float round_e4m3(float x) {
   return __uint_as_float(sign | a);
 }
 
-// quant_e4m3_rows quantises each row of src (rows ld apart, cols wide) to
-// e4m3 with one scale per row, as kernels.QuantizeE4M3Rows does: scale =
-// max|row| / 448 (a NaN or Inf in the row makes it non-finite), out =
-// round_e4m3(x / scale) stored as bf16 (exact), zeros when the scale is 0.
-// grid = rows, block = KEEL_THREADS.
-extern "C" __global__ void quant_e4m3_rows(bf16_t* __restrict__ out, float* __restrict__ scale,
-                                           const float* __restrict__ src, int cols, i64 ld) {
+// e4m3_code is the float8 e4m3 byte of an e4m3 value v (round_e4m3's
+// outputs: exact): sign, 4 exponent bits (bias 7), 3 mantissa bits;
+// below 2^-6 a multiple of 2^-9 (a subnormal); NaN S.1111.111.
+__device__ __forceinline__ unsigned char e4m3_code(float v) {
+  const u32 u = __float_as_uint(v);
+  const u32 sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (unsigned char)(sign | 0x7fu);
+  if (a < 0x3c800000u) return (unsigned char)(sign | (u32)(__uint_as_float(a) * 512.f));
+  return (unsigned char)(sign | ((a >> 23) - 120u) << 3 | ((a >> 20) & 7u));
+}
+
+// quant_e4m3_row quantises row r of src as quant_e4m3_rows describes,
+// handing put(j, v) each quantised value v (an e4m3 value, exact).
+template <class P>
+__device__ void quant_e4m3_row(float* scale, const float* src, int cols, i64 ld, P put) {
   __shared__ u32 sm[32];
   const i64 r = blockIdx.x;
   const float* row = src + r * ld;
@@ -92,9 +100,33 @@ extern "C" __global__ void quant_e4m3_rows(bf16_t* __restrict__ out, float* __re
   for (int o = 16; o > 0; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   const float s = __uint_as_float(mx) / 448.f;
   if (threadIdx.x == 0) scale[r] = s;
-  bf16_t* o = out + r * cols;
-  for (int j = threadIdx.x; j < cols; j += blockDim.x)
-    o[j] = s == 0.f ? (bf16_t)0 : f32_to_bf16(round_e4m3(row[j] / s));  // exact for e4m3 values
+  for (int j = threadIdx.x; j < cols; j += blockDim.x) put(j, s == 0.f ? 0.f : round_e4m3(row[j] / s));
+}
+
+// quant_e4m3_rows quantises each row of src (rows ld apart, cols wide) to
+// e4m3 with one scale per row, as kernels.QuantizeE4M3Rows does: scale =
+// max|row| / 448 (a NaN or Inf in the row makes it non-finite), out =
+// round_e4m3(x / scale) stored as bf16 (exact), zeros when the scale is 0.
+// grid = rows, block = KEEL_THREADS.
+extern "C" __global__ void quant_e4m3_rows(bf16_t* __restrict__ out, float* __restrict__ scale,
+                                           const float* __restrict__ src, int cols, i64 ld) {
+  bf16_t* o = out + (i64)blockIdx.x * cols;
+  quant_e4m3_row(scale, src, cols, ld, [&](int j, float v) { o[j] = f32_to_bf16(v); });
+}
+
+// quant_e4m3_rows8 is quant_e4m3_rows writing each value's e4m3 byte
+// (e4m3_code: cuBLASLt's CUDA_R_8F_E4M3, the float8 product's operand).
+extern "C" __global__ void quant_e4m3_rows8(unsigned char* __restrict__ out, float* __restrict__ scale,
+                                            const float* __restrict__ src, int cols, i64 ld) {
+  unsigned char* o = out + (i64)blockIdx.x * cols;
+  quant_e4m3_row(scale, src, cols, ld, [&](int j, float v) { o[j] = e4m3_code(v); });
+}
+
+// bf16_e4m3 writes the e4m3 bytes of n bf16 values that are e4m3 values
+// (quant_e4m3_rows's outputs: the fp8 weights' bf16 copy).
+extern "C" __global__ void bf16_e4m3(unsigned char* __restrict__ out, const bf16_t* __restrict__ in, i64 n) {
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+    out[i] = e4m3_code(bf16_to_f32(in[i]));
 }
 
 // scale_rows_cols: y[r, c] = (y[r, c] * sw[c]) * sx[r], the fp8 product's
