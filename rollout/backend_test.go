@@ -259,6 +259,28 @@ type drawingBackend struct {
 
 func (d *drawingBackend) Draws() bool { return true }
 
+// drawerPair returns an engine over m with opt, and one over a
+// drawingBackend over m's CPU backend with opt (and that backend), closed
+// when the test ends.
+func drawerPair(t *testing.T, m *model.Model, opt Options) (ref, e *Engine, d *drawingBackend) {
+	t.Helper()
+	ref, err := New(m, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ref.Close)
+	cb, err := newCPUBackend(m, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d = &drawingBackend{Backend: cb}
+	if e, err = NewWithBackend(d); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	return ref, e, d
+}
+
 func (d *drawingBackend) Step(b *StepBatch) error {
 	if err := d.Backend.Step(b); err != nil {
 		return err
@@ -300,22 +322,7 @@ func TestBackendDraws(t *testing.T) {
 	for _, cfg := range []model.Config{denseConfig(), moeConfig()} {
 		m := randomModel(cfg, 31)
 		prompts := testPrompts(rand.New(rand.NewPCG(31, 31)), cfg.VocabSize, 9, 1, 14, 4, 6)
-		opt := Options{Precision: FP8, Slots: 5, StepRows: 7, MaxLen: 40}
-		ref, err := New(m, opt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ref.Close()
-		cb, err := newCPUBackend(m, opt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		d := &drawingBackend{Backend: cb}
-		e, err := NewWithBackend(d)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.Close()
+		ref, e, d := drawerPair(t, m, Options{Precision: FP8, Slots: 5, StepRows: 7, MaxLen: 40})
 		for _, sp := range []Sampling{
 			{Temperature: 1, MaxNewTokens: 10, Seed: 4},
 			{Temperature: 0.7, MaxNewTokens: 8, Seed: 9, Stop: []int32{3}},

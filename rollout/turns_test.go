@@ -381,23 +381,8 @@ func TestTurnsSwitchingWhileWaiting(t *testing.T) {
 func TestTurnsOverDrawer(t *testing.T) {
 	cfg := moeConfig()
 	m := randomModel(cfg, 9)
-	opt := Options{Precision: FP8, Slots: 3, MaxLen: 96, StepRows: 16}
 	prompts := testPrompts(rand.New(rand.NewPCG(5, 5)), cfg.VocabSize, 4, 7)
-	ref, err := New(m, opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ref.Close()
-	cb, err := newCPUBackend(m, opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &drawingBackend{Backend: cb}
-	e, err := NewWithBackend(d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	ref, e, d := drawerPair(t, m, Options{Precision: FP8, Slots: 3, MaxLen: 96, StepRows: 16})
 	for _, sp := range []Sampling{
 		{Temperature: 1, MaxNewTokens: 6, Stop: []int32{1}, Seed: 3},
 		{Temperature: 0.9, TopK: 7, TopP: 0.8, TopLogProbs: 2, MaxNewTokens: 5, Seed: 4},

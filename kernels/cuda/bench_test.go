@@ -19,14 +19,7 @@ import (
 //
 //	tools/gpu/bin/cuda.test -test.run '^$' -test.bench DeviceGemm
 func BenchmarkDeviceGemm(b *testing.B) {
-	d, err := Open(0)
-	if err != nil {
-		b.Skipf("no GPU: %v", err)
-	}
-	defer d.Close()
-	if d.Emulated {
-		b.Skip("the CUDA emulator: no GPU figure")
-	}
+	d := benchDevice(b)
 	ops := NewOps(d)
 	blas, err := d.Blas()
 	if err != nil {
@@ -82,14 +75,7 @@ func BenchmarkDeviceGemm(b *testing.B) {
 //
 //	tools/gpu/bin/cuda.test -test.run '^$' -test.bench DeviceDraw
 func BenchmarkDeviceDraw(b *testing.B) {
-	d, err := Open(0)
-	if err != nil {
-		b.Skipf("no GPU: %v", err)
-	}
-	defer d.Close()
-	if d.Emulated {
-		b.Skip("the CUDA emulator: no GPU figure")
-	}
+	d := benchDevice(b)
 	ops := NewOps(d)
 	const rows, V = 256, 151936
 	r := rand.New(rand.NewPCG(2, 2))
@@ -167,4 +153,18 @@ func timeDevice(b *testing.B, d *Device, f func() error) {
 	if err := d.Sync(); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// benchDevice opens the GPU for a benchmark, closed when it ends; it
+// skips without one, and on the CUDA emulator (no GPU figure).
+func benchDevice(b *testing.B) *Device {
+	d, err := Open(0)
+	if err != nil {
+		b.Skipf("no GPU: %v", err)
+	}
+	b.Cleanup(func() { d.Close() })
+	if d.Emulated {
+		b.Skip("the CUDA emulator: no GPU figure")
+	}
+	return d
 }
