@@ -94,6 +94,7 @@ const (
 	dataF32          = 0  // CUDA_R_32F
 	dataBF16         = 14 // CUDA_R_16BF
 	dataE4M3         = 28 // CUDA_R_8F_E4M3
+	blasNotSupported = 15 // CUBLAS_STATUS_NOT_SUPPORTED
 	descTransA       = 3  // CUBLASLT_MATMUL_DESC_TRANSA
 	descTransB       = 4  // CUBLASLT_MATMUL_DESC_TRANSB
 	prefMaxWorkspace = 1  // CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
@@ -262,9 +263,13 @@ func (b *Blas) gemm(stream uintptr, ws Buffer, transA, transB bool, m, n, k int,
 		if err != nil {
 			return err
 		}
-		return b.check(b.lt.matmul(b.h, p.desc, unsafe.Pointer(alpha), A.Ptr, p.a, B.Ptr, p.b, unsafe.Pointer(beta),
-			in.Ptr, p.c, C.Ptr, p.c, unsafe.Pointer(&p.algo[0]), ws.Ptr, uintptr(ws.Size), stream),
-			fmt.Sprintf("cublasLtMatmul(%d×%d×%d)", m, n, k))
+		st := b.lt.matmul(b.h, p.desc, unsafe.Pointer(alpha), A.Ptr, p.a, B.Ptr, p.b, unsafe.Pointer(beta),
+			in.Ptr, p.c, C.Ptr, p.c, unsafe.Pointer(&p.algo[0]), ws.Ptr, uintptr(ws.Size), stream)
+		err = b.check(st, fmt.Sprintf("cublasLtMatmul(%d×%d×%d)", m, n, k))
+		if fp8 && st == blasNotSupported {
+			return fmt.Errorf("%w: %v", ErrNoFP8, err)
+		}
+		return err
 	}
 	err := b.dev.do(func() error {
 		if b.dev.prof != nil && stream == 0 {

@@ -980,23 +980,26 @@ func TestDeviceFP8(t *testing.T) {
 	// X's rows wider than in and y's wider than out (as for gate and up);
 	// then the weights change and Stale makes the next product use them.
 	// Emulated on the bf16 product, and (KEEL_FP8_GEMM=1) on cuBLASLt's
-	// float8 product where the card has one: the same numbers but for the
-	// order of the float32 sums (on the emulator, the same bits).
-	const M, N, K, ldx, ldy = 37, 70, 96, 100, 75
-	x := randF32(r, M*ldx, 1)
+	// float8 product where the card has one: the same numbers but for how
+	// the sums are added (on the emulator, the same bits). The float8
+	// product's shape keeps cuBLASLt's rules for it (16-byte rows); the
+	// emulated one also runs a shape that breaks them.
+	x := randF32(r, 37*100, 1)
 	bx := bufOf(g, x)
-	w0 := randF32(r, N*K, 0.05)
-	w1 := randF32(r, N*K, 0.05)
-	var emulated [2][]float32
-	for _, fp8 := range []bool{false, true} {
-		if fp8 {
-			t.Setenv("KEEL_FP8_GEMM", "1")
+	for _, c := range []struct {
+		n, ldy int
+		fp8    []bool
+	}{{70, 75, []bool{false}}, {80, 84, []bool{false, true}}} {
+		w0, w1 := randF32(r, c.n*96, 0.05), randF32(r, c.n*96, 0.05)
+		var emulated [2][]float32
+		for _, fp8 := range c.fp8 {
+			t.Setenv("KEEL_FP8_GEMM", map[bool]string{false: "0", true: "1"}[fp8])
+			testQuantLinearFP8(t, g, ops, x, bx, c.n, c.ldy, w0, w1, fp8, &emulated)
 		}
-		testQuantLinearFP8(t, g, ops, x, bx, w0, w1, fp8, &emulated)
 	}
-	// A shape cuBLASLt's float8 product refuses (leading dimensions not
-	// multiples of 16, as the emulator holds the library to): emulated
-	// from then on, with the same results.
+	// A shape cuBLASLt's float8 product refuses (a leading dimension of 24
+	// bytes, as the emulator holds the library to its rules): emulated,
+	// with the same results, the other shapes still on float8.
 	if g.d.Emulated {
 		const M, N, K = 5, 8, 24
 		x, w := randF32(r, M*K, 1), randF32(r, N*K, 0.1)
@@ -1011,8 +1014,8 @@ func TestDeviceFP8(t *testing.T) {
 			if err := fl.Linear(y[i], bufOf(g, x), ba, M, K, N, N, K); err != nil {
 				t.Fatal(err)
 			}
-			if fl.FP8GEMM() {
-				t.Error("a float8 product of leading dimension 24 not refused")
+			if want := i; fl.Refused() != want {
+				t.Errorf("KEEL_FP8_GEMM=%s: %d shapes refused, want %d", env, fl.Refused(), want)
 			}
 			fl.Free()
 		}
@@ -1020,12 +1023,15 @@ func TestDeviceFP8(t *testing.T) {
 	}
 }
 
-// testQuantLinearFP8 is TestDeviceFP8's product y = X·Wᵀ (W w0, then w1
-// after Stale), fp8 saying whether KEEL_FP8_GEMM is set; emulated holds
-// the emulated products' outputs, which the float8 ones match bit for bit
-// on the emulator.
-func testQuantLinearFP8(t *testing.T, g *gpu, ops *Ops, x []float32, bx Buffer, w0, w1 []float32, fp8 bool, emulated *[2][]float32) {
-	const M, N, K, ldx, ldy = 37, 70, 96, 100, 75
+// testQuantLinearFP8 is TestDeviceFP8's product y = X·Wᵀ, 37 rows of 96
+// inputs (X's rows 100 apart) to n outputs (y's rows ldy apart), W w0 and
+// then w1 after Stale; fp8 says whether KEEL_FP8_GEMM is set. emulated
+// holds the emulated products' outputs, which the float8 ones match bit
+// for bit on the emulator; on a card they are held to the float32 bound
+// widened for the tensor cores' float8 sums (some 14 bits, moved into
+// float32 every so often: 2^10 times float32's rounding).
+func testQuantLinearFP8(t *testing.T, g *gpu, ops *Ops, x []float32, bx Buffer, N, ldy int, w0, w1 []float32, fp8 bool, emulated *[2][]float32) {
+	const M, K, ldx = 37, 96, 100
 	w := w0
 	arena := append(make([]float32, 5), w...) // the weight at offset 5
 	ba := bufOf(g, arena)
@@ -1059,22 +1065,32 @@ func testQuantLinearFP8(t *testing.T, g *gpu, ops *Ops, x []float32, bx Buffer, 
 		ref, bound := gemmRef(make([]float32, M*N), fx, fw, M, N, K, K, 1, 1, K, N, false)
 		gy := g.f32(y, M*ldy)
 		got := make([]float32, M*N)
+		widen := 1.0
+		if fl.FP8GEMM() && !g.d.Emulated {
+			widen = 1024
+		}
 		for i := 0; i < M; i++ {
 			copy(got[i*N:(i+1)*N], gy[i*ldy:])
 			for j := 0; j < N; j++ {
 				ref[i*N+j] = float32(float64(ref[i*N+j]) * float64(sw[j]) * float64(sx[i]))
-				bound[i*N+j] = bound[i*N+j]*float64(sx[i])*float64(sw[j]) + 4*0x1p-24*math.Abs(float64(ref[i*N+j]))
+				bound[i*N+j] = widen*bound[i*N+j]*float64(sx[i])*float64(sw[j]) + 4*0x1p-24*math.Abs(float64(ref[i*N+j]))
 			}
 		}
-		withinBound(t, fmt.Sprintf("fp8 product (float8 GEMM %v), round %d", fl.FP8GEMM(), round), got, ref, bound)
+		withinBound(t, fmt.Sprintf("fp8 product %d×%d (float8 GEMM %v), round %d", N, K, fl.FP8GEMM(), round), got, ref, bound)
 		if want := fp8 && g.d.Arch >= 89; fl.FP8GEMM() != want {
 			t.Fatalf("KEEL_FP8_GEMM %v on sm_%d: float8 products %v", fp8, g.d.Arch, fl.FP8GEMM())
+		}
+		if fl.Refused() != 0 {
+			t.Errorf("cuBLASLt has no float8 product of %d outputs from %d inputs (rows %d floats apart)", N, K, ldy)
 		}
 		if !fp8 {
 			emulated[round] = got
 		} else if g.d.Emulated {
 			sameBits(t, fmt.Sprintf("the float8 product against the emulated one, round %d", round), got, emulated[round])
 		}
+	}
+	if fp8 {
+		t.Logf("float8 products on sm_%d: %v, %d shapes refused", g.d.Arch, fl.FP8GEMM(), fl.Refused())
 	}
 }
 

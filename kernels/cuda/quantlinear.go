@@ -32,34 +32,56 @@ const (
 // With KEEL_FP8_GEMM=1, on a card with float8 tensor cores (sm_89 on), the
 // fp8 format's LinearMany runs cuBLASLt's float8 product itself: the same
 // quantised operands as e4m3 bytes (each matrix's made the first time a
-// product reads it), the same scales after. Its numbers are the emulation's
-// up to the order of the float32 sums. A shape or library without one
-// (ErrNoFP8) turns it off for the rest of the run, saying so on stderr.
+// product reads it, in slabs), the same scales after. The tensor cores add
+// float8 products in an accumulator of some 14 bits, moved into float32
+// every so often, so its numbers differ from the emulation's by about
+// 1e-4 relative. A shape cuBLASLt has no float8 product for (ErrNoFP8) is
+// emulated from then on, the others not, and stderr says which.
 type QuantLinear struct {
-	ops    *Ops
-	blas   *Blas
-	format string // the weights' quantisation kernel
-	arena  Buffer
-	n      int
-	mats   map[uint64]Matrix // by the matrix's address in the arena
-	soff   map[uint64]int    // its first row's index in wscale
-	w8     Buffer            // the quantised weights, bf16, arena layout
-	ws     Buffer            // per-row weight scales
-	fresh  bool
-	x8     Buffer // an activation operand, bf16
-	sx     Buffer // its per-row scales
-	xN     int
-	sN     int
-	scales map[groupedLayout][2]int // Grouped's layouts checked, and their scales (groupedScales)
-	fp8    bool                     // LinearMany through cuBLASLt's float8 product (KEEL_FP8_GEMM)
-	w8b    map[uint64]Buffer        // the float8 products' weights, e4m3 bytes, by matrix
-	x8b    Buffer                   // their activation operand, e4m3 bytes
-	xbN    int
+	ops     *Ops
+	blas    *Blas
+	format  string // the weights' quantisation kernel
+	arena   Buffer
+	n       int
+	mats    map[uint64]Matrix // by the matrix's address in the arena
+	soff    map[uint64]int    // its first row's index in wscale
+	w8      Buffer            // the quantised weights, bf16, arena layout
+	ws      Buffer            // per-row weight scales
+	fresh   bool
+	x8      Buffer // an activation operand, bf16
+	sx      Buffer // its per-row scales
+	xN      int
+	sN      int
+	scales  map[groupedLayout][2]int // Grouped's layouts checked, and their scales (groupedScales)
+	fp8     bool                     // LinearMany through cuBLASLt's float8 product (KEEL_FP8_GEMM)
+	w8b     map[uint64]Buffer        // the float8 products' weights, e4m3 bytes, by matrix
+	slabs   []Buffer                 // where w8b lies (Float8Slab each, or one matrix's)
+	used    int                      // bytes of the last slab taken
+	x8b     Buffer                   // their activation operand, e4m3 bytes
+	xbN     int
+	fp8Ran  bool              // a float8 product has run (said once on stderr)
+	refused map[fp8Shape]bool // shapes cuBLASLt has no float8 product for
 }
 
+// fp8Shape is what decides whether cuBLASLt has a float8 product for one
+// of LinearMany's products: the output's width and row stride, the
+// input's width.
+type fp8Shape struct{ out, in, ldy int }
+
+// Float8Slab is the size of the allocations the float8 weights are placed
+// in (a matrix larger than it gets its own): a model's few hundred
+// matrices, or an MoE model's experts grouped on the host, in a few
+// allocations rather than one each.
+const Float8Slab = 64 << 20
+
 // FP8GEMM reports whether l's products run on cuBLASLt's float8 product
-// (KEEL_FP8_GEMM=1 on a card that has one, until a shape finds none).
+// (KEEL_FP8_GEMM=1 on a card that has one), the shapes it refuses
+// (Refused) aside.
 func (l *QuantLinear) FP8GEMM() bool { return l.fp8 }
+
+// Refused reports how many product shapes cuBLASLt had no float8 product
+// for (emulated instead).
+func (l *QuantLinear) Refused() int { return len(l.refused) }
 
 // NewQuantLinear mirrors the float32 arena of n floats whose product
 // weights are mats, quantised in format (FormatFP8 or FormatFP4).
@@ -72,7 +94,8 @@ func NewQuantLinear(o *Ops, arena Buffer, n int, mats []Matrix, format string) (
 		return nil, err
 	}
 	l := &QuantLinear{ops: o, blas: blas, format: format, arena: arena, n: n, mats: map[uint64]Matrix{}, soff: map[uint64]int{},
-		fp8: format == FormatFP8 && os.Getenv("KEEL_FP8_GEMM") == "1" && o.Dev.Arch >= 89, w8b: map[uint64]Buffer{}}
+		fp8: format == FormatFP8 && os.Getenv("KEEL_FP8_GEMM") == "1" && o.Dev.Arch >= 89,
+		w8b: map[uint64]Buffer{}, refused: map[fp8Shape]bool{}}
 	rows := 0
 	for _, m := range mats {
 		if m.Off < 0 || m.Rows < 1 || m.Cols < 1 || m.Off+m.Rows*m.Cols > n {
@@ -98,7 +121,7 @@ func (l *QuantLinear) Stale() { l.fresh = false }
 
 // Free releases the device memory.
 func (l *QuantLinear) Free() {
-	for _, b := range l.w8b {
+	for _, b := range l.slabs {
 		l.ops.Dev.Free(b)
 	}
 	for _, b := range []Buffer{l.w8, l.ws, l.x8, l.sx, l.x8b} {
@@ -198,20 +221,28 @@ func (l *QuantLinear) weights() error {
 }
 
 // bytes returns matrix p's e4m3 bytes, made from its bf16 copy (current:
-// weights ran) the first time a float8 product reads it.
+// weights ran) the first time a float8 product reads it: at a 256-byte
+// boundary of a slab (cuBLASLt's float8 operands are 16-byte aligned).
 func (l *QuantLinear) bytes(p uint64) (Buffer, error) {
 	if b, ok := l.w8b[p]; ok {
 		return b, nil
 	}
 	m := l.mats[p]
 	n := m.Rows * m.Cols
-	b, err := l.ops.Dev.Alloc(int64(n))
-	if err != nil {
-		return Buffer{}, outOfMemory(l.ops.Dev, "a float8 product's weights", int64(n), err)
+	at := (l.used + 255) &^ 255
+	if n > Float8Slab || len(l.slabs) == 0 || at+n > int(l.slabs[len(l.slabs)-1].Size) {
+		size := max(n, Float8Slab)
+		s, err := l.ops.Dev.Alloc(int64(size))
+		if err != nil {
+			return Buffer{}, outOfMemory(l.ops.Dev, "the float8 products' weights", int64(size), err)
+		}
+		l.slabs = append(l.slabs, s)
+		at = 0
 	}
+	b := Buffer{Ptr: l.slabs[len(l.slabs)-1].Ptr + uint64(at), Size: int64(n)}
+	l.used = at + n
 	src := Buffer{Ptr: l.w8.Ptr + uint64(m.Off)*2, Size: int64(n) * 2}
 	if err := l.ops.Launch("convert.cu", "bf16_e4m3", elemGrid(n), block256, b, src, int64(n)); err != nil {
-		l.ops.Dev.Free(b)
 		return Buffer{}, err
 	}
 	l.w8b[p] = b
@@ -219,27 +250,48 @@ func (l *QuantLinear) bytes(p uint64) (Buffer, error) {
 }
 
 // linearFP8 is LinearMany through cuBLASLt's float8 product (checked
-// products, weights current).
-func (l *QuantLinear) linearFP8(x Buffer, rows, in, ldx int, ps []Product) error {
-	if err := l.growBytes(rows * in); err != nil {
-		return err
-	}
-	if err := l.ops.Launch("convert.cu", "quant_e4m3_rows8", Dim3{X: rows}, block256, l.x8b, l.sx, x, in, int64(ldx)); err != nil {
-		return err
-	}
+// products, weights current), returning the products whose shapes it
+// refuses (ErrNoFP8: remembered, said once on stderr) for the caller to
+// emulate.
+func (l *QuantLinear) linearFP8(x Buffer, rows, in, ldx int, ps []Product) ([]Product, error) {
+	var rest []Product
+	quantised := false
 	for _, p := range ps {
+		shape := fp8Shape{p.Out, in, p.LdY}
+		if l.refused[shape] {
+			rest = append(rest, p)
+			continue
+		}
+		if !quantised {
+			if err := l.growBytes(rows * in); err != nil {
+				return nil, err
+			}
+			if err := l.ops.Launch("convert.cu", "quant_e4m3_rows8", Dim3{X: rows}, block256, l.x8b, l.sx, x, in, int64(ldx)); err != nil {
+				return nil, err
+			}
+			quantised = true
+		}
 		w, err := l.bytes(p.W.Ptr)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if err := l.ops.gemmFP8(l.blas, p.Out, rows, in, w, in, l.x8b, in, p.Y, p.LdY); err != nil {
-			return err
+		if err := l.ops.gemmFP8(l.blas, p.Out, rows, in, w, in, l.x8b, in, p.Y, p.LdY); errors.Is(err, ErrNoFP8) {
+			l.refused[shape] = true
+			fmt.Fprintf(os.Stderr, "keel: %v: the fp8 products of %d outputs from %d inputs are emulated in bf16\n", err, p.Out, in)
+			rest = append(rest, p)
+			continue
+		} else if err != nil {
+			return nil, err
+		}
+		if !l.fp8Ran {
+			l.fp8Ran = true
+			fmt.Fprintln(os.Stderr, "keel: the fp8 products run on cuBLASLt's float8 product (KEEL_FP8_GEMM=1)")
 		}
 		if err := l.ops.Launch("convert.cu", "scale_rows_cols", Dim3{X: rows}, block256, p.Y, l.sx, l.ws.Floats(l.soff[p.W.Ptr], p.Out), p.Out, int64(p.LdY)); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return nil
+	return rest, nil
 }
 
 // Linear: y[r, 0:out] = x[r, 0:in] · Wᵀ as described above; w is one of
@@ -267,12 +319,10 @@ func (l *QuantLinear) LinearMany(x Buffer, rows, in, ldx int, ps ...Product) err
 		return err
 	}
 	if l.fp8 {
-		err := l.linearFP8(x, rows, in, ldx, ps)
-		if !errors.Is(err, ErrNoFP8) {
+		var err error
+		if ps, err = l.linearFP8(x, rows, in, ldx, ps); err != nil || len(ps) == 0 {
 			return err
 		}
-		l.fp8 = false
-		fmt.Fprintf(os.Stderr, "keel: %v; the fp8 products are emulated in bf16 from here on\n", err)
 	}
 	if err := l.ops.QuantE4M3Rows(l.x8, l.sx, x, rows, in, ldx); err != nil {
 		return err

@@ -67,9 +67,10 @@ func Plan(c *model.Config, opt rollout.Options) (Memory, error) {
 		}
 		if opt.Precision == rollout.FP8 && os.Getenv("KEEL_FP8_GEMM") == "1" {
 			// cuBLASLt's float8 products (kc.QuantLinear): the e4m3 bytes
-			// of the matrices they read and of their operand (counted
-			// even on a card without them, which keeps neither).
-			m.Fixed += float8Elems(&cfg, &opt) + int64(rows)*int64(width)
+			// of the matrices they read, in slabs (the last one's unused
+			// tail at most a slab), and of their operand (counted even on
+			// a card without them, which keeps neither).
+			m.Fixed += float8Elems(&cfg, &opt) + kc.Float8Slab + int64(rows)*int64(width)
 		}
 	}
 	if len(cfg.MoELayers()) == 0 || groupsOnDevice(&cfg, &opt) {

@@ -14,6 +14,7 @@ import (
 // heads of 32, tied embedding) at vocabulary 100, 4 slots of 16
 // positions, 8 step rows.
 func TestPlanByHand(t *testing.T) {
+	t.Setenv("KEEL_FP8_GEMM", "0") // set below
 	cfg, err := model.Preset("tiny-dense", 100)
 	if err != nil {
 		t.Fatal(err)
@@ -71,13 +72,14 @@ func TestPlanByHand(t *testing.T) {
 	}
 	// KEEL_FP8_GEMM: the float8 products' e4m3 bytes of every matrix they
 	// read (the head 100·128; a layer's q, o 128·128, k, v 64·128, gate,
-	// up, down 384·128: 196,608) and of their operand (8 rows × 384).
+	// up, down 384·128: 196,608), a slab's tail, and their operand (8
+	// rows × 384).
 	t.Setenv("KEEL_FP8_GEMM", "1")
 	f8, err := Plan(&cfg, rollout.Options{Precision: rollout.FP8, Slots: 4, MaxLen: 16, StepRows: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := f.Fixed + 100*128 + 4*196608 + 8*384; f8.Fixed != want || f8.PerSlot != f.PerSlot {
+	if want := f.Fixed + 100*128 + 4*196608 + kc.Float8Slab + 8*384; f8.Fixed != want || f8.PerSlot != f.PerSlot {
 		t.Errorf("fp8 with float8 products: fixed %d bytes, want %d", f8.Fixed, want)
 	}
 	if _, err := Plan(&cfg, rollout.Options{Slots: 4, StepRows: 2}); err == nil {

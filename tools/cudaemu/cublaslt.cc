@@ -3,8 +3,9 @@
 // bf16 A and B, float32 C and D (or bf16 C and D: the float32 result
 // rounded to bf16), float32 compute and scale, computed in float64 and
 // rounded once; or float8 e4m3 A and B, under the library's own rules for
-// them: A transposed and B not ("TN"), their leading dimensions multiples
-// of 16, a device of sm_89 or later (KEEL_CUDA_EMU_ARCH). Everything else (other types, orders, epilogues,
+// them: A transposed and B not ("TN"), leading dimensions of 16-byte
+// multiples, 16-byte aligned operands, a device of sm_89 or later
+// (KEEL_CUDA_EMU_ARCH). Everything else (other types, orders, epilogues,
 // batched layouts) is refused with CUBLAS_STATUS_NOT_SUPPORTED and a
 // message, so that keel cannot come to depend on something the emulator
 // does not check. The shapes are checked as the library does: op(A) is
@@ -85,9 +86,10 @@ int shapes(const Desc* d, const Layout* a, const Layout* b, const Layout* c, con
     const char* arch = getenv("KEEL_CUDA_EMU_ARCH");
     if (arch && atoi(arch) < 89) return refuse("a float8 product on sm_" + std::string(arch) + " (from sm_89)");
     if (!d->transa || d->transb) return refuse("a float8 product not in the TN layout (A transposed, B not)");
-    if (a->ld % 16 || b->ld % 16)
-      return refuse("a float8 product with leading dimensions " + std::to_string(a->ld) + " and " +
-                    std::to_string(b->ld) + " (multiples of 16)");
+    const int64_t cbytes = c->type == R_16BF ? 2 : 4;
+    if (a->ld % 16 || b->ld % 16 || (c->ld * cbytes) % 16)
+      return refuse("a float8 product with leading dimensions " + std::to_string(a->ld) + ", " +
+                    std::to_string(b->ld) + " and " + std::to_string(c->ld) + " (16-byte multiples)");
   }
   if (c->rows != dd->rows || c->cols != dd->cols || c->ld != dd->ld) return refuse("C and D with different layouts");
   *m = dd->rows;
@@ -280,6 +282,8 @@ int run(const Product& pr) {
   if (!in_allocation("cuBLASLt A", A, la) || !in_allocation("cuBLASLt B", B, lb) ||
       !in_allocation("cuBLASLt C", C, lc) || !in_allocation("cuBLASLt D", D, lc))
     return invalid("an operand outside the device's allocations");
+  if (la->type == R_8F_E4M3 && ((A | B | C | D) & 15))
+    return refuse("a float8 product's operand not 16-byte aligned");
   // elem widens operand x's element i.
   auto elem = [](const Layout* l, uint64_t x, uint64_t i) {
     return l->type == R_8F_E4M3 ? e4m3(((const uint8_t*)x)[i]) : bf16(((const uint16_t*)x)[i]);
