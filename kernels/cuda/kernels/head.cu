@@ -661,16 +661,32 @@ __device__ void draw_one(F lpv, int V, i64 r, double ur, float temp, int k, doub
   if (threadIdx.x == 0) tlp[r] = lp[r];
 }
 
-// draw_rows_t is draw_rows (Special false) and draw_rows_trunc (true).
-template <bool Special>
+// draw_rows_t is draw_rows (Special false, Raw false), draw_rows_trunc
+// (true, false) and their twins from the logits, draw_rows_raw and
+// draw_rows_trunc_raw (Raw true): a row's log-probabilities z[r] as they
+// are, or the logits' log-softmax at the row's temperature (0 meaning 1)
+// taken on the fly from a log-sum-exp summed online.
+template <bool Special, bool Raw>
 __device__ void draw_rows_t(int* tok, float* lp, float* tlp, int* ttok, float* tlpv, const float* z, const double* u,
                             const float* temps, const int* topk, const double* topp, const int* topn, int V) {
   const i64 r = blockIdx.x;
   const double ur = u[r];
   if (ur < 0.0 || draw_special(temps[r], topk[r], topp[r], topn[r]) != Special) return;
   const float* row = z + r * V;
-  draw_one<Special>([&](int j) { return row[j]; }, V, r, ur, temps[r], topk[r], topp[r], topn[r], tok, lp, tlp,
-                    ttok, tlpv);
+  const float tr = temps[r];
+  if (!Raw) {
+    draw_one<Special>([&](int j) { return row[j]; }, V, r, ur, tr, topk[r], topp[r], topn[r], tok, lp, tlp, ttok,
+                      tlpv);
+    return;
+  }
+  const float tp = tr == 0.f ? 1.f : tr;
+  auto at = [&](int j) { return tp != 1.f ? row[j] / tp : row[j]; };
+  float m;
+  double s, t;
+  row_stats(at, V, m, s, t);
+  const float l = (float)((double)m + log(s));
+  draw_one<Special>([&](int j) { return at(j) - l; }, V, r, ur, tr, topk[r], topp[r], topn[r], tok, lp, tlp, ttok,
+                    tlpv);
 }
 
 // draw_rows draws the token of every output row r with u[r] >= 0 from its
@@ -692,7 +708,7 @@ extern "C" __global__ void draw_rows(int* __restrict__ tok, float* __restrict__ 
                                      const double* __restrict__ u, const float* __restrict__ temps,
                                      const int* __restrict__ topk, const double* __restrict__ topp,
                                      const int* __restrict__ topn, int V) {
-  draw_rows_t<false>(tok, lp, tlp, ttok, tlpv, z, u, temps, topk, topp, topn, V);
+  draw_rows_t<false, false>(tok, lp, tlp, ttok, tlpv, z, u, temps, topk, topp, topn, V);
 }
 
 // draw_rows_trunc draws draw_rows's special rows (draw_special): a row
@@ -706,27 +722,7 @@ extern "C" __global__ void draw_rows_trunc(int* __restrict__ tok, float* __restr
                                            const float* __restrict__ z, const double* __restrict__ u,
                                            const float* __restrict__ temps, const int* __restrict__ topk,
                                            const double* __restrict__ topp, const int* __restrict__ topn, int V) {
-  draw_rows_t<true>(tok, lp, tlp, ttok, tlpv, z, u, temps, topk, topp, topn, V);
-}
-
-// draw_rows_raw_t is draw_rows_raw (Special false) and draw_rows_trunc_raw
-// (true).
-template <bool Special>
-__device__ void draw_rows_raw_t(int* tok, float* lp, float* tlp, int* ttok, float* tlpv, const float* z,
-                                const double* u, const float* temps, const int* topk, const double* topp,
-                                const int* topn, int V) {
-  const i64 r = blockIdx.x;
-  const double ur = u[r];
-  if (ur < 0.0 || draw_special(temps[r], topk[r], topp[r], topn[r]) != Special) return;
-  const float* row = z + r * V;
-  const float tr = temps[r], tp = tr == 0.f ? 1.f : tr;
-  auto at = [&](int j) { return tp != 1.f ? row[j] / tp : row[j]; };
-  float m;
-  double s, t;
-  row_stats(at, V, m, s, t);
-  const float l = (float)((double)m + log(s));
-  draw_one<Special>([&](int j) { return at(j) - l; }, V, r, ur, tr, topk[r], topp[r], topn[r], tok, lp, tlp, ttok,
-                    tlpv);
+  draw_rows_t<true, false>(tok, lp, tlp, ttok, tlpv, z, u, temps, topk, topp, topn, V);
 }
 
 // draw_rows_raw is draw_rows over the log-softmax of the logits z at each
@@ -741,7 +737,7 @@ extern "C" __global__ void draw_rows_raw(int* __restrict__ tok, float* __restric
                                          const float* __restrict__ z, const double* __restrict__ u,
                                          const float* __restrict__ temps, const int* __restrict__ topk,
                                          const double* __restrict__ topp, const int* __restrict__ topn, int V) {
-  draw_rows_raw_t<false>(tok, lp, tlp, ttok, tlpv, z, u, temps, topk, topp, topn, V);
+  draw_rows_t<false, true>(tok, lp, tlp, ttok, tlpv, z, u, temps, topk, topp, topn, V);
 }
 
 // draw_rows_trunc_raw is draw_rows_trunc from the logits, as draw_rows_raw
@@ -752,7 +748,7 @@ extern "C" __global__ void draw_rows_trunc_raw(int* __restrict__ tok, float* __r
                                                const float* __restrict__ temps, const int* __restrict__ topk,
                                                const double* __restrict__ topp, const int* __restrict__ topn,
                                                int V) {
-  draw_rows_raw_t<true>(tok, lp, tlp, ttok, tlpv, z, u, temps, topk, topp, topn, V);
+  draw_rows_t<true, true>(tok, lp, tlp, ttok, tlpv, z, u, temps, topk, topp, topn, V);
 }
 
 // logsoftmax_rows_host is logsoftmax_rows_t over the rows with u[r] < 0
