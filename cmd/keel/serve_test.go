@@ -29,6 +29,7 @@ import (
 
 	"github.com/keel-rl/keel/internal/testmodel"
 	"github.com/keel-rl/keel/model"
+	"github.com/keel-rl/keel/models"
 	"github.com/keel-rl/keel/rl"
 	"github.com/keel-rl/keel/rollout"
 	"github.com/keel-rl/keel/rollout/remote"
@@ -45,10 +46,7 @@ import (
 // asKeelEnv makes the test binary behave as the keel command.
 const asKeelEnv = "KEEL_TEST_AS_KEEL"
 
-var (
-	keelExe          = os.Args[0]                                  // this test binary
-	builtinTokenizer = "../../models/tiny-moe-base/tokenizer.json" // the built-in model's
-)
+var keelExe = os.Args[0] // this test binary
 
 func TestMain(m *testing.M) {
 	if os.Getenv(asKeelEnv) == "1" {
@@ -64,9 +62,6 @@ func TestMain(m *testing.M) {
 	// Absolute paths: some tests change the working directory.
 	if exe, err := os.Executable(); err == nil {
 		keelExe = exe
-	}
-	if p, err := filepath.Abs("../../models/tiny-moe-base/tokenizer.json"); err == nil {
-		builtinTokenizer = p
 	}
 	code := m.Run()
 	if localRunDir != "" {
@@ -178,7 +173,9 @@ func serveTestModel(dir string) error {
 	if err := model.Save(dir, testmodel.Random(cfg, 11), "f32"); err != nil {
 		return err
 	}
-	tok, err := os.ReadFile(builtinTokenizer)
+	// The embedded copy: the test binary also runs away from its source
+	// tree (tools/gpu/check.sh on the device machine).
+	tok, err := models.FS.ReadFile("tiny-moe-base/tokenizer.json")
 	if err != nil {
 		return err
 	}
