@@ -385,7 +385,14 @@ func TestDeviceAttention(t *testing.T) {
 func TestDeviceFlashAttention(t *testing.T) {
 	g := newGPU(t)
 	r := rand.New(rand.NewPCG(11, 3))
-	ops := NewOps(g.d)
+	// The narrow forward is the reference the other two are compared with,
+	// whatever KEEL_FLASH_FWD says.
+	narrow := func() *Ops {
+		o := NewOps(g.d)
+		o.FlashWide, o.FlashWideQ = false, false
+		return o
+	}
+	ops := narrow()
 	for _, c := range []struct {
 		lens          []int
 		heads, kv, hd int
@@ -425,7 +432,7 @@ func TestDeviceFlashAttention(t *testing.T) {
 		name := fmt.Sprintf("flash attention %v", c)
 		// The same with plain copies instead of cp.async: the same bytes
 		// reach shared memory, so the same bits come out.
-		plain := NewOps(g.d)
+		plain := narrow()
 		plain.FlashPlainCopies = !ops.FlashPlainCopies
 		pout, plse, pdsum := g.poisoned(T*qd), g.poisoned(T*c.heads), g.poisoned(T*c.heads)
 		pdq, pdk, pdv := g.poisoned(T*qd), g.poisoned(T*kvd), g.poisoned(T*kvd)
@@ -559,7 +566,7 @@ func TestDeviceFlashAttention(t *testing.T) {
 			t.Fatal("KEEL_FLASH_BWD=single: the test compares the pipelined backward with the single-stage one")
 		}
 		for _, plainCopies := range []bool{false, true} {
-			single := NewOps(g.d)
+			single := narrow()
 			single.FlashBackwardSingle, single.FlashPlainCopies = true, plainCopies
 			sdq, sdk, sdv, sdsum := g.poisoned(T*qd), g.poisoned(T*kvd), g.poisoned(T*kvd), g.poisoned(T*c.heads)
 			if err := single.FlashAttentionBackward(bs, sdq, sdk, sdv, sdsum, bdo, bout, blse, bq, bk, bv, bst, ben, scale); err != nil {
@@ -582,7 +589,7 @@ func TestDeviceFlashAttention(t *testing.T) {
 		// below, with its backward from the wide forward's lse).
 		wout, wlse := g.poisoned(T*qd), g.poisoned(T*c.heads)
 		for i, plainCopies := range []bool{false, true} {
-			wide := NewOps(g.d)
+			wide := narrow()
 			wide.FlashWide, wide.FlashPlainCopies = true, plainCopies
 			o, l := wout, wlse
 			if i == 1 {
@@ -604,12 +611,9 @@ func TestDeviceFlashAttention(t *testing.T) {
 		// it folds 64 keys at a time (head sizes 32 and 64) the narrow
 		// forward's arithmetic row for row, so its bits; at head size 128
 		// (32 keys at a time) within rounding, against float64 below.
-		if ops.FlashWide || ops.FlashWideQ {
-			t.Fatal("KEEL_FLASH_FWD is set: the test compares the other forwards with the narrow one")
-		}
 		qout := g.poisoned(T * qd)
 		for i, plainCopies := range []bool{false, true} {
-			wq := NewOps(g.d)
+			wq := narrow()
 			wq.FlashWideQ, wq.FlashPlainCopies = true, plainCopies
 			o, l := g.poisoned(T*qd), g.poisoned(T*c.heads)
 			if i == 0 {

@@ -24,15 +24,18 @@ type Ops struct {
 	// read from shared memory feeding two products instead of one, the
 	// next key tile's copy in flight during this one's products. The same
 	// outputs within rounding (the online softmax's rescaling falls at
-	// other keys); which is faster is for a GPU to say (tools/gpu/check.sh).
+	// other keys).
 	FlashWide bool
 	// FlashWideQ runs the wide forward with Q's fragments read from shared
-	// memory at every key tile instead of held in registers
-	// (KEEL_FLASH_FWD=wideq at NewOps): 64 registers freer at head size
-	// 128, so its key tiles are 64 long where the wide forward's are 16
-	// (a quarter of the barriers and copies a key, more products in
-	// flight behind each copy), for one more shared-memory read per four
-	// products. The narrow forward's bits (its tiles are 64 keys too).
+	// memory at every key tile instead of held in registers: 64 registers
+	// freer at head size 128, so its key tiles are 64 long where the wide
+	// forward's are 16 (a quarter of the barriers and copies a key, more
+	// products in flight behind each copy), for one more shared-memory
+	// read per four products. The narrow forward's bits (its tiles are 64
+	// keys too) below head size 128. The default since an H200 timed the
+	// three (2026-11-27, tools/gpu/NOTES.md): forward 5% faster than the
+	// narrow one at 8 × 2048 tokens of the Qwen3-0.6B shape, 17% at
+	// 2 × 16384. KEEL_FLASH_FWD=narrow (or wide) at NewOps turns it off.
 	FlashWideQ bool
 	// FlashBackwardSingle runs flash.cu's backward kernels with one stage
 	// of shared memory (KEEL_FLASH_BWD=single at NewOps): each tile's copy
@@ -64,7 +67,7 @@ type Ops struct {
 func NewOps(d *Device) *Ops {
 	return &Ops{Dev: d, fns: map[string]*Function{}, shared: map[*Function]int{},
 		FlashPlainCopies: os.Getenv("KEEL_FLASH_COPY") == "sync", FlashWide: os.Getenv("KEEL_FLASH_FWD") == "wide",
-		FlashWideQ:          os.Getenv("KEEL_FLASH_FWD") == "wideq",
+		FlashWideQ:          os.Getenv("KEEL_FLASH_FWD") != "wide" && os.Getenv("KEEL_FLASH_FWD") != "narrow",
 		FlashBackwardSingle: os.Getenv("KEEL_FLASH_BWD") == "single", DecodePerHead: os.Getenv("KEEL_DECODE_ATTN") == "head",
 		DecodeNoSplit: os.Getenv("KEEL_DECODE_SPLIT") == "0"}
 }
@@ -756,6 +759,11 @@ func (o *Ops) qkCopies(s *FlashScratch, q, k Buffer) error {
 func (o *Ops) FlashAttention(s *FlashScratch, out16, lse, q, k, v, seqStart Buffer, scale float32) error {
 	if s.vt.Ptr == 0 {
 		return fmt.Errorf("cuda: FlashAttention given a backward's scratch")
+	}
+	if !(scale > 0) {
+		// The forward takes each row's running maximum over the raw
+		// scores and scales it after, which holds for a positive scale.
+		return fmt.Errorf("cuda: FlashAttention's scale %v: want a positive number", scale)
 	}
 	T, kvd := s.rows, s.kv*s.hd
 	for _, f := range []func() error{
