@@ -421,6 +421,13 @@ inline T __shfl_sync(unsigned mask, T v, int srcLane, int width = 32) {
   const int lane = keel_emu::runner->cur->lane;
   return keel_emu::exchange(mask, v, (lane & ~(width - 1)) + (srcLane & (width - 1)), width);
 }
+// __any_sync: whether pred holds on any lane, on every lane (an OR over
+// the warp by shuffles; the emulator models full warps).
+inline int __any_sync(unsigned mask, int pred) {
+  int v = pred != 0;
+  for (int o = 16; o > 0; o >>= 1) v |= __shfl_xor_sync(mask, v, o);
+  return v;
+}
 template <typename T>
 inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
   const int lane = keel_emu::runner->cur->lane;

@@ -114,10 +114,10 @@ __device__ __forceinline__ float quad_max(float v) {
 // c_to_a packs two 16x8 float32 tiles of mma results (k = 0..7 and
 // 8..15 of the next product) into that product's A fragment, as bf16.
 __device__ __forceinline__ void c_to_a(u32 (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
-  a[0] = pack_bf16(lo[0], lo[1]);
-  a[1] = pack_bf16(lo[2], lo[3]);
-  a[2] = pack_bf16(hi[0], hi[1]);
-  a[3] = pack_bf16(hi[2], hi[3]);
+  a[0] = pack_bf16_rn(lo[0], lo[1]);
+  a[1] = pack_bf16_rn(lo[2], lo[3]);
+  a[2] = pack_bf16_rn(hi[0], hi[1]);
+  a[3] = pack_bf16_rn(hi[2], hi[3]);
 }
 
 // store_tile writes a warp's 16 x HD float32 tile acc into rows r0 (times
@@ -153,28 +153,54 @@ struct QRegs {
 };
 template <int HD>
 struct QShared {
-  const u32* qs;
-  int g, t;
+  Frags q;  // frags(the warp's first Q row, lane_a(lane, HD / 2 + 4))
   __device__ __forceinline__ void get(int mt, int ks, u32 (&a)[4]) const {
-    constexpr int KP = HD / 2 + 4;
-    const u32* p0 = qs + (16 * mt + g) * KP + ks * 8 + t;
-    const u32* p1 = p0 + 8 * KP;
-    a[0] = p0[0], a[1] = p1[0], a[2] = p0[4], a[3] = p1[4];
+    ldsm4(a, q, 16 * mt * (HD / 2 + 4) + ks * 8);
   }
 };
+
+// fa_exp2 is 2^x for the softmax's exponentials: on a GPU the special
+// function unit's approximation (within 2 ulp) with subnormal results
+// flushed to zero, one instruction where exp2f's care for subnormals
+// costs three more per score; the C library's exp2f on keel's CPU
+// emulator. The scores' exponentials are rounded to bf16 for their
+// product, far coarser.
+__device__ __forceinline__ float fa_exp2(float x) {
+#ifdef __CUDA_ARCH__
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
+// warp_max_int is the largest of v over the warp, on every lane.
+__device__ __forceinline__ int warp_max_int(int v) {
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
 
 // flash_fwd_tile folds a tile of BK keys (K row-major and V transposed in
 // shared memory, V's rows VP words apart, from key jt) into a warp's MT
 // row tiles: scores, the online softmax's update, and P·V. Each score
 // sums its k slices in order, whichever source gives the Q fragments (QF:
-// QRegs or QShared).
+// QRegs or QShared). Row r's keys are lo[r] .. lo[r] + len[r] - 1 (its
+// sequence's start to r; len 0 past T): one unsigned comparison a score.
+// The running maximum is taken over the raw scores and scaled after
+// (sl2 > 0: the same maximum as over the scaled ones), each exponential's
+// argument is one fused multiply-add, and the accumulated outputs are
+// rescaled only when some row's maximum moved.
 template <int HD, int MT, int BK, int VP, class QF>
 __device__ __forceinline__ void flash_fwd_tile(const u32* Ks, const u32* Vt, float (&o)[MT][HD / 8][4],
                                                float (&m)[MT][2], float (&l)[MT][2], const QF& qf,
-                                               const int (&rr)[MT][2], const int (&st)[MT][2], int jt, int T,
-                                               float sl2, int g, int t) {
+                                               const int (&lo)[MT][2], const int (&len)[MT][2], int jt, float sl2,
+                                               int lane) {
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4;
+  static_assert(BK % 16 == 0 && ND % 2 == 0, "fragments are loaded for two 8-column blocks at a time");
+  const int t = lane & 3;
   const float ninf = -__int_as_float(0x7f800000);
+  const Frags kf = frags(Ks, lane_b2n(lane, KP)), vf = frags(Vt, lane_b2n(lane, VP));
   float s[MT][BK / 8][4];
 #pragma unroll
   for (int nt = 0; nt < BK / 8; nt++)
@@ -186,47 +212,56 @@ __device__ __forceinline__ void flash_fwd_tile(const u32* Ks, const u32* Vt, flo
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) qf.get(mt, ks, qa[mt]);
 #pragma unroll
-    for (int nt = 0; nt < BK / 8; nt++) {
-      const u32 b[2] = {Ks[(nt * 8 + g) * KP + ks * 8 + t], Ks[(nt * 8 + g) * KP + ks * 8 + t + 4]};
+    for (int nt = 0; nt < BK / 8; nt += 2) {
+      u32 b[4];
+      ldsm4(b, kf, nt * 8 * KP + ks * 8);
+      const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
 #pragma unroll
-      for (int mt = 0; mt < MT; mt++) mma16816(s[mt][nt], qa[mt], b);
+      for (int mt = 0; mt < MT; mt++) {
+        mma16816(s[mt][nt], qa[mt], b0);
+        mma16816(s[mt][nt + 1], qa[mt], b1);
+      }
     }
   }
 #pragma unroll
   for (int mt = 0; mt < MT; mt++) {
     float mx0 = ninf, mx1 = ninf;
+    const int jb0 = jt + 2 * t - lo[mt][0], jb1 = jt + 2 * t - lo[mt][1];
 #pragma unroll
     for (int nt = 0; nt < BK / 8; nt++) {
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        const int j = jt + nt * 8 + 2 * t + (e & 1), r = rr[mt][e >> 1], sr = st[mt][e >> 1];
-        s[mt][nt][e] = (j <= r && j >= sr && r < T) ? s[mt][nt][e] * sl2 : ninf;
+        const int jr = (e < 2 ? jb0 : jb1) + nt * 8 + (e & 1);  // key less the row's first
+        if ((u32)jr >= (u32)len[mt][e >> 1]) s[mt][nt][e] = ninf;
       }
       mx0 = fmaxf(mx0, fmaxf(s[mt][nt][0], s[mt][nt][1]));
       mx1 = fmaxf(mx1, fmaxf(s[mt][nt][2], s[mt][nt][3]));
     }
-    mx0 = fmaxf(m[mt][0], quad_max(mx0));
-    mx1 = fmaxf(m[mt][1], quad_max(mx1));
+    mx0 = fmaxf(m[mt][0], quad_max(mx0) * sl2);
+    mx1 = fmaxf(m[mt][1], quad_max(mx1) * sl2);
     // A row with no key yet keeps 0 as its reference: exp2(-inf) = 0.
     const float ref0 = mx0 == ninf ? 0.f : mx0, ref1 = mx1 == ninf ? 0.f : mx1;
-    const float c0 = exp2f(m[mt][0] - ref0), c1 = exp2f(m[mt][1] - ref1);
+    const float c0 = fa_exp2(m[mt][0] - ref0), c1 = fa_exp2(m[mt][1] - ref1);
     m[mt][0] = mx0;
     m[mt][1] = mx1;
     l[mt][0] *= c0;
     l[mt][1] *= c1;
+    // Multiplying by 1 changes no bit: skip it unless a maximum moved.
+    if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) {
 #pragma unroll
-    for (int n = 0; n < ND; n++) {
-      o[mt][n][0] *= c0;
-      o[mt][n][1] *= c0;
-      o[mt][n][2] *= c1;
-      o[mt][n][3] *= c1;
+      for (int n = 0; n < ND; n++) {
+        o[mt][n][0] *= c0;
+        o[mt][n][1] *= c0;
+        o[mt][n][2] *= c1;
+        o[mt][n][3] *= c1;
+      }
     }
 #pragma unroll
     for (int nt = 0; nt < BK / 8; nt++) {
-      s[mt][nt][0] = exp2f(s[mt][nt][0] - ref0);
-      s[mt][nt][1] = exp2f(s[mt][nt][1] - ref0);
-      s[mt][nt][2] = exp2f(s[mt][nt][2] - ref1);
-      s[mt][nt][3] = exp2f(s[mt][nt][3] - ref1);
+      s[mt][nt][0] = fa_exp2(fmaf(s[mt][nt][0], sl2, -ref0));
+      s[mt][nt][1] = fa_exp2(fmaf(s[mt][nt][1], sl2, -ref0));
+      s[mt][nt][2] = fa_exp2(fmaf(s[mt][nt][2], sl2, -ref1));
+      s[mt][nt][3] = fa_exp2(fmaf(s[mt][nt][3], sl2, -ref1));
       l[mt][0] += s[mt][nt][0] + s[mt][nt][1];
       l[mt][1] += s[mt][nt][2] + s[mt][nt][3];
     }
@@ -237,10 +272,15 @@ __device__ __forceinline__ void flash_fwd_tile(const u32* Ks, const u32* Vt, flo
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) c_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
 #pragma unroll
-    for (int n = 0; n < ND; n++) {
-      const u32 b[2] = {Vt[(n * 8 + g) * VP + kk * 8 + t], Vt[(n * 8 + g) * VP + kk * 8 + t + 4]};
+    for (int n = 0; n < ND; n += 2) {
+      u32 b[4];
+      ldsm4(b, vf, n * 8 * VP + kk * 8);
+      const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
 #pragma unroll
-      for (int mt = 0; mt < MT; mt++) mma16816(o[mt][n], pa[mt], b);
+      for (int mt = 0; mt < MT; mt++) {
+        mma16816(o[mt][n], pa[mt], b0);
+        mma16816(o[mt][n + 1], pa[mt], b1);
+      }
     }
   }
 }
@@ -271,7 +311,7 @@ __device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vt, bf16_t* __r
   const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
   const int last = min(T, i0 + BQ) - 1, wr = i0 + 16 * MT * w;
   static_assert(!QS || STAGES == 2, "Q in shared memory comes with the first tile's copy");
-  int rr[MT][2], st[MT][2];
+  int lo[MT][2], len[MT][2];  // each row's keys: lo .. lo + len - 1
   u32 qa[QS ? 1 : MT][QS ? 1 : KS][4];  // Q's fragments, unless QS
   float o[MT][ND][4], m[MT][2], l[MT][2];
   const float ninf = -__int_as_float(0x7f800000), sl2 = scale * FA_LOG2E;
@@ -279,8 +319,9 @@ __device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vt, bf16_t* __r
   for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
     for (int e = 0; e < 2; e++) {
-      rr[mt][e] = wr + 16 * mt + g + 8 * e;
-      st[mt][e] = rr[mt][e] < T ? seq_start[rr[mt][e]] : T;
+      const int r = wr + 16 * mt + g + 8 * e;
+      lo[mt][e] = r < T ? seq_start[r] : 0;
+      len[mt][e] = r < T ? r - lo[mt][e] + 1 : 0;
       m[mt][e] = ninf;
       l[mt][e] = 0.f;
     }
@@ -320,11 +361,12 @@ __device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vt, bf16_t* __r
     for (int sub = 0; sub < BK; sub += SUB) {
       if (wr + 16 * MT - 1 < jt + sub) continue;  // keys past the warp's last row
       if constexpr (QS) {
-        flash_fwd_tile<HD, MT, SUB, VP>(K + sub * KP, V + sub / 2, o, m, l, QShared<HD>{Qs + 16 * MT * w * KP, g, t}, rr,
-                                        st, jt + sub, T, sl2, g, t);
+        flash_fwd_tile<HD, MT, SUB, VP>(K + sub * KP, V + sub / 2, o, m, l,
+                                        QShared<HD>{frags(Qs + 16 * MT * w * KP, lane_a(lane, KP))}, lo, len, jt + sub,
+                                        sl2, lane);
       } else {
-        flash_fwd_tile<HD, MT, SUB, VP>(K + sub * KP, V + sub / 2, o, m, l, QRegs<HD, MT>{qa}, rr, st, jt + sub, T, sl2,
-                                        g, t);
+        flash_fwd_tile<HD, MT, SUB, VP>(K + sub * KP, V + sub / 2, o, m, l, QRegs<HD, MT>{qa}, lo, len, jt + sub, sl2,
+                                        lane);
       }
     }
     if (STAGES == 2) __syncthreads();  // this stage is free for the copy after next
@@ -332,9 +374,10 @@ __device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vt, bf16_t* __r
 #pragma unroll
   for (int mt = 0; mt < MT; mt++) {
     const float l0 = quad_sum(l[mt][0]), l1 = quad_sum(l[mt][1]);
-    store_tile<HD>(out + (i64)h * HD, qd, o[mt], rr[mt][0], T, 1.f / l0, 1.f / l1, t);
-    if (t == 0 && rr[mt][0] < T) lse[(i64)rr[mt][0] * heads + h] = m[mt][0] * FA_LN2 + logf(l0);
-    if (t == 0 && rr[mt][1] < T) lse[(i64)rr[mt][1] * heads + h] = m[mt][1] * FA_LN2 + logf(l1);
+    const int r0 = wr + 16 * mt + g, r1 = r0 + 8;
+    store_tile<HD>(out + (i64)h * HD, qd, o[mt], r0, T, 1.f / l0, 1.f / l1, t);
+    if (t == 0 && r0 < T) lse[(i64)r0 * heads + h] = m[mt][0] * FA_LN2 + logf(l0);
+    if (t == 0 && r1 < T) lse[(i64)r1 * heads + h] = m[mt][1] * FA_LN2 + logf(l1);
   }
 }
 
@@ -380,6 +423,7 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Kt0, u32* Vs0, float
   const int last = min(T, i0 + FA_BQ) - 1;
   const int r0 = i0 + 16 * w + g, r1 = r0 + 8;
   const int st0 = r0 < T ? seq_start[r0] : T, st1 = r1 < T ? seq_start[r1] : T;
+  const int smax = warp_max_int(max(st0, st1));  // the latest sequence start of the warp's rows
   const i64 base = (i64)i0 * qd + (i64)h * HD;
   u32 qa[KS][4], da[KS][4];
   load_a<HD>(qa, qb + base, qd, 16 * w + g, t);
@@ -428,22 +472,31 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Kt0, u32* Vs0, float
       __syncthreads();
     }
     if (i0 + 16 * w + 15 >= jt) {  // else every key of the tile is after the warp's rows
+      // No key of the tile past a row of the warp's or before its sequence
+      // (rows past T have start T): no score to mask.
+      const bool masked = !(jt + FB_BK - 1 <= i0 + 16 * w && jt >= smax);
+      const Frags kf = frags(Ks, lane_b2k(lane, KP)), vf = frags(Vs, lane_b2k(lane, KP)), tf = frags(Kt, lane_b2n(lane, TP));
       float s[FB_BK / 8][4], dp[FB_BK / 8][4];
 #pragma unroll
       for (int nt = 0; nt < FB_BK / 8; nt++) {
         s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
         dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] = 0.f;
 #pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-          const int o = (nt * 8 + g) * KP + ks * 8 + t;
-          const u32 bk[2] = {Ks[o], Ks[o + 4]}, bv[2] = {Vs[o], Vs[o + 4]};
-          mma16816(s[nt], qa[ks], bk);
-          mma16816(dp[nt], da[ks], bv);
+        for (int ks = 0; ks < KS; ks += 2) {
+          u32 bk[4], bv[4];
+          ldsm4(bk, kf, nt * 8 * KP + ks * 8);
+          ldsm4(bv, vf, nt * 8 * KP + ks * 8);
+          const u32 bk0[2] = {bk[0], bk[1]}, bk1[2] = {bk[2], bk[3]}, bv0[2] = {bv[0], bv[1]}, bv1[2] = {bv[2], bv[3]};
+          mma16816(s[nt], qa[ks], bk0);
+          mma16816(dp[nt], da[ks], bv0);
+          mma16816(s[nt], qa[ks + 1], bk1);
+          mma16816(dp[nt], da[ks + 1], bv1);
         }
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           const int j = jt + nt * 8 + 2 * t + (e & 1), r = e < 2 ? r0 : r1, st = e < 2 ? st0 : st1;
-          const float p = (j <= r && j >= st && r < T) ? exp2f(s[nt][e] * sl2 - (e < 2 ? L0 : L1)) : 0.f;
+          float p = fa_exp2(fmaf(s[nt][e], sl2, -(e < 2 ? L0 : L1)));
+          if (masked && !(j <= r && j >= st && r < T)) p = 0.f;
           s[nt][e] = p * (dp[nt][e] - (e < 2 ? D0 : D1));  // dS, before the scale
         }
       }
@@ -452,9 +505,12 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Kt0, u32* Vs0, float
         u32 a[4];
         c_to_a(a, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
-        for (int n = 0; n < ND; n++) {
-          const u32 b[2] = {Kt[(n * 8 + g) * TP + kk * 8 + t], Kt[(n * 8 + g) * TP + kk * 8 + t + 4]};
-          mma16816(acc[n], a, b);
+        for (int n = 0; n < ND; n += 2) {
+          u32 b[4];
+          ldsm4(b, tf, n * 8 * TP + kk * 8);
+          const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+          mma16816(acc[n], a, b0);
+          mma16816(acc[n + 1], a, b1);
         }
       }
     }
@@ -587,38 +643,53 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
     const float* Dd = Ls + FB_BQ;
     const int* Ss = (const int*)(Ls + 2 * FB_BQ);
     if (it + FB_BQ - 1 >= j0 + 16 * w) {  // else every query of the tile is before the warp's keys
+      // Every query of the tile at or after each of the warp's keys, below
+      // T, and in a sequence that holds them: no score to mask.
+      const int kw = j0 + 16 * w;
+      const bool masked = !(it >= kw + 15 && it + FB_BQ <= T && kw + 15 < T && kw >= warp_max_int(Ss[lane & 15]));
+      const Frags qf = frags(Qs, lane_b2k(lane, KP)), df = frags(Ds, lane_b2k(lane, KP)), vf = frags(Vs + 16 * w * KP, lane_a(lane, KP));
       float s[FB_BQ / 8][4], dp[FB_BQ / 8][4];
 #pragma unroll
       for (int nt = 0; nt < FB_BQ / 8; nt++) {
         s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
         dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] = 0.f;
 #pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-          const int o = (nt * 8 + g) * KP + ks * 8 + t;
-          const u32 bq[2] = {Qs[o], Qs[o + 4]}, bd[2] = {Ds[o], Ds[o + 4]};
-          const int vo = (16 * w + g) * KP + ks * 8 + t;
-          const u32 va[4] = {Vs[vo], Vs[vo + 8 * KP], Vs[vo + 4], Vs[vo + 8 * KP + 4]};
-          mma16816(s[nt], ka[ks], bq);  // S^T = K Q^T
-          mma16816(dp[nt], va, bd);     // dP^T = V dO^T
+        for (int ks = 0; ks < KS; ks += 2) {
+          u32 bq[4], bd[4], va0[4], va1[4];
+          ldsm4(bq, qf, nt * 8 * KP + ks * 8);
+          ldsm4(bd, df, nt * 8 * KP + ks * 8);
+          ldsm4(va0, vf, ks * 8);
+          ldsm4(va1, vf, ks * 8 + 8);
+          const u32 bq0[2] = {bq[0], bq[1]}, bq1[2] = {bq[2], bq[3]}, bd0[2] = {bd[0], bd[1]}, bd1[2] = {bd[2], bd[3]};
+          mma16816(s[nt], ka[ks], bq0);  // S^T = K Q^T
+          mma16816(dp[nt], va0, bd0);    // dP^T = V dO^T
+          mma16816(s[nt], ka[ks + 1], bq1);
+          mma16816(dp[nt], va1, bd1);
         }
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           const int c = nt * 8 + 2 * t + (e & 1), i = it + c, j = e < 2 ? kr0 : kr1;
-          const float p = (i < T && j <= i && j >= Ss[c] && j < T) ? exp2f(s[nt][e] * sl2 - Ls[c]) : 0.f;
+          float p = fa_exp2(fmaf(s[nt][e], sl2, -Ls[c]));
+          if (masked && !(i < T && j <= i && j >= Ss[c] && j < T)) p = 0.f;
           s[nt][e] = p;
           dp[nt][e] = p * (dp[nt][e] - Dd[c]);  // dS^T, before the scale
         }
       }
       // One k-step of FB_BQ = 16 queries: dV += P^T dO, dK += dS^T Q.
+      const Frags dtf = frags(Dt, lane_b2n(lane, TP)), qtf = frags(Qt, lane_b2n(lane, TP));
       u32 pa[4], sa[4];
       c_to_a(pa, s[0], s[1]);
       c_to_a(sa, dp[0], dp[1]);
 #pragma unroll
-      for (int n = 0; n < ND; n++) {
-        const int o = (n * 8 + g) * TP + t;
-        const u32 bd[2] = {Dt[o], Dt[o + 4]}, bq[2] = {Qt[o], Qt[o + 4]};
-        mma16816(dva[n], pa, bd);
-        mma16816(dka[n], sa, bq);
+      for (int n = 0; n < ND; n += 2) {
+        u32 bd[4], bq[4];
+        ldsm4(bd, dtf, n * 8 * TP);
+        ldsm4(bq, qtf, n * 8 * TP);
+        const u32 bd0[2] = {bd[0], bd[1]}, bd1[2] = {bd[2], bd[3]}, bq0[2] = {bq[0], bq[1]}, bq1[2] = {bq[2], bq[3]};
+        mma16816(dva[n], pa, bd0);
+        mma16816(dka[n], sa, bq0);
+        mma16816(dva[n + 1], pa, bd1);
+        mma16816(dka[n + 1], sa, bq1);
       }
     }
     if (STAGES == 2) {

@@ -100,6 +100,79 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const u32 (&a)[4], const
 #endif
 }
 
+// pack_bf16_rn is pack_bf16 in one instruction on sm_80 and later
+// (cvt.rn.bf16x2.f32): the same bits for every number (round to nearest,
+// ties to even), a NaN's payload aside. For the tensor-core kernels' P and
+// dS tiles, where pack_bf16's NaN test and rounding cost a dozen
+// instructions a pair.
+__device__ __forceinline__ u32 pack_bf16_rn(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return pack_bf16(lo, hi);
+#endif
+}
+
+// Frags is a warp's view of a bf16 tile in shared memory for ldsm4: the
+// tile p and this lane's part of the row offset ldmatrix takes from it
+// (lane_b2n, lane_b2k, lane_a), and on sm_80 and later that row's address
+// in the shared window, made opaque to the compiler so that the addresses
+// derived from it are added where they are used (ptxas folds each
+// constant into the load) rather than hoisted out of a loop into
+// registers of their own. Make one per tile per use.
+struct Frags {
+  const u32* p;
+  int lane_off;
+  u32 s;
+};
+__device__ __forceinline__ Frags frags(const u32* p, int lane_off) {
+  Frags f{p, lane_off, 0u};
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(f.s) : "l"(p + lane_off));
+  asm volatile("" : "+r"(f.s));
+#endif
+  return f;
+}
+
+// ldsm4 loads four 8x8 tiles of bf16 from f's tile as ldmatrix.x4 does
+// (sm_80 and later): lane l names row l%8 of tile l/8 by the word offset
+// f.lane_off + off (off the same on every lane; each row 16 bytes,
+// 16-byte aligned), and lane 4g + t receives word t of row g of tile m in
+// r[m]. One instruction for four of mma16816's fragment registers, where
+// four 32-bit loads took four. On older GPUs and keel's CPU emulator, the
+// same words through shuffles of the lanes' offsets, so the emulator
+// checks every caller's offsets.
+__device__ __forceinline__ void ldsm4(u32 (&r)[4], const Frags& f, int off) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(f.s + 4u * (u32)off));
+#else
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int m = 0; m < 4; m++) r[m] = f.p[__shfl_sync(0xffffffffu, f.lane_off + off, 8 * m + g) + t];
+#endif
+}
+
+// The lanes' parts of ldsm4's offsets over a tile of rows pitch words
+// apart; the call's off adds r0 * pitch + w0 for the block of rows r0 at
+// word w0. lane_b2n: mma16816's B fragments (b[0], b[1]) of the 8-row
+// blocks r0 and r0 + 8, in r[0..1] and r[2..3] (the rows are B's
+// columns: K row-major for Q·Kᵀ, V transposed for P·V); lane_b2k: those
+// of row block r0 at words w0 and w0 + 8 (two k-steps); lane_a: the A
+// fragment (a[0..3]) of the 16 rows from r0.
+__device__ __forceinline__ int lane_b2n(int lane, int pitch) {
+  return ((lane >> 4) * 8 + (lane & 7)) * pitch + ((lane >> 3) & 1) * 4;
+}
+__device__ __forceinline__ int lane_b2k(int lane, int pitch) {
+  return (lane & 7) * pitch + (lane >> 4) * 8 + ((lane >> 3) & 1) * 4;
+}
+__device__ __forceinline__ int lane_a(int lane, int pitch) {
+  return (((lane >> 3) & 1) * 8 + (lane & 7)) * pitch + (lane >> 4) * 4;
+}
+
 // u32x4 is 16 bytes moved at once; shared tiles are declared as arrays of
 // it so that they are 16-byte aligned.
 struct alignas(16) u32x4 {
