@@ -361,7 +361,11 @@ if [[ " $sections " == *" ncu "* ]]; then
         "$out/ncu-$1.txt" | sed 's/  */ /g; s/^/    /' | head -200
     done
     echo "  decoding step (bf16, 256 sequences, in its graph): attention and the fused row kernels"
-    timeout 120 "$ncu" $nargs -k "regex:^(attn_decode|norm_rope_kv|rmsnorm_fwd_bf16|swiglu_fwd_bf16|draw_rows|logsoftmax)" \
+    # One decoding step's launches past the prefill (each step's row count
+    # is a launch configuration of its own: per-launch-config kept
+    # profiling new ones until the section's time ran out).
+    dargs=${nargs/--filter-mode per-launch-config -c 1/--launch-skip 300 --launch-count 13}
+    timeout 120 "$ncu" $dargs -k "regex:^(attn_decode|norm_rope_kv|rmsnorm_fwd_bf16|swiglu_fwd_bf16|draw_rows|logsoftmax)" \
       $bin/keel bench --device cuda --presets qwen3-0.6b --layers 2 --vocab 151936 --seqs 1 --len 64 --time 1ms --no-rl \
       --decode-precisions bf16 --decode-slots 256 > "$out/ncu-decode.txt" 2> "$out/ncu-decode.err"
     echo "  exit $?, $(grep -c 'Section: GPU Speed Of Light' "$out/ncu-decode.txt") kernels profiled"
