@@ -481,8 +481,15 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Kt0, u32* Vs0, float
       for (int nt = 0; nt < FB_BK / 8; nt++) {
         s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
         dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] = 0.f;
+      }
+      // k-steps outside, key blocks inside: consecutive products go to
+      // different accumulators (2·FB_BK/8 chains, not 2), so each waits
+      // less on the last one's latency; each score still sums its k-steps
+      // in order.
 #pragma unroll
-        for (int ks = 0; ks < KS; ks += 2) {
+      for (int ks = 0; ks < KS; ks += 2) {
+#pragma unroll
+        for (int nt = 0; nt < FB_BK / 8; nt++) {
           u32 bk[4], bv[4];
           ldsm4(bk, kf, nt * 8 * KP + ks * 8);
           ldsm4(bv, vf, nt * 8 * KP + ks * 8);
@@ -492,6 +499,9 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Kt0, u32* Vs0, float
           mma16816(s[nt], qa[ks + 1], bk1);
           mma16816(dp[nt], da[ks + 1], bv1);
         }
+      }
+#pragma unroll
+      for (int nt = 0; nt < FB_BK / 8; nt++) {
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           const int j = jt + nt * 8 + 2 * t + (e & 1), r = e < 2 ? r0 : r1, st = e < 2 ? st0 : st1;
@@ -653,19 +663,29 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
       for (int nt = 0; nt < FB_BQ / 8; nt++) {
         s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
         dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] = 0.f;
+      }
+      // k-steps outside (V's fragments read once for both query blocks),
+      // query blocks inside: four accumulators in turn, each score
+      // summing its k-steps in order.
 #pragma unroll
-        for (int ks = 0; ks < KS; ks += 2) {
-          u32 bq[4], bd[4], va0[4], va1[4];
+      for (int ks = 0; ks < KS; ks += 2) {
+        u32 va0[4], va1[4];
+        ldsm4(va0, vf, ks * 8);
+        ldsm4(va1, vf, ks * 8 + 8);
+#pragma unroll
+        for (int nt = 0; nt < FB_BQ / 8; nt++) {
+          u32 bq[4], bd[4];
           ldsm4(bq, qf, nt * 8 * KP + ks * 8);
           ldsm4(bd, df, nt * 8 * KP + ks * 8);
-          ldsm4(va0, vf, ks * 8);
-          ldsm4(va1, vf, ks * 8 + 8);
           const u32 bq0[2] = {bq[0], bq[1]}, bq1[2] = {bq[2], bq[3]}, bd0[2] = {bd[0], bd[1]}, bd1[2] = {bd[2], bd[3]};
           mma16816(s[nt], ka[ks], bq0);  // S^T = K Q^T
           mma16816(dp[nt], va0, bd0);    // dP^T = V dO^T
           mma16816(s[nt], ka[ks + 1], bq1);
           mma16816(dp[nt], va1, bd1);
         }
+      }
+#pragma unroll
+      for (int nt = 0; nt < FB_BQ / 8; nt++) {
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           const int c = nt * 8 + 2 * t + (e & 1), i = it + c, j = e < 2 ? kr0 : kr1;
