@@ -207,7 +207,7 @@ func TestDeviceRMSNorm(t *testing.T) {
 			name := fmt.Sprintf("rows %d × %d", rows, n)
 			closeTo(t, name+" y", g.f32(by, rows*n), y, 1e-5)
 			closeTo(t, name+" inv", g.f32(binv, rows), inv, 1e-6)
-			chunks := (rows + 31) / 32
+			chunks := (rows + NormChunk - 1) / NormChunk
 			bdx, bpart, bdw := g.poisoned(rows*n), g.poisoned(chunks*n), g.poisoned(n)
 			g.launch("rows.cu", "rmsnorm_bwd", chunks, 256, bdx, bpart, bdy, bx, bw, binv, rows, n, 1, int64(n), 0)
 			g.launch("rows.cu", "sum_chunks", (n+255)/256, 256, bdw, bpart, chunks, n, 0)
@@ -414,11 +414,15 @@ func TestDeviceSwiGLU(t *testing.T) {
 			kernels.SwiGLUBackward(dgu[o:o+n], dgu[o+n:o+2*n], gu[o:o+n], gu[o+n:o+2*n], da[i*n:(i+1)*n])
 		}
 		bgu, bda := bufOf(g, gu), bufOf(g, da)
-		ba, bdgu := g.poisoned(rows*n), g.poisoned(rows*2*n)
-		g.launch("rows.cu", "swiglu_fwd", 64, 256, ba, bgu, int64(rows), n)
-		g.launch("rows.cu", "swiglu_bwd", 64, 256, bdgu, bda, bgu, int64(rows), n)
-		closeTo(t, fmt.Sprintf("swiglu n=%d", n), g.f32(ba, rows*n), a, 1e-6)
-		closeTo(t, fmt.Sprintf("swiglu backward n=%d", n), g.f32(bdgu, rows*2*n), dgu, 1e-6)
+		// 64 blocks (at most one chunk of a row each here) and 3 (each
+		// block walking chunks across rows).
+		for _, blocks := range []int{64, 3} {
+			ba, bdgu := g.poisoned(rows*n), g.poisoned(rows*2*n)
+			g.launch("rows.cu", "swiglu_fwd", blocks, 256, ba, bgu, int64(rows), n)
+			g.launch("rows.cu", "swiglu_bwd", blocks, 256, bdgu, bda, bgu, int64(rows), n)
+			closeTo(t, fmt.Sprintf("swiglu n=%d, %d blocks", n, blocks), g.f32(ba, rows*n), a, 1e-6)
+			closeTo(t, fmt.Sprintf("swiglu backward n=%d, %d blocks", n, blocks), g.f32(bdgu, rows*2*n), dgu, 1e-6)
+		}
 	}
 }
 

@@ -127,6 +127,12 @@ func (o *Ops) LaunchShared(mod, name string, grid, block Dim3, shared int, args 
 
 var block256 = Dim3{X: 256}
 
+// NormChunk is the rows of a chunk of rows.cu's RMSNorm backward over
+// rows longer than a warp takes (rmsnorm_bwd, rmsnorm_bwd_dx16: NORM_CHUNK):
+// a block a chunk, each writing its rows' weight-gradient partial sums,
+// which sum_chunks adds.
+const NormChunk = 8
+
 // elemGrid is a grid-stride launch for n elements.
 func elemGrid(n int) Dim3 { return Dim3{X: max(1, min((n+255)/256, 8192))} }
 

@@ -49,13 +49,12 @@ const normWarpMax, normWarpChunk = 256, 256
 
 // normChunks is the number of chunks of partial sums rows.cu's norm
 // backward writes over rows of n: normWarpChunk rows a chunk for rows of
-// at most normWarpMax (a warp a row), else 32 (a block a row,
-// NORM_CHUNK).
+// at most normWarpMax (a warp a row), else kc.NormChunk (a block a row).
 func normChunks(rows, n int) int {
 	if n <= normWarpMax {
 		return (rows + normWarpChunk - 1) / normWarpChunk
 	}
-	return (rows + 31) / 32
+	return (rows + kc.NormChunk - 1) / kc.NormChunk
 }
 
 func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64) error {

@@ -303,12 +303,12 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	// The norms' weight-gradient partial sums, for the largest of the
 	// layer norms' (T rows of H) and q_norm's (T·heads rows of head_dim):
 	// rows.cu writes a chunk of them per 256 rows of at most 256 elements,
-	// per 32 rows of longer ones.
+	// per 8 rows of longer ones (kernels/cuda.NormChunk).
 	normParts := func(rows, n int64) int64 {
 		if n <= 256 {
 			return c.mul(ceilDiv(rows, 256), n)
 		}
-		return c.mul(ceilDiv(rows, 32), n)
+		return c.mul(ceilDiv(rows, 8), n)
 	}
 	grads = c.add(grads, c.mul(4, max(normParts(T, H), normParts(c.mul(T, nh), hd))))
 	if bf {

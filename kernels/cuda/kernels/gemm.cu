@@ -348,24 +348,24 @@ __device__ __forceinline__ void gb_tile(O* __restrict__ C, i64 ldc, const bf16_t
           d[i][j][q] = acc_k;
         }
 #else
+    // The fragments by ldmatrix (ldsm4): 4 loads a k-step where 32-bit
+    // loads took 16 (ncu on an H200: the shared-memory pipe, not the
+    // tensor cores, was these kernels' limit). The same words.
+    const Frags fa = frags(as + wm * GB_P, lane_a(lane, GB_P)), fb = frags(bs + wn * GB_P, lane_b2n(lane, GB_P));
 #pragma unroll
     for (int ks = 0; ks < GB_BK / 16; ks++) {
-      u32 af[2][4], bfr[4][2];
+      u32 af[2][4], bq[2][4];
 #pragma unroll
-      for (int i = 0; i < 2; i++) {
-        const u32* p0 = as + (wm + 16 * i + g) * GB_P + ks * 8 + t;
-        const u32* p1 = p0 + 8 * GB_P;
-        af[i][0] = p0[0], af[i][1] = p1[0], af[i][2] = p0[4], af[i][3] = p1[4];
-      }
+      for (int i = 0; i < 2; i++) ldsm4(af[i], fa, 16 * i * GB_P + ks * 8);
 #pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const u32* p = bs + (wn + 8 * j + g) * GB_P + ks * 8 + t;
-        bfr[j][0] = p[0], bfr[j][1] = p[4];
-      }
+      for (int jj = 0; jj < 2; jj++) ldsm4(bq[jj], fb, 16 * jj * GB_P + ks * 8);
 #pragma unroll
       for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++) mma16816(d[i][j], af[i], bfr[j]);
+        for (int j = 0; j < 4; j++) {
+          const u32 b[2] = {bq[j >> 1][2 * (j & 1)], bq[j >> 1][2 * (j & 1) + 1]};
+          mma16816(d[i][j], af[i], b);
+        }
     }
 #endif
     // The next stage was last read before the previous iteration's final

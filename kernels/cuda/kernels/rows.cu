@@ -46,12 +46,15 @@ extern "C" __global__ void rmsnorm_fwd_bf16(bf16_t* __restrict__ y, float* __res
 
 // rmsnorm_bwd: for each row, dx = inv*(dy*w) - x*inv^3*mean(dy*w*x)
 // (written, or added when acc), and the weight gradient dy*x*inv summed
-// over the rows of each chunk of 32 into dw_part[chunk*n ...] in row order
-// (sum_chunks adds the chunks). dx may alias dy when acc is 0.
+// over the rows of each chunk of NORM_CHUNK into dw_part[chunk*n ...] in
+// row order (sum_chunks adds the chunks). dx may alias dy when acc is 0.
 // rmsnorm_bwd_dx16 also writes dx rounded to bf16 into dx16 (laid out as
 // dx): the bf16 mode's gradient operand of the product that reads it
-// next, made in this pass. grid = ceil(rows/32), block = KEEL_THREADS.
-#define NORM_CHUNK 32
+// next, made in this pass. grid = ceil(rows/NORM_CHUNK), block =
+// KEEL_THREADS. Chunks of 8 rows (kernels/cuda.NormChunk): at 32 an
+// H200 ran 256 blocks for 8,192 rows, a quarter of the card's threads,
+// at 1 TB/s.
+#define NORM_CHUNK 8
 __device__ void rmsnorm_bwd_rows(float* dx, bf16_t* __restrict__ dx16, float* __restrict__ dw_part, const float* dy,
                                  const float* __restrict__ x, const float* __restrict__ w,
                                  const float* __restrict__ inv, int rows, int n, int per, i64 stride, int acc) {
@@ -280,16 +283,62 @@ extern "C" __global__ void sum_chunks(float* __restrict__ out, const float* __re
   out[j] = v;
 }
 
+// widen2 reads elements p[0] and p[1] (4- or 8-byte aligned) in one
+// load; put2 stores two, as put would.
+struct alignas(8) f32x2 {
+  float x, y;
+};
+__device__ __forceinline__ void widen2(const float* p, float& a, float& b) {
+  const f32x2 v = *(const f32x2*)p;
+  a = v.x, b = v.y;
+}
+__device__ __forceinline__ void widen2(const bf16_t* p, float& a, float& b) {
+  const u32 v = *(const u32*)p;
+  a = bf_lo(v), b = bf_hi(v);
+}
+__device__ __forceinline__ void put2(float* p, float a, float b) { *(f32x2*)p = f32x2{a, b}; }
+__device__ __forceinline__ void put2(bf16_t* p, float a, float b) { *(u32*)p = pack_bf16(a, b); }
+
+// RowChunks walks a grid-stride loop over chunks of blockDim.x column
+// pairs of each row (cpr a row), row by row: the row and chunk of each
+// step follow from the last by adds, where the flat index's division by
+// the row length cost dozens of instructions an element.
+struct RowChunks {
+  i64 r;
+  int c, cpr, dc;
+  i64 dr;
+  __device__ __forceinline__ RowChunks(int pairs) {
+    cpr = max(1, (pairs + (int)blockDim.x - 1) / (int)blockDim.x);
+    r = blockIdx.x / cpr, c = blockIdx.x % cpr;
+    dr = gridDim.x / cpr, dc = gridDim.x % cpr;
+  }
+  __device__ __forceinline__ void next() {
+    r += dr, c += dc;
+    if (c >= cpr) c -= cpr, r++;
+  }
+};
+
 // swiglu_rows: a = silu(g) * u, where each row of gu (float32, or bf16 as
 // a product wrote it) holds the gate and up projections side by side
-// ([rows, 2n]) and a is [rows, n], float32 or bf16 (put).
+// ([rows, 2n]) and a is [rows, n], float32 or bf16 (put). Elements in
+// pairs (one load of two) where n is even, so that every pair is aligned.
 template <typename O, typename I>
 __device__ __forceinline__ void swiglu_rows(O* __restrict__ a, const I* __restrict__ gu, i64 rows, int n) {
-  const i64 total = rows * n;
-  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
-    const i64 r = i / n, j = i % n;
-    const float g = widen(gu[r * 2 * n + j]), u = widen(gu[r * 2 * n + n + j]);
-    put(a + i, g / (1.f + expf(-g)) * u);
+  const bool pairs = (n & 1) == 0;
+  for (RowChunks w(pairs ? n / 2 : n); w.r < rows; w.next()) {
+    const I* g = gu + w.r * 2 * n;
+    O* y = a + w.r * n;
+    const int j = w.c * blockDim.x + threadIdx.x;
+    if (pairs) {
+      if (2 * j >= n) continue;
+      float g0, g1, u0, u1;
+      widen2(g + 2 * j, g0, g1);
+      widen2(g + n + 2 * j, u0, u1);
+      put2(y + 2 * j, g0 / (1.f + expf(-g0)) * u0, g1 / (1.f + expf(-g1)) * u1);
+    } else if (j < n) {
+      const float gv = widen(g[j]), u = widen(g[n + j]);
+      put(y + j, gv / (1.f + expf(-gv)) * u);
+    }
   }
 }
 
@@ -311,19 +360,43 @@ extern "C" __global__ void swiglu_fwd_bf16_gu16(bf16_t* __restrict__ a, const bf
 }
 
 // swiglu_bwd_rows: from da [rows, n], dgu [rows, 2n] = (da*u*silu'(g),
-// da*silu(g)), float32 or bf16 (put).
+// da*silu(g)), float32 or bf16 (put); in pairs as swiglu_rows.
 template <typename O, typename I>
 __device__ __forceinline__ void swiglu_bwd_rows(O* __restrict__ dgu, const float* __restrict__ da,
                                                 const I* __restrict__ gu, i64 rows, int n) {
-  const i64 total = rows * n;
-  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
-    const i64 r = i / n, j = i % n;
-    const float g = widen(gu[r * 2 * n + j]), u = widen(gu[r * 2 * n + n + j]);
-    const float sg = 1.f / (1.f + expf(-g));
-    const float silu = g * sg;
-    const float d = da[i];
-    put(dgu + r * 2 * n + j, d * u * (sg * (1.f + g * (1.f - sg))));
-    put(dgu + r * 2 * n + n + j, d * silu);
+  const bool pairs = (n & 1) == 0;
+  for (RowChunks w(pairs ? n / 2 : n); w.r < rows; w.next()) {
+    const I* g = gu + w.r * 2 * n;
+    const float* d = da + w.r * n;
+    O* out = dgu + w.r * 2 * n;
+    const int j = w.c * blockDim.x + threadIdx.x;
+    float gv[2], u[2], dv[2], dg[2], du[2];
+    int k = 1;
+    if (pairs) {
+      if (2 * j >= n) continue;
+      widen2(g + 2 * j, gv[0], gv[1]);
+      widen2(g + n + 2 * j, u[0], u[1]);
+      widen2(d + 2 * j, dv[0], dv[1]);
+      k = 2;
+    } else {
+      if (j >= n) continue;
+      gv[0] = widen(g[j]), u[0] = widen(g[n + j]), dv[0] = d[j];
+    }
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      if (e >= k) break;
+      const float sg = 1.f / (1.f + expf(-gv[e]));
+      const float silu = gv[e] * sg;
+      dg[e] = dv[e] * u[e] * (sg * (1.f + gv[e] * (1.f - sg)));
+      du[e] = dv[e] * silu;
+    }
+    if (pairs) {
+      put2(out + 2 * j, dg[0], dg[1]);
+      put2(out + n + 2 * j, du[0], du[1]);
+    } else {
+      put(out + j, dg[0]);
+      put(out + n + j, du[0]);
+    }
   }
 }
 
