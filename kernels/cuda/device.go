@@ -27,6 +27,11 @@ type Device struct {
 	Memory int64
 	// Driver is the driver's CUDA version (12080 for 12.8).
 	Driver int
+	// SharedPerBlock is the most shared memory, in bytes, a block may use
+	// once its kernel opts in (Function.SetMaxDynamicShared): 227 KiB on
+	// Hopper, 163 on the A100, 99 on sm_86 and sm_89 cards. Kernels whose
+	// pipelined form needs more fall back to a smaller one.
+	SharedPerBlock int
 	// Emulated is true on keel's CUDA emulator (tools/cudaemu), which runs
 	// the kernels on the CPU to test them: its timings are no GPU's.
 	Emulated bool
@@ -55,9 +60,10 @@ var recording sync.RWMutex
 
 // Device attributes (CUdevice_attribute).
 const (
-	attrMultiprocessors = 16
-	attrCCMajor         = 75
-	attrCCMinor         = 76
+	attrMultiprocessors  = 16
+	attrCCMajor          = 75
+	attrCCMinor          = 76
+	attrSharedBlockOptin = 97 // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 )
 
 // Open opens GPU ordinal (0 for the first). It fails with a *LibraryError
@@ -88,12 +94,12 @@ func Open(ordinal int) (*Device, error) {
 		return nil, err
 	}
 	d.Name = goString(&name[0])
-	var major, minor, sms, ver int32
+	var major, minor, sms, shared, ver int32
 	var mem uint64
 	for _, q := range []struct {
 		v    *int32
 		attr int32
-	}{{&major, attrCCMajor}, {&minor, attrCCMinor}, {&sms, attrMultiprocessors}} {
+	}{{&major, attrCCMajor}, {&minor, attrCCMinor}, {&sms, attrMultiprocessors}, {&shared, attrSharedBlockOptin}} {
 		if err := drv.check(drv.deviceGetAttr(q.v, q.attr, dev), "cuDeviceGetAttribute(%d)", q.attr); err != nil {
 			return nil, err
 		}
@@ -104,7 +110,7 @@ func Open(ordinal int) (*Device, error) {
 	if err := drv.check(drv.driverGetVersion(&ver), "cuDriverGetVersion"); err != nil {
 		return nil, err
 	}
-	d.Arch, d.SMs, d.Memory, d.Driver = int(major*10+minor), int(sms), int64(mem), int(ver)
+	d.Arch, d.SMs, d.Memory, d.Driver, d.SharedPerBlock = int(major*10+minor), int(sms), int64(mem), int(ver), int(shared)
 	if err := drv.check(drv.primaryCtxRetain(&d.ctx, dev), "cuDevicePrimaryCtxRetain(%d)", ordinal); err != nil {
 		return nil, err
 	}

@@ -1250,3 +1250,60 @@ func TestDeviceBF16Output(t *testing.T) {
 		}
 	}
 }
+
+// TestFlashSharedFallback: a card that gives a block less shared memory
+// than the forward with Q in shared memory needs at head size 128 (sm_86
+// and sm_89: 99 KiB, against 104) runs the narrow forward instead, its bits,
+// and the pipelined backward where it fits. On keel's CUDA emulator as an
+// sm_86 card; on a GPU, the attribute is read.
+func TestFlashSharedFallback(t *testing.T) {
+	if d := deviceForTest(t); d.SharedPerBlock < 48<<10 || (!d.Emulated && d.Arch >= 90 && d.SharedPerBlock < 227<<10) {
+		t.Fatalf("%v: %d bytes of shared memory a block", d, d.SharedPerBlock)
+	} else if !d.Emulated {
+		return
+	}
+	t.Setenv("KEEL_CUDA_EMU_ARCH", "86")
+	g := newGPU(t)
+	if g.d.SharedPerBlock != 99<<10 || g.d.Arch != 86 {
+		t.Fatalf("the emulator as sm_86: %v, %d bytes of shared memory a block", g.d, g.d.SharedPerBlock)
+	}
+	r := rand.New(rand.NewPCG(5, 8))
+	lens, heads, kv, hd := []int{40, 90}, 2, 1, 128
+	_, T, seqStart, seqEnd := packSeqs(lens)
+	qd, kvd := heads*hd, kv*hd
+	bq, bk, bv := bufOf(g, randF32(r, T*qd, 1)), bufOf(g, randF32(r, T*kvd, 1)), bufOf(g, randF32(r, T*kvd, 1))
+	bdo, bst, ben := bufOf(g, randF32(r, T*qd, 1)), bufOf(g, seqStart), bufOf(g, seqEnd)
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	fs, err := NewFlashScratch(g.d, T, heads, kv, hd, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fs.Free()
+	bs, err := NewFlashScratch(g.d, T, heads, kv, hd, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bs.Free()
+	run := func(o *Ops) []Buffer {
+		out, lse, dsum := g.poisoned(T*qd), g.poisoned(T*heads), g.poisoned(T*heads)
+		dq, dk, dv := g.poisoned(T*qd), g.poisoned(T*kvd), g.poisoned(T*kvd)
+		if err := o.FlashAttention(fs, out, lse, bq, bk, bv, bst, scale); err != nil {
+			t.Fatal(err)
+		}
+		if err := o.FlashAttentionBackward(bs, dq, dk, dv, dsum, bdo, out, lse, bq, bk, bv, bst, ben, scale); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.d.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		return []Buffer{out, lse, dq, dk, dv}
+	}
+	wq := NewOps(g.d)
+	wq.FlashWide, wq.FlashWideQ = false, true
+	narrow := NewOps(g.d)
+	narrow.FlashWide, narrow.FlashWideQ = false, false
+	got, want := run(wq), run(narrow)
+	for i, n := range []int{(T*qd + 1) / 2, T * heads, T * qd, T * kvd, (T*kvd + 1) / 2} {
+		sameBits(t, fmt.Sprintf("output %d, Q in shared memory asked for on sm_86", i), g.f32(got[i], n), g.f32(want[i], n))
+	}
+}

@@ -192,7 +192,11 @@ func TestDeviceRMSNorm(t *testing.T) {
 	g := newGPU(t)
 	r := rand.New(rand.NewPCG(1, 1))
 	for _, n := range shapes {
-		for _, rows := range []int{1, 3, 70} {
+		// 300 rows: 38 chunks, so every warp of sum_chunks adds some.
+		for _, rows := range []int{1, 3, 70, 300} {
+			if rows == 300 && n > 129 {
+				continue
+			}
 			x, w, dy := randF32(r, rows*n, 1), randF32(r, n, 1), randF32(r, rows*n, 1)
 			const eps = 1e-6
 			y, inv := make([]float32, rows*n), make([]float32, rows)
@@ -210,9 +214,11 @@ func TestDeviceRMSNorm(t *testing.T) {
 			chunks := (rows + NormChunk - 1) / NormChunk
 			bdx, bpart, bdw := g.poisoned(rows*n), g.poisoned(chunks*n), g.poisoned(n)
 			g.launch("rows.cu", "rmsnorm_bwd", chunks, 256, bdx, bpart, bdy, bx, bw, binv, rows, n, 1, int64(n), 0)
-			g.launch("rows.cu", "sum_chunks", (n+255)/256, 256, bdw, bpart, chunks, n, 0)
+			g.launch("rows.cu", "sum_chunks", (n+31)/32, 256, bdw, bpart, chunks, n, 0)
 			closeTo(t, name+" dx", g.f32(bdx, rows*n), dx, 1e-5)
-			closeTo(t, name+" dw", g.f32(bdw, n), dw, 1e-5)
+			// dw sums rows terms in float32, in another order than the CPU
+			// kernel's: its rounding grows with the rows.
+			closeTo(t, name+" dw", g.f32(bdw, n), dw, 1e-5*max(1, float64(rows)/64))
 			// Accumulating, with dx's bf16 rounding written too: dx the
 			// plain kernel's bits, dx16 their rounding.
 			plain, both, b16 := bufOf(g, dy), bufOf(g, dy), g.poisoned((rows*n+1)/2)
@@ -282,7 +288,7 @@ func TestDeviceRMSNormWarp(t *testing.T) {
 			bpart, bdw := g.poisoned(chunks*c.n), g.poisoned(c.n)
 			pre := g.f32(bdx, len(dy)) // dx before, for the variant below
 			g.launch("rows.cu", "rmsnorm_bwd_warp", chunks, 256, bdx, bpart, bdy, bx, bw, binv, c.rows, c.n, c.per, int64(c.stride), a)
-			g.launch("rows.cu", "sum_chunks", (c.n+255)/256, 256, bdw, bpart, chunks, c.n, 0)
+			g.launch("rows.cu", "sum_chunks", (c.n+31)/32, 256, bdw, bpart, chunks, c.n, 0)
 			closeTo(t, name+" dx "+mode, g.f32(bdx, len(dy)), want, 1e-5)
 			closeTo(t, name+" dw "+mode, g.f32(bdw, c.n), dw, 1e-5)
 			if mode == "in place" {
@@ -293,7 +299,7 @@ func TestDeviceRMSNormWarp(t *testing.T) {
 			vdx, v16 := bufOf(g, pre), bufOf(g, make([]uint16, len(dy)))
 			vpart, vdw := g.poisoned(chunks*c.n), g.poisoned(c.n)
 			g.launch("rows.cu", "rmsnorm_bwd_warp_dx16", chunks, 256, vdx, v16, vpart, bdy, bx, bw, binv, c.rows, c.n, c.per, int64(c.stride), a)
-			g.launch("rows.cu", "sum_chunks", (c.n+255)/256, 256, vdw, vpart, chunks, c.n, 0)
+			g.launch("rows.cu", "sum_chunks", (c.n+31)/32, 256, vdw, vpart, chunks, c.n, 0)
 			got := g.f32(vdx, len(dy))
 			sameBits(t, name+" dx alongside its bf16 copy, "+mode, got, g.f32(bdx, len(dy)))
 			sameBits(t, name+" dw alongside dx's bf16 copy, "+mode, g.f32(vdw, c.n), g.f32(bdw, c.n))
@@ -344,14 +350,14 @@ func TestDeviceNormRopeBackBF16(t *testing.T) {
 		g.launch("rows.cu", "rope_rows", tokens, 256, ref, bcos, bsin, bpos, c.per, c.n, int64(stride))
 		rpart, rdw := g.poisoned(chunks*c.n), g.poisoned(c.n)
 		g.launch("rows.cu", "rmsnorm_bwd_warp", chunks, 256, ref, rpart, ref, bx, bw, binv, c.rows, c.n, c.per, int64(stride), 0)
-		g.launch("rows.cu", "sum_chunks", (c.n+255)/256, 256, rdw, rpart, chunks, c.n, 0)
+		g.launch("rows.cu", "sum_chunks", (c.n+31)/32, 256, rdw, rpart, chunks, c.n, 0)
 		want16 := make([]kernels.BF16, tokens*stride)
 		kernels.ToBF16(want16, g.f32(ref, tokens*stride))
 
 		bdy := bufOf(g, dy)
 		b16, part, dw := g.poisoned((tokens*stride+1)/2), g.poisoned(chunks*c.n), g.poisoned(c.n)
 		g.launch("rows.cu", "norm_rope_bwd_bf16", chunks, 256, b16, part, bdy, bx, bw, binv, bcos, bsin, bpos, c.rows, c.n, c.per, int64(stride))
-		g.launch("rows.cu", "sum_chunks", (c.n+255)/256, 256, dw, part, chunks, c.n, 0)
+		g.launch("rows.cu", "sum_chunks", (c.n+31)/32, 256, dw, part, chunks, c.n, 0)
 		for i, v := range g.u16(b16, tokens*stride) {
 			if v != uint16(want16[i]) {
 				t.Fatalf("%s: dx %d: %#04x, the three kernels' %#04x", name, i, v, uint16(want16[i]))
@@ -365,10 +371,10 @@ func TestDeviceNormRopeBackBF16(t *testing.T) {
 		x16, xw := roundOperand(x)
 		w16, wpart, wdw := g.poisoned((tokens*stride+1)/2), g.poisoned(chunks*c.n), g.poisoned(c.n)
 		g.launch("rows.cu", "norm_rope_bwd_bf16", chunks, 256, w16, wpart, bdy, bufOf(g, xw), bw, binv, bcos, bsin, bpos, c.rows, c.n, c.per, int64(stride))
-		g.launch("rows.cu", "sum_chunks", (c.n+255)/256, 256, wdw, wpart, chunks, c.n, 0)
+		g.launch("rows.cu", "sum_chunks", (c.n+31)/32, 256, wdw, wpart, chunks, c.n, 0)
 		h16, hpart, hdw := g.poisoned((tokens*stride+1)/2), g.poisoned(chunks*c.n), g.poisoned(c.n)
 		g.launch("rows.cu", "norm_rope_bwd_bf16_x16", chunks, 256, h16, hpart, bdy, bufOf(g, x16), bw, binv, bcos, bsin, bpos, c.rows, c.n, c.per, int64(stride))
-		g.launch("rows.cu", "sum_chunks", (c.n+255)/256, 256, hdw, hpart, chunks, c.n, 0)
+		g.launch("rows.cu", "sum_chunks", (c.n+31)/32, 256, hdw, hpart, chunks, c.n, 0)
 		if !slices.Equal(g.u16(h16, tokens*stride), g.u16(w16, tokens*stride)) {
 			t.Errorf("%s: dx from bf16 x is not the bits of the widened x's", name)
 		}

@@ -133,6 +133,10 @@ var block256 = Dim3{X: 256}
 // which sum_chunks adds.
 const NormChunk = 8
 
+// SumChunksGrid is rows.cu's sum_chunks grid for n columns (32 a block of
+// KEEL_THREADS).
+func SumChunksGrid(n int) Dim3 { return Dim3{X: (n + 31) / 32} }
+
 // elemGrid is a grid-stride launch for n elements.
 func elemGrid(n int) Dim3 { return Dim3{X: max(1, min((n+255)/256, 8192))} }
 
@@ -787,7 +791,7 @@ func (o *Ops) FlashAttention(s *FlashScratch, out16, lse, q, k, v, seqStart Buff
 		func() error {
 			name, rows, shared := "flash_fwd_%d", 64, 0
 			switch {
-			case o.FlashWideQ:
+			case o.FlashWideQ && o.fitsShared(flashForwardShared(s.hd)):
 				name, rows, shared = "flash_fwd_wq_%d", 128, flashForwardShared(s.hd)
 			case o.FlashWide:
 				name, rows = "flash_fwd_wide_%d", 128
@@ -802,6 +806,13 @@ func (o *Ops) FlashAttention(s *FlashScratch, out16, lse, q, k, v, seqStart Buff
 	}
 	return nil
 }
+
+// fitsShared says whether a block may have bytes of shared memory on o's
+// device: the forward with Q in shared memory needs 104 KiB at head size
+// 128, more than sm_86 and sm_89 cards give a block (99 KiB), and takes
+// the narrow forward there; the pipelined backward (60 KiB) likewise
+// takes one stage on cards of 64 KiB.
+func (o *Ops) fitsShared(bytes int) bool { return bytes <= o.Dev.SharedPerBlock }
 
 // flashForwardShared is the dynamic shared memory, in bytes, of flash.cu's
 // wide forward with Q in shared memory (flash_fwd_wq) for head size hd:
@@ -862,7 +873,7 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 		},
 		func() error {
 			name, shared := "flash_bwd_dq_%d", 0
-			if !o.FlashBackwardSingle {
+			if !o.FlashBackwardSingle && o.fitsShared(flashBackwardShared(s.hd, false)) {
 				name, shared = "flash_bwd_dq_2_%d", flashBackwardShared(s.hd, false)
 			}
 			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: 128}, shared,
@@ -870,7 +881,7 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 		},
 		func() error {
 			name, shared := "flash_bwd_dkv_%d", 0
-			if !o.FlashBackwardSingle {
+			if !o.FlashBackwardSingle && o.fitsShared(flashBackwardShared(s.hd, true)) {
 				name, shared = "flash_bwd_dkv_2_%d", flashBackwardShared(s.hd, true)
 			}
 			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + 63) / 64, Y: s.kv}, Dim3{X: 128}, shared,

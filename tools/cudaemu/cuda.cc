@@ -249,9 +249,27 @@ API CUresult cuDeviceGetName(char* name, int n, int dev) {
   snprintf(name, n, "keel CUDA emulator (CPU)");
   return OK;
 }
+// shared_optin is the most shared memory a block may opt in to on the
+// emulated compute capability, as the GPUs of each give it.
+int shared_optin() {
+  switch (arch()) {
+    case 80:
+    case 87:
+      return 163 * 1024;
+    case 86:
+    case 89:
+      return 99 * 1024;
+    case 90:
+      return 227 * 1024;
+  }
+  return arch() >= 90 ? 227 * 1024 : arch() >= 70 ? 64 * 1024 : 48 * 1024;
+}
 API CUresult cuDeviceGetAttribute(int* v, int attr, int dev) {
   if (dev != 0) return INVALID_VALUE;
   switch (attr) {
+    case 97:  // max shared memory per block, opted in
+      *v = shared_optin();
+      return OK;
     case 16:  // multiprocessors
       *v = 4;
       return OK;
@@ -416,7 +434,7 @@ API CUresult cuModuleGetFunction(uintptr_t* fn, uintptr_t mod, const char* name)
 }
 API CUresult cuFuncSetAttribute(uintptr_t fn, int attr, int v) {
   if (!fn) return INVALID_HANDLE;
-  if (attr == 8 && v >= 0 && v <= 227 * 1024) {  // max dynamic shared memory
+  if (attr == 8 && v >= 0 && v <= shared_optin()) {  // max dynamic shared memory
     ((Function*)fn)->max_shared = (unsigned)v;
     return OK;
   }

@@ -97,7 +97,7 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		if err := e.launch("rows.cu", kernel, kc.Dim3{X: ch}, block256, dx, part, dy, x, w, inv, rows, n, per, int64(stride), a); err != nil {
 			return err
 		}
-		return e.launch("rows.cu", "sum_chunks", kc.Dim3{X: (n + 255) / 256}, block256, gw, part, ch, n, 1)
+		return e.launch("rows.cu", "sum_chunks", kc.SumChunksGrid(n), block256, gw, part, ch, n, 1)
 	}
 	// resBack is normBack over the residual stream's T rows of H into
 	// dres, writing its bf16 rounding into dres16 too where the product
@@ -124,7 +124,7 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		if err := e.launch("rows.cu", kernel, kc.Dim3{X: ch}, block256, dx, dres16, part, dy, x, w, inv, T, d.H, 1, int64(d.H), a); err != nil {
 			return err
 		}
-		return e.launch("rows.cu", "sum_chunks", kc.Dim3{X: (d.H + 255) / 256}, block256, gw, part, ch, d.H, 1)
+		return e.launch("rows.cu", "sum_chunks", kc.SumChunksGrid(d.H), block256, gw, part, ch, d.H, 1)
 	}
 	// dense says whether layer li is a dense one (its MLP's down product
 	// reads the gradient at the layer's output, dres16 in the bf16 mode).
@@ -144,7 +144,7 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			e.rope.cos, e.rope.neg, f.dPos, rows, n, per, int64(stride)); err != nil {
 			return err
 		}
-		return e.launch("rows.cu", "sum_chunks", kc.Dim3{X: (n + 255) / 256}, block256, gw, part, ch, n, 1)
+		return e.launch("rows.cu", "sum_chunks", kc.SumChunksGrid(n), block256, gw, part, ch, n, 1)
 	}
 	dres, err := e.buf(tmp, T*d.H)
 	if err != nil {

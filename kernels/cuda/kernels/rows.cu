@@ -272,15 +272,28 @@ extern "C" __global__ void __launch_bounds__(KEEL_THREADS) norm_rope_bwd_bf16_x1
   norm_rope_bwd_rows(dx16, dw_part, dy, x, w, inv, cosv, sinv, pos, rows, n, per, stride);
 }
 
-// sum_chunks: out[j] (+)= sum over c of parts[c*n + j], c in order.
-// grid*block >= n.
+// sum_chunks: out[j] (+)= sum over c of parts[c*n + j]. A block takes 32
+// columns; each of its 8 warps sums an eighth of the chunks in order, and
+// the eighths are added in order (a fixed order for a given number of
+// chunks): one thread adding every chunk in turn had made the norms'
+// weight gradients wait on thousands of dependent loads at long batches.
+// grid = ceil(n/32) (kernels/cuda.SumChunksGrid), block = KEEL_THREADS.
 extern "C" __global__ void sum_chunks(float* __restrict__ out, const float* __restrict__ parts,
                                       int chunks, int n, int acc) {
-  const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= n) return;
-  float v = acc ? out[j] : 0.f;
-  for (int c = 0; c < chunks; c++) v += parts[(i64)c * n + j];
-  out[j] = v;
+  __shared__ float s[KEEL_THREADS / 32][32];
+  constexpr int W = KEEL_THREADS / 32;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, j = blockIdx.x * 32 + lane;
+  const int per = (chunks + W - 1) / W, c0 = w * per, c1 = min(chunks, c0 + per);
+  float v = 0.f;
+  if (j < n)
+    for (int c = c0; c < c1; c++) v += parts[(i64)c * n + j];
+  s[w][lane] = v;
+  __syncthreads();
+  if (w == 0 && j < n) {
+    float t = acc ? out[j] : 0.f;
+    for (int k = 0; k < W; k++) t += s[k][lane];
+    out[j] = t;
+  }
 }
 
 // widen2 reads elements p[0] and p[1] (4- or 8-byte aligned) in one
