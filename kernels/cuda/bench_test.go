@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -168,3 +169,103 @@ func benchDevice(b *testing.B) *Device {
 	}
 	return d
 }
+
+// BenchmarkDeviceFlash times flash.cu on the Qwen3-0.6B shape's attention
+// (16 query heads, 8 KV heads of 128), causal over packed sequences, 8 of
+// 2,048 tokens and 2 of 16,384 (issue 24's rows): the forward by each of
+// its three kernels and the backward by its pipelined and one-stage
+// kernels, from q's, k's and v's bf16 copies as the training engine gives
+// them (each call still transposes v, and the backward rounds and
+// transposes dO). It reports TFLOP/s of the causal attention: the forward
+// 4·hd·heads·Σ L(L+1)/2, the backward 2.5 times that.
+//
+//	tools/gpu/bin/cuda.test -test.run '^$' -test.bench DeviceFlash
+func BenchmarkDeviceFlash(b *testing.B) {
+	d := benchDevice(b)
+	const heads, kv, hd = 16, 8, 128
+	qd, kvd := heads*hd, kv*hd
+	scale := float32(1 / math.Sqrt(hd))
+	r := rand.New(rand.NewPCG(3, 3))
+	random := func(n int) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(r.NormFloat64())
+		}
+		return x
+	}
+	for _, c := range []struct{ seqs, L int }{{8, 2048}, {2, 16384}} {
+		lens := make([]int, c.seqs)
+		for i := range lens {
+			lens[i] = c.L
+		}
+		_, T, seqStart, seqEnd := packSeqs(lens)
+		ops := NewOps(d)
+		bq, bk, bv := benchBuf(b, d, random(T*qd)), benchBuf(b, d, random(T*kvd)), benchBuf(b, d, random(T*kvd))
+		bdo, bst, ben := benchBuf(b, d, random(T*qd)), benchBuf(b, d, seqStart), benchBuf(b, d, seqEnd)
+		copy16 := func(src Buffer, width int) Buffer {
+			buf, err := d.Alloc(int64(FlashPad(T) * width * 2))
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := d.Zero(buf); err != nil {
+				b.Fatal(err)
+			}
+			if err := ops.ToBF16(buf, src, T*width); err != nil {
+				b.Fatal(err)
+			}
+			return buf
+		}
+		q16, k16, v16 := copy16(bq, qd), copy16(bk, kvd), copy16(bv, kvd)
+		scratch := func(backward bool) *FlashScratch {
+			s, err := NewFlashScratchGivenQKV(d, T, heads, kv, hd, backward)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := s.UseQKV(q16, k16, v16); err != nil {
+				b.Fatal(err)
+			}
+			return s
+		}
+		fs, bs := scratch(false), scratch(true)
+		out16, lse, dsum := benchBuf(b, d, make([]bf16x, T*qd)), benchBuf(b, d, make([]float32, T*heads)), benchBuf(b, d, make([]float32, T*heads))
+		dq, dk, dv16 := benchBuf(b, d, make([]float32, T*qd)), benchBuf(b, d, make([]float32, T*kvd)), benchBuf(b, d, make([]bf16x, T*kvd))
+		var causal float64 // Σ L(L+1)/2 over the sequences
+		for _, l := range lens {
+			causal += float64(l) * float64(l+1) / 2
+		}
+		fwd := 4 * hd * heads * causal
+		shape := fmt.Sprintf("%d x %d", c.seqs, c.L)
+		for _, v := range []struct {
+			name         string
+			wide, wideQ  bool
+			single, back bool
+		}{{"forward narrow", false, false, false, false}, {"forward wide", true, false, false, false}, {"forward wideq", false, true, false, false},
+			{"backward pipelined", false, true, false, true}, {"backward one-stage", false, true, true, true}} {
+			o := NewOps(d)
+			o.FlashWide, o.FlashWideQ, o.FlashBackwardSingle = v.wide, v.wideQ, v.single
+			f, flops := func() error { return o.FlashAttention(fs, out16, lse, Buffer{}, Buffer{}, Buffer{}, bst, scale) }, fwd
+			if v.back {
+				if err := f(); err != nil { // the backward's out16 and lse
+					b.Fatal(err)
+				}
+				f = func() error {
+					return o.FlashAttentionBackward(bs, dq, dk, dv16, dsum, bdo, out16, lse, Buffer{}, Buffer{}, Buffer{}, bst, ben, scale)
+				}
+				flops *= 2.5
+			}
+			b.Run(shape+" "+v.name, func(b *testing.B) {
+				timeDevice(b, d, f)
+				b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e12, "TFLOP/s")
+				b.ReportMetric(b.Elapsed().Seconds()/float64(b.N)*1e3, "ms/call")
+			})
+		}
+		fs.Free()
+		bs.Free()
+		for _, buf := range []Buffer{bq, bk, bv, bdo, bst, ben, q16, k16, v16, out16, lse, dsum, dq, dk, dv16} {
+			d.Free(buf)
+		}
+	}
+}
+
+// bf16x is a bf16 element's room in a benchmark's buffer.
+type bf16x uint16

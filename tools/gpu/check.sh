@@ -25,6 +25,9 @@
 #   gemm   keel's fp32 GEMM and cuBLASLt's bf16 on a 0.6B layer's shapes
 #          (GFLOP/s; BenchmarkDeviceGemm, under a minute), and a decoding
 #          step's draws at 256 rows, full and truncated (BenchmarkDeviceDraw)
+#   flash  flash.cu's kernels alone on the Qwen3-0.6B shape's attention
+#          (8 x 2048, 2 x 16384): each forward and backward kernel's
+#          TFLOP/s (BenchmarkDeviceFlash, under a minute)
 #   decode issue 25's decode rows: keel (exact, bf16) at 64 and 256
 #          sequences on the Qwen3-0.6B shape and the MoE shape (2 layers),
 #          with CUDA graphs and without, the MoE layers grouped on the host
@@ -55,7 +58,7 @@
 #   rl     one RL step with both engines on the GPU, Qwen3-0.6B shape,
 #          32 prompts x 8 samples of up to 1024 tokens (bf16 training,
 #          bf16 rollout): where the step's time goes (issue 25's table)
-# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [gemm] [decode] [fp8] [ncu] [sanitize] [fit] [learn] [rl]
+# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [gemm] [flash] [decode] [fp8] [ncu] [sanitize] [fit] [learn] [rl]
 #        (none: tests e2e hf speed)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -180,6 +183,13 @@ if [[ " $sections " == *" gemm "* ]]; then
   timeout 60 $bin/cuda.test -test.run '^$' -test.bench DeviceDraw -test.benchtime 20x > "$out/draw.log" 2>&1
   echo "  exit $?"
   grep -E 'us/step' "$out/draw.log" | awk '{print "    " $1 " " $(NF-1) " us/step"}'
+fi
+
+if [[ " $sections " == *" flash "* ]]; then
+  echo "== flash.cu on this card, the Qwen3-0.6B shape's attention at 8 x 2048 and 2 x 16384 tokens: each forward and backward kernel, TFLOP/s of the causal attention (BenchmarkDeviceFlash)"
+  timeout 120 $bin/cuda.test -test.run '^$' -test.bench DeviceFlash -test.benchtime 20x > "$out/flash.log" 2>&1
+  echo "  exit $?"
+  grep -E 'TFLOP/s' "$out/flash.log" | awk '{print "    " $1 " " $5 " TFLOP/s " $7 " ms/call"}'
 fi
 
 if [[ " $sections " == *" decode "* ]]; then
