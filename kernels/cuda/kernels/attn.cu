@@ -44,18 +44,24 @@ __device__ __forceinline__ void load_raw(T (&k)[P], T (&v)[P], const T* kr, cons
   }
 }
 
-// fold_key folds one key (its row k and value row v, as load_key gives
-// them) into a query row's online-softmax state: attend_key's arithmetic.
+// key_score is a query row's scaled score for one key (its row k as
+// load_key gives it), on every lane of the warp.
 template <int P>
-__device__ __forceinline__ void fold_key(float (&acc)[P], float& mx, float& l, const float (&qr)[P], const float (&k)[P],
-                                         const float (&v)[P], int hd, float scale, int lane) {
+__device__ __forceinline__ float key_score(const float (&qr)[P], const float (&k)[P], int hd, float scale, int lane) {
   float s = 0.f;
 #pragma unroll
   for (int e = 0; e < P; e++) {
     const int d = lane + 32 * e;
     if (d < hd) s = fmaf(qr[e], k[e], s);
   }
-  s = warp_sum(s) * scale;
+  return warp_sum(s) * scale;
+}
+
+// fold_scored folds one key, given its score s (key_score) and its value
+// row v, into a query row's online-softmax state.
+template <int P>
+__device__ __forceinline__ void fold_scored(float (&acc)[P], float& mx, float& l, float s, const float (&v)[P], int hd,
+                                            int lane) {
   const float mn = fmaxf(mx, s);
   const float corr = expf(mx - mn), p = expf(s - mn);
   l = l * corr + p;
@@ -65,6 +71,14 @@ __device__ __forceinline__ void fold_key(float (&acc)[P], float& mx, float& l, c
     if (d < hd) acc[e] = fmaf(p, v[e], acc[e] * corr);
   }
   mx = mn;
+}
+
+// fold_key folds one key (its row k and value row v, as load_key gives
+// them) into a query row's online-softmax state: attend_key's arithmetic.
+template <int P>
+__device__ __forceinline__ void fold_key(float (&acc)[P], float& mx, float& l, const float (&qr)[P], const float (&k)[P],
+                                         const float (&v)[P], int hd, float scale, int lane) {
+  fold_scored(acc, mx, l, key_score(qr, k, hd, scale, lane), v, hd, lane);
 }
 
 // attend_key folds key j (its key row kr and value row vr) into one query
@@ -372,6 +386,27 @@ __device__ __forceinline__ void decode_keys(float (&acc)[G][P], float (&mx)[G], 
   for (int u = 0; u < D; u++)
     if (j0 + u < n) load_raw(kn[u], vn[u], kb + (j0 + u) * kvd, vb + (j0 + u) * kvd, hd, lane);
   for (int j = j0; j < n; j += D) {
+    if (j + D <= n) {
+      // A whole ring: the D·G scores first, their warp sums independent
+      // of each other and of the running state (so their shuffles
+      // overlap, where key by key each waited out the last one's), then
+      // the folds in key order: the same bits as fold_key key by key.
+      float s[D][G], v[D][P];
+#pragma unroll
+      for (int u = 0; u < D; u++) {
+        float k[P];
+#pragma unroll
+        for (int e = 0; e < P; e++) k[e] = widen(kn[u][e]), v[u][e] = widen(vn[u][e]);
+        if (j + u + D < n) load_raw(kn[u], vn[u], kb + (j + u + D) * kvd, vb + (j + u + D) * kvd, hd, lane);
+#pragma unroll
+        for (int x = 0; x < G; x++) s[u][x] = key_score(qr[x], k, hd, scale, lane);
+      }
+#pragma unroll
+      for (int u = 0; u < D; u++)
+#pragma unroll
+        for (int x = 0; x < G; x++) fold_scored(acc[x], mx[x], l[x], s[u][x], v[u], hd, lane);
+      continue;
+    }
 #pragma unroll
     for (int u = 0; u < D; u++) {
       if (j + u < n) {
