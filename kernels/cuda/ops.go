@@ -554,7 +554,10 @@ func (o *Ops) MoERoute(ids, gates, probs, replay Buffer, rows, E, k int, norm bo
 	if norm {
 		n = 1
 	}
-	return o.Launch("moe.cu", "moe_route", Dim3{X: (rows + 127) / 128}, Dim3{X: 128}, ids, gates, probs, replay, rows, E, k, n)
+	if E > 1024 {
+		return fmt.Errorf("cuda: MoERoute over %d experts: moe.cu's moe_route takes at most 1024", E)
+	}
+	return o.Launch("moe.cu", "moe_route", Dim3{X: (rows + 3) / 4}, Dim3{X: 128}, ids, gates, probs, replay, rows, E, k, n)
 }
 
 // attnHeadDimMax is attn.cu's ATT_HD_MAX: the largest head_dim its
