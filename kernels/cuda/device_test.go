@@ -834,7 +834,7 @@ func TestDeviceModuleCache(t *testing.T) {
 func TestDeviceMoERoute(t *testing.T) {
 	g := newGPU(t)
 	r := rand.New(rand.NewPCG(12, 12))
-	for _, c := range []struct{ T, E, k int }{{1, 8, 2}, {37, 128, 8}, {5, 16, 4}} {
+	for _, c := range []struct{ T, E, k int }{{1, 8, 2}, {37, 128, 8}, {5, 16, 4}, {3, 1000, 40}} {
 		T, E, k := c.T, c.E, c.k
 		probs := make([]float32, T*E)
 		for tk := 0; tk < T; tk++ {
@@ -860,6 +860,19 @@ func TestDeviceMoERoute(t *testing.T) {
 			// NaNs in a live token: at expert 0 (where the scan starts)
 			// and in the middle.
 			probs[2*E], probs[2*E+E/2] = float32(math.NaN()), float32(math.NaN())
+		}
+		if k > 32 {
+			// More NaNs than numbers among token 0's top k (the lower NaN
+			// first), and +0 beside -0 (equal: the lower expert first), in
+			// a row of 1000 experts (the device's taken mask past bit 3).
+			row := probs[:E]
+			for e := range row {
+				row[e] = float32(math.NaN())
+				if e%97 == 0 { // 11 zeros, alternately -0 and +0
+					row[e] = float32(math.Copysign(0, float64(e%2)-0.5))
+				}
+			}
+			row[500], row[999] = 0.5, 0.5 // then 27 NaNs, the lowest experts first
 		}
 		replay := make([]int32, T*k)
 		for tk := range T {
