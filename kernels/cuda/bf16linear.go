@@ -155,6 +155,43 @@ type Product struct {
 	Y16 bool
 }
 
+// mergeProducts joins each run of neighbouring products whose weights lie
+// back to back (W [Out, in] spans of one arena, in order) and whose
+// outputs are neighbouring columns of one matrix (the same LdY, each Y
+// starting where the one before it ends in a row, no addend) into one
+// product: q, k and v of a layer written into one [rows, qd+2·kvd]
+// matrix, or gate and up into [rows, 2·I], take one product rather than
+// three or two. A decoding step's products are small (256 rows), so each
+// launch is far from the card's speed and the fewer the better. adjacent,
+// where not nil, must also hold for two products to join (QuantLinear's
+// scales). Each output is the same sum over the same inputs; only
+// cuBLASLt's choice of algorithm, made by shape, may differ.
+func mergeProducts(ps []Product, adjacent func(a, b Product) bool) []Product {
+	if len(ps) < 2 {
+		return ps
+	}
+	out := make([]Product, 0, len(ps))
+	for _, p := range ps {
+		if n := len(out); n > 0 {
+			q := &out[n-1]
+			elt := uint64(4)
+			if q.Y16 {
+				elt = 2
+			}
+			if q.Add.Ptr == 0 && p.Add.Ptr == 0 && q.Y16 == p.Y16 && q.LdY == p.LdY && q.Out+p.Out <= q.LdY &&
+				p.W.Ptr == q.W.Ptr+uint64(q.W.Size) && p.Y.Ptr == q.Y.Ptr+uint64(q.Out)*elt &&
+				(adjacent == nil || adjacent(*q, p)) {
+				q.W.Size += p.W.Size
+				q.Y.Size = max(q.Y.Size, int64(p.Y.Ptr-q.Y.Ptr)+p.Y.Size)
+				q.Out += p.Out
+				continue
+			}
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
 // LinearMany computes several products of the same input x (q, k and v of
 // one layer, say) from one bf16 rounding of it.
 func (l *BF16Linear) LinearMany(x Buffer, rows, in, ldx int, ps ...Product) error {
@@ -179,7 +216,7 @@ func (l *BF16Linear) LinearManyBF16(x16 Buffer, rows, in int, ps ...Product) err
 }
 
 func (l *BF16Linear) products(x16 Buffer, rows, in int, ps []Product) error {
-	for _, p := range ps {
+	for _, p := range mergeProducts(ps, nil) {
 		w16, err := l.w16span(p.W)
 		if err != nil {
 			return err

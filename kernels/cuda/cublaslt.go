@@ -117,6 +117,7 @@ type Blas struct {
 
 	mu    sync.Mutex // held from finding a plan until its product is issued
 	plans map[gemmKey]*gemmPlan
+	calls int64 // products issued (under mu): what the tests count
 }
 
 type gemmKey struct {
@@ -263,6 +264,7 @@ func (b *Blas) gemm(stream uintptr, ws Buffer, transA, transB bool, m, n, k int,
 		if err != nil {
 			return err
 		}
+		b.calls++
 		st := b.lt.matmul(b.h, p.desc, unsafe.Pointer(alpha), A.Ptr, p.a, B.Ptr, p.b, unsafe.Pointer(beta),
 			in.Ptr, p.c, C.Ptr, p.c, unsafe.Pointer(&p.algo[0]), ws.Ptr, uintptr(ws.Size), stream)
 		err = b.check(st, fmt.Sprintf("cublasLtMatmul(%d×%d×%d)", m, n, k))

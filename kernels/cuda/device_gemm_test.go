@@ -284,7 +284,7 @@ func TestDeviceAttention(t *testing.T) {
 		kc16 := bufOf(g, make([]uint16, len(c.lens)*maxLen*kvd))
 		vc16 := bufOf(g, make([]uint16, len(c.lens)*maxLen*kvd))
 		dec16, decRounded := g.poisoned(T*qd), g.poisoned(T*qd)
-		if err := ops.KVStoreBF16(kc16, vc16, bk, bv, bslot, bpos, T, maxLen, kvd); err != nil {
+		if err := ops.KVStoreBF16(kc16, vc16, bk, bv, bslot, bpos, T, maxLen, kvd, kvd); err != nil {
 			t.Fatal(err)
 		}
 		if err := ops.AttnDecodeBF16(dec16, bq, kc16, vc16, bslot, bpos, T, maxLen, c.heads, c.kv, c.hd, scale); err != nil {
@@ -860,6 +860,99 @@ func TestDeviceLinearMany(t *testing.T) {
 	}
 	if err := f8.LinearMany(x, rows, in, ldx, Product{Y: g.poisoned(rows * 8), W: arena.Floats(0, 8*in), Out: 8, LdY: 8}); err == nil {
 		t.Error("fp8: a weight that is not one of the quantised matrices was accepted")
+	}
+	linearManyMerged(t, g, r)
+}
+
+// linearManyMerged: matrices back to back in the arena whose outputs are
+// neighbouring column spans of one matrix (q, k and v of a layer) take one
+// cuBLASLt product in bf16, fp8 and fp4 (mergeProducts), with each
+// output what its own product gives (bit for bit on the emulator; on a
+// card cuBLASLt may pick another algorithm for the wider shape, so within
+// float32 rounding of the sums).
+func linearManyMerged(t *testing.T, g *gpu, r *rand.Rand) {
+	const rows, in, ldx = 19, 40, 44
+	outs := []int{24, 8, 16}
+	const ld = 24 + 8 + 16 + 3
+	var mats []Matrix
+	off := 4
+	for _, o := range outs {
+		mats = append(mats, Matrix{Off: off, Rows: o, Cols: in})
+		off += o * in
+	}
+	arena := bufOf(g, randF32(r, off+4, 1))
+	x := bufOf(g, randF32(r, rows*ldx, 1))
+	ops := NewOps(g.d)
+	blas, err := g.d.Blas()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bl, err := NewBF16Linear(ops, arena, off+4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bl.Free()
+	f8, err := NewQuantLinear(ops, arena, off+4, mats, FormatFP8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f8.Free()
+	f4, err := NewQuantLinear(ops, arena, off+4, mats, FormatFP4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f4.Free()
+	calls := func() int64 {
+		blas.mu.Lock()
+		defer blas.mu.Unlock()
+		return blas.calls
+	}
+	for _, c := range []struct {
+		name string
+		p    interface {
+			Linear(y, x, w Buffer, rows, in, out, ldy, ldx int) error
+			LinearMany(x Buffer, rows, in, ldx int, ps ...Product) error
+		}
+	}{{"bf16", bl}, {"fp8", f8}, {"fp4", f4}} {
+		y := g.poisoned(rows * ld)
+		var many []Product
+		col := 0
+		for _, m := range mats {
+			many = append(many, Product{Y: y.Floats(col, rows*ld-col), W: arena.Floats(m.Off, m.Rows*in), Out: m.Rows, LdY: ld})
+			col += m.Rows
+		}
+		before := calls()
+		if err := c.p.LinearMany(x, rows, in, ldx, many...); err != nil {
+			t.Fatal(err)
+		}
+		if n := calls() - before; n != 1 {
+			t.Errorf("%s: q, k and v back to back took %d products, want 1", c.name, n)
+		}
+		got := g.f32(y, rows*ld)
+		col = 0
+		for i, m := range mats {
+			one := g.poisoned(rows * m.Rows)
+			if err := c.p.Linear(one, x, many[i].W, rows, in, m.Rows, m.Rows, ldx); err != nil {
+				t.Fatal(err)
+			}
+			want := g.f32(one, rows*m.Rows)
+			for r := range rows {
+				for o := range m.Rows {
+					a, b := got[r*ld+col+o], want[r*m.Rows+o]
+					if d := math.Abs(float64(a) - float64(b)); !(d <= 1e-5*(1+math.Abs(float64(b)))) {
+						t.Fatalf("%s: matrix %d row %d column %d: %v merged, %v alone", c.name, i, r, o, a, b)
+					}
+				}
+			}
+			col += m.Rows
+		}
+		for r := range rows {
+			for o := col; o < ld; o++ {
+				if v := got[r*ld+o]; v == v {
+					t.Fatalf("%s: row %d column %d, past the outputs, written", c.name, r, o)
+				}
+			}
+		}
 	}
 }
 

@@ -203,21 +203,35 @@ func TestDeviceFusedBF16(t *testing.T) {
 	}
 
 	// The fused q/k step: q as NormRope gives it, the caches as NormRope
-	// then KVStoreBF16 fill them; the padding row writes no cache.
+	// then KVStoreBF16 fill them; the padding row writes no cache. The
+	// fused step reads q, k and v as column spans of one matrix (their one
+	// product's output), the unfused ones as matrices of their own.
 	{
-		const rows = 4
-		qraw, kraw, vv := bufOf(g, randF32(r, rows*heads*hd, 1)), bufOf(g, randF32(r, rows*kv*hd, 1)), bufOf(g, randF32(r, rows*kv*hd, 1))
+		const rows, qd, kvd = 4, heads * hd, kv * hd
+		const ld = qd + 2*kvd
+		qh, kh, vh := randF32(r, rows*qd, 1), randF32(r, rows*kvd, 1), randF32(r, rows*kvd, 1)
+		qkvh := make([]float32, 0, rows*ld)
+		for t := range rows {
+			qkvh = append(qkvh, qh[t*qd:(t+1)*qd]...)
+			qkvh = append(qkvh, kh[t*kvd:(t+1)*kvd]...)
+			qkvh = append(qkvh, vh[t*kvd:(t+1)*kvd]...)
+		}
+		qraw, kraw, vv, qkv := bufOf(g, qh), bufOf(g, kh), bufOf(g, vh), bufOf(g, qkvh)
 		qw, kw := bufOf(g, randF32(r, hd, 1)), bufOf(g, randF32(r, hd, 1))
 		cosT, sinT := model.RopeTables(hd, 1e6, maxLen)
 		bcos, bsin := bufOf(g, cosT), bufOf(g, sinT)
 		zero := make([]uint16, slots*maxLen*kv*hd)
-		kc1, vc1, kc2, vc2 := bufOf(g, zero), bufOf(g, zero), bufOf(g, zero), bufOf(g, zero)
-		q1, q2, k1 := g.poisoned(rows*heads*hd), g.poisoned(rows*heads*hd), g.poisoned(rows*kv*hd)
-		check(ops.NormRope(q1, Buffer{}, qraw, qw, bcos, bsin, pos, rows, heads, hd, heads*hd, 1e-6))
-		check(ops.NormRope(k1, Buffer{}, kraw, kw, bcos, bsin, pos, rows, kv, hd, kv*hd, 1e-6))
-		check(ops.KVStoreBF16(kc1, vc1, k1, vv, slot, pos, rows, maxLen, kv*hd))
-		check(ops.NormRopeKVBF16(q2, kc2, vc2, qraw, kraw, vv, qw, kw, bcos, bsin, slot, pos, rows, heads, kv, hd, maxLen, 1e-6))
-		sameBits(t, "NormRopeKVBF16 q", g.f32(q2, rows*heads*hd), g.f32(q1, rows*heads*hd))
+		kc1, vc1, kc2, vc2, kc3, vc3 := bufOf(g, zero), bufOf(g, zero), bufOf(g, zero), bufOf(g, zero), bufOf(g, zero), bufOf(g, zero)
+		q1, q2, k1 := g.poisoned(rows*qd), g.poisoned(rows*qd), g.poisoned(rows*kvd)
+		check(ops.NormRope(q1, Buffer{}, qraw, qw, bcos, bsin, pos, rows, heads, hd, qd, 1e-6))
+		check(ops.NormRope(k1, Buffer{}, kraw, kw, bcos, bsin, pos, rows, kv, hd, kvd, 1e-6))
+		check(ops.KVStoreBF16(kc1, vc1, k1, vv, slot, pos, rows, maxLen, kvd, kvd))
+		check(ops.NormRopeKVBF16(q2, kc2, vc2, qkv, qkv.Floats(qd, rows*ld-qd), qkv.Floats(qd+kvd, rows*ld-qd-kvd), qw, kw, bcos, bsin,
+			slot, pos, rows, ld, heads, kv, hd, maxLen, 1e-6))
+		// KVStoreBF16 with v a column span of the same matrix.
+		check(ops.KVStoreBF16(kc3, vc3, k1, qkv.Floats(qd+kvd, rows*ld-qd-kvd), slot, pos, rows, maxLen, kvd, ld))
+		sameU16("KVStoreBF16 values from a column span", u16(vc3, len(zero)), u16(vc1, len(zero)))
+		sameBits(t, "NormRopeKVBF16 q", g.f32(q2, rows*qd), g.f32(q1, rows*qd))
 		sameU16("NormRopeKVBF16 keys", u16(kc2, len(zero)), u16(kc1, len(zero)))
 		sameU16("NormRopeKVBF16 values", u16(vc2, len(zero)), u16(vc1, len(zero)))
 		written := 0

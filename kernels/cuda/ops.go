@@ -266,10 +266,12 @@ func (o *Ops) SwiGLU(a, gu Buffer, rows, n int) error {
 // NormRope(qraw) (rows of heads·hd), and NormRope(kraw) and v rounded to
 // bf16 into the caches at each row's (slot, pos), as NormRope then
 // KVStoreBF16 would store them, bit for bit; a padding row (negative
-// slot) writes q only.
-func (o *Ops) NormRopeKVBF16(q, kcache, vcache, qraw, kraw, v, qw, kw, cos, sin, slot, pos Buffer, rows, heads, kv, hd, maxLen int, eps float32) error {
+// slot) writes q only. Rows of qraw, kraw and v are ld floats apart: they
+// are column spans of one [rows, ld] matrix, q, k and v's one product
+// (BF16Linear merges them).
+func (o *Ops) NormRopeKVBF16(q, kcache, vcache, qraw, kraw, v, qw, kw, cos, sin, slot, pos Buffer, rows, ld, heads, kv, hd, maxLen int, eps float32) error {
 	return o.Launch("rows.cu", "norm_rope_kv_bf16", Dim3{X: rows}, block256, q, kcache, vcache, qraw, kraw, v, qw, kw, cos, sin, slot, pos,
-		heads, kv, hd, maxLen, eps)
+		int64(ld), heads, kv, hd, maxLen, eps)
 }
 
 // SwiGLUBF16 is SwiGLU with a rounded to bf16 in the same pass.
@@ -572,9 +574,10 @@ func checkHeads(heads, kv, hd int) error {
 }
 
 // KVStoreBF16 is KVStore into bfloat16 caches (keys and values rounded
-// once, to nearest even).
-func (o *Ops) KVStoreBF16(kcache, vcache, k, v, slot, pos Buffer, rows, maxLen, kvd int) error {
-	return o.Launch("attn.cu", "kv_store_bf16", Dim3{X: rows}, block256, kcache, vcache, k, v, slot, pos, maxLen, kvd)
+// once, to nearest even), v's rows ldv floats apart (a column span of q,
+// k and v's one product; kvd where v is a matrix of its own).
+func (o *Ops) KVStoreBF16(kcache, vcache, k, v, slot, pos Buffer, rows, maxLen, kvd, ldv int) error {
+	return o.Launch("attn.cu", "kv_store_bf16", Dim3{X: rows}, block256, kcache, vcache, k, v, slot, pos, maxLen, kvd, int64(ldv))
 }
 
 // AttnDecodeBF16To16 is AttnDecodeBF16 with its output rounded to bf16

@@ -90,18 +90,19 @@ type scratch struct {
 	// of it (stepIn). out holds what a step's draws give back, downloaded
 	// in one copy: drawn, drawnLP, drawnTLP, topTok and topLP are spans of
 	// it (stepOut).
-	in, out                                         Buffer
-	slot, pos, tok, outRow, temps                   Buffer
-	x, h1, qraw, kraw, q, k, v, att, xmid, h2, next Buffer
-	gu, a                                           Buffer // dense MLP
-	xo, logits                                      Buffer // output rows
-	draw, topP, topK, topN                          Buffer // per output row: uniform and top-p (float64), top-k, top log-probs asked
-	drawn, drawnLP, drawnTLP, topTok, topLP         Buffer // per output row drawn: token, log-prob, truncated log-prob, top tokens and log-probs
-	probs, gates, row, gtok, ids, xg, gug, ag, yg   Buffer // MoE
-	x16                                             Buffer // bf16: a product's operand, rounded by the kernel before it
-	part                                            Buffer // the reduced precisions: the decoding attention's split sums (kc.DecodeSplitFloats)
-	grp                                             kc.MoEGroups
-	xg16                                            Buffer // bf16 MoE grouped on the device: the experts' rows, then SwiGLU's
+	in, out                                       Buffer
+	slot, pos, tok, outRow, temps                 Buffer
+	x, h1, q, k, att, xmid, h2, next              Buffer
+	qkv                                           Buffer // q's, k's and v's products (qkvViews)
+	gu, a                                         Buffer // dense MLP
+	xo, logits                                    Buffer // output rows
+	draw, topP, topK, topN                        Buffer // per output row: uniform and top-p (float64), top-k, top log-probs asked
+	drawn, drawnLP, drawnTLP, topTok, topLP       Buffer // per output row drawn: token, log-prob, truncated log-prob, top tokens and log-probs
+	probs, gates, row, gtok, ids, xg, gug, ag, yg Buffer // MoE
+	x16                                           Buffer // bf16: a product's operand, rounded by the kernel before it
+	part                                          Buffer // the reduced precisions: the decoding attention's split sums (kc.DecodeSplitFloats)
+	grp                                           kc.MoEGroups
+	xg16                                          Buffer // bf16 MoE grouped on the device: the experts' rows, then SwiGLU's
 }
 
 // groupsOnDevice says whether the MoE layers of a rollout group their rows
@@ -138,7 +139,7 @@ func (s *scratch) spans(c *model.Config, o *rollout.Options) []span {
 	I := c.IntermediateSize
 	E, k, Im := c.NumExperts, c.NumExpertsPerTok, c.MoeIntermediateSize
 	spans := []span{{&s.in, stepIn(R, S)}, {&s.out, stepOut(S)},
-		{&s.x, R * H}, {&s.h1, R * H}, {&s.qraw, R * qd}, {&s.kraw, R * kvd}, {&s.q, R * qd}, {&s.k, R * kvd}, {&s.v, R * kvd},
+		{&s.x, R * H}, {&s.h1, R * H}, {&s.qkv, R * (qd + 2*kvd)}, {&s.q, R * qd}, {&s.k, R * kvd},
 		{&s.att, R * qd}, {&s.xmid, R * H}, {&s.h2, R * H}, {&s.next, R * H}, {&s.xo, S * H}, {&s.logits, S * V}}
 	if len(c.MoELayers()) < c.NumHiddenLayers {
 		spans = append(spans, span{&s.gu, R * 2 * I}, span{&s.a, R * I})
@@ -449,6 +450,24 @@ func (b *Backend) splits(R int) int {
 	return b.ops.DecodeSplits(R, b.cfg.NumAttentionHeads, b.cfg.NumKeyValueHeads)
 }
 
+// qkvViews returns where a step of R rows puts its q, k and v products,
+// in s.qkv, with the row strides of q and of k and v. In the reduced
+// precisions they are column spans of one [R, qd+2·kvd] matrix: their
+// weights lie back to back in the arena, so the three are one product
+// (kernels/cuda mergeProducts), one launch where there were three, and
+// wider (at 256 decoding rows each product is far from the card's
+// speed). In exact precision each is a matrix of its own, as the training
+// engine's are: its products (Ops.LinearMany) are one per matrix anyway.
+func (b *Backend) qkvViews(R int) (q, k, v Buffer, ldq, ldkv int) {
+	qd, kvd := b.cfg.NumAttentionHeads*b.cfg.HeadDim, b.cfg.NumKeyValueHeads*b.cfg.HeadDim
+	if b.opt.Precision == rollout.Exact {
+		return b.s.qkv.Floats(0, R*qd), b.s.qkv.Floats(R*qd, R*kvd), b.s.qkv.Floats(R*(qd+kvd), R*kvd), qd, kvd
+	}
+	ld := qd + 2*kvd
+	n := R * ld
+	return b.s.qkv.Floats(0, n), b.s.qkv.Floats(qd, n-qd), b.s.qkv.Floats(qd+kvd, n-qd-kvd), ld, ld
+}
+
 // bf16Cache reports whether the KV cache holds bfloat16 (bf16, fp8 and
 // fp4, as the CPU engine keeps it) rather than float32 (exact).
 func (b *Backend) bf16Cache() bool { return b.opt.Precision != rollout.Exact }
@@ -672,6 +691,7 @@ func (b *Backend) forward(sb *rollout.StepBatch, R, nOut int) error {
 	eps := float32(c.RMSNormEps)
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	x, next := s.x, s.next
+	qraw, kraw, vraw, ldq, ldkv := b.qkvViews(R)
 	if err := o.Gather(x, b.param(b.host.Embed), s.tok, R, H); err != nil {
 		return err
 	}
@@ -691,20 +711,20 @@ func (b *Backend) forward(sb *rollout.StepBatch, R, nOut int) error {
 		steps := []func() error{
 			func() error { return o.RMSNorm(s.h1, Buffer{}, x, b.param(l.InputNorm), R, H, eps) },
 			func() error {
-				return b.linears(s.h1, R, H, H, kc.Product{Y: s.qraw, W: b.param(l.Q), Out: qd, LdY: qd},
-					kc.Product{Y: s.kraw, W: b.param(l.K), Out: kvd, LdY: kvd}, kc.Product{Y: s.v, W: b.param(l.V), Out: kvd, LdY: kvd})
+				return b.linears(s.h1, R, H, H, kc.Product{Y: qraw, W: b.param(l.Q), Out: qd, LdY: ldq},
+					kc.Product{Y: kraw, W: b.param(l.K), Out: kvd, LdY: ldkv}, kc.Product{Y: vraw, W: b.param(l.V), Out: kvd, LdY: ldkv})
 			},
 			func() error {
-				return o.NormRope(s.q, Buffer{}, s.qraw, b.param(l.QNorm), b.cos, b.sin, s.pos, R, heads, hd, qd, eps)
+				return o.NormRope(s.q, Buffer{}, qraw, b.param(l.QNorm), b.cos, b.sin, s.pos, R, heads, hd, ldq, eps)
 			},
 			func() error {
-				return o.NormRope(s.k, Buffer{}, s.kraw, b.param(l.KNorm), b.cos, b.sin, s.pos, R, kv, hd, kvd, eps)
+				return o.NormRope(s.k, Buffer{}, kraw, b.param(l.KNorm), b.cos, b.sin, s.pos, R, kv, hd, ldkv, eps)
 			},
 			func() error {
 				if b.bf16Cache() {
-					return o.KVStoreBF16(b.kcache[li], b.vcache[li], s.k, s.v, s.slot, s.pos, R, b.opt.MaxLen, kvd)
+					return o.KVStoreBF16(b.kcache[li], b.vcache[li], s.k, vraw, s.slot, s.pos, R, b.opt.MaxLen, kvd, ldkv)
 				}
-				return o.KVStore(b.kcache[li], b.vcache[li], s.k, s.v, s.slot, s.pos, R, b.opt.MaxLen, kvd)
+				return o.KVStore(b.kcache[li], b.vcache[li], s.k, vraw, s.slot, s.pos, R, b.opt.MaxLen, kvd)
 			},
 			func() error {
 				if b.bf16Cache() {
@@ -903,15 +923,16 @@ func (b *Backend) layerBF16(f *kc.BF16Linear, li, ml, R int, x, next Buffer) err
 	qd, kvd := heads*hd, kv*hd
 	eps := float32(c.RMSNormEps)
 	scale := float32(1 / math.Sqrt(float64(hd)))
+	qraw, kraw, vraw, ld, _ := b.qkvViews(R)
 	steps := []func() error{
 		func() error { return o.RMSNormBF16(s.x16, Buffer{}, x, b.param(l.InputNorm), R, H, eps) },
 		func() error {
-			return f.LinearManyBF16(s.x16, R, H, kc.Product{Y: s.qraw, W: b.param(l.Q), Out: qd, LdY: qd},
-				kc.Product{Y: s.kraw, W: b.param(l.K), Out: kvd, LdY: kvd}, kc.Product{Y: s.v, W: b.param(l.V), Out: kvd, LdY: kvd})
+			return f.LinearManyBF16(s.x16, R, H, kc.Product{Y: qraw, W: b.param(l.Q), Out: qd, LdY: ld},
+				kc.Product{Y: kraw, W: b.param(l.K), Out: kvd, LdY: ld}, kc.Product{Y: vraw, W: b.param(l.V), Out: kvd, LdY: ld})
 		},
 		func() error {
-			return o.NormRopeKVBF16(s.q, b.kcache[li], b.vcache[li], s.qraw, s.kraw, s.v, b.param(l.QNorm), b.param(l.KNorm),
-				b.cos, b.sin, s.slot, s.pos, R, heads, kv, hd, b.opt.MaxLen, eps)
+			return o.NormRopeKVBF16(s.q, b.kcache[li], b.vcache[li], qraw, kraw, vraw, b.param(l.QNorm), b.param(l.KNorm),
+				b.cos, b.sin, s.slot, s.pos, R, ld, heads, kv, hd, b.opt.MaxLen, eps)
 		},
 		func() error {
 			return o.AttnDecodeBF16Split(true, s.x16, s.part, s.q, b.kcache[li], b.vcache[li], s.slot, s.pos, R, b.opt.MaxLen, heads, kv, hd, scale, b.splits(R))

@@ -354,17 +354,18 @@ extern "C" __global__ void attn_bwd_kv(float* __restrict__ dk, float* __restrict
 }
 
 // kv_store_bf16 is kv_store into a bfloat16 cache (the bf16 rollout's):
-// keys and values rounded once, to nearest even. grid = rows.
+// keys and values rounded once, to nearest even; v's rows ldv apart (a
+// column span of q, k and v's one product). grid = rows.
 extern "C" __global__ void kv_store_bf16(bf16_t* __restrict__ kc, bf16_t* __restrict__ vc,
                                          const float* __restrict__ k, const float* __restrict__ v,
                                          const int* __restrict__ slot, const int* __restrict__ pos,
-                                         int max_len, int kvd) {
+                                         int max_len, int kvd, i64 ldv) {
   const i64 r = blockIdx.x;
   if (slot[r] < 0) return;
   const i64 o = ((i64)slot[r] * max_len + pos[r]) * kvd;
   for (int j = threadIdx.x; j < kvd; j += blockDim.x) {
     kc[o + j] = f32_to_bf16(k[r * kvd + j]);
-    vc[o + j] = f32_to_bf16(v[r * kvd + j]);
+    vc[o + j] = f32_to_bf16(v[r * ldv + j]);
   }
 }
 

@@ -520,15 +520,17 @@ extern "C" __global__ void norm_rope_fwd_bf16_raw16(bf16_t* __restrict__ out, fl
 // likewise but rounded to bf16 straight into the cache at (slot[t],
 // pos[t]), and its v row rounded into the value cache: norm_rope_fwd twice
 // and kv_store_bf16, bit for bit, in one launch. A padding row (negative
-// slot) writes q only. Caches [slots, max_len, kv*hd]. grid = T, block =
-// KEEL_THREADS: warp k does heads k, k+8, ... of the q and k heads.
+// slot) writes q only. Caches [slots, max_len, kv*hd]. Row t of qraw, kraw
+// and v starts at t*ld: they are column spans of one [T, ld] matrix, the
+// output of q, k and v's one product. grid = T, block = KEEL_THREADS:
+// warp k does heads k, k+8, ... of the q and k heads.
 extern "C" __global__ void norm_rope_kv_bf16(float* __restrict__ q, bf16_t* __restrict__ kc, bf16_t* __restrict__ vc,
                                              const float* __restrict__ qraw, const float* __restrict__ kraw,
                                              const float* __restrict__ v, const float* __restrict__ qw,
                                              const float* __restrict__ kw, const float* __restrict__ cosv,
                                              const float* __restrict__ sinv, const int* __restrict__ slot,
-                                             const int* __restrict__ pos, int heads, int kv, int hd, int max_len,
-                                             float eps) {
+                                             const int* __restrict__ pos, i64 ld, int heads, int kv, int hd,
+                                             int max_len, float eps) {
   const i64 t = blockIdx.x;
   const int half = hd / 2, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   const float* cs = cosv + (i64)pos[t] * half;
@@ -537,7 +539,7 @@ extern "C" __global__ void norm_rope_kv_bf16(float* __restrict__ q, bf16_t* __re
   for (int h = threadIdx.x >> 5; h < heads + kv; h += warps) {
     const bool isq = h < heads;
     if (!isq && cache < 0) continue;
-    const float* x = isq ? qraw + t * heads * (i64)hd + (i64)h * hd : kraw + t * kvd + (i64)(h - heads) * hd;
+    const float* x = (isq ? qraw + (i64)h * hd : kraw + (i64)(h - heads) * hd) + t * ld;
     const float* w = isq ? qw : kw;
     float ss = 0.f;
     for (int i = lane; i < hd; i += 32) ss = fmaf(x[i], x[i], ss);
@@ -558,7 +560,7 @@ extern "C" __global__ void norm_rope_kv_bf16(float* __restrict__ q, bf16_t* __re
     }
   }
   if (cache >= 0)
-    for (int j = threadIdx.x; j < kvd; j += blockDim.x) vc[cache + j] = f32_to_bf16(v[t * kvd + j]);
+    for (int j = threadIdx.x; j < kvd; j += blockDim.x) vc[cache + j] = f32_to_bf16(v[t * ld + j]);
 }
 
 // rope_rows rotates the heads of every token in place by rotate-half RoPE
