@@ -1400,3 +1400,110 @@ func TestFlashSharedFallback(t *testing.T) {
 		sameBits(t, fmt.Sprintf("output %d, Q in shared memory asked for on sm_86", i), g.f32(got[i], n), g.f32(want[i], n))
 	}
 }
+
+// TestDeviceBlasTune: a plan times cuBLASLt's candidate algorithms the
+// first time its product runs outside a recording and keeps one that
+// runs (the emulator offers three, the third refused by cublasLtMatmul);
+// a plan first used while a graph records is timed by its next product
+// outside one; KEEL_BLAS_TUNE=0 keeps the heuristic's first. The
+// products' values are TestDeviceGemmBF16's (which accumulates, so timing
+// on the product's own output would fail it).
+func TestDeviceBlasTune(t *testing.T) {
+	g := newGPU(t)
+	blas, err := g.d.Blas()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const M, N, K = 33, 48, 64
+	r := rand.New(rand.NewPCG(14, 3))
+	x, w := bufOf(g, randF32(r, M*K/2, 1)), bufOf(g, randF32(r, N*K/2, 1)) // bf16 pairs
+	emulated := false // the emulator's algorithms are "keel-emu" and a number
+	count := func() (tuned int64, untimed int) {
+		blas.mu.Lock()
+		defer blas.mu.Unlock()
+		for _, p := range blas.plans {
+			emulated = emulated || string(p.algo[:8]) == "keel-emu"
+			if p.cands != nil {
+				untimed++
+			}
+			if emulated && p.algo[8] == 2 {
+				t.Error("a plan kept the algorithm cublasLtMatmul refuses")
+			}
+		}
+		return blas.tuned, untimed
+	}
+	ops := NewOps(g.d)
+	if ops.GraphsAvailable() {
+		defer ops.CloseGraphs()
+		y := g.poisoned(M * N)
+		gr, err := ops.Capture(func() error { return ops.gemmBF16(blas, true, false, N, M, K, w, K, x, K, y, N, false) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		gr.Close()
+		if tuned, untimed := count(); tuned != 0 || (emulated && untimed != 1) {
+			t.Fatalf("after a recording: %d plans timed, %d waiting, want 0 and 1", tuned, untimed)
+		}
+	}
+	y := g.poisoned(M * N)
+	if err := blas.GemmBF16(true, false, N, M, K, w, K, x, K, y, N, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if tuned, untimed := count(); untimed != 0 || (emulated && tuned != 1) {
+		t.Fatalf("after a product: %d plans timed, %d waiting, want 1 and 0", tuned, untimed)
+	}
+	// A product of a new shape while another goroutine records (an async
+	// rollout beside the trainer) waits for its timing.
+	if ops.GraphsAvailable() {
+		recording, release, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+		y1 := g.poisoned(M * N)
+		go func() {
+			gr, err := ops.Capture(func() error {
+				close(recording)
+				<-release
+				return ops.Add(y1, y1, M*N)
+			})
+			if err == nil {
+				gr.Close()
+			}
+			done <- err
+		}()
+		<-recording
+		y2 := g.poisoned(M * N)
+		err := blas.GemmBF16(true, false, N, M-1, K, w, K, x, K, y2, N, false)
+		tuned, untimed := count()
+		close(release)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if emulated && (tuned != 1 || untimed != 1) {
+			t.Fatalf("a product beside a recording: %d plans timed, %d waiting, want 1 and 1", tuned, untimed)
+		}
+		if err := blas.GemmBF16(true, false, N, M-1, K, w, K, x, K, y2, N, false); err != nil {
+			t.Fatal(err)
+		}
+		if tuned, untimed := count(); untimed != 0 || (emulated && tuned != 2) {
+			t.Fatalf("after the recording: %d plans timed, %d waiting, want 2 and 0", tuned, untimed)
+		}
+	}
+
+	t.Setenv("KEEL_BLAS_TUNE", "0")
+	g2 := newGPU(t)
+	b2, err := g2.d.Blas()
+	if err != nil {
+		t.Fatal(err)
+	}
+	x2, w2, y2 := bufOf(g2, randF32(r, M*K/2, 1)), bufOf(g2, randF32(r, N*K/2, 1)), g2.poisoned(M*N)
+	if err := b2.GemmBF16(true, false, N, M, K, w2, K, x2, K, y2, N, false); err != nil {
+		t.Fatal(err)
+	}
+	if b2.tuned != 0 || len(b2.plans) != 1 {
+		t.Errorf("KEEL_BLAS_TUNE=0: %d plans timed of %d", b2.tuned, len(b2.plans))
+	}
+}

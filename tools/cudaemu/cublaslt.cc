@@ -206,16 +206,25 @@ API int cublasLtMatmulPreferenceSetAttribute(uintptr_t p, int attr, const void* 
 }
 
 // A heuristic result is 96 bytes: the algorithm (64), the workspace it
-// needs (8), its state (4), waves (4), reserved (16).
+// needs (8), its state (4), waves (4), reserved (16). The emulator offers
+// up to three algorithms, "keel-emu" then their number: the first two
+// compute the product alike, the third is refused by cublasLtMatmul (as a
+// real candidate may be for operands it cannot take), so that keel's
+// timing of the candidates runs here and must pass over one that fails.
 API int cublasLtMatmulAlgoGetHeuristic(uintptr_t h, uintptr_t d, uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t dd,
                                        uintptr_t pref, int requested, void* results, int* returned) {
   if (h != 1 || !pref || requested < 1) return invalid("heuristic arguments");
   uint64_t m, n, k;
   int s = shapes((Desc*)d, (Layout*)a, (Layout*)b, (Layout*)c, (Layout*)dd, &m, &n, &k);
   if (s != SUCCESS) return s;
-  memset(results, 0, 96);
-  memcpy(results, "keel-emu", 8);
-  *returned = 1;
+  const int count = requested < 3 ? requested : 3;
+  for (int i = 0; i < count; i++) {
+    char* r = (char*)results + 96 * i;
+    memset(r, 0, 96);
+    memcpy(r, "keel-emu", 8);
+    r[8] = (char)i;
+  }
+  *returned = count;
   return SUCCESS;
 }
 
@@ -247,7 +256,8 @@ API int cublasLtMatmul(uintptr_t h, uintptr_t d, const float* alpha, uint64_t A,
   (void)ws;
   (void)ws_size;
   if (h != 1) return invalid("handle");
-  if (!algo || memcmp(algo, "keel-emu", 8) != 0) return invalid("an algorithm not from the heuristic");
+  if (!algo || memcmp(algo, "keel-emu", 8) != 0 || ((const char*)algo)[8] > 2) return invalid("an algorithm not from the heuristic");
+  if (((const char*)algo)[8] == 2) return NOT_SUPPORTED;  // the candidate that fails
   uint64_t m, n, k;
   const Desc* desc = (const Desc*)d;
   const Layout *la = (const Layout*)ad, *lb = (const Layout*)bd, *lc = (const Layout*)cd;
