@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"testing"
 	"unsafe"
@@ -15,8 +16,10 @@ import (
 // (Ops.Gemm: the exact rollout's and the fp32 training mode's) and
 // cuBLASLt's bf16 product on the shapes of a Qwen3-0.6B layer: a training
 // micro-batch of 8192 tokens (forward, input and weight gradients) and a
-// decoding step of 256 sequences. It reports GFLOP/s; on a GPU only (on
-// the emulator the figures are the CPU's).
+// decoding step of 256 and 64 sequences (4096 columns: q, k and v as one
+// product), cuBLASLt with its algorithm timed among the heuristic's
+// candidates and without. It reports GFLOP/s; on a GPU only (on the
+// emulator the figures are the CPU's).
 //
 //	tools/gpu/bin/cuda.test -test.run '^$' -test.bench DeviceGemm
 func BenchmarkDeviceGemm(b *testing.B) {
@@ -44,7 +47,8 @@ func BenchmarkDeviceGemm(b *testing.B) {
 	for _, s := range []struct {
 		what    string
 		M, N, K int
-	}{{"train 8192x3072x1024", 8192, 3072, 1024}, {"train 8192x1024x3072", 8192, 1024, 3072}, {"decode 256x3072x1024", 256, 3072, 1024}, {"decode 256x1024x3072", 256, 1024, 3072}} {
+	}{{"train 8192x3072x1024", 8192, 3072, 1024}, {"train 8192x1024x3072", 8192, 1024, 3072}, {"decode 256x3072x1024", 256, 3072, 1024},
+		{"decode 256x1024x3072", 256, 1024, 3072}, {"decode 256x4096x1024", 256, 4096, 1024}, {"decode 64x4096x1024", 64, 4096, 1024}} {
 		x, w, y := alloc(s.M*s.K), alloc(s.N*s.K), alloc(s.M*s.N)
 		flops := 2 * float64(s.M) * float64(s.N) * float64(s.K)
 		run := func(name string, f func() error) {
@@ -56,11 +60,25 @@ func BenchmarkDeviceGemm(b *testing.B) {
 		run("keel fp32 forward", func() error { return ops.Linear(y, x, w, s.M, s.K, s.N, s.N, s.K) })
 		run("keel fp32 input grad", func() error { return ops.LinearBackX(x, y, w, s.M, s.K, s.N, s.K, s.N, false) })
 		run("keel fp32 weight grad", func() error { return ops.LinearBackW(w, y, x, s.M, s.K, s.N, s.N, s.K) })
-		run("cuBLASLt bf16 forward", func() error {
-			// The operands reinterpreted as bf16 (values do not matter
-			// for the time): column-major Yᶜ = (Wᶜ)ᵀ·Xᶜ.
-			return blas.GemmBF16(true, false, s.N, s.M, s.K, w, s.K, x, s.K, y, s.N, false)
-		})
+		// cuBLASLt with its plan's algorithm timed among the heuristic's
+		// candidates (the default), then with the heuristic's first
+		// (KEEL_BLAS_TUNE=0). The operands reinterpreted as bf16 (values
+		// do not matter for the time): column-major Yᶜ = (Wᶜ)ᵀ·Xᶜ.
+		for _, tune := range []bool{true, false} {
+			name := "cuBLASLt bf16 forward"
+			if !tune {
+				name += " untuned"
+			}
+			d.do(func() error {
+				blas.mu.Lock()
+				defer blas.mu.Unlock()
+				blas.tune = tune
+				blas.closePlans()
+				return nil
+			})
+			run(name, func() error { return blas.GemmBF16(true, false, s.N, s.M, s.K, w, s.K, x, s.K, y, s.N, false) })
+		}
+		blas.tune = os.Getenv("KEEL_BLAS_TUNE") != "0"
 		for _, buf := range []Buffer{x, w, y} {
 			d.Free(buf)
 		}

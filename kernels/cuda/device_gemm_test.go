@@ -1417,7 +1417,8 @@ func TestDeviceBlasTune(t *testing.T) {
 	const M, N, K = 33, 48, 64
 	r := rand.New(rand.NewPCG(14, 3))
 	x, w := bufOf(g, randF32(r, M*K/2, 1)), bufOf(g, randF32(r, N*K/2, 1)) // bf16 pairs
-	emulated := false                                                      // the emulator's algorithms are "keel-emu" and a number
+	// The emulator's algorithms are "keel-emu" and a number.
+	emulated := false
 	count := func() (tuned int64, untimed int) {
 		blas.mu.Lock()
 		defer blas.mu.Unlock()

@@ -13,12 +13,13 @@
 #   speed  training tokens/s and MFU: keel (fp32, bf16) and PyTorch
 #          (fp32, bf16 autocast) on the Qwen3-0.6B and 30B-A3B shapes
 #   profile  bf16 training, issue 24's rows (Qwen3-0.6B at 8 x 2048 and
-#          2 x 16384, the MoE shape): keel (with flash.cu's narrow and wide
-#          forwards, KEEL_FLASH_FWD=wide and wideq, and on the first shape its one-stage
+#          2 x 16384, the MoE shape): keel (with flash.cu's three forwards,
+#          KEEL_FLASH_FWD=wideq (the default), narrow and wide, and on the first shape its one-stage
 #          backward, KEEL_FLASH_BWD=single; on the MoE shape its experts
 #          grouped on the host, KEEL_MOE_GROUP=host; on the first shape its
-#          buffers allocated every step, KEEL_CUDA_POOL=0, and the LM head's
-#          logits recomputed in the backward, KEEL_HEAD_KEEP=0) and PyTorch, keel
+#          buffers allocated every step, KEEL_CUDA_POOL=0, the LM head's
+#          logits recomputed in the backward, KEEL_HEAD_KEEP=0, and cuBLASLt's
+#          heuristic's first algorithm, KEEL_BLAS_TUNE=0) and PyTorch, keel
 #          again with KEEL_CUDA_PROFILE=1 (the time of every kernel and
 #          product, and of the driver's allocation calls);
 #          then a profiled bf16 decode at 256 sequences, Qwen3-0.6B and MoE shapes
@@ -31,7 +32,8 @@
 #   decode issue 25's decode rows: keel (exact, bf16) at 64 and 256
 #          sequences on the Qwen3-0.6B shape and the MoE shape (2 layers),
 #          with CUDA graphs and without, the MoE layers grouped on the host
-#          (KEEL_MOE_GROUP=host, no graphs) against the device, the decoding
+#          (KEEL_MOE_GROUP=host, no graphs) against the device, cuBLASLt's
+#          heuristic's first algorithm (KEEL_BLAS_TUNE=0), the decoding
 #          attention a warp per query head (KEEL_DECODE_ATTN=head) and
 #          unsplit (KEEL_DECODE_SPLIT=0, 64 sequences of 1,056 tokens) against
 #          the defaults,
@@ -203,6 +205,12 @@ if [[ " $sections " == *" decode "* ]]; then
       decode_rows "$out/decode-keel-$1-graphs$g.json" || tail -2 "$out/decode-keel-$1-graphs$g.err"
     done
   done
+  # cuBLASLt's plans with the heuristic's first algorithm
+  # (KEEL_BLAS_TUNE=0) against the default, each plan's candidates timed.
+  KEEL_BLAS_TUNE=0 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+    --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-untuned.json" 2> "$out/decode-keel-untuned.err"
+  echo "  keel qwen3-0.6b, KEEL_BLAS_TUNE=0: exit $?"
+  decode_rows "$out/decode-keel-untuned.json" || tail -2 "$out/decode-keel-untuned.err"
   # The MoE layers grouped on the host, a cuBLASLt product per expert and
   # no graphs (the old path), against the grouped default above.
   KEEL_MOE_GROUP=host timeout 150 $bin/keel bench --device cuda --presets qwen3-30b-a3b --layers 2 --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
@@ -286,14 +294,16 @@ if [[ " $sections " == *" profile "* ]]; then
     # freed on the device every step (KEEL_CUDA_POOL=0) against its Pool.
     # On the first shape also the LM head's logits recomputed in the
     # backward (KEEL_HEAD_KEEP=0) against kept from the forward.
-    variants="narrow/two/device/1/1 wide/two/device/1/1 wideq/two/device/1/1"
-    [ $tag = qwen3-0.6b-8x2048 ] && variants="$variants narrow/single/device/1/1 narrow/two/device/0/1 narrow/two/device/1/0"
-    [ $1 = qwen3-30b-a3b ] && variants="$variants narrow/two/host/1/1"
+    # On the first shape also cuBLASLt's heuristic's first algorithm
+    # (KEEL_BLAS_TUNE=0) against each plan's candidates timed.
+    variants="wideq/two/device/1/1/1 narrow/two/device/1/1/1 wide/two/device/1/1/1"
+    [ $tag = qwen3-0.6b-8x2048 ] && variants="$variants wideq/single/device/1/1/1 wideq/two/device/0/1/1 wideq/two/device/1/0/1 wideq/two/device/1/1/0"
+    [ $1 = qwen3-30b-a3b ] && variants="$variants wideq/two/host/1/1/1"
     for v in $variants; do
-      IFS=/ read -r fwd bwd grp pool keep <<< "$v"
-      vt=$fwd-$bwd-$grp-pool$pool-keep$keep
-      KEEL_FLASH_FWD=$fwd KEEL_FLASH_BWD=$bwd KEEL_MOE_GROUP=$grp KEEL_CUDA_POOL=$pool KEEL_HEAD_KEEP=$keep timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-$vt.json" 2> "$out/bench-keel-$tag-$vt.err"
-      echo "  keel $1 bf16, layers $2, $3 x $4 ${rc:-}, flash forward $fwd, backward $bwd stage(s), KEEL_MOE_GROUP=$grp, KEEL_CUDA_POOL=$pool, KEEL_HEAD_KEEP=$keep: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-$vt.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-$vt.err")"
+      IFS=/ read -r fwd bwd grp pool keep tune <<< "$v"
+      vt=$fwd-$bwd-$grp-pool$pool-keep$keep-tune$tune
+      KEEL_FLASH_FWD=$fwd KEEL_FLASH_BWD=$bwd KEEL_MOE_GROUP=$grp KEEL_CUDA_POOL=$pool KEEL_HEAD_KEEP=$keep KEEL_BLAS_TUNE=$tune timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-$vt.json" 2> "$out/bench-keel-$tag-$vt.err"
+      echo "  keel $1 bf16, layers $2, $3 x $4 ${rc:-}, flash forward $fwd, backward $bwd stage(s), KEEL_MOE_GROUP=$grp, KEEL_CUDA_POOL=$pool, KEEL_HEAD_KEEP=$keep, KEEL_BLAS_TUNE=$tune: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-$vt.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-$vt.err")"
     done
     timeout 150 python3 tools/gpu/torch_train.py --preset $1 --layers $2 --seqs $3 --len $4 --mode bf16 --micro $6 $ck \
       > "$out/bench-torch-$tag.json" 2> "$out/bench-torch-$tag.err"
