@@ -175,6 +175,15 @@ __device__ __forceinline__ float fa_exp2(float x) {
 #endif
 }
 
+// heaviest_first is the query tile a forward or dQ block takes: the last
+// first. A query tile's work grows with its rows' positions in their
+// sequence, and blocks start roughly in blockIdx order, so taking the
+// tiles from the end starts a long sequence's heaviest tiles first and
+// leaves its lightest for the end of the grid, where they fill the
+// multiprocessors the last heavy ones leave idle (FlashAttention-2
+// schedules so too). Each tile's arithmetic is unchanged: the same bits.
+__device__ __forceinline__ int heaviest_first() { return gridDim.x - 1 - blockIdx.x; }
+
 // warp_max_int is the largest of v over the warp, on every lane.
 __device__ __forceinline__ int warp_max_int(int v) {
   for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -307,7 +316,7 @@ __device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vt, bf16_t* __r
                                           int Tp, int heads, int kv, float scale, int async) {
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, VP = BK / 2 + 4, BQ = 64 * MT;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int i0 = blockIdx.x * BQ, h = blockIdx.y, grp = h / (heads / kv);
+  const int i0 = heaviest_first() * BQ, h = blockIdx.y, grp = h / (heads / kv);
   const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
   const int last = min(T, i0 + BQ) - 1, wr = i0 + 16 * MT * w;
   static_assert(!QS || STAGES == 2, "Q in shared memory comes with the first tile's copy");
@@ -418,7 +427,7 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Kt0, u32* Vs0, float
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, TP = FB_BK / 2 + 4;
   constexpr int SW = DQ_STAGE_WORDS(HD);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int i0 = blockIdx.x * FA_BQ, h = blockIdx.y, grp = h / (heads / kv);
+  const int i0 = heaviest_first() * FA_BQ, h = blockIdx.y, grp = h / (heads / kv);
   const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
   const int last = min(T, i0 + FA_BQ) - 1;
   const int r0 = i0 + 16 * w + g, r1 = r0 + 8;
