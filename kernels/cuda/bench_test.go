@@ -90,7 +90,9 @@ func BenchmarkDeviceGemm(b *testing.B) {
 // the exact rollout's) and from logits (draw_rows_raw: the reduced
 // precisions'): full sampling (every RL recipe's), top-k 50, top-p 0.9,
 // and top-p 0.9 with 20 top log-probabilities (what `keel serve` is
-// asked). It reports microseconds a step; on a GPU only.
+// asked); the full draw from logits also a block a row against the split
+// draw (the rollout's), at 256 and 64 rows. It reports microseconds a
+// step; on a GPU only.
 //
 //	tools/gpu/bin/cuda.test -test.run '^$' -test.bench DeviceDraw
 func BenchmarkDeviceDraw(b *testing.B) {
@@ -138,6 +140,27 @@ func BenchmarkDeviceDraw(b *testing.B) {
 				timeDevice(b, d, f)
 				b.ReportMetric(b.Elapsed().Seconds()/float64(b.N)*1e6, "us/step")
 			})
+		}
+		if c.what != "full" {
+			continue
+		}
+		// The full draw from the logits split over blocks of
+		// DrawChunkTokens (given scratch: the rollout's), and both at 64
+		// rows, where a block a row leaves half of an H100's
+		// multiprocessors idle.
+		split := dr
+		split.Scratch = benchBuf(b, d, make([]float32, DrawScratchFloats(rows, V)))
+		for _, n := range []int{rows, 64} {
+			for _, dd := range []Draws{dr, split} {
+				name := fmt.Sprintf("logits full, %d rows", n)
+				if dd.Scratch.Ptr != 0 {
+					name += ", split"
+				}
+				b.Run(name, func(b *testing.B) {
+					timeDevice(b, d, func() error { return ops.DrawRowsRaw(dd, braw, n, V) })
+					b.ReportMetric(b.Elapsed().Seconds()/float64(b.N)*1e6, "us/step")
+				})
+			}
 		}
 	}
 }

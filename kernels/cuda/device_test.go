@@ -1252,9 +1252,9 @@ func TestDeviceDrawRows(t *testing.T) {
 					row[j] = inf
 				}
 				row[V/2] = 0
-			case 4, 5: // greedy, with a tie for the maximum
+			case 4, 5: // greedy, with a tie for the maximum (above every other: randF32's are normal, σ 3)
 				temps[i] = 0
-				row[V-1], row[V/3] = 9, 9
+				row[V-1], row[V/3] = 40, 40
 			case 6: // left to the host
 				u[i] = -1
 			case 7: // the extremes of the uniform
@@ -1312,39 +1312,52 @@ func TestDeviceDrawRows(t *testing.T) {
 		// kernel's may miss by an ulp: draws may differ within rounding of
 		// a boundary, log-probs by the ulp), the logits not changed; and
 		// logsoftmax_rows_host's rows as LogSoftmaxTemps makes them.
-		braw, tok2, lp2 := bufOf(g, raw), bufOf(g, make([]int32, rows)), g.poisoned(rows)
-		d = off
-		d.Tok, d.LP, d.TLP = tok2, lp2, g.poisoned(rows)
-		if err := ops.DrawRowsRaw(d, braw, rows, V); err != nil {
-			t.Fatal(err)
-		}
-		sameBits(t, fmt.Sprintf("V=%d untruncated raw rows' truncated log-probs", V), g.f32(d.TLP, rows), g.f32(lp2, rows))
-		got2 := make([]int32, rows)
-		if err := Download(g.d, got2, tok2); err != nil {
-			t.Fatal(err)
-		}
-		glp2 := g.f32(lp2, rows)
-		for i := 0; i < rows; i++ {
-			if u[i] < 0 {
-				if got2[i] != 0 || !math.IsNaN(float64(glp2[i])) {
-					t.Errorf("V=%d row %d (host's): draw_rows_raw wrote token %d, log-prob %v", V, i, got2[i], glp2[i])
+		// Then the split draw (given scratch): chunks of 512 tokens (V=2000
+		// in four, the last partial) and of DrawChunkTokens.
+		braw := bufOf(g, raw)
+		for _, c := range []struct {
+			name  string
+			chunk int
+		}{{"draw_rows_raw", 0}, {"the split draw, chunks of 512", 512}, {"the split draw", DrawChunkTokens}} {
+			tok2, lp2 := bufOf(g, make([]int32, rows)), g.poisoned(rows)
+			d = off
+			d.Tok, d.LP, d.TLP = tok2, lp2, g.poisoned(rows)
+			ops.drawChunk = c.chunk
+			if c.chunk > 0 { // scratch: the split draw
+				d.Scratch = g.poisoned(drawScratchFloats(rows, V, c.chunk))
+			}
+			if err := ops.DrawRowsRaw(d, braw, rows, V); err != nil {
+				t.Fatal(err)
+			}
+			sameBits(t, fmt.Sprintf("V=%d %s: untruncated raw rows' truncated log-probs", V, c.name), g.f32(d.TLP, rows), g.f32(lp2, rows))
+			got2 := make([]int32, rows)
+			if err := Download(g.d, got2, tok2); err != nil {
+				t.Fatal(err)
+			}
+			glp2 := g.f32(lp2, rows)
+			for i := 0; i < rows; i++ {
+				if u[i] < 0 {
+					if got2[i] != 0 || !math.IsNaN(float64(glp2[i])) {
+						t.Errorf("V=%d row %d (host's): %s wrote token %d, log-prob %v", V, i, c.name, got2[i], glp2[i])
+					}
+					continue
 				}
-				continue
+				tp := temps[i]
+				if tp == 0 {
+					tp = 1
+				}
+				lrow, l32 := logSoftmaxF64(raw[i*V:(i+1)*V], tp)
+				want, _ := rollout.DrawRow(lrow, u[i], temps[i])
+				if got2[i] < 0 || int(got2[i]) >= V || lrow[got2[i]] == inf || math.Abs(float64(glp2[i]-lrow[got2[i]])) > 2e-6*(1+math.Abs(float64(l32))) {
+					t.Fatalf("V=%d row %d (%s): token %d, log-prob %v (from float64's log-sum-exp %v)", V, i, c.name, got2[i], glp2[i], lrow[max(got2[i], 0)])
+				}
+				if got2[i] != want && (temps[i] == 0 || !rollout.NearDrawBoundary(lrow, u[i], min(got2[i], want))) {
+					t.Errorf("V=%d row %d (%s, temperature %v, u %v): device drew %d, DrawRow %d", V, i, c.name, temps[i], u[i], got2[i], want)
+				}
 			}
-			tp := temps[i]
-			if tp == 0 {
-				tp = 1
-			}
-			lrow, l32 := logSoftmaxF64(raw[i*V:(i+1)*V], tp)
-			want, _ := rollout.DrawRow(lrow, u[i], temps[i])
-			if got2[i] < 0 || int(got2[i]) >= V || lrow[got2[i]] == inf || math.Abs(float64(glp2[i]-lrow[got2[i]])) > 2e-6*(1+math.Abs(float64(l32))) {
-				t.Fatalf("V=%d row %d (raw): token %d, log-prob %v (from float64's log-sum-exp %v)", V, i, got2[i], glp2[i], lrow[max(got2[i], 0)])
-			}
-			if got2[i] != want && (temps[i] == 0 || !rollout.NearDrawBoundary(lrow, u[i], min(got2[i], want))) {
-				t.Errorf("V=%d row %d (raw, temperature %v, u %v): device drew %d, DrawRow %d", V, i, temps[i], u[i], got2[i], want)
-			}
+			sameBits(t, fmt.Sprintf("V=%d %s: the logits", V, c.name), g.f32(braw, rows*V), raw)
 		}
-		sameBits(t, fmt.Sprintf("V=%d draw_rows_raw's logits", V), g.f32(braw, rows*V), raw)
+		ops.drawChunk = 0
 		if err := ops.LogSoftmaxHostRows(braw, bt, bu, rows, V); err != nil {
 			t.Fatal(err)
 		}

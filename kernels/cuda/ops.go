@@ -52,6 +52,12 @@ type Ops struct {
 	// precisions' decoding attention (KEEL_DECODE_SPLIT=0 at NewOps), as
 	// before AttnDecodeBF16Split: DecodeSplits is then 1.
 	DecodeNoSplit bool
+	// DrawNoSplit draws DrawRowsRaw's plain rows a block a row
+	// (KEEL_DRAW_SPLIT=0 at NewOps), as before the split draw, even given
+	// scratch.
+	DrawNoSplit bool
+
+	drawChunk int // the split draw's chunk (0: DrawChunkTokens; tests set less)
 
 	mu     sync.Mutex
 	fns    map[string]*Function
@@ -69,7 +75,7 @@ func NewOps(d *Device) *Ops {
 		FlashPlainCopies: os.Getenv("KEEL_FLASH_COPY") == "sync", FlashWide: os.Getenv("KEEL_FLASH_FWD") == "wide",
 		FlashWideQ:          os.Getenv("KEEL_FLASH_FWD") != "wide" && os.Getenv("KEEL_FLASH_FWD") != "narrow",
 		FlashBackwardSingle: os.Getenv("KEEL_FLASH_BWD") == "single", DecodePerHead: os.Getenv("KEEL_DECODE_ATTN") == "head",
-		DecodeNoSplit: os.Getenv("KEEL_DECODE_SPLIT") == "0"}
+		DecodeNoSplit: os.Getenv("KEEL_DECODE_SPLIT") == "0", DrawNoSplit: os.Getenv("KEEL_DRAW_SPLIT") == "0"}
 }
 
 // flashAsync is flash.cu's copy flag: 1 for cp.async.
@@ -474,6 +480,31 @@ type Draws struct {
 	U, Temps      Buffer // the uniform (float64; < 0: the row is left alone), the temperature
 	TopK, TopP    Buffer // top-k (int32; 0: off), top-p (float64; 0 or 1: off)
 	TopN          Buffer // the most probable tokens to report (int32, at most TopMax; 0: none)
+	// Scratch, where it holds DrawScratchFloats(rows, V) floats, lets
+	// DrawRowsRaw spread each row over many blocks (the split draw).
+	Scratch Buffer
+}
+
+// DrawChunkTokens is the tokens of a row each block of DrawRowsRaw's split
+// draw takes: 19 blocks a row of Qwen3's 151,936, so that 64 rows make
+// 1,216 blocks (a row a block made 64, on a card of 132
+// multiprocessors). A multiple of head.cu's DRAW_BLOCK.
+const DrawChunkTokens = 8192
+
+// drawBlock is head.cu's DRAW_BLOCK: the tokens whose probabilities a
+// draw sums at a time.
+const drawBlock = 512
+
+// DrawScratchFloats is the scratch (in float32 words) DrawRowsRaw's split
+// draw needs for rows of V tokens.
+func DrawScratchFloats(rows, V int) int { return drawScratchFloats(rows, V, DrawChunkTokens) }
+
+// drawScratchFloats is DrawScratchFloats for chunks of chunk tokens: per
+// row, each chunk's sum (float64), each DRAW_BLOCK's sum (float64), each
+// chunk's maximum, greedy maximum and its index, and the log-sum-exp.
+func drawScratchFloats(rows, V, chunk int) int {
+	nc, nb := (V+chunk-1)/chunk, (V+drawBlock-1)/drawBlock
+	return rows * (2*nc + 2*nb + 3*nc + 1)
 }
 
 // TopMax is the most probable tokens DrawRows reports a row (head.cu's
@@ -515,12 +546,43 @@ func (o *Ops) drawRows(plain, special string, d Draws, z Buffer, rows, V int) er
 // truncated row more: each cut and the draw reads it up to nine times).
 // The log-sum-exp is not LogSoftmaxTemps's bits: the reduced-precision
 // rollouts draw so, the exact one (whose log-probs are the training
-// engine's) through LogSoftmaxTemps and DrawRows. V <= DrawMaxVocab.
+// engine's) through LogSoftmaxTemps and DrawRows. Given d.Scratch, the
+// plain rows are drawn by the split draw (head.cu's draw_chunk_*: a
+// block per DrawChunkTokens of a row, the same rule; its log-sum-exp is
+// summed in another order, so a log-prob may differ by an ulp and a draw
+// within rounding of a boundary). V <= DrawMaxVocab.
 func (o *Ops) DrawRowsRaw(d Draws, z Buffer, rows, V int) error {
 	if V > DrawMaxVocab {
 		return fmt.Errorf("cuda: DrawRowsRaw over a vocabulary of %d, at most %d", V, DrawMaxVocab)
 	}
-	return o.drawRows("draw_rows_raw", "draw_rows_trunc_raw", d, z, rows, V)
+	chunk := o.drawChunk
+	if chunk == 0 {
+		chunk = DrawChunkTokens
+	}
+	if o.DrawNoSplit || d.Scratch.Size < int64(drawScratchFloats(rows, V, chunk))*4 {
+		return o.drawRows("draw_rows_raw", "draw_rows_trunc_raw", d, z, rows, V)
+	}
+	// The split draw: head.cu's draw_chunk_* kernels, then the special
+	// rows' kernel.
+	nc, nb := (V+chunk-1)/chunk, (V+drawBlock-1)/drawBlock
+	at := 0
+	span := func(floats int) Buffer {
+		b := d.Scratch.Floats(at, floats)
+		at += floats
+		return b
+	}
+	cs, sums, cm, cv, ci, lrow := span(2*rows*nc), span(2*rows*nb), span(rows*nc), span(rows*nc), span(rows*nc), span(rows)
+	grid := Dim3{X: nc, Y: rows}
+	if err := o.Launch("head.cu", "draw_chunk_stats", grid, block256, cs, cm, z, d.U, d.Temps, d.TopK, d.TopP, d.TopN, V, chunk); err != nil {
+		return err
+	}
+	if err := o.Launch("head.cu", "draw_chunk_sums", grid, block256, sums, cv, ci, lrow, cs, cm, z, d.U, d.Temps, d.TopK, d.TopP, d.TopN, V, chunk); err != nil {
+		return err
+	}
+	if err := o.Launch("head.cu", "draw_chunk_pick", Dim3{X: rows}, Dim3{X: 32}, d.Tok, d.LP, d.TLP, sums, cv, ci, lrow, z, d.U, d.Temps, d.TopK, d.TopP, d.TopN, V, nc); err != nil {
+		return err
+	}
+	return o.Launch("head.cu", "draw_rows_trunc_raw", Dim3{X: rows}, block256, d.Tok, d.LP, d.TLP, d.TopTok, d.TopLP, z, d.U, d.Temps, d.TopK, d.TopP, d.TopN, V)
 }
 
 // LogSoftmaxHostRows is LogSoftmaxTemps over the rows whose uniform u[r]

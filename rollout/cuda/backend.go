@@ -101,6 +101,7 @@ type scratch struct {
 	probs, gates, row, gtok, ids, xg, gug, ag, yg Buffer // MoE
 	x16                                           Buffer // bf16: a product's operand, rounded by the kernel before it
 	part                                          Buffer // the reduced precisions: the decoding attention's split sums (kc.DecodeSplitFloats)
+	drawScratch                                   Buffer // the reduced precisions: the split draw\'s (kc.DrawScratchFloats)
 	grp                                           kc.MoEGroups
 	xg16                                          Buffer // bf16 MoE grouped on the device: the experts' rows, then SwiGLU's
 }
@@ -148,7 +149,8 @@ func (s *scratch) spans(c *model.Config, o *rollout.Options) []span {
 		spans = append(spans, span{&s.x16, (R*max(H, qd, I) + 1) / 2})
 	}
 	if o.Precision != rollout.Exact {
-		spans = append(spans, span{&s.part, kc.DecodeSplitFloats(max(R, S), c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim)})
+		spans = append(spans, span{&s.part, kc.DecodeSplitFloats(max(R, S), c.NumAttentionHeads, c.NumKeyValueHeads, c.HeadDim)},
+			span{&s.drawScratch, kc.DrawScratchFloats(S, V)})
 	}
 	if nMoE := len(c.MoELayers()); nMoE > 0 && groupsOnDevice(c, o) {
 		// Every MoE layer's routes stay on the device until the step ends.
@@ -802,7 +804,7 @@ func (b *Backend) outputs(sb *rollout.StepBatch, nOut int) error {
 	}
 	// The uniforms came with the step's inputs (upload).
 	d := kc.Draws{Tok: s.drawn, LP: s.drawnLP, TLP: s.drawnTLP, TopTok: s.topTok, TopLP: s.topLP,
-		U: s.draw, Temps: s.temps, TopK: s.topK, TopP: s.topP, TopN: s.topN}
+		U: s.draw, Temps: s.temps, TopK: s.topK, TopP: s.topP, TopN: s.topN, Scratch: s.drawScratch}
 	var err error
 	switch {
 	case drawn > 0 && b.opt.Precision != rollout.Exact:

@@ -86,6 +86,9 @@ func Plan(c *model.Config, opt rollout.Options) (Memory, error) {
 	// temperature, top-k, top log-probs asked, the uniform's and top-p's
 	// two each) and stepOut's.
 	out := int64(cfg.HiddenSize+cfg.VocabSize+8+stepOut(1)) * 4
+	if opt.Precision != rollout.Exact {
+		out += int64(kc.DrawScratchFloats(1, cfg.VocabSize)) * 4 // the split draw's scratch
+	}
 	m.Fixed -= int64(opt.Slots) * out
 	m.PerSlot = int64(cfg.NumHiddenLayers)*2*int64(opt.MaxLen)*kvd*elem + out
 	return m, nil

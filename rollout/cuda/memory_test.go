@@ -57,7 +57,10 @@ func TestPlanByHand(t *testing.T) {
 	if want := m.Fixed + params*2 + 2*8*384*2 + 32<<20 + 8*16*4*34*4; b.Fixed != want {
 		t.Errorf("bf16 fixed %d bytes, want %d", b.Fixed, want)
 	}
-	if want := int64(4*2*16*64*2 + (128+100+51)*4); b.PerSlot != want {
+	// The split draw's scratch per output row (one chunk, one block of
+	// 512 at vocabulary 100): sums 2 + 2 floats, maxima, greedy maxima
+	// and their indices 3, log-sum-exp 1.
+	if want := int64(4*2*16*64*2 + (128+100+51+8)*4); b.PerSlot != want {
 		t.Errorf("bf16 per slot %d bytes, want %d", b.PerSlot, want)
 	}
 	// fp8: bf16's but the fused operand, and a scale per output row of every matrix (a layer's

@@ -145,15 +145,16 @@ extern "C" __global__ void head_bwd(float* dz, const float* logp, const float* _
 // bit) keeps the kernels above.
 
 // stats_add folds v into one thread's running maximum m, sum s of
-// exp(v - m) and sum t of exp(v - m)·(v - m); both sums rescale when the
-// maximum grows. A NaN leaves m alone and makes s NaN, as it would the
-// two-pass sums; -inf (an impossible token) adds nothing.
+// exp(v - m) and (with T) sum t of exp(v - m)·(v - m); the sums rescale
+// when the maximum grows. A NaN leaves m alone and makes s NaN, as it
+// would the two-pass sums; -inf (an impossible token) adds nothing.
+template <bool T = true>
 __device__ __forceinline__ void stats_add(float& m, double& s, double& t, float v) {
   if (v == -__int_as_float(0x7f800000)) return;
   if (v > m) {
     if (s != 0.0) {
       const double dm = (double)m - (double)v, c = exp(dm);
-      t = c * (t + dm * s);
+      if (T) t = c * (t + dm * s);
       s *= c;
     }
     m = v;
@@ -161,10 +162,12 @@ __device__ __forceinline__ void stats_add(float& m, double& s, double& t, float 
   const float d = v - m;
   const double e = (double)expf(d);
   s += e;
-  t += e * (double)d;
+  if (T) t += e * (double)d;
 }
 
-// stats_merge folds another thread's (m2, s2, t2) into (m, s, t).
+// stats_merge folds another thread's (m2, s2, t2) into (m, s, t) (t only
+// with T).
+template <bool T = true>
 __device__ __forceinline__ void stats_merge(float& m, double& s, double& t, float m2, double s2, double t2) {
   if (s2 == 0.0) return;  // nothing folded there (an empty share of the row)
   if (s == 0.0) {
@@ -174,7 +177,7 @@ __device__ __forceinline__ void stats_merge(float& m, double& s, double& t, floa
   const float mm = fmaxf(m, m2);
   const double d1 = (double)m - (double)mm, d2 = (double)m2 - (double)mm;
   const double c1 = exp(d1), c2 = exp(d2);
-  t = c1 * (t + d1 * s) + c2 * (t2 + d2 * s2);
+  if (T) t = c1 * (t + d1 * s) + c2 * (t2 + d2 * s2);
   s = c1 * s + c2 * s2;
   m = mm;
 }
@@ -182,38 +185,39 @@ __device__ __forceinline__ void stats_merge(float& m, double& s, double& t, floa
 // block_stats merges every thread's (m, s, t) over the block (a multiple
 // of 32 threads) and gives every thread the result, the same bits on
 // each: a fixed butterfly in each warp, then the warps' in order.
+template <bool T = true>
 __device__ void block_stats(float& m, double& s, double& t) {
   __shared__ float sm[32];
   __shared__ double ss[32], st[32];
   for (int o = 16; o > 0; o >>= 1) {
     const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
-    const double s2 = __shfl_xor_sync(0xffffffffu, s, o), t2 = __shfl_xor_sync(0xffffffffu, t, o);
-    stats_merge(m, s, t, m2, s2, t2);
+    const double s2 = __shfl_xor_sync(0xffffffffu, s, o), t2 = T ? __shfl_xor_sync(0xffffffffu, t, o) : 0.0;
+    stats_merge<T>(m, s, t, m2, s2, t2);
   }
   __syncthreads();
   if ((threadIdx.x & 31) == 0) sm[threadIdx.x >> 5] = m, ss[threadIdx.x >> 5] = s, st[threadIdx.x >> 5] = t;
   __syncthreads();
   m = sm[0], s = ss[0], t = st[0];
-  for (int k = 1; k < (int)(blockDim.x >> 5); k++) stats_merge(m, s, t, sm[k], ss[k], st[k]);
+  for (int k = 1; k < (int)(blockDim.x >> 5); k++) stats_merge<T>(m, s, t, sm[k], ss[k], st[k]);
 }
 
-// row_stats folds the values at(0..V) of a row, four loads in flight a
-// thread, and merges them over the block.
-template <class F>
-__device__ __forceinline__ void row_stats(F at, int V, float& m, double& s, double& t) {
+// row_stats folds the values at(j0..j1) of a row (T: with the entropy's
+// sum t), four loads in flight a thread, and merges them over the block.
+template <bool T = true, class F>
+__device__ __forceinline__ void row_stats(F at, int j0, int j1, float& m, double& s, double& t) {
   m = -__int_as_float(0x7f800000);
   s = 0.0, t = 0.0;
   const int n = blockDim.x;
-  int j = threadIdx.x;
-  for (; j + 3 * n < V; j += 4 * n) {
+  int j = j0 + threadIdx.x;
+  for (; j + 3 * n < j1; j += 4 * n) {
     const float v0 = at(j), v1 = at(j + n), v2 = at(j + 2 * n), v3 = at(j + 3 * n);
-    stats_add(m, s, t, v0);
-    stats_add(m, s, t, v1);
-    stats_add(m, s, t, v2);
-    stats_add(m, s, t, v3);
+    stats_add<T>(m, s, t, v0);
+    stats_add<T>(m, s, t, v1);
+    stats_add<T>(m, s, t, v2);
+    stats_add<T>(m, s, t, v3);
   }
-  for (; j < V; j += n) stats_add(m, s, t, at(j));
-  block_stats(m, s, t);
+  for (; j < j1; j += n) stats_add<T>(m, s, t, at(j));
+  block_stats<T>(m, s, t);
 }
 
 // head_stats_bf16 is the bf16 mode's forward head: from the logits z of
@@ -228,7 +232,7 @@ extern "C" __global__ void head_stats_bf16(const float* __restrict__ z, float* _
   auto at = [&](int j) { return temp != 1.f ? row[j] / temp : row[j]; };
   float m;
   double s, t;
-  row_stats(at, V, m, s, t);
+  row_stats(at, 0, V, m, s, t);
   if (threadIdx.x != 0) return;
   const double ls = log(s);
   const float l = (float)((double)m + ls);
@@ -267,6 +271,54 @@ extern "C" __global__ void head_grad_bf16_saved(bf16_t* __restrict__ dz16, const
 // DRAW_MAX_BLOCKS bounds the vocabulary a row may have (524,288 tokens).
 #define DRAW_BLOCK 512
 #define DRAW_MAX_BLOCKS 1024
+
+// draw_scan is the end of a sampled row's draw, run by one warp from the
+// sums of exp(lpv(j)) over each DRAW_BLOCK tokens (in shared or global
+// memory): every lane finds the block where the draw lands (the same bits
+// on each), the lanes take the exps of its tokens into shared memory
+// together, then lane 0 adds them in token order and writes the token and
+// its log-prob: the scan's sums are the one-by-one scan's, without a
+// global load's latency per token.
+template <class F>
+__device__ void draw_scan(F lpv, int V, double ur, const double* sums, int* tok, float* lp) {
+  const int l = threadIdx.x & 31, nb = (V + DRAW_BLOCK - 1) / DRAW_BLOCK;
+  double total = 0.0;
+  for (int b = 0; b < nb; b++) total += sums[b];
+  const double target = ur * total;
+  double cum = 0.0;
+  int b = 0;
+  for (; b < nb && cum + sums[b] <= target; b++) cum += sums[b];
+  __shared__ float pexp[DRAW_BLOCK];
+  const int j0 = b * DRAW_BLOCK, n = max(0, min(DRAW_BLOCK, V - j0));
+  for (int k = l; k < n; k += 32) pexp[k] = expf(lpv(j0 + k));
+  __syncwarp();
+  if (l != 0) return;
+  int pick = -1;
+  for (int k = 0; k < n; k++) {
+    const float p = pexp[k];
+    if (p == 0.f) continue;
+    cum += (double)p;
+    if (cum > target) {
+      pick = j0 + k;
+      break;
+    }
+  }
+  // Rounding may carry the draw past the block: on to the row's end.
+  for (int j = j0 + n; pick < 0 && j < V; j++) {
+    const float p = expf(lpv(j));
+    if (p == 0.f) continue;
+    cum += (double)p;
+    if (cum > target) pick = j;
+  }
+  // Rounding left the target unreached: the last token of probability
+  // above 0.
+  for (int j = V - 1; pick < 0 && j > 0; j--) {
+    if (expf(lpv(j)) != 0.f) pick = j;
+  }
+  if (pick < 0) pick = 0;
+  *tok = pick;
+  *lp = lpv(pick);
+}
 
 // draw_row draws one row's token by draw_rows's rule from its
 // log-probabilities lpv(j), writing the token to *tok and its log-prob to
@@ -324,48 +376,7 @@ __device__ void draw_row(F lpv, int V, double ur, bool greedy, int* tok, float* 
     if (l == 0) sums[b] = s;
   }
   __syncthreads();
-  if (w != 0) return;
-  // Warp 0: every lane finds the block where the draw lands (the same
-  // bits on each), the lanes take the exps of its tokens into shared
-  // memory together, then lane 0 adds them in token order: the scan's
-  // sums are the one-by-one scan's, without a global load's latency per
-  // token.
-  double total = 0.0;
-  for (int b = 0; b < nb; b++) total += sums[b];
-  const double target = ur * total;
-  double cum = 0.0;
-  int b = 0;
-  for (; b < nb && cum + sums[b] <= target; b++) cum += sums[b];
-  __shared__ float pexp[DRAW_BLOCK];
-  const int j0 = b * DRAW_BLOCK, n = max(0, min(DRAW_BLOCK, V - j0));
-  for (int k = l; k < n; k += 32) pexp[k] = expf(lpv(j0 + k));
-  __syncwarp();
-  if (l != 0) return;
-  int pick = -1;
-  for (int k = 0; k < n; k++) {
-    const float p = pexp[k];
-    if (p == 0.f) continue;
-    cum += (double)p;
-    if (cum > target) {
-      pick = j0 + k;
-      break;
-    }
-  }
-  // Rounding may carry the draw past the block: on to the row's end.
-  for (int j = j0 + n; pick < 0 && j < V; j++) {
-    const float p = expf(lpv(j));
-    if (p == 0.f) continue;
-    cum += (double)p;
-    if (cum > target) pick = j;
-  }
-  // Rounding left the target unreached: the last token of probability
-  // above 0.
-  for (int j = V - 1; pick < 0 && j > 0; j--) {
-    if (expf(lpv(j)) != 0.f) pick = j;
-  }
-  if (pick < 0) pick = 0;
-  *tok = pick;
-  *lp = lpv(pick);
+  if (w == 0) draw_scan(lpv, V, ur, sums, tok, lp);
 }
 
 // The truncated draws (top-k, top-p: rollout.DrawTruncated's rule) walk a
@@ -683,7 +694,7 @@ __device__ void draw_rows_t(int* tok, float* lp, float* tlp, int* ttok, float* t
   auto at = [&](int j) { return tp != 1.f ? row[j] / tp : row[j]; };
   float m;
   double s, t;
-  row_stats(at, V, m, s, t);
+  row_stats(at, 0, V, m, s, t);
   const float l = (float)((double)m + log(s));
   draw_one<Special>([&](int j) { return at(j) - l; }, V, r, ur, tr, topk[r], topp[r], topn[r], tok, lp, tlp, ttok,
                     tlpv);
@@ -749,6 +760,152 @@ extern "C" __global__ void draw_rows_trunc_raw(int* __restrict__ tok, float* __r
                                                const double* __restrict__ topp, const int* __restrict__ topn,
                                                int V) {
   draw_rows_t<true, true>(tok, lp, tlp, ttok, tlpv, z, u, temps, topk, topp, topn, V);
+}
+
+// The split raw draw (Ops.DrawRowsRaw given scratch) is draw_rows_raw's
+// for the plain rows (draw_special's are draw_rows_trunc_raw's), each row
+// spread over a block per `chunk` tokens (a multiple of DRAW_BLOCK).
+// draw_rows_raw gives a row one block, whose threads read its logits
+// twice with a few loads in flight each: at 64 or 256 rows a fraction of
+// the card's multiprocessors, each waiting on memory (284 µs at 256 rows
+// of 151,936 on an H200, a fourth of what two reads of the logits take at
+// the card's bandwidth). draw_chunk_stats takes each chunk's maximum and
+// sum of exponentials; draw_chunk_sums merges a row's chunks in order
+// into its log-sum-exp l (its bits the row's alone, whatever rows are
+// beside it: not row_stats's, so the drawn log-probs may differ from
+// draw_rows_raw's by an ulp) and, with the same l, sums each DRAW_BLOCK
+// tokens of its chunk as draw_row does, or takes a greedy row's maximum;
+// draw_chunk_pick then draws as draw_row does from those sums. Scratch,
+// for R rows of nc chunks and nb blocks (Ops.DrawScratchFloats): cs
+// [R, nc] and sums [R, nb] float64, then cm and cv [R, nc] float, ci
+// [R, nc] int and l [R] float.
+
+// draw_plain reports whether draw_rows_raw would draw row r: its uniform
+// is not negative and it neither truncates nor reports top log-probs.
+__device__ __forceinline__ bool draw_plain(i64 r, const double* u, const float* temps, const int* topk,
+                                           const double* topp, const int* topn) {
+  return u[r] >= 0.0 && !draw_special(temps[r], topk[r], topp[r], topn[r]);
+}
+
+// draw_chunk_stats: the maximum cm and sum of exp(v - cm) cs over chunk
+// blockIdx.x of each plain row's tempered logits v = z/temp (temperature
+// 0 meaning 1), as row_stats folds them. grid = (nc, rows), block =
+// KEEL_THREADS.
+extern "C" __global__ void draw_chunk_stats(double* __restrict__ cs, float* __restrict__ cm,
+                                            const float* __restrict__ z, const double* __restrict__ u,
+                                            const float* __restrict__ temps, const int* __restrict__ topk,
+                                            const double* __restrict__ topp, const int* __restrict__ topn, int V,
+                                            int chunk) {
+  const i64 r = blockIdx.y;
+  if (!draw_plain(r, u, temps, topk, topp, topn)) return;
+  const float tp = temps[r] == 0.f ? 1.f : temps[r];
+  const float* row = z + r * V;
+  auto at = [&](int j) { return tp != 1.f ? row[j] / tp : row[j]; };
+  const int j0 = blockIdx.x * chunk;
+  float m;
+  double sum, t;
+  row_stats<false>(at, j0, min(V, j0 + chunk), m, sum, t);
+  if (threadIdx.x == 0) {
+    cs[r * gridDim.x + blockIdx.x] = sum;
+    cm[r * gridDim.x + blockIdx.x] = m;
+  }
+}
+
+// draw_chunk_sums: every block of a plain row merges the row's chunk
+// statistics in chunk order into its log-sum-exp l (block 0 writes it to
+// lrow); a sampled row's block then sums exp(z/temp - l) over each
+// DRAW_BLOCK tokens of its chunk into sums (draw_row's sums, the same
+// bits for the same l), a greedy row's takes the first largest z - l of
+// its chunk into cv and ci (its index; V where none is above -inf).
+// grid = (nc, rows), block = KEEL_THREADS.
+extern "C" __global__ void draw_chunk_sums(double* __restrict__ sums, float* __restrict__ cv, int* __restrict__ ci,
+                                           float* __restrict__ lrow, const double* __restrict__ cs,
+                                           const float* __restrict__ cm, const float* __restrict__ z,
+                                           const double* __restrict__ u, const float* __restrict__ temps,
+                                           const int* __restrict__ topk, const double* __restrict__ topp,
+                                           const int* __restrict__ topn, int V, int chunk) {
+  const i64 r = blockIdx.y;
+  if (!draw_plain(r, u, temps, topk, topp, topn)) return;
+  const int nc = gridDim.x, c = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  __shared__ float ls, sv[32];
+  __shared__ int si[32];
+  if (threadIdx.x == 0) {
+    float m = -__int_as_float(0x7f800000);
+    double sum = 0.0, t = 0.0;
+    for (int k = 0; k < nc; k++) stats_merge<false>(m, sum, t, cm[r * nc + k], cs[r * nc + k], 0.0);
+    ls = (float)((double)m + log(sum));
+    if (c == 0) lrow[r] = ls;
+  }
+  __syncthreads();
+  const float l = ls, tp = temps[r] == 0.f ? 1.f : temps[r];
+  const float* row = z + r * V;
+  auto lpv = [&](int j) { return (tp != 1.f ? row[j] / tp : row[j]) - l; };
+  const int j0 = c * chunk, j1 = min(V, j0 + chunk);
+  if (temps[r] == 0.f) {
+    // The chunk's first largest log-prob: each thread's, then the warps'
+    // and the block's, the lower index winning ties; NaN never wins.
+    float bv = -__int_as_float(0x7f800000);
+    int bi = V;
+    for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+      const float v = lpv(j);
+      if (v > bv) bv = v, bi = j;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+    }
+    if (lane == 0) sv[w] = bv, si[w] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int k = 1; k < warps; k++)
+        if (sv[k] > bv || (sv[k] == bv && si[k] < bi)) bv = sv[k], bi = si[k];
+      cv[r * nc + c] = bv;
+      ci[r * nc + c] = bi;
+    }
+    return;
+  }
+  const int nb = (V + DRAW_BLOCK - 1) / DRAW_BLOCK;
+  for (int b = j0 / DRAW_BLOCK + w; b * DRAW_BLOCK < j1; b += warps) {
+    const int hi = min((b + 1) * DRAW_BLOCK, V);
+    double sb = 0.0;
+    for (int j = b * DRAW_BLOCK + lane; j < hi; j += 32) sb += (double)expf(lpv(j));
+    sb = warp_sum_f64(sb);
+    if (lane == 0) sums[r * nb + b] = sb;
+  }
+}
+
+// draw_chunk_pick draws each plain row from draw_chunk_sums's sums as
+// draw_row does (draw_scan), or for a greedy row takes the first chunk's
+// largest (token 0 where z[0] is NaN or no token is above -inf, as the
+// host's scan), writing the token, its log-prob z/temp - l and the same
+// as its truncated log-prob. grid = rows, block = 32.
+extern "C" __global__ void draw_chunk_pick(int* __restrict__ tok, float* __restrict__ lp, float* __restrict__ tlp,
+                                           const double* __restrict__ sums, const float* __restrict__ cv,
+                                           const int* __restrict__ ci, const float* __restrict__ lrow,
+                                           const float* __restrict__ z, const double* __restrict__ u,
+                                           const float* __restrict__ temps, const int* __restrict__ topk,
+                                           const double* __restrict__ topp, const int* __restrict__ topn, int V,
+                                           int nc) {
+  const i64 r = blockIdx.x;
+  if (!draw_plain(r, u, temps, topk, topp, topn)) return;
+  const float l = lrow[r], tp = temps[r] == 0.f ? 1.f : temps[r];
+  const float* row = z + r * V;
+  auto lpv = [&](int j) { return (tp != 1.f ? row[j] / tp : row[j]) - l; };
+  if (temps[r] != 0.f) {
+    const int nb = (V + DRAW_BLOCK - 1) / DRAW_BLOCK;
+    draw_scan(lpv, V, u[r], sums + r * nb, tok + r, lp + r);
+    if (threadIdx.x == 0) tlp[r] = lp[r];
+    return;
+  }
+  if (threadIdx.x != 0) return;
+  float bv = -__int_as_float(0x7f800000);
+  int bi = V;
+  for (int k = 0; k < nc; k++)
+    if (cv[r * nc + k] > bv) bv = cv[r * nc + k], bi = ci[r * nc + k];
+  if (bi >= V || row[0] != row[0]) bi = 0;
+  tok[r] = bi;
+  lp[r] = tlp[r] = lpv(bi);
 }
 
 // logsoftmax_rows_host is logsoftmax_rows_t over the rows with u[r] < 0
