@@ -285,11 +285,13 @@ if [[ " $sections " == *" profile "* ]]; then
     ck=; [ $7 = yes ] && ck=--checkpoint
     tag=$1-$3x$4
     args="--device cuda --train-precision bf16 $rc --presets $1 --layers $2 --vocab 151936 --seqs $3 --len $4 --time 1ms --json --no-decode --no-rl"
-    # flash.cu's forward (narrow, wide) and backward (two stages, the
-    # default; one stage on the first shape only, for the A/B).
+    # flash.cu's forward (wideq, the default; narrow, wide) and backward
+    # (two stages, the default; one stage on the first shape only).
     # On the MoE shape also KEEL_MOE_GROUP=host (the training engine still
     # groups on the device, but brings the offsets to the host and runs a
-    # cuBLASLt product per expert) against the grouped products.
+    # cuBLASLt product per expert) against the grouped products, with
+    # KEEL_BLAS_TUNE=0 (each step's experts see new row counts, which
+    # timing every new plan would charge to the step).
     # On the first shape also the training engine's buffers allocated and
     # freed on the device every step (KEEL_CUDA_POOL=0) against its Pool.
     # On the first shape also the LM head's logits recomputed in the
@@ -298,7 +300,7 @@ if [[ " $sections " == *" profile "* ]]; then
     # (KEEL_BLAS_TUNE=0) against each plan's candidates timed.
     variants="wideq/two/device/1/1/1 narrow/two/device/1/1/1 wide/two/device/1/1/1"
     [ $tag = qwen3-0.6b-8x2048 ] && variants="$variants wideq/single/device/1/1/1 wideq/two/device/0/1/1 wideq/two/device/1/0/1 wideq/two/device/1/1/0"
-    [ $1 = qwen3-30b-a3b ] && variants="$variants wideq/two/host/1/1/1"
+    [ $1 = qwen3-30b-a3b ] && variants="$variants wideq/two/host/1/1/0"
     for v in $variants; do
       IFS=/ read -r fwd bwd grp pool keep tune <<< "$v"
       vt=$fwd-$bwd-$grp-pool$pool-keep$keep-tune$tune

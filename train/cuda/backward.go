@@ -370,10 +370,14 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 }
 
 // recomputeLayer runs layer l's forward again from its saved input a.x
-// into a's (shared) activations, for its backward. The routing of an MoE
-// layer comes out the same (the same kernels on the same input, or the
-// same replayed routes); its statistics were counted by the forward.
+// into a's (shared) activations, for its backward, but for attention on
+// the tensor cores, whose output and log-sum-exp the forward kept
+// (layerBufs). The routing of an MoE layer comes out the same (the same
+// kernels on the same input, or the same replayed routes); its
+// statistics were counted by the forward.
 func (e *Engine) recomputeLayer(f *fwdState, a *layerActs, l *model.Layer, out Buffer) error {
+	f.redoing = true
+	defer func() { f.redoing = false }()
 	if err := e.attentionForward(f, a, l); err != nil {
 		return err
 	}

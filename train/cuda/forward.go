@@ -100,6 +100,7 @@ type fwdState struct {
 	replay                                []*model.Routes
 	work                                  *layerActs       // with recomputation: the layers' shared activations
 	recompute                             bool             // this forward's setting, which its backward follows
+	redoing                               bool             // the backward is recomputing a layer (recomputeLayer)
 	aux                                   float64          // the MoE load-balancing loss
 	auxCnt                                []float64        // per expert: (token, slot) pairs routed to it
 	flash                                 *kc.FlashScratch // the bf16 mode's attention copies (forward)
@@ -461,9 +462,9 @@ func (e *Engine) forward(f *fwdState, opt train.ForwardOptions) error {
 		}
 		x = next
 	}
-	if f.flash != nil && !f.recompute {
+	if f.flash != nil {
 		// The copies go back to the Pool before the backward makes its
-		// own (recomputation keeps them: it runs the layers again).
+		// own (recomputation does not run attention's forward again).
 		f.flash.Free()
 		f.flash = nil
 	}
@@ -507,6 +508,13 @@ func (e *Engine) forward(f *fwdState, opt train.ForwardOptions) error {
 // (saved for the backward), or, with recomputation, the one set every
 // layer shares, which the backward fills again layer by layer from the
 // layer's saved input. a.moe's experts (host) stay per layer either way.
+// With recomputation on the tensor cores (flash.cu) attention's output
+// (bf16) and log-sum-exp are each layer's own, kept for the backward,
+// which recomputes the layer around them: attention's forward is the
+// costliest part of a layer at long contexts (quadratic in its tokens;
+// at 2 × 16384 tokens of the Qwen3-0.6B shape about a sixth of the
+// step, computed from an H200's profile), and its two outputs take
+// T·(2·qd + 4·heads) bytes a layer.
 func (e *Engine) layerBufs(f *fwdState, a *layerActs, l *model.Layer) error {
 	if f.recompute {
 		if f.work == nil {
@@ -524,15 +532,25 @@ func (e *Engine) layerBufs(f *fwdState, a *layerActs, l *model.Layer) error {
 			dev.ml = moe.ml
 			a.moe = &dev
 		}
+		if e.flash() { // the shared set has none (allocLayer)
+			d, T := e.dims(), f.T
+			return e.bufs(f, bf16Span(&a.attb, T*d.qd), span{&a.lse, T * d.heads})
+		}
 		return nil
 	}
 	return e.allocLayer(f, a, l.Router == nil, l.Router != nil)
 }
 
 // allocLayer allocates a layer's activations: attention's, and a dense
-// MLP's or an MoE block's (device side) as asked.
+// MLP's or an MoE block's (device side) as asked; with recomputation on
+// the tensor cores, attention's output and log-sum-exp are left to
+// layerBufs (each layer keeps its own).
 func (e *Engine) allocLayer(f *fwdState, a *layerActs, dense, moe bool) error {
 	d, T := e.dims(), f.T
+	lse, attb := span{&a.lse, T * d.heads}, bf16Span(&a.attb, T*d.qd)
+	if f.recompute && e.flash() {
+		lse, attb = span{}, span{}
+	}
 	q, k, att := span{&a.q, T * d.qd}, span{&a.k, T * d.kvd}, span{&a.att, T * d.qd}
 	qraw, kraw, v := span{&a.qraw, T * d.qd}, span{&a.kraw, T * d.kvd}, span{&a.v, T * d.kvd}
 	Tp := kc.FlashPad(T)
@@ -544,7 +562,7 @@ func (e *Engine) allocLayer(f *fwdState, a *layerActs, dense, moe bool) error {
 		qraw, kraw, v = bf16Span(&a.qraw, T*d.qd), bf16Span(&a.kraw, T*d.kvd), bf16Span(&a.v, Tp*d.kvd)
 	}
 	if err := e.bufs(f, qraw, kraw, q, k, v, att, span{&a.xmid, T * d.H},
-		span{&a.inv1, T}, span{&a.invq, T * d.heads}, span{&a.invk, T * d.kv}, span{&a.lse, T * d.heads}, span{&a.inv2, T}); err != nil {
+		span{&a.inv1, T}, span{&a.invq, T * d.heads}, span{&a.invk, T * d.kv}, lse, span{&a.inv2, T}); err != nil {
 		return err
 	}
 	if e.flash() && Tp > T {
@@ -557,7 +575,7 @@ func (e *Engine) allocLayer(f *fwdState, a *layerActs, dense, moe bool) error {
 	h1, h2 := span{&a.h1, T * d.H}, span{&a.h2, T * d.H}
 	if e.bf != nil {
 		h1 = bf16Span(&a.h1b, T*d.H)
-		if err := e.bufs(f, bf16Span(&a.attb, T*d.qd)); err != nil {
+		if err := e.bufs(f, attb); err != nil {
 			return err
 		}
 		if err := e.bufs(f, bf16Span(&a.h2b, T*d.H)); err != nil {
@@ -636,6 +654,9 @@ func (e *Engine) attentionForward(f *fwdState, a *layerActs, l *model.Layer) err
 		},
 		func() error {
 			if e.flash() {
+				if f.redoing {
+					return nil // the output and log-sum-exp are the forward's, kept (layerBufs)
+				}
 				if f.flash == nil {
 					var err error
 					if f.flash, err = kc.NewFlashScratchGivenQKV(e.pool, T, d.heads, d.kv, d.hd, false); err != nil {

@@ -47,17 +47,18 @@
 //     up outputs (2·I_moe) and SwiGLU output (I_moe), and the experts'
 //     outputs before gating (top_k·H).
 //   - With Recompute (activation checkpointing) only each layer's input is
-//     kept; backward recomputes one layer at a time into one shared set of
-//     a layer's activations (room for a dense and an MoE block when the
-//     model has both kinds) and a buffer for its output.
+//     kept, and with flash.cu its attention output (bf16, Q) and
+//     log-sum-exp (heads); backward recomputes one layer at a time, but
+//     for its attention, into one shared set of a layer's activations
+//     (room for a dense and an MoE block when the model has both kinds)
+//     and a buffer for its output.
 //   - Beyond the layers: the final norm's input and output and its inverse
 //     RMS; per token the ids, positions, sequence bounds, targets,
 //     log-probabilities, entropies (and in bf16 the logits' log-sum-exp);
 //     the LM head computes over chunks of HeadChunk tokens, holding one
 //     chunk's fp32 logits (and in bf16 mode their gradient in bf16;
 //     fp32 writes it over the logits).
-//   - flash.cu's bf16 copies for the backward (kᵀ, qᵀ, dO, dOᵀ), and
-//     under Recompute the forward's vᵀ too.
+//   - flash.cu's bf16 copies for the backward (kᵀ, qᵀ, dO, dOᵀ).
 //   - Backward holds the loss coefficients (2) and the final norm's
 //     gradient (H) throughout; first the LM head's scratch, then, once it
 //     is freed (the two are Exclusive items), one layer's activation
@@ -260,6 +261,14 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 		}
 		return layers(n)
 	}
+	if flash && m.Recompute {
+		// Attention's output (bf16) and log-sum-exp are each layer's own,
+		// kept: the backward recomputes a layer around them, not its
+		// attention.
+		kept := c.mul(T, c.add(2*Q, 4*nh))
+		attn -= kept
+		add(fmt.Sprintf("attention outputs and log-sum-exps (%s, kept)", layers(L)), c.mul(L, kept), true)
+	}
 	add(fmt.Sprintf("attention activations (%s)", label(nAttn)), c.mul(nAttn, attn), true)
 	add(fmt.Sprintf("MLP activations (%s)", label(nDense)), c.mul(nDense, mlp), true)
 	add(fmt.Sprintf("MoE router probabilities and routes (%s)", label(nMoE)), c.mul(nMoE, router), true)
@@ -274,13 +283,9 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	add("log-probabilities and token vectors", c.mul(T, 4, tokVecs), true)
 	if flash {
 		// The backward's copies (q, k and v come from the forward): kᵀ,
-		// qᵀ, dO, dOᵀ. The forward's vᵀ goes before the backward, except
-		// under Recompute, which runs the layers' forwards again.
-		fl := c.mul(Tp, 2, c.add(K, 3*Q))
-		if m.Recompute {
-			fl = c.add(fl, c.mul(Tp, 2, K))
-		}
-		add("flash attention's bf16 copies", fl, true)
+		// qᵀ, dO, dOᵀ. The forward's vᵀ goes before the backward (under
+		// Recompute too, which does not run attention's forward again).
+		add("flash attention's bf16 copies", c.mul(Tp, 2, c.add(K, 3*Q)), true)
 	}
 
 	// The backward keeps the loss's coefficients and the final norm's
