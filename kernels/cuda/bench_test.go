@@ -60,14 +60,15 @@ func BenchmarkDeviceGemm(b *testing.B) {
 		run("keel fp32 forward", func() error { return ops.Linear(y, x, w, s.M, s.K, s.N, s.N, s.K) })
 		run("keel fp32 input grad", func() error { return ops.LinearBackX(x, y, w, s.M, s.K, s.N, s.K, s.N, false) })
 		run("keel fp32 weight grad", func() error { return ops.LinearBackW(w, y, x, s.M, s.K, s.N, s.N, s.K) })
-		// cuBLASLt with its plan's algorithm timed among the heuristic's
-		// candidates (the default), then with the heuristic's first
-		// (KEEL_BLAS_TUNE=0). The operands reinterpreted as bf16 (values
-		// do not matter for the time): column-major Yᶜ = (Wᶜ)ᵀ·Xᶜ.
-		for _, tune := range []bool{true, false} {
+		// cuBLASLt with the heuristic's first algorithm (the default),
+		// then with the plan's algorithm timed among the heuristic's
+		// candidates (KEEL_BLAS_TUNE=1). The operands reinterpreted as
+		// bf16 (values do not matter for the time): column-major Yᶜ =
+		// (Wᶜ)ᵀ·Xᶜ.
+		for _, tune := range []bool{false, true} {
 			name := "cuBLASLt bf16 forward"
-			if !tune {
-				name += " untuned"
+			if tune {
+				name += " tuned"
 			}
 			d.do(func() error {
 				blas.mu.Lock()
@@ -78,7 +79,7 @@ func BenchmarkDeviceGemm(b *testing.B) {
 			})
 			run(name, func() error { return blas.GemmBF16(true, false, s.N, s.M, s.K, w, s.K, x, s.K, y, s.N, false) })
 		}
-		blas.tune = os.Getenv("KEEL_BLAS_TUNE") != "0"
+		blas.tune = os.Getenv("KEEL_BLAS_TUNE") == "1"
 		for _, buf := range []Buffer{x, w, y} {
 			d.Free(buf)
 		}

@@ -156,7 +156,8 @@ type Product struct {
 }
 
 // mergeProducts joins each run of neighbouring products whose weights lie
-// back to back (W [Out, in] spans of one arena, in order) and whose
+// back to back (W [Out, in] float32 spans of one arena, in order: each
+// starting Out·in floats after the one before it) and whose
 // outputs are neighbouring columns of one matrix (the same LdY, each Y
 // starting where the one before it ends in a row, no addend) into one
 // product: q, k and v of a layer written into one [rows, qd+2·kvd]
@@ -166,7 +167,7 @@ type Product struct {
 // where not nil, must also hold for two products to join (QuantLinear's
 // scales). Each output is the same sum over the same inputs; only
 // cuBLASLt's choice of algorithm, made by shape, may differ.
-func mergeProducts(ps []Product, adjacent func(a, b Product) bool) []Product {
+func mergeProducts(ps []Product, in int, adjacent func(a, b Product) bool) []Product {
 	if len(ps) < 2 {
 		return ps
 	}
@@ -179,9 +180,9 @@ func mergeProducts(ps []Product, adjacent func(a, b Product) bool) []Product {
 				elt = 2
 			}
 			if q.Add.Ptr == 0 && p.Add.Ptr == 0 && q.Y16 == p.Y16 && q.LdY == p.LdY && q.Out+p.Out <= q.LdY &&
-				p.W.Ptr == q.W.Ptr+uint64(q.W.Size) && p.Y.Ptr == q.Y.Ptr+uint64(q.Out)*elt &&
+				p.W.Ptr == q.W.Ptr+uint64(q.Out)*uint64(in)*4 && p.Y.Ptr == q.Y.Ptr+uint64(q.Out)*elt &&
 				(adjacent == nil || adjacent(*q, p)) {
-				q.W.Size += p.W.Size
+				q.W.Size = int64(q.Out+p.Out) * int64(in) * 4
 				q.Y.Size = max(q.Y.Size, int64(p.Y.Ptr-q.Y.Ptr)+p.Y.Size)
 				q.Out += p.Out
 				continue
@@ -216,7 +217,7 @@ func (l *BF16Linear) LinearManyBF16(x16 Buffer, rows, in int, ps ...Product) err
 }
 
 func (l *BF16Linear) products(x16 Buffer, rows, in int, ps []Product) error {
-	for _, p := range mergeProducts(ps, nil) {
+	for _, p := range mergeProducts(ps, in, nil) {
 		w16, err := l.w16span(p.W)
 		if err != nil {
 			return err

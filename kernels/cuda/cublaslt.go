@@ -120,7 +120,7 @@ type Blas struct {
 	mu    sync.Mutex // held from finding a plan until its product is issued
 	plans map[gemmKey]*gemmPlan
 	calls int64 // products issued (under mu): what the tests count
-	tune  bool  // time the heuristic's candidates (KEEL_BLAS_TUNE, on unless 0)
+	tune  bool  // time the heuristic's candidates (KEEL_BLAS_TUNE=1)
 	tuned int64 // plans whose candidates were timed (under mu)
 }
 
@@ -156,19 +156,32 @@ type gemmPlan struct {
 	cands         [][heuristicResultBytes]byte // the heuristic's candidates, until timed (tuneLocked)
 }
 
-// Plans time cuBLASLt's candidate algorithms for their shape the first
-// time a product of that shape runs outside a graph's recording, and keep
-// the fastest (as TensorRT-LLM's and cuBLAS's own autotuning do).
-// cuBLASLt's heuristic ranks them by a model of the card, which for the
-// small products of a decoding step is far off: a 256 × 3072 × 1024 bf16
-// product took 14 µs on an H200 (112 TFLOP/s), about 3× what its reads
-// and its arithmetic need. tuneAlgos is how many candidates are asked for;
-// a product whose output is larger than tuneMaxBytes (the scratch output
-// timing allocates) keeps the heuristic's first: the training step's large
-// products run near the card's speed with it (619-744 TFLOP/s measured).
+// With KEEL_BLAS_TUNE=1 plans time cuBLASLt's candidate algorithms for
+// their shape the first time a product of that shape runs outside a
+// graph's recording, and keep the fastest (as TensorRT-LLM's autotuning
+// does). cuBLASLt's heuristic ranks them by a model of the card, which for
+// the small products of a decoding step may be far off: a 256 × 3072 ×
+// 1024 bf16 product took 14 µs on an H200 (112 TFLOP/s), about 3× what
+// its reads and its arithmetic need. It is off by default until a GPU
+// session has measured what it gains, and because the choice is by the
+// clock: two runs may pick different algorithms for a shape, which round
+// differently, so bf16 runs are then not reproducible bit for bit (the
+// heuristic's choice is the same every run on a card).
+//
+// tuneAlgos is how many candidates are asked for. Only small products are
+// timed, where a poor choice costs most and timing least: at most
+// tuneMaxFLOPs (a 256-row decoding step's products of the Qwen3-0.6B and
+// 30B-A3B shapes are 1.6-5.4 GFLOP; the training step's, which run near
+// the card's speed with the heuristic's choice, 619-744 TFLOP/s measured,
+// are larger), with an output of at most tuneMaxBytes (the scratch output
+// timing allocates), and at most tuneMaxPlans of them per handle (shapes
+// that keep changing, such as an MoE layer's experts grouped on the host,
+// stop costing time after that).
 const (
 	tuneAlgos    = 8
+	tuneMaxFLOPs = 16e9
 	tuneMaxBytes = 64 << 20
+	tuneMaxPlans = 512
 )
 
 // Blas returns the device's cuBLASLt handle, made at first use.
@@ -182,7 +195,7 @@ func (d *Device) Blas() (*Blas, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Blas{lt: lt, dev: d, plans: map[gemmKey]*gemmPlan{}, tune: os.Getenv("KEEL_BLAS_TUNE") != "0"}
+	b := &Blas{lt: lt, dev: d, plans: map[gemmKey]*gemmPlan{}, tune: os.Getenv("KEEL_BLAS_TUNE") == "1"}
 	if b.ws, err = d.Alloc(BlasWorkspaceBytes); err != nil {
 		return nil, err
 	}
@@ -221,7 +234,8 @@ func (b *Blas) closePlans() {
 // GemmBF16 computes, in cuBLAS's column-major terms,
 // C[m×n] = op(A)·op(B) + (acc ? C : 0), A and B bf16, C float32, with
 // float32 accumulation: op(A) is A (k columns of m, ld lda) or its
-// transpose (transA), likewise B. On the default stream, without waiting.
+// transpose (transA), likewise B. On the default stream, without waiting
+// (but for a new shape's timing, with KEEL_BLAS_TUNE=1).
 func (b *Blas) GemmBF16(transA, transB bool, m, n, k int, A Buffer, lda int, B Buffer, ldb int, C Buffer, ldc int, acc bool) error {
 	return b.gemm(0, b.ws, transA, transB, m, n, k, A, lda, B, ldb, C, ldc, acc, Buffer{}, false, false)
 }
@@ -236,7 +250,8 @@ var ErrNoFP8 = errors.New("cuda: cuBLASLt runs no float8 product here")
 // float32 accumulation (cuBLASLt's default, not its fast accumulation),
 // unit scales: the tensor cores' float8 product, which takes only this
 // "TN" layout. An error wrapping ErrNoFP8 says the device or library has
-// none for the shape. On the default stream, without waiting.
+// none for the shape. On the default stream, without waiting (but for a
+// new shape's timing, with KEEL_BLAS_TUNE=1).
 func (b *Blas) GemmFP8(m, n, k int, A Buffer, lda int, B Buffer, ldb int, C Buffer, ldc int) error {
 	return b.gemm(0, b.ws, true, false, m, n, k, A, lda, B, ldb, C, ldc, false, Buffer{}, false, true)
 }
@@ -437,33 +452,41 @@ func (b *Blas) planLocked(key gemmKey) (*gemmPlan, error) {
 // A and B, into a scratch output (the product's own may accumulate or be
 // read by the work before it), and makes the fastest p's algorithm; b.mu
 // is held and the product is on the default stream. While any goroutine
-// records a graph it leaves p for a later product: timing synchronises
-// with the device, which a recording forbids. A candidate that fails is
-// passed over; if timing itself fails, the heuristic's first stays.
+// records a graph it leaves p for a later product: timing ends with a
+// context synchronisation (freeing the scratch), which a recording
+// forbids. A candidate that fails is passed over; if timing itself fails,
+// the heuristic's first stays.
 func (b *Blas) tuneLocked(key gemmKey, p *gemmPlan, A, B Buffer, alpha, beta *float32) {
 	elt := int64(4)
 	if key.out16 {
 		elt = 2
 	}
 	bytes := int64(key.ldc)*int64(key.n-1)*elt + int64(key.m)*elt
-	if bytes > tuneMaxBytes {
+	if bytes > tuneMaxBytes || 2*float64(key.m)*float64(key.n)*float64(key.k) > tuneMaxFLOPs || b.tuned >= tuneMaxPlans {
 		p.cands = nil
 		return
 	}
 	if !recording.TryRLock() {
 		return
 	}
+	// Held until the scratch is freed: a recording cannot start in
+	// between. The scratch is freed through the driver, not Device.Free,
+	// which would take the read lock again (and wait behind a recording
+	// that is waiting for this one: Go's RWMutex lets no new reader in
+	// then, and that recording's products wait for b.mu).
+	defer recording.RUnlock()
 	cands := p.cands
 	p.cands = nil
-	out, err := b.dev.Alloc(bytes)
-	best := -1
-	if err == nil {
-		best = b.fastest(p, cands, A, B, out, alpha, beta)
+	d := b.dev
+	out, err := d.Alloc(bytes)
+	if err != nil {
+		return
 	}
-	recording.RUnlock() // before Free, which takes it again
-	if err == nil {
-		b.dev.Free(out)
-	}
+	best := b.fastest(p, cands, A, B, out, alpha, beta)
+	d.do(func() error {
+		d.drv.ctxSynchronize() // the timing's products are done with out
+		return d.drv.check(d.drv.memFree(out.Ptr), "cuMemFree")
+	})
 	if best >= 0 {
 		p.algo = cands[best]
 		b.tuned++
@@ -494,10 +517,10 @@ func (b *Blas) fastest(p *gemmPlan, cands [][heuristicResultBytes]byte, A, B, ou
 	best, bestMS := -1, math.Inf(1)
 	for i := range cands {
 		run(&cands[i]) // the first run loads the algorithm's kernels
-		// Doubling the runs until they take 0.2 ms of device time (one
+		// Doubling the runs until they take 0.1 ms of device time (one
 		// run on the emulator, whose products take milliseconds), at
-		// most 16.
-		for reps := 1; reps <= 16; reps *= 2 {
+		// most 8.
+		for reps := 1; reps <= 8; reps *= 2 {
 			if t.Start() != nil {
 				return -1
 			}
@@ -512,7 +535,7 @@ func (b *Blas) fastest(p *gemmPlan, cands [][heuristicResultBytes]byte, A, B, ou
 			if !ok { // a candidate that fails is not one
 				break
 			}
-			if ms >= 0.2 || reps == 16 {
+			if ms >= 0.1 || reps == 8 {
 				if per := ms / float64(reps); per < bestMS {
 					best, bestMS = i, per
 				}

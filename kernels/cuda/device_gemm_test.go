@@ -4,7 +4,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/keel-rl/keel/kernels"
 )
@@ -1405,10 +1408,12 @@ func TestFlashSharedFallback(t *testing.T) {
 // first time its product runs outside a recording and keeps one that
 // runs (the emulator offers three, the third refused by cublasLtMatmul);
 // a plan first used while a graph records is timed by its next product
-// outside one; KEEL_BLAS_TUNE=0 keeps the heuristic's first. The
-// products' values are TestDeviceGemmBF16's (which accumulates, so timing
-// on the product's own output would fail it).
+// outside one; products of new shapes timed while another goroutine
+// records do not deadlock; without KEEL_BLAS_TUNE=1 the heuristic's first
+// stays. The product that is timed accumulates into its output exactly
+// once (the timing writes a scratch output).
 func TestDeviceBlasTune(t *testing.T) {
+	t.Setenv("KEEL_BLAS_TUNE", "1")
 	g := newGPU(t)
 	blas, err := g.d.Blas()
 	if err != nil {
@@ -1416,7 +1421,17 @@ func TestDeviceBlasTune(t *testing.T) {
 	}
 	const M, N, K = 33, 48, 64
 	r := rand.New(rand.NewPCG(14, 3))
-	x, w := bufOf(g, randF32(r, M*K/2, 1)), bufOf(g, randF32(r, N*K/2, 1)) // bf16 pairs
+	toBF16 := func(v []float32) Buffer {
+		b := make([]kernels.BF16, len(v))
+		kernels.ToBF16(b, v)
+		u := make([]uint16, len(b))
+		for i, h := range b {
+			u[i] = uint16(h)
+		}
+		return bufOf(g, u)
+	}
+	xf, wf := randF32(r, M*K, 1), randF32(r, N*K, 1)
+	x, w := toBF16(xf), toBF16(wf)
 	// The emulator's algorithms are "keel-emu" and a number.
 	emulated := false
 	count := func() (tuned int64, untimed int) {
@@ -1446,8 +1461,11 @@ func TestDeviceBlasTune(t *testing.T) {
 			t.Fatalf("after a recording: %d plans timed, %d waiting, want 0 and 1", tuned, untimed)
 		}
 	}
-	y := g.poisoned(M * N)
-	if err := blas.GemmBF16(true, false, N, M, K, w, K, x, K, y, N, false); err != nil {
+	// The product that times the candidates accumulates into its output
+	// once: Y += X·Wᵀ.
+	y0 := randF32(r, M*N, 1)
+	y := bufOf(g, y0)
+	if err := blas.GemmBF16(true, false, N, M, K, w, K, x, K, y, N, true); err != nil {
 		t.Fatal(err)
 	}
 	if err := g.d.Sync(); err != nil {
@@ -1456,6 +1474,8 @@ func TestDeviceBlasTune(t *testing.T) {
 	if tuned, untimed := count(); untimed != 0 || (emulated && tuned != 1) {
 		t.Fatalf("after a product: %d plans timed, %d waiting, want 1 and 0", tuned, untimed)
 	}
+	want, bound := gemmRef(y0, roundBF16(xf), roundBF16(wf), M, N, K, K, 1, 1, K, N, true)
+	withinBound(t, "the timed product", g.f32(y, M*N), want, bound)
 	// A product of a new shape while another goroutine records (an async
 	// rollout beside the trainer) waits for its timing.
 	if ops.GraphsAvailable() {
@@ -1494,7 +1514,62 @@ func TestDeviceBlasTune(t *testing.T) {
 		}
 	}
 
-	t.Setenv("KEEL_BLAS_TUNE", "0")
+	// Products of new shapes timed while another goroutine records graphs
+	// of products over and over (an async rollout's beside the trainer's,
+	// through one Device): each waits for the other, neither forever. The
+	// shapes are large enough that a recording starts during a timing.
+	if ops.GraphsAvailable() {
+		const bm, bn, bk = 96, 384, 256
+		bx, bw := toBF16(randF32(r, bm*bk, 1)), toBF16(randF32(r, bn*bk, 1))
+		done, timed := make(chan error, 2), make(chan struct{})
+		stop := time.After(time.Minute)
+		go func() {
+			defer close(timed)
+			for i := range 6 {
+				y := g.poisoned(bm * bn)
+				if err := blas.GemmBF16(true, false, bn-i, bm, bk, bw, bk, bx, bk, y, bn, false); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+		go func() {
+			for {
+				select {
+				case <-timed:
+					done <- nil
+					return
+				default:
+				}
+				y := g.poisoned(M * N)
+				gr, err := ops.Capture(func() error { return ops.gemmBF16(blas, true, false, N, M, K, w, K, x, K, y, N, false) })
+				if err != nil {
+					done <- err
+					return
+				}
+				gr.Close()
+			}
+		}()
+		for range 2 {
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-stop:
+				// Out at once, with every goroutine's stack: a panic or
+				// t.Fatal would run the deferred CloseGraphs and the
+				// device's cleanup, which wait on the deadlocked ones.
+				stacks := make([]byte, 1<<20)
+				stacks = stacks[:runtime.Stack(stacks, true)]
+				fmt.Fprintf(os.Stderr, "TestDeviceBlasTune: timing beside recordings: deadlocked\n%s", stacks)
+				os.Exit(2)
+			}
+		}
+	}
+
+	t.Setenv("KEEL_BLAS_TUNE", "")
 	g2 := newGPU(t)
 	b2, err := g2.d.Blas()
 	if err != nil {
@@ -1505,6 +1580,6 @@ func TestDeviceBlasTune(t *testing.T) {
 		t.Fatal(err)
 	}
 	if b2.tuned != 0 || len(b2.plans) != 1 {
-		t.Errorf("KEEL_BLAS_TUNE=0: %d plans timed of %d", b2.tuned, len(b2.plans))
+		t.Errorf("KEEL_BLAS_TUNE unset: %d plans timed of %d", b2.tuned, len(b2.plans))
 	}
 }

@@ -12,7 +12,7 @@ func TestMergeProducts(t *testing.T) {
 	y := func(col, elt int) Buffer { return Buffer{Ptr: out + uint64(col*elt), Size: 64} }
 	q, k, v := w(0, 8), w(8*in, 4), w(12*in, 4)
 	qkv := []Product{{Y: y(0, 4), W: q, Out: 8, LdY: 16}, {Y: y(8, 4), W: k, Out: 4, LdY: 16}, {Y: y(12, 4), W: v, Out: 4, LdY: 16}}
-	got := mergeProducts(qkv, nil)
+	got := mergeProducts(qkv, in, nil)
 	if len(got) != 1 || got[0].Out != 16 || got[0].W != (Buffer{Ptr: base, Size: 16 * in * 4}) || got[0].Y.Ptr != out || got[0].LdY != 16 {
 		t.Fatalf("q, k, v back to back: %+v, want one product of 16 outputs", got)
 	}
@@ -21,7 +21,7 @@ func TestMergeProducts(t *testing.T) {
 	}
 	// gate and up into bf16 [rows, 2·8]: columns two bytes wide.
 	gu := []Product{{Y: y(0, 2), W: w(0, 8), Out: 8, LdY: 16, Y16: true}, {Y: y(8, 2), W: w(8*in, 8), Out: 8, LdY: 16, Y16: true}}
-	if got := mergeProducts(gu, nil); len(got) != 1 || got[0].Out != 16 || !got[0].Y16 {
+	if got := mergeProducts(gu, in, nil); len(got) != 1 || got[0].Out != 16 || !got[0].Y16 {
 		t.Fatalf("gate and up in bf16: %+v, want one product", got)
 	}
 	for _, c := range []struct {
@@ -36,15 +36,16 @@ func TestMergeProducts(t *testing.T) {
 		{"one bf16, one float32", []Product{{Y: y(0, 4), W: q, Out: 8, LdY: 16}, {Y: y(8, 4), W: k, Out: 4, LdY: 16, Y16: true}}},
 		{"row strides that differ", []Product{{Y: y(0, 4), W: q, Out: 8, LdY: 16}, {Y: y(8, 4), W: k, Out: 4, LdY: 20}}},
 		{"past the row", []Product{{Y: y(0, 4), W: q, Out: 8, LdY: 10}, {Y: y(8, 4), W: k, Out: 4, LdY: 10}}},
+		{"a weight span shorter than its matrix", []Product{{Y: y(0, 4), W: Buffer{Ptr: base, Size: 4 * in * 4}, Out: 8, LdY: 16}, {Y: y(8, 4), W: w(4*in, 4), Out: 4, LdY: 16}}},
 		{"an addend", []Product{{Y: y(0, 4), W: q, Out: 8, LdY: 16}, {Y: y(8, 4), W: k, Out: 4, LdY: 16, Add: y(500, 4)}}},
 	} {
-		if got := mergeProducts(c.ps, nil); len(got) != 2 {
+		if got := mergeProducts(c.ps, in, nil); len(got) != 2 {
 			t.Errorf("%s: %d products, want the 2 given", c.name, len(got))
 		}
 	}
 	// The caller's condition: q and k join, v does not.
 	noV := func(a, b Product) bool { return b.W != v }
-	if got := mergeProducts(qkv, noV); len(got) != 2 || got[0].Out != 12 || got[1].W != v {
+	if got := mergeProducts(qkv, in, noV); len(got) != 2 || got[0].Out != 12 || got[1].W != v {
 		t.Errorf("with v held apart: %+v, want q|k and v", got)
 	}
 }

@@ -480,8 +480,9 @@ type Draws struct {
 	U, Temps      Buffer // the uniform (float64; < 0: the row is left alone), the temperature
 	TopK, TopP    Buffer // top-k (int32; 0: off), top-p (float64; 0 or 1: off)
 	TopN          Buffer // the most probable tokens to report (int32, at most TopMax; 0: none)
-	// Scratch, where it holds DrawScratchFloats(rows, V) floats, lets
-	// DrawRowsRaw spread each row over many blocks (the split draw).
+	// Scratch, where it holds DrawScratchFloats(rows, V) floats from an
+	// 8-byte aligned address, lets DrawRowsRaw spread each row over many
+	// blocks (the split draw).
 	Scratch Buffer
 }
 
@@ -559,7 +560,8 @@ func (o *Ops) DrawRowsRaw(d Draws, z Buffer, rows, V int) error {
 	if chunk == 0 {
 		chunk = DrawChunkTokens
 	}
-	if o.DrawNoSplit || d.Scratch.Size < int64(drawScratchFloats(rows, V, chunk))*4 {
+	// The scratch's float64 sums need it 8-byte aligned.
+	if o.DrawNoSplit || d.Scratch.Size < int64(drawScratchFloats(rows, V, chunk))*4 || d.Scratch.Ptr%8 != 0 {
 		return o.drawRows("draw_rows_raw", "draw_rows_trunc_raw", d, z, rows, V)
 	}
 	// The split draw: head.cu's draw_chunk_* kernels, then the special

@@ -330,7 +330,7 @@ func (l *QuantLinear) LinearMany(x Buffer, rows, in, ldx int, ps ...Product) err
 	// Matrices back to back in the arena whose scales are too take one
 	// product and one scaling (mergeProducts).
 	scalesFollow := func(a, b Product) bool { return l.soff[b.W.Ptr] == l.soff[a.W.Ptr]+a.Out }
-	for _, p := range mergeProducts(ps, scalesFollow) {
+	for _, p := range mergeProducts(ps, in, scalesFollow) {
 		m := l.mats[p.W.Ptr]
 		w8 := Buffer{Ptr: l.w8.Ptr + uint64(m.Off)*2, Size: int64(p.Out*in) * 2}
 		if err := l.ops.gemmBF16(l.blas, true, false, p.Out, rows, in, w8, in, l.x8, in, p.Y, p.LdY, false); err != nil {

@@ -19,7 +19,7 @@
 #          grouped on the host, KEEL_MOE_GROUP=host; on the first shape its
 #          buffers allocated every step, KEEL_CUDA_POOL=0, the LM head's
 #          logits recomputed in the backward, KEEL_HEAD_KEEP=0, and cuBLASLt's
-#          heuristic's first algorithm, KEEL_BLAS_TUNE=0) and PyTorch, keel
+#          candidates timed per plan, KEEL_BLAS_TUNE=1) and PyTorch, keel
 #          again with KEEL_CUDA_PROFILE=1 (the time of every kernel and
 #          product, and of the driver's allocation calls);
 #          then a profiled bf16 decode at 256 sequences, Qwen3-0.6B and MoE shapes
@@ -33,7 +33,7 @@
 #          sequences on the Qwen3-0.6B shape and the MoE shape (2 layers),
 #          with CUDA graphs and without, the MoE layers grouped on the host
 #          (KEEL_MOE_GROUP=host, no graphs) against the device, cuBLASLt's
-#          heuristic's first algorithm (KEEL_BLAS_TUNE=0), the decoding
+#          candidates timed per plan (KEEL_BLAS_TUNE=1), the decoding
 #          attention a warp per query head (KEEL_DECODE_ATTN=head) and
 #          unsplit (KEEL_DECODE_SPLIT=0, 64 sequences of 1,056 tokens) against
 #          the defaults,
@@ -205,12 +205,12 @@ if [[ " $sections " == *" decode "* ]]; then
       decode_rows "$out/decode-keel-$1-graphs$g.json" || tail -2 "$out/decode-keel-$1-graphs$g.err"
     done
   done
-  # cuBLASLt's plans with the heuristic's first algorithm
-  # (KEEL_BLAS_TUNE=0) against the default, each plan's candidates timed.
-  KEEL_BLAS_TUNE=0 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
-    --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-untuned.json" 2> "$out/decode-keel-untuned.err"
-  echo "  keel qwen3-0.6b, KEEL_BLAS_TUNE=0: exit $?"
-  decode_rows "$out/decode-keel-untuned.json" || tail -2 "$out/decode-keel-untuned.err"
+  # cuBLASLt's plans with each plan's candidates timed (KEEL_BLAS_TUNE=1)
+  # against the default, the heuristic's first algorithm.
+  KEEL_BLAS_TUNE=1 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+    --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-tuned.json" 2> "$out/decode-keel-tuned.err"
+  echo "  keel qwen3-0.6b, KEEL_BLAS_TUNE=1: exit $?"
+  decode_rows "$out/decode-keel-tuned.json" || tail -2 "$out/decode-keel-tuned.err"
   # The MoE layers grouped on the host, a cuBLASLt product per expert and
   # no graphs (the old path), against the grouped default above.
   KEEL_MOE_GROUP=host timeout 150 $bin/keel bench --device cuda --presets qwen3-30b-a3b --layers 2 --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
@@ -289,17 +289,15 @@ if [[ " $sections " == *" profile "* ]]; then
     # (two stages, the default; one stage on the first shape only).
     # On the MoE shape also KEEL_MOE_GROUP=host (the training engine still
     # groups on the device, but brings the offsets to the host and runs a
-    # cuBLASLt product per expert) against the grouped products, with
-    # KEEL_BLAS_TUNE=0 (each step's experts see new row counts, which
-    # timing every new plan would charge to the step).
+    # cuBLASLt product per expert) against the grouped products.
     # On the first shape also the training engine's buffers allocated and
     # freed on the device every step (KEEL_CUDA_POOL=0) against its Pool.
     # On the first shape also the LM head's logits recomputed in the
     # backward (KEEL_HEAD_KEEP=0) against kept from the forward.
-    # On the first shape also cuBLASLt's heuristic's first algorithm
-    # (KEEL_BLAS_TUNE=0) against each plan's candidates timed.
-    variants="wideq/two/device/1/1/1 narrow/two/device/1/1/1 wide/two/device/1/1/1"
-    [ $tag = qwen3-0.6b-8x2048 ] && variants="$variants wideq/single/device/1/1/1 wideq/two/device/0/1/1 wideq/two/device/1/0/1 wideq/two/device/1/1/0"
+    # On the first shape also cuBLASLt's plans with their candidates
+    # timed (KEEL_BLAS_TUNE=1) against the heuristic's first.
+    variants="wideq/two/device/1/1/0 narrow/two/device/1/1/0 wide/two/device/1/1/0"
+    [ $tag = qwen3-0.6b-8x2048 ] && variants="$variants wideq/single/device/1/1/0 wideq/two/device/0/1/0 wideq/two/device/1/0/0 wideq/two/device/1/1/1"
     [ $1 = qwen3-30b-a3b ] && variants="$variants wideq/two/host/1/1/0"
     for v in $variants; do
       IFS=/ read -r fwd bwd grp pool keep tune <<< "$v"

@@ -177,11 +177,14 @@ __device__ __forceinline__ float fa_exp2(float x) {
 
 // heaviest_first is the query tile a forward or dQ block takes: the last
 // first. A query tile's work grows with its rows' positions in their
-// sequence, and blocks start roughly in blockIdx order, so taking the
-// tiles from the end starts a long sequence's heaviest tiles first and
-// leaves its lightest for the end of the grid, where they fill the
-// multiprocessors the last heavy ones leave idle (FlashAttention-2
-// schedules so too). Each tile's arithmetic is unchanged: the same bits.
+// sequence, and blocks start roughly in blockIdx order (x fastest, then
+// the heads), so taking a head's tiles from the end starts a sequence's
+// heaviest tiles before its lightest, and the grid ends on the first
+// sequence's lightest tiles of the last head, which fill the
+// multiprocessors the heavy ones leave idle (FlashAttention-2 schedules
+// so too). It matters where sequences are long (2 × 16384); with many
+// short ones packed together the tail is light either way. Each tile's
+// arithmetic is unchanged: the same bits.
 __device__ __forceinline__ int heaviest_first() { return gridDim.x - 1 - blockIdx.x; }
 
 // warp_max_int is the largest of v over the warp, on every lane.

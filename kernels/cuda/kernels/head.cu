@@ -768,8 +768,8 @@ extern "C" __global__ void draw_rows_trunc_raw(int* __restrict__ tok, float* __r
 // draw_rows_raw gives a row one block, whose threads read its logits
 // twice with a few loads in flight each: at 64 or 256 rows a fraction of
 // the card's multiprocessors, each waiting on memory (284 µs at 256 rows
-// of 151,936 on an H200, a fourth of what two reads of the logits take at
-// the card's bandwidth). draw_chunk_stats takes each chunk's maximum and
+// of 151,936 on an H200, about four times what two reads of the logits
+// take at the card's bandwidth). draw_chunk_stats takes each chunk's maximum and
 // sum of exponentials; draw_chunk_sums merges a row's chunks in order
 // into its log-sum-exp l (its bits the row's alone, whatever rows are
 // beside it: not row_stats's, so the drawn log-probs may differ from
