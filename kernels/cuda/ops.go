@@ -3,6 +3,7 @@ package cuda
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 )
 
@@ -386,9 +387,23 @@ func (o *Ops) decodeKernel(name string, heads, kv, hd int) (string, int) {
 
 // decodeSplitWarps is how many warps a decoding step's attention is split
 // to reach: about 16 a multiprocessor on a 132-SM H100, what 256
-// sequences of a model with 8 KV heads give unsplit. decodeMaxSplits
+// sequences of a model with 8 KV heads give unsplit (KEEL_DECODE_SPLIT_WARPS
+// sets another, read once: check.sh times 8192, 62 a multiprocessor,
+// against it, since at 256 short sequences the unsplit attention read
+// its 2.3 GB of cache at about 1.5 TB/s on an H200). decodeMaxSplits
 // bounds the runs of one row's keys.
-const decodeSplitWarps, decodeMaxSplits = 2048, 16
+var decodeSplitWarps = envPositive("KEEL_DECODE_SPLIT_WARPS", 2048)
+
+const decodeMaxSplits = 16
+
+// envPositive is the environment variable name as a positive integer,
+// def where it is unset or not one.
+func envPositive(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
 
 // decodeSplits is the runs each row's keys are split into for a step of
 // rows rows of warps warps each: enough to reach decodeSplitWarps, at

@@ -34,6 +34,7 @@
 #          with CUDA graphs and without, the MoE layers grouped on the host
 #          (KEEL_MOE_GROUP=host, no graphs) against the device, cuBLASLt's
 #          candidates timed per plan (KEEL_BLAS_TUNE=1), the decoding
+#          attention split four times as far (KEEL_DECODE_SPLIT_WARPS=8192), the decoding
 #          attention a warp per query head (KEEL_DECODE_ATTN=head) and
 #          unsplit (KEEL_DECODE_SPLIT=0, 64 sequences of 1,056 tokens) against
 #          the defaults,
@@ -211,6 +212,12 @@ if [[ " $sections " == *" decode "* ]]; then
     --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-tuned.json" 2> "$out/decode-keel-tuned.err"
   echo "  keel qwen3-0.6b, KEEL_BLAS_TUNE=1: exit $?"
   decode_rows "$out/decode-keel-tuned.json" || tail -2 "$out/decode-keel-tuned.err"
+  # The decoding attention split to reach 8192 warps (4 runs a row at 256
+  # sequences, 16 at 64) against the default 2048 (unsplit at 256).
+  KEEL_DECODE_SPLIT_WARPS=8192 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+    --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-splitwarps.json" 2> "$out/decode-keel-splitwarps.err"
+  echo "  keel qwen3-0.6b, KEEL_DECODE_SPLIT_WARPS=8192: exit $?"
+  decode_rows "$out/decode-keel-splitwarps.json" || tail -2 "$out/decode-keel-splitwarps.err"
   # The MoE layers grouped on the host, a cuBLASLt product per expert and
   # no graphs (the old path), against the grouped default above.
   KEEL_MOE_GROUP=host timeout 150 $bin/keel bench --device cuda --presets qwen3-30b-a3b --layers 2 --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
