@@ -122,6 +122,7 @@ type Blas struct {
 	calls int64 // products issued (under mu): what the tests count
 	tune  bool  // time the heuristic's candidates (KEEL_BLAS_TUNE=1)
 	tuned int64 // plans whose candidates were timed (under mu)
+	tries int64 // timings begun, which tuneMaxPlans bounds (under mu)
 }
 
 type gemmKey struct {
@@ -166,7 +167,8 @@ type gemmPlan struct {
 // session has measured what it gains, and because the choice is by the
 // clock: two runs may pick different algorithms for a shape, which round
 // differently, so bf16 runs are then not reproducible bit for bit (the
-// heuristic's choice is the same every run on a card).
+// heuristic's choice is the same every run on a card). Under
+// KEEL_CUDA_PROFILE a shape's first product is charged its timing.
 //
 // tuneAlgos is how many candidates are asked for. Only small products are
 // timed, where a poor choice costs most and timing least: at most
@@ -462,7 +464,7 @@ func (b *Blas) tuneLocked(key gemmKey, p *gemmPlan, A, B Buffer, alpha, beta *fl
 		elt = 2
 	}
 	bytes := int64(key.ldc)*int64(key.n-1)*elt + int64(key.m)*elt
-	if bytes > tuneMaxBytes || 2*float64(key.m)*float64(key.n)*float64(key.k) > tuneMaxFLOPs || b.tuned >= tuneMaxPlans {
+	if bytes > tuneMaxBytes || 2*float64(key.m)*float64(key.n)*float64(key.k) > tuneMaxFLOPs || b.tries >= tuneMaxPlans {
 		p.cands = nil
 		return
 	}
@@ -477,6 +479,7 @@ func (b *Blas) tuneLocked(key gemmKey, p *gemmPlan, A, B Buffer, alpha, beta *fl
 	defer recording.RUnlock()
 	cands := p.cands
 	p.cands = nil
+	b.tries++
 	d := b.dev
 	out, err := d.Alloc(bytes)
 	if err != nil {
@@ -484,7 +487,12 @@ func (b *Blas) tuneLocked(key gemmKey, p *gemmPlan, A, B Buffer, alpha, beta *fl
 	}
 	best := b.fastest(p, cands, A, B, out, alpha, beta)
 	d.do(func() error {
-		d.drv.ctxSynchronize() // the timing's products are done with out
+		// Free out once the timing's products are done with it; a
+		// context that cannot synchronise has failed, and its next call
+		// says so.
+		if err := d.drv.check(d.drv.ctxSynchronize(), "cuCtxSynchronize"); err != nil {
+			return err
+		}
 		return d.drv.check(d.drv.memFree(out.Ptr), "cuMemFree")
 	})
 	if best >= 0 {

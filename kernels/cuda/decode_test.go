@@ -7,6 +7,8 @@ import "testing"
 // DecodeSplitFloats's scratch enough for every row count, grouped or a
 // warp per head.
 func TestDecodeSplits(t *testing.T) {
+	defer func(w int) { decodeSplitWarps = w }(decodeSplitWarps)
+	decodeSplitWarps = 2048 // the default, whatever KEEL_DECODE_SPLIT_WARPS says
 	grouped, perHead := &Ops{}, &Ops{DecodePerHead: true}
 	for _, c := range []struct{ rows, heads, kv, want int }{
 		{256, 16, 8, 1}, {64, 16, 8, 4}, {100, 16, 8, 3}, {8, 16, 8, 16}, {1, 16, 8, 16}, {2048, 32, 4, 1}, {150, 10, 2, 2}, {300, 10, 2, 1},

@@ -392,7 +392,7 @@ func (o *Ops) decodeKernel(name string, heads, kv, hd int) (string, int) {
 // against it, since at 256 short sequences the unsplit attention read
 // its 2.3 GB of cache at about 1.5 TB/s on an H200). decodeMaxSplits
 // bounds the runs of one row's keys.
-var decodeSplitWarps = envPositive("KEEL_DECODE_SPLIT_WARPS", 2048)
+var decodeSplitWarps = min(envPositive("KEEL_DECODE_SPLIT_WARPS", 2048), 1<<20)
 
 const decodeMaxSplits = 16
 

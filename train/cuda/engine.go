@@ -46,8 +46,9 @@ type Engine struct {
 	valid  bool
 	hostOK bool           // host holds the device weights
 	bf     *kc.BF16Linear // the bf16 mode's products; nil in fp32
-	// recompute keeps only each layer's input from the forward and
-	// recomputes the layer's activations in the backward (activation
+	// recompute keeps only each layer's input from the forward (and, with
+	// flash.cu, its attention output and log-sum-exp) and recomputes the
+	// layer's other activations in the backward (activation
 	// checkpointing): one layer's activations in memory instead of all.
 	recompute bool
 	// headChunkRows, when positive, replaces headChunk's choice (tests
@@ -74,7 +75,8 @@ type Engine struct {
 
 // SetRecompute turns activation checkpointing on or off (from the next
 // Forward). The gradients are the same bits either way: the backward
-// recomputes each layer with the same kernels on the same input.
+// recomputes each layer with the same kernels on the same input (but for
+// flash.cu's attention, whose outputs the forward keeps).
 func (e *Engine) SetRecompute(on bool) { e.recompute = on }
 
 func errorf(format string, a ...any) error { return fmt.Errorf("train/cuda: "+format, a...) }

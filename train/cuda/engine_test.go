@@ -486,8 +486,9 @@ func TestEngineBF16(t *testing.T) {
 // TestEngineRecompute: with activation checkpointing the log-probs and
 // every gradient are the same bits as without (the backward recomputes
 // each layer with the same kernels on its saved input), dense and MoE,
-// with the MoE routes replayed or live, and in the bf16 mode (its flash
-// attention recomputed from the forward's scratch).
+// with the MoE routes replayed or live, and in the bf16 mode (where each
+// layer keeps its flash attention's output and log-sum-exp, and the
+// recomputation runs everything else).
 func TestEngineRecompute(t *testing.T) {
 	dev := cudatest.Device(t)
 	for _, c := range []struct{ preset, prec string }{{"tiny-dense", FP32}, {"tiny-moe", FP32}, {"tiny-dense", BF16}, {"tiny-moe", BF16}} {
@@ -832,6 +833,71 @@ func TestEnginePool(t *testing.T) {
 				t.Errorf("Pool after steps 1 and 3: %+v, %+v: want no new device allocation after the first step, and reuses", stats[0], stats[2])
 			}
 			t.Logf("Pool after step 1: %+v; after step 3: %+v", stats[0], stats[2])
+		})
+	}
+}
+
+// TestEngineRecomputeMore: recomputation's bits on the shapes
+// TestEngineRecompute leaves out (dense and MoE layers in one model, a head
+// size flash.cu does not take in the bf16 mode, the float32 mode of the
+// mixed model), and two Backwards of one Forward give the same gradients,
+// with recomputation and without (the kept attention outputs are read,
+// never written, by a backward).
+func TestEngineRecomputeMore(t *testing.T) {
+	dev := cudatest.Device(t)
+	mixed, _ := model.Preset("tiny-moe", 200)
+	mixed.MlpOnlyLayers = []int{0, 2}
+	hd16, _ := model.Preset("tiny-dense", 200)
+	hd16.HeadDim = 16
+	dense, _ := model.Preset("tiny-dense", 200)
+	for _, c := range []struct {
+		name string
+		cfg  model.Config
+		prec string
+	}{{"mixed/bf16", mixed, BF16}, {"head-dim-16/bf16", hd16, BF16}, {"dense/bf16", dense, BF16}, {"mixed/fp32", mixed, FP32}} {
+		t.Run(c.name, func(t *testing.T) {
+			m := model.New(c.cfg)
+			model.Init(m, 5)
+			r := rand.New(rand.NewPCG(8, 9))
+			seqs := randomSeqs(r, 200, 30, 12, 50)
+			loss := randomLoss(r, seqs)
+			var first, second [2][]float32
+			var res [2]*train.Result
+			for i, rc := range []bool{false, true} {
+				e, err := NewTrainer(dev, m, train.DefaultAdamWConfig(), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				e.SetRecompute(rc)
+				if err := e.SetPrecision(c.prec); err != nil {
+					t.Fatal(err)
+				}
+				if res[i], err = e.Forward(seqs, train.ForwardOptions{Temperature: 0.7, Backward: true}); err != nil {
+					t.Fatal(err)
+				}
+				for _, g := range []*[]float32{&first[i], &second[i]} {
+					e.ZeroGrad()
+					if err := e.Backward(loss); err != nil {
+						t.Fatal(err)
+					}
+					if *g, err = e.Gradients(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				e.Close()
+			}
+			for s := range res[0].LogProbs {
+				if !sameFloats(res[0].LogProbs[s], res[1].LogProbs[s]) {
+					t.Errorf("sequence %d: log-probs differ with recomputation", s)
+				}
+			}
+			if !sameFloats(first[0], first[1]) {
+				t.Error("gradients differ with recomputation")
+			}
+			if !sameFloats(first[0], second[0]) || !sameFloats(first[1], second[1]) {
+				t.Errorf("a second Backward differs from the first (without recomputation: %v, with: %v)",
+					!sameFloats(first[0], second[0]), !sameFloats(first[1], second[1]))
+			}
 		})
 	}
 }
