@@ -509,14 +509,8 @@ func TestEngineRecompute(t *testing.T) {
 				var grads [2][]float32
 				var res [2]*train.Result
 				for i, rc := range []bool{false, true} {
-					e, err := NewTrainer(dev, m, train.DefaultAdamWConfig(), nil)
-					if err != nil {
-						t.Fatal(err)
-					}
-					e.SetRecompute(rc)
-					if err := e.SetPrecision(c.prec); err != nil {
-						t.Fatal(err)
-					}
+					e := recomputeTrainer(t, dev, m, c.prec, rc)
+					var err error
 					if res[i], err = e.Forward(seqs, train.ForwardOptions{Temperature: 0.7, Record: moe, Replay: replay}); err != nil {
 						t.Fatal(err)
 					}
@@ -864,14 +858,8 @@ func TestEngineRecomputeMore(t *testing.T) {
 			var first, second [2][]float32
 			var res [2]*train.Result
 			for i, rc := range []bool{false, true} {
-				e, err := NewTrainer(dev, m, train.DefaultAdamWConfig(), nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				e.SetRecompute(rc)
-				if err := e.SetPrecision(c.prec); err != nil {
-					t.Fatal(err)
-				}
+				e := recomputeTrainer(t, dev, m, c.prec, rc)
+				var err error
 				if res[i], err = e.Forward(seqs, train.ForwardOptions{Temperature: 0.7, Backward: true}); err != nil {
 					t.Fatal(err)
 				}
@@ -900,4 +888,19 @@ func TestEngineRecomputeMore(t *testing.T) {
 			}
 		})
 	}
+}
+
+// recomputeTrainer is a trainer of m on dev in precision prec with
+// recomputation on or off.
+func recomputeTrainer(t *testing.T, dev *kc.Device, m *model.Model, prec string, recompute bool) *Engine {
+	t.Helper()
+	e, err := NewTrainer(dev, m, train.DefaultAdamWConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.SetRecompute(recompute)
+	if err := e.SetPrecision(prec); err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
