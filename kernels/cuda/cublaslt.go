@@ -186,6 +186,14 @@ const (
 	tuneMaxPlans = 512
 )
 
+// Products returns how many products b has issued: what a step's launch
+// count is checked by.
+func (b *Blas) Products() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.calls
+}
+
 // Blas returns the device's cuBLASLt handle, made at first use.
 func (d *Device) Blas() (*Blas, error) {
 	d.mu.Lock()

@@ -899,3 +899,35 @@ func sameGenerations(t *testing.T, what string, prec rollout.Precision, a, b []r
 	}
 	return lengths
 }
+
+// TestProductsPerStep: a dense layer's step in the reduced precisions is 4
+// cuBLASLt products (q, k and v as one, o, gate and up as one, down), and
+// the LM head one more: kernels/cuda merges the products whose weights lie
+// back to back in the arena and whose outputs the backend lays side by
+// side (qkvViews, the gate|up matrix).
+func TestProductsPerStep(t *testing.T) {
+	dev := cudatest.Device(t)
+	m := testModel(t, "tiny-dense")
+	blas, err := dev.Blas()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := int64(4*m.Config.NumHiddenLayers + 1)
+	for _, prec := range []rollout.Precision{rollout.BF16, rollout.FP8, rollout.FP4} {
+		b, err := New(dev, m, rollout.Options{Precision: prec, Slots: 2, MaxLen: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.graphs = nil // launched one by one, so every product is issued
+		sb := &rollout.StepBatch{LogProbs: make([]float32, 2*m.Config.VocabSize), Slot: []int32{0, 0, 1}, Pos: []int32{0, 1, 0},
+			Tok: []int32{3, 4, 5}, OutRow: []int32{1, 2}, OutTemp: []float32{1, 1}}
+		before := blas.Products()
+		if err := b.Step(sb); err != nil {
+			t.Fatal(err)
+		}
+		if got := blas.Products() - before; got != want {
+			t.Errorf("%s: a step of %d layers issued %d products, want %d", prec, m.Config.NumHiddenLayers, got, want)
+		}
+		b.Close()
+	}
+}
