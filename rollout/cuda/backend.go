@@ -101,7 +101,7 @@ type scratch struct {
 	probs, gates, row, gtok, ids, xg, gug, ag, yg Buffer // MoE
 	x16                                           Buffer // bf16: a product's operand, rounded by the kernel before it
 	part                                          Buffer // the reduced precisions: the decoding attention's split sums (kc.DecodeSplitFloats)
-	drawScratch                                   Buffer // the reduced precisions: the split draw\'s (kc.DrawScratchFloats)
+	drawScratch                                   Buffer // the reduced precisions: the split draw's (kc.DrawScratchFloats)
 	grp                                           kc.MoEGroups
 	xg16                                          Buffer // bf16 MoE grouped on the device: the experts' rows, then SwiGLU's
 }
