@@ -189,6 +189,18 @@ func packSeqs(lens []int) (starts []int, T int, seqStart, seqEnd []int32) {
 	return starts, T, seqStart, seqEnd
 }
 
+// bf16Buf is a device buffer of x rounded to bf16, as the CPU kernels
+// round.
+func bf16Buf(g *gpu, x []float32) Buffer {
+	b := make([]kernels.BF16, len(x))
+	kernels.ToBF16(b, x)
+	u := make([]uint16, len(b))
+	for i, v := range b {
+		u[i] = uint16(v)
+	}
+	return bufOf(g, u)
+}
+
 // roundBF16 is x rounded to bf16 and back, as the CPU kernels round.
 func roundBF16(x []float32) []float32 {
 	b := make([]kernels.BF16, len(x))
@@ -701,15 +713,7 @@ func TestDeviceGemmBF16(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(10, 10))
-	toBF16 := func(x []float32) Buffer {
-		b := make([]kernels.BF16, len(x))
-		kernels.ToBF16(b, x)
-		u := make([]uint16, len(b))
-		for i, v := range b {
-			u[i] = uint16(v)
-		}
-		return bufOf(g, u)
-	}
+	toBF16 := func(x []float32) Buffer { return bf16Buf(g, x) }
 	for _, s := range []struct{ M, N, K int }{{1, 8, 16}, {70, 33, 64}, {256, 1024, 512}} {
 		M, N, K := s.M, s.N, s.K
 		x, w, dy := randF32(r, M*K, 1), randF32(r, N*K, 1), randF32(r, M*N, 1)
@@ -1421,15 +1425,7 @@ func TestDeviceBlasTune(t *testing.T) {
 	}
 	const M, N, K = 33, 48, 64
 	r := rand.New(rand.NewPCG(14, 3))
-	toBF16 := func(v []float32) Buffer {
-		b := make([]kernels.BF16, len(v))
-		kernels.ToBF16(b, v)
-		u := make([]uint16, len(b))
-		for i, h := range b {
-			u[i] = uint16(h)
-		}
-		return bufOf(g, u)
-	}
+	toBF16 := func(x []float32) Buffer { return bf16Buf(g, x) }
 	xf, wf := randF32(r, M*K, 1), randF32(r, N*K, 1)
 	x, w := toBF16(xf), toBF16(wf)
 	// The emulator's algorithms are "keel-emu" and a number.
