@@ -24,24 +24,58 @@
 #define FB_BK 32  // keys of a dQ tile
 #define FB_BQ 16  // queries of a dK/dV tile
 
-// copy_rows copies n rows of HD bf16 (row r at src + r*ld) into dst, rows
-// pitch words apart.
-template <int HD>
-__device__ __forceinline__ void copy_rows(u32* dst, int pitch, const bf16_t* src, i64 ld, int n, int async) {
-  for (int x = threadIdx.x; x < n * (HD / 8); x += blockDim.x) {
-    const int r = x / (HD / 8), c = x % (HD / 8);
-    copy16(dst + r * pitch + 4 * c, src + r * ld + 8 * c, async);
+// FA_THREADS is every flash kernel's block: four warps.
+#define FA_THREADS 128
+
+// copy_tile copies R rows of C 16-byte chunks (row r at src + r*ld) into
+// shared memory (row r at dst + r*pitch words): thread x takes chunk x % C
+// of rows x / C, x / C + FA_THREADS / C, ... Row and column, the row
+// step and the shared address are computed once a call, and the kernels
+// are compiled with async a constant (WITH_ASYNC_CONSTANT), so each chunk
+// is a cp.async and a few additions (13 instructions at sm_90, from 37:
+// the copies' addressing had cost a dQ tile as many instructions as its
+// products and softmax). The loops stay rolled: unrolled, the compiler
+// keeps every chunk's offset in registers across the kernel's loop, and
+// the forward at head size 128 then spills.
+template <int R, int C>
+__device__ __forceinline__ void copy_tile(u32* dst, int pitch, const bf16_t* src, i64 ld, int async) {
+  static_assert(FA_THREADS % C == 0, "a thread's chunks share a column");
+  constexpr int RS = FA_THREADS / C, IT = (R + RS - 1) / RS;  // rows a step, steps
+  // Offsets in 32 bits (a tile's span of its copy is far below 2^31
+  // elements): those the compiler keeps across a kernel's loop take one
+  // register, not two.
+  const int r = threadIdx.x / C, c = threadIdx.x % C, step = RS * (int)ld;
+  u32* d = dst + r * pitch + 4 * c;
+  const bf16_t* s = src + (r * (int)ld + 8 * c);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (async) {
+    const u32 sa = shared_address(d);
+#pragma unroll 1
+    for (int i = 0; i < IT; i++)
+      if (R % RS == 0 || r + i * RS < R) copy16_async(sa + 4 * i * RS * pitch, s + i * step);
+    return;
   }
+#endif
+  // Plain copies (before sm_80, KEEL_FLASH_COPY=sync, the emulator) one at
+  // a time: unrolled, their loads would all be hoisted, a tile's worth of
+  // registers held in every kernel that has this path.
+#pragma unroll 1
+  for (int i = 0; i < IT; i++)
+    if (R % RS == 0 || r + i * RS < R) *(u32x4*)(d + i * RS * pitch) = *(const u32x4*)(s + i * step);
 }
 
-// copy_cols copies HD rows of n bf16 of a transposed copy (row d at
+// copy_rows copies N rows of HD bf16 (row r at src + r*ld) into dst, rows
+// pitch words apart.
+template <int HD, int N>
+__device__ __forceinline__ void copy_rows(u32* dst, int pitch, const bf16_t* src, i64 ld, int async) {
+  copy_tile<N, HD / 8>(dst, pitch, src, ld, async);
+}
+
+// copy_cols copies HD rows of N bf16 of a transposed copy (row d at
 // src + d*ld) into dst, rows pitch words apart.
-template <int HD>
-__device__ __forceinline__ void copy_cols(u32* dst, int pitch, const bf16_t* src, i64 ld, int n, int async) {
-  for (int x = threadIdx.x; x < HD * (n / 8); x += blockDim.x) {
-    const int d = x / (n / 8), c = x % (n / 8);
-    copy16(dst + d * pitch + 4 * c, src + d * ld + 8 * c, async);
-  }
+template <int HD, int N>
+__device__ __forceinline__ void copy_cols(u32* dst, int pitch, const bf16_t* src, i64 ld, int async) {
+  copy_tile<HD, N / 8>(dst, pitch, src, ld, async);
 }
 
 // load_a reads a warp's A fragments of a 16 x HD block of a row-major
@@ -197,8 +231,12 @@ __device__ __forceinline__ int warp_max_int(int v) {
 // shared memory, V's rows VP words apart, from key jt) into a warp's MT
 // row tiles: scores, the online softmax's update, and P·V. Each score
 // sums its k slices in order, whichever source gives the Q fragments (QF:
-// QRegs or QShared). Row r's keys are lo[r] .. lo[r] + len[r] - 1 (its
-// sequence's start to r; len 0 past T): one unsigned comparison a score.
+// QRegs or QShared). The warp's rows are r0 = wr + g + 8e + 16mt; row r's
+// keys are its sequence's start to r (none past T): one unsigned
+// comparison a score, made only where masked (a tile not wholly inside
+// every row's keys: the diagonal's, a sequence's first, the rows past T),
+// the starts then read again rather than held in registers across the
+// loop.
 // The running maximum is taken over the raw scores and scaled after
 // (sl2 > 0: the same maximum as over the scaled ones), each exponential's
 // argument is one fused multiply-add, and the accumulated outputs are
@@ -206,8 +244,8 @@ __device__ __forceinline__ int warp_max_int(int v) {
 template <int HD, int MT, int BK, int VP, class QF>
 __device__ __forceinline__ void flash_fwd_tile(const u32* Ks, const u32* Vt, float (&o)[MT][HD / 8][4],
                                                float (&m)[MT][2], float (&l)[MT][2], const QF& qf,
-                                               const int (&lo)[MT][2], const int (&len)[MT][2], int jt, float sl2,
-                                               int lane) {
+                                               const int* __restrict__ seq_start, int T, int wr, int jt, float sl2,
+                                               int lane, bool masked) {
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4;
   static_assert(BK % 16 == 0 && ND % 2 == 0, "fragments are loaded for two 8-column blocks at a time");
   const int t = lane & 3;
@@ -238,14 +276,25 @@ __device__ __forceinline__ void flash_fwd_tile(const u32* Ks, const u32* Vt, flo
 #pragma unroll
   for (int mt = 0; mt < MT; mt++) {
     float mx0 = ninf, mx1 = ninf;
-    const int jb0 = jt + 2 * t - lo[mt][0], jb1 = jt + 2 * t - lo[mt][1];
+    if (masked) {
+      int jb[2], len[2];  // the lane's first key of the tile less the row's first; the row's keys
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int r = wr + 16 * mt + (lane >> 2) + 8 * e, lo = r < T ? seq_start[r] : 0;
+        jb[e] = jt + 2 * t - lo;
+        len[e] = r < T ? r - lo + 1 : 0;
+      }
+#pragma unroll
+      for (int nt = 0; nt < BK / 8; nt++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int jr = jb[e >> 1] + nt * 8 + (e & 1);  // key less the row's first
+          if ((u32)jr >= (u32)len[e >> 1]) s[mt][nt][e] = ninf;
+        }
+      }
+    }
 #pragma unroll
     for (int nt = 0; nt < BK / 8; nt++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int jr = (e < 2 ? jb0 : jb1) + nt * 8 + (e & 1);  // key less the row's first
-        if ((u32)jr >= (u32)len[mt][e >> 1]) s[mt][nt][e] = ninf;
-      }
       mx0 = fmaxf(mx0, fmaxf(s[mt][nt][0], s[mt][nt][1]));
       mx1 = fmaxf(mx1, fmaxf(s[mt][nt][2], s[mt][nt][3]));
     }
@@ -323,7 +372,6 @@ __device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vt, bf16_t* __r
   const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
   const int last = min(T, i0 + BQ) - 1, wr = i0 + 16 * MT * w;
   static_assert(!QS || STAGES == 2, "Q in shared memory comes with the first tile's copy");
-  int lo[MT][2], len[MT][2];  // each row's keys: lo .. lo + len - 1
   u32 qa[QS ? 1 : MT][QS ? 1 : KS][4];  // Q's fragments, unless QS
   float o[MT][ND][4], m[MT][2], l[MT][2];
   const float ninf = -__int_as_float(0x7f800000), sl2 = scale * FA_LOG2E;
@@ -331,9 +379,6 @@ __device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vt, bf16_t* __r
   for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
     for (int e = 0; e < 2; e++) {
-      const int r = wr + 16 * mt + g + 8 * e;
-      lo[mt][e] = r < T ? seq_start[r] : 0;
-      len[mt][e] = r < T ? r - lo[mt][e] + 1 : 0;
       m[mt][e] = ninf;
       l[mt][e] = 0.f;
     }
@@ -341,13 +386,18 @@ __device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vt, bf16_t* __r
 #pragma unroll
     for (int n = 0; n < ND; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
   }
+  // A key tile from key j on needs no mask where each of the warp's rows
+  // is below T, at or after the tile's last key, and in a sequence that
+  // starts at or before j: j >= lmax (the latest start, the last row's:
+  // starts never fall along the rows) and the tile's last key <= wr.
+  const int lmax = wr + 16 * MT <= T ? seq_start[wr + 16 * MT - 1] : 1 << 30;
   constexpr int KT = BK * KP, VT = HD * VP;  // a stage's words of K and of V
   const int j0 = seq_start[i0] & -BK;
   if (STAGES == 2) {
     // The copy rows stop at Tp: i0 + BQ <= Tp (a multiple of 128).
-    if constexpr (QS) copy_rows<HD>(Qs, KP, qb + (i64)i0 * qd + (i64)h * HD, qd, BQ, async);
-    copy_rows<HD>(Ks, KP, kb + (i64)j0 * kvd + (i64)grp * HD, kvd, BK, async);
-    copy_cols<HD>(Vt, VP, vt + (i64)grp * HD * Tp + j0, Tp, BK, async);
+    if constexpr (QS) copy_rows<HD, BQ>(Qs, KP, qb + (i64)i0 * qd + (i64)h * HD, qd, async);
+    copy_rows<HD, BK>(Ks, KP, kb + (i64)j0 * kvd + (i64)grp * HD, kvd, async);
+    copy_cols<HD, BK>(Vt, VP, vt + (i64)grp * HD * Tp + j0, Tp, async);
     copies_commit(async);
   }
   for (int jt = j0, stage = 0; jt <= last; jt += BK, stage ^= STAGES - 1) {
@@ -356,29 +406,32 @@ __device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vt, bf16_t* __r
       // The next tile's copy into the other stage, which every warp is
       // done with (the barrier at the end of the last iteration).
       if (jt + BK <= last) {
-        copy_rows<HD>(Ks + (stage ^ 1) * KT, KP, kb + (i64)(jt + BK) * kvd + (i64)grp * HD, kvd, BK, async);
-        copy_cols<HD>(Vt + (stage ^ 1) * VT, VP, vt + (i64)grp * HD * Tp + jt + BK, Tp, BK, async);
+        copy_rows<HD, BK>(Ks + (stage ^ 1) * KT, KP, kb + (i64)(jt + BK) * kvd + (i64)grp * HD, kvd, async);
+        copy_cols<HD, BK>(Vt + (stage ^ 1) * VT, VP, vt + (i64)grp * HD * Tp + jt + BK, Tp, async);
       }
       copies_commit(async);  // perhaps empty: wait_prev then still means this tile
       copies_wait_prev(async);
       __syncthreads();
     } else {
       __syncthreads();
-      copy_rows<HD>(Ks, KP, kb + (i64)jt * kvd + (i64)grp * HD, kvd, BK, async);
-      copy_cols<HD>(Vt, VP, vt + (i64)grp * HD * Tp + jt, Tp, BK, async);
+      copy_rows<HD, BK>(Ks, KP, kb + (i64)jt * kvd + (i64)grp * HD, kvd, async);
+      copy_cols<HD, BK>(Vt, VP, vt + (i64)grp * HD * Tp + jt, Tp, async);
       copies_done(async);
       __syncthreads();
     }
-#pragma unroll
+    // Rolled: the sub-tiles' scores and fragments unrolled side by side
+    // spill the head-size-128 kernel's registers.
+#pragma unroll 1
     for (int sub = 0; sub < BK; sub += SUB) {
       if (wr + 16 * MT - 1 < jt + sub) continue;  // keys past the warp's last row
+      const bool masked = !(jt + sub >= lmax && jt + sub + SUB - 1 <= wr);
       if constexpr (QS) {
         flash_fwd_tile<HD, MT, SUB, VP>(K + sub * KP, V + sub / 2, o, m, l,
-                                        QShared<HD>{frags(Qs + 16 * MT * w * KP, lane_a(lane, KP))}, lo, len, jt + sub,
-                                        sl2, lane);
+                                        QShared<HD>{frags(Qs + 16 * MT * w * KP, lane_a(lane, KP))}, seq_start, T, wr, jt + sub,
+                                        sl2, lane, masked);
       } else {
-        flash_fwd_tile<HD, MT, SUB, VP>(K + sub * KP, V + sub / 2, o, m, l, QRegs<HD, MT>{qa}, lo, len, jt + sub, sl2,
-                                        lane);
+        flash_fwd_tile<HD, MT, SUB, VP>(K + sub * KP, V + sub / 2, o, m, l, QRegs<HD, MT>{qa}, seq_start, T, wr, jt + sub, sl2,
+                                        lane, masked);
       }
     }
     if (STAGES == 2) __syncthreads();  // this stage is free for the copy after next
@@ -401,9 +454,9 @@ __device__ __forceinline__ void dq_tile_copy(u32* Ks, u32* Kt, u32* Vs, const bf
                                              const bf16_t* __restrict__ kt, const bf16_t* __restrict__ vb, int jt,
                                              int grp, i64 kvd, int Tp, int async) {
   constexpr int KP = HD / 2 + 4, TP = FB_BK / 2 + 4;
-  copy_rows<HD>(Ks, KP, kb + (i64)jt * kvd + (i64)grp * HD, kvd, FB_BK, async);
-  copy_cols<HD>(Kt, TP, kt + (i64)grp * HD * Tp + jt, Tp, FB_BK, async);
-  copy_rows<HD>(Vs, KP, vb + (i64)jt * kvd + (i64)grp * HD, kvd, FB_BK, async);
+  copy_rows<HD, FB_BK>(Ks, KP, kb + (i64)jt * kvd + (i64)grp * HD, kvd, async);
+  copy_cols<HD, FB_BK>(Kt, TP, kt + (i64)grp * HD * Tp + jt, Tp, async);
+  copy_rows<HD, FB_BK>(Vs, KP, vb + (i64)jt * kvd + (i64)grp * HD, kvd, async);
 }
 
 // DQ_STAGE_WORDS is the shared memory of one stage of flash_bwd_dq, in
@@ -550,10 +603,10 @@ __device__ __forceinline__ void dkv_tile_copy(u32* S, const bf16_t* __restrict__
                                               int h, i64 qd, int Tp, int async) {
   constexpr int KP = HD / 2 + 4, TP = FB_BQ / 2 + 4, RW = FB_BQ * KP, CW = HD * TP;
   const i64 rb = (i64)it * qd + (i64)h * HD, cb = (i64)h * HD * Tp + it;
-  copy_rows<HD>(S, KP, qb + rb, qd, FB_BQ, async);
-  copy_rows<HD>(S + RW, KP, dob + rb, qd, FB_BQ, async);
-  copy_cols<HD>(S + 2 * RW, TP, qt + cb, Tp, FB_BQ, async);
-  copy_cols<HD>(S + 2 * RW + CW, TP, dot + cb, Tp, FB_BQ, async);
+  copy_rows<HD, FB_BQ>(S, KP, qb + rb, qd, async);
+  copy_rows<HD, FB_BQ>(S + RW, KP, dob + rb, qd, async);
+  copy_cols<HD, FB_BQ>(S + 2 * RW, TP, qt + cb, Tp, async);
+  copy_cols<HD, FB_BQ>(S + 2 * RW + CW, TP, dot + cb, Tp, async);
 }
 
 // DKV_STAGE_WORDS is the shared memory of one stage of flash_bwd_dkv, in
@@ -613,7 +666,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
   u32* Vs = smem;
   u32* stages = smem + DKV_V_WORDS(HD);
   // V's copy completes with the first query tile's.
-  copy_rows<HD>(Vs, KP, vb + (i64)j0 * kvd + (i64)grp * HD, kvd, FA_BK, async);
+  copy_rows<HD, FA_BK>(Vs, KP, vb + (i64)j0 * kvd + (i64)grp * HD, kvd, async);
   if (STAGES == 2) {
     dkv_tile_copy<HD>(stages, qb, qt, dob, dot, j0, h0, qd, Tp, async);
     copies_commit(async);
@@ -739,6 +792,19 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
 // The kernels, one set per head size, each with its shared memory (the
 // names written out: keel's CUDA emulator finds kernels by name). Shared
 // tiles are u32x4 arrays, 16-byte aligned, used as words.
+//
+// WITH_ASYNC_CONSTANT compiles stmt twice, with the copy flag async a
+// constant 1 or 0 (shadowing the kernel's argument), and runs the one the
+// argument names: each copy then compiles to cp.async or to plain copies
+// alone, not to both under a predicate that every chunk issues.
+#define WITH_ASYNC_CONSTANT(stmt) \
+  if (async) {                     \
+    constexpr int async = 1;       \
+    stmt;                          \
+  } else {                         \
+    constexpr int async = 0;       \
+    stmt;                          \
+  }
 #define FLASH_FWD_PARAMS                                                                                        \
   bf16_t *__restrict__ out, float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ kb, \
       const bf16_t *__restrict__ vt, const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, \
@@ -746,7 +812,8 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
 #define FLASH_FWD_BODY(HD, MT, BK, STAGES)                                                                   \
   __shared__ u32x4 Ks[STAGES * BK * (HD / 2 + 4) / 4];                                                       \
   __shared__ u32x4 Vt[STAGES * HD * (BK / 2 + 4) / 4];                                                       \
-  flash_fwd<HD, MT, BK, STAGES>(nullptr, (u32*)Ks, (u32*)Vt, out, lse, qb, kb, vt, seq_start, T, Tp, heads, kv, scale, async);
+  WITH_ASYNC_CONSTANT((flash_fwd<HD, MT, BK, STAGES>(nullptr, (u32*)Ks, (u32*)Vt, out, lse, qb, kb, vt, seq_start, T, Tp, \
+                                                     heads, kv, scale, async)))
 // The wide forward with Q in shared memory and 64-key tiles folded in SUB
 // at a time, in dynamic shared memory (Ops.FlashAttention launches it with
 // flashForwardShared's bytes): Q's 128 rows, then two stages of K, then
@@ -755,8 +822,8 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
   KEEL_DYNAMIC_SHARED(u32x4, fq##HD);                                                                   \
   u32* sm = (u32*)fq##HD;                                                                               \
   u32* ks = sm + 128 * (HD / 2 + 4);                                                                    \
-  flash_fwd<HD, 2, 64, 2, true, SUB>(sm, ks, ks + 2 * 64 * (HD / 2 + 4), out, lse, qb, kb, vt, seq_start, T, Tp, heads, \
-                                     kv, scale, async);
+  WITH_ASYNC_CONSTANT((flash_fwd<HD, 2, 64, 2, true, SUB>(sm, ks, ks + 2 * 64 * (HD / 2 + 4), out, lse, qb, kb, vt,    \
+                                                          seq_start, T, Tp, heads, kv, scale, async)))
 #define FLASH_DQ_PARAMS                                                                                         \
   float *__restrict__ dq, float *__restrict__ dsum, const float *__restrict__ dout, const bf16_t *__restrict__ out, \
       const float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ dob,               \
@@ -777,17 +844,17 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
   __shared__ u32x4 Ks[FB_BK * (HD / 2 + 4) / 4];                                 \
   __shared__ u32x4 Kt[HD * (FB_BK / 2 + 4) / 4];                                 \
   __shared__ u32x4 Vs[FB_BK * (HD / 2 + 4) / 4];                                 \
-  flash_bwd_dq<HD, 1>((u32*)Ks, (u32*)Kt, (u32*)Vs, FLASH_DQ_ARGS);
+  WITH_ASYNC_CONSTANT((flash_bwd_dq<HD, 1>((u32*)Ks, (u32*)Kt, (u32*)Vs, FLASH_DQ_ARGS)))
 #define FLASH_DQ2_BODY(HD)                                                     \
   KEEL_DYNAMIC_SHARED(u32x4, dq##HD);                                          \
   u32* sm = (u32*)dq##HD;                                                      \
-  flash_bwd_dq<HD, 2>(sm, sm + 2 * FB_BK * (HD / 2 + 4), sm + FB_BK * (HD / 2 + 4), FLASH_DQ_ARGS);
+  WITH_ASYNC_CONSTANT((flash_bwd_dq<HD, 2>(sm, sm + 2 * FB_BK * (HD / 2 + 4), sm + FB_BK * (HD / 2 + 4), FLASH_DQ_ARGS)))
 #define FLASH_DKV_BODY(HD)                                             \
   __shared__ u32x4 sm[(DKV_V_WORDS(HD) + DKV_STAGE_WORDS(HD)) / 4];    \
-  flash_bwd_dkv<HD, 1>((u32*)sm, FLASH_DKV_ARGS);
+  WITH_ASYNC_CONSTANT((flash_bwd_dkv<HD, 1>((u32*)sm, FLASH_DKV_ARGS)))
 #define FLASH_DKV2_BODY(HD)                             \
   KEEL_DYNAMIC_SHARED(u32x4, dkv##HD);                  \
-  flash_bwd_dkv<HD, 2>((u32*)dkv##HD, FLASH_DKV_ARGS);
+  WITH_ASYNC_CONSTANT((flash_bwd_dkv<HD, 2>((u32*)dkv##HD, FLASH_DKV_ARGS)))
 
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_32(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(32, 1, FA_BK, 1) }
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_64(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(64, 1, FA_BK, 1) }
@@ -796,10 +863,12 @@ extern "C" __global__ void __launch_bounds__(128) flash_fwd_128(FLASH_FWD_PARAMS
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_wide_32(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(32, 2, 64, 2) }
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_wide_64(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(64, 2, 32, 2) }
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_wide_128(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(128, 2, 16, 2) }
-// The wide forward with Q in shared memory (Ops.FlashWideQ).
+// The wide forward with Q in shared memory (Ops.FlashWideQ). At head
+// size 128 the keys are folded 16 at a time (was 32): with the unmasked
+// tiles' own path the 32-key fold spills at sm_80 and sm_90.
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_wq_32(FLASH_FWD_PARAMS) { FLASH_FWDQ_BODY(32, 64) }
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_wq_64(FLASH_FWD_PARAMS) { FLASH_FWDQ_BODY(64, 64) }
-extern "C" __global__ void __launch_bounds__(128) flash_fwd_wq_128(FLASH_FWD_PARAMS) { FLASH_FWDQ_BODY(128, 32) }
+extern "C" __global__ void __launch_bounds__(128) flash_fwd_wq_128(FLASH_FWD_PARAMS) { FLASH_FWDQ_BODY(128, 16) }
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_32(FLASH_DQ_PARAMS) { FLASH_DQ_BODY(32) }
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_64(FLASH_DQ_PARAMS) { FLASH_DQ_BODY(64) }
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_128(FLASH_DQ_PARAMS) { FLASH_DQ_BODY(128) }

@@ -184,12 +184,24 @@ struct alignas(16) u32x4 {
 // once until copies_done, instead of one global-memory latency per copy;
 // else (and on keel's CPU emulator) a plain copy. The two give the same
 // bytes: the device tests compare them.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// shared_address is p's address in the shared window, as cp.async and
+// ldmatrix take it.
+__device__ __forceinline__ u32 shared_address(const void* p) {
+  u32 s;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(p));
+  return s;
+}
+// copy16_async starts a copy of 16 bytes from global src to shared
+// address dst (cp.async, sm_80 and later).
+__device__ __forceinline__ void copy16_async(u32 dst, const bf16_t* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+#endif
 __device__ __forceinline__ void copy16(u32* dst, const bf16_t* src, int async) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if (async) {
-    u32 s;
-    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+    copy16_async(shared_address(dst), src);
     return;
   }
 #endif
