@@ -34,6 +34,7 @@ func main() {
 	nvdisasm := flag.String("nvdisasm", "nvdisasm", "NVIDIA's disassembler")
 	top := flag.Int("top", 12, "opcodes to list per kernel, most frequent first")
 	flag.BoolVar(&loops, "loops", false, "also count each loop's body (a label to the branch back to it)")
+	flag.BoolVar(&resources, "resources", false, "print ptxas's registers and spills for each kernel instead")
 	flag.Parse()
 	if err := run(flag.Args(), *arch, *kernel, *dump, *nvdisasm, *top); err != nil {
 		fmt.Fprintln(os.Stderr, "sass:", err)
@@ -41,8 +42,12 @@ func main() {
 	}
 }
 
-// loops makes print count each loop's body too.
-var loops bool
+// loops makes print count each loop's body too; resources prints
+// ptxas's report instead of disassembling.
+var loops, resources bool
+
+// ptxasReport is one kernel's lines in ptxas's verbose log.
+var ptxasReport = regexp.MustCompile(`Compiling entry function '(\w+)'[^\n]*\n(?:[^\n]*\n)*?[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads\n[^\n]*Used (\d+) registers`)
 
 func run(sources []string, arch int, kernel, dump, nvdisasm string, top int) error {
 	if len(sources) == 0 {
@@ -61,9 +66,21 @@ func run(sources []string, arch int, kernel, dump, nvdisasm string, top int) err
 		if err != nil {
 			return err
 		}
-		image, _, err := n.Compile(src, name, cuda.Target{Arch: arch, Code: cuda.CodeCUBIN}, cuda.KernelOptions...)
+		options := cuda.KernelOptions
+		if resources {
+			options = append(options[:len(options):len(options)], "--ptxas-options=-v")
+		}
+		image, log, err := n.Compile(src, name, cuda.Target{Arch: arch, Code: cuda.CodeCUBIN}, options...)
 		if err != nil {
 			return err
+		}
+		if resources {
+			for _, m := range ptxasReport.FindAllStringSubmatch(log, -1) {
+				if match.MatchString(m[1]) {
+					fmt.Printf("%-28s sm_%d: %s registers, stack %s, spill stores %s, loads %s\n", m[1], arch, m[5], m[2], m[3], m[4])
+				}
+			}
+			continue
 		}
 		dir := dump
 		if dir == "" {

@@ -565,15 +565,24 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Kt0, u32* Vs0, float
           mma16816(dp[nt], da[ks + 1], bv1);
         }
       }
+      // dS before the scale, from P masked: one branch a tile, not one a
+      // score.
+      if (masked) {
 #pragma unroll
-      for (int nt = 0; nt < FB_BK / 8; nt++) {
+        for (int nt = 0; nt < FB_BK / 8; nt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int j = jt + nt * 8 + 2 * t + (e & 1), r = e < 2 ? r0 : r1, st = e < 2 ? st0 : st1;
-          float p = fa_exp2(fmaf(s[nt][e], sl2, -(e < 2 ? L0 : L1)));
-          if (masked && !(j <= r && j >= st && r < T)) p = 0.f;
-          s[nt][e] = p * (dp[nt][e] - (e < 2 ? D0 : D1));  // dS, before the scale
-        }
+          for (int e = 0; e < 4; e++) {
+            const int j = jt + nt * 8 + 2 * t + (e & 1), r = e < 2 ? r0 : r1, st = e < 2 ? st0 : st1;
+            float p = fa_exp2(fmaf(s[nt][e], sl2, -(e < 2 ? L0 : L1)));
+            if (!(j <= r && j >= st && r < T)) p = 0.f;
+            s[nt][e] = p * (dp[nt][e] - (e < 2 ? D0 : D1));
+          }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < FB_BK / 8; nt++)
+#pragma unroll
+          for (int e = 0; e < 4; e++)
+            s[nt][e] = fa_exp2(fmaf(s[nt][e], sl2, -(e < 2 ? L0 : L1))) * (dp[nt][e] - (e < 2 ? D0 : D1));
       }
 #pragma unroll
       for (int kk = 0; kk < FB_BK / 16; kk++) {
@@ -749,17 +758,25 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
           mma16816(dp[nt], va1, bd1);
         }
       }
+      // P, masked (one branch a tile, not one a score), then dS^T before
+      // the scale.
 #pragma unroll
-      for (int nt = 0; nt < FB_BQ / 8; nt++) {
+      for (int nt = 0; nt < FB_BQ / 8; nt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int c = nt * 8 + 2 * t + (e & 1), i = it + c, j = e < 2 ? kr0 : kr1;
-          float p = fa_exp2(fmaf(s[nt][e], sl2, -Ls[c]));
-          if (masked && !(i < T && j <= i && j >= Ss[c] && j < T)) p = 0.f;
-          s[nt][e] = p;
-          dp[nt][e] = p * (dp[nt][e] - Dd[c]);  // dS^T, before the scale
-        }
+        for (int e = 0; e < 4; e++) s[nt][e] = fa_exp2(fmaf(s[nt][e], sl2, -Ls[nt * 8 + 2 * t + (e & 1)]));
+      if (masked) {
+#pragma unroll
+        for (int nt = 0; nt < FB_BQ / 8; nt++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            const int c = nt * 8 + 2 * t + (e & 1), i = it + c, j = e < 2 ? kr0 : kr1;
+            if (!(i < T && j <= i && j >= Ss[c] && j < T)) s[nt][e] = 0.f;
+          }
       }
+#pragma unroll
+      for (int nt = 0; nt < FB_BQ / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dp[nt][e] = s[nt][e] * (dp[nt][e] - Dd[nt * 8 + 2 * t + (e & 1)]);
       // One k-step of FB_BQ = 16 queries: dV += P^T dO, dK += dS^T Q.
       const Frags dtf = frags(Dt, lane_b2n(lane, TP)), qtf = frags(Qt, lane_b2n(lane, TP));
       u32 pa[4], sa[4];
