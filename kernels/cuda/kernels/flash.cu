@@ -34,10 +34,11 @@
 // are compiled with async a constant (WITH_ASYNC_CONSTANT), so each chunk
 // is a cp.async and a few additions (13 instructions at sm_90, from 37:
 // the copies' addressing had cost a dQ tile as many instructions as its
-// products and softmax). The loops stay rolled: unrolled, the compiler
-// keeps every chunk's offset in registers across the kernel's loop, and
-// the forward at head size 128 then spills.
-template <int R, int C>
+// products and softmax). The loops are unrolled with UNROLL (the
+// backward's, a few chunks a thread: 4 instructions a chunk, not 13);
+// else rolled: unrolled, the compiler keeps every chunk's offset in
+// registers across the kernel's loop, and the forward spills.
+template <int R, int C, bool UNROLL = false>
 __device__ __forceinline__ void copy_tile(u32* dst, int pitch, const bf16_t* src, i64 ld, int async) {
   static_assert(FA_THREADS % C == 0, "a thread's chunks share a column");
   constexpr int RS = FA_THREADS / C, IT = (R + RS - 1) / RS;  // rows a step, steps
@@ -50,9 +51,15 @@ __device__ __forceinline__ void copy_tile(u32* dst, int pitch, const bf16_t* src
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if (async) {
     const u32 sa = shared_address(d);
+    if constexpr (UNROLL) {
+#pragma unroll
+      for (int i = 0; i < IT; i++)
+        if (R % RS == 0 || r + i * RS < R) copy16_async(sa + 4 * i * RS * pitch, s + i * step);
+    } else {
 #pragma unroll 1
-    for (int i = 0; i < IT; i++)
-      if (R % RS == 0 || r + i * RS < R) copy16_async(sa + 4 * i * RS * pitch, s + i * step);
+      for (int i = 0; i < IT; i++)
+        if (R % RS == 0 || r + i * RS < R) copy16_async(sa + 4 * i * RS * pitch, s + i * step);
+    }
     return;
   }
 #endif
@@ -66,16 +73,16 @@ __device__ __forceinline__ void copy_tile(u32* dst, int pitch, const bf16_t* src
 
 // copy_rows copies N rows of HD bf16 (row r at src + r*ld) into dst, rows
 // pitch words apart.
-template <int HD, int N>
+template <int HD, int N, bool UNROLL = false>
 __device__ __forceinline__ void copy_rows(u32* dst, int pitch, const bf16_t* src, i64 ld, int async) {
-  copy_tile<N, HD / 8>(dst, pitch, src, ld, async);
+  copy_tile<N, HD / 8, UNROLL>(dst, pitch, src, ld, async);
 }
 
 // copy_cols copies HD rows of N bf16 of a transposed copy (row d at
 // src + d*ld) into dst, rows pitch words apart.
-template <int HD, int N>
+template <int HD, int N, bool UNROLL = false>
 __device__ __forceinline__ void copy_cols(u32* dst, int pitch, const bf16_t* src, i64 ld, int async) {
-  copy_tile<HD, N / 8>(dst, pitch, src, ld, async);
+  copy_tile<HD, N / 8, UNROLL>(dst, pitch, src, ld, async);
 }
 
 // load_a reads a warp's A fragments of a 16 x HD block of a row-major
@@ -454,9 +461,9 @@ __device__ __forceinline__ void dq_tile_copy(u32* Ks, u32* Kt, u32* Vs, const bf
                                              const bf16_t* __restrict__ kt, const bf16_t* __restrict__ vb, int jt,
                                              int grp, i64 kvd, int Tp, int async) {
   constexpr int KP = HD / 2 + 4, TP = FB_BK / 2 + 4;
-  copy_rows<HD, FB_BK>(Ks, KP, kb + (i64)jt * kvd + (i64)grp * HD, kvd, async);
-  copy_cols<HD, FB_BK>(Kt, TP, kt + (i64)grp * HD * Tp + jt, Tp, async);
-  copy_rows<HD, FB_BK>(Vs, KP, vb + (i64)jt * kvd + (i64)grp * HD, kvd, async);
+  copy_rows<HD, FB_BK, true>(Ks, KP, kb + (i64)jt * kvd + (i64)grp * HD, kvd, async);
+  copy_cols<HD, FB_BK, true>(Kt, TP, kt + (i64)grp * HD * Tp + jt, Tp, async);
+  copy_rows<HD, FB_BK, true>(Vs, KP, vb + (i64)jt * kvd + (i64)grp * HD, kvd, async);
 }
 
 // DQ_STAGE_WORDS is the shared memory of one stage of flash_bwd_dq, in
@@ -612,10 +619,10 @@ __device__ __forceinline__ void dkv_tile_copy(u32* S, const bf16_t* __restrict__
                                               int h, i64 qd, int Tp, int async) {
   constexpr int KP = HD / 2 + 4, TP = FB_BQ / 2 + 4, RW = FB_BQ * KP, CW = HD * TP;
   const i64 rb = (i64)it * qd + (i64)h * HD, cb = (i64)h * HD * Tp + it;
-  copy_rows<HD, FB_BQ>(S, KP, qb + rb, qd, async);
-  copy_rows<HD, FB_BQ>(S + RW, KP, dob + rb, qd, async);
-  copy_cols<HD, FB_BQ>(S + 2 * RW, TP, qt + cb, Tp, async);
-  copy_cols<HD, FB_BQ>(S + 2 * RW + CW, TP, dot + cb, Tp, async);
+  copy_rows<HD, FB_BQ, true>(S, KP, qb + rb, qd, async);
+  copy_rows<HD, FB_BQ, true>(S + RW, KP, dob + rb, qd, async);
+  copy_cols<HD, FB_BQ, true>(S + 2 * RW, TP, qt + cb, Tp, async);
+  copy_cols<HD, FB_BQ, true>(S + 2 * RW + CW, TP, dot + cb, Tp, async);
 }
 
 // DKV_STAGE_WORDS is the shared memory of one stage of flash_bwd_dkv, in
