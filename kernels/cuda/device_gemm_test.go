@@ -625,7 +625,7 @@ func TestDeviceFlashAttention(t *testing.T) {
 		// The wide forward with Q in shared memory, both copy paths: where
 		// it folds 64 keys at a time (head sizes 32 and 64) the narrow
 		// forward's arithmetic row for row, so its bits; at head size 128
-		// (32 keys at a time) within rounding, against float64 below.
+		// (16 keys at a time) within rounding, against float64 below.
 		qout := g.poisoned(T * qd)
 		for i, plainCopies := range []bool{false, true} {
 			wq := narrow()

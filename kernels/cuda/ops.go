@@ -79,6 +79,11 @@ func NewOps(d *Device) *Ops {
 		DecodeNoSplit: os.Getenv("KEEL_DECODE_SPLIT") == "0", DrawNoSplit: os.Getenv("KEEL_DRAW_SPLIT") == "0"}
 }
 
+// flashThreads is every flash.cu attention kernel's block (FA_THREADS
+// there): their tile copies are unrolled for it, and another block
+// would skip or repeat chunks.
+const flashThreads = 128
+
 // flashAsync is flash.cu's copy flag: 1 for cp.async.
 func (o *Ops) flashAsync() int {
 	if o.FlashPlainCopies {
@@ -881,7 +886,7 @@ func (o *Ops) FlashAttention(s *FlashScratch, out16, lse, q, k, v, seqStart Buff
 			case o.FlashWide:
 				name, rows = "flash_fwd_wide_%d", 128
 			}
-			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + rows - 1) / rows, Y: s.heads}, Dim3{X: 128}, shared,
+			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + rows - 1) / rows, Y: s.heads}, Dim3{X: flashThreads}, shared,
 				out16, lse, s.q, s.k, s.vt, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
 		},
 	} {
@@ -961,7 +966,7 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 			if !o.FlashBackwardSingle && o.fitsShared(flashBackwardShared(s.hd, false)) {
 				name, shared = "flash_bwd_dq_2_%d", flashBackwardShared(s.hd, false)
 			}
-			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: 128}, shared,
+			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: flashThreads}, shared,
 				dq, dsum, dout, out16, lse, s.q, s.dout, s.k, s.kt, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
 		},
 		func() error {
@@ -969,7 +974,7 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 			if !o.FlashBackwardSingle && o.fitsShared(flashBackwardShared(s.hd, true)) {
 				name, shared = "flash_bwd_dkv_2_%d", flashBackwardShared(s.hd, true)
 			}
-			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + 63) / 64, Y: s.kv}, Dim3{X: 128}, shared,
+			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + 63) / 64, Y: s.kv}, Dim3{X: flashThreads}, shared,
 				dk, dv16, lse, dsum, s.q, s.qt, s.dout, s.doutT, s.k, s.v, seqStart, seqEnd, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
 		},
 	} {
