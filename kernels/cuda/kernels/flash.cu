@@ -735,9 +735,11 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
     const int* Ss = (const int*)(Ls + 2 * FB_BQ);
     if (it + FB_BQ - 1 >= j0 + 16 * w) {  // else every query of the tile is before the warp's keys
       // Every query of the tile at or after each of the warp's keys, below
-      // T, and in a sequence that holds them: no score to mask.
+      // T, and in a sequence that holds them: no score to mask. The
+      // tile's latest sequence start is its last row's (starts never fall
+      // along the rows; T past the last).
       const int kw = j0 + 16 * w;
-      const bool masked = !(it >= kw + 15 && it + FB_BQ <= T && kw + 15 < T && kw >= warp_max_int(Ss[lane & 15]));
+      const bool masked = !(it >= kw + 15 && it + FB_BQ <= T && kw + 15 < T && kw >= Ss[FB_BQ - 1]);
       const Frags qf = frags(Qs, lane_b2k(lane, KP)), df = frags(Ds, lane_b2k(lane, KP)), vf = frags(Vs + 16 * w * KP, lane_a(lane, KP));
       float s[FB_BQ / 8][4], dp[FB_BQ / 8][4];
 #pragma unroll
