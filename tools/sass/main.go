@@ -5,11 +5,14 @@
 // comparing two versions of a kernel before a device session times them.
 //
 //	go run ./tools/sass -arch 90 -kernel 'flash_fwd_wq_128' flash.cu
-//	go run ./tools/sass -arch 90 -dump /tmp/sass flash.cu    # the .cubin and .sass files
+//	go run ./tools/sass -loops -kernel 'flash_bwd_dq_2_128$' flash.cu  # each loop body's count
+//	go run ./tools/sass -resources -kernel flash flash.cu               # registers and spills (no nvdisasm)
+//	go run ./tools/sass -arch 90 -dump /tmp/sass flash.cu               # the .cubin and .sass files
 //
 // nvdisasm comes with the CUDA toolkit (Debian non-free's
 // nvidia-cuda-toolkit: `apt-get download nvidia-cuda-toolkit && dpkg -x`
-// it, then -nvdisasm PATH). Counts are static: a loop's body counts once.
+// it, then -nvdisasm PATH). Counts are static: a loop's body counts once,
+// a loop inside it once too, and both sides of a branch count.
 package main
 
 import (
