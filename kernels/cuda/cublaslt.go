@@ -1,10 +1,8 @@
 package cuda
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"runtime"
 	"sync"
@@ -34,6 +32,14 @@ type CublasLt struct {
 	heuristic     func(h, desc, a, b, c, d, pref uintptr, requested int32, results unsafe.Pointer, returned *int32) int32
 	matmul        func(h, desc uintptr, alpha unsafe.Pointer, a uint64, adesc uintptr, b uint64, bdesc uintptr, beta unsafe.Pointer, c uint64, cdesc uintptr, d uint64, ddesc uintptr, algo unsafe.Pointer, ws uint64, wsSize uintptr, stream uintptr) int32
 	statusString  func(s int32) string
+
+	// An algorithm's capabilities and configuration, and the check of a
+	// configured one (KEEL_BLAS_TUNE's splits of k and its table on
+	// disk); nil where the library lacks them.
+	capGet    func(algo unsafe.Pointer, attr int32, buf unsafe.Pointer, size uintptr, written *uintptr) int32
+	configGet func(algo unsafe.Pointer, attr int32, buf unsafe.Pointer, size uintptr, written *uintptr) int32
+	configSet func(algo unsafe.Pointer, attr int32, buf unsafe.Pointer, size uintptr) int32
+	algoCheck func(h, desc, a, b, c, d uintptr, algo, result unsafe.Pointer) int32
 }
 
 var (
@@ -77,6 +83,13 @@ func loadCublasLt(dirs []string) (*CublasLt, error) {
 			return nil, fmt.Errorf("cuda: %s: %w", path, err)
 		}
 	}
+	// Configurable algorithms (CUDA 10.1 and later): all four or none.
+	if register(&c.capGet, h, "cublasLtMatmulAlgoCapGetAttribute") != nil ||
+		register(&c.configGet, h, "cublasLtMatmulAlgoConfigGetAttribute") != nil ||
+		register(&c.configSet, h, "cublasLtMatmulAlgoConfigSetAttribute") != nil ||
+		register(&c.algoCheck, h, "cublasLtMatmulAlgoCheck") != nil {
+		c.capGet, c.configGet, c.configSet, c.algoCheck = nil, nil, nil, nil
+	}
 	// The status's text (CUDA 11.4 and later); a number otherwise.
 	if register(&c.statusString, h, "cublasLtGetStatusString") != nil {
 		c.statusString = func(s int32) string { return fmt.Sprintf("status %d", s) }
@@ -117,12 +130,16 @@ type Blas struct {
 	h   uintptr
 	ws  Buffer
 
-	mu    sync.Mutex // held from finding a plan until its product is issued
-	plans map[gemmKey]*gemmPlan
-	calls int64 // products issued (under mu): what the tests count
-	tune  bool  // time the heuristic's candidates (KEEL_BLAS_TUNE=1)
-	tuned int64 // plans whose candidates were timed (under mu)
-	tries int64 // timings begun, which tuneMaxPlans bounds (under mu)
+	mu     sync.Mutex // held from finding a plan until its product is issued
+	plans  map[gemmKey]*gemmPlan
+	calls  int64      // products issued (under mu): what the tests count
+	tune   bool       // time the candidate algorithms (KEEL_BLAS_TUNE=1)
+	tuned  int64      // plans whose candidates were timed (under mu)
+	tries  int64      // timings begun, which tuneMaxPlans bounds (under mu)
+	loaded int64      // plans whose algorithm came from the table on disk (under mu)
+	table  *tuneTable // the tuned algorithms on disk, read at the first tuned plan (under mu)
+	// tableDir is the table's folder: the kernel cache's ("" for none).
+	tableDir string
 }
 
 type gemmKey struct {
@@ -154,37 +171,8 @@ func alignment(p uint64) uint32 {
 type gemmPlan struct {
 	desc, a, b, c uintptr
 	algo          [heuristicResultBytes]byte   // the algorithm the products run
-	cands         [][heuristicResultBytes]byte // the heuristic's candidates, until timed (tuneLocked)
+	cands         [][heuristicResultBytes]byte // the candidates, until timed (tuneLocked)
 }
-
-// With KEEL_BLAS_TUNE=1 plans time cuBLASLt's candidate algorithms for
-// their shape the first time a product of that shape runs outside a
-// graph's recording, and keep the fastest (as TensorRT-LLM's autotuning
-// does). cuBLASLt's heuristic ranks them by a model of the card, which for
-// the small products of a decoding step may be far off: a 256 × 3072 ×
-// 1024 bf16 product took 14 µs on an H200 (112 TFLOP/s), about 3× what
-// its reads and its arithmetic need. It is off by default until a GPU
-// session has measured what it gains, and because the choice is by the
-// clock: two runs may pick different algorithms for a shape, which round
-// differently, so bf16 runs are then not reproducible bit for bit (the
-// heuristic's choice is the same every run on a card). Under
-// KEEL_CUDA_PROFILE a shape's first product is charged its timing.
-//
-// tuneAlgos is how many candidates are asked for. Only small products are
-// timed, where a poor choice costs most and timing least: at most
-// tuneMaxFLOPs (a 256-row decoding step's products of the Qwen3-0.6B and
-// 30B-A3B shapes are 1.6-5.4 GFLOP; the training step's, which run near
-// the card's speed with the heuristic's choice, 619-744 TFLOP/s measured,
-// are larger), with an output of at most tuneMaxBytes (the scratch output
-// timing allocates), and at most tuneMaxPlans of them per handle (shapes
-// that keep changing, such as an MoE layer's experts grouped on the host,
-// stop costing time after that).
-const (
-	tuneAlgos    = 8
-	tuneMaxFLOPs = 16e9
-	tuneMaxBytes = 64 << 20
-	tuneMaxPlans = 512
-)
 
 // Products returns how many products b has issued: what a step's launch
 // count is checked by.
@@ -206,6 +194,9 @@ func (d *Device) Blas() (*Blas, error) {
 		return nil, err
 	}
 	b := &Blas{lt: lt, dev: d, plans: map[gemmKey]*gemmPlan{}, tune: os.Getenv("KEEL_BLAS_TUNE") == "1"}
+	if d.cache != nil {
+		b.tableDir = d.cache.Dir
+	}
 	if b.ws, err = d.Alloc(BlasWorkspaceBytes); err != nil {
 		return nil, err
 	}
@@ -416,7 +407,8 @@ func (b *Blas) planLocked(key gemmKey) (*gemmPlan, error) {
 			}
 		}
 		want := int32(1)
-		if b.tune {
+		tune := b.tune && tunable(key)
+		if tune {
 			want = tuneAlgos
 		}
 		res := make([][heuristicResultBytes]byte, want)
@@ -428,15 +420,8 @@ func (b *Blas) planLocked(key gemmKey) (*gemmPlan, error) {
 			return fmt.Errorf("cuda: cuBLASLt has no algorithm for a %d×%d×%d product", key.m, key.n, key.k)
 		}
 		p.algo = res[0]
-		for _, r := range res[1:n] {
-			// The result's state (after the algorithm and its workspace
-			// size): only those cuBLASLt says succeed are candidates.
-			if binary.LittleEndian.Uint32(r[72:]) == 0 {
-				p.cands = append(p.cands, r)
-			}
-		}
-		if p.cands != nil {
-			p.cands = append([][heuristicResultBytes]byte{res[0]}, p.cands...)
+		if tune {
+			p.cands = b.candidatesLocked(key, p, res[:n])
 		}
 		return nil
 	})
@@ -456,108 +441,4 @@ func (b *Blas) planLocked(key gemmKey) (*gemmPlan, error) {
 	}
 	b.plans[key] = p
 	return p, nil
-}
-
-// tuneLocked times p's candidate algorithms on the product's own operands
-// A and B, into a scratch output (the product's own may accumulate or be
-// read by the work before it), and makes the fastest p's algorithm; b.mu
-// is held and the product is on the default stream. While any goroutine
-// records a graph it leaves p for a later product: timing ends with a
-// context synchronisation (freeing the scratch), which a recording
-// forbids. A candidate that fails is passed over; if timing itself fails,
-// the heuristic's first stays.
-func (b *Blas) tuneLocked(key gemmKey, p *gemmPlan, A, B Buffer, alpha, beta *float32) {
-	elt := int64(4)
-	if key.out16 {
-		elt = 2
-	}
-	bytes := int64(key.ldc)*int64(key.n-1)*elt + int64(key.m)*elt
-	if bytes > tuneMaxBytes || 2*float64(key.m)*float64(key.n)*float64(key.k) > tuneMaxFLOPs || b.tries >= tuneMaxPlans {
-		p.cands = nil
-		return
-	}
-	if !recording.TryRLock() {
-		return
-	}
-	// Held until the scratch is freed: a recording cannot start in
-	// between. The scratch is freed through the driver, not Device.Free,
-	// which would take the read lock again (and wait behind a recording
-	// that is waiting for this one: Go's RWMutex lets no new reader in
-	// then, and that recording's products wait for b.mu).
-	defer recording.RUnlock()
-	cands := p.cands
-	p.cands = nil
-	b.tries++
-	d := b.dev
-	out, err := d.Alloc(bytes)
-	if err != nil {
-		return
-	}
-	best := b.fastest(p, cands, A, B, out, alpha, beta)
-	d.do(func() error {
-		// Free out once the timing's products are done with it; a
-		// context that cannot synchronise has failed, and its next call
-		// says so.
-		if err := d.drv.check(d.drv.ctxSynchronize(), "cuCtxSynchronize"); err != nil {
-			return err
-		}
-		return d.drv.check(d.drv.memFree(out.Ptr), "cuMemFree")
-	})
-	if best >= 0 {
-		p.algo = cands[best]
-		b.tuned++
-	}
-}
-
-// fastest returns the index of the candidate that ran p's product into
-// out fastest, -1 if timing failed.
-func (b *Blas) fastest(p *gemmPlan, cands [][heuristicResultBytes]byte, A, B, out Buffer, alpha, beta *float32) int {
-	d := b.dev
-	if d.do(func() error { return d.drv.check(d.drv.memsetD8(out.Ptr, 0, uint64(out.Size)), "cuMemsetD8") }) != nil {
-		return -1
-	}
-	t, err := d.NewTimer()
-	if err != nil {
-		return -1
-	}
-	defer t.Close()
-	run := func(algo *[heuristicResultBytes]byte) bool {
-		var st int32
-		d.do(func() error {
-			st = b.lt.matmul(b.h, p.desc, unsafe.Pointer(alpha), A.Ptr, p.a, B.Ptr, p.b, unsafe.Pointer(beta),
-				out.Ptr, p.c, out.Ptr, p.c, unsafe.Pointer(&algo[0]), b.ws.Ptr, uintptr(b.ws.Size), 0)
-			return nil
-		})
-		return st == 0
-	}
-	best, bestMS := -1, math.Inf(1)
-	for i := range cands {
-		run(&cands[i]) // the first run loads the algorithm's kernels
-		// Doubling the runs until they take 0.1 ms of device time (one
-		// run on the emulator, whose products take milliseconds), at
-		// most 8.
-		for reps := 1; reps <= 8; reps *= 2 {
-			if t.Start() != nil {
-				return -1
-			}
-			ok := true
-			for range reps {
-				ok = ok && run(&cands[i])
-			}
-			ms, err := t.Stop()
-			if err != nil {
-				return -1
-			}
-			if !ok { // a candidate that fails is not one
-				break
-			}
-			if ms >= 0.1 || reps == 8 {
-				if per := ms / float64(reps); per < bestMS {
-					best, bestMS = i, per
-				}
-				break
-			}
-		}
-	}
-	return best
 }

@@ -11,6 +11,14 @@
 // does not check. The shapes are checked as the library does: op(A) is
 // m×k, op(B) k×n, C and D m×n, each leading dimension at least its rows,
 // and every operand inside one device allocation.
+//
+// Its algorithms are configurable as the library's are (capabilities,
+// configuration, cublasLtMatmulAlgoCheck): the second of the three splits
+// k (CUBLASLT_ALGO_CONFIG_SPLITK_NUM) with a reduction in place or in the
+// compute type, the latter's partial sums in the workspace, which
+// cublasLtMatmul then requires. A split product rounds each part to
+// float32 and adds the parts in order, so its bits differ from the
+// unsplit product's, as a real split-K kernel's do.
 #include <dlfcn.h>
 #include <math.h>
 #include <stdlib.h>
@@ -230,6 +238,115 @@ API int cublasLtMatmulAlgoGetHeuristic(uintptr_t h, uintptr_t d, uintptr_t a, ui
 
 namespace {
 
+// An algorithm is "keel-emu", its number (byte 8), its split of k (byte
+// 9; 0 or 1: none) and its reduction scheme (byte 10).
+enum { ALGO_ID = 8, ALGO_SPLIT = 9, ALGO_REDUCTION = 10 };
+enum { REDUCE_NONE = 0, REDUCE_INPLACE = 1, REDUCE_COMPUTE = 2 };
+
+bool emu_algo(const void* algo) { return algo && memcmp(algo, "keel-emu", 8) == 0; }
+
+int split_of(const void* algo) {
+  const int s = ((const uint8_t*)algo)[ALGO_SPLIT];
+  return s < 1 ? 1 : s;
+}
+
+// algo_check validates an algorithm for a product of m×n×k with a D of
+// elem-byte elements and returns the workspace it needs.
+int algo_check(const void* algo, uint64_t m, uint64_t n, uint64_t k, size_t* workspace) {
+  if (!emu_algo(algo) || ((const char*)algo)[ALGO_ID] > 2) return invalid("an algorithm not from the heuristic");
+  if (((const char*)algo)[ALGO_ID] == 2) return NOT_SUPPORTED;  // the candidate that fails
+  const int split = split_of(algo), scheme = ((const uint8_t*)algo)[ALGO_REDUCTION];
+  *workspace = 0;
+  if (split == 1) return scheme == REDUCE_NONE ? SUCCESS : invalid("a reduction scheme without a split of k");
+  if (((const char*)algo)[ALGO_ID] != 1) return invalid("a split of k on an algorithm that has none");
+  if ((uint64_t)split > k)
+    return invalid("k = " + std::to_string(k) + " split " + std::to_string(split) + " ways");
+  if (scheme == REDUCE_COMPUTE)
+    *workspace = m * n * 4 * (uint64_t)split;
+  else if (scheme == REDUCE_INPLACE)
+    *workspace = 4096;  // the counters that order the parts
+  else
+    return invalid("a split of k with reduction scheme " + std::to_string(scheme));
+  return SUCCESS;
+}
+
+}  // namespace
+
+// Capabilities: split-K (CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, 0) on the
+// second algorithm only, and its reduction schemes (..._MASK, 1).
+API int cublasLtMatmulAlgoCapGetAttribute(const void* algo, int attr, void* buf, size_t size, size_t* written) {
+  if (!emu_algo(algo)) return invalid("an algorithm not from the heuristic");
+  const bool second = ((const char*)algo)[ALGO_ID] == 1;
+  int32_t v;
+  switch (attr) {
+    case 0: v = second; break;
+    case 1: v = second ? REDUCE_INPLACE | REDUCE_COMPUTE : 0; break;
+    default: return refuse("algorithm capability " + std::to_string(attr));
+  }
+  if (written) *written = 4;
+  if (size < 4) return invalid("a capability of 4 bytes into " + std::to_string(size));
+  memcpy(buf, &v, 4);
+  return SUCCESS;
+}
+
+// Configuration: the algorithm's number (CUBLASLT_ALGO_CONFIG_ID, 0; read
+// only), its split of k (2) and reduction scheme (3).
+API int cublasLtMatmulAlgoConfigGetAttribute(const void* algo, int attr, void* buf, size_t size, size_t* written) {
+  if (!emu_algo(algo)) return invalid("an algorithm not from the heuristic");
+  int32_t v;
+  switch (attr) {
+    case 0: v = ((const char*)algo)[ALGO_ID]; break;
+    case 2: v = split_of(algo); break;
+    case 3: v = ((const uint8_t*)algo)[ALGO_REDUCTION]; break;
+    default: return refuse("algorithm configuration " + std::to_string(attr));
+  }
+  if (written) *written = 4;
+  if (size < 4) return invalid("a configuration of 4 bytes into " + std::to_string(size));
+  memcpy(buf, &v, 4);
+  return SUCCESS;
+}
+
+API int cublasLtMatmulAlgoConfigSetAttribute(void* algo, int attr, const void* buf, size_t size) {
+  if (!emu_algo(algo)) return invalid("an algorithm not from the heuristic");
+  if (size != 4) return invalid("a configuration of " + std::to_string(size) + " bytes");
+  uint32_t v;
+  memcpy(&v, buf, 4);
+  switch (attr) {
+    case 2:
+      if (v < 1 || v > 255) return invalid("a split of k " + std::to_string(v) + " ways");
+      ((uint8_t*)algo)[ALGO_SPLIT] = (uint8_t)v;
+      return SUCCESS;
+    case 3:
+      if (v != REDUCE_NONE && v != REDUCE_INPLACE && v != REDUCE_COMPUTE)
+        return refuse("reduction scheme " + std::to_string(v));
+      ((uint8_t*)algo)[ALGO_REDUCTION] = (uint8_t)v;
+      return SUCCESS;
+  }
+  return refuse("algorithm configuration " + std::to_string(attr));
+}
+
+// cublasLtMatmulAlgoCheck says whether an algorithm runs a product and
+// the workspace it needs, in a heuristic result.
+API int cublasLtMatmulAlgoCheck(uintptr_t h, uintptr_t d, uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t dd,
+                                const void* algo, void* result) {
+  if (h != 1 || !result) return invalid("check arguments");
+  uint64_t m, n, k;
+  int s = shapes((Desc*)d, (Layout*)a, (Layout*)b, (Layout*)c, (Layout*)dd, &m, &n, &k);
+  if (s != SUCCESS) return s;
+  size_t ws;
+  if ((s = algo_check(algo, m, n, k, &ws)) != SUCCESS) return s;
+  char r[96];
+  memset(r, 0, 96);
+  memcpy(r, algo, 64);
+  memcpy(r + 64, &ws, 8);
+  const float waves = 1;
+  memcpy(r + 76, &waves, 4);
+  memcpy(result, r, 96);
+  return SUCCESS;
+}
+
+namespace {
+
 // Product is one cublasLtMatmul's arguments, copied: a product recorded
 // into a graph runs after its descriptors may have been destroyed.
 struct Product {
@@ -237,6 +354,7 @@ struct Product {
   Layout la, lb, lc;
   float alpha, beta;
   uint64_t A, B, C, D;
+  int split;
 };
 
 int run(const Product& p);
@@ -253,17 +371,18 @@ void free_recorded(void* ctx) { delete (Product*)ctx; }
 API int cublasLtMatmul(uintptr_t h, uintptr_t d, const float* alpha, uint64_t A, uintptr_t ad, uint64_t B, uintptr_t bd,
                        const float* beta, uint64_t C, uintptr_t cd, uint64_t D, uintptr_t dd, const void* algo,
                        uint64_t ws, size_t ws_size, uintptr_t stream) {
-  (void)ws;
-  (void)ws_size;
   if (h != 1) return invalid("handle");
-  if (!algo || memcmp(algo, "keel-emu", 8) != 0 || ((const char*)algo)[8] > 2) return invalid("an algorithm not from the heuristic");
-  if (((const char*)algo)[8] == 2) return NOT_SUPPORTED;  // the candidate that fails
   uint64_t m, n, k;
   const Desc* desc = (const Desc*)d;
   const Layout *la = (const Layout*)ad, *lb = (const Layout*)bd, *lc = (const Layout*)cd;
   int s = shapes(desc, la, lb, lc, (const Layout*)dd, &m, &n, &k);
   if (s != SUCCESS) return s;
-  Product p{*desc, *la, *lb, *lc, *alpha, *beta, A, B, C, D};
+  size_t need;
+  if ((s = algo_check(algo, m, n, k, &need)) != SUCCESS) return s;
+  if (ws_size < need)
+    return invalid("a workspace of " + std::to_string(ws_size) + " bytes, the algorithm needs " + std::to_string(need));
+  if (need && !ws) return invalid("no workspace");
+  Product p{*desc, *la, *lb, *lc, *alpha, *beta, A, B, C, D, split_of(algo)};
   if (stream) {
     typedef int (*node_fn)(uintptr_t, int (*)(void*), void*, void (*)(void*));
     static node_fn node = (node_fn)dlsym(RTLD_DEFAULT, "keel_emu_capture_node");
@@ -313,7 +432,17 @@ int run(const Product& pr) {
       const float* x = &ar[i * k];
       const float* y = &bc[j * k];
       double acc = 0;
-      for (uint64_t p = 0; p < k; p++) acc += (double)x[p] * y[p];
+      if (pr.split > 1) {  // each part rounded to float32, the parts added in order
+        float sum = 0;
+        for (int part = 0; part < pr.split; part++) {
+          double a = 0;
+          for (uint64_t p = k * part / pr.split; p < k * (part + 1) / pr.split; p++) a += (double)x[p] * y[p];
+          sum += (float)a;
+        }
+        acc = sum;
+      } else {
+        for (uint64_t p = 0; p < k; p++) acc += (double)x[p] * y[p];
+      }
       double v = al * acc;
       const uint64_t at = i + j * lc->ld;
       if (be != 0) v += be * (c16 ? bf16(((const uint16_t*)C)[at]) : cm[at]);

@@ -329,6 +329,35 @@ static void test_cublaslt() {
       for (int q = 0; q < k; q++) want += (double)widen(A[q + i * lda]) * widen(B[q + j * ldb]);
       CHECK(D[i + j * ldc] == (float)want, "D[%d,%d] = %g, want %g", i, j, D[i + j * ldc], want);
     }
+  // The second algorithm split in two, its parts reduced in the compute
+  // type: the check asks for their workspace, the product refuses less,
+  // and with it gives the same sums (every partial sum here is exact).
+  auto cap = sym<int (*)(const void*, int, void*, size_t, size_t*)>(blas, "cublasLtMatmulAlgoCapGetAttribute");
+  auto cfgset = sym<int (*)(void*, int, const void*, size_t)>(blas, "cublasLtMatmulAlgoConfigSetAttribute");
+  auto check = sym<int (*)(uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, const void*, void*)>(
+      blas, "cublasLtMatmulAlgoCheck");
+  char algos[3][96], res[96];
+  CHECK(heur(h, d, la, lb, lc, lc, p, 3, algos, &got) == 0 && got == 3, "three algorithms asked for, %d given", got);
+  int32_t splits = -1, none = -1;
+  size_t wrote = 0;
+  CHECK(cap(algos[1], 0, &splits, 4, &wrote) == 0 && splits == 1 && wrote == 4, "the second algorithm splits no k");
+  CHECK(cap(algos[0], 0, &none, 4, &wrote) == 0 && none == 0, "the first algorithm splits k");
+  uint32_t two = 2, compute = 2;
+  CHECK(cfgset(algos[1], 2, &two, 4) == 0 && cfgset(algos[1], 3, &compute, 4) == 0, "split-K not configured");
+  CHECK(cfgset(algos[0], 2, &two, 4) == 0 && check(h, d, la, lb, lc, lc, algos[0], res) != 0,
+        "a split of k passed the check on an algorithm without one");
+  size_t need = 0;
+  CHECK(check(h, d, la, lb, lc, lc, algos[1], res) == 0, "the split algorithm failed its check");
+  memcpy(&need, res + 64, 8);
+  CHECK(need == (size_t)m * n * 4 * 2, "the split needs %zu bytes of workspace, want %d", need, m * n * 8);
+  cuHtoD(dC, C.data(), C.size() * 4);
+  CHECK(matmul(h, d, &one, dA, la, dB, lb, &one, dC, lc, dC, lc, algos[1], 0, 0, 0) != 0,
+        "a split product ran without its workspace");
+  uint64_t ws = alloc(need);
+  CHECK(matmul(h, d, &one, dA, la, dB, lb, &one, dC, lc, dC, lc, algos[1], ws, need, 0) == 0, "the split product failed");
+  std::vector<float> D2(ldc * n);
+  cuDtoH(D2.data(), dC, D2.size() * 4);
+  for (int i = 0; i < ldc * n; i++) CHECK(D2[i] == D[i], "split D[%d] = %g, want %g", i, D2[i], D[i]);
   // op(A) is now k×m against B's k rows: refused.
   t = 0;
   setattr(d, 3, &t, 4);

@@ -33,7 +33,8 @@
 #          sequences on the Qwen3-0.6B shape and the MoE shape (2 layers),
 #          with CUDA graphs and without, the MoE layers grouped on the host
 #          (KEEL_MOE_GROUP=host, no graphs) against the device, cuBLASLt's
-#          candidates timed per plan (KEEL_BLAS_TUNE=1), the decoding
+#          candidates timed per plan (KEEL_BLAS_TUNE=1, the splits of k
+#          among them; then again with the algorithms from its table), the decoding
 #          attention split four times as far (KEEL_DECODE_SPLIT_WARPS=8192), the decoding
 #          attention a warp per query head (KEEL_DECODE_ATTN=head) and
 #          unsplit (KEEL_DECODE_SPLIT=0, 64 sequences of 1,056 tokens) against
@@ -177,11 +178,37 @@ decode_rows() {
   python3 -c "import json,sys; r=json.load(open(sys.argv[1])); [print('    %s %s, %d sequences: %.0f tok/s, %.0f GB/s of weights and KV read, %.0f%% of the bandwidth' % (d['Preset'], d['precision_name'], d['Slots'], d['TokensPerS'], d.get('gb_per_s', 0), 100*d.get('bandwidth', 0))) for d in r.get('decode') or []]" "$1" 2>/dev/null
 }
 
+# tune_table prints KEEL_BLAS_TUNE's table (kernels/cuda/blastune.go): per
+# product shape of at most 512 rows, the heuristic's first algorithm's time
+# against the fastest candidate's, and copies it out of the cache.
+tune_table() {
+  for f in "$KEEL_CACHE_DIR"/cuda/blas-tune-*.txt; do
+    [ -f "$f" ] || continue
+    cp "$f" "$out/"
+    python3 - "$f" <<'PY'
+import sys
+rows = []
+for line in open(sys.argv[1]):
+    f = line.split()
+    if len(f) != 20 or line.startswith('#'):
+        continue
+    m, n, k = int(f[2]), int(f[3]), int(f[4])
+    if n <= 512:
+        rows.append((float(f[15]) - float(f[16]), m, n, k, float(f[15]), float(f[16]), int(f[17]), int(f[18]), int(f[19])))
+rows.sort(reverse=True)
+print('    KEEL_BLAS_TUNE table: %d shapes of at most 512 rows; the most gained:' % len(rows))
+for saved, m, n, k, h, b, c, s, i in rows[:24]:
+    print('      %5d x %4d x %5d: heuristic %7.1f us, best %7.1f us (algorithm %d, split %d, of %d candidates)' % (m, n, k, h, b, i, s, c))
+PY
+  done
+}
+
 if [[ " $sections " == *" gemm "* ]]; then
   echo "== products on this card: keel's batch-invariant fp32 GEMM (exact rollout, fp32 training) and cuBLASLt bf16, Qwen3-0.6B layer shapes"
   timeout 120 $bin/cuda.test -test.run '^$' -test.bench DeviceGemm -test.benchtime 20x > "$out/gemm.log" 2>&1
   echo "  exit $?"
   grep -E 'GFLOP/s' "$out/gemm.log" | awk '{print "    " $1 " " $(NF-1) " GFLOP/s"}'
+  tune_table
   echo "== a decoding step's draws on this card, 256 rows of 151,936 tokens: full, top-k, top-p, top-p + 20 top log-probs (BenchmarkDeviceDraw)"
   timeout 60 $bin/cuda.test -test.run '^$' -test.bench DeviceDraw -test.benchtime 20x > "$out/draw.log" 2>&1
   echo "  exit $?"
@@ -212,6 +239,13 @@ if [[ " $sections " == *" decode "* ]]; then
     --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-tuned.json" 2> "$out/decode-keel-tuned.err"
   echo "  keel qwen3-0.6b, KEEL_BLAS_TUNE=1: exit $?"
   decode_rows "$out/decode-keel-tuned.json" || tail -2 "$out/decode-keel-tuned.err"
+  # Again: every shape's algorithm now comes from the table on disk, no
+  # timing in the run (a later run's rate).
+  KEEL_BLAS_TUNE=1 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+    --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-tuned2.json" 2> "$out/decode-keel-tuned2.err"
+  echo "  keel qwen3-0.6b, KEEL_BLAS_TUNE=1, algorithms from the table: exit $?"
+  decode_rows "$out/decode-keel-tuned2.json" || tail -2 "$out/decode-keel-tuned2.err"
+  tune_table
   # The decoding attention split to reach 8192 warps (4 runs a row at 256
   # sequences, 16 at 64) against the default 2048 (unsplit at 256).
   KEEL_DECODE_SPLIT_WARPS=8192 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
