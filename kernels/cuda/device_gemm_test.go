@@ -598,6 +598,33 @@ func TestDeviceFlashAttention(t *testing.T) {
 				sameBits(t, fmt.Sprintf("%s %s, pipelined backward against one stage (plain copies %v)", name, x.what, plainCopies), g.f32(x.a, x.n), g.f32(x.b, x.n))
 			}
 		}
+		// The dK/dV pass with 32-query tiles (K from shared memory at head
+		// size 128), both copy paths: the same products in the same order,
+		// so the same bits.
+		if ops.FlashDKVWide {
+			t.Fatal("KEEL_FLASH_DKV=wide: the test compares the 32-query dK/dV pass with the 16-query one")
+		}
+		for _, plainCopies := range []bool{false, true} {
+			wkv := narrow()
+			wkv.FlashDKVWide, wkv.FlashPlainCopies = true, plainCopies
+			if !wkv.fitsShared(flashBackwardShared(c.hd, true, true)) {
+				t.Fatalf("sm_%d: no room for the 32-query dK/dV pass's shared memory", g.d.Arch)
+			}
+			wdq, wdk, wdv, wdsum := g.poisoned(T*qd), g.poisoned(T*kvd), g.poisoned(T*kvd), g.poisoned(T*c.heads)
+			if err := wkv.FlashAttentionBackward(bs, wdq, wdk, wdv, wdsum, bdo, bout, blse, bq, bk, bv, bst, ben, scale); err != nil {
+				t.Fatal(err)
+			}
+			if err := g.d.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			for _, x := range []struct {
+				what string
+				a, b Buffer
+				n    int
+			}{{"dq", bdq, wdq, T * qd}, {"dk", bdk, wdk, T * kvd}, {"dv (bf16)", bdv, wdv, (T*kvd + 1) / 2}} {
+				sameBits(t, fmt.Sprintf("%s %s, dK/dV 32-query tiles against 16 (plain copies %v)", name, x.what, plainCopies), g.f32(x.a, x.n), g.f32(x.b, x.n))
+			}
+		}
 		// The wide forward (128 query rows a block, the next tile's copy
 		// in flight), both copy paths: the same bits as each other, and
 		// within rounding of the narrow one's (checked against float64
@@ -1354,7 +1381,8 @@ func TestDeviceBF16Output(t *testing.T) {
 // TestFlashSharedFallback: a card that gives a block less shared memory
 // than the forward with Q in shared memory needs at head size 128 (sm_86
 // and sm_89: 99 KiB, against 104) runs the narrow forward instead, its bits,
-// and the pipelined backward where it fits. On keel's CUDA emulator as an
+// and the pipelined backward where it fits (the 16-query dK/dV pass where
+// the 32-query one is asked for). On keel's CUDA emulator as an
 // sm_86 card; on a GPU, the attribute is read.
 func TestFlashSharedFallback(t *testing.T) {
 	if d := deviceForTest(t); d.SharedPerBlock < 48<<10 || (!d.Emulated && d.Arch >= 90 && d.SharedPerBlock < 227<<10) {
@@ -1399,7 +1427,7 @@ func TestFlashSharedFallback(t *testing.T) {
 		return []Buffer{out, lse, dq, dk, dv}
 	}
 	wq := NewOps(g.d)
-	wq.FlashWide, wq.FlashWideQ = false, true
+	wq.FlashWide, wq.FlashWideQ, wq.FlashDKVWide = false, true, true // the 32-query dK/dV pass's 109 KiB do not fit either
 	narrow := NewOps(g.d)
 	narrow.FlashWide, narrow.FlashWideQ = false, false
 	got, want := run(wq), run(narrow)

@@ -94,7 +94,8 @@ func eachRowMoved[E uint16 | float32](t *testing.T, what string, got, want []E, 
 // the comparison with float64 (TestDeviceFlashAttention) can miss one
 // key among hundreds. Cuts at and beside the tiles' edges (16 to 128
 // rows), in a sequence after another, for each forward; and each
-// sequence changed whole, the others the same. The other way round, each
+// sequence changed whole, the others the same (a sequence starting 22
+// rows into a 32-query dK/dV tile below T among them). The other way round, each
 // row after a cut must change (its own key changed), and each key before
 // it: a mask that drops a row's own key fails here or, for dq, against
 // float64 in TestDeviceFlashAttention.
@@ -104,7 +105,7 @@ func TestDeviceFlashCausal(t *testing.T) {
 	for _, c := range []struct {
 		lens          []int
 		heads, kv, hd int
-	}{{[]int{37, 200}, 2, 1, 128}, {[]int{150, 9}, 2, 1, 64}, {[]int{3, 100}, 2, 2, 32}} {
+	}{{[]int{37, 200}, 2, 1, 128}, {[]int{150, 40}, 2, 1, 64}, {[]int{3, 100}, 2, 2, 32}} {
 		starts, T, seqStart, seqEnd := packSeqs(c.lens)
 		qd, kvd := c.heads*c.hd, c.kv*c.hd
 		q, k, v, dout := randF32(r, T*qd, 1), randF32(r, T*kvd, 1), randF32(r, T*kvd, 1), randF32(r, T*qd, 1)
@@ -178,7 +179,8 @@ func TestDeviceFlashCausal(t *testing.T) {
 					continue // the backward is the same kernels after each forward
 				}
 				// Queries and output gradients outside s0+cut..s1-1 changed:
-				// the keys s0+cut.. of the sequence the same dk and dv.
+				// the keys s0+cut.. of the sequence the same dk and dv, with
+				// the dK/dV pass's 16- and 32-query tiles.
 				q2, d2 := slices.Clone(q), slices.Clone(dout)
 				for i := 0; i < T; i++ {
 					if i < s0+cut || i >= s1 {
@@ -187,11 +189,20 @@ func TestDeviceFlashCausal(t *testing.T) {
 						}
 					}
 				}
-				got = runFlash(g, ops, q2, k, v, d2, seqStart, seqEnd, c.heads, c.kv, c.hd)
-				sameRows(t, name+": dk", got.dk, base.dk, kvd, s0+cut, s1)
-				sameRows(t, name+": dv", got.dv, base.dv, kvd, s0+cut, s1)
-				// Each key before the cut sees a changed query, its own row's.
-				eachRowMoved(t, name+": dk before the cut", got.dk, base.dk, kvd, s0, s0+cut)
+				for _, wide := range []bool{false, true} {
+					o := NewOps(g.d)
+					o.FlashDKVWide = wide
+					n := fmt.Sprintf("%s, dK/dV 32-query tiles %v", name, wide)
+					b := base
+					if wide {
+						b = runFlash(g, o, q, k, v, dout, seqStart, seqEnd, c.heads, c.kv, c.hd)
+					}
+					got = runFlash(g, o, q2, k, v, d2, seqStart, seqEnd, c.heads, c.kv, c.hd)
+					sameRows(t, n+": dk", got.dk, b.dk, kvd, s0+cut, s1)
+					sameRows(t, n+": dv", got.dv, b.dv, kvd, s0+cut, s1)
+					// Each key before the cut sees a changed query, its own row's.
+					eachRowMoved(t, n+": dk before the cut", got.dk, b.dk, kvd, s0, s0+cut)
+				}
 			}
 		}
 	}

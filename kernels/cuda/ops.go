@@ -44,6 +44,15 @@ type Ops struct {
 	// (the default: the next tile's copy in flight during this one's
 	// products, dynamic shared memory, the same bits).
 	FlashBackwardSingle bool
+	// FlashDKVWide runs flash.cu's pipelined dK/dV pass with 32-query
+	// tiles (flash_bwd_dkv_w, KEEL_FLASH_DKV=wide at NewOps) instead of 16:
+	// half the barriers and per-tile work a product and twice the
+	// independent score products, K's fragments read from shared memory
+	// at head size 128 (their registers go to the larger tile). The same
+	// bits. Off by default until a GPU has timed it; where its 109 KiB of
+	// shared memory at head size 128 do not fit a block (sm_86, sm_89),
+	// the 16-query kernel runs.
+	FlashDKVWide bool
 	// DecodePerHead runs the decoding step's attention a warp per query
 	// head (KEEL_DECODE_ATTN=head at NewOps), as before the grouped
 	// kernels (a warp per KV head, which reads each key and value row once
@@ -75,7 +84,8 @@ func NewOps(d *Device) *Ops {
 	return &Ops{Dev: d, fns: map[string]*Function{}, shared: map[*Function]int{},
 		FlashPlainCopies: os.Getenv("KEEL_FLASH_COPY") == "sync", FlashWide: os.Getenv("KEEL_FLASH_FWD") == "wide",
 		FlashWideQ:          os.Getenv("KEEL_FLASH_FWD") != "wide" && os.Getenv("KEEL_FLASH_FWD") != "narrow",
-		FlashBackwardSingle: os.Getenv("KEEL_FLASH_BWD") == "single", DecodePerHead: os.Getenv("KEEL_DECODE_ATTN") == "head",
+		FlashBackwardSingle: os.Getenv("KEEL_FLASH_BWD") == "single", FlashDKVWide: os.Getenv("KEEL_FLASH_DKV") == "wide",
+		DecodePerHead: os.Getenv("KEEL_DECODE_ATTN") == "head",
 		DecodeNoSplit: os.Getenv("KEEL_DECODE_SPLIT") == "0", DrawNoSplit: os.Getenv("KEEL_DRAW_SPLIT") == "0"}
 }
 
@@ -916,13 +926,22 @@ func flashForwardShared(hd int) int {
 // flashBackwardShared is the dynamic shared memory, in bytes, of flash.cu's
 // pipelined backward kernels for head size hd: two stages of
 // DQ_STAGE_WORDS (flash_bwd_dq_2), or DKV_V_WORDS and two stages of
-// DKV_STAGE_WORDS (flash_bwd_dkv_2). The emulator faults on a kernel that
-// reads past what it is given.
-func flashBackwardShared(hd int, dkv bool) int {
-	const bk, bq, faBK = 32, 16, 64 // flash.cu's FB_BK, FB_BQ, FA_BK
+// DKV_STAGE_WORDS (flash_bwd_dkv_2); with wide, flash_bwd_dkv_w's (32
+// queries a stage, K's DKV_V_WORDS too at head size 128). The emulator
+// faults on a kernel that reads past what it is given.
+func flashBackwardShared(hd int, dkv, wide bool) int {
+	const bk, faBK = 32, 64 // flash.cu's FB_BK, FA_BK
+	bq := 16                // FB_BQ
 	kp := hd/2 + 4
 	if dkv {
-		return 4 * (faBK*kp + 2*(2*bq*kp+2*hd*(bq/2+4)+3*bq))
+		kv := 1 // V, and K where it is not in registers
+		if wide {
+			bq = 32
+			if hd == 128 {
+				kv = 2
+			}
+		}
+		return 4 * (kv*faBK*kp + 2*(2*bq*kp+2*hd*(bq/2+4)+3*bq))
 	}
 	return 4 * 2 * (2*bk*kp + hd*(bk/2+4))
 }
@@ -963,16 +982,20 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 		},
 		func() error {
 			name, shared := "flash_bwd_dq_%d", 0
-			if !o.FlashBackwardSingle && o.fitsShared(flashBackwardShared(s.hd, false)) {
-				name, shared = "flash_bwd_dq_2_%d", flashBackwardShared(s.hd, false)
+			if !o.FlashBackwardSingle && o.fitsShared(flashBackwardShared(s.hd, false, false)) {
+				name, shared = "flash_bwd_dq_2_%d", flashBackwardShared(s.hd, false, false)
 			}
 			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: flashThreads}, shared,
 				dq, dsum, dout, out16, lse, s.q, s.dout, s.k, s.kt, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
 		},
 		func() error {
 			name, shared := "flash_bwd_dkv_%d", 0
-			if !o.FlashBackwardSingle && o.fitsShared(flashBackwardShared(s.hd, true)) {
-				name, shared = "flash_bwd_dkv_2_%d", flashBackwardShared(s.hd, true)
+			switch {
+			case o.FlashBackwardSingle:
+			case o.FlashDKVWide && o.fitsShared(flashBackwardShared(s.hd, true, true)):
+				name, shared = "flash_bwd_dkv_w_%d", flashBackwardShared(s.hd, true, true)
+			case o.fitsShared(flashBackwardShared(s.hd, true, false)):
+				name, shared = "flash_bwd_dkv_2_%d", flashBackwardShared(s.hd, true, false)
 			}
 			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + 63) / 64, Y: s.kv}, Dim3{X: flashThreads}, shared,
 				dk, dv16, lse, dsum, s.q, s.qt, s.dout, s.doutT, s.k, s.v, seqStart, seqEnd, T, s.pad, s.heads, s.kv, scale, o.flashAsync())

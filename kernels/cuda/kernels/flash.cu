@@ -22,7 +22,7 @@
 #define FA_BQ 64  // query rows of a forward or dQ block: 4 warps of 16
 #define FA_BK 64  // keys of a forward tile, and of a dK/dV block
 #define FB_BK 32  // keys of a dQ tile
-#define FB_BQ 16  // queries of a dK/dV tile
+#define FB_BQ 16  // queries of a dK/dV tile (flash_bwd_dkv_w: 32)
 
 // FA_THREADS is every flash kernel's block: four warps.
 #define FA_THREADS 128
@@ -610,25 +610,26 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Kt0, u32* Vs0, float
   store_tile<HD>(dq + (i64)h * HD, qd, acc, r0, T, scale, scale, t);
 }
 
-// dkv_tile_copy copies the dK/dV pass's query tile (rows it.., head h)
-// into stage S: Q and dO row-major (FB_BQ rows of KP words each), then Q
+// dkv_tile_copy copies the dK/dV pass's query tile (BQ rows it.., head
+// h) into stage S: Q and dO row-major (BQ rows of KP words each), then Q
 // and dO transposed (HD rows of TP words each).
-template <int HD>
+template <int HD, int BQ>
 __device__ __forceinline__ void dkv_tile_copy(u32* S, const bf16_t* __restrict__ qb, const bf16_t* __restrict__ qt,
                                               const bf16_t* __restrict__ dob, const bf16_t* __restrict__ dot, int it,
                                               int h, i64 qd, int Tp, int async) {
-  constexpr int KP = HD / 2 + 4, TP = FB_BQ / 2 + 4, RW = FB_BQ * KP, CW = HD * TP;
+  constexpr int KP = HD / 2 + 4, TP = BQ / 2 + 4, RW = BQ * KP, CW = HD * TP;
   const i64 rb = (i64)it * qd + (i64)h * HD, cb = (i64)h * HD * Tp + it;
-  copy_rows<HD, FB_BQ, true>(S, KP, qb + rb, qd, async);
-  copy_rows<HD, FB_BQ, true>(S + RW, KP, dob + rb, qd, async);
-  copy_cols<HD, FB_BQ, true>(S + 2 * RW, TP, qt + cb, Tp, async);
-  copy_cols<HD, FB_BQ, true>(S + 2 * RW + CW, TP, dot + cb, Tp, async);
+  copy_rows<HD, BQ, true>(S, KP, qb + rb, qd, async);
+  copy_rows<HD, BQ, true>(S + RW, KP, dob + rb, qd, async);
+  copy_cols<HD, BQ, true>(S + 2 * RW, TP, qt + cb, Tp, async);
+  copy_cols<HD, BQ, true>(S + 2 * RW + CW, TP, dot + cb, Tp, async);
 }
 
-// DKV_STAGE_WORDS is the shared memory of one stage of flash_bwd_dkv, in
-// words: dkv_tile_copy's tiles, then the tile's log2-scaled lse, D and
-// sequence starts (FB_BQ each); DKV_V_WORDS the block's V before them.
-#define DKV_STAGE_WORDS(HD) (2 * FB_BQ * ((HD) / 2 + 4) + 2 * (HD) * (FB_BQ / 2 + 4) + 3 * FB_BQ)
+// DKV_STAGE_WORDS is the shared memory of one stage of flash_bwd_dkv with
+// query tiles of BQ, in words: dkv_tile_copy's tiles, then the tile's
+// log2-scaled lse, D and sequence starts (BQ each); DKV_V_WORDS the
+// block's V (or K) before them.
+#define DKV_STAGE_WORDS(HD, BQ) (2 * (BQ) * ((HD) / 2 + 4) + 2 * (HD) * ((BQ) / 2 + 4) + 3 * (BQ))
 #define DKV_V_WORDS(HD) (FA_BK * ((HD) / 2 + 4))
 
 // dkv_row_stats reads query row i's log2-scaled lse, D and sequence start
@@ -643,13 +644,13 @@ __device__ __forceinline__ void dkv_row_stats(float& L, float& D, int& st, const
 
 // dkv_stats_store puts query row c's statistics (dkv_row_stats) into the
 // tail of stage S.
-template <int HD>
+template <int HD, int BQ>
 __device__ __forceinline__ void dkv_stats_store(u32* S, int c, float L, float D, int st) {
-  constexpr int RW = FB_BQ * (HD / 2 + 4), CW = HD * (FB_BQ / 2 + 4);
+  constexpr int RW = BQ * (HD / 2 + 4), CW = HD * (BQ / 2 + 4);
   float* f = (float*)(S + 2 * RW + 2 * CW);
   f[c] = L;
-  f[FB_BQ + c] = D;
-  ((int*)f)[2 * FB_BQ + c] = st;
+  f[BQ + c] = D;
+  ((int*)f)[2 * BQ + c] = st;
 }
 
 // flash_bwd_dkv: for key rows j and KV head grp, over the query heads of
@@ -657,13 +658,26 @@ __device__ __forceinline__ void dkv_stats_store(u32* S, int c, float L, float D,
 // (rounded to bf16: the v product's gradient operand, all that reads it)
 // and dk_j = scale * sum P_ij (dO_i.v_j - D_i) q_i (float32). A block takes FA_BK keys,
 // warp w keys 16w..16w+15 (K as A fragments in registers, V in shared
-// memory), and walks the queries of each head in turn in tiles of FB_BQ (Q
+// memory), and walks the queries of each head in turn in tiles of BQ (Q
 // and dO in shared memory row-major, from qb and dob, and transposed, from
 // qt and dot). With STAGES = 2 the next tile's copy is in flight while
 // this one's products run, and its rows' lse, D and starts are read into
-// registers then (the same bits as one stage). smem: DKV_V_WORDS, then
-// STAGES of DKV_STAGE_WORDS. grid = (ceil(T/FA_BK), kv), block 128.
-template <int HD, int STAGES>
+// registers then (the same bits as one stage). smem: DKV_V_WORDS (with
+// KSM, K's DKV_V_WORDS first), then STAGES of DKV_STAGE_WORDS(HD, BQ).
+// grid = (ceil(T/FA_BK), kv), block 128.
+//
+// BQ = 32 (flash_bwd_dkv_w) halves the barriers and per-tile work
+// (copies' issue, row statistics, the mask's test) a product, and gives
+// the score products eight independent accumulators where 16 gives four
+// (session 20's Nsight Compute: this kernel's warps mostly wait on
+// fixed-latency dependencies and barriers, two warps a scheduler). Its
+// larger tiles leave no registers for K at head size 128, so there K's
+// fragments are read from shared memory (KSM) each tile. The same
+// products in the same order as BQ = 16, so the same bits: a 32-query
+// tile's two halves accumulate into dK and dV in turn, as two 16-query
+// tiles do, and the half before a warp's keys, which BQ = 16 skips,
+// adds exact zeros (its P masked).
+template <int HD, int STAGES, int BQ = FB_BQ, bool KSM = false>
 __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk, bf16_t* __restrict__ dv,
                                               const float* __restrict__ lse, const float* __restrict__ dsum,
                                               const bf16_t* __restrict__ qb, const bf16_t* __restrict__ qt,
@@ -671,30 +685,32 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
                                               const bf16_t* __restrict__ kb, const bf16_t* __restrict__ vb,
                                               const int* __restrict__ seq_start, const int* __restrict__ seq_end, int T,
                                               int Tp, int heads, int kv, float scale, int async) {
-  constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, TP = FB_BQ / 2 + 4, RW = FB_BQ * KP, CW = HD * TP;
-  constexpr int SW = DKV_STAGE_WORDS(HD);
+  constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, TP = BQ / 2 + 4, RW = BQ * KP, CW = HD * TP;
+  constexpr int SW = DKV_STAGE_WORDS(HD, BQ);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int j0 = blockIdx.x * FA_BK, grp = blockIdx.y, group = heads / kv;
   const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
   const int last = min(T, j0 + FA_BK) - 1, qend = seq_end[last];
   const int kr0 = j0 + 16 * w + g, kr1 = kr0 + 8;
   const int h0 = grp * group, h1 = h0 + group;
-  u32* Vs = smem;
-  u32* stages = smem + DKV_V_WORDS(HD);
-  // V's copy completes with the first query tile's.
+  u32* Ks = smem;  // with KSM
+  u32* Vs = KSM ? smem + DKV_V_WORDS(HD) : smem;
+  u32* stages = Vs + DKV_V_WORDS(HD);
+  // V's (and K's) copy completes with the first query tile's.
   copy_rows<HD, FA_BK>(Vs, KP, vb + (i64)j0 * kvd + (i64)grp * HD, kvd, async);
+  if constexpr (KSM) copy_rows<HD, FA_BK>(Ks, KP, kb + (i64)j0 * kvd + (i64)grp * HD, kvd, async);
   if (STAGES == 2) {
-    dkv_tile_copy<HD>(stages, qb, qt, dob, dot, j0, h0, qd, Tp, async);
+    dkv_tile_copy<HD, BQ>(stages, qb, qt, dob, dot, j0, h0, qd, Tp, async);
     copies_commit(async);
-    if (threadIdx.x < FB_BQ) {
+    if (threadIdx.x < BQ) {
       float L, D;
       int st;
       dkv_row_stats(L, D, st, lse, dsum, seq_start, j0 + threadIdx.x, h0, T, heads);
-      dkv_stats_store<HD>(stages, threadIdx.x, L, D, st);
+      dkv_stats_store<HD, BQ>(stages, threadIdx.x, L, D, st);
     }
   }
-  u32 ka[KS][4];
-  load_a<HD>(ka, kb + (i64)j0 * kvd + (i64)grp * HD, kvd, 16 * w + g, t);
+  u32 ka[KSM ? 1 : KS][4];  // K's A fragments, in registers without KSM
+  if constexpr (!KSM) load_a<HD>(ka, kb + (i64)j0 * kvd + (i64)grp * HD, kvd, 16 * w + g, t);
   float dka[ND][4], dva[ND][4];
 #pragma unroll
   for (int n = 0; n < ND; n++) {
@@ -704,46 +720,46 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
   const float sl2 = scale * FA_LOG2E;
   // The query tiles (h, it), head by head; stage alternates with STAGES = 2.
   for (int h = h0, it = j0, stage = 0; h < h1; stage ^= STAGES - 1) {
-    int nh = h, nit = it + FB_BQ;  // the next tile
+    int nh = h, nit = it + BQ;  // the next tile
     if (nit >= qend) nh = h + 1, nit = j0;
     u32* S = stages + stage * SW;
     float nL = 0.f, nD = 0.f;
     int nst = 0;
     if (STAGES == 2) {
       if (nh < h1) {
-        dkv_tile_copy<HD>(stages + (stage ^ 1) * SW, qb, qt, dob, dot, nit, nh, qd, Tp, async);
-        if (threadIdx.x < FB_BQ) dkv_row_stats(nL, nD, nst, lse, dsum, seq_start, nit + threadIdx.x, nh, T, heads);
+        dkv_tile_copy<HD, BQ>(stages + (stage ^ 1) * SW, qb, qt, dob, dot, nit, nh, qd, Tp, async);
+        if (threadIdx.x < BQ) dkv_row_stats(nL, nD, nst, lse, dsum, seq_start, nit + threadIdx.x, nh, T, heads);
       }
       copies_commit(async);
       copies_wait_prev(async);
       __syncthreads();
     } else {
       __syncthreads();
-      dkv_tile_copy<HD>(S, qb, qt, dob, dot, it, h, qd, Tp, async);
-      if (threadIdx.x < FB_BQ) {
+      dkv_tile_copy<HD, BQ>(S, qb, qt, dob, dot, it, h, qd, Tp, async);
+      if (threadIdx.x < BQ) {
         float L, D;
         int st;
         dkv_row_stats(L, D, st, lse, dsum, seq_start, it + threadIdx.x, h, T, heads);
-        dkv_stats_store<HD>(S, threadIdx.x, L, D, st);
+        dkv_stats_store<HD, BQ>(S, threadIdx.x, L, D, st);
       }
       copies_done(async);
       __syncthreads();
     }
     const u32 *Qs = S, *Ds = S + RW, *Qt = S + 2 * RW, *Dt = S + 2 * RW + CW;
     const float* Ls = (const float*)(S + 2 * RW + 2 * CW);
-    const float* Dd = Ls + FB_BQ;
-    const int* Ss = (const int*)(Ls + 2 * FB_BQ);
-    if (it + FB_BQ - 1 >= j0 + 16 * w) {  // else every query of the tile is before the warp's keys
+    const float* Dd = Ls + BQ;
+    const int* Ss = (const int*)(Ls + 2 * BQ);
+    if (it + BQ - 1 >= j0 + 16 * w) {  // else every query of the tile is before the warp's keys
       // Every query of the tile at or after each of the warp's keys, below
       // T, and in a sequence that holds them: no score to mask. The
       // tile's latest sequence start is its last row's (starts never fall
       // along the rows; T past the last).
       const int kw = j0 + 16 * w;
-      const bool masked = !(it >= kw + 15 && it + FB_BQ <= T && kw + 15 < T && kw >= Ss[FB_BQ - 1]);
+      const bool masked = !(it >= kw + 15 && it + BQ <= T && kw + 15 < T && kw >= Ss[BQ - 1]);
       const Frags qf = frags(Qs, lane_b2k(lane, KP)), df = frags(Ds, lane_b2k(lane, KP)), vf = frags(Vs + 16 * w * KP, lane_a(lane, KP));
-      float s[FB_BQ / 8][4], dp[FB_BQ / 8][4];
+      float s[BQ / 8][4], dp[BQ / 8][4];
 #pragma unroll
-      for (int nt = 0; nt < FB_BQ / 8; nt++) {
+      for (int nt = 0; nt < BQ / 8; nt++) {
         s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
         dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] = 0.f;
       }
@@ -752,30 +768,38 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
       // summing its k-steps in order.
 #pragma unroll
       for (int ks = 0; ks < KS; ks += 2) {
-        u32 va0[4], va1[4];
+        u32 va0[4], va1[4], ka0[4], ka1[4];
         ldsm4(va0, vf, ks * 8);
         ldsm4(va1, vf, ks * 8 + 8);
+        if constexpr (KSM) {
+          const Frags kf = frags(Ks + 16 * w * KP, lane_a(lane, KP));
+          ldsm4(ka0, kf, ks * 8);
+          ldsm4(ka1, kf, ks * 8 + 8);
+        } else {
 #pragma unroll
-        for (int nt = 0; nt < FB_BQ / 8; nt++) {
+          for (int m = 0; m < 4; m++) ka0[m] = ka[ks][m], ka1[m] = ka[ks + 1][m];
+        }
+#pragma unroll
+        for (int nt = 0; nt < BQ / 8; nt++) {
           u32 bq[4], bd[4];
           ldsm4(bq, qf, nt * 8 * KP + ks * 8);
           ldsm4(bd, df, nt * 8 * KP + ks * 8);
           const u32 bq0[2] = {bq[0], bq[1]}, bq1[2] = {bq[2], bq[3]}, bd0[2] = {bd[0], bd[1]}, bd1[2] = {bd[2], bd[3]};
-          mma16816(s[nt], ka[ks], bq0);  // S^T = K Q^T
-          mma16816(dp[nt], va0, bd0);    // dP^T = V dO^T
-          mma16816(s[nt], ka[ks + 1], bq1);
+          mma16816(s[nt], ka0, bq0);   // S^T = K Q^T
+          mma16816(dp[nt], va0, bd0);  // dP^T = V dO^T
+          mma16816(s[nt], ka1, bq1);
           mma16816(dp[nt], va1, bd1);
         }
       }
       // P, masked (one branch a tile, not one a score), then dS^T before
       // the scale.
 #pragma unroll
-      for (int nt = 0; nt < FB_BQ / 8; nt++)
+      for (int nt = 0; nt < BQ / 8; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) s[nt][e] = fa_exp2(fmaf(s[nt][e], sl2, -Ls[nt * 8 + 2 * t + (e & 1)]));
       if (masked) {
 #pragma unroll
-        for (int nt = 0; nt < FB_BQ / 8; nt++)
+        for (int nt = 0; nt < BQ / 8; nt++)
 #pragma unroll
           for (int e = 0; e < 4; e++) {
             const int c = nt * 8 + 2 * t + (e & 1), i = it + c, j = e < 2 ? kr0 : kr1;
@@ -783,30 +807,33 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
           }
       }
 #pragma unroll
-      for (int nt = 0; nt < FB_BQ / 8; nt++)
+      for (int nt = 0; nt < BQ / 8; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) dp[nt][e] = s[nt][e] * (dp[nt][e] - Dd[nt * 8 + 2 * t + (e & 1)]);
-      // One k-step of FB_BQ = 16 queries: dV += P^T dO, dK += dS^T Q.
+      // A k-step per 16 queries, in order: dV += P^T dO, dK += dS^T Q.
       const Frags dtf = frags(Dt, lane_b2n(lane, TP)), qtf = frags(Qt, lane_b2n(lane, TP));
-      u32 pa[4], sa[4];
-      c_to_a(pa, s[0], s[1]);
-      c_to_a(sa, dp[0], dp[1]);
 #pragma unroll
-      for (int n = 0; n < ND; n += 2) {
-        u32 bd[4], bq[4];
-        ldsm4(bd, dtf, n * 8 * TP);
-        ldsm4(bq, qtf, n * 8 * TP);
-        const u32 bd0[2] = {bd[0], bd[1]}, bd1[2] = {bd[2], bd[3]}, bq0[2] = {bq[0], bq[1]}, bq1[2] = {bq[2], bq[3]};
-        mma16816(dva[n], pa, bd0);
-        mma16816(dka[n], sa, bq0);
-        mma16816(dva[n + 1], pa, bd1);
-        mma16816(dka[n + 1], sa, bq1);
+      for (int kq = 0; kq < BQ / 16; kq++) {
+        u32 pa[4], sa[4];
+        c_to_a(pa, s[2 * kq], s[2 * kq + 1]);
+        c_to_a(sa, dp[2 * kq], dp[2 * kq + 1]);
+#pragma unroll
+        for (int n = 0; n < ND; n += 2) {
+          u32 bd[4], bq[4];
+          ldsm4(bd, dtf, n * 8 * TP + kq * 8);
+          ldsm4(bq, qtf, n * 8 * TP + kq * 8);
+          const u32 bd0[2] = {bd[0], bd[1]}, bd1[2] = {bd[2], bd[3]}, bq0[2] = {bq[0], bq[1]}, bq1[2] = {bq[2], bq[3]};
+          mma16816(dva[n], pa, bd0);
+          mma16816(dka[n], sa, bq0);
+          mma16816(dva[n + 1], pa, bd1);
+          mma16816(dka[n + 1], sa, bq1);
+        }
       }
     }
     if (STAGES == 2) {
       // The next tile's row statistics, read during this tile's products,
       // into the other stage; then every warp is done with this stage.
-      if (nh < h1 && threadIdx.x < FB_BQ) dkv_stats_store<HD>(stages + (stage ^ 1) * SW, threadIdx.x, nL, nD, nst);
+      if (nh < h1 && threadIdx.x < BQ) dkv_stats_store<HD, BQ>(stages + (stage ^ 1) * SW, threadIdx.x, nL, nD, nst);
       __syncthreads();
     }
     h = nh, it = nit;
@@ -876,11 +903,16 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
   u32* sm = (u32*)dq##HD;                                                      \
   WITH_ASYNC_CONSTANT((flash_bwd_dq<HD, 2>(sm, sm + 2 * FB_BK * (HD / 2 + 4), sm + FB_BK * (HD / 2 + 4), FLASH_DQ_ARGS)))
 #define FLASH_DKV_BODY(HD)                                             \
-  __shared__ u32x4 sm[(DKV_V_WORDS(HD) + DKV_STAGE_WORDS(HD)) / 4];    \
+  __shared__ u32x4 sm[(DKV_V_WORDS(HD) + DKV_STAGE_WORDS(HD, FB_BQ)) / 4];    \
   WITH_ASYNC_CONSTANT((flash_bwd_dkv<HD, 1>((u32*)sm, FLASH_DKV_ARGS)))
 #define FLASH_DKV2_BODY(HD)                             \
   KEEL_DYNAMIC_SHARED(u32x4, dkv##HD);                  \
   WITH_ASYNC_CONSTANT((flash_bwd_dkv<HD, 2>((u32*)dkv##HD, FLASH_DKV_ARGS)))
+// The pipelined dK/dV pass with 32-query tiles, K in shared memory at
+// head size 128 (Ops.FlashDKVWide).
+#define FLASH_DKVW_BODY(HD)                             \
+  KEEL_DYNAMIC_SHARED(u32x4, dkvw##HD);                 \
+  WITH_ASYNC_CONSTANT((flash_bwd_dkv<HD, 2, 32, HD == 128>((u32*)dkvw##HD, FLASH_DKV_ARGS)))
 
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_32(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(32, 1, FA_BK, 1) }
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_64(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(64, 1, FA_BK, 1) }
@@ -908,3 +940,6 @@ extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_2_128(FLASH_DQ_PA
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_2_32(FLASH_DKV_PARAMS) { FLASH_DKV2_BODY(32) }
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_2_64(FLASH_DKV_PARAMS) { FLASH_DKV2_BODY(64) }
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_2_128(FLASH_DKV_PARAMS) { FLASH_DKV2_BODY(128) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_w_32(FLASH_DKV_PARAMS) { FLASH_DKVW_BODY(32) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_w_64(FLASH_DKV_PARAMS) { FLASH_DKVW_BODY(64) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_w_128(FLASH_DKV_PARAMS) { FLASH_DKVW_BODY(128) }
