@@ -13,7 +13,8 @@ import (
 )
 
 // BenchmarkDeviceGemm times keel's batch-invariant float32 product
-// (Ops.Gemm: the exact rollout's and the fp32 training mode's) and
+// (Ops.Gemm: the exact rollout's and the fp32 training mode's; where it
+// takes 32 × 32 tiles, also the 64 × 64 kernel it took before) and
 // cuBLASLt's bf16 product on the shapes of a Qwen3-0.6B layer: a training
 // micro-batch of 8192 tokens (forward, input and weight gradients) and a
 // decoding step of 256 and 64 sequences (4096 columns: q, k and v as one
@@ -58,6 +59,12 @@ func BenchmarkDeviceGemm(b *testing.B) {
 			})
 		}
 		run("keel fp32 forward", func() error { return ops.Linear(y, x, w, s.M, s.K, s.N, s.N, s.K) })
+		if smallTiles(s.M, s.N, d.SMs) { // the 64-tile kernel Ops.Gemm ran here before gemm_f32_32
+			run("keel fp32 forward 64-tiles", func() error {
+				return ops.Launch("gemm.cu", "gemm_f32", Dim3{X: (s.N + 63) / 64, Y: (s.M + 63) / 64}, block256,
+					y, x, w, s.M, s.N, s.K, int64(s.K), int64(1), int64(1), int64(s.K), int64(s.N), 0)
+			})
+		}
 		run("keel fp32 input grad", func() error { return ops.LinearBackX(x, y, w, s.M, s.K, s.N, s.K, s.N, false) })
 		run("keel fp32 weight grad", func() error { return ops.LinearBackW(w, y, x, s.M, s.K, s.N, s.N, s.K) })
 		// cuBLASLt with the heuristic's first algorithm (the default),

@@ -107,7 +107,14 @@ func (b *Blas) candidatesLocked(key gemmKey, p *gemmPlan, res [][heuristicResult
 				return nil
 			}
 			delete(t.algos, key) // a library that no longer takes it: timed again
+			if t.dropped == nil {
+				t.dropped = map[gemmKey]bool{}
+			}
+			t.dropped[key] = true
 		}
+	}
+	if b.tries >= tuneMaxPlans { // no more timing in this handle
+		return nil
 	}
 	cands := [][heuristicResultBytes]byte{res[0]}
 	for _, r := range res[1:] {
@@ -318,6 +325,7 @@ const algoBytes = 64
 type tuneTable struct {
 	path, header string
 	algos        map[gemmKey]tuneEntry
+	dropped      map[gemmKey]bool // entries the check refused: not merged back from the file
 }
 
 type tuneEntry struct {
@@ -461,7 +469,7 @@ func (t *tuneTable) save() error {
 	tuneFileMu.Lock()
 	defer tuneFileMu.Unlock()
 	for k, e := range readTuneTable(t.path, t.header) {
-		if _, ok := t.algos[k]; !ok {
+		if _, ok := t.algos[k]; !ok && !t.dropped[k] {
 			t.algos[k] = e
 		}
 	}

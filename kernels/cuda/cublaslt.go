@@ -408,7 +408,7 @@ func (b *Blas) planLocked(key gemmKey) (*gemmPlan, error) {
 		}
 		want := int32(1)
 		tune := b.tune && tunable(key)
-		if tune {
+		if tune && b.tries < tuneMaxPlans {
 			want = tuneAlgos
 		}
 		res := make([][heuristicResultBytes]byte, want)

@@ -57,3 +57,25 @@ func TestBigTiles(t *testing.T) {
 		}
 	}
 }
+
+// TestSmallTiles: the 32-tile GEMM where 64-tiles leave multiprocessors
+// without a block: a 256-row decoding step's 1024- and 2048-wide products
+// on an H100 (64 and 128 blocks for 132), not its 3072-wide ones (192).
+func TestSmallTiles(t *testing.T) {
+	for _, c := range []struct {
+		M, N, sms int
+		want      bool
+	}{
+		{256, 1024, 132, true},
+		{256, 2048, 132, true},
+		{256, 3072, 132, false},
+		{64, 3072, 132, true}, // 48 blocks
+		{8192, 1024, 132, false},
+		{1, 1, 1, false}, // one block for one multiprocessor
+		{1, 1, 2, true},
+	} {
+		if got := smallTiles(c.M, c.N, c.sms); got != c.want {
+			t.Errorf("smallTiles(%d, %d, %d) = %v, want %v", c.M, c.N, c.sms, got, c.want)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -58,6 +59,14 @@ type Ops struct {
 	// kernels (a warp per KV head, which reads each key and value row once
 	// for the query heads that share it): the same bits.
 	DecodePerHead bool
+	// DecodeFast runs the reduced precisions' decoding attention over the
+	// bf16 cache with attn.cu's decode_fast kernels at head sizes 64 and
+	// 128 (KEEL_DECODE_ATTN=fast at NewOps): a third of the instructions a
+	// key (each lane's elements adjacent, four keys' scores summed over
+	// the warp together, the hardware's approximate exponential), within
+	// float32 rounding of the default kernels, not their bits. Off by
+	// default until a GPU has timed it.
+	DecodeFast bool
 	// DecodeNoSplit keeps each row's keys in one run in the reduced
 	// precisions' decoding attention (KEEL_DECODE_SPLIT=0 at NewOps), as
 	// before AttnDecodeBF16Split: DecodeSplits is then 1.
@@ -85,7 +94,7 @@ func NewOps(d *Device) *Ops {
 		FlashPlainCopies: os.Getenv("KEEL_FLASH_COPY") == "sync", FlashWide: os.Getenv("KEEL_FLASH_FWD") == "wide",
 		FlashWideQ:          os.Getenv("KEEL_FLASH_FWD") != "wide" && os.Getenv("KEEL_FLASH_FWD") != "narrow",
 		FlashBackwardSingle: os.Getenv("KEEL_FLASH_BWD") == "single", FlashDKVWide: os.Getenv("KEEL_FLASH_DKV") == "wide",
-		DecodePerHead: os.Getenv("KEEL_DECODE_ATTN") == "head",
+		DecodePerHead: os.Getenv("KEEL_DECODE_ATTN") == "head", DecodeFast: os.Getenv("KEEL_DECODE_ATTN") == "fast",
 		DecodeNoSplit: os.Getenv("KEEL_DECODE_SPLIT") == "0", DrawNoSplit: os.Getenv("KEEL_DRAW_SPLIT") == "0"}
 }
 
@@ -164,18 +173,23 @@ func elemGrid(n int) Dim3 { return Dim3{X: max(1, min((n+255)/256, 8192))} }
 
 // Gemm computes C[m*ldc+n] = (acc ? C : 0) + Σ_k A[m*sam+k*sak]·B[k*sbk+n*sbn]
 // with keel's batch-invariant float32 product (gemm.cu): 128 × 128 tiles
-// when they are enough blocks to fill the GPU (two a multiprocessor), else
-// 64 × 64 (a decoding step's few rows), the same bits either way.
+// when they are enough blocks to fill the GPU (two a multiprocessor),
+// 32 × 32 when 64 × 64 would leave multiprocessors without a block (a
+// decoding step's products at a few hundred rows), else 64 × 64, the same
+// bits whichever.
 func (o *Ops) Gemm(c, a, b Buffer, M, N, K, sam, sak, sbk, sbn, ldc int, acc bool) error {
 	flag := 0
 	if acc {
 		flag = 1
 	}
-	if bigTiles(M, N, o.Dev.SMs) { // the same bits from bigger tiles
-		return o.Launch("gemm.cu", "gemm_f32_128", Dim3{X: (N + 127) / 128, Y: (M + 127) / 128}, block256,
-			c, a, b, M, N, K, int64(sam), int64(sak), int64(sbk), int64(sbn), int64(ldc), flag)
+	name, tile := "gemm_f32", 64
+	switch {
+	case bigTiles(M, N, o.Dev.SMs): // the same bits from bigger tiles
+		name, tile = "gemm_f32_128", 128
+	case smallTiles(M, N, o.Dev.SMs):
+		name, tile = "gemm_f32_32", 32
 	}
-	return o.Launch("gemm.cu", "gemm_f32", Dim3{X: (N + 63) / 64, Y: (M + 63) / 64}, block256,
+	return o.Launch("gemm.cu", name, Dim3{X: (N + tile - 1) / tile, Y: (M + tile - 1) / tile}, block256,
 		c, a, b, M, N, K, int64(sam), int64(sak), int64(sbk), int64(sbn), int64(ldc), flag)
 }
 
@@ -209,6 +223,13 @@ func noAddend(ps []Product) error {
 // with at least two blocks each for an M × N product.
 func bigTiles(M, N, sms int) bool {
 	return M >= 128 && N >= 128 && ((M+127)/128)*((N+127)/128) >= 2*max(sms, 1)
+}
+
+// smallTiles says whether gemm_f32's 64 × 64 tiles of an M × N product
+// leave some of a GPU's sms multiprocessors without a block, so that
+// gemm_f32_32 (four times the blocks) runs it.
+func smallTiles(M, N, sms int) bool {
+	return ((M+63)/64)*((N+63)/64) < sms
 }
 
 // Linear: y[r, 0:out] (row stride ldy) = x[r, 0:in] (row stride ldx) · Wᵀ,
@@ -392,6 +413,9 @@ func (o *Ops) decodeKernel(name string, heads, kv, hd int) (string, int) {
 	g, warps := heads/kv, kv
 	if !decodeGroups[g] || o.DecodePerHead {
 		g, warps = 1, heads
+	}
+	if o.DecodeFast && (hd == 64 || hd == 128) && strings.HasPrefix(name, "attn_decode_bf16") {
+		return fmt.Sprintf("attn_decode_fast%s_g%d_%d", strings.TrimPrefix(name, "attn_decode_bf16"), g, hd), warps
 	}
 	name = fmt.Sprintf("%s_g%d", name, g)
 	if hd <= 128 { // the kernels for head sizes up to 128: half the registers

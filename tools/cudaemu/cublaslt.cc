@@ -253,12 +253,13 @@ int split_of(const void* algo) {
 // algo_check validates an algorithm for a product of m×n×k with a D of
 // elem-byte elements and returns the workspace it needs.
 int algo_check(const void* algo, uint64_t m, uint64_t n, uint64_t k, size_t* workspace) {
-  if (!emu_algo(algo) || ((const char*)algo)[ALGO_ID] > 2) return invalid("an algorithm not from the heuristic");
-  if (((const char*)algo)[ALGO_ID] == 2) return NOT_SUPPORTED;  // the candidate that fails
+  const int id = ((const uint8_t*)algo)[ALGO_ID];
+  if (!emu_algo(algo) || id > 2) return invalid("an algorithm not from the heuristic");
+  if (id == 2) return NOT_SUPPORTED;  // the candidate that fails
   const int split = split_of(algo), scheme = ((const uint8_t*)algo)[ALGO_REDUCTION];
   *workspace = 0;
   if (split == 1) return scheme == REDUCE_NONE ? SUCCESS : invalid("a reduction scheme without a split of k");
-  if (((const char*)algo)[ALGO_ID] != 1) return invalid("a split of k on an algorithm that has none");
+  if (id != 1) return invalid("a split of k on an algorithm that has none");
   if ((uint64_t)split > k)
     return invalid("k = " + std::to_string(k) + " split " + std::to_string(split) + " ways");
   if (scheme == REDUCE_COMPUTE)

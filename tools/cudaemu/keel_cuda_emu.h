@@ -56,8 +56,11 @@ struct uint3 {
   unsigned int x, y, z;
 };
 typedef uint3 dim3;
-// CUDA's vector of four floats, 16-byte aligned as on the device, and its
-// alignment attribute.
+// CUDA's vectors of two and four floats, 8- and 16-byte aligned as on the
+// device, and its alignment attribute.
+struct __attribute__((aligned(8))) float2 {
+  float x, y;
+};
 struct __attribute__((aligned(16))) float4 {
   float x, y, z, w;
 };

@@ -39,7 +39,7 @@
 #          attention split four times as far (KEEL_DECODE_SPLIT_WARPS=8192), the decoding
 #          attention a warp per query head (KEEL_DECODE_ATTN=head) and
 #          unsplit (KEEL_DECODE_SPLIT=0, 64 sequences of 1,056 tokens) against
-#          the defaults,
+#          the defaults, and the fast decoding attention (KEEL_DECODE_ATTN=fast),
 #          and transformers' generate beside them (about 3 minutes)
 #   fp8    the fp8 rollout's decode at 256 sequences with its products
 #          emulated on the bf16 GEMM and on cuBLASLt's float8 product
@@ -62,7 +62,8 @@
 #          +6.4 (README) and its step time (about 5 minutes)
 #   rl     one RL step with both engines on the GPU, Qwen3-0.6B shape,
 #          32 prompts x 8 samples of up to 1024 tokens (bf16 training,
-#          bf16 rollout): where the step's time goes (issue 25's table)
+#          bf16 rollout): where the step's time goes (issue 25's table);
+#          then with KEEL_DECODE_ATTN=fast KEEL_BLAS_TUNE=1
 # Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [gemm] [flash] [decode] [fp8] [ncu] [sanitize] [fit] [learn] [rl]
 #        (none: tests e2e hf speed)
 set -uo pipefail
@@ -193,9 +194,12 @@ for line in open(sys.argv[1]):
     f = line.split()
     if len(f) != 20 or line.startswith('#'):
         continue
-    m, n, k = int(f[2]), int(f[3]), int(f[4])
-    if n <= 512:
-        rows.append((float(f[15]) - float(f[16]), m, n, k, float(f[15]), float(f[16]), int(f[17]), int(f[18]), int(f[19])))
+    try:
+        m, n, k = int(f[2]), int(f[3]), int(f[4])
+        if n <= 512:
+            rows.append((float(f[15]) - float(f[16]), m, n, k, float(f[15]), float(f[16]), int(f[17]), int(f[18]), int(f[19])))
+    except ValueError:  # the header line, or damage
+        continue
 rows.sort(reverse=True)
 print('    KEEL_BLAS_TUNE table: %d shapes of at most 512 rows; the most gained:' % len(rows))
 for saved, m, n, k, h, b, c, s, i in rows[:24]:
@@ -259,6 +263,19 @@ if [[ " $sections " == *" decode "* ]]; then
     --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-moehost.json" 2> "$out/decode-keel-moehost.err"
   echo "  keel qwen3-30b-a3b (layers 2), KEEL_MOE_GROUP=host: exit $?"
   decode_rows "$out/decode-keel-moehost.json" || tail -2 "$out/decode-keel-moehost.err"
+  # The fast decoding attention (KEEL_DECODE_ATTN=fast: adjacent elements
+  # a lane, four keys' scores summed together, a third of the
+  # instructions a key) against the default, at 64 and 256 sequences and
+  # at 64 sequences of 32 + 1,024 tokens, where the cache is most of a
+  # step's reads.
+  KEEL_DECODE_ATTN=fast timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+    --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-fast.json" 2> "$out/decode-keel-fast.err"
+  echo "  keel qwen3-0.6b, KEEL_DECODE_ATTN=fast: exit $?"
+  decode_rows "$out/decode-keel-fast.json" || tail -2 "$out/decode-keel-fast.err"
+  KEEL_DECODE_ATTN=fast timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+    --no-rl --decode-precisions bf16 --decode-slots 64 --decode-new 1024 --peak-gbps $peakgb > "$out/decode-keel-long-fast.json" 2> "$out/decode-keel-long-fast.err"
+  echo "  keel qwen3-0.6b, 32 + 1024 tokens, KEEL_DECODE_ATTN=fast: exit $?"
+  decode_rows "$out/decode-keel-long-fast.json" || tail -2 "$out/decode-keel-long-fast.err"
   # The decoding attention a warp per query head (the old kernels) against
   # the grouped default (a warp per KV head), with graphs.
   KEEL_DECODE_ATTN=head timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
@@ -347,7 +364,7 @@ if [[ " $sections " == *" profile "* ]]; then
     for v in $variants; do
       IFS=/ read -r fwd bwd grp pool keep tune <<< "$v"
       vt=$fwd-$bwd-$grp-pool$pool-keep$keep-tune$tune
-      dkv=; [ $bwd = dkvw ] && dkv=wide
+      dkv=; [ $bwd = dkvw ] && dkv=wide  # the two-stage backward with the 32-query dK/dV pass
       KEEL_FLASH_FWD=$fwd KEEL_FLASH_BWD=$bwd KEEL_FLASH_DKV=$dkv KEEL_MOE_GROUP=$grp KEEL_CUDA_POOL=$pool KEEL_HEAD_KEEP=$keep KEEL_BLAS_TUNE=$tune timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-$vt.json" 2> "$out/bench-keel-$tag-$vt.err"
       echo "  keel $1 bf16, layers $2, $3 x $4 ${rc:-}, flash forward $fwd, backward $bwd stage(s), KEEL_MOE_GROUP=$grp, KEEL_CUDA_POOL=$pool, KEEL_HEAD_KEEP=$keep, KEEL_BLAS_TUNE=$tune: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-$vt.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-$vt.err")"
     done
@@ -501,5 +518,11 @@ if [[ " $sections " == *" rl "* ]]; then
   timeout 400 $bin/keel bench --device cuda --train-precision bf16 --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 \
     --quick --no-decode --rl-precision bf16 --rl-max-new 1024 > "$out/rl-step.txt" 2>&1 || status=1
   sed 's/^/  /' "$out/rl-step.txt" | tail -12
+  # Again with the fast decoding attention and cuBLASLt's tuned
+  # algorithms: a rollout of 1,024-token samples reads mostly its cache.
+  KEEL_DECODE_ATTN=fast KEEL_BLAS_TUNE=1 timeout 400 $bin/keel bench --device cuda --train-precision bf16 --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 \
+    --quick --no-decode --rl-precision bf16 --rl-max-new 1024 > "$out/rl-step-fast.txt" 2>&1
+  echo "  KEEL_DECODE_ATTN=fast KEEL_BLAS_TUNE=1: exit $?"
+  grep -A1 'RL step.*precision' "$out/rl-step-fast.txt" | sed 's/^/  /'
 fi
 exit $status

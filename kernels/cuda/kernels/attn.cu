@@ -584,3 +584,210 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_ou
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_out16_g2_s(DECODE_PARAMS(bf16_t, bf16_t)) { DECODE_BODY(bf16_t, bf16_t, 2, 4) }
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_out16_g4_s(DECODE_PARAMS(bf16_t, bf16_t)) { DECODE_BODY(bf16_t, bf16_t, 4, 4) }
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_out16_g8_s(DECODE_PARAMS(bf16_t, bf16_t)) { DECODE_BODY(bf16_t, bf16_t, 8, 4) }
+
+// The reduced precisions' fast decoding attention over the bf16 cache
+// (Ops.DecodeFast, KEEL_DECODE_ATTN=fast): decode_group's warp per step
+// row and KV head for its G query heads, for head sizes 64 and 128 known
+// at compile time, with a third of its instructions a key. decode_group
+// (attend_key's arithmetic, bit for bit the training forward's over a
+// float32 cache) reads each lane's elements 32 apart, two bytes a load,
+// and sums each key's score over the warp on its own, five shuffles and
+// five additions a head; about 245 instructions a key at G = 2 (sm_90,
+// `tools/sass -loops`), which at two warps a scheduler cap its reads near
+// 2 TB/s (session 20's H200 profile: 1.5). Here a lane holds HD/32
+// adjacent elements (one 8-byte load a row at 128), keys go four at a
+// time, and their four partial scores are summed over the warp together
+// (each step of the butterfly halves the values a lane holds until each
+// lane has one key's score: 6 shuffles for 4 keys, not 20), the online
+// softmax's maximum moves once per four keys, and the exponentials are
+// the hardware's approximate ones (__expf). Within float32 rounding of
+// decode_group, not its bits: the reduced precisions' decoding owes the
+// training engine no bits. The next four keys' rows are in flight while
+// these are folded. With part, as decode_group's splits.
+#define FAST_KEYS 4
+
+struct alignas(8) u32x2 {
+  u32 x, y;
+};
+
+// fast_exp is e^x, the hardware's approximation on a GPU.
+__device__ __forceinline__ float fast_exp(float x) {
+#if defined(__CUDA_ARCH__)
+  return __expf(x);
+#else
+  return expf(x);
+#endif
+}
+
+// fast_row reads this lane's HD/32 adjacent bf16 elements of a cache row
+// as W = HD/64 words.
+template <int HD>
+__device__ __forceinline__ void fast_row(u32 (&w)[HD / 64], const bf16_t* row, int lane) {
+  if constexpr (HD == 128) {
+    const u32x2 v = *(const u32x2*)(row + 4 * lane);
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    w[0] = *(const u32*)(row + 2 * lane);
+  }
+}
+
+// fast_widen widens W words of bf16 pairs into 2W floats (low half first).
+template <int W>
+__device__ __forceinline__ void fast_widen(float (&f)[2 * W], const u32 (&w)[W]) {
+#pragma unroll
+  for (int i = 0; i < W; i++) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+template <typename O, int G, int HD>
+__device__ __forceinline__ void decode_fast(O* __restrict__ out, float* __restrict__ part, const float* __restrict__ q,
+                                            const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
+                                            const int* __restrict__ slot, const int* __restrict__ pos, int max_len,
+                                            int heads, int kv, float scale) {
+  constexpr int E = HD / 32, W = HD / 64, U = FAST_KEYS;
+  const int r = blockIdx.x, lane = threadIdx.x & 31;
+  const int h0 = (blockIdx.y * ATT_WARPS + (threadIdx.x >> 5)) * G;
+  if (h0 >= heads) return;
+  const int g = G == 1 ? h0 / (heads / kv) : h0 / G;  // G > 1 is heads/kv
+  const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
+  O* o = part ? nullptr : out + r * qd + (i64)h0 * HD + E * lane;
+  if (slot[r] < 0) {
+    if (!part)
+#pragma unroll
+      for (int x = 0; x < G; x++)
+#pragma unroll
+        for (int e = 0; e < E; e++) put(o + x * HD + e, 0.f);
+    return;
+  }
+  const bf16_t* kb = kc + (i64)slot[r] * max_len * kvd + (i64)g * HD;
+  const bf16_t* vb = vc + (i64)slot[r] * max_len * kvd + (i64)g * HD;
+  float qr[G][E], acc[G][E], mx[G], l[G];
+#pragma unroll
+  for (int x = 0; x < G; x++) {
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      qr[x][e] = q[r * qd + (i64)(h0 + x) * HD + E * lane + e] * scale;
+      acc[x][e] = 0.f;
+    }
+    mx[x] = -__int_as_float(0x7f800000);
+    l[x] = 0.f;
+  }
+  const int n = pos[r] + 1;
+  int j0 = 0, j1 = n;
+  if (part) {
+    const int S = gridDim.z, len = (n + S - 1) / S;
+    j0 = min(n, (int)blockIdx.z * len), j1 = min(n, j0 + len);
+  }
+  // This lane's score of its group's key after the butterfly: lanes
+  // 8u..8u+7 hold key u's.
+  const int own = (lane >> 3) & 3;
+  const bool hi16 = lane & 16, hi8 = lane & 8;
+  u32 kw[U][W], vw[U][W];  // the next keys' rows, as loaded (zeros past j1)
+  auto load = [&](int j) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (j + u < j1) {
+        fast_row<HD>(kw[u], kb + (i64)(j + u) * kvd, lane);
+        fast_row<HD>(vw[u], vb + (i64)(j + u) * kvd, lane);
+      } else {
+#pragma unroll
+        for (int i = 0; i < W; i++) kw[u][i] = vw[u][i] = 0u;
+      }
+    }
+  };
+  if (j0 < j1) load(j0);
+  for (int j = j0; j < j1; j += U) {
+    float kf[U][E], vf[U][E];
+#pragma unroll
+    for (int u = 0; u < U; u++) fast_widen<W>(kf[u], kw[u]), fast_widen<W>(vf[u], vw[u]);
+    if (j + U < j1) load(j + U);
+#pragma unroll
+    for (int x = 0; x < G; x++) {
+      float s[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        s[u] = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; e++) s[u] = fmaf(qr[x][e], kf[u][e], s[u]);
+      }
+      // The four sums over the warp at once: lanes exchange the half of
+      // their values the partner keeps (keys 0, 1 below lane 16, 2, 3
+      // from it), then the quarter, then sum one value over 8 lanes.
+      float a0 = hi16 ? s[2] : s[0], a1 = hi16 ? s[3] : s[1];
+      a0 += __shfl_xor_sync(0xffffffffu, hi16 ? s[0] : s[2], 16);
+      a1 += __shfl_xor_sync(0xffffffffu, hi16 ? s[1] : s[3], 16);
+      float sc = hi8 ? a1 : a0;
+      sc += __shfl_xor_sync(0xffffffffu, hi8 ? a0 : a1, 8);
+      sc += __shfl_xor_sync(0xffffffffu, sc, 4);
+      sc += __shfl_xor_sync(0xffffffffu, sc, 2);
+      sc += __shfl_xor_sync(0xffffffffu, sc, 1);
+      if (j + own >= j1) sc = -__int_as_float(0x7f800000);  // past the run: no weight
+      float cm = fmaxf(sc, __shfl_xor_sync(0xffffffffu, sc, 8));
+      cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 16));
+      const float mn = fmaxf(mx[x], cm);  // finite: the run's first key is in the first four
+      const float corr = fast_exp(mx[x] - mn), p = fast_exp(sc - mn);
+      float ps = p + __shfl_xor_sync(0xffffffffu, p, 8);
+      ps += __shfl_xor_sync(0xffffffffu, ps, 16);
+      l[x] = l[x] * corr + ps;
+      mx[x] = mn;
+      float pu[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) pu[u] = __shfl_sync(0xffffffffu, p, 8 * u);
+#pragma unroll
+      for (int e = 0; e < E; e++) {
+        float a = acc[x][e] * corr;
+#pragma unroll
+        for (int u = 0; u < U; u++) a = fmaf(pu[u], vf[u][e], a);
+        acc[x][e] = a;
+      }
+    }
+  }
+  if (!part) {
+#pragma unroll
+    for (int x = 0; x < G; x++)
+#pragma unroll
+      for (int e = 0; e < E; e++) put(o + x * HD + e, acc[x][e] / l[x]);
+    return;
+  }
+#pragma unroll
+  for (int x = 0; x < G; x++) {
+    float* pp = part + (((i64)r * heads + h0 + x) * gridDim.z + blockIdx.z) * (HD + 2);
+#pragma unroll
+    for (int e = 0; e < E; e++) pp[E * lane + e] = acc[x][e];
+    if (lane == 0) pp[HD] = mx[x], pp[HD + 1] = l[x];
+  }
+}
+
+// attn_decode_fast[_out16|_split]_g<G>_<HD>: decode_fast's kernels, as
+// attn_decode_bf16[_out16|_split]_g<G>'s (the same grids and arguments,
+// hd = HD; the names written out for the emulator).
+#define FAST_BODY(O, G, HD) \
+  decode_fast<O, G, HD>(out, (float*)0, q, kc, vc, slot, pos, max_len, heads, kv, scale);
+#define FAST_SPLIT_BODY(G, HD) \
+  decode_fast<float, G, HD>((float*)0, part, q, kc, vc, slot, pos, max_len, heads, kv, scale);
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_g1_64(DECODE_PARAMS(float, bf16_t)) { FAST_BODY(float, 1, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_out16_g1_64(DECODE_PARAMS(bf16_t, bf16_t)) { FAST_BODY(bf16_t, 1, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_split_g1_64(SPLIT_PARAMS) { FAST_SPLIT_BODY(1, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_g2_64(DECODE_PARAMS(float, bf16_t)) { FAST_BODY(float, 2, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_out16_g2_64(DECODE_PARAMS(bf16_t, bf16_t)) { FAST_BODY(bf16_t, 2, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_split_g2_64(SPLIT_PARAMS) { FAST_SPLIT_BODY(2, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_g4_64(DECODE_PARAMS(float, bf16_t)) { FAST_BODY(float, 4, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_out16_g4_64(DECODE_PARAMS(bf16_t, bf16_t)) { FAST_BODY(bf16_t, 4, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_split_g4_64(SPLIT_PARAMS) { FAST_SPLIT_BODY(4, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_g8_64(DECODE_PARAMS(float, bf16_t)) { FAST_BODY(float, 8, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_out16_g8_64(DECODE_PARAMS(bf16_t, bf16_t)) { FAST_BODY(bf16_t, 8, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_split_g8_64(SPLIT_PARAMS) { FAST_SPLIT_BODY(8, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_g1_128(DECODE_PARAMS(float, bf16_t)) { FAST_BODY(float, 1, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_out16_g1_128(DECODE_PARAMS(bf16_t, bf16_t)) { FAST_BODY(bf16_t, 1, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_split_g1_128(SPLIT_PARAMS) { FAST_SPLIT_BODY(1, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_g2_128(DECODE_PARAMS(float, bf16_t)) { FAST_BODY(float, 2, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_out16_g2_128(DECODE_PARAMS(bf16_t, bf16_t)) { FAST_BODY(bf16_t, 2, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_split_g2_128(SPLIT_PARAMS) { FAST_SPLIT_BODY(2, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_g4_128(DECODE_PARAMS(float, bf16_t)) { FAST_BODY(float, 4, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_out16_g4_128(DECODE_PARAMS(bf16_t, bf16_t)) { FAST_BODY(bf16_t, 4, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_split_g4_128(SPLIT_PARAMS) { FAST_SPLIT_BODY(4, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_g8_128(DECODE_PARAMS(float, bf16_t)) { FAST_BODY(float, 8, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_out16_g8_128(DECODE_PARAMS(bf16_t, bf16_t)) { FAST_BODY(bf16_t, 8, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_split_g8_128(SPLIT_PARAMS) { FAST_SPLIT_BODY(8, 128) }

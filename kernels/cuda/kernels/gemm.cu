@@ -10,11 +10,11 @@
 //
 // C[m*ldc + n] = (acc ? C : 0) + sum_k A[m*sam + k*sak] * B[k*sbk + n*sbn].
 
-// Both kernels below take 256 threads as a 16 x 16 grid; thread (tx, ty)
+// The kernels below take 256 threads as a 16 x 16 grid; thread (tx, ty)
 // computes R x R outputs (R = 4 or 8): rows ty*4 + {0..3} (and, for R = 8,
 // 64 + ty*4 + {0..3}) and likewise columns from tx, so that it reads its
 // operands from shared memory four at a time (float4), without bank
-// conflicts. Each k tile is loaded into registers while the one before is
+// conflicts; for R = 2, rows ty*2 + {0, 1}, read two at a time. Each k tile is loaded into registers while the one before is
 // multiplied (the global memory's latency hidden behind the products),
 // then stored to shared memory. Every output is still one fmaf chain over
 // k = 0..K-1 in order: the tiling changes no bit.
@@ -34,7 +34,7 @@ __device__ __forceinline__ void tile_index(int e, int rows, int kt, bool kfast, 
   }
 }
 
-// gemm_tile is the product of one TM x TM output tile (TM = 64 R / 4) over
+// gemm_tile is the product of one TM x TM output tile (TM = 16 R) over
 // k tiles of TK: R x R outputs per thread as described above.
 // The tile is (mt, nt): rows mt*TM.., columns nt*TM...
 template <int R, int TK>
@@ -42,8 +42,9 @@ __device__ __forceinline__ void gemm_tile(float* __restrict__ C, const float* __
                                           const float* __restrict__ B, int M, int N, int K, i64 sam, i64 sak,
                                           i64 sbk, i64 sbn, i64 ldc, int acc, int mt, int nt) {
   constexpr int TM = 16 * R, PER = TM * TK / 256, H = R / 4;  // H: groups of four rows (columns) a thread takes
-  __shared__ __align__(16) float As[TK][TM + 4];
-  __shared__ __align__(16) float Bs[TK][TM + 4];
+  constexpr int PAD = R == 2 ? 2 : 4;  // keeps float2 (float4) reads aligned; 2 halves R = 2's store conflicts
+  __shared__ __align__(16) float As[TK][TM + PAD];
+  __shared__ __align__(16) float Bs[TK][TM + PAD];
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const int m0 = mt * TM, n0 = nt * TM;
   const bool ak = sak == 1, bk = sbk == 1;
@@ -79,12 +80,18 @@ __device__ __forceinline__ void gemm_tile(float* __restrict__ C, const float* __
   };
   auto step = [&](int kk) {
     float a[R], b[R];
+    if constexpr (R == 2) {
+      const float2 av = *(const float2*)&As[kk][2 * ty];
+      const float2 bv = *(const float2*)&Bs[kk][2 * tx];
+      a[0] = av.x, a[1] = av.y, b[0] = bv.x, b[1] = bv.y;
+    } else {
 #pragma unroll
-    for (int h = 0; h < H; h++) {
-      const float4 av = *(const float4*)&As[kk][64 * h + 4 * ty];
-      const float4 bv = *(const float4*)&Bs[kk][64 * h + 4 * tx];
-      a[4 * h] = av.x, a[4 * h + 1] = av.y, a[4 * h + 2] = av.z, a[4 * h + 3] = av.w;
-      b[4 * h] = bv.x, b[4 * h + 1] = bv.y, b[4 * h + 2] = bv.z, b[4 * h + 3] = bv.w;
+      for (int h = 0; h < H; h++) {
+        const float4 av = *(const float4*)&As[kk][64 * h + 4 * ty];
+        const float4 bv = *(const float4*)&Bs[kk][64 * h + 4 * tx];
+        a[4 * h] = av.x, a[4 * h + 1] = av.y, a[4 * h + 2] = av.z, a[4 * h + 3] = av.w;
+        b[4 * h] = bv.x, b[4 * h + 1] = bv.y, b[4 * h + 2] = bv.z, b[4 * h + 3] = bv.w;
+      }
     }
 #pragma unroll
     for (int i = 0; i < R; i++)
@@ -112,11 +119,11 @@ __device__ __forceinline__ void gemm_tile(float* __restrict__ C, const float* __
   }
 #pragma unroll
   for (int i = 0; i < R; i++) {
-    const int m = m0 + 64 * (i / 4) + 4 * ty + i % 4;
+    const int m = m0 + (R == 2 ? 2 * ty + i : 64 * (i / 4) + 4 * ty + i % 4);
     if (m >= M) continue;
 #pragma unroll
     for (int j = 0; j < R; j++) {
-      const int n = n0 + 64 * (j / 4) + 4 * tx + j % 4;
+      const int n = n0 + (R == 2 ? 2 * tx + j : 64 * (j / 4) + 4 * tx + j % 4);
       if (n >= N) continue;
       float* p = C + m * ldc + n;
       *p = acc ? *p + c[i][j] : c[i][j];
@@ -141,6 +148,18 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemm_f32_128(
     float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ B, int M, int N, int K,
     i64 sam, i64 sak, i64 sbk, i64 sbn, i64 ldc, int acc) {
   gemm_tile<8, 8>(C, A, B, M, N, K, sam, sak, sbk, sbn, ldc, acc, blockIdx.y, blockIdx.x);
+}
+
+// gemm_f32_32: the same product with 32 x 32 output tiles (2 x 2 a
+// thread, k tiles of 32), for products too small to fill the GPU with 64
+// x 64 tiles: a decoding step's at a few hundred rows (at 256 rows, a
+// 1024-wide output is 64 blocks of 64 x 64 for 132 multiprocessors; 256
+// of 32 x 32). The same fused multiply-add chain per output, so the same
+// bits. grid = (ceil(N/32), ceil(M/32)), block = 256.
+extern "C" __global__ void __launch_bounds__(256) gemm_f32_32(
+    float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ B, int M, int N, int K,
+    i64 sam, i64 sak, i64 sbk, i64 sbn, i64 ldc, int acc) {
+  gemm_tile<2, 32>(C, A, B, M, N, K, sam, sak, sbk, sbn, ldc, acc, blockIdx.y, blockIdx.x);
 }
 
 // The grouped expert products of an MoE layer: the rows grouped by expert
