@@ -350,34 +350,41 @@ func TestDeviceAttention(t *testing.T) {
 		padSlot := append([]int32(nil), slot...)
 		padSlot[T-1] = -1
 		bpad := bufOf(g, padSlot)
+		want16 := g.f32(dec16, T*qd)
+		// decodeSplit runs o's bf16 decoding with each row's keys in
+		// splits runs, into float32 and into bf16, and checks it within tol
+		// of the unsplit default kernels, the padding row zeros, its bf16
+		// output its float32 output rounded.
+		decodeSplit := func(o *Ops, splits int, tol float64, what string) {
+			part := g.poisoned(T * splits * c.heads * (c.hd + 2))
+			sp, sp16 := g.poisoned(T*qd), g.poisoned(T*qd)
+			if err := o.AttnDecodeBF16Split(false, sp, part, bq, kc16, vc16, bpad, bpos, T, maxLen, c.heads, c.kv, c.hd, scale, splits); err != nil {
+				t.Fatal(err)
+			}
+			if err := o.AttnDecodeBF16Split(true, sp16, part, bq, kc16, vc16, bpad, bpos, T, maxLen, c.heads, c.kv, c.hd, scale, splits); err != nil {
+				t.Fatal(err)
+			}
+			if err := g.d.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			got := g.f32(sp, T*qd)
+			closeTo(t, what, got[:(T-1)*qd], want16[:(T-1)*qd], tol)
+			for i, v := range got[(T-1)*qd:] {
+				if v != 0 {
+					t.Fatalf("%s: the padding row's output %d is %v", what, i, v)
+				}
+			}
+			w16 := make([]kernels.BF16, T*qd)
+			kernels.ToBF16(w16, got)
+			for i, v := range g.u16(sp16, T*qd) {
+				if v != uint16(w16[i]) {
+					t.Fatalf("%s: bf16 output %d is %#04x, the float32 output rounded %#04x", what, i, v, uint16(w16[i]))
+				}
+			}
+		}
 		for _, o := range []*Ops{ops, perHead} {
 			for _, splits := range []int{2, 3, 16} {
-				part := g.poisoned(T * splits * c.heads * (c.hd + 2))
-				sp, sp16 := g.poisoned(T*qd), g.poisoned(T*qd)
-				if err := o.AttnDecodeBF16Split(false, sp, part, bq, kc16, vc16, bpad, bpos, T, maxLen, c.heads, c.kv, c.hd, scale, splits); err != nil {
-					t.Fatal(err)
-				}
-				if err := o.AttnDecodeBF16Split(true, sp16, part, bq, kc16, vc16, bpad, bpos, T, maxLen, c.heads, c.kv, c.hd, scale, splits); err != nil {
-					t.Fatal(err)
-				}
-				if err := g.d.Sync(); err != nil {
-					t.Fatal(err)
-				}
-				sname := fmt.Sprintf("%s bf16 decoding in %d splits (per head %v)", name, splits, o.DecodePerHead)
-				got, want := g.f32(sp, T*qd), g.f32(dec16, T*qd)
-				closeTo(t, sname, got[:(T-1)*qd], want[:(T-1)*qd], 2e-6)
-				for i, v := range got[(T-1)*qd:] {
-					if v != 0 {
-						t.Fatalf("%s: the padding row's output %d is %v", sname, i, v)
-					}
-				}
-				w16 := make([]kernels.BF16, T*qd)
-				kernels.ToBF16(w16, got)
-				for i, v := range g.u16(sp16, T*qd) {
-					if v != uint16(w16[i]) {
-						t.Fatalf("%s: bf16 output %d is %#04x, the float32 output rounded %#04x", sname, i, v, uint16(w16[i]))
-					}
-				}
+				decodeSplit(o, splits, 2e-6, fmt.Sprintf("%s bf16 decoding in %d splits (per head %v)", name, splits, o.DecodePerHead))
 			}
 		}
 		if splits := ops.DecodeSplits(T, c.heads, c.kv); splits < 1 || splits > 16 || T*splits*c.heads*(c.hd+2) > DecodeSplitFloats(T, c.heads, c.kv, c.hd) && splits > 1 {
@@ -389,37 +396,11 @@ func TestDeviceAttention(t *testing.T) {
 		// each tail of their four-key steps), split and not, their bf16
 		// output their float32 output rounded, a padding row zeros.
 		if c.hd == 64 || c.hd == 128 {
-			want := g.f32(dec16, T*qd)
 			for _, perHead := range []bool{false, true} {
 				fast := NewOps(g.d)
 				fast.DecodeFast, fast.DecodePerHead = true, perHead
 				for _, splits := range []int{1, 2, 3, 16} {
-					part := g.poisoned(T * splits * c.heads * (c.hd + 2))
-					fo, fo16 := g.poisoned(T*qd), g.poisoned(T*qd)
-					if err := fast.AttnDecodeBF16Split(false, fo, part, bq, kc16, vc16, bpad, bpos, T, maxLen, c.heads, c.kv, c.hd, scale, splits); err != nil {
-						t.Fatal(err)
-					}
-					if err := fast.AttnDecodeBF16Split(true, fo16, part, bq, kc16, vc16, bpad, bpos, T, maxLen, c.heads, c.kv, c.hd, scale, splits); err != nil {
-						t.Fatal(err)
-					}
-					if err := g.d.Sync(); err != nil {
-						t.Fatal(err)
-					}
-					fname := fmt.Sprintf("%s fast bf16 decoding in %d splits (per head %v)", name, splits, perHead)
-					got := g.f32(fo, T*qd)
-					closeTo(t, fname, got[:(T-1)*qd], want[:(T-1)*qd], 1e-5)
-					for i, v := range got[(T-1)*qd:] {
-						if v != 0 {
-							t.Fatalf("%s: the padding row's output %d is %v", fname, i, v)
-						}
-					}
-					w16 := make([]kernels.BF16, T*qd)
-					kernels.ToBF16(w16, got)
-					for i, v := range g.u16(fo16, T*qd) {
-						if v != uint16(w16[i]) {
-							t.Fatalf("%s: bf16 output %d is %#04x, the float32 output rounded %#04x", fname, i, v, uint16(w16[i]))
-						}
-					}
+					decodeSplit(fast, splits, 1e-5, fmt.Sprintf("%s fast bf16 decoding in %d splits (per head %v)", name, splits, perHead))
 				}
 			}
 		}
