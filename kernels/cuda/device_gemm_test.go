@@ -390,12 +390,12 @@ func TestDeviceAttention(t *testing.T) {
 		if splits := ops.DecodeSplits(T, c.heads, c.kv); splits < 1 || splits > 16 || T*splits*c.heads*(c.hd+2) > DecodeSplitFloats(T, c.heads, c.kv, c.hd) && splits > 1 {
 			t.Errorf("%s: %d splits for %d rows, scratch for %d floats", name, splits, T, DecodeSplitFloats(T, c.heads, c.kv, c.hd))
 		}
-		// The fast kernels (KEEL_DECODE_ATTN=fast, head sizes 64 and
+		// The fast kernels (KEEL_DECODE_ATTN=fast, head sizes 32, 64 and
 		// 128), grouped and a warp per head: within float32 rounding of
 		// the default bf16 decoding (every row's prefix, 1 to 70 keys:
 		// each tail of their four-key steps), split and not, their bf16
 		// output their float32 output rounded, a padding row zeros.
-		if c.hd == 64 || c.hd == 128 {
+		if c.hd == 32 || c.hd == 64 || c.hd == 128 {
 			for _, perHead := range []bool{false, true} {
 				fast := NewOps(g.d)
 				fast.DecodeFast, fast.DecodePerHead = true, perHead

@@ -60,8 +60,8 @@ type Ops struct {
 	// for the query heads that share it): the same bits.
 	DecodePerHead bool
 	// DecodeFast runs the reduced precisions' decoding attention over the
-	// bf16 cache with attn.cu's decode_fast kernels at head sizes 64 and
-	// 128 (KEEL_DECODE_ATTN=fast at NewOps): a third of the instructions a
+	// bf16 cache with attn.cu's decode_fast kernels where it has them
+	// (fastDecode; KEEL_DECODE_ATTN=fast at NewOps): a third of the instructions a
 	// key (each lane's elements adjacent, four keys' scores summed over
 	// the warp together, the hardware's approximate exponential), within
 	// float32 rounding of the default kernels, not their bits. Off by
@@ -414,7 +414,7 @@ func (o *Ops) decodeKernel(name string, heads, kv, hd int) (string, int) {
 	if !decodeGroups[g] || o.DecodePerHead {
 		g, warps = 1, heads
 	}
-	if o.DecodeFast && (hd == 64 || hd == 128) && strings.HasPrefix(name, "attn_decode_bf16") {
+	if o.DecodeFast && fastDecode(hd, g) && strings.HasPrefix(name, "attn_decode_bf16") {
 		return fmt.Sprintf("attn_decode_fast%s_g%d_%d", strings.TrimPrefix(name, "attn_decode_bf16"), g, hd), warps
 	}
 	name = fmt.Sprintf("%s_g%d", name, g)
@@ -422,6 +422,12 @@ func (o *Ops) decodeKernel(name string, heads, kv, hd int) (string, int) {
 		name += "_s"
 	}
 	return name, warps
+}
+
+// fastDecode says whether attn.cu has decode_fast kernels for head size hd
+// and group g: 64 and 128, and 32 below groups of 8.
+func fastDecode(hd, g int) bool {
+	return hd == 64 || hd == 128 || hd == 32 && g < 8
 }
 
 // decodeSplitWarps is how many warps a decoding step's attention is split

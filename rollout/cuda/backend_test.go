@@ -352,6 +352,12 @@ func TestReducedPrecisionRollout(t *testing.T) {
 	for _, preset := range []string{"tiny-dense", "tiny-moe"} {
 		var bf16, fp8, fp4 float64
 		t.Run("bf16/"+preset, func(t *testing.T) { bf16 = reducedRollout(t, dev, testModel(t, preset), rollout.BF16, 5e-3) })
+		// The fast decoding attention (attn.cu's decode_fast), within the
+		// same bound: in the engine, through its graphs and splits.
+		t.Run("bf16-fast-attention/"+preset, func(t *testing.T) {
+			t.Setenv("KEEL_DECODE_ATTN", "fast")
+			reducedRollout(t, dev, testModel(t, preset), rollout.BF16, 5e-3)
+		})
 		t.Run("fp8/"+preset, func(t *testing.T) { fp8 = reducedRollout(t, dev, testModel(t, preset), rollout.FP8, 3e-2) })
 		t.Run("fp4/"+preset, func(t *testing.T) { fp4 = reducedRollout(t, dev, testModel(t, preset), rollout.FP4, 0.1) })
 		// Each format rounds coarser than the one before: a path that did

@@ -588,7 +588,7 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_ou
 // The reduced precisions' fast decoding attention over the bf16 cache
 // (Ops.DecodeFast, KEEL_DECODE_ATTN=fast): decode_group's warp per step
 // row and KV head for its G query heads, for head sizes 64 and 128 known
-// at compile time, with a third of its instructions a key. decode_group
+// at compile time (and 32), with a third of its instructions a key. decode_group
 // (attend_key's arithmetic, bit for bit the training forward's over a
 // float32 cache) reads each lane's elements 32 apart, two bytes a load,
 // and sums each key's score over the warp on its own, five shuffles and
@@ -619,25 +619,31 @@ __device__ __forceinline__ float fast_exp(float x) {
 #endif
 }
 
-// fast_row reads this lane's HD/32 adjacent bf16 elements of a cache row
-// as W = HD/64 words.
+// FAST_WORDS is the 32-bit words holding a lane's HD/32 adjacent bf16
+// elements of a row (at HD = 32, one element in the low half of one).
+#define FAST_WORDS(HD) ((HD) >= 64 ? (HD) / 64 : 1)
+
+// fast_row reads this lane's HD/32 adjacent bf16 elements of a cache row.
 template <int HD>
-__device__ __forceinline__ void fast_row(u32 (&w)[HD / 64], const bf16_t* row, int lane) {
+__device__ __forceinline__ void fast_row(u32 (&w)[FAST_WORDS(HD)], const bf16_t* row, int lane) {
   if constexpr (HD == 128) {
     const u32x2 v = *(const u32x2*)(row + 4 * lane);
     w[0] = v.x, w[1] = v.y;
-  } else {
+  } else if constexpr (HD == 64) {
     w[0] = *(const u32*)(row + 2 * lane);
+  } else {
+    w[0] = row[lane];
   }
 }
 
-// fast_widen widens W words of bf16 pairs into 2W floats (low half first).
-template <int W>
-__device__ __forceinline__ void fast_widen(float (&f)[2 * W], const u32 (&w)[W]) {
+// fast_widen widens fast_row's words into the lane's HD/32 floats (each
+// word's low half first).
+template <int HD>
+__device__ __forceinline__ void fast_widen(float (&f)[HD / 32], const u32 (&w)[FAST_WORDS(HD)]) {
 #pragma unroll
-  for (int i = 0; i < W; i++) {
+  for (int i = 0; i < FAST_WORDS(HD); i++) {
     f[2 * i] = __uint_as_float(w[i] << 16);
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    if constexpr (HD >= 64) f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
   }
 }
 
@@ -646,7 +652,7 @@ __device__ __forceinline__ void decode_fast(O* __restrict__ out, float* __restri
                                             const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
                                             const int* __restrict__ slot, const int* __restrict__ pos, int max_len,
                                             int heads, int kv, float scale) {
-  constexpr int E = HD / 32, W = HD / 64, U = FAST_KEYS;
+  constexpr int E = HD / 32, W = FAST_WORDS(HD), U = FAST_KEYS;
   const int r = blockIdx.x, lane = threadIdx.x & 31;
   const int h0 = (blockIdx.y * ATT_WARPS + (threadIdx.x >> 5)) * G;
   if (h0 >= heads) return;
@@ -701,7 +707,7 @@ __device__ __forceinline__ void decode_fast(O* __restrict__ out, float* __restri
   for (int j = j0; j < j1; j += U) {
     float kf[U][E], vf[U][E];
 #pragma unroll
-    for (int u = 0; u < U; u++) fast_widen<W>(kf[u], kw[u]), fast_widen<W>(vf[u], vw[u]);
+    for (int u = 0; u < U; u++) fast_widen<HD>(kf[u], kw[u]), fast_widen<HD>(vf[u], vw[u]);
     if (j + U < j1) load(j + U);
 #pragma unroll
     for (int x = 0; x < G; x++) {
@@ -760,7 +766,8 @@ __device__ __forceinline__ void decode_fast(O* __restrict__ out, float* __restri
   }
 }
 
-// attn_decode_fast[_out16|_split]_g<G>_<HD>: decode_fast's kernels, as
+// attn_decode_fast[_out16|_split]_g<G>_<HD> (HD 32, 64, 128; no G = 8 at
+// 32, where ptxas spills): decode_fast's kernels, as
 // attn_decode_bf16[_out16|_split]_g<G>'s (the same grids and arguments,
 // hd = HD; the names written out for the emulator).
 #define FAST_BODY(O, G, HD) \
@@ -791,3 +798,12 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_sp
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_g8_128(DECODE_PARAMS(float, bf16_t)) { FAST_BODY(float, 8, 128) }
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_out16_g8_128(DECODE_PARAMS(bf16_t, bf16_t)) { FAST_BODY(bf16_t, 8, 128) }
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_split_g8_128(SPLIT_PARAMS) { FAST_SPLIT_BODY(8, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_g1_32(DECODE_PARAMS(float, bf16_t)) { FAST_BODY(float, 1, 32) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_out16_g1_32(DECODE_PARAMS(bf16_t, bf16_t)) { FAST_BODY(bf16_t, 1, 32) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_split_g1_32(SPLIT_PARAMS) { FAST_SPLIT_BODY(1, 32) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_g2_32(DECODE_PARAMS(float, bf16_t)) { FAST_BODY(float, 2, 32) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_out16_g2_32(DECODE_PARAMS(bf16_t, bf16_t)) { FAST_BODY(bf16_t, 2, 32) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_split_g2_32(SPLIT_PARAMS) { FAST_SPLIT_BODY(2, 32) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_g4_32(DECODE_PARAMS(float, bf16_t)) { FAST_BODY(float, 4, 32) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_out16_g4_32(DECODE_PARAMS(bf16_t, bf16_t)) { FAST_BODY(bf16_t, 4, 32) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_split_g4_32(SPLIT_PARAMS) { FAST_SPLIT_BODY(4, 32) }
