@@ -587,12 +587,12 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_ou
 
 // The reduced precisions' fast decoding attention over the bf16 cache
 // (Ops.DecodeFast, KEEL_DECODE_ATTN=fast): decode_group's warp per step
-// row and KV head for its G query heads, for head sizes 64 and 128 known
-// at compile time (and 32), with a third of its instructions a key. decode_group
-// (attend_key's arithmetic, bit for bit the training forward's over a
-// float32 cache) reads each lane's elements 32 apart, two bytes a load,
-// and sums each key's score over the warp on its own, five shuffles and
-// five additions a head; about 245 instructions a key at G = 2 (sm_90,
+// row and KV head for its G query heads, for head sizes 32, 64 and 128
+// known at compile time, with a third of its instructions a key.
+// decode_group (attend_key's arithmetic, bit for bit the training
+// forward's over a float32 cache) reads each lane's elements 32 apart, two
+// bytes a load, and sums each key's score over the warp on its own, five
+// shuffles and five additions a head; about 245 instructions a key at G = 2 (sm_90,
 // `tools/sass -loops`), which at two warps a scheduler cap its reads near
 // 2 TB/s (session 20's H200 profile: 1.5). Here a lane holds HD/32
 // adjacent elements (one 8-byte load a row at 128), keys go four at a
