@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -230,8 +231,9 @@ func TestDeviceAttention(t *testing.T) {
 		// Groups of 8, 5 and 9 query heads a KV head: the decoding
 		// step's grouped kernels (up to 8), and the per-head one past.
 		{[]int{33, 2}, 8, 1, 64}, {[]int{17}, 10, 2, 32}, {[]int{4}, 9, 1, 16},
-		// The fast decoding's other groups: 4 query heads a KV head, and 1.
-		{[]int{6, 13}, 4, 1, 128}, {[]int{9, 4}, 2, 2, 64}} {
+		// The fast decoding's other groups and head sizes.
+		{[]int{6, 13}, 4, 1, 128}, {[]int{9, 4}, 2, 2, 64}, {[]int{7, 3}, 8, 2, 32}, {[]int{5}, 16, 2, 128},
+		{[]int{6}, 4, 2, 64}} {
 		starts, T, seqStart, seqEnd := packSeqs(c.lens)
 		qd, kvd := c.heads*c.hd, c.kv*c.hd
 		q, k, v, dout := randF32(r, T*qd, 1), randF32(r, T*kvd, 1), randF32(r, T*kvd, 1), randF32(r, T*qd, 1)
@@ -399,6 +401,9 @@ func TestDeviceAttention(t *testing.T) {
 			for _, perHead := range []bool{false, true} {
 				fast := NewOps(g.d)
 				fast.DecodeFast, fast.DecodePerHead = true, perHead
+				if k, _ := fast.decodeKernel("attn_decode_bf16", c.heads, c.kv, c.hd); !strings.HasPrefix(k, "attn_decode_fast") && fastDecode(c.hd, c.heads/c.kv) {
+					t.Fatalf("%s: the fast decoding asked for, %s launched", name, k)
+				}
 				for _, splits := range []int{1, 2, 3, 16} {
 					decodeSplit(fast, splits, 1e-5, fmt.Sprintf("%s fast bf16 decoding in %d splits (per head %v)", name, splits, perHead))
 				}

@@ -404,6 +404,9 @@ func (o *Ops) decode(name string, out, q, kcache, vcache, slot, pos Buffer, rows
 		return err
 	}
 	name, warps := o.decodeKernel(name, heads, kv, hd)
+	if err := fastAligned(name, kcache, vcache); err != nil {
+		return err
+	}
 	return o.Launch("attn.cu", name, Dim3{X: rows, Y: (warps + 3) / 4}, Dim3{X: 128}, out, q, kcache, vcache, slot, pos, maxLen, heads, kv, hd, scale)
 }
 
@@ -422,6 +425,16 @@ func (o *Ops) decodeKernel(name string, heads, kv, hd int) (string, int) {
 		name += "_s"
 	}
 	return name, warps
+}
+
+// fastAligned refuses caches the decode_fast kernel name cannot read: its
+// rows are read 8 bytes a lane at head size 128, so a cache must start on
+// 8 bytes (a device allocation's start does).
+func fastAligned(name string, kcache, vcache Buffer) error {
+	if strings.HasPrefix(name, "attn_decode_fast") && (kcache.Ptr|vcache.Ptr)&7 != 0 {
+		return fmt.Errorf("cuda: %s: KV caches at %#x and %#x, not 8-byte aligned", name, kcache.Ptr, vcache.Ptr)
+	}
+	return nil
 }
 
 // fastDecode says whether attn.cu has decode_fast kernels for head size hd
@@ -512,6 +525,9 @@ func (o *Ops) AttnDecodeBF16Split(out16 bool, out, part, q, kcache, vcache, slot
 		return fmt.Errorf("cuda: AttnDecodeBF16Split: %d bytes of scratch for %d rows in %d splits, want %d", part.Size, rows, splits, need)
 	}
 	name, warps := o.decodeKernel("attn_decode_bf16_split", heads, kv, hd)
+	if err := fastAligned(name, kcache, vcache); err != nil {
+		return err
+	}
 	if err := o.Launch("attn.cu", name, Dim3{X: rows, Y: (warps + 3) / 4, Z: splits}, Dim3{X: 128},
 		part, q, kcache, vcache, slot, pos, maxLen, heads, kv, hd, scale); err != nil {
 		return err
