@@ -251,18 +251,6 @@ if [[ " $sections " == *" decode "* ]]; then
   echo "  keel qwen3-0.6b, KEEL_BLAS_TUNE=1, algorithms from the table: exit $?"
   decode_rows "$out/decode-keel-tuned2.json" || tail -2 "$out/decode-keel-tuned2.err"
   tune_table
-  # The decoding attention split to reach 8192 warps (4 runs a row at 256
-  # sequences, 16 at 64) against the default 2048 (unsplit at 256).
-  KEEL_DECODE_SPLIT_WARPS=8192 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
-    --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-splitwarps.json" 2> "$out/decode-keel-splitwarps.err"
-  echo "  keel qwen3-0.6b, KEEL_DECODE_SPLIT_WARPS=8192: exit $?"
-  decode_rows "$out/decode-keel-splitwarps.json" || tail -2 "$out/decode-keel-splitwarps.err"
-  # The MoE layers grouped on the host, a cuBLASLt product per expert and
-  # no graphs (the old path), against the grouped default above.
-  KEEL_MOE_GROUP=host timeout 150 $bin/keel bench --device cuda --presets qwen3-30b-a3b --layers 2 --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
-    --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-moehost.json" 2> "$out/decode-keel-moehost.err"
-  echo "  keel qwen3-30b-a3b (layers 2), KEEL_MOE_GROUP=host: exit $?"
-  decode_rows "$out/decode-keel-moehost.json" || tail -2 "$out/decode-keel-moehost.err"
   # The fast decoding attention (KEEL_DECODE_ATTN=fast: adjacent elements
   # a lane, four keys' scores summed together, a third of the
   # instructions a key) against the default, at 64 and 256 sequences and
@@ -276,6 +264,18 @@ if [[ " $sections " == *" decode "* ]]; then
     --no-rl --decode-precisions bf16 --decode-slots 64 --decode-new 1024 --peak-gbps $peakgb > "$out/decode-keel-long-fast.json" 2> "$out/decode-keel-long-fast.err"
   echo "  keel qwen3-0.6b, 32 + 1024 tokens, KEEL_DECODE_ATTN=fast: exit $?"
   decode_rows "$out/decode-keel-long-fast.json" || tail -2 "$out/decode-keel-long-fast.err"
+  # The decoding attention split to reach 8192 warps (4 runs a row at 256
+  # sequences, 16 at 64) against the default 2048 (unsplit at 256).
+  KEEL_DECODE_SPLIT_WARPS=8192 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+    --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-splitwarps.json" 2> "$out/decode-keel-splitwarps.err"
+  echo "  keel qwen3-0.6b, KEEL_DECODE_SPLIT_WARPS=8192: exit $?"
+  decode_rows "$out/decode-keel-splitwarps.json" || tail -2 "$out/decode-keel-splitwarps.err"
+  # The MoE layers grouped on the host, a cuBLASLt product per expert and
+  # no graphs (the old path), against the grouped default above.
+  KEEL_MOE_GROUP=host timeout 150 $bin/keel bench --device cuda --presets qwen3-30b-a3b --layers 2 --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+    --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-moehost.json" 2> "$out/decode-keel-moehost.err"
+  echo "  keel qwen3-30b-a3b (layers 2), KEEL_MOE_GROUP=host: exit $?"
+  decode_rows "$out/decode-keel-moehost.json" || tail -2 "$out/decode-keel-moehost.err"
   # The decoding attention a warp per query head (the old kernels) against
   # the grouped default (a warp per KV head), with graphs.
   KEEL_DECODE_ATTN=head timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
