@@ -610,11 +610,11 @@ func TestDeviceFlashAttention(t *testing.T) {
 		if ops.FlashBackwardSingle {
 			t.Fatal("KEEL_FLASH_BWD=single: the test compares the pipelined backward with the single-stage one")
 		}
-		for _, plainCopies := range []bool{false, true} {
-			single := narrow()
-			single.FlashBackwardSingle, single.FlashPlainCopies = true, plainCopies
+		// sameBackward runs o's backward and checks it against the default
+		// pipelined one's, bit for bit.
+		sameBackward := func(o *Ops, what string) {
 			sdq, sdk, sdv, sdsum := g.poisoned(T*qd), g.poisoned(T*kvd), g.poisoned(T*kvd), g.poisoned(T*c.heads)
-			if err := single.FlashAttentionBackward(bs, sdq, sdk, sdv, sdsum, bdo, bout, blse, bq, bk, bv, bst, ben, scale); err != nil {
+			if err := o.FlashAttentionBackward(bs, sdq, sdk, sdv, sdsum, bdo, bout, blse, bq, bk, bv, bst, ben, scale); err != nil {
 				t.Fatal(err)
 			}
 			if err := g.d.Sync(); err != nil {
@@ -625,8 +625,13 @@ func TestDeviceFlashAttention(t *testing.T) {
 				a, b Buffer
 				n    int
 			}{{"dsum", bdsum, sdsum, T * c.heads}, {"dq", bdq, sdq, T * qd}, {"dk", bdk, sdk, T * kvd}, {"dv (bf16)", bdv, sdv, (T*kvd + 1) / 2}} {
-				sameBits(t, fmt.Sprintf("%s %s, pipelined backward against one stage (plain copies %v)", name, x.what, plainCopies), g.f32(x.a, x.n), g.f32(x.b, x.n))
+				sameBits(t, fmt.Sprintf("%s %s, %s", name, x.what, what), g.f32(x.a, x.n), g.f32(x.b, x.n))
 			}
+		}
+		for _, plainCopies := range []bool{false, true} {
+			single := narrow()
+			single.FlashBackwardSingle, single.FlashPlainCopies = true, plainCopies
+			sameBackward(single, fmt.Sprintf("pipelined backward against one stage (plain copies %v)", plainCopies))
 		}
 		// The dK/dV pass with 32-query tiles (K from shared memory at head
 		// size 128), both copy paths: the same products in the same order,
@@ -638,20 +643,7 @@ func TestDeviceFlashAttention(t *testing.T) {
 				t.Logf("sm_%d: no room for the 32-query dK/dV pass's shared memory at head size %d (TestFlashSharedFallback checks the fallback)", g.d.Arch, c.hd)
 				break
 			}
-			wdq, wdk, wdv, wdsum := g.poisoned(T*qd), g.poisoned(T*kvd), g.poisoned(T*kvd), g.poisoned(T*c.heads)
-			if err := wkv.FlashAttentionBackward(bs, wdq, wdk, wdv, wdsum, bdo, bout, blse, bq, bk, bv, bst, ben, scale); err != nil {
-				t.Fatal(err)
-			}
-			if err := g.d.Sync(); err != nil {
-				t.Fatal(err)
-			}
-			for _, x := range []struct {
-				what string
-				a, b Buffer
-				n    int
-			}{{"dq", bdq, wdq, T * qd}, {"dk", bdk, wdk, T * kvd}, {"dv (bf16)", bdv, wdv, (T*kvd + 1) / 2}} {
-				sameBits(t, fmt.Sprintf("%s %s, dK/dV 32-query tiles against 16 (plain copies %v)", name, x.what, plainCopies), g.f32(x.a, x.n), g.f32(x.b, x.n))
-			}
+			sameBackward(wkv, fmt.Sprintf("dK/dV 32-query tiles against 16 (plain copies %v)", plainCopies))
 		}
 		// The wide forward (128 query rows a block, the next tile's copy
 		// in flight), both copy paths: the same bits as each other, and
