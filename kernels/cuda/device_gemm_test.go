@@ -261,7 +261,10 @@ func TestDeviceAttention(t *testing.T) {
 		// The training engine's tiled kernel (through Ops), against
 		// float64, and bit for bit against the per-row kernel and the
 		// rollout's decoding step over a KV cache holding the same rows.
+		// The grouped decoding kernels are the reference the fast ones
+		// (the default) are checked against below.
 		ops := NewOps(g.d)
+		ops.DecodeFast = false
 		if err := ops.Attention(bout, blse, bq, bk, bv, bst, T, c.heads, c.kv, c.hd, scale); err != nil {
 			t.Fatal(err)
 		}
@@ -325,7 +328,7 @@ func TestDeviceAttention(t *testing.T) {
 		// grouped kernels: the same bits, over both caches, and with the
 		// output rounded to bf16.
 		perHead := NewOps(g.d)
-		perHead.DecodePerHead = true
+		perHead.DecodePerHead, perHead.DecodeFast = true, false
 		ph, ph16, g16, p16 := g.poisoned(T*qd), g.poisoned(T*qd), g.poisoned(T*qd), g.poisoned(T*qd)
 		if err := perHead.AttnDecode(ph, bq, kcache, vcache, bslot, bpos, T, maxLen, c.heads, c.kv, c.hd, scale); err != nil {
 			t.Fatal(err)
@@ -355,7 +358,7 @@ func TestDeviceAttention(t *testing.T) {
 		want16 := g.f32(dec16, T*qd)
 		// decodeSplit runs o's bf16 decoding with each row's keys in
 		// splits runs, into float32 and into bf16, and checks it within tol
-		// of the unsplit default kernels, the padding row zeros, its bf16
+		// of the unsplit grouped kernels, the padding row zeros, its bf16
 		// output its float32 output rounded.
 		decodeSplit := func(o *Ops, splits int, tol float64, what string) {
 			part := g.poisoned(T * splits * c.heads * (c.hd + 2))
@@ -392,9 +395,9 @@ func TestDeviceAttention(t *testing.T) {
 		if splits := ops.DecodeSplits(T, c.heads, c.kv); splits < 1 || splits > 16 || T*splits*c.heads*(c.hd+2) > DecodeSplitFloats(T, c.heads, c.kv, c.hd) && splits > 1 {
 			t.Errorf("%s: %d splits for %d rows, scratch for %d floats", name, splits, T, DecodeSplitFloats(T, c.heads, c.kv, c.hd))
 		}
-		// The fast kernels (KEEL_DECODE_ATTN=fast, head sizes 32, 64 and
-		// 128), grouped and a warp per head: within float32 rounding of
-		// the default bf16 decoding (every row's prefix, 1 to 70 keys:
+		// The fast kernels (the default; head sizes 32, 64 and 128),
+		// grouped and a warp per head: within float32 rounding of the
+		// grouped kernels' bf16 decoding (every row's prefix, 1 to 70 keys:
 		// each tail of their four-key steps), split and not, their bf16
 		// output their float32 output rounded, a padding row zeros.
 		if c.hd == 32 || c.hd == 64 || c.hd == 128 {

@@ -50,9 +50,11 @@ type Ops struct {
 	// half the barriers and per-tile work a product and twice the
 	// independent score products, K's fragments read from shared memory
 	// at head size 128 (their registers go to the larger tile). The same
-	// bits. Off by default until a GPU has timed it; where its 109 KiB of
-	// shared memory at head size 128 do not fit a block (sm_86, sm_89),
-	// the 16-query kernel runs.
+	// bits. The default since an H200 timed it (2026-11-27,
+	// tools/gpu/NOTES.md): the backward 9% faster at 8 × 2048 tokens of the
+	// Qwen3-0.6B shape, 10% at 2 × 16384. KEEL_FLASH_DKV=narrow at NewOps
+	// turns it off; where its 109 KiB of shared memory at head size 128 do
+	// not fit a block (sm_86, sm_89), the 16-query kernel runs.
 	FlashDKVWide bool
 	// DecodePerHead runs the decoding step's attention a warp per query
 	// head (KEEL_DECODE_ATTN=head at NewOps), as before the grouped
@@ -61,11 +63,14 @@ type Ops struct {
 	DecodePerHead bool
 	// DecodeFast runs the reduced precisions' decoding attention over the
 	// bf16 cache with attn.cu's decode_fast kernels where it has them
-	// (fastDecode; KEEL_DECODE_ATTN=fast at NewOps): a third of the instructions a
-	// key (each lane's elements adjacent, four keys' scores summed over
-	// the warp together, the hardware's approximate exponential), within
-	// float32 rounding of the default kernels, not their bits. Off by
-	// default until a GPU has timed it.
+	// (fastDecode): a third of the instructions a key (each lane's
+	// elements adjacent, four keys' scores summed over the warp together,
+	// the hardware's approximate exponential), within float32 rounding of
+	// the grouped kernels, not their bits. The default since an H200 timed
+	// it (2026-11-27, tools/gpu/NOTES.md): Qwen3-0.6B-shaped decoding 24%
+	// faster at 64 sequences of 1,056 tokens, 9% at 256 of 128.
+	// KEEL_DECODE_ATTN=grouped (or head) at NewOps turns it off. The exact
+	// rollout's float32 cache never runs it.
 	DecodeFast bool
 	// DecodeNoSplit keeps each row's keys in one run in the reduced
 	// precisions' decoding attention (KEEL_DECODE_SPLIT=0 at NewOps), as
@@ -93,8 +98,9 @@ func NewOps(d *Device) *Ops {
 	return &Ops{Dev: d, fns: map[string]*Function{}, shared: map[*Function]int{},
 		FlashPlainCopies: os.Getenv("KEEL_FLASH_COPY") == "sync", FlashWide: os.Getenv("KEEL_FLASH_FWD") == "wide",
 		FlashWideQ:          os.Getenv("KEEL_FLASH_FWD") != "wide" && os.Getenv("KEEL_FLASH_FWD") != "narrow",
-		FlashBackwardSingle: os.Getenv("KEEL_FLASH_BWD") == "single", FlashDKVWide: os.Getenv("KEEL_FLASH_DKV") == "wide",
-		DecodePerHead: os.Getenv("KEEL_DECODE_ATTN") == "head", DecodeFast: os.Getenv("KEEL_DECODE_ATTN") == "fast",
+		FlashBackwardSingle: os.Getenv("KEEL_FLASH_BWD") == "single", FlashDKVWide: os.Getenv("KEEL_FLASH_DKV") != "narrow",
+		DecodePerHead: os.Getenv("KEEL_DECODE_ATTN") == "head",
+		DecodeFast:    os.Getenv("KEEL_DECODE_ATTN") != "head" && os.Getenv("KEEL_DECODE_ATTN") != "grouped",
 		DecodeNoSplit: os.Getenv("KEEL_DECODE_SPLIT") == "0", DrawNoSplit: os.Getenv("KEEL_DRAW_SPLIT") == "0"}
 }
 

@@ -352,14 +352,15 @@ func TestReducedPrecisionRollout(t *testing.T) {
 	for _, preset := range []string{"tiny-dense", "tiny-moe"} {
 		var bf16, fp8, fp4 float64
 		t.Run("bf16/"+preset, func(t *testing.T) { bf16 = reducedRollout(t, dev, testModel(t, preset), rollout.BF16, 5e-3) })
-		// The fast decoding attention (attn.cu's decode_fast), within the
-		// same bound: in the engine, through its graphs and splits.
-		t.Run("bf16-fast-attention/"+preset, func(t *testing.T) {
-			t.Setenv("KEEL_DECODE_ATTN", "fast")
+		// The grouped decoding attention (KEEL_DECODE_ATTN=grouped; the
+		// default is attn.cu's decode_fast), within the same bound: in the
+		// engine, through its graphs and splits.
+		t.Run("bf16-grouped-attention/"+preset, func(t *testing.T) {
+			t.Setenv("KEEL_DECODE_ATTN", "grouped")
 			// Other kernels, other roundings: the same mean would say the
-			// default kernels ran.
-			if fast := reducedRollout(t, dev, testModel(t, preset), rollout.BF16, 5e-3); fast == bf16 {
-				t.Errorf("mean |Δ| %.6g with the fast decoding attention, %.6g without: the same", fast, bf16)
+			// fast kernels ran.
+			if grouped := reducedRollout(t, dev, testModel(t, preset), rollout.BF16, 5e-3); grouped == bf16 {
+				t.Errorf("mean |Δ| %.6g with the grouped decoding attention, %.6g with the fast one: the same", grouped, bf16)
 			}
 		})
 		t.Run("fp8/"+preset, func(t *testing.T) { fp8 = reducedRollout(t, dev, testModel(t, preset), rollout.FP8, 3e-2) })

@@ -16,7 +16,7 @@
 #          2 x 16384, the MoE shape): keel (with flash.cu's three forwards,
 #          KEEL_FLASH_FWD=wideq (the default), narrow and wide, and on the first shape its one-stage
 #          backward, KEEL_FLASH_BWD=single, and on both 0.6B shapes its
-#          dK/dV pass with 32-query tiles, KEEL_FLASH_DKV=wide; on the MoE shape its experts
+#          dK/dV pass with 16-query tiles, KEEL_FLASH_DKV=narrow; on the MoE shape its experts
 #          grouped on the host, KEEL_MOE_GROUP=host; on the first shape its
 #          buffers allocated every step, KEEL_CUDA_POOL=0, the LM head's
 #          logits recomputed in the backward, KEEL_HEAD_KEEP=0, and cuBLASLt's
@@ -39,7 +39,8 @@
 #          attention split four times as far (KEEL_DECODE_SPLIT_WARPS=8192), the decoding
 #          attention a warp per query head (KEEL_DECODE_ATTN=head) and
 #          unsplit (KEEL_DECODE_SPLIT=0, 64 sequences of 1,056 tokens) against
-#          the defaults, and the fast decoding attention (KEEL_DECODE_ATTN=fast),
+#          the defaults, and the grouped decoding attention (KEEL_DECODE_ATTN=grouped,
+#          the default before the fast one),
 #          and transformers' generate beside them (about 3 minutes)
 #   fp8    the fp8 rollout's decode at 256 sequences with its products
 #          emulated on the bf16 GEMM and on cuBLASLt's float8 product
@@ -63,7 +64,7 @@
 #   rl     one RL step with both engines on the GPU, Qwen3-0.6B shape,
 #          32 prompts x 8 samples of up to 1024 tokens (bf16 training,
 #          bf16 rollout): where the step's time goes (issue 25's table);
-#          then with KEEL_DECODE_ATTN=fast KEEL_BLAS_TUNE=1
+#          then with KEEL_BLAS_TUNE=1, then with KEEL_DECODE_ATTN=grouped
 # Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [gemm] [flash] [decode] [fp8] [ncu] [sanitize] [fit] [learn] [rl]
 #        (none: tests e2e hf speed)
 set -uo pipefail
@@ -95,13 +96,19 @@ if [[ " $sections " == *" tests "* ]]; then
   echo "== keel device"
   timeout 60 $bin/keel device 2>&1 | tee "$out/device.txt"
   echo "== kernels against the CPU kernels (kernels/cuda)"
-  gotest kernels cuda.test 180 -test.run 'Device|Compiles|NoDriver'
+  # TestEveryKernelCompiles last: NVRTC 13 compiling every source for
+  # three targets took past the section's 100 s on an H200 (2026-11-27),
+  # and the engines' tests never ran; the device tests compile what they
+  # run for the card anyway.
+  gotest kernels cuda.test 180 -test.run 'Device|NoDriver'
   echo "== the CUDA training engine against the CPU engine (train/cuda)"
   gotest engine traincuda.test 180
   echo "== the CUDA rollout backend: exact against the GPU training engine, and against the CPU rollout (rollout/cuda)"
   gotest rollout rolloutcuda.test 120
   echo "== keel rl on the GPU: exact rollout = trainer on every token, resume bit for bit, resume on the CPU (cmd/keel)"
   gotest rlgpu keelcmd.test 120 -test.run 'OnGPU'
+  echo "== every embedded kernel source compiles with this machine's NVRTC (sm_80, sm_90, PTX)"
+  gotest compiles cuda.test 180 -test.run 'Compiles'
 fi
 
 if [[ " $sections " == *" e2e "* ]]; then
@@ -251,19 +258,20 @@ if [[ " $sections " == *" decode "* ]]; then
   echo "  keel qwen3-0.6b, KEEL_BLAS_TUNE=1, algorithms from the table: exit $?"
   decode_rows "$out/decode-keel-tuned2.json" || tail -2 "$out/decode-keel-tuned2.err"
   tune_table
-  # The fast decoding attention (KEEL_DECODE_ATTN=fast: adjacent elements
-  # a lane, four keys' scores summed together, a third of the
-  # instructions a key) against the default, at 64 and 256 sequences and
-  # at 64 sequences of 32 + 1,024 tokens, where the cache is most of a
-  # step's reads.
-  KEEL_DECODE_ATTN=fast timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
-    --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-fast.json" 2> "$out/decode-keel-fast.err"
-  echo "  keel qwen3-0.6b, KEEL_DECODE_ATTN=fast: exit $?"
-  decode_rows "$out/decode-keel-fast.json" || tail -2 "$out/decode-keel-fast.err"
-  KEEL_DECODE_ATTN=fast timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
-    --no-rl --decode-precisions bf16 --decode-slots 64 --decode-new 1024 --peak-gbps $peakgb > "$out/decode-keel-long-fast.json" 2> "$out/decode-keel-long-fast.err"
-  echo "  keel qwen3-0.6b, 32 + 1024 tokens, KEEL_DECODE_ATTN=fast: exit $?"
-  decode_rows "$out/decode-keel-long-fast.json" || tail -2 "$out/decode-keel-long-fast.err"
+  # The grouped decoding attention (KEEL_DECODE_ATTN=grouped, the default
+  # before 2026-11-27) against the fast one (the default: adjacent
+  # elements a lane, four keys' scores summed together, a third of the
+  # instructions a key), at 64 and 256 sequences and at 64 sequences of
+  # 32 + 1,024 tokens (beside the KEEL_DECODE_SPLIT rows below, which run
+  # the default), where the cache is most of a step's reads.
+  KEEL_DECODE_ATTN=grouped timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+    --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-grouped.json" 2> "$out/decode-keel-grouped.err"
+  echo "  keel qwen3-0.6b, KEEL_DECODE_ATTN=grouped: exit $?"
+  decode_rows "$out/decode-keel-grouped.json" || tail -2 "$out/decode-keel-grouped.err"
+  KEEL_DECODE_ATTN=grouped timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+    --no-rl --decode-precisions bf16 --decode-slots 64 --decode-new 1024 --peak-gbps $peakgb > "$out/decode-keel-long-grouped.json" 2> "$out/decode-keel-long-grouped.err"
+  echo "  keel qwen3-0.6b, 32 + 1024 tokens, KEEL_DECODE_ATTN=grouped: exit $?"
+  decode_rows "$out/decode-keel-long-grouped.json" || tail -2 "$out/decode-keel-long-grouped.err"
   # The decoding attention split to reach 8192 warps (4 runs a row at 256
   # sequences, 16 at 64) against the default 2048 (unsplit at 256).
   KEEL_DECODE_SPLIT_WARPS=8192 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
@@ -355,16 +363,16 @@ if [[ " $sections " == *" profile "* ]]; then
     # backward (KEEL_HEAD_KEEP=0) against kept from the forward.
     # On the first shape also cuBLASLt's plans with their candidates
     # timed (KEEL_BLAS_TUNE=1) against the heuristic's first.
-    # On the 0.6B shapes also the dK/dV pass's 32-query tiles
-    # (KEEL_FLASH_DKV=wide, backward "dkvw") against 16.
+    # On the 0.6B shapes also the dK/dV pass's 16-query tiles
+    # (KEEL_FLASH_DKV=narrow, backward "dkv16") against 32 (the default).
     variants="wideq/two/device/1/1/0 narrow/two/device/1/1/0 wide/two/device/1/1/0"
-    [ $1 = qwen3-0.6b ] && variants="$variants wideq/dkvw/device/1/1/0"
+    [ $1 = qwen3-0.6b ] && variants="$variants wideq/dkv16/device/1/1/0"
     [ $tag = qwen3-0.6b-8x2048 ] && variants="$variants wideq/single/device/1/1/0 wideq/two/device/0/1/0 wideq/two/device/1/0/0 wideq/two/device/1/1/1"
     [ $1 = qwen3-30b-a3b ] && variants="$variants wideq/two/host/1/1/0"
     for v in $variants; do
       IFS=/ read -r fwd bwd grp pool keep tune <<< "$v"
       vt=$fwd-$bwd-$grp-pool$pool-keep$keep-tune$tune
-      dkv=; [ $bwd = dkvw ] && dkv=wide  # the two-stage backward with the 32-query dK/dV pass
+      dkv=; [ $bwd = dkv16 ] && dkv=narrow  # the two-stage backward with the 16-query dK/dV pass
       KEEL_FLASH_FWD=$fwd KEEL_FLASH_BWD=$bwd KEEL_FLASH_DKV=$dkv KEEL_MOE_GROUP=$grp KEEL_CUDA_POOL=$pool KEEL_HEAD_KEEP=$keep KEEL_BLAS_TUNE=$tune timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-$vt.json" 2> "$out/bench-keel-$tag-$vt.err"
       echo "  keel $1 bf16, layers $2, $3 x $4 ${rc:-}, flash forward $fwd, backward $bwd stage(s), KEEL_MOE_GROUP=$grp, KEEL_CUDA_POOL=$pool, KEEL_HEAD_KEEP=$keep, KEEL_BLAS_TUNE=$tune: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-$vt.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-$vt.err")"
     done
@@ -518,11 +526,14 @@ if [[ " $sections " == *" rl "* ]]; then
   timeout 400 $bin/keel bench --device cuda --train-precision bf16 --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 \
     --quick --no-decode --rl-precision bf16 --rl-max-new 1024 > "$out/rl-step.txt" 2>&1 || status=1
   sed 's/^/  /' "$out/rl-step.txt" | tail -12
-  # Again with the fast decoding attention and cuBLASLt's tuned
-  # algorithms: a rollout of 1,024-token samples reads mostly its cache.
-  KEEL_DECODE_ATTN=fast KEEL_BLAS_TUNE=1 timeout 400 $bin/keel bench --device cuda --train-precision bf16 --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 \
-    --quick --no-decode --rl-precision bf16 --rl-max-new 1024 > "$out/rl-step-fast.txt" 2>&1
-  echo "  KEEL_DECODE_ATTN=fast KEEL_BLAS_TUNE=1: exit $?"
-  grep -A1 'RL step.*precision' "$out/rl-step-fast.txt" | sed 's/^/  /'
+  # Again with cuBLASLt's tuned algorithms, then with the grouped decoding
+  # attention (the default before the fast one): a rollout of 1,024-token
+  # samples reads mostly its cache.
+  for ab in KEEL_BLAS_TUNE=1 KEEL_DECODE_ATTN=grouped; do
+    env $ab timeout 400 $bin/keel bench --device cuda --train-precision bf16 --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 \
+      --quick --no-decode --rl-precision bf16 --rl-max-new 1024 > "$out/rl-step-${ab%%=*}.txt" 2>&1
+    echo "  $ab: exit $?"
+    grep -A1 'RL step.*precision' "$out/rl-step-${ab%%=*}.txt" | sed 's/^/  /'
+  done
 fi
 exit $status
