@@ -93,6 +93,71 @@ func BenchmarkDeviceGemm(b *testing.B) {
 	}
 }
 
+// BenchmarkDeviceExperts times the MoE experts' forward products
+// (gemm_bf16_grouped) of the Qwen3-30B-A3B shape, 128 experts of 768 on a
+// hidden size of 2048, 8 a token: over a decoding step's 256 tokens
+// (about 16 rows an expert) and a training micro-batch's 4,096 (about
+// 256), with the 32 × 32 warps and with the few-row warps. It reports
+// microseconds a call and GB/s of expert weights read; on a GPU only.
+//
+//	tools/gpu/bin/cuda.test -test.run '^$' -test.bench DeviceExperts
+func BenchmarkDeviceExperts(b *testing.B) {
+	d := benchDevice(b)
+	const E, k, H, I = 128, 8, 2048, 768
+	r := rand.New(rand.NewPCG(4, 4))
+	zeros := func(bytes int) Buffer { // the values do not matter for the time
+		buf, err := d.Alloc(int64(bytes))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := d.Zero(buf); err != nil {
+			b.Fatal(err)
+		}
+		return buf
+	}
+	for _, tokens := range []int{256, 4096} {
+		pairs := tokens * k
+		ids := make([]int32, pairs) // k distinct experts a token
+		for t := 0; t < tokens; t++ {
+			for s, e := range r.Perm(E)[:k] {
+				ids[t*k+s] = int32(e)
+			}
+		}
+		ops := NewOps(d)
+		gr := &MoEGroups{}
+		for _, s := range gr.Layout(pairs, E) {
+			*s.B = benchBuf(b, d, make([]int32, max(s.Words, 1)))
+		}
+		if err := ops.MoEGroup(gr, benchBuf(b, d, ids), pairs, k); err != nil {
+			b.Fatal(err)
+		}
+		for _, p := range []struct {
+			what string
+			N, K int
+		}{{"gate+up", 2 * I, H}, {"down", H, I}} {
+			w, x, y := zeros(E*p.N*p.K*2), zeros(pairs*p.K*2), zeros(pairs*p.N*4)
+			for _, few := range []int8{-1, 1} {
+				ops.groupedFew = few
+				warps := "32x32 warps"
+				if few > 0 {
+					warps = "few-row warps"
+				}
+				b.Run(fmt.Sprintf("%s %d tokens %s", p.what, tokens, warps), func(b *testing.B) {
+					timeDevice(b, d, func() error {
+						return ops.GemmGroupedBF16(gr, pairs, y, x, w, p.N, p.K, p.K, p.N, p.N*p.K, false)
+					})
+					per := b.Elapsed().Seconds() / float64(b.N)
+					b.ReportMetric(1e6*per, "us/call")
+					b.ReportMetric(float64(E*p.N*p.K*2)/per/1e9, "GB/s")
+				})
+			}
+			for _, buf := range []Buffer{w, x, y} {
+				d.Free(buf)
+			}
+		}
+	}
+}
+
 // BenchmarkDeviceDraw times a decoding step's draws at 256 rows of
 // Qwen3's 151,936-token vocabulary, from log-probabilities (draw_rows:
 // the exact rollout's) and from logits (draw_rows_raw: the reduced

@@ -162,9 +162,14 @@ func TestDeviceGemmGrouped(t *testing.T) {
 		x16, xr := roundOperand(x)
 		w16, wr := roundOperand(w)
 		bx16, bw16 := bufOf(g, x16), bufOf(g, w16)
+		// Both copy paths, and both warp layouts (32 x 32, and the
+		// few-row warps' 16-row slabs): the same bits.
 		var first []float32
-		for _, plain := range []bool{false, true} {
-			ops.FlashPlainCopies = plain
+		for _, v := range []struct {
+			plain bool
+			few   int8
+		}{{false, -1}, {true, -1}, {false, 1}, {true, 1}} {
+			ops.FlashPlainCopies, ops.groupedFew = v.plain, v.few
 			y16 := g.poisoned(R * ldc)
 			if err := ops.GemmGroupedBF16(gr, R, y16, bx16, bw16, N, K, K, ldc, stride, false); err != nil {
 				t.Fatal(err)
@@ -177,7 +182,7 @@ func TestDeviceGemmGrouped(t *testing.T) {
 				first = got
 			} else {
 				for i := 0; i < R; i++ {
-					sameBits(t, "gemm_bf16_grouped, plain copies against cp.async", got[i*ldc:i*ldc+N], first[i*ldc:i*ldc+N])
+					sameBits(t, fmt.Sprintf("gemm_bf16_grouped, plain copies %v, few-row warps %v, against cp.async and 32 x 32 warps", v.plain, v.few > 0), got[i*ldc:i*ldc+N], first[i*ldc:i*ldc+N])
 				}
 			}
 			for e := 0; e < E; e++ {
@@ -191,28 +196,34 @@ func TestDeviceGemmGrouped(t *testing.T) {
 				}
 			}
 		}
-		// With a bf16 output: the float32 output rounded, bit for bit, the
-		// columns past N and between rows untouched (NaN-filled).
-		c16 := make([]uint16, R*ldc)
-		for i := range c16 {
-			c16[i] = 0x7fc1
-		}
-		y16 := bufOf(g, c16)
-		if err := ops.GemmGroupedBF16To16(gr, R, y16, bx16, bw16, N, K, K, ldc, stride); err != nil {
-			t.Fatal(err)
-		}
-		if err := ops.GemmGroupedBF16To16(gr, R, y16, bx16, bw16, N, K, K, ldc, 0); err == nil {
-			t.Error("gemm_bf16_grouped_c16 with experts overlapping in their weights was accepted")
-		}
-		for i, h := range g.u16(y16, R*ldc) {
-			want := uint16(0x7fc1)
-			if i%ldc < N {
-				want = uint16(kernels.BF16FromFloat32(first[i]))
+		// With a bf16 output (both warp layouts): the float32 output
+		// rounded, bit for bit, the columns past N and between rows
+		// untouched (NaN-filled).
+		ops.FlashPlainCopies = false
+		for _, few := range []int8{-1, 1} {
+			ops.groupedFew = few
+			c16 := make([]uint16, R*ldc)
+			for i := range c16 {
+				c16[i] = 0x7fc1
 			}
-			if h != want {
-				t.Fatalf("gemm_bf16_grouped_c16 %v, element %d (row %d, column %d): %#04x, want %#04x", c, i, i/ldc, i%ldc, h, want)
+			y16 := bufOf(g, c16)
+			if err := ops.GemmGroupedBF16To16(gr, R, y16, bx16, bw16, N, K, K, ldc, stride); err != nil {
+				t.Fatal(err)
+			}
+			if err := ops.GemmGroupedBF16To16(gr, R, y16, bx16, bw16, N, K, K, ldc, 0); err == nil {
+				t.Error("gemm_bf16_grouped_c16 with experts overlapping in their weights was accepted")
+			}
+			for i, h := range g.u16(y16, R*ldc) {
+				want := uint16(0x7fc1)
+				if i%ldc < N {
+					want = uint16(kernels.BF16FromFloat32(first[i]))
+				}
+				if h != want {
+					t.Fatalf("gemm_bf16_grouped_c16 %v (few-row warps %v), element %d (row %d, column %d): %#04x, want %#04x", c, few > 0, i, i/ldc, i%ldc, h, want)
+				}
 			}
 		}
+		ops.groupedFew = 0
 		// Batch invariance: token 1's k pairs grouped alone.
 		one := ids[c.k : 2*c.k]
 		_, rowOne, _ := model.GroupByExpert(one, E, c.k)

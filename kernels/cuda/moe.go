@@ -158,9 +158,22 @@ func (o *Ops) GemmGroupedBF16(g *MoEGroups, pairs int, c, a16, w16 Buffer, N, K,
 	if err := errors.Join(groupedProduct(g, pairs, w16, N, K, wstride, 2), rowsFit("input", a16, pairs, K, lda, 2), rowsFit("output", c, pairs, N, ldc, 4)); err != nil {
 		return err
 	}
-	return o.Launch("gemm.cu", "gemm_bf16_grouped", Dim3{X: (N + 63) / 64, Y: groupTiles(pairs, g.Experts)}, Dim3{X: 128},
+	return o.Launch("gemm.cu", "gemm_bf16_grouped"+o.fewRows(pairs, g.Experts), Dim3{X: (N + 63) / 64, Y: groupTiles(pairs, g.Experts)}, Dim3{X: 128},
 		c, a16, w16, g.Off, g.Tiles, N, K, int64(lda), int64(ldc), int64(wstride), flag(acc),
 		vec16([]Buffer{a16, w16}, lda, K, wstride), o.flashAsync())
+}
+
+// fewRows is the suffix of the forward grouped products' kernels with
+// few-row warps ("_few": 64 x 16 a warp, 16-row slabs without a valid
+// row skipped) where the experts get fewer than 32 rows each on average,
+// as in a decoding step (256 rows x 8 of 128 experts: 16), and "" (32 x 32
+// a warp) otherwise: the same bits either way, so the choice is speed
+// only (o.groupedFew forces one in tests).
+func (o *Ops) fewRows(pairs, experts int) string {
+	if o.groupedFew > 0 || o.groupedFew == 0 && pairs < 32*experts {
+		return "_few"
+	}
+	return ""
 }
 
 // GemmGroupedBF16To16 is GemmGroupedBF16 with c16 in bf16 (written, not
@@ -170,7 +183,7 @@ func (o *Ops) GemmGroupedBF16To16(g *MoEGroups, pairs int, c16, a16, w16 Buffer,
 	if err := errors.Join(groupedProduct(g, pairs, w16, N, K, wstride, 2), rowsFit("input", a16, pairs, K, lda, 2), rowsFit("output", c16, pairs, N, ldc, 2)); err != nil {
 		return err
 	}
-	return o.Launch("gemm.cu", "gemm_bf16_grouped_c16", Dim3{X: (N + 63) / 64, Y: groupTiles(pairs, g.Experts)}, Dim3{X: 128},
+	return o.Launch("gemm.cu", "gemm_bf16_grouped_c16"+o.fewRows(pairs, g.Experts), Dim3{X: (N + 63) / 64, Y: groupTiles(pairs, g.Experts)}, Dim3{X: 128},
 		c16, a16, w16, g.Off, g.Tiles, N, K, int64(lda), int64(ldc), int64(wstride),
 		vec16([]Buffer{a16, w16}, lda, K, wstride), o.flashAsync())
 }

@@ -46,7 +46,7 @@ type Ops struct {
 	// products, dynamic shared memory, the same bits).
 	FlashBackwardSingle bool
 	// FlashDKVWide runs flash.cu's pipelined dK/dV pass with 32-query
-	// tiles (flash_bwd_dkv_w, KEEL_FLASH_DKV=wide at NewOps) instead of 16:
+	// tiles (flash_bwd_dkv_w) instead of 16:
 	// half the barriers and per-tile work a product and twice the
 	// independent score products, K's fragments read from shared memory
 	// at head size 128 (their registers go to the larger tile). The same
@@ -81,7 +81,8 @@ type Ops struct {
 	// scratch.
 	DrawNoSplit bool
 
-	drawChunk int // the split draw's chunk (0: DrawChunkTokens; tests set less)
+	drawChunk  int  // the split draw's chunk (0: DrawChunkTokens; tests set less)
+	groupedFew int8 // the forward grouped products' warps: 0 by rows (fewRows), 1 few-row, -1 32 x 32 (tests)
 
 	mu     sync.Mutex
 	fns    map[string]*Function

@@ -45,6 +45,9 @@
 #   fp8    the fp8 rollout's decode at 256 sequences with its products
 #          emulated on the bf16 GEMM and on cuBLASLt's float8 product
 #          (KEEL_FP8_GEMM=1), and TestDeviceFP8 under the latter
+#   nsys   Nsight Systems on a bf16 decode at 256 sequences with graphs
+#          on: each kernel's device time and the device's idle gaps (under
+#          3 minutes)
 #   ncu    Nsight Compute on one launch of each hot kernel configuration
 #          (flash.cu narrow, wide and wideq, the LM head's row kernels, AdamW, the
 #          grouped expert products and MoE grouping, the decoding step's
@@ -65,7 +68,7 @@
 #          32 prompts x 8 samples of up to 1024 tokens (bf16 training,
 #          bf16 rollout): where the step's time goes (issue 25's table);
 #          then with KEEL_BLAS_TUNE=1, then with KEEL_DECODE_ATTN=grouped
-# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [gemm] [flash] [decode] [fp8] [ncu] [sanitize] [fit] [learn] [rl]
+# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [gemm] [flash] [decode] [fp8] [nsys] [ncu] [sanitize] [fit] [learn] [rl]
 #        (none: tests e2e hf speed)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -217,10 +220,14 @@ PY
 
 if [[ " $sections " == *" gemm "* ]]; then
   echo "== products on this card: keel's batch-invariant fp32 GEMM (exact rollout, fp32 training) and cuBLASLt bf16, Qwen3-0.6B layer shapes"
-  timeout 120 $bin/cuda.test -test.run '^$' -test.bench DeviceGemm -test.benchtime 20x > "$out/gemm.log" 2>&1
+  timeout 120 $bin/cuda.test -test.run '^$' -test.bench 'DeviceGemm$' -test.benchtime 20x > "$out/gemm.log" 2>&1
   echo "  exit $?"
   grep -E 'GFLOP/s' "$out/gemm.log" | awk '{print "    " $1 " " $(NF-1) " GFLOP/s"}'
   tune_table
+  echo "== the MoE experts' forward products, 30B-A3B shape, a decoding step's 256 tokens and a training micro-batch's 4,096: 32 x 32 warps against the few-row warps (BenchmarkDeviceExperts)"
+  timeout 60 $bin/cuda.test -test.run '^$' -test.bench DeviceExperts -test.benchtime 20x > "$out/experts.log" 2>&1
+  echo "  exit $?"
+  grep -E 'us/call' "$out/experts.log" | awk '{print "    " $1 " " $(NF-1) " us/call " $(NF-3) " GB/s"}'
   echo "== a decoding step's draws on this card, 256 rows of 151,936 tokens: full, top-k, top-p, top-p + 20 top log-probs (BenchmarkDeviceDraw)"
   timeout 60 $bin/cuda.test -test.run '^$' -test.bench DeviceDraw -test.benchtime 20x > "$out/draw.log" 2>&1
   echo "  exit $?"
@@ -398,8 +405,58 @@ fi
 nvtool() {
   command -v "$1" 2>/dev/null && return
   ls -d /usr/local/cuda/bin/"$1" /usr/local/cuda*/bin/"$1" /opt/nvidia/nsight-compute/*/"$1" \
-    /usr/local/cuda*/compute-sanitizer/"$1" 2>/dev/null | sort -V | tail -1
+    /opt/nvidia/nsight-systems/*/bin/"$1" /usr/local/cuda*/compute-sanitizer/"$1" 2>/dev/null | sort -V | tail -1
 }
+
+if [[ " $sections " == *" nsys "* ]]; then
+  # KEEL_CUDA_PROFILE times each launch with events and turns the graphs
+  # off, which is not the step a rollout runs: Nsight Systems reads the
+  # device's own timestamps of every kernel, graph nodes included. Its
+  # summary says how a 256-sequence bf16 decoding step's time divides
+  # between kernels and the device's idle gaps (the host's share).
+  echo "== Nsight Systems: a bf16 decode of 256 sequences, Qwen3-0.6B shape, graphs on: each kernel's device time, and the device's busy share"
+  nsys=$(nvtool nsys)
+  if [ -z "$nsys" ]; then
+    echo "  no nsys found"
+  else
+    timeout 150 "$nsys" profile --trace=cuda --cuda-graph-trace=node --force-overwrite=true -o "$out/nsys-decode" \
+      $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+      --no-rl --decode-precisions bf16 --decode-slots 256 --peak-gbps $peakgb > "$out/nsys-decode.log" 2>&1
+    echo "  exit $?"
+    timeout 120 "$nsys" stats --force-export=true --report cuda_gpu_trace --format csv --output "$out/nsys" \
+      "$out/nsys-decode.nsys-rep" > "$out/nsys-stats.log" 2>&1
+    echo "  stats exit $?"
+    python3 - "$out" <<'PY'
+import collections, csv, glob, sys
+files = glob.glob(sys.argv[1] + "/nsys*gpu_trace*.csv")
+if not files:
+    print("  no trace csv"); sys.exit(0)
+rows = list(csv.DictReader(open(files[0])))
+col = lambda key: next((k for k in rows[0] if key in k), None) if rows else None
+start, dur, name = col("Start"), col("Duration"), col("Name")
+if not (start and dur and name):
+    print("  columns:", list(rows[0]) if rows else "none"); sys.exit(0)
+spans = sorted((int(float(r[start])), int(float(r[dur])), r[name]) for r in rows if "memcpy" not in r[name].lower() and "memset" not in r[name].lower())
+if not spans:
+    print("  no kernels"); sys.exit(0)
+busy, end, gaps = 0, spans[0][0], collections.Counter()
+per = collections.defaultdict(lambda: [0, 0])
+for s, d, n in spans:
+    if s > end:
+        g = s - end
+        gaps["under 2 us" if g < 2000 else "2-10 us" if g < 10000 else "10-100 us" if g < 100000 else "over 100 us"] += g
+    busy += max(0, s + d - max(s, end))
+    end = max(end, s + d)
+    per[n[:60]][0] += d
+    per[n[:60]][1] += 1
+span = end - spans[0][0]
+print("  %d kernels over %.1f ms: kernels running %.1f ms (%.0f%%); gaps without a kernel (copies included): %s" % (len(spans), span / 1e6, busy / 1e6, 100 * busy / span,
+      ", ".join("%s %.1f ms" % (k, v / 1e6) for k, v in sorted(gaps.items()))))
+for n, (d, c) in sorted(per.items(), key=lambda x: -x[1][0])[:25]:
+    print("    %-60s %6d calls %9.2f ms %8.1f us mean %5.1f%%" % (n, c, d / 1e6, d / 1e3 / c, 100 * d / busy))
+PY
+  fi
+fi
 
 if [[ " $sections " == *" ncu "* ]]; then
   echo "== Nsight Compute: one launch of each hot kernel configuration (speed of light, pipes, shared memory, warp stalls)"

@@ -25,6 +25,6 @@ for spec in "$@"; do
   # check.sh's own timeouts start process groups of their own: end them too.
   pkill -KILL -f 'tools/gpu/(bin/|[a-z_]+\.py)' 2>/dev/null
   echo "== section $section took $(( $(date +%s) - start )) s (limit $limit s)"
-  tar czf "$dest/logs.tgz" -C "$OUT" --exclude=./cache --exclude='*.safetensors' . 2>/dev/null
+  tar czf "$dest/logs.tgz" -C "$OUT" --exclude=./cache --exclude='*.safetensors' --exclude='*.nsys-rep' --exclude='*.sqlite' . 2>/dev/null
 done
 exit $rc

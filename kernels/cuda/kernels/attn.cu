@@ -586,7 +586,7 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_ou
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_out16_g8_s(DECODE_PARAMS(bf16_t, bf16_t)) { DECODE_BODY(bf16_t, bf16_t, 8, 4) }
 
 // The reduced precisions' fast decoding attention over the bf16 cache
-// (Ops.DecodeFast, KEEL_DECODE_ATTN=fast): decode_group's warp per step
+// (Ops.DecodeFast, the default): decode_group's warp per step
 // row and KV head for its G query heads, for head sizes 32, 64 and 128
 // known at compile time, with a third of its instructions a key.
 // decode_group (attend_key's arithmetic, bit for bit the training

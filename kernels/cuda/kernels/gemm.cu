@@ -221,12 +221,13 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemm_f32_grouped_dw(
 #define GB_BK 32
 #define GB_P 20  // words of a shared tile row: 32 bf16 and 8 of padding (no bank conflicts)
 
-// gb_copy copies the stage of rows 0..63 (row r valid below n) and k
-// k0..k0+31 (valid below K) of a k-contiguous operand, zeros outside, into
-// dst: row r's k pairs at words r*GB_P... (cp.async where async and vec).
+// gb_copy copies the stage of rows 0..rows-1 (at most 64; row r valid
+// below n) and k k0..k0+31 (valid below K) of a k-contiguous operand,
+// zeros outside, into dst: row r's k pairs at words r*GB_P... (cp.async
+// where async and vec).
 __device__ __forceinline__ void gb_copy(u32* dst, const bf16_t* __restrict__ src, i64 ld, int n, int k0, int K, int vec,
-                                        int async) {
-  for (int x = threadIdx.x; x < 64 * (GB_BK / 8); x += blockDim.x) {
+                                        int async, int rows = 64) {
+  for (int x = threadIdx.x; x < rows * (GB_BK / 8); x += blockDim.x) {
     const int r = x / (GB_BK / 8), c = x % (GB_BK / 8), k = k0 + 8 * c;
     u32* d = dst + r * GB_P + 4 * c;
     if (vec && r < n && k + 8 <= K) {
@@ -296,20 +297,29 @@ __device__ __forceinline__ int gb_col(int wn, int j, int t, int q) { return wn +
 // gb_tile is one block's 64 x 64 tile of C (M x N valid) over k = 0..K-1:
 // A(m, k) and B(n, k) from the tile's origin, each k-contiguous or
 // transposed (AT, BT); C float32, or bf16 (each float32 sum rounded once;
-// acc 0).
-template <bool AT, bool BT, typename O = float>
+// acc 0). The four warps take 32 x 32 each, or with FEW (a k-contiguous
+// A only) 64 x 16 each, in 16-row slabs of which only those holding a
+// valid row are staged and multiplied: a decoding step's experts get
+// about 16 rows each (256 rows x 8 of 128 experts), for which the 32 x 32
+// warps did four times the tensor work, half of the warps on rows that
+// do not exist. Each output is the same mma.m16n8k16 over the same k
+// steps either way: the same bits.
+template <bool AT, bool BT, typename O = float, bool FEW = false>
 __device__ __forceinline__ void gb_tile(O* __restrict__ C, i64 ldc, const bf16_t* __restrict__ A, i64 lda,
                                         const bf16_t* __restrict__ B, i64 ldb, int M, int N, int K, int acc, int vec,
                                         int async) {
+  static_assert(!(FEW && AT), "the few-row tiles stage A k-contiguous");
+  constexpr int MI = FEW ? 4 : 2, NJ = FEW ? 2 : 4;  // the warp's m16 and n8 tiles
   __shared__ __align__(16) u32 As[2][64 * GB_P];
   __shared__ __align__(16) u32 Bs[2][64 * GB_P];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;  // the warp's 32 x 32 of the tile
-  float d[2][4][4];
+  const int wm = FEW ? 0 : (warp >> 1) * 32, wn = FEW ? warp * 16 : (warp & 1) * 32;
+  const int slabs = FEW ? (M + 15) / 16 : MI;  // the warp's m16 tiles holding a valid row (M >= 1)
+  float d[MI][NJ][4];
 #pragma unroll
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < MI; i++)
 #pragma unroll
-    for (int j = 0; j < 4; j++)
+    for (int j = 0; j < NJ; j++)
 #pragma unroll
       for (int q = 0; q < 4; q++) d[i][j][q] = 0.f;
   const int nk = (K + GB_BK - 1) / GB_BK;
@@ -321,7 +331,7 @@ __device__ __forceinline__ void gb_tile(O* __restrict__ C, i64 ldc, const bf16_t
     if constexpr (AT) {
       gb_load(ra, A + (i64)k0 * lda, lda, M, K - k0, vec);
     } else {
-      gb_copy(As[s], A, lda, M, k0, K, vec, async);
+      gb_copy(As[s], A, lda, M, k0, K, vec, async, FEW ? 16 * slabs : 64);
     }
     if constexpr (BT) {
       gb_load(rb, B + (i64)k0 * ldb, ldb, N, K - k0, vec);
@@ -352,11 +362,12 @@ __device__ __forceinline__ void gb_tile(O* __restrict__ C, i64 ldc, const bf16_t
     // KEEL_CUDA_EMU_MMA=1): each lane's outputs summed from shared memory,
     // k in order.
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < MI; i++)
 #pragma unroll
-      for (int j = 0; j < 4; j++)
+      for (int j = 0; j < NJ; j++)
 #pragma unroll
         for (int q = 0; q < 4; q++) {
+          if (i >= slabs) continue;
           const u32* ar = as + gb_row(wm, i, g, q) * GB_P;
           const u32* br = bs + gb_col(wn, j, t, q) * GB_P;
           float acc_k = d[i][j][q];
@@ -373,18 +384,21 @@ __device__ __forceinline__ void gb_tile(O* __restrict__ C, i64 ldc, const bf16_t
     const Frags fa = frags(as + wm * GB_P, lane_a(lane, GB_P)), fb = frags(bs + wn * GB_P, lane_b2n(lane, GB_P));
 #pragma unroll
     for (int ks = 0; ks < GB_BK / 16; ks++) {
-      u32 af[2][4], bq[2][4];
+      u32 af[MI][4], bq[NJ / 2][4];
 #pragma unroll
-      for (int i = 0; i < 2; i++) ldsm4(af[i], fa, 16 * i * GB_P + ks * 8);
+      for (int i = 0; i < MI; i++)
+        if (i < slabs) ldsm4(af[i], fa, 16 * i * GB_P + ks * 8);  // slabs: uniform over the block
 #pragma unroll
-      for (int jj = 0; jj < 2; jj++) ldsm4(bq[jj], fb, 16 * jj * GB_P + ks * 8);
+      for (int jj = 0; jj < NJ / 2; jj++) ldsm4(bq[jj], fb, 16 * jj * GB_P + ks * 8);
 #pragma unroll
-      for (int i = 0; i < 2; i++)
+      for (int i = 0; i < MI; i++) {
+        if (i >= slabs) continue;
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
+        for (int j = 0; j < NJ; j++) {
           const u32 b[2] = {bq[j >> 1][2 * (j & 1)], bq[j >> 1][2 * (j & 1) + 1]};
           mma16816(d[i][j], af[i], b);
         }
+      }
     }
 #endif
     // The next stage was last read before the previous iteration's final
@@ -393,9 +407,9 @@ __device__ __forceinline__ void gb_tile(O* __restrict__ C, i64 ldc, const bf16_t
     __syncthreads();
   }
 #pragma unroll
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < MI; i++)
 #pragma unroll
-    for (int j = 0; j < 4; j++)
+    for (int j = 0; j < NJ; j++)
 #pragma unroll
       for (int q = 0; q < 4; q++) {
         const int m = gb_row(wm, i, g, q), n = gb_col(wn, j, t, q);
@@ -409,17 +423,37 @@ __device__ __forceinline__ void gb_tile(O* __restrict__ C, i64 ldc, const bf16_t
       }
 }
 
+// grouped_fwd is the forward grouped products' block: columns
+// 64·blockIdx.x.. of the rows of tile map entry blockIdx.y (an expert and
+// its tile of MOE_TILE rows; -1: none).
+template <typename O, bool FEW>
+__device__ __forceinline__ void grouped_fwd(O* __restrict__ C, const bf16_t* __restrict__ A,
+                                            const bf16_t* __restrict__ B, const int* __restrict__ off,
+                                            const int* __restrict__ tiles, int N, int K, i64 lda, i64 ldc, i64 wstride,
+                                            int acc, int vec, int async) {
+  const int e = tiles[2 * blockIdx.y];
+  if (e < 0) return;
+  const int r0 = off[e] + tiles[2 * blockIdx.y + 1] * MOE_TILE, n0 = blockIdx.x * 64;
+  gb_tile<false, false, O, FEW>(C + r0 * ldc + n0, ldc, A + r0 * lda, lda, B + e * wstride + (i64)n0 * K, K,
+                                min(MOE_TILE, off[e + 1] - r0), min(64, N - n0), K, acc, vec, async);
+}
+
 // gemm_bf16_grouped: the forward, C[r, n] (+)= sum_k A[r*lda + k] W_e[n*K + k]
 // for every grouped row r of expert e (the bf16 rollout's and the bf16
 // mode's expert products). grid = (ceil(N/64), ceil(R/64) + E).
 extern "C" __global__ void __launch_bounds__(128) gemm_bf16_grouped(
     float* __restrict__ C, const bf16_t* __restrict__ A, const bf16_t* __restrict__ B, const int* __restrict__ off,
     const int* __restrict__ tiles, int N, int K, i64 lda, i64 ldc, i64 wstride, int acc, int vec, int async) {
-  const int e = tiles[2 * blockIdx.y];
-  if (e < 0) return;
-  const int r0 = off[e] + tiles[2 * blockIdx.y + 1] * MOE_TILE, n0 = blockIdx.x * 64;
-  gb_tile<false, false>(C + r0 * ldc + n0, ldc, A + r0 * lda, lda, B + e * wstride + (i64)n0 * K, K,
-                        min(MOE_TILE, off[e + 1] - r0), min(64, N - n0), K, acc, vec, async);
+  grouped_fwd<float, false>(C, A, B, off, tiles, N, K, lda, ldc, wstride, acc, vec, async);
+}
+
+// gemm_bf16_grouped_few is gemm_bf16_grouped with gb_tile's few-row
+// warps (64 x 16 each, empty 16-row slabs skipped): the same bits, for
+// products whose experts get few rows each (a decoding step's).
+extern "C" __global__ void __launch_bounds__(128) gemm_bf16_grouped_few(
+    float* __restrict__ C, const bf16_t* __restrict__ A, const bf16_t* __restrict__ B, const int* __restrict__ off,
+    const int* __restrict__ tiles, int N, int K, i64 lda, i64 ldc, i64 wstride, int acc, int vec, int async) {
+  grouped_fwd<float, true>(C, A, B, off, tiles, N, K, lda, ldc, wstride, acc, vec, async);
 }
 
 // gemm_bf16_grouped_c16 is gemm_bf16_grouped with C in bf16 (acc 0): the
@@ -429,11 +463,15 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16_grouped(
 extern "C" __global__ void __launch_bounds__(128) gemm_bf16_grouped_c16(
     bf16_t* __restrict__ C, const bf16_t* __restrict__ A, const bf16_t* __restrict__ B, const int* __restrict__ off,
     const int* __restrict__ tiles, int N, int K, i64 lda, i64 ldc, i64 wstride, int vec, int async) {
-  const int e = tiles[2 * blockIdx.y];
-  if (e < 0) return;
-  const int r0 = off[e] + tiles[2 * blockIdx.y + 1] * MOE_TILE, n0 = blockIdx.x * 64;
-  gb_tile<false, false>(C + r0 * ldc + n0, ldc, A + r0 * lda, lda, B + e * wstride + (i64)n0 * K, K,
-                        min(MOE_TILE, off[e + 1] - r0), min(64, N - n0), K, 0, vec, async);
+  grouped_fwd<bf16_t, false>(C, A, B, off, tiles, N, K, lda, ldc, wstride, 0, vec, async);
+}
+
+// gemm_bf16_grouped_c16_few is gemm_bf16_grouped_c16 with the few-row
+// warps (gemm_bf16_grouped_few): the same bits.
+extern "C" __global__ void __launch_bounds__(128) gemm_bf16_grouped_c16_few(
+    bf16_t* __restrict__ C, const bf16_t* __restrict__ A, const bf16_t* __restrict__ B, const int* __restrict__ off,
+    const int* __restrict__ tiles, int N, int K, i64 lda, i64 ldc, i64 wstride, int vec, int async) {
+  grouped_fwd<bf16_t, true>(C, A, B, off, tiles, N, K, lda, ldc, wstride, 0, vec, async);
 }
 
 // gemm_bf16_grouped_dx: the input's gradient, C[r, j] (+)= sum_n
