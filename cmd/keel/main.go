@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"sort"
+
+	"github.com/keel-rl/keel/kernels/cuda"
 )
 
 // command is one keel subcommand. run receives the arguments after the
@@ -42,6 +44,9 @@ func main() {
 		}
 		return
 	}
+	// A kernel source's first use on a machine compiles it, which can take
+	// a while: say so rather than look hung.
+	cuda.CompileNotice = os.Stderr
 	c, ok := commands[os.Args[1]]
 	if !ok {
 		fmt.Fprintf(os.Stderr, "keel: unknown command %q\n\n", os.Args[1])

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -90,11 +91,12 @@ func TestCacheRoundTripAndDamage(t *testing.T) {
 }
 
 // TestCacheBuild compiles through the cache: the first build compiles and
-// stores, the second is a hit with the same bytes, and another compiler
-// version misses.
+// stores (and says so on Notice), the second is a hit with the same bytes
+// (and says nothing), and another compiler version misses.
 func TestCacheBuild(t *testing.T) {
 	n := nvrtcForTest(t)
-	c := &Cache{Dir: t.TempDir()}
+	var notice bytes.Buffer
+	c := &Cache{Dir: t.TempDir(), Notice: &notice}
 	src, err := Source("optim.cu")
 	if err != nil {
 		t.Fatal(err)
@@ -104,9 +106,15 @@ func TestCacheBuild(t *testing.T) {
 	if err != nil || hit {
 		t.Fatalf("first build: hit %v, %v", hit, err)
 	}
+	if got := notice.String(); !strings.HasPrefix(got, "keel: compiling optim.cu for ") || strings.Count(got, "\n") != 1 {
+		t.Errorf("the first build's notice: %q", got)
+	}
 	img2, hit, err := c.Build(n, k)
 	if err != nil || !hit || string(img1) != string(img2) {
 		t.Fatalf("second build: hit %v, same %v, %v", hit, string(img1) == string(img2), err)
+	}
+	if strings.Count(notice.String(), "\n") != 1 {
+		t.Errorf("a cache hit gave a notice: %q", notice.String())
 	}
 	ents, _ := os.ReadDir(c.Dir)
 	if len(ents) != 1 || !strings.HasSuffix(ents[0].Name(), ".cubin") {

@@ -115,7 +115,7 @@ func Open(ordinal int) (*Device, error) {
 		return nil, err
 	}
 	if dir, err := DefaultCacheDir(); err == nil {
-		d.cache = &Cache{Dir: dir}
+		d.cache = &Cache{Dir: dir, Notice: CompileNotice}
 	}
 	return d, nil
 }
