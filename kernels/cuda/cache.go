@@ -28,10 +28,11 @@ type Cache struct {
 
 // CompileNotice is the Notice of the caches Open gives devices: the keel
 // command sets it to its standard error. A source's first use on a
-// machine compiles it, and NVRTC 13 took tens of seconds for keel's
-// sources on an H200 (a training engine test's first run 39.8 s with an
-// empty cache, 3.5 s with a full one): a wait a user should not take for
-// a hang.
+// machine compiles it, and with NVRTC 13 on an H200 that took tens of
+// seconds for the sources the training engine uses (its test against the
+// CPU engine: 39.8 s with an empty cache; 3.5 s in an earlier session's
+// run, whose cache the kernel tests had filled): a wait a user should not
+// take for a hang.
 var CompileNotice io.Writer
 
 // DefaultCacheDir is KEEL_CACHE_DIR/cuda when that is set, else the
