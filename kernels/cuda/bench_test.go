@@ -98,20 +98,32 @@ func BenchmarkDeviceGemm(b *testing.B) {
 // hidden size of 2048, 8 a token: over a decoding step's 256 tokens
 // (about 16 rows an expert) and a training micro-batch's 4,096 (about
 // 256), with the 32 × 32 warps and with the few-row warps. It reports
-// microseconds a call and GB/s of expert weights read; on a GPU only.
+// microseconds a call and the experts' weight bytes over that time
+// ("weight GB/s": each expert's weights are read once per 64-row tile of
+// its rows, once at 256 tokens, about 4 times at 4,096); on a GPU only.
 //
 //	tools/gpu/bin/cuda.test -test.run '^$' -test.bench DeviceExperts
 func BenchmarkDeviceExperts(b *testing.B) {
 	d := benchDevice(b)
 	const E, k, H, I = 128, 8, 2048, 768
 	r := rand.New(rand.NewPCG(4, 4))
-	zeros := func(bytes int) Buffer { // the values do not matter for the time
-		buf, err := d.Alloc(int64(bytes))
+	// random fills n bf16 values with a repeated 8 MiB pattern of random
+	// ones (the tensor cores' power, and so their clock, depends on the
+	// data: zeros would flatter them).
+	pattern := make([]uint16, 1<<22)
+	for i := range pattern {
+		pattern[i] = uint16(kernels.BF16FromFloat32(float32(r.NormFloat64())))
+	}
+	random := func(n int) Buffer {
+		n += n & 1 // whole words
+		buf, err := d.Alloc(int64(2 * n))
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := d.Zero(buf); err != nil {
-			b.Fatal(err)
+		for at := 0; at < n; at += len(pattern) {
+			if err := Upload(d, buf.Floats(at/2, min(len(pattern), n-at)/2), pattern[:min(len(pattern), n-at)]); err != nil {
+				b.Fatal(err)
+			}
 		}
 		return buf
 	}
@@ -125,17 +137,23 @@ func BenchmarkDeviceExperts(b *testing.B) {
 		}
 		ops := NewOps(d)
 		gr := &MoEGroups{}
-		for _, s := range gr.Layout(pairs, E) {
+		spans := gr.Layout(pairs, E)
+		for _, s := range spans {
 			*s.B = benchBuf(b, d, make([]int32, max(s.Words, 1)))
 		}
-		if err := ops.MoEGroup(gr, benchBuf(b, d, ids), pairs, k); err != nil {
+		bids := benchBuf(b, d, ids)
+		if err := ops.MoEGroup(gr, bids, pairs, k); err != nil {
 			b.Fatal(err)
 		}
 		for _, p := range []struct {
 			what string
 			N, K int
 		}{{"gate+up", 2 * I, H}, {"down", H, I}} {
-			w, x, y := zeros(E*p.N*p.K*2), zeros(pairs*p.K*2), zeros(pairs*p.N*4)
+			w, x := random(E*p.N*p.K), random(pairs*p.K)
+			y, err := d.Alloc(int64(pairs * p.N * 4))
+			if err != nil {
+				b.Fatal(err)
+			}
 			for _, few := range []int8{-1, 1} {
 				ops.groupedFew = few
 				warps := "32x32 warps"
@@ -148,12 +166,16 @@ func BenchmarkDeviceExperts(b *testing.B) {
 					})
 					per := b.Elapsed().Seconds() / float64(b.N)
 					b.ReportMetric(1e6*per, "us/call")
-					b.ReportMetric(float64(E*p.N*p.K*2)/per/1e9, "GB/s")
+					b.ReportMetric(float64(E*p.N*p.K*2)/per/1e9, "weight_GB/s")
 				})
 			}
 			for _, buf := range []Buffer{w, x, y} {
 				d.Free(buf)
 			}
+		}
+		d.Free(bids)
+		for _, s := range spans {
+			d.Free(*s.B)
 		}
 	}
 }

@@ -1452,7 +1452,7 @@ func TestFlashSharedFallback(t *testing.T) {
 	wq := NewOps(g.d)
 	wq.FlashWide, wq.FlashWideQ, wq.FlashDKVWide = false, true, true // the 32-query dK/dV pass's 109 KiB do not fit either
 	narrow := NewOps(g.d)
-	narrow.FlashWide, narrow.FlashWideQ = false, false
+	narrow.FlashWide, narrow.FlashWideQ, narrow.FlashDKVWide = false, false, false
 	got, want := run(wq), run(narrow)
 	for i, n := range []int{(T*qd + 1) / 2, T * heads, T * qd, T * kvd, (T*kvd + 1) / 2} {
 		sameBits(t, fmt.Sprintf("output %d, Q in shared memory asked for on sm_86", i), g.f32(got[i], n), g.f32(want[i], n))

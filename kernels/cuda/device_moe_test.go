@@ -128,8 +128,24 @@ func TestDeviceMoEGroup(t *testing.T) {
 func TestDeviceGemmGrouped(t *testing.T) {
 	g := newGPU(t)
 	r := rand.New(rand.NewPCG(5, 19))
-	for _, c := range []struct{ T, E, k, hot, N, K int }{{150, 8, 2, 2, 70, 48}, {40, 16, 4, 16, 64, 96}, {90, 6, 2, 3, 33, 45}} {
-		ids := randRoutes(r, c.T, c.E, c.k, c.hot)
+	for _, c := range []struct {
+		T, E, k, hot, N, K int
+		rows               []int // each expert's rows (one slot a token), in a shuffled order; nil: random routes
+	}{{150, 8, 2, 2, 70, 48, nil}, {40, 16, 4, 16, 64, 96, nil}, {90, 6, 2, 3, 33, 45, nil},
+		// Every count of 16-row slabs the few-row warps skip or take, and
+		// each side of a 64-row tile.
+		{244, 8, 1, 0, 40, 40, []int{1, 16, 17, 33, 48, 64, 65, 0}}} {
+		var ids []int32
+		if c.rows == nil {
+			ids = randRoutes(r, c.T, c.E, c.k, c.hot)
+		} else {
+			for e, n := range c.rows {
+				for range n {
+					ids = append(ids, int32(e))
+				}
+			}
+			r.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
+		}
 		R, N, K, E := len(ids), c.N, c.K, c.E
 		stride := N*K + 3*K // experts' weights apart as in the arena (another matrix between)
 		ops := NewOps(g.d)

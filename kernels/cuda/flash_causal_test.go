@@ -119,7 +119,9 @@ func TestDeviceFlashCausal(t *testing.T) {
 		s0, s1 := starts[s], starts[s]+c.lens[s]
 		for _, fwd := range []string{"narrow", "wide", "wideq"} {
 			ops := NewOps(g.d)
-			ops.FlashWide, ops.FlashWideQ = fwd == "wide", fwd == "wideq"
+			// The 16-query dK/dV pass here; the 32-query one (the default)
+			// is checked against the same cuts below.
+			ops.FlashWide, ops.FlashWideQ, ops.FlashDKVWide = fwd == "wide", fwd == "wideq", false
 			base := runFlash(g, ops, q, k, v, dout, seqStart, seqEnd, c.heads, c.kv, c.hd)
 			// Every row of one sequence changed, q, k, v and dout: the other
 			// sequences' rows the same, each way round.

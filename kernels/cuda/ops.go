@@ -57,9 +57,11 @@ type Ops struct {
 	// not fit a block (sm_86, sm_89), the 16-query kernel runs.
 	FlashDKVWide bool
 	// DecodePerHead runs the decoding step's attention a warp per query
-	// head (KEEL_DECODE_ATTN=head at NewOps), as before the grouped
-	// kernels (a warp per KV head, which reads each key and value row once
-	// for the query heads that share it): the same bits.
+	// head, as before the grouped kernels (a warp per KV head, which reads
+	// each key and value row once for the query heads that share it): the
+	// same bits. KEEL_DECODE_ATTN=head at NewOps sets it and clears
+	// DecodeFast (the per-head kernels as they were); with DecodeFast set
+	// too (tests), the fast kernels run a warp per query head.
 	DecodePerHead bool
 	// DecodeFast runs the reduced precisions' decoding attention over the
 	// bf16 cache with attn.cu's decode_fast kernels where it has them
@@ -68,7 +70,8 @@ type Ops struct {
 	// the hardware's approximate exponential), within float32 rounding of
 	// the grouped kernels, not their bits. The default since an H200 timed
 	// it (2026-11-27, tools/gpu/NOTES.md): Qwen3-0.6B-shaped decoding 24%
-	// faster at 64 sequences of 1,056 tokens, 9% at 256 of 128.
+	// faster at 64 sequences of 1,056 tokens, where the cache is most of a
+	// step's reads (at 128 tokens, 3% and 9%: within those runs' noise).
 	// KEEL_DECODE_ATTN=grouped (or head) at NewOps turns it off. The exact
 	// rollout's float32 cache never runs it.
 	DecodeFast bool

@@ -227,7 +227,7 @@ if [[ " $sections " == *" gemm "* ]]; then
   echo "== the MoE experts' forward products, 30B-A3B shape, a decoding step's 256 tokens and a training micro-batch's 4,096: 32 x 32 warps against the few-row warps (BenchmarkDeviceExperts)"
   timeout 60 $bin/cuda.test -test.run '^$' -test.bench DeviceExperts -test.benchtime 20x > "$out/experts.log" 2>&1
   echo "  exit $?"
-  grep -E 'us/call' "$out/experts.log" | awk '{print "    " $1 " " $(NF-1) " us/call " $(NF-3) " GB/s"}'
+  grep -E 'us/call' "$out/experts.log" | awk '{print "    " $1 " " $(NF-3) " us/call " $(NF-1) " weight GB/s"}'
   echo "== a decoding step's draws on this card, 256 rows of 151,936 tokens: full, top-k, top-p, top-p + 20 top log-probs (BenchmarkDeviceDraw)"
   timeout 60 $bin/cuda.test -test.run '^$' -test.bench DeviceDraw -test.benchtime 20x > "$out/draw.log" 2>&1
   echo "  exit $?"
@@ -291,8 +291,9 @@ if [[ " $sections " == *" decode "* ]]; then
     --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-moehost.json" 2> "$out/decode-keel-moehost.err"
   echo "  keel qwen3-30b-a3b (layers 2), KEEL_MOE_GROUP=host: exit $?"
   decode_rows "$out/decode-keel-moehost.json" || tail -2 "$out/decode-keel-moehost.err"
-  # The decoding attention a warp per query head (the old kernels) against
-  # the grouped default (a warp per KV head), with graphs.
+  # The decoding attention a warp per query head (KEEL_DECODE_ATTN=head:
+  # the oldest kernels, not the fast ones) against the grouped kernels (a
+  # warp per KV head; the KEEL_DECODE_ATTN=grouped row above), with graphs.
   KEEL_DECODE_ATTN=head timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
     --no-rl --decode-precisions bf16 --decode-slots 256 --peak-gbps $peakgb > "$out/decode-keel-perhead.json" 2> "$out/decode-keel-perhead.err"
   echo "  keel qwen3-0.6b, KEEL_DECODE_ATTN=head: exit $?"
@@ -411,23 +412,28 @@ nvtool() {
 if [[ " $sections " == *" nsys "* ]]; then
   # KEEL_CUDA_PROFILE times each launch with events and turns the graphs
   # off, which is not the step a rollout runs: Nsight Systems reads the
-  # device's own timestamps of every kernel, graph nodes included. Its
-  # summary says how a 256-sequence bf16 decoding step's time divides
-  # between kernels and the device's idle gaps (the host's share).
-  echo "== Nsight Systems: a bf16 decode of 256 sequences, Qwen3-0.6B shape, graphs on: each kernel's device time, and the device's busy share"
+  # device's own timestamps of every kernel, graph nodes included. The
+  # summary cuts the trace into decoding steps at each step's last draw
+  # kernel and takes the steps near the median (the training table, the
+  # compiles, prefill and the graphs' recording fall outside): a step's
+  # time on the device's clock from the previous step's draw, the part
+  # with a kernel running, and each kernel's time a step. What is left is
+  # the host's (and the copies').
+  echo "== Nsight Systems: a bf16 decode of 256 sequences, Qwen3-0.6B shape, graphs on: a step's kernels and the device's idle share"
   nsys=$(nvtool nsys)
   if [ -z "$nsys" ]; then
     echo "  no nsys found"
   else
-    timeout 150 "$nsys" profile --trace=cuda --cuda-graph-trace=node --force-overwrite=true -o "$out/nsys-decode" \
+    rm -f "$out"/nsys*
+    timeout 65 "$nsys" profile --trace=cuda --cuda-graph-trace=node --force-overwrite=true -o "$out/nsys-decode" \
       $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
       --no-rl --decode-precisions bf16 --decode-slots 256 --peak-gbps $peakgb > "$out/nsys-decode.log" 2>&1
     echo "  exit $?"
-    timeout 120 "$nsys" stats --force-export=true --report cuda_gpu_trace --format csv --output "$out/nsys" \
+    timeout 30 "$nsys" stats --force-overwrite=true --force-export=true --report cuda_gpu_trace --format csv --output "$out/nsys" \
       "$out/nsys-decode.nsys-rep" > "$out/nsys-stats.log" 2>&1
     echo "  stats exit $?"
     python3 - "$out" <<'PY'
-import collections, csv, glob, sys
+import collections, csv, glob, statistics, sys
 files = glob.glob(sys.argv[1] + "/nsys*gpu_trace*.csv")
 if not files:
     print("  no trace csv"); sys.exit(0)
@@ -436,24 +442,34 @@ col = lambda key: next((k for k in rows[0] if key in k), None) if rows else None
 start, dur, name = col("Start"), col("Duration"), col("Name")
 if not (start and dur and name):
     print("  columns:", list(rows[0]) if rows else "none"); sys.exit(0)
-spans = sorted((int(float(r[start])), int(float(r[dur])), r[name]) for r in rows if "memcpy" not in r[name].lower() and "memset" not in r[name].lower())
-if not spans:
-    print("  no kernels"); sys.exit(0)
-busy, end, gaps = 0, spans[0][0], collections.Counter()
-per = collections.defaultdict(lambda: [0, 0])
-for s, d, n in spans:
-    if s > end:
-        g = s - end
-        gaps["under 2 us" if g < 2000 else "2-10 us" if g < 10000 else "10-100 us" if g < 100000 else "over 100 us"] += g
-    busy += max(0, s + d - max(s, end))
-    end = max(end, s + d)
-    per[n[:60]][0] += d
-    per[n[:60]][1] += 1
-span = end - spans[0][0]
-print("  %d kernels over %.1f ms: kernels running %.1f ms (%.0f%%); gaps without a kernel (copies included): %s" % (len(spans), span / 1e6, busy / 1e6, 100 * busy / span,
-      ", ".join("%s %.1f ms" % (k, v / 1e6) for k, v in sorted(gaps.items()))))
-for n, (d, c) in sorted(per.items(), key=lambda x: -x[1][0])[:25]:
-    print("    %-60s %6d calls %9.2f ms %8.1f us mean %5.1f%%" % (n, c, d / 1e6, d / 1e3 / c, 100 * d / busy))
+ks = sorted((int(float(r[start])), int(float(r[dur])), r[name]) for r in rows
+            if "memcpy" not in r[name].lower() and "memset" not in r[name].lower())
+# A decoding step ends with its last draw kernel (the split draw's pick,
+# or a block a row's draw_rows_raw / draw_rows).
+ends = [i for i, (_, _, n) in enumerate(ks) if n.startswith(("draw_chunk_pick", "draw_rows_raw", "draw_rows"))
+        and not n.startswith("draw_rows_trunc")]
+steps = []
+for a, b in zip(ends, ends[1:]):
+    t0 = ks[a][0] + ks[a][1]
+    busy, end, per = 0, t0, collections.Counter()
+    for s, d, n in ks[a + 1:b + 1]:
+        busy += max(0, s + d - max(s, end))
+        end = max(end, s + d)
+        per[n[:60]] += d
+    steps.append((end - t0, busy, per))
+if len(steps) < 5:
+    print("  %d steps found among %d kernels" % (len(steps), len(ks))); sys.exit(0)
+med = statistics.median(s for s, _, _ in steps)
+keep = [x for x in steps if 0.75 * med <= x[0] <= 1.25 * med]
+span = statistics.median(s for s, _, _ in keep)
+busy = statistics.median(b for _, b, _ in keep)
+print("  %d steps (%d within 25%% of the median): a step %.3f ms on the device's clock, kernels running %.3f ms (%.0f%%), none %.3f ms" %
+      (len(steps), len(keep), span / 1e6, busy / 1e6, 100 * busy / span, (span - busy) / 1e6))
+tot = collections.Counter()
+for _, _, per in keep:
+    tot.update(per)
+for n, d in tot.most_common(25):
+    print("    %-60s %8.1f us a step %5.1f%%" % (n, d / 1e3 / len(keep), 100 * d / len(keep) / busy))
 PY
   fi
 fi

@@ -23,7 +23,7 @@ for spec in "$@"; do
   start=$(date +%s)
   timeout -k 5 "$limit" bash tools/gpu/check.sh "$section" || { echo "== section $section exit $?"; rc=1; }
   # check.sh's own timeouts start process groups of their own: end them too.
-  pkill -KILL -f 'tools/gpu/(bin/|[a-z_]+\.py)' 2>/dev/null
+  pkill -KILL -f 'tools/gpu/(bin/|[a-z_]+\.py)|nsys (profile|stats)' 2>/dev/null
   echo "== section $section took $(( $(date +%s) - start )) s (limit $limit s)"
   tar czf "$dest/logs.tgz" -C "$OUT" --exclude=./cache --exclude='*.safetensors' --exclude='*.nsys-rep' --exclude='*.sqlite' . 2>/dev/null
 done
