@@ -174,7 +174,8 @@ if [[ " $sections " == *" hf "* ]]; then
     done
     [ $ok -eq 1 ] || continue
     echo "  $p ($layers layers):"
-    timeout 200 python3 tools/gpu/hf_logprobs.py "$out/hf-$p" "$out/hf-tokens.jsonl" "$out/hf-$p-keel-fp32.jsonl" "$out/hf-$p-keel-bf16.jsonl" 2>"$out/hf-$p.err" || { status=1; tail -3 "$out/hf-$p.err"; }
+    timeout 200 python3 tools/gpu/hf_logprobs.py "$out/hf-$p" "$out/hf-tokens.jsonl" "$out/hf-$p-keel-fp32.jsonl" "$out/hf-$p-keel-bf16.jsonl" 2>"$out/hf-$p.err" \
+      | tee "$out/hf-$p.txt" || { status=1; tail -3 "$out/hf-$p.err"; }
   done
 fi
 
