@@ -110,6 +110,13 @@ func TestDeviceGemm(t *testing.T) {
 			g.gemmKernel("gemm_f32_128", 128, c128, l.a, l.b, l.m, l.n, l.k, l.sam, l.sak, l.sbk, l.sbn, l.n)
 			sameBits(t, name+" "+l.what+": 128-tile kernel against the 64-tile one", g.f32(c128, l.m*l.n), g.f32(c64, l.m*l.n))
 			sameBits(t, name+" "+l.what+": 32-tile kernel against the 64-tile one", g.f32(c32, l.m*l.n), g.f32(c64, l.m*l.n))
+			if l.sak == 1 && l.sbk == 1 { // the forward's layout's own kernels; the strides they do not read poisoned
+				f32, f64 := g.poisoned(l.m*l.n), g.poisoned(l.m*l.n)
+				g.gemmKernel("gemm_f32_32_fwd", 32, f32, l.a, l.b, l.m, l.n, l.k, l.sam, -7, -7, l.sbn, l.n)
+				g.gemmKernel("gemm_f32_fwd", 64, f64, l.a, l.b, l.m, l.n, l.k, l.sam, -7, -7, l.sbn, l.n)
+				sameBits(t, name+" "+l.what+": 32-tile forward kernel against the 64-tile one", g.f32(f32, l.m*l.n), g.f32(c64, l.m*l.n))
+				sameBits(t, name+" "+l.what+": 64-tile forward kernel against the 64-tile one", g.f32(f64, l.m*l.n), g.f32(c64, l.m*l.n))
+			}
 		}
 		if M > 1 {
 			all := g.f32(y, M*N)

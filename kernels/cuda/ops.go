@@ -186,7 +186,8 @@ func elemGrid(n int) Dim3 { return Dim3{X: max(1, min((n+255)/256, 8192))} }
 // when they are enough blocks to fill the GPU (two a multiprocessor),
 // 32 × 32 when 64 × 64 would leave multiprocessors without a block (a
 // decoding step's products at a few hundred rows), else 64 × 64, the same
-// bits whichever.
+// bits whichever; the 64 and 32 tiles in the forward's layout (sak = sbk
+// = 1) by their kernels for it (gemm_f32_fwd, gemm_f32_32_fwd).
 func (o *Ops) Gemm(c, a, b Buffer, M, N, K, sam, sak, sbk, sbn, ldc int, acc bool) error {
 	flag := 0
 	if acc {
@@ -198,6 +199,9 @@ func (o *Ops) Gemm(c, a, b Buffer, M, N, K, sam, sak, sbk, sbn, ldc int, acc boo
 		name, tile = "gemm_f32_128", 128
 	case smallTiles(M, N, o.Dev.SMs):
 		name, tile = "gemm_f32_32", 32
+	}
+	if tile < 128 && sak == 1 && sbk == 1 {
+		name += "_fwd"
 	}
 	return o.Launch("gemm.cu", name, Dim3{X: (N + tile - 1) / tile, Y: (M + tile - 1) / tile}, block256,
 		c, a, b, M, N, K, int64(sam), int64(sak), int64(sbk), int64(sbn), int64(ldc), flag)
