@@ -59,8 +59,8 @@ func BenchmarkDeviceGemm(b *testing.B) {
 			})
 		}
 		run("keel fp32 forward", func() error { return ops.Linear(y, x, w, s.M, s.K, s.N, s.N, s.K) })
-		if smallTiles(s.M, s.N, d.SMs) { // the 64-tile kernel Ops.Gemm ran here before gemm_f32_32
-			run("keel fp32 forward 64-tiles", func() error { // the generic 64-tile kernel, before gemm_f32_32 and the forward layout's kernels
+		if smallTiles(s.M, s.N, d.SMs) { // the generic 64-tile kernel Ops.Gemm ran here before gemm_f32_32(_fwd)
+			run("keel fp32 forward 64-tiles", func() error {
 				return ops.Launch("gemm.cu", "gemm_f32", Dim3{X: (s.N + 63) / 64, Y: (s.M + 63) / 64}, block256,
 					y, x, w, s.M, s.N, s.K, int64(s.K), int64(1), int64(1), int64(s.K), int64(s.N), 0)
 			})
