@@ -100,7 +100,7 @@ func (o *Ops) GemmGrouped(g *MoEGroups, pairs int, c, a, w Buffer, N, K, lda, ld
 	if err := errors.Join(groupedProduct(g, pairs, w, N, K, wstride, 4), rowsFit("input", a, pairs, K, lda, 4), rowsFit("output", c, pairs, N, ldc, 4)); err != nil {
 		return err
 	}
-	return o.Launch("gemm.cu", "gemm_f32_grouped", Dim3{X: (N + 63) / 64, Y: groupTiles(pairs, g.Experts)}, block256,
+	return o.Launch("gemm.cu", "gemm_f32_grouped_fwd", Dim3{X: (N + 63) / 64, Y: groupTiles(pairs, g.Experts)}, block256,
 		c, a, w, g.Off, g.Tiles, N, K, int64(lda), int64(1), int64(1), int64(K), int64(ldc), int64(wstride), flag(acc))
 }
 

@@ -201,14 +201,29 @@ extern "C" __global__ void __launch_bounds__(256) gemm_f32_32_fwd(
 // [K, N] read transposed). gemm_f32's tile, so every output is the same
 // fmaf chain as the product over the expert's rows alone (Ops.Gemm): the
 // same bits in one launch.
-extern "C" __global__ void __launch_bounds__(256, 2) gemm_f32_grouped(
-    float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ B, const int* __restrict__ off,
-    const int* __restrict__ tiles, int N, int K, i64 sam, i64 sak, i64 sbk, i64 sbn, i64 ldc, i64 wstride, int acc) {
+template <bool FWD>
+__device__ __forceinline__ void grouped_f32(float* __restrict__ C, const float* __restrict__ A,
+                                            const float* __restrict__ B, const int* __restrict__ off,
+                                            const int* __restrict__ tiles, int N, int K, i64 sam, i64 sak, i64 sbk,
+                                            i64 sbn, i64 ldc, i64 wstride, int acc) {
   const int e = tiles[2 * blockIdx.y];
   if (e < 0) return;
   const int r0 = off[e];
-  gemm_tile<4, 16>(C + r0 * ldc, A + r0 * sam, B + e * wstride, off[e + 1] - r0, N, K, sam, sak, sbk, sbn, ldc, acc,
-                   tiles[2 * blockIdx.y + 1], blockIdx.x);
+  gemm_tile<4, 16, FWD>(C + r0 * ldc, A + r0 * sam, B + e * wstride, off[e + 1] - r0, N, K, sam, sak, sbk, sbn, ldc,
+                        acc, tiles[2 * blockIdx.y + 1], blockIdx.x);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemm_f32_grouped(
+    float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ B, const int* __restrict__ off,
+    const int* __restrict__ tiles, int N, int K, i64 sam, i64 sak, i64 sbk, i64 sbn, i64 ldc, i64 wstride, int acc) {
+  grouped_f32<false>(C, A, B, off, tiles, N, K, sam, sak, sbk, sbn, ldc, wstride, acc);
+}
+
+// gemm_f32_grouped_fwd is gemm_f32_grouped for the forward (sak = sbk = 1,
+// not read): gemm_f32_fwd's tile, the same bits.
+extern "C" __global__ void __launch_bounds__(256, 2) gemm_f32_grouped_fwd(
+    float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ B, const int* __restrict__ off,
+    const int* __restrict__ tiles, int N, int K, i64 sam, i64 sak, i64 sbk, i64 sbn, i64 ldc, i64 wstride, int acc) {
+  grouped_f32<true>(C, A, B, off, tiles, N, K, sam, sak, sbk, sbn, ldc, wstride, acc);
 }
 
 // gemm_f32_grouped_dw: the weights' gradient, dW_e[n*K + j] += sum over
