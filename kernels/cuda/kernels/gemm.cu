@@ -103,6 +103,12 @@ __device__ __forceinline__ void gemm_tile(float* __restrict__ C, const float* __
 #pragma unroll
       for (int j = 0; j < R; j++) c[i][j] = fmaf(a[i], b[j], c[i][j]);
   };
+  // In the forward kernels a thread whose rows all lie past M (an
+  // expert's 16 rows in a 64-row tile: 3 of its 4 row groups) stages its
+  // share of the tiles but skips the products, whose outputs nobody
+  // stores: the valid rows' bits are the same. (Not in the generic
+  // kernels: gemm_f32 spills at sm_80 with the test.)
+  const bool live = !FWD || m0 + (R == 2 ? 2 : 4) * ty < M;
   load(0);
   store();
   __syncthreads();
@@ -110,7 +116,8 @@ __device__ __forceinline__ void gemm_tile(float* __restrict__ C, const float* __
     const bool next = k0 + TK < K;
     if (next) load(k0 + TK);
     const int kn = min(TK, K - k0);
-    if (kn == TK) {
+    if (!live) {
+    } else if (kn == TK) {
 #pragma unroll
       for (int kk = 0; kk < TK; kk++) step(kk);
     } else {
