@@ -59,17 +59,41 @@ __device__ __forceinline__ void gemm_tile(float* __restrict__ C, const float* __
 #pragma unroll
     for (int j = 0; j < R; j++) c[i][j] = 0.f;
   float ra[PER], rb[PER];  // the next k tile, on its way to shared memory
+  // With FWD each element's row start (null past M or N) and k offset are
+  // fixed over the k tiles, taken once: a load is then a bounds test and
+  // an add (each element's index arithmetic had been most of the loop).
+  // Both operands k-contiguous over tiles of TM rows, so A's and B's
+  // elements share their (row, k) place.
+  const float* pa[FWD ? PER : 1];
+  const float* pb[FWD ? PER : 1];
+  int kof[FWD ? PER : 1];
+  if constexpr (FWD) {
+#pragma unroll
+    for (int p = 0; p < PER; p++) {
+      int r, kk;
+      tile_index(threadIdx.x + 256 * p, TM, TK, true, r, kk);
+      kof[p] = kk;
+      pa[p] = m0 + r < M ? A + (m0 + r) * sam + kk : nullptr;
+      pb[p] = n0 + r < N ? B + (n0 + r) * sbn + kk : nullptr;
+    }
+  }
   auto load = [&](int k0) {
 #pragma unroll
     for (int p = 0; p < PER; p++) {
-      const int e = threadIdx.x + 256 * p;
-      int r, kk;
-      tile_index(e, TM, TK, ak, r, kk);
-      const int m = m0 + r, k = k0 + kk;
-      ra[p] = (m < M && k < K) ? A[m * sam + k * sak] : 0.f;
-      tile_index(e, TM, TK, bk, r, kk);
-      const int n = n0 + r, kb = k0 + kk;
-      rb[p] = (n < N && kb < K) ? B[kb * sbk + n * sbn] : 0.f;
+      if constexpr (FWD) {
+        const bool in = k0 + kof[p] < K;
+        ra[p] = pa[p] && in ? pa[p][k0] : 0.f;
+        rb[p] = pb[p] && in ? pb[p][k0] : 0.f;
+      } else {
+        const int e = threadIdx.x + 256 * p;
+        int r, kk;
+        tile_index(e, TM, TK, ak, r, kk);
+        const int m = m0 + r, k = k0 + kk;
+        ra[p] = (m < M && k < K) ? A[m * sam + k * sak] : 0.f;
+        tile_index(e, TM, TK, bk, r, kk);
+        const int n = n0 + r, kb = k0 + kk;
+        rb[p] = (n < N && kb < K) ? B[kb * sbk + n * sbn] : 0.f;
+      }
     }
   };
   auto store = [&]() {
