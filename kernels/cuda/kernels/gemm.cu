@@ -38,8 +38,8 @@ __device__ __forceinline__ void tile_index(int e, int rows, int kt, bool kfast, 
 // k tiles of TK: R x R outputs per thread as described above.
 // The tile is (mt, nt): rows mt*TM.., columns nt*TM... With FWD the
 // layout is the forward's, both operands k-contiguous (sak = sbk = 1,
-// whatever is passed), known to the compiler: the tiles' index arithmetic
-// is a third smaller (gemm_f32_fwd's loop 628 instructions a k tile where
+// whatever is passed), known to the compiler, and each element's address
+// taken once (gemm_f32_fwd's loop 547 instructions a k tile where
 // gemm_f32's is 964, sm_90), the products and their order the same.
 template <int R, int TK, bool FWD = false>
 __device__ __forceinline__ void gemm_tile(float* __restrict__ C, const float* __restrict__ A,
@@ -200,10 +200,9 @@ extern "C" __global__ void __launch_bounds__(256) gemm_f32_32(
 
 // gemm_f32_fwd and gemm_f32_32_fwd are gemm_f32 and gemm_f32_32 for the
 // forward's layout (sak = sbk = 1, A[m*sam + k], B[n*sbn + k]; the strides
-// sak and sbk passed are not read): the same bits, with a third and a
-// fifth fewer instructions a k tile (964 -> 628, 856 -> 664 at sm_90) and
-// 53 registers instead of 128 for the 32-tile kernel. (gemm_f32_128 so
-// specialised spills at its 128 registers.)
+// sak and sbk passed are not read): the same bits, with fewer
+// instructions a k tile (964 -> 547, 856 -> 543 at sm_90). (gemm_f32_128
+// so specialised spills at its 128 registers.)
 extern "C" __global__ void __launch_bounds__(256) gemm_f32_fwd(
     float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ B, int M, int N, int K,
     i64 sam, i64 sak, i64 sbk, i64 sbn, i64 ldc, int acc) {
