@@ -310,7 +310,9 @@ func benchDevice(b *testing.B) *Device {
 // (16 query heads, 8 KV heads of 128), causal over packed sequences, 8 of
 // 2,048 tokens and 2 of 16,384 (issue 24's rows): the forward by each of
 // its three kernels and the backward by its pipelined and one-stage
-// kernels and with the dK/dV pass's 32-query tiles, from q's, k's and v's bf16 copies as the training engine gives
+// kernels, with the dK/dV pass's 32-query tiles and from stored dS
+// (StoreScores: D's pass, the dK/dV pass storing dS, the dQ pass reading
+// it), from q's, k's and v's bf16 copies as the training engine gives
 // them (each call still transposes v, and the backward rounds and
 // transposes dO). It reports TFLOP/s of the causal attention: the forward
 // 4·hd·heads·Σ L(L+1)/2, the backward 2.5 times that.
@@ -372,14 +374,20 @@ func BenchmarkDeviceFlash(b *testing.B) {
 		fwd := 4 * hd * heads * causal
 		shape := fmt.Sprintf("%d x %d", c.seqs, c.L)
 		for _, v := range []struct {
-			name                  string
-			wide, wideQ           bool
-			single, dkvWide, back bool
-		}{{"forward narrow", false, false, false, false, false}, {"forward wide", true, false, false, false, false},
-			{"forward wideq", false, true, false, false, false}, {"backward pipelined", false, true, false, false, true},
-			{"backward one-stage", false, true, true, false, true}, {"backward dkv 32-query tiles", false, true, false, true, true}} {
+			name                          string
+			wide, wideQ                   bool
+			single, dkvWide, back, stored bool
+		}{{"forward narrow", false, false, false, false, false, false}, {"forward wide", true, false, false, false, false, false},
+			{"forward wideq", false, true, false, false, false, false}, {"backward pipelined", false, true, false, false, true, false},
+			{"backward one-stage", false, true, true, false, true, false}, {"backward dkv 32-query tiles", false, true, false, true, true, false},
+			{"backward stored dS", false, true, false, true, true, true}} {
 			o := NewOps(d)
 			o.FlashWide, o.FlashWideQ, o.FlashBackwardSingle, o.FlashDKVWide = v.wide, v.wideQ, v.single, v.dkvWide
+			if v.stored {
+				if err := bs.StoreScores(seqEnd); err != nil {
+					b.Fatal(err)
+				}
+			}
 			f, flops := func() error { return o.FlashAttention(fs, out16, lse, Buffer{}, Buffer{}, Buffer{}, bst, scale) }, fwd
 			if v.back {
 				if err := f(); err != nil { // the backward's out16 and lse
@@ -395,6 +403,7 @@ func BenchmarkDeviceFlash(b *testing.B) {
 				b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e12, "TFLOP/s")
 				b.ReportMetric(b.Elapsed().Seconds()/float64(b.N)*1e3, "ms/call")
 			})
+			bs.freeScores()
 		}
 		fs.Free()
 		bs.Free()

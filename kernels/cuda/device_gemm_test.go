@@ -655,6 +655,31 @@ func TestDeviceFlashAttention(t *testing.T) {
 			}
 			sameBackward(wkv, fmt.Sprintf("dK/dV 32-query tiles against 16 (plain copies %v)", plainCopies))
 		}
+		// The backward from stored dS (StoreScores, FlashDQStored), both
+		// copy paths: D's pass, the dK/dV pass storing dS and the dQ pass
+		// reading it give the two passes' bits. dS's tiles start as NaN,
+		// so a tile the dQ pass reads but the dK/dV pass did not write
+		// shows.
+		for _, plainCopies := range []bool{false, true} {
+			so := narrow()
+			so.FlashPlainCopies = plainCopies
+			if !so.fitsShared(flashBackwardShared(c.hd, true, true)) {
+				t.Logf("sm_%d: no room for the 32-query dK/dV pass, which stores dS, at head size %d", g.d.Arch, c.hd)
+				break
+			}
+			if err := bs.StoreScores(seqEnd); err != nil {
+				t.Fatal(err)
+			}
+			nan := make([]uint32, bs.ds.Size/4)
+			for i := range nan {
+				nan[i] = 0x7fc00000 | 0x7fc0
+			}
+			if err := Upload(g.d, bs.ds, nan); err != nil {
+				t.Fatal(err)
+			}
+			sameBackward(so, fmt.Sprintf("stored dS (plain copies %v)", plainCopies))
+			bs.freeScores()
+		}
 		// The wide forward (128 query rows a block, the next tile's copy
 		// in flight), both copy paths: the same bits as each other, and
 		// within rounding of the narrow one's (checked against float64

@@ -56,6 +56,18 @@ type Ops struct {
 	// turns it off; where its 109 KiB of shared memory at head size 128 do
 	// not fit a block (sm_86, sm_89), the 16-query kernel runs.
 	FlashDKVWide bool
+	// FlashDQStored has the training engine's backward store dS, and
+	// flash.cu's dQ pass read it instead of recomputing it
+	// (KEEL_FLASH_DQ=stored at NewOps): the dQ pass's three products a
+	// tile pair become one, for dS's bf16 tiles in device memory, about
+	// T²·heads bytes a layer for sequences of T tokens (0.5 GiB at 8 ×
+	// 2048 tokens of the Qwen3-0.6B shape, 8 GiB at 2 × 16384), written by
+	// the dK/dV pass and read back once. The same bits
+	// (TestDeviceFlashAttention). FlashAttentionBackward takes this path
+	// for a scratch given its sequences (StoreScores); the flag says
+	// whether the engine gives them. Untimed on a GPU: off until a card
+	// says which is faster.
+	FlashDQStored bool
 	// DecodePerHead runs the decoding step's attention a warp per query
 	// head, as before the grouped kernels (a warp per KV head, which reads
 	// each key and value row once for the query heads that share it): the
@@ -103,6 +115,7 @@ func NewOps(d *Device) *Ops {
 		FlashPlainCopies: os.Getenv("KEEL_FLASH_COPY") == "sync", FlashWide: os.Getenv("KEEL_FLASH_FWD") == "wide",
 		FlashWideQ:          os.Getenv("KEEL_FLASH_FWD") != "wide" && os.Getenv("KEEL_FLASH_FWD") != "narrow",
 		FlashBackwardSingle: os.Getenv("KEEL_FLASH_BWD") == "single", FlashDKVWide: os.Getenv("KEEL_FLASH_DKV") != "narrow",
+		FlashDQStored: os.Getenv("KEEL_FLASH_DQ") == "stored",
 		DecodePerHead: os.Getenv("KEEL_DECODE_ATTN") == "head",
 		DecodeFast:    os.Getenv("KEEL_DECODE_ATTN") != "head" && os.Getenv("KEEL_DECODE_ATTN") != "grouped",
 		DecodeNoSplit: os.Getenv("KEEL_DECODE_SPLIT") == "0", DrawNoSplit: os.Getenv("KEEL_DRAW_SPLIT") == "0"}
@@ -770,6 +783,9 @@ type FlashScratch struct {
 	// (NormRopeBF16) and points the scratch at them (UseQK); givenV: v's
 	// too (UseQKV).
 	givenQK, givenV bool
+	// ds and dsOff: the backward's stored dS tiles and each key block's
+	// first (StoreScores); none without.
+	ds, dsOff Buffer
 }
 
 // NewFlashScratch allocates from mem the copies a forward (backward false)
@@ -887,6 +903,91 @@ func (s *FlashScratch) Free() {
 		s.mem.Free(b)
 	}
 	s.bufs = nil
+	s.freeScores()
+}
+
+func (s *FlashScratch) freeScores() {
+	for _, b := range []*Buffer{&s.ds, &s.dsOff} {
+		if b.Ptr != 0 {
+			s.mem.Free(*b)
+		}
+		*b = Buffer{}
+	}
+}
+
+// flashBlock is flash.cu's key block (FA_BK) and dQ block (FA_BQ), the
+// units of the stored dS's layout; flashScoreTile the bytes of one of
+// its tiles (DS_TILE words: a key block by 32 queries, bf16).
+const (
+	flashBlock     = 64
+	flashScoreTile = flashBlock * 32 * 2
+)
+
+// ScoreLayout is where a backward over the packed sequences that ends
+// describes (ends[t]: one past the last token of token t's sequence, as
+// seqEnd holds it) stores dS for heads heads (FlashDQStored): key block b
+// (tokens 64b..64b+63) has a tile of 32 queries for each query tile from
+// 64b to its sequence's end rounded up to 64 (the dQ pass's blocks; at
+// most FlashPad(len(ends))), for each head; its tiles start at off[b] and
+// number off[b+1] - off[b]. off has a key block's entry more than there
+// are blocks; off[last] is every tile.
+func ScoreLayout(ends []int32, heads int) ([]int64, error) {
+	T := len(ends)
+	pad := FlashPad(T)
+	nb := (T + flashBlock - 1) / flashBlock
+	for i, e := range ends {
+		if int(e) <= i || int(e) > T || (i > 0 && e < ends[i-1]) {
+			return nil, fmt.Errorf("cuda: stored dS: token %d's sequence ends at %d of %d tokens", i, e, T)
+		}
+	}
+	off := make([]int64, nb+1)
+	for b := 0; b < nb; b++ {
+		j0, last := b*flashBlock, min(T, (b+1)*flashBlock)-1
+		qend := min(pad, (int(ends[last])+flashBlock-1)/flashBlock*flashBlock)
+		off[b+1] = off[b] + int64(heads*(qend-j0)/32)
+	}
+	return off, nil
+}
+
+// ScoreBytes is the device memory StoreScores takes for ends and heads:
+// the tiles and their offsets.
+func ScoreBytes(ends []int32, heads int) (int64, error) {
+	off, err := ScoreLayout(ends, heads)
+	if err != nil {
+		return 0, err
+	}
+	return off[len(off)-1]*flashScoreTile + int64(len(off))*8, nil
+}
+
+// StoreScores gives a backward's scratch the device memory for dS
+// (ScoreLayout) over the packed sequences ends describes, one entry a
+// token (the seqEnd of FlashAttentionBackward's calls): its backward then
+// stores dS in the dK/dV pass and its dQ pass reads it back
+// (FlashDQStored), where the pipelined 32-query dK/dV pass runs.
+func (s *FlashScratch) StoreScores(ends []int32) error {
+	if s.dout.Ptr == 0 {
+		return fmt.Errorf("cuda: StoreScores on a forward's flash scratch")
+	}
+	if len(ends) != s.rows {
+		return fmt.Errorf("cuda: StoreScores: %d sequence ends for a scratch of %d rows", len(ends), s.rows)
+	}
+	off, err := ScoreLayout(ends, s.heads)
+	if err != nil {
+		return err
+	}
+	s.freeScores()
+	d := s.mem.Device()
+	bytes := off[len(off)-1] * flashScoreTile
+	if s.ds, err = s.mem.Alloc(bytes); err != nil {
+		s.ds = Buffer{}
+		return outOfMemory(d, "flash attention's stored dS (KEEL_FLASH_DQ=stored)", bytes, err)
+	}
+	if s.dsOff, err = s.mem.Alloc(int64(len(off)) * 8); err != nil {
+		s.dsOff = Buffer{}
+		s.freeScores()
+		return outOfMemory(d, "flash attention's stored dS offsets", int64(len(off))*8, err)
+	}
+	return Upload(d, s.dsOff, off)
 }
 
 // rowsBF16 rounds src [rows, width] into the row-major copy dst.
@@ -1010,12 +1111,18 @@ func flashBackwardShared(hd int, dkv, wide bool) int {
 // (float32) and dv16 (bf16: each float32 sum rounded once, as the v
 // product's backward reads it) for the upstream gradient dout (float32),
 // from its out16 (bf16) and lse; dsum [rows, heads] is scratch (D = dO·O
-// per row and head). Two passes, no atomics. s is a backward's scratch.
+// per row and head). Two passes, no atomics; with stored dS (StoreScores)
+// three: D, dK and dV storing dS, dQ from it (the same bits). s is a
+// backward's scratch.
 func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, out16, lse, q, k, v, seqStart, seqEnd Buffer, scale float32) error {
 	if s.dout.Ptr == 0 {
 		return fmt.Errorf("cuda: FlashAttentionBackward given a forward's scratch")
 	}
 	T, qd, kvd := s.rows, s.heads*s.hd, s.kv*s.hd
+	// With stored dS (StoreScores), where the 32-query dK/dV pass runs:
+	// D's pass, then the dK/dV pass that stores dS, then the dQ pass that
+	// reads it.
+	stored := s.ds.Ptr != 0 && !o.FlashBackwardSingle && o.fitsShared(flashBackwardShared(s.hd, true, true))
 	for _, f := range []func() error{
 		func() error { return o.qkCopies(s, q, k) },
 		func() error {
@@ -1041,6 +1148,10 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 			return o.Launch("flash.cu", "flash_rows_cols", Dim3{X: s.pad / 32, Y: (qd + 31) / 32}, block256, s.dout, s.doutT, dout, T, qd, s.pad)
 		},
 		func() error {
+			if stored {
+				return o.Launch("flash.cu", fmt.Sprintf("flash_bwd_dsum_%d", s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: flashThreads},
+					dsum, dout, out16, T, s.heads)
+			}
 			name, shared := "flash_bwd_dq_%d", 0
 			if !o.FlashBackwardSingle && o.fitsShared(flashBackwardShared(s.hd, false, false)) {
 				name, shared = "flash_bwd_dq_2_%d", flashBackwardShared(s.hd, false, false)
@@ -1057,8 +1168,19 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 			case o.fitsShared(flashBackwardShared(s.hd, true, false)):
 				name, shared = "flash_bwd_dkv_2_%d", flashBackwardShared(s.hd, true, false)
 			}
-			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + 63) / 64, Y: s.kv}, Dim3{X: flashThreads}, shared,
-				dk, dv16, lse, dsum, s.q, s.qt, s.dout, s.doutT, s.k, s.v, seqStart, seqEnd, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
+			args := []any{dk, dv16, lse, dsum, s.q, s.qt, s.dout, s.doutT, s.k, s.v, seqStart, seqEnd, T, s.pad, s.heads, s.kv, scale, o.flashAsync()}
+			if stored {
+				name, shared = "flash_bwd_dkv_ds_%d", flashBackwardShared(s.hd, true, true)
+				args = append(args, s.ds, s.dsOff)
+			}
+			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + 63) / 64, Y: s.kv}, Dim3{X: flashThreads}, shared, args...)
+		},
+		func() error {
+			if !stored {
+				return nil
+			}
+			return o.Launch("flash.cu", fmt.Sprintf("flash_bwd_dq_ds_%d", s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: flashThreads},
+				dq, s.ds, s.dsOff, s.kt, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
 		},
 	} {
 		if err := f(); err != nil {

@@ -16,7 +16,8 @@
 #          2 x 16384, the MoE shape): keel (with flash.cu's three forwards,
 #          KEEL_FLASH_FWD=wideq (the default), narrow and wide, and on the first shape its one-stage
 #          backward, KEEL_FLASH_BWD=single, and on both 0.6B shapes its
-#          dK/dV pass with 16-query tiles, KEEL_FLASH_DKV=narrow; on the MoE shape its experts
+#          dK/dV pass with 16-query tiles, KEEL_FLASH_DKV=narrow, and its backward
+#          from stored dS, KEEL_FLASH_DQ=stored; on the MoE shape its experts
 #          grouped on the host, KEEL_MOE_GROUP=host; on the first shape its
 #          buffers allocated every step, KEEL_CUDA_POOL=0, the LM head's
 #          logits recomputed in the backward, KEEL_HEAD_KEEP=0, and cuBLASLt's
@@ -373,16 +374,19 @@ if [[ " $sections " == *" profile "* ]]; then
     # On the first shape also cuBLASLt's plans with their candidates
     # timed (KEEL_BLAS_TUNE=1) against the heuristic's first.
     # On the 0.6B shapes also the dK/dV pass's 16-query tiles
-    # (KEEL_FLASH_DKV=narrow, backward "dkv16") against 32 (the default).
+    # (KEEL_FLASH_DKV=narrow, backward "dkv16") against 32 (the default),
+    # and the backward from stored dS (KEEL_FLASH_DQ=stored, backward
+    # "stored") against recomputing it.
     variants="wideq/two/device/1/1/0 narrow/two/device/1/1/0 wide/two/device/1/1/0"
-    [ $1 = qwen3-0.6b ] && variants="$variants wideq/dkv16/device/1/1/0"
+    [ $1 = qwen3-0.6b ] && variants="$variants wideq/stored/device/1/1/0 wideq/dkv16/device/1/1/0"
     [ $tag = qwen3-0.6b-8x2048 ] && variants="$variants wideq/single/device/1/1/0 wideq/two/device/0/1/0 wideq/two/device/1/0/0 wideq/two/device/1/1/1"
     [ $1 = qwen3-30b-a3b ] && variants="$variants wideq/two/host/1/1/0"
     for v in $variants; do
       IFS=/ read -r fwd bwd grp pool keep tune <<< "$v"
       vt=$fwd-$bwd-$grp-pool$pool-keep$keep-tune$tune
       dkv=; [ $bwd = dkv16 ] && dkv=narrow  # the two-stage backward with the 16-query dK/dV pass
-      KEEL_FLASH_FWD=$fwd KEEL_FLASH_BWD=$bwd KEEL_FLASH_DKV=$dkv KEEL_MOE_GROUP=$grp KEEL_CUDA_POOL=$pool KEEL_HEAD_KEEP=$keep KEEL_BLAS_TUNE=$tune timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-$vt.json" 2> "$out/bench-keel-$tag-$vt.err"
+      dq=; [ $bwd = stored ] && dq=stored
+      KEEL_FLASH_FWD=$fwd KEEL_FLASH_BWD=$bwd KEEL_FLASH_DKV=$dkv KEEL_FLASH_DQ=$dq KEEL_MOE_GROUP=$grp KEEL_CUDA_POOL=$pool KEEL_HEAD_KEEP=$keep KEEL_BLAS_TUNE=$tune timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-$vt.json" 2> "$out/bench-keel-$tag-$vt.err"
       echo "  keel $1 bf16, layers $2, $3 x $4 ${rc:-}, flash forward $fwd, backward $bwd stage(s), KEEL_MOE_GROUP=$grp, KEEL_CUDA_POOL=$pool, KEEL_HEAD_KEEP=$keep, KEEL_BLAS_TUNE=$tune: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-$vt.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-$vt.err")"
     done
     timeout 150 python3 tools/gpu/torch_train.py --preset $1 --layers $2 --seqs $3 --len $4 --mode bf16 --micro $6 $ck \

@@ -221,6 +221,14 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			return err
 		}
 		defer flash.Free()
+		if e.ops.FlashDQStored {
+			// dS stored for the dQ pass (KEEL_FLASH_DQ=stored; not in
+			// the memory plan): where it does not fit, the two passes
+			// recompute it, as without.
+			if err := flash.StoreScores(f.seqEnds()); err != nil && !kc.IsOutOfMemory(err) {
+				return err
+			}
+		}
 	}
 	var redo Buffer // with recomputation: the recomputed layer's output, unused
 	if f.recompute {

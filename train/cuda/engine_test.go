@@ -584,6 +584,42 @@ func TestEngineFusedQKBack(t *testing.T) {
 	}
 }
 
+// TestEngineStoredScores: in the bf16 mode, the backward that stores dS
+// for flash.cu's dQ pass (KEEL_FLASH_DQ=stored) gives the gradients of the
+// two passes that recompute it, bit for bit, dense and MoE, on packed
+// sequences of several lengths.
+func TestEngineStoredScores(t *testing.T) {
+	dev := cudatest.Device(t)
+	for _, preset := range []string{"tiny-dense", "tiny-moe"} {
+		var grads [2][]float32
+		for i, stored := range []bool{false, true} {
+			_, _, _, e := enginePair(t, dev, preset, 0, 200)
+			if err := e.SetPrecision(BF16); err != nil {
+				t.Fatal(err)
+			}
+			if !e.flash() {
+				t.Fatalf("%s: the bf16 mode does not run flash.cu", preset)
+			}
+			e.ops.FlashDQStored = stored
+			r := rand.New(rand.NewPCG(7, 2))
+			seqs := randomSeqs(r, 200, 30, 12, 90)
+			if _, err := e.Forward(seqs, train.ForwardOptions{Temperature: 0.9}); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Backward(randomLoss(r, seqs)); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			if grads[i], err = e.Gradients(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !sameFloats(grads[0], grads[1]) {
+			t.Errorf("%s: gradients with stored dS differ from the two passes' (relative %.3g)", preset, relErr(grads[0], grads[1]))
+		}
+	}
+}
+
 // TestEngineKeepLogits: the bf16 mode's backward from the logits its
 // forward kept gives what it gives recomputing them, bit for bit (the
 // same product of the same operands), log-probs, entropies and

@@ -275,6 +275,18 @@ func (e *Engine) Forward(seqs [][]int32, opt train.ForwardOptions) (*train.Resul
 	return res, nil
 }
 
+// seqEnds is each token's sequence end (one past its last token), as
+// the device's dEnd holds it.
+func (f *fwdState) seqEnds() []int32 {
+	ends := make([]int32, 0, f.T)
+	for s, st := range f.starts {
+		for range f.lens[s] {
+			ends = append(ends, int32(st+f.lens[s]))
+		}
+	}
+	return ends
+}
+
 // routes are the experts each sequence's tokens used in every MoE layer
 // (nil for a dense model).
 func (f *fwdState) routes(c *model.Config) []*model.Routes {

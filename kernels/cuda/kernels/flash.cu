@@ -11,6 +11,10 @@
 // Three kernels per head size HD (32, 64, 128): the forward, and the
 // backward as two passes, dQ per query tile (flash_bwd_dq, which also
 // saves D = dO.O per row and head) and dK, dV per key tile (flash_bwd_dkv).
+// Or the backward as three (Ops.FlashDQStored): D (flash_bwd_dsum), dK
+// and dV storing the bf16 dS tiles they compute (flash_bwd_dkv_ds), and
+// dQ from those (flash_bwd_dq_ds): the dQ pass's score and dP products
+// not done twice, for T²·heads bytes of device memory.
 // They read bf16 copies of their operands made once per call (Ops'
 // FlashScratch): row-major [Tp, width] with rows T..Tp-1 zero, and
 // transposed [width, Tp] (flash_cols), Tp = T rounded up to 128, so that
@@ -23,6 +27,10 @@
 #define FA_BK 64  // keys of a forward tile, and of a dK/dV block
 #define FB_BK 32  // keys of a dQ tile
 #define FB_BQ 16  // queries of a dK/dV tile (flash_bwd_dkv_w: 32)
+
+// DS_TILE is a stored dS tile's words: dS^T of a key block and a query
+// tile, FA_BK rows (keys) of 32 bf16 (queries), 16 words a row.
+#define DS_TILE (FA_BK * 16)
 
 // FA_THREADS is every flash kernel's block: four warps.
 #define FA_THREADS 128
@@ -470,6 +478,33 @@ __device__ __forceinline__ void dq_tile_copy(u32* Ks, u32* Kt, u32* Vs, const bf
 // words: K row-major, V row-major, K transposed.
 #define DQ_STAGE_WORDS(HD) (2 * FB_BK * ((HD) / 2 + 4) + (HD) * (FB_BK / 2 + 4))
 
+// dq_rows_dsum sets D0 and D1 to D = dO.O of rows r0 and r0 + 8 for head
+// h, each lane of a quad summing its own columns of the rows (those of
+// its mma fragments), then the quad; and stores them into dsum (lane 0).
+// dO is rounded as dP's product takes it (so that sum_j P_ij dP_ij and
+// D_i cancel as they should), O as the forward rounded it.
+template <int HD>
+__device__ __forceinline__ void dq_rows_dsum(float& D0, float& D1, float* __restrict__ dsum,
+                                             const float* __restrict__ dout, const bf16_t* __restrict__ out, int r0,
+                                             int h, int T, int heads, int t) {
+  const int r1 = r0 + 8;
+  const i64 qd = (i64)heads * HD;
+  D0 = 0.f, D1 = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < HD / 16; ks++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int c = ks * 16 + 2 * t + (e & 1) + (e & 2) * 4;
+      if (r0 < T) D0 = fmaf(bf16_to_f32(f32_to_bf16(dout[(i64)r0 * qd + (i64)h * HD + c])), bf16_to_f32(out[(i64)r0 * qd + (i64)h * HD + c]), D0);
+      if (r1 < T) D1 = fmaf(bf16_to_f32(f32_to_bf16(dout[(i64)r1 * qd + (i64)h * HD + c])), bf16_to_f32(out[(i64)r1 * qd + (i64)h * HD + c]), D1);
+    }
+  }
+  D0 = quad_sum(D0);
+  D1 = quad_sum(D1);
+  if (t == 0 && r0 < T) dsum[(i64)r0 * heads + h] = D0;
+  if (t == 0 && r1 < T) dsum[(i64)r1 * heads + h] = D1;
+}
+
 // flash_bwd_dq: for query rows i and head h, D_i = dO_i.O_i (into dsum;
 // dO rounded to bf16 as dob holds it, O as the forward wrote it)
 // and dq_i = scale * sum_j P_ij (dO_i.v_j - D_i) k_j, P recomputed from
@@ -500,23 +535,8 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Kt0, u32* Vs0, float
   u32 qa[KS][4], da[KS][4];
   load_a<HD>(qa, qb + base, qd, 16 * w + g, t);
   load_a<HD>(da, dob + base, qd, 16 * w + g, t);
-  // D for rows r0 and r1 from the lanes' own elements, then the quad,
-  // with dO rounded as dP's product takes it (so that sum_j P_ij dP_ij
-  // and D_i cancel as they should), O as the forward rounded it.
-  float D0 = 0.f, D1 = 0.f;
-#pragma unroll
-  for (int ks = 0; ks < KS; ks++) {
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      const int c = ks * 16 + 2 * t + (e & 1) + (e & 2) * 4;
-      if (r0 < T) D0 = fmaf(bf16_to_f32(f32_to_bf16(dout[(i64)r0 * qd + (i64)h * HD + c])), bf16_to_f32(out[(i64)r0 * qd + (i64)h * HD + c]), D0);
-      if (r1 < T) D1 = fmaf(bf16_to_f32(f32_to_bf16(dout[(i64)r1 * qd + (i64)h * HD + c])), bf16_to_f32(out[(i64)r1 * qd + (i64)h * HD + c]), D1);
-    }
-  }
-  D0 = quad_sum(D0);
-  D1 = quad_sum(D1);
-  if (t == 0 && r0 < T) dsum[(i64)r0 * heads + h] = D0;
-  if (t == 0 && r1 < T) dsum[(i64)r1 * heads + h] = D1;
+  float D0, D1;
+  dq_rows_dsum<HD>(D0, D1, dsum, dout, out, r0, h, T, heads, t);
   const float sl2 = scale * FA_LOG2E;
   const float L0 = r0 < T ? lse[(i64)r0 * heads + h] * FA_LOG2E : 0.f, L1 = r1 < T ? lse[(i64)r1 * heads + h] * FA_LOG2E : 0.f;
   float acc[ND][4];
@@ -610,6 +630,88 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Kt0, u32* Vs0, float
   store_tile<HD>(dq + (i64)h * HD, qd, acc, r0, T, scale, scale, t);
 }
 
+// DQS_STAGE_WORDS is the shared memory of one stage of flash_bwd_dq_ds, in
+// words: K transposed (HD rows of FB_BK keys), then the key tile's dS^T
+// for the block's FA_BQ queries (FB_BK rows of FA_BQ bf16).
+#define DQS_TP (FB_BK / 2 + 4)
+#define DQS_SP (FA_BQ / 2 + 4)
+#define DQS_STAGE_WORDS(HD) ((HD) * DQS_TP + FB_BK * DQS_SP)
+
+// flash_bwd_dq_ds is flash_bwd_dq from the dS tiles that flash_bwd_dkv
+// stored (DS; flash_bwd_dsum wrote D before it): dq_i = scale * sum_j
+// dS_ij k_j, one product a key tile where flash_bwd_dq recomputes S and
+// dP (two more) to get dS. The same tiles, rows, fragments and order as
+// flash_bwd_dq, so the same bits wherever the two passes' dS are (the
+// same scores' products, the same exponentials). dS^T comes from the
+// tiles of the key block b the tile lies in (ds_off, as ds_store lays
+// them out: the block's tiles for head h from ds_off[b] + h*n_b, n_b
+// (ds_off[b+1] - ds_off[b]) / heads, a 32-query tile each, from query
+// 64b), through ldmatrix's transpose. Two stages, the next tile's copy
+// in flight. grid = (ceil(T/FA_BQ), heads), block 128.
+template <int HD>
+__device__ __forceinline__ void flash_bwd_dq_ds(u32* sm, float* __restrict__ dq, const u32* __restrict__ ds,
+                                                const i64* __restrict__ ds_off, const bf16_t* __restrict__ kt,
+                                                const int* __restrict__ seq_start, int T, int Tp, int heads, int kv,
+                                                float scale, int async) {
+  constexpr int ND = HD / 8, TP = DQS_TP, SP = DQS_SP, SW = DQS_STAGE_WORDS(HD);
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int i0 = heaviest_first() * FA_BQ, h = blockIdx.y, grp = h / (heads / kv);
+  const int last = min(T, i0 + FA_BQ) - 1, r0 = i0 + 16 * w + g;
+  const int j0 = seq_start[i0] & -FB_BK;
+  // copy stages key tile jt: Kᵀ's HD rows, then dS^T's FB_BK rows, the
+  // block's two query tiles side by side (16 words each).
+  auto copy = [&](u32* S, int jt) {
+    copy_cols<HD, FB_BK, true>(S, TP, kt + (i64)grp * HD * Tp + jt, Tp, async);
+    const int b = jt / FA_BK;
+    const i64 o = ds_off[b], n = (ds_off[b + 1] - o) / heads;
+    const u32* src = ds + (o + (i64)h * n + (i0 - FA_BK * b) / 32) * DS_TILE + (jt - FA_BK * b) * 16;
+    copy_tile<FB_BK, 4, true>(S + HD * TP, SP, (const bf16_t*)src, 32, async);
+    copy_tile<FB_BK, 4, true>(S + HD * TP + 16, SP, (const bf16_t*)(src + DS_TILE), 32, async);
+  };
+  float acc[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  copy(sm, j0);
+  copies_commit(async);
+  for (int jt = j0, stage = 0; jt <= last; jt += FB_BK, stage ^= 1) {
+    const u32* S = sm + stage * SW;
+    if (jt + FB_BK <= last) copy(sm + (stage ^ 1) * SW, jt + FB_BK);
+    copies_commit(async);  // perhaps empty: wait_prev then still means this tile
+    copies_wait_prev(async);
+    __syncthreads();
+    if (i0 + 16 * w + 15 >= jt) {  // else every key of the tile is after the warp's rows: dS zero
+      const Frags tf = frags(S, lane_b2n(lane, TP)), sf = frags(S + HD * TP, lane_at(lane, SP));
+#pragma unroll
+      for (int kk = 0; kk < FB_BK / 16; kk++) {
+        u32 a[4];
+        ldsm4t(a, sf, kk * 16 * SP + 8 * w);
+#pragma unroll
+        for (int n = 0; n < ND; n += 2) {
+          u32 b[4];
+          ldsm4(b, tf, n * 8 * TP + kk * 8);
+          const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+          mma16816(acc[n], a, b0);
+          mma16816(acc[n + 1], a, b1);
+        }
+      }
+    }
+    __syncthreads();  // this stage is free for the copy after next
+  }
+  store_tile<HD>(dq + (i64)h * HD, (i64)heads * HD, acc, r0, T, scale, scale, t);
+}
+
+// flash_bwd_dsum writes D = dO.O (dsum) for the rows and heads of
+// flash_bwd_dq's blocks, as flash_bwd_dq computes it, for the passes that
+// need it first (flash_bwd_dkv with DS). grid = (ceil(T/FA_BQ), heads),
+// block 128.
+template <int HD>
+__device__ __forceinline__ void flash_bwd_dsum(float* __restrict__ dsum, const float* __restrict__ dout,
+                                               const bf16_t* __restrict__ out, int T, int heads) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  float D0, D1;
+  dq_rows_dsum<HD>(D0, D1, dsum, dout, out, blockIdx.x * FA_BQ + 16 * w + (lane >> 2), blockIdx.y, T, heads, lane & 3);
+}
+
 // dkv_tile_copy copies the dK/dV pass's query tile (BQ rows it.., head
 // h) into stage S: Q and dO row-major (BQ rows of KP words each), then Q
 // and dO transposed (HD rows of TP words each).
@@ -653,6 +755,20 @@ __device__ __forceinline__ void dkv_stats_store(u32* S, int c, float L, float D,
   ((int*)f)[2 * BQ + c] = st;
 }
 
+// ds_store writes warp w's part of the bf16 dS^T of query tile (head h,
+// queries qo.. past the key block's first) as the dK product takes it
+// (sa, from c_to_a: queries 16kq.. of keys 16w + g and 16w + g + 8)
+// into the block's tiles from ds0, dsn tiles a head: tile ds0 + h*dsn +
+// qo/32, keys as rows. The dQ pass (flash_bwd_dq_ds) reads them back.
+__device__ __forceinline__ void ds_store(u32* __restrict__ ds, i64 ds0, i64 dsn, int h, int qo, int w, int g, int t,
+                                         int kq, const u32 (&sa)[4]) {
+  u32* p = ds + (ds0 + (i64)h * dsn + (qo >> 5)) * DS_TILE + (16 * w + g) * 16 + 8 * kq + t;
+  p[0] = sa[0];
+  p[8 * 16] = sa[1];
+  p[4] = sa[2];
+  p[8 * 16 + 4] = sa[3];
+}
+
 // flash_bwd_dkv: for key rows j and KV head grp, over the query heads of
 // the group and the rows i >= j of the sequence: dv_j = sum P_ij dO_i
 // (rounded to bf16: the v product's gradient operand, all that reads it)
@@ -677,20 +793,27 @@ __device__ __forceinline__ void dkv_stats_store(u32* S, int c, float L, float D,
 // tile's two halves accumulate into dK and dV in turn, as two 16-query
 // tiles do, and the half before a warp's keys, which BQ = 16 skips,
 // adds exact zeros (its P masked).
-template <int HD, int STAGES, int BQ = FB_BQ, bool KSM = false>
+template <int HD, int STAGES, int BQ = FB_BQ, bool KSM = false, bool DS = false>
 __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk, bf16_t* __restrict__ dv,
                                               const float* __restrict__ lse, const float* __restrict__ dsum,
                                               const bf16_t* __restrict__ qb, const bf16_t* __restrict__ qt,
                                               const bf16_t* __restrict__ dob, const bf16_t* __restrict__ dot,
                                               const bf16_t* __restrict__ kb, const bf16_t* __restrict__ vb,
                                               const int* __restrict__ seq_start, const int* __restrict__ seq_end, int T,
-                                              int Tp, int heads, int kv, float scale, int async) {
+                                              int Tp, int heads, int kv, float scale, int async,
+                                              u32* __restrict__ ds = nullptr, const i64* __restrict__ ds_off = nullptr) {
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, TP = BQ / 2 + 4, RW = BQ * KP, CW = HD * TP;
   constexpr int SW = DKV_STAGE_WORDS(HD, BQ);
+  static_assert(!DS || BQ == 32, "dS tiles are 32 queries wide");
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int j0 = blockIdx.x * FA_BK, grp = blockIdx.y, group = heads / kv;
   const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
-  const int last = min(T, j0 + FA_BK) - 1, qend = seq_end[last];
+  const int last = min(T, j0 + FA_BK) - 1;
+  // With DS the query tiles run on to a multiple of FA_BQ, the dQ pass's
+  // blocks, which read every tile of theirs (past the sequence: zeros).
+  const int qend = DS ? min(Tp, (seq_end[last] + FA_BQ - 1) & -FA_BQ) : seq_end[last];
+  // dS tiles: this block's first, and how many a head.
+  const i64 ds0 = DS ? ds_off[blockIdx.x] : 0, dsn = DS ? (ds_off[blockIdx.x + 1] - ds0) / heads : 0;
   const int kr0 = j0 + 16 * w + g, kr1 = kr0 + 8;
   const int h0 = grp * group, h1 = h0 + group;
   u32* Ks = smem;  // with KSM
@@ -817,6 +940,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
         u32 pa[4], sa[4];
         c_to_a(pa, s[2 * kq], s[2 * kq + 1]);
         c_to_a(sa, dp[2 * kq], dp[2 * kq + 1]);
+        if constexpr (DS) ds_store(ds, ds0, dsn, h, it - j0, w, g, t, kq, sa);
 #pragma unroll
         for (int n = 0; n < ND; n += 2) {
           u32 bd[4], bq[4];
@@ -829,7 +953,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
           mma16816(dka[n + 1], sa, bq1);
         }
       }
-    }
+    }  // with DS, the tile's dS rows of a warp that skips it stay unwritten: the dQ pass's warps skip them too
     if (STAGES == 2) {
       // The next tile's row statistics, read during this tile's products,
       // into the other stage; then every warp is done with this stage.
@@ -914,6 +1038,19 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
   KEEL_DYNAMIC_SHARED(u32x4, dkvw##HD);                 \
   WITH_ASYNC_CONSTANT((flash_bwd_dkv<HD, 2, 32, HD == 128>((u32*)dkvw##HD, FLASH_DKV_ARGS)))
 
+// The dK/dV pass that also stores dS (flash_bwd_dkv's DS), the dQ pass
+// from it and D's pass (Ops.FlashDQStored).
+#define FLASH_DKVS_BODY(HD)                            \
+  KEEL_DYNAMIC_SHARED(u32x4, dkvs##HD);                \
+  WITH_ASYNC_CONSTANT((flash_bwd_dkv<HD, 2, 32, HD == 128, true>((u32*)dkvs##HD, FLASH_DKV_ARGS, ds, ds_off)))
+#define FLASH_DQS_PARAMS                                                                                         \
+  float *__restrict__ dq, const u32 *__restrict__ ds, const i64 *__restrict__ ds_off, const bf16_t *__restrict__ kt, \
+      const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, int async
+#define FLASH_DQS_BODY(HD)                                           \
+  __shared__ u32x4 dqs##HD[2 * DQS_STAGE_WORDS(HD) / 4];              \
+  WITH_ASYNC_CONSTANT((flash_bwd_dq_ds<HD>((u32*)dqs##HD, dq, ds, ds_off, kt, seq_start, T, Tp, heads, kv, scale, async)))
+#define FLASH_DSUM_PARAMS float *__restrict__ dsum, const float *__restrict__ dout, const bf16_t *__restrict__ out, int T, int heads
+
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_32(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(32, 1, FA_BK, 1) }
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_64(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(64, 1, FA_BK, 1) }
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_128(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(128, 1, FA_BK, 1) }
@@ -943,3 +1080,12 @@ extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_2_128(FLASH_DKV_
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_w_32(FLASH_DKV_PARAMS) { FLASH_DKVW_BODY(32) }
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_w_64(FLASH_DKV_PARAMS) { FLASH_DKVW_BODY(64) }
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_w_128(FLASH_DKV_PARAMS) { FLASH_DKVW_BODY(128) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_ds_32(FLASH_DKV_PARAMS, u32* __restrict__ ds, const i64* __restrict__ ds_off) { FLASH_DKVS_BODY(32) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_ds_64(FLASH_DKV_PARAMS, u32* __restrict__ ds, const i64* __restrict__ ds_off) { FLASH_DKVS_BODY(64) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_ds_128(FLASH_DKV_PARAMS, u32* __restrict__ ds, const i64* __restrict__ ds_off) { FLASH_DKVS_BODY(128) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_ds_32(FLASH_DQS_PARAMS) { FLASH_DQS_BODY(32) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_ds_64(FLASH_DQS_PARAMS) { FLASH_DQS_BODY(64) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_ds_128(FLASH_DQS_PARAMS) { FLASH_DQS_BODY(128) }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dsum_32(FLASH_DSUM_PARAMS) { flash_bwd_dsum<32>(dsum, dout, out, T, heads); }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dsum_64(FLASH_DSUM_PARAMS) { flash_bwd_dsum<64>(dsum, dout, out, T, heads); }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dsum_128(FLASH_DSUM_PARAMS) { flash_bwd_dsum<128>(dsum, dout, out, T, heads); }

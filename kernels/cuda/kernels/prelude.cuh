@@ -156,6 +156,27 @@ __device__ __forceinline__ void ldsm4(u32 (&r)[4], const Frags& f, int off) {
 #endif
 }
 
+// ldsm4t is ldsm4 transposed (ldmatrix.x4.trans): lane 4g + t receives
+// in r[m] elements g of rows 2t (low half) and 2t + 1 (high half) of tile
+// m, as bf16: an A fragment of a tile stored column by column (lane_at).
+// The emulator's path gathers the same halves through shuffles of the
+// lanes' offsets.
+__device__ __forceinline__ void ldsm4t(u32 (&r)[4], const Frags& f, int off) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(f.s + 4u * (u32)off));
+#else
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, sh = 16 * (g & 1);
+#pragma unroll
+  for (int m = 0; m < 4; m++) {
+    const u32 lo = f.p[__shfl_sync(0xffffffffu, f.lane_off + off, 8 * m + 2 * t) + g / 2];
+    const u32 hi = f.p[__shfl_sync(0xffffffffu, f.lane_off + off, 8 * m + 2 * t + 1) + g / 2];
+    r[m] = ((lo >> sh) & 0xffffu) | (((hi >> sh) & 0xffffu) << 16);
+  }
+#endif
+}
+
 // The lanes' parts of ldsm4's offsets over a tile of rows pitch words
 // apart; the call's off adds r0 * pitch + w0 for the block of rows r0 at
 // word w0. lane_b2n: mma16816's B fragments (b[0], b[1]) of the 8-row
@@ -172,6 +193,12 @@ __device__ __forceinline__ int lane_b2k(int lane, int pitch) {
 __device__ __forceinline__ int lane_a(int lane, int pitch) {
   return (((lane >> 3) & 1) * 8 + (lane & 7)) * pitch + (lane >> 4) * 4;
 }
+// lane_at: for ldsm4t, the A fragment of the 16 x 16 tile whose element
+// (row i, column k) is stored at row k, bf16 column i (rows pitch words
+// apart from the call's offset): the tile's transpose is stored. The
+// rows are lane_b2n's (tiles 0 and 1 rows 0-7, 2 and 3 rows 8-15; tiles 1
+// and 3 four words on); ldmatrix's transpose makes them A's columns.
+__device__ __forceinline__ int lane_at(int lane, int pitch) { return lane_b2n(lane, pitch); }
 
 // u32x4 is 16 bytes moved at once; shared tiles are declared as arrays of
 // it so that they are 16-byte aligned.
