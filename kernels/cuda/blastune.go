@@ -45,20 +45,27 @@ import (
 // gains. Under KEEL_CUDA_PROFILE a shape's first product is charged its
 // timing.
 //
-// Only small products are timed, where a poor choice costs most and
-// timing least: at most tuneMaxFLOPs (a 256-row decoding step's products
-// of the Qwen3-0.6B and 30B-A3B shapes are 1.6-5.4 GFLOP; the training
-// step's, which run near the card's speed with the heuristic's choice,
-// 619-744 TFLOP/s measured, are larger), with an output of at most
+// Products are timed up to tuneMaxFLOPs, with an output of at most
 // tuneMaxBytes (the scratch output timing allocates), and at most
 // tuneMaxPlans of them per handle (shapes that keep changing, such as an
 // MoE layer's experts grouped on the host, stop costing time after that).
+// Until session 25 only products of at most 16 GFLOP were (a 256-row
+// decoding step's are 1.6-5.4 GFLOP), on the belief that training's ran
+// near the card's speed with the heuristic's choice. Most do (530-670
+// TFLOP/s in the H200's training profile of session 24), but not all:
+// the Qwen3-0.6B shape's q product (2048 × 16384 × 1024, Aᵀ·B) took
+// 436 µs, 158 TFLOP/s, and its o product (1024 × 16384 × 2048) 343 µs,
+// 200 TFLOP/s, where k's and v's (1024 × 16384 × 1024) took 65 µs and
+// down's (1024 × 16384 × 3072) 195 µs: together about 14 ms of a 247 ms
+// step at 8 × 2048 tokens. A training product takes tenths of a
+// millisecond, so its 48 candidates are timed in tens of milliseconds,
+// once per shape and card (the LM head's 2.5 GB outputs stay out).
 const (
 	tuneAlgos     = 16
 	tuneMaxCands  = 48
 	minSplitDepth = 128
-	tuneMaxFLOPs  = 16e9
-	tuneMaxBytes  = 64 << 20
+	tuneMaxFLOPs  = 1e12
+	tuneMaxBytes  = 256 << 20
 	tuneMaxPlans  = 512
 )
 
