@@ -508,8 +508,7 @@ func TestDeviceFlashAttention(t *testing.T) {
 			sameBits(t, fmt.Sprintf("%s %s, cp.async %v against %v", name, x.what, !ops.FlashPlainCopies, !plain.FlashPlainCopies), g.f32(x.a, x.n), g.f32(x.b, x.n))
 		}
 		// With q's and k's bf16 copies given (the training engine's, made by
-		// NormRopeBF16, padded with zero rows): the same bits, the
-		// backward's transposed copies made from them.
+		// NormRopeBF16, padded with zero rows): the same bits.
 		gq, gk := g.poisoned(FlashPad(T)*qd/2), g.poisoned(FlashPad(T)*kvd/2)
 		for _, z := range []Buffer{gq, gk} {
 			if err := g.d.Zero(z); err != nil {
@@ -562,8 +561,8 @@ func TestDeviceFlashAttention(t *testing.T) {
 			sameBits(t, fmt.Sprintf("%s %s, q and k copies given", name, x.what), g.f32(x.b, x.n), g.f32(x.a, x.n))
 		}
 		// With v's bf16 copy given too (the bf16 mode's v product writes
-		// it, [FlashPad(T), kv·hd] with zero pad rows): the forward's vᵀ
-		// and the backward's row-major v are it, the same bits.
+		// it, [FlashPad(T), kv·hd] with zero pad rows): the forward's and
+		// the backward's row-major v are it, the same bits.
 		gv := g.poisoned(FlashPad(T) * kvd / 2)
 		if err := g.d.Zero(gv); err != nil {
 			t.Fatal(err)
@@ -1435,10 +1434,10 @@ func TestDeviceBF16Output(t *testing.T) {
 
 // TestFlashSharedFallback: a card that gives a block less shared memory
 // than the forward with Q in shared memory needs at head size 128 (sm_86
-// and sm_89: 99 KiB, against 104) runs the narrow forward instead, its bits,
-// and the pipelined backward where it fits (the 16-query dK/dV pass where
-// the 32-query one is asked for). On keel's CUDA emulator as an
-// sm_86 card; on a GPU, the attribute is read.
+// and sm_89: 99 KiB, against 102) runs the narrow forward instead, its bits,
+// and the pipelined backward, which fits (the 32-query dK/dV pass's 69
+// KiB too since session 25: the same bits as the 16-query one). On keel's
+// CUDA emulator as an sm_86 card; on a GPU, the attribute is read.
 func TestFlashSharedFallback(t *testing.T) {
 	if d := deviceForTest(t); d.SharedPerBlock < 48<<10 || (!d.Emulated && d.Arch >= 90 && d.SharedPerBlock < 227<<10) {
 		t.Fatalf("%v: %d bytes of shared memory a block", d, d.SharedPerBlock)
@@ -1482,7 +1481,7 @@ func TestFlashSharedFallback(t *testing.T) {
 		return []Buffer{out, lse, dq, dk, dv}
 	}
 	wq := NewOps(g.d)
-	wq.FlashWide, wq.FlashWideQ, wq.FlashDKVWide = false, true, true // the 32-query dK/dV pass's 109 KiB do not fit either
+	wq.FlashWide, wq.FlashWideQ, wq.FlashDKVWide = false, true, true // the 32-query dK/dV pass: its 69 KiB fit
 	narrow := NewOps(g.d)
 	narrow.FlashWide, narrow.FlashWideQ, narrow.FlashDKVWide = false, false, false
 	got, want := run(wq), run(narrow)

@@ -53,8 +53,9 @@ type Ops struct {
 	// bits. The default since an H200 timed it (2026-11-27,
 	// tools/gpu/NOTES.md): the backward 9% faster at 8 × 2048 tokens of the
 	// Qwen3-0.6B shape, 10% at 2 × 16384. KEEL_FLASH_DKV=narrow at NewOps
-	// turns it off; where its 109 KiB of shared memory at head size 128 do
-	// not fit a block (sm_86, sm_89), the 16-query kernel runs.
+	// turns it off; where its shared memory (69 KiB at head size 128;
+	// 109 before session 25's transposed copies went) does not fit a
+	// block, the 16-query kernel runs.
 	FlashDKVWide bool
 	// FlashDQStored has the training engine's backward store dS, and
 	// flash.cu's dQ pass read it instead of recomputing it
@@ -771,14 +772,15 @@ func checkFlash(heads, kv, hd int) error {
 
 // FlashScratch holds the bf16 copies of attention's operands that
 // flash.cu's kernels read, for rows tokens: row-major [Tp, width] copies
-// whose rows past rows stay zero, and transposed [width, Tp] ones, Tp =
-// rows rounded up to 128 (the wide forward's query block). A forward needs q, k and vᵀ; a backward q, k, v,
-// kᵀ, qᵀ, dO and dOᵀ. One scratch serves every layer of a pass.
+// whose rows past rows stay zero, Tp = rows rounded up to 128 (the wide
+// forward's query block). A forward needs q, k and v; a backward q, k, v
+// and dO. One scratch serves every layer of a pass.
 type FlashScratch struct {
-	mem                              Memory
-	rows, pad, heads, kv, hd         int
-	q, k, v, kt, vt, qt, dout, doutT Buffer
-	bufs                             []Buffer
+	mem                      Memory
+	rows, pad, heads, kv, hd int
+	backward                 bool
+	q, k, v, dout            Buffer
+	bufs                     []Buffer
 	// givenQK: the caller makes q's and k's row-major copies
 	// (NormRopeBF16) and points the scratch at them (UseQK); givenV: v's
 	// too (UseQKV).
@@ -798,8 +800,7 @@ func NewFlashScratch(mem Memory, rows, heads, kv, hd int, backward bool) (*Flash
 // k's row-major bf16 copies itself ([Pad(rows), width], the pad rows zero:
 // NormRopeBF16 writes them so, and the training engine keeps them for the
 // backward) and hands them to each call with UseQK: no rounding pass of
-// its own for them, and in a backward the transposed copies made from
-// them (the same bits).
+// its own for them.
 func NewFlashScratchGivenQK(mem Memory, rows, heads, kv, hd int, backward bool) (*FlashScratch, error) {
 	return newFlashScratch(mem, rows, heads, kv, hd, backward, true, false)
 }
@@ -807,8 +808,8 @@ func NewFlashScratchGivenQK(mem Memory, rows, heads, kv, hd int, backward bool) 
 // NewFlashScratchGivenQKV is NewFlashScratchGivenQK for a caller that has
 // v in bf16 as well ([Pad(rows), kv·hd], the pad rows zero: the bf16
 // training mode's v product writes it so) and hands it to each call with
-// UseQKV: the forward makes vᵀ from it, and a backward reads it as its
-// row-major copy (none of its own, no rounding pass).
+// UseQKV: the forward and the backward read it as their row-major copy
+// (none of their own, no rounding pass).
 func NewFlashScratchGivenQKV(mem Memory, rows, heads, kv, hd int, backward bool) (*FlashScratch, error) {
 	return newFlashScratch(mem, rows, heads, kv, hd, backward, true, true)
 }
@@ -863,18 +864,18 @@ func newFlashScratch(mem Memory, rows, heads, kv, hd int, backward, givenQK, giv
 	if rows < 1 {
 		return nil, fmt.Errorf("cuda: flash attention's copies for %d rows", rows)
 	}
-	s := &FlashScratch{mem: mem, rows: rows, pad: FlashPad(rows), heads: heads, kv: kv, hd: hd, givenQK: givenQK, givenV: givenV}
+	s := &FlashScratch{mem: mem, rows: rows, pad: FlashPad(rows), heads: heads, kv: kv, hd: hd, backward: backward, givenQK: givenQK, givenV: givenV}
 	qd, kvd := int64(s.pad*heads*hd)*2, int64(s.pad*kv*hd)*2
+	// Each copy's pad rows must read as zeros; the caller's (given) come
+	// with each call (UseQK, UseQKV).
 	type copyBuf struct {
 		b     *Buffer
 		bytes int64
-		zero  bool // row-major: the pad rows must read as zeros
-		given bool // the caller's, with each call (UseQK, UseQKV)
+		given bool
 	}
-	want := []copyBuf{{&s.q, qd, true, givenQK}, {&s.k, kvd, true, givenQK}, {&s.vt, kvd, false, false}}
+	want := []copyBuf{{&s.q, qd, givenQK}, {&s.k, kvd, givenQK}, {&s.v, kvd, givenV}}
 	if backward {
-		want = []copyBuf{{&s.q, qd, true, givenQK}, {&s.k, kvd, true, givenQK}, {&s.v, kvd, true, givenV}, {&s.kt, kvd, false, false},
-			{&s.qt, qd, false, false}, {&s.dout, qd, true, false}, {&s.doutT, qd, false, false}}
+		want = append(want, copyBuf{&s.dout, qd, false})
 	}
 	for _, w := range want {
 		if w.given {
@@ -887,11 +888,9 @@ func newFlashScratch(mem Memory, rows, heads, kv, hd int, backward, givenQK, giv
 		}
 		s.bufs = append(s.bufs, b)
 		*w.b = b
-		if w.zero {
-			if err := d.Zero(b); err != nil {
-				s.Free()
-				return nil, err
-			}
+		if err := d.Zero(b); err != nil {
+			s.Free()
+			return nil, err
 		}
 	}
 	return s, nil
@@ -965,7 +964,7 @@ func ScoreBytes(ends []int32, heads int) (int64, error) {
 // stores dS in the dK/dV pass and its dQ pass reads it back
 // (FlashDQStored), where the pipelined 32-query dK/dV pass runs.
 func (s *FlashScratch) StoreScores(ends []int32) error {
-	if s.dout.Ptr == 0 {
+	if !s.backward {
 		return fmt.Errorf("cuda: StoreScores on a forward's flash scratch")
 	}
 	if len(ends) != s.rows {
@@ -993,17 +992,6 @@ func (s *FlashScratch) StoreScores(ends []int32) error {
 // rowsBF16 rounds src [rows, width] into the row-major copy dst.
 func (o *Ops) rowsBF16(dst, src Buffer, rows, width int) error { return o.ToBF16(dst, src, rows*width) }
 
-// colsBF16 rounds src [rows, width] into the transposed copy dst [width, pad].
-func (o *Ops) colsBF16(dst, src Buffer, rows, width, pad int) error {
-	return o.Launch("flash.cu", "flash_cols", Dim3{X: pad / 32, Y: (width + 31) / 32}, block256, dst, src, rows, width, pad)
-}
-
-// cols16 is colsBF16 from a bf16 src [rows, width]: the same bits as from
-// the float32 values it rounds.
-func (o *Ops) cols16(dst, src16 Buffer, rows, width, pad int) error {
-	return o.Launch("flash.cu", "flash_cols16", Dim3{X: pad / 32, Y: (width + 31) / 32}, block256, dst, src16, rows, width, pad)
-}
-
 // qkCopies makes s's row-major copies of q and k, unless the caller gave
 // them (UseQK).
 func (o *Ops) qkCopies(s *FlashScratch, q, k Buffer) error {
@@ -1028,7 +1016,7 @@ func (o *Ops) qkCopies(s *FlashScratch, q, k Buffer) error {
 // bits: the exact mode keeps Attention. s is a scratch for s.rows rows
 // with the same heads and head size.
 func (o *Ops) FlashAttention(s *FlashScratch, out16, lse, q, k, v, seqStart Buffer, scale float32) error {
-	if s.vt.Ptr == 0 {
+	if s.backward {
 		return fmt.Errorf("cuda: FlashAttention given a backward's scratch")
 	}
 	if !(scale > 0) {
@@ -1036,19 +1024,10 @@ func (o *Ops) FlashAttention(s *FlashScratch, out16, lse, q, k, v, seqStart Buff
 		// scores and scales it after, which holds for a positive scale.
 		return fmt.Errorf("cuda: FlashAttention's scale %v: want a positive number", scale)
 	}
-	T, kvd := s.rows, s.kv*s.hd
+	T := s.rows
 	for _, f := range []func() error{
 		func() error { return o.qkCopies(s, q, k) },
-		func() error {
-			given, err := s.vGiven()
-			switch {
-			case err != nil:
-				return err
-			case given: // vᵀ from the caller's copy: the same bits
-				return o.cols16(s.vt, s.v, T, kvd, s.pad)
-			}
-			return o.colsBF16(s.vt, v, T, kvd, s.pad)
-		},
+		func() error { return o.vCopy(s, v) },
 		func() error {
 			name, rows, shared := "flash_fwd_%d", 64, 0
 			switch {
@@ -1058,7 +1037,7 @@ func (o *Ops) FlashAttention(s *FlashScratch, out16, lse, q, k, v, seqStart Buff
 				name, rows = "flash_fwd_wide_%d", 128
 			}
 			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + rows - 1) / rows, Y: s.heads}, Dim3{X: flashThreads}, shared,
-				out16, lse, s.q, s.k, s.vt, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
+				out16, lse, s.q, s.k, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
 		},
 	} {
 		if err := f(); err != nil {
@@ -1068,20 +1047,29 @@ func (o *Ops) FlashAttention(s *FlashScratch, out16, lse, q, k, v, seqStart Buff
 	return nil
 }
 
+// vCopy makes s's row-major copy of v, unless the caller gave it
+// (UseQKV).
+func (o *Ops) vCopy(s *FlashScratch, v Buffer) error {
+	if given, err := s.vGiven(); given || err != nil {
+		return err
+	}
+	return o.rowsBF16(s.v, v, s.rows, s.kv*s.hd)
+}
+
 // fitsShared says whether a block may have bytes of shared memory on o's
-// device: the forward with Q in shared memory needs 104 KiB at head size
+// device: the forward with Q in shared memory needs 102 KiB at head size
 // 128, more than sm_86 and sm_89 cards give a block (99 KiB), and takes
-// the narrow forward there; the pipelined backward (60 KiB) likewise
-// takes one stage on cards of 64 KiB.
+// the narrow forward there; the pipelined backward (34 and 69 KiB)
+// likewise takes one stage on cards that give less.
 func (o *Ops) fitsShared(bytes int) bool { return bytes <= o.Dev.SharedPerBlock }
 
 // flashForwardShared is the dynamic shared memory, in bytes, of flash.cu's
 // wide forward with Q in shared memory (flash_fwd_wq) for head size hd:
-// Q's 128 rows, two stages of 64 keys' K rows and of V transposed
-// (FLASH_FWDQ_BODY). 104 KiB at head size 128: two blocks a multiprocessor.
+// Q's 128 rows, two stages of 64 keys' K rows and of V's (FLASH_FWDQ_BODY).
+// 102 KiB at head size 128: two blocks a multiprocessor.
 func flashForwardShared(hd int) int {
 	kp := hd/2 + 4
-	return 4 * (128*kp + 2*64*kp + 2*hd*(64/2+4))
+	return 4 * (128*kp + 4*64*kp)
 }
 
 // flashBackwardShared is the dynamic shared memory, in bytes, of flash.cu's
@@ -1102,9 +1090,9 @@ func flashBackwardShared(hd int, dkv, wide bool) int {
 				kv = 2
 			}
 		}
-		return 4 * (kv*faBK*kp + 2*(2*bq*kp+2*hd*(bq/2+4)+3*bq))
+		return 4 * (kv*faBK*kp + 2*(2*bq*kp+3*bq))
 	}
-	return 4 * 2 * (2*bk*kp + hd*(bk/2+4))
+	return 4 * 2 * 2 * bk * kp
 }
 
 // FlashAttentionBackward computes FlashAttention's gradients dq and dk
@@ -1115,38 +1103,18 @@ func flashBackwardShared(hd int, dkv, wide bool) int {
 // three: D, dK and dV storing dS, dQ from it (the same bits). s is a
 // backward's scratch.
 func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, out16, lse, q, k, v, seqStart, seqEnd Buffer, scale float32) error {
-	if s.dout.Ptr == 0 {
+	if !s.backward {
 		return fmt.Errorf("cuda: FlashAttentionBackward given a forward's scratch")
 	}
-	T, qd, kvd := s.rows, s.heads*s.hd, s.kv*s.hd
+	T, qd := s.rows, s.heads*s.hd
 	// With stored dS (StoreScores), where the 32-query dK/dV pass runs:
 	// D's pass, then the dK/dV pass that stores dS, then the dQ pass that
 	// reads it.
 	stored := s.ds.Ptr != 0 && !o.FlashBackwardSingle && o.fitsShared(flashBackwardShared(s.hd, true, true))
 	for _, f := range []func() error{
 		func() error { return o.qkCopies(s, q, k) },
-		func() error {
-			if s.givenQK { // transposed from the bf16 copies: the same bits
-				return o.cols16(s.qt, s.q, T, qd, s.pad)
-			}
-			return o.colsBF16(s.qt, q, T, qd, s.pad)
-		},
-		func() error {
-			if s.givenQK {
-				return o.cols16(s.kt, s.k, T, kvd, s.pad)
-			}
-			return o.colsBF16(s.kt, k, T, kvd, s.pad)
-		},
-		func() error {
-			given, err := s.vGiven()
-			if given || err != nil { // the caller's copy (or none)
-				return err
-			}
-			return o.rowsBF16(s.v, v, T, kvd)
-		},
-		func() error { // dO's row-major and transposed copies from one read
-			return o.Launch("flash.cu", "flash_rows_cols", Dim3{X: s.pad / 32, Y: (qd + 31) / 32}, block256, s.dout, s.doutT, dout, T, qd, s.pad)
-		},
+		func() error { return o.vCopy(s, v) },
+		func() error { return o.rowsBF16(s.dout, dout, T, qd) },
 		func() error {
 			if stored {
 				return o.Launch("flash.cu", fmt.Sprintf("flash_bwd_dsum_%d", s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: flashThreads},
@@ -1157,7 +1125,7 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 				name, shared = "flash_bwd_dq_2_%d", flashBackwardShared(s.hd, false, false)
 			}
 			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: flashThreads}, shared,
-				dq, dsum, dout, out16, lse, s.q, s.dout, s.k, s.kt, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
+				dq, dsum, dout, out16, lse, s.q, s.dout, s.k, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
 		},
 		func() error {
 			name, shared := "flash_bwd_dkv_%d", 0
@@ -1168,7 +1136,7 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 			case o.fitsShared(flashBackwardShared(s.hd, true, false)):
 				name, shared = "flash_bwd_dkv_2_%d", flashBackwardShared(s.hd, true, false)
 			}
-			args := []any{dk, dv16, lse, dsum, s.q, s.qt, s.dout, s.doutT, s.k, s.v, seqStart, seqEnd, T, s.pad, s.heads, s.kv, scale, o.flashAsync()}
+			args := []any{dk, dv16, lse, dsum, s.q, s.dout, s.k, s.v, seqStart, seqEnd, T, s.pad, s.heads, s.kv, scale, o.flashAsync()}
 			if stored {
 				name, shared = "flash_bwd_dkv_ds_%d", flashBackwardShared(s.hd, true, true)
 				args = append(args, s.ds, s.dsOff)
@@ -1180,7 +1148,7 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 				return nil
 			}
 			return o.Launch("flash.cu", fmt.Sprintf("flash_bwd_dq_ds_%d", s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: flashThreads},
-				dq, s.ds, s.dsOff, s.kt, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
+				dq, s.ds, s.dsOff, s.k, seqStart, T, s.heads, s.kv, scale, o.flashAsync())
 		},
 	} {
 		if err := f(); err != nil {

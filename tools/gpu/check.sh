@@ -569,7 +569,7 @@ fi
 if [[ " $sections " == *" fit "* ]]; then
   echo "== full-parameter bf16 training of the Qwen3-1.7B shape at 4 x 4096 tokens, the memory plan against the card (logits not kept: KEEL_HEAD_KEEP=0, which the plan leaves out)"
   # recompute or not, and train/memplan's total and activations for it
-  for spec in "--recompute 39.19 10.32" "none 67.08 38.21"; do
+  for spec in "--recompute 39.04 10.16" "none 66.92 38.05"; do
     set -- $spec
     rc=$1; [ $rc = none ] && rc=
     tag=1.7b${rc:+-recompute}

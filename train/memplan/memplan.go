@@ -58,7 +58,8 @@
 //     the LM head computes over chunks of HeadChunk tokens, holding one
 //     chunk's fp32 logits (and in bf16 mode their gradient in bf16;
 //     fp32 writes it over the logits).
-//   - flash.cu's bf16 copies for the backward (kᵀ, qᵀ, dO, dOᵀ).
+//   - flash.cu's bf16 copy of dO for the backward (q, k and v come from
+//     the forward; since session 25 no transposed copies).
 //   - Backward holds the loss coefficients (2) and the final norm's
 //     gradient (H) throughout; first the LM head's scratch, then, once it
 //     is freed (the two are Exclusive items), one layer's activation
@@ -282,10 +283,8 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	}
 	add("log-probabilities and token vectors", c.mul(T, 4, tokVecs), true)
 	if flash {
-		// The backward's copies (q, k and v come from the forward): kᵀ,
-		// qᵀ, dO, dOᵀ. The forward's vᵀ goes before the backward (under
-		// Recompute too, which does not run attention's forward again).
-		add("flash attention's bf16 copies", c.mul(Tp, 2, c.add(K, 3*Q)), true)
+		// The backward's copy of dO (q, k and v come from the forward).
+		add("flash attention's bf16 copies", c.mul(Tp, 2, Q), true)
 	}
 
 	// The backward keeps the loss's coefficients and the final norm's

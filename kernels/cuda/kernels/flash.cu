@@ -15,11 +15,13 @@
 // and dV storing the bf16 dS tiles they compute (flash_bwd_dkv_ds), and
 // dQ from those (flash_bwd_dq_ds): the dQ pass's score and dP products
 // not done twice, for T²·heads bytes of device memory.
-// They read bf16 copies of their operands made once per call (Ops'
-// FlashScratch): row-major [Tp, width] with rows T..Tp-1 zero, and
-// transposed [width, Tp] (flash_cols), Tp = T rounded up to 128, so that
-// every tile is copied into shared memory 16 bytes at a time and starts
-// at a multiple of its size (the masks drop keys before a sequence).
+// They read row-major bf16 copies of their operands [Tp, width] with rows
+// T..Tp-1 zero (Ops' FlashScratch, or the training engine's own), Tp = T
+// rounded up to 128, so that every tile is copied into shared memory 16
+// bytes at a time and starts at a multiple of its size (the masks drop
+// keys before a sequence). A product that needs an operand transposed
+// (P·V, dS·K, Pᵀ·dO, dSᵀ·Q) takes its fragments through ldmatrix's
+// transpose (ldsm4t) rather than from a transposed copy.
 
 #define FA_LOG2E 1.4426950408889634f
 #define FA_LN2 0.6931471805599453f
@@ -86,13 +88,6 @@ __device__ __forceinline__ void copy_rows(u32* dst, int pitch, const bf16_t* src
   copy_tile<N, HD / 8, UNROLL>(dst, pitch, src, ld, async);
 }
 
-// copy_cols copies HD rows of N bf16 of a transposed copy (row d at
-// src + d*ld) into dst, rows pitch words apart.
-template <int HD, int N, bool UNROLL = false>
-__device__ __forceinline__ void copy_cols(u32* dst, int pitch, const bf16_t* src, i64 ld, int async) {
-  copy_tile<HD, N / 8, UNROLL>(dst, pitch, src, ld, async);
-}
-
 // load_a reads a warp's A fragments of a 16 x HD block of a row-major
 // bf16 copy: rows r0 and r0 + 8 of src.
 template <int HD>
@@ -106,47 +101,6 @@ __device__ __forceinline__ void load_a(u32 (&a)[HD / 16][4], const bf16_t* src, 
     a[ks][2] = p0[ks * 8 + t + 4];
     a[ks][3] = p1[ks * 8 + t + 4];
   }
-}
-
-// flash_cols writes dst[c*Tp + t] = bf16(src[t*n + c]) for the T rows and
-// n columns of src, zeros for T <= t < Tp: a transposed bf16 copy, through
-// 32 x 32 tiles of shared memory. grid = (Tp/32, ceil(n/32)), block 256.
-// With rows, each element read is also written rounded into the
-// row-major copy rows [Tp, n] (rows T.. left as they are).
-template <typename I>
-__device__ __forceinline__ void cols_bf16(bf16_t* __restrict__ dst, const I* __restrict__ src, int T, int n, int Tp,
-                                          bf16_t* __restrict__ rows = nullptr) {
-  __shared__ float tile[32][33];
-  const int t0 = blockIdx.x * 32, c0 = blockIdx.y * 32, tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
-  for (int i = ty; i < 32; i += 8) {
-    const int t = t0 + i, c = c0 + tx;
-    tile[i][tx] = (t < T && c < n) ? widen(src[(i64)t * n + c]) : 0.f;
-    if (rows && t < T && c < n) rows[(i64)t * n + c] = f32_to_bf16(tile[i][tx]);
-  }
-  __syncthreads();
-  for (int i = ty; i < 32; i += 8) {
-    const int c = c0 + i, t = t0 + tx;
-    if (c < n && t < Tp) dst[(i64)c * Tp + t] = f32_to_bf16(tile[tx][i]);
-  }
-}
-extern "C" __global__ void __launch_bounds__(256) flash_cols(bf16_t* __restrict__ dst, const float* __restrict__ src,
-                                                             int T, int n, int Tp) {
-  cols_bf16(dst, src, T, n, Tp);
-}
-
-// flash_rows_cols is flash_cols that also writes the row-major copy rows
-// (ToBF16's rounding of the T rows): dO's two copies for the backward
-// from one read of it.
-extern "C" __global__ void __launch_bounds__(256) flash_rows_cols(bf16_t* __restrict__ rows, bf16_t* __restrict__ dst,
-                                                                  const float* __restrict__ src, int T, int n, int Tp) {
-  cols_bf16(dst, src, T, n, Tp, rows);
-}
-
-// flash_cols16 is flash_cols from a bf16 src (the training engine's bf16
-// q and k): the same bits as flash_cols from the float32 values it rounds.
-extern "C" __global__ void __launch_bounds__(256) flash_cols16(bf16_t* __restrict__ dst, const bf16_t* __restrict__ src,
-                                                               int T, int n, int Tp) {
-  cols_bf16(dst, src, T, n, Tp);
 }
 
 // quad_sum and quad_max reduce over the four lanes that share a row of an
@@ -242,8 +196,9 @@ __device__ __forceinline__ int warp_max_int(int v) {
   return v;
 }
 
-// flash_fwd_tile folds a tile of BK keys (K row-major and V transposed in
-// shared memory, V's rows VP words apart, from key jt) into a warp's MT
+// flash_fwd_tile folds a tile of BK keys (K and V row-major in shared
+// memory, rows HD/2 + 4 words apart, from key jt; V's fragments through
+// ldmatrix's transpose) into a warp's MT
 // row tiles: scores, the online softmax's update, and P·V. Each score
 // sums its k slices in order, whichever source gives the Q fragments (QF:
 // QRegs or QShared). The warp's rows are r0 = wr + g + 8e + 16mt; row r's
@@ -256,8 +211,8 @@ __device__ __forceinline__ int warp_max_int(int v) {
 // (sl2 > 0: the same maximum as over the scaled ones), each exponential's
 // argument is one fused multiply-add, and the accumulated outputs are
 // rescaled only when some row's maximum moved.
-template <int HD, int MT, int BK, int VP, class QF>
-__device__ __forceinline__ void flash_fwd_tile(const u32* Ks, const u32* Vt, float (&o)[MT][HD / 8][4],
+template <int HD, int MT, int BK, class QF>
+__device__ __forceinline__ void flash_fwd_tile(const u32* Ks, const u32* Vs, float (&o)[MT][HD / 8][4],
                                                float (&m)[MT][2], float (&l)[MT][2], const QF& qf,
                                                const int* __restrict__ seq_start, int T, int wr, int jt, float sl2,
                                                int lane, bool masked) {
@@ -265,7 +220,7 @@ __device__ __forceinline__ void flash_fwd_tile(const u32* Ks, const u32* Vt, flo
   static_assert(BK % 16 == 0 && ND % 2 == 0, "fragments are loaded for two 8-column blocks at a time");
   const int t = lane & 3;
   const float ninf = -__int_as_float(0x7f800000);
-  const Frags kf = frags(Ks, lane_b2n(lane, KP)), vf = frags(Vt, lane_b2n(lane, VP));
+  const Frags kf = frags(Ks, lane_b2n(lane, KP));
   float s[MT][BK / 8][4];
 #pragma unroll
   for (int nt = 0; nt < BK / 8; nt++)
@@ -342,6 +297,7 @@ __device__ __forceinline__ void flash_fwd_tile(const u32* Ks, const u32* Vt, flo
       l[mt][1] += s[mt][nt][2] + s[mt][nt][3];
     }
   }
+  const Frags vf = frags(Vs, lane_a(lane, KP));
 #pragma unroll
   for (int kk = 0; kk < BK / 16; kk++) {
     u32 pa[MT][4];
@@ -350,7 +306,7 @@ __device__ __forceinline__ void flash_fwd_tile(const u32* Ks, const u32* Vt, flo
 #pragma unroll
     for (int n = 0; n < ND; n += 2) {
       u32 b[4];
-      ldsm4(b, vf, n * 8 * VP + kk * 8);
+      ldsm4t(b, vf, kk * 16 * KP + n * 4);
       const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
 #pragma unroll
       for (int mt = 0; mt < MT; mt++) {
@@ -364,10 +320,10 @@ __device__ __forceinline__ void flash_fwd_tile(const u32* Ks, const u32* Vt, flo
 // flash_fwd: out = softmax(q k^T * scale) v over each row's sequence
 // prefix, rounded to bf16 (the output projection's operand, and the
 // backward's D), lse its log-sum-exp (natural log, as attn.cu's), from
-// the bf16 copies qb, kb (row-major) and vt (transposed). A block takes
+// the row-major bf16 copies qb, kb and vb. A block takes
 // 64·MT query rows of one head; warp w owns MT tiles of 16 rows (16·MT·w onwards) and
-// walks the keys in tiles of BK in shared memory (K row-major, V
-// transposed, as bf16 pairs). Each K or V fragment read from shared
+// walks the keys in tiles of BK in shared memory (K and V row-major, as
+// bf16 pairs). Each K or V fragment read from shared
 // memory feeds MT products: MT = 2 halves the shared-memory reads per
 // product (the FlashAttention-2 layout) for more registers. With STAGES =
 // 2 the next tile's copy is in flight while this one's products run
@@ -377,11 +333,11 @@ __device__ __forceinline__ void flash_fwd_tile(const u32* Ks, const u32* Vt, flo
 // are folded in SUB at a time (the scores of SUB keys in registers, not
 // BK). grid = (ceil(T/(64·MT)), heads), block 128.
 template <int HD, int MT, int BK, int STAGES, bool QS = false, int SUB = BK>
-__device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vt, bf16_t* __restrict__ out, float* __restrict__ lse,
+__device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vs, bf16_t* __restrict__ out, float* __restrict__ lse,
                                           const bf16_t* __restrict__ qb, const bf16_t* __restrict__ kb,
-                                          const bf16_t* __restrict__ vt, const int* __restrict__ seq_start, int T,
+                                          const bf16_t* __restrict__ vb, const int* __restrict__ seq_start, int T,
                                           int Tp, int heads, int kv, float scale, int async) {
-  constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, VP = BK / 2 + 4, BQ = 64 * MT;
+  constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, BQ = 64 * MT;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int i0 = heaviest_first() * BQ, h = blockIdx.y, grp = h / (heads / kv);
   const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
@@ -406,23 +362,23 @@ __device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vt, bf16_t* __r
   // starts at or before j: j >= lmax (the latest start, the last row's:
   // starts never fall along the rows) and the tile's last key <= wr.
   const int lmax = wr + 16 * MT <= T ? seq_start[wr + 16 * MT - 1] : 1 << 30;
-  constexpr int KT = BK * KP, VT = HD * VP;  // a stage's words of K and of V
+  constexpr int KT = BK * KP;  // a stage's words of K, and of V
   const int j0 = seq_start[i0] & -BK;
   if (STAGES == 2) {
     // The copy rows stop at Tp: i0 + BQ <= Tp (a multiple of 128).
     if constexpr (QS) copy_rows<HD, BQ>(Qs, KP, qb + (i64)i0 * qd + (i64)h * HD, qd, async);
     copy_rows<HD, BK>(Ks, KP, kb + (i64)j0 * kvd + (i64)grp * HD, kvd, async);
-    copy_cols<HD, BK>(Vt, VP, vt + (i64)grp * HD * Tp + j0, Tp, async);
+    copy_rows<HD, BK>(Vs, KP, vb + (i64)j0 * kvd + (i64)grp * HD, kvd, async);
     copies_commit(async);
   }
   for (int jt = j0, stage = 0; jt <= last; jt += BK, stage ^= STAGES - 1) {
-    u32 *K = Ks + stage * KT, *V = Vt + stage * VT;
+    u32 *K = Ks + stage * KT, *V = Vs + stage * KT;
     if (STAGES == 2) {
       // The next tile's copy into the other stage, which every warp is
       // done with (the barrier at the end of the last iteration).
       if (jt + BK <= last) {
         copy_rows<HD, BK>(Ks + (stage ^ 1) * KT, KP, kb + (i64)(jt + BK) * kvd + (i64)grp * HD, kvd, async);
-        copy_cols<HD, BK>(Vt + (stage ^ 1) * VT, VP, vt + (i64)grp * HD * Tp + jt + BK, Tp, async);
+        copy_rows<HD, BK>(Vs + (stage ^ 1) * KT, KP, vb + (i64)(jt + BK) * kvd + (i64)grp * HD, kvd, async);
       }
       copies_commit(async);  // perhaps empty: wait_prev then still means this tile
       copies_wait_prev(async);
@@ -430,7 +386,7 @@ __device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vt, bf16_t* __r
     } else {
       __syncthreads();
       copy_rows<HD, BK>(Ks, KP, kb + (i64)jt * kvd + (i64)grp * HD, kvd, async);
-      copy_cols<HD, BK>(Vt, VP, vt + (i64)grp * HD * Tp + jt, Tp, async);
+      copy_rows<HD, BK>(Vs, KP, vb + (i64)jt * kvd + (i64)grp * HD, kvd, async);
       copies_done(async);
       __syncthreads();
     }
@@ -441,11 +397,11 @@ __device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vt, bf16_t* __r
       if (wr + 16 * MT - 1 < jt + sub) continue;  // keys past the warp's last row
       const bool masked = !(jt + sub >= lmax && jt + sub + SUB - 1 <= wr);
       if constexpr (QS) {
-        flash_fwd_tile<HD, MT, SUB, VP>(K + sub * KP, V + sub / 2, o, m, l,
+        flash_fwd_tile<HD, MT, SUB>(K + sub * KP, V + sub * KP, o, m, l,
                                         QShared<HD>{frags(Qs + 16 * MT * w * KP, lane_a(lane, KP))}, seq_start, T, wr, jt + sub,
                                         sl2, lane, masked);
       } else {
-        flash_fwd_tile<HD, MT, SUB, VP>(K + sub * KP, V + sub / 2, o, m, l, QRegs<HD, MT>{qa}, seq_start, T, wr, jt + sub, sl2,
+        flash_fwd_tile<HD, MT, SUB>(K + sub * KP, V + sub * KP, o, m, l, QRegs<HD, MT>{qa}, seq_start, T, wr, jt + sub, sl2,
                                         lane, masked);
       }
     }
@@ -462,21 +418,18 @@ __device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vt, bf16_t* __r
 }
 
 // dq_tile_copy copies the dQ pass's key tile from key jt into stage S:
-// K row-major (FB_BK rows of KP words), V row-major after it, and K
-// transposed (HD rows of TP words) after that.
+// K and V row-major (FB_BK rows of KP words each).
 template <int HD>
-__device__ __forceinline__ void dq_tile_copy(u32* Ks, u32* Kt, u32* Vs, const bf16_t* __restrict__ kb,
-                                             const bf16_t* __restrict__ kt, const bf16_t* __restrict__ vb, int jt,
-                                             int grp, i64 kvd, int Tp, int async) {
-  constexpr int KP = HD / 2 + 4, TP = FB_BK / 2 + 4;
+__device__ __forceinline__ void dq_tile_copy(u32* Ks, u32* Vs, const bf16_t* __restrict__ kb,
+                                             const bf16_t* __restrict__ vb, int jt, int grp, i64 kvd, int async) {
+  constexpr int KP = HD / 2 + 4;
   copy_rows<HD, FB_BK, true>(Ks, KP, kb + (i64)jt * kvd + (i64)grp * HD, kvd, async);
-  copy_cols<HD, FB_BK, true>(Kt, TP, kt + (i64)grp * HD * Tp + jt, Tp, async);
   copy_rows<HD, FB_BK, true>(Vs, KP, vb + (i64)jt * kvd + (i64)grp * HD, kvd, async);
 }
 
 // DQ_STAGE_WORDS is the shared memory of one stage of flash_bwd_dq, in
-// words: K row-major, V row-major, K transposed.
-#define DQ_STAGE_WORDS(HD) (2 * FB_BK * ((HD) / 2 + 4) + (HD) * (FB_BK / 2 + 4))
+// words: K row-major, V row-major.
+#define DQ_STAGE_WORDS(HD) (2 * FB_BK * ((HD) / 2 + 4))
 
 // dq_rows_dsum sets D0 and D1 to D = dO.O of rows r0 and r0 + 8 for head
 // h, each lane of a quad summing its own columns of the rows (those of
@@ -508,21 +461,20 @@ __device__ __forceinline__ void dq_rows_dsum(float& D0, float& D1, float* __rest
 // flash_bwd_dq: for query rows i and head h, D_i = dO_i.O_i (into dsum;
 // dO rounded to bf16 as dob holds it, O as the forward wrote it)
 // and dq_i = scale * sum_j P_ij (dO_i.v_j - D_i) k_j, P recomputed from
-// lse. Blocks as flash_fwd's; key tiles of FB_BK, K in shared memory
-// row-major (kb) and transposed (kt), V row-major (vb); Q and dO from qb
-// and dob. With STAGES = 2 the next key tile's copy is in flight while
-// this one's products run (Ks0, Kt0 and Vs0 are the first stage's tiles,
+// lse. Blocks as flash_fwd's; key tiles of FB_BK, K and V in shared
+// memory row-major (kb, vb; K's fragments for dS·K through ldmatrix's
+// transpose); Q and dO from qb and dob. With STAGES = 2 the next key
+// tile's copy is in flight while this one's products run (Ks0 and Vs0 are the first stage's tiles,
 // the second's DQ_STAGE_WORDS on; the same bits as one stage).
 // grid = (ceil(T/FA_BQ), heads), block 128.
 template <int HD, int STAGES>
-__device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Kt0, u32* Vs0, float* __restrict__ dq, float* __restrict__ dsum,
+__device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Vs0, float* __restrict__ dq, float* __restrict__ dsum,
                                              const float* __restrict__ dout, const bf16_t* __restrict__ out,
                                              const float* __restrict__ lse, const bf16_t* __restrict__ qb,
                                              const bf16_t* __restrict__ dob, const bf16_t* __restrict__ kb,
-                                             const bf16_t* __restrict__ kt, const bf16_t* __restrict__ vb,
-                                             const int* __restrict__ seq_start, int T, int Tp, int heads, int kv,
-                                             float scale, int async) {
-  constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, TP = FB_BK / 2 + 4;
+                                             const bf16_t* __restrict__ vb, const int* __restrict__ seq_start, int T,
+                                             int Tp, int heads, int kv, float scale, int async) {
+  constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4;
   constexpr int SW = DQ_STAGE_WORDS(HD);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int i0 = heaviest_first() * FA_BQ, h = blockIdx.y, grp = h / (heads / kv);
@@ -544,22 +496,22 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Kt0, u32* Vs0, float
   for (int n = 0; n < ND; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
   const int j0 = seq_start[i0] & -FB_BK;
   if (STAGES == 2) {  // the first tile's copy
-    dq_tile_copy<HD>(Ks0, Kt0, Vs0, kb, kt, vb, j0, grp, kvd, Tp, async);
+    dq_tile_copy<HD>(Ks0, Vs0, kb, vb, j0, grp, kvd, async);
     copies_commit(async);
   }
   for (int jt = j0, stage = 0; jt <= last; jt += FB_BK, stage ^= STAGES - 1) {
-    u32 *Ks = Ks0 + stage * SW, *Kt = Kt0 + stage * SW, *Vs = Vs0 + stage * SW;
+    u32 *Ks = Ks0 + stage * SW, *Vs = Vs0 + stage * SW;
     if (STAGES == 2) {
       // The next tile's copy into the other stage, which every warp is
       // done with (the barrier at the end of the last iteration).
       const int o = (stage ^ 1) * SW;
-      if (jt + FB_BK <= last) dq_tile_copy<HD>(Ks0 + o, Kt0 + o, Vs0 + o, kb, kt, vb, jt + FB_BK, grp, kvd, Tp, async);
+      if (jt + FB_BK <= last) dq_tile_copy<HD>(Ks0 + o, Vs0 + o, kb, vb, jt + FB_BK, grp, kvd, async);
       copies_commit(async);  // perhaps empty: wait_prev then still means this tile
       copies_wait_prev(async);
       __syncthreads();
     } else {
       __syncthreads();
-      dq_tile_copy<HD>(Ks, Kt, Vs, kb, kt, vb, jt, grp, kvd, Tp, async);
+      dq_tile_copy<HD>(Ks, Vs, kb, vb, jt, grp, kvd, async);
       copies_done(async);
       __syncthreads();
     }
@@ -567,7 +519,7 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Kt0, u32* Vs0, float
       // No key of the tile past a row of the warp's or before its sequence
       // (rows past T have start T): no score to mask.
       const bool masked = !(jt + FB_BK - 1 <= i0 + 16 * w && jt >= smax);
-      const Frags kf = frags(Ks, lane_b2k(lane, KP)), vf = frags(Vs, lane_b2k(lane, KP)), tf = frags(Kt, lane_b2n(lane, TP));
+      const Frags kf = frags(Ks, lane_b2k(lane, KP)), vf = frags(Vs, lane_b2k(lane, KP)), tf = frags(Ks, lane_a(lane, KP));
       float s[FB_BK / 8][4], dp[FB_BK / 8][4];
 #pragma unroll
       for (int nt = 0; nt < FB_BK / 8; nt++) {
@@ -618,7 +570,7 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Kt0, u32* Vs0, float
 #pragma unroll
         for (int n = 0; n < ND; n += 2) {
           u32 b[4];
-          ldsm4(b, tf, n * 8 * TP + kk * 8);
+          ldsm4t(b, tf, kk * 16 * KP + n * 4);
           const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
           mma16816(acc[n], a, b0);
           mma16816(acc[n + 1], a, b1);
@@ -631,11 +583,10 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Kt0, u32* Vs0, float
 }
 
 // DQS_STAGE_WORDS is the shared memory of one stage of flash_bwd_dq_ds, in
-// words: K transposed (HD rows of FB_BK keys), then the key tile's dS^T
-// for the block's FA_BQ queries (FB_BK rows of FA_BQ bf16).
-#define DQS_TP (FB_BK / 2 + 4)
+// words: K row-major (FB_BK rows of HD), then the key tile's dS^T for the
+// block's FA_BQ queries (FB_BK rows of FA_BQ bf16).
 #define DQS_SP (FA_BQ / 2 + 4)
-#define DQS_STAGE_WORDS(HD) ((HD) * DQS_TP + FB_BK * DQS_SP)
+#define DQS_STAGE_WORDS(HD) (FB_BK * ((HD) / 2 + 4) + FB_BK * DQS_SP)
 
 // flash_bwd_dq_ds is flash_bwd_dq from the dS tiles that flash_bwd_dkv
 // stored (DS; flash_bwd_dsum wrote D before it): dq_i = scale * sum_j
@@ -646,27 +597,28 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Kt0, u32* Vs0, float
 // tiles of the key block b the tile lies in (ds_off, as ds_store lays
 // them out: the block's tiles for head h from ds_off[b] + h*n_b, n_b
 // (ds_off[b+1] - ds_off[b]) / heads, a 32-query tile each, from query
-// 64b), through ldmatrix's transpose. Two stages, the next tile's copy
-// in flight. grid = (ceil(T/FA_BQ), heads), block 128.
+// 64b), through ldmatrix's transpose, as K's fragments (K row-major).
+// Two stages, the next tile's copy in flight. grid = (ceil(T/FA_BQ),
+// heads), block 128.
 template <int HD>
 __device__ __forceinline__ void flash_bwd_dq_ds(u32* sm, float* __restrict__ dq, const u32* __restrict__ ds,
-                                                const i64* __restrict__ ds_off, const bf16_t* __restrict__ kt,
-                                                const int* __restrict__ seq_start, int T, int Tp, int heads, int kv,
+                                                const i64* __restrict__ ds_off, const bf16_t* __restrict__ kb,
+                                                const int* __restrict__ seq_start, int T, int heads, int kv,
                                                 float scale, int async) {
-  constexpr int ND = HD / 8, TP = DQS_TP, SP = DQS_SP, SW = DQS_STAGE_WORDS(HD);
+  constexpr int ND = HD / 8, KP = HD / 2 + 4, SP = DQS_SP, SW = DQS_STAGE_WORDS(HD);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int i0 = heaviest_first() * FA_BQ, h = blockIdx.y, grp = h / (heads / kv);
   const int last = min(T, i0 + FA_BQ) - 1, r0 = i0 + 16 * w + g;
   const int j0 = seq_start[i0] & -FB_BK;
-  // copy stages key tile jt: Kᵀ's HD rows, then dS^T's FB_BK rows, the
-  // block's two query tiles side by side (16 words each).
+  // copy stages key tile jt: K's FB_BK rows, then dS^T's, the block's
+  // two query tiles side by side (16 words each).
   auto copy = [&](u32* S, int jt) {
-    copy_cols<HD, FB_BK, true>(S, TP, kt + (i64)grp * HD * Tp + jt, Tp, async);
+    copy_rows<HD, FB_BK, true>(S, KP, kb + (i64)jt * kv * HD + (i64)grp * HD, (i64)kv * HD, async);
     const int b = jt / FA_BK;
     const i64 o = ds_off[b], n = (ds_off[b + 1] - o) / heads;
     const u32* src = ds + (o + (i64)h * n + (i0 - FA_BK * b) / 32) * DS_TILE + (jt - FA_BK * b) * 16;
-    copy_tile<FB_BK, 4, true>(S + HD * TP, SP, (const bf16_t*)src, 32, async);
-    copy_tile<FB_BK, 4, true>(S + HD * TP + 16, SP, (const bf16_t*)(src + DS_TILE), 32, async);
+    copy_tile<FB_BK, 4, true>(S + FB_BK * KP, SP, (const bf16_t*)src, 32, async);
+    copy_tile<FB_BK, 4, true>(S + FB_BK * KP + 16, SP, (const bf16_t*)(src + DS_TILE), 32, async);
   };
   float acc[ND][4];
 #pragma unroll
@@ -680,7 +632,7 @@ __device__ __forceinline__ void flash_bwd_dq_ds(u32* sm, float* __restrict__ dq,
     copies_wait_prev(async);
     __syncthreads();
     if (i0 + 16 * w + 15 >= jt) {  // else every key of the tile is after the warp's rows: dS zero
-      const Frags tf = frags(S, lane_b2n(lane, TP)), sf = frags(S + HD * TP, lane_at(lane, SP));
+      const Frags kf = frags(S, lane_a(lane, KP)), sf = frags(S + FB_BK * KP, lane_at(lane, SP));
 #pragma unroll
       for (int kk = 0; kk < FB_BK / 16; kk++) {
         u32 a[4];
@@ -688,7 +640,7 @@ __device__ __forceinline__ void flash_bwd_dq_ds(u32* sm, float* __restrict__ dq,
 #pragma unroll
         for (int n = 0; n < ND; n += 2) {
           u32 b[4];
-          ldsm4(b, tf, n * 8 * TP + kk * 8);
+          ldsm4t(b, kf, kk * 16 * KP + n * 4);
           const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
           mma16816(acc[n], a, b0);
           mma16816(acc[n + 1], a, b1);
@@ -713,25 +665,21 @@ __device__ __forceinline__ void flash_bwd_dsum(float* __restrict__ dsum, const f
 }
 
 // dkv_tile_copy copies the dK/dV pass's query tile (BQ rows it.., head
-// h) into stage S: Q and dO row-major (BQ rows of KP words each), then Q
-// and dO transposed (HD rows of TP words each).
+// h) into stage S: Q and dO row-major (BQ rows of KP words each).
 template <int HD, int BQ>
-__device__ __forceinline__ void dkv_tile_copy(u32* S, const bf16_t* __restrict__ qb, const bf16_t* __restrict__ qt,
-                                              const bf16_t* __restrict__ dob, const bf16_t* __restrict__ dot, int it,
-                                              int h, i64 qd, int Tp, int async) {
-  constexpr int KP = HD / 2 + 4, TP = BQ / 2 + 4, RW = BQ * KP, CW = HD * TP;
-  const i64 rb = (i64)it * qd + (i64)h * HD, cb = (i64)h * HD * Tp + it;
+__device__ __forceinline__ void dkv_tile_copy(u32* S, const bf16_t* __restrict__ qb, const bf16_t* __restrict__ dob,
+                                              int it, int h, i64 qd, int async) {
+  constexpr int KP = HD / 2 + 4, RW = BQ * KP;
+  const i64 rb = (i64)it * qd + (i64)h * HD;
   copy_rows<HD, BQ, true>(S, KP, qb + rb, qd, async);
   copy_rows<HD, BQ, true>(S + RW, KP, dob + rb, qd, async);
-  copy_cols<HD, BQ, true>(S + 2 * RW, TP, qt + cb, Tp, async);
-  copy_cols<HD, BQ, true>(S + 2 * RW + CW, TP, dot + cb, Tp, async);
 }
 
 // DKV_STAGE_WORDS is the shared memory of one stage of flash_bwd_dkv with
 // query tiles of BQ, in words: dkv_tile_copy's tiles, then the tile's
 // log2-scaled lse, D and sequence starts (BQ each); DKV_V_WORDS the
 // block's V (or K) before them.
-#define DKV_STAGE_WORDS(HD, BQ) (2 * (BQ) * ((HD) / 2 + 4) + 2 * (HD) * ((BQ) / 2 + 4) + 3 * (BQ))
+#define DKV_STAGE_WORDS(HD, BQ) (2 * (BQ) * ((HD) / 2 + 4) + 3 * (BQ))
 #define DKV_V_WORDS(HD) (FA_BK * ((HD) / 2 + 4))
 
 // dkv_row_stats reads query row i's log2-scaled lse, D and sequence start
@@ -748,8 +696,8 @@ __device__ __forceinline__ void dkv_row_stats(float& L, float& D, int& st, const
 // tail of stage S.
 template <int HD, int BQ>
 __device__ __forceinline__ void dkv_stats_store(u32* S, int c, float L, float D, int st) {
-  constexpr int RW = BQ * (HD / 2 + 4), CW = HD * (BQ / 2 + 4);
-  float* f = (float*)(S + 2 * RW + 2 * CW);
+  constexpr int RW = BQ * (HD / 2 + 4);
+  float* f = (float*)(S + 2 * RW);
   f[c] = L;
   f[BQ + c] = D;
   ((int*)f)[2 * BQ + c] = st;
@@ -775,8 +723,8 @@ __device__ __forceinline__ void ds_store(u32* __restrict__ ds, i64 ds0, i64 dsn,
 // and dk_j = scale * sum P_ij (dO_i.v_j - D_i) q_i (float32). A block takes FA_BK keys,
 // warp w keys 16w..16w+15 (K as A fragments in registers, V in shared
 // memory), and walks the queries of each head in turn in tiles of BQ (Q
-// and dO in shared memory row-major, from qb and dob, and transposed, from
-// qt and dot). With STAGES = 2 the next tile's copy is in flight while
+// and dO in shared memory row-major, from qb and dob; their fragments for
+// dK's and dV's products through ldmatrix's transpose). With STAGES = 2 the next tile's copy is in flight while
 // this one's products run, and its rows' lse, D and starts are read into
 // registers then (the same bits as one stage). smem: DKV_V_WORDS (with
 // KSM, K's DKV_V_WORDS first), then STAGES of DKV_STAGE_WORDS(HD, BQ).
@@ -796,13 +744,12 @@ __device__ __forceinline__ void ds_store(u32* __restrict__ ds, i64 ds0, i64 dsn,
 template <int HD, int STAGES, int BQ = FB_BQ, bool KSM = false, bool DS = false>
 __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk, bf16_t* __restrict__ dv,
                                               const float* __restrict__ lse, const float* __restrict__ dsum,
-                                              const bf16_t* __restrict__ qb, const bf16_t* __restrict__ qt,
-                                              const bf16_t* __restrict__ dob, const bf16_t* __restrict__ dot,
+                                              const bf16_t* __restrict__ qb, const bf16_t* __restrict__ dob,
                                               const bf16_t* __restrict__ kb, const bf16_t* __restrict__ vb,
                                               const int* __restrict__ seq_start, const int* __restrict__ seq_end, int T,
                                               int Tp, int heads, int kv, float scale, int async,
                                               u32* __restrict__ ds = nullptr, const i64* __restrict__ ds_off = nullptr) {
-  constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, TP = BQ / 2 + 4, RW = BQ * KP, CW = HD * TP;
+  constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, RW = BQ * KP;
   constexpr int SW = DKV_STAGE_WORDS(HD, BQ);
   static_assert(!DS || BQ == 32, "dS tiles are 32 queries wide");
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -823,7 +770,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
   copy_rows<HD, FA_BK>(Vs, KP, vb + (i64)j0 * kvd + (i64)grp * HD, kvd, async);
   if constexpr (KSM) copy_rows<HD, FA_BK>(Ks, KP, kb + (i64)j0 * kvd + (i64)grp * HD, kvd, async);
   if (STAGES == 2) {
-    dkv_tile_copy<HD, BQ>(stages, qb, qt, dob, dot, j0, h0, qd, Tp, async);
+    dkv_tile_copy<HD, BQ>(stages, qb, dob, j0, h0, qd, async);
     copies_commit(async);
     if (threadIdx.x < BQ) {
       float L, D;
@@ -850,7 +797,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
     int nst = 0;
     if (STAGES == 2) {
       if (nh < h1) {
-        dkv_tile_copy<HD, BQ>(stages + (stage ^ 1) * SW, qb, qt, dob, dot, nit, nh, qd, Tp, async);
+        dkv_tile_copy<HD, BQ>(stages + (stage ^ 1) * SW, qb, dob, nit, nh, qd, async);
         if (threadIdx.x < BQ) dkv_row_stats(nL, nD, nst, lse, dsum, seq_start, nit + threadIdx.x, nh, T, heads);
       }
       copies_commit(async);
@@ -858,7 +805,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
       __syncthreads();
     } else {
       __syncthreads();
-      dkv_tile_copy<HD, BQ>(S, qb, qt, dob, dot, it, h, qd, Tp, async);
+      dkv_tile_copy<HD, BQ>(S, qb, dob, it, h, qd, async);
       if (threadIdx.x < BQ) {
         float L, D;
         int st;
@@ -868,8 +815,8 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
       copies_done(async);
       __syncthreads();
     }
-    const u32 *Qs = S, *Ds = S + RW, *Qt = S + 2 * RW, *Dt = S + 2 * RW + CW;
-    const float* Ls = (const float*)(S + 2 * RW + 2 * CW);
+    const u32 *Qs = S, *Ds = S + RW;
+    const float* Ls = (const float*)(S + 2 * RW);
     const float* Dd = Ls + BQ;
     const int* Ss = (const int*)(Ls + 2 * BQ);
     if (it + BQ - 1 >= j0 + 16 * w) {  // else every query of the tile is before the warp's keys
@@ -934,7 +881,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
 #pragma unroll
         for (int e = 0; e < 4; e++) dp[nt][e] = s[nt][e] * (dp[nt][e] - Dd[nt * 8 + 2 * t + (e & 1)]);
       // A k-step per 16 queries, in order: dV += P^T dO, dK += dS^T Q.
-      const Frags dtf = frags(Dt, lane_b2n(lane, TP)), qtf = frags(Qt, lane_b2n(lane, TP));
+      const Frags dtf = frags(Ds, lane_a(lane, KP)), qtf = frags(Qs, lane_a(lane, KP));
 #pragma unroll
       for (int kq = 0; kq < BQ / 16; kq++) {
         u32 pa[4], sa[4];
@@ -944,8 +891,8 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
 #pragma unroll
         for (int n = 0; n < ND; n += 2) {
           u32 bd[4], bq[4];
-          ldsm4(bd, dtf, n * 8 * TP + kq * 8);
-          ldsm4(bq, qtf, n * 8 * TP + kq * 8);
+          ldsm4t(bd, dtf, kq * 16 * KP + n * 4);
+          ldsm4t(bq, qtf, kq * 16 * KP + n * 4);
           const u32 bd0[2] = {bd[0], bd[1]}, bd1[2] = {bd[2], bd[3]}, bq0[2] = {bq[0], bq[1]}, bq1[2] = {bq[2], bq[3]};
           mma16816(dva[n], pa, bd0);
           mma16816(dka[n], sa, bq0);
@@ -984,48 +931,47 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
   }
 #define FLASH_FWD_PARAMS                                                                                        \
   bf16_t *__restrict__ out, float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ kb, \
-      const bf16_t *__restrict__ vt, const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, \
+      const bf16_t *__restrict__ vb, const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, \
       int async
 #define FLASH_FWD_BODY(HD, MT, BK, STAGES)                                                                   \
   __shared__ u32x4 Ks[STAGES * BK * (HD / 2 + 4) / 4];                                                       \
-  __shared__ u32x4 Vt[STAGES * HD * (BK / 2 + 4) / 4];                                                       \
-  WITH_ASYNC_CONSTANT((flash_fwd<HD, MT, BK, STAGES>(nullptr, (u32*)Ks, (u32*)Vt, out, lse, qb, kb, vt, seq_start, T, Tp, \
+  __shared__ u32x4 Vs[STAGES * BK * (HD / 2 + 4) / 4];                                                       \
+  WITH_ASYNC_CONSTANT((flash_fwd<HD, MT, BK, STAGES>(nullptr, (u32*)Ks, (u32*)Vs, out, lse, qb, kb, vb, seq_start, T, Tp, \
                                                      heads, kv, scale, async)))
 // The wide forward with Q in shared memory and 64-key tiles folded in SUB
 // at a time, in dynamic shared memory (Ops.FlashAttention launches it with
 // flashForwardShared's bytes): Q's 128 rows, then two stages of K, then
-// two of V transposed.
+// two of V.
 #define FLASH_FWDQ_BODY(HD, SUB)                                                                       \
   KEEL_DYNAMIC_SHARED(u32x4, fq##HD);                                                                   \
   u32* sm = (u32*)fq##HD;                                                                               \
   u32* ks = sm + 128 * (HD / 2 + 4);                                                                    \
-  WITH_ASYNC_CONSTANT((flash_fwd<HD, 2, 64, 2, true, SUB>(sm, ks, ks + 2 * 64 * (HD / 2 + 4), out, lse, qb, kb, vt,    \
+  WITH_ASYNC_CONSTANT((flash_fwd<HD, 2, 64, 2, true, SUB>(sm, ks, ks + 2 * 64 * (HD / 2 + 4), out, lse, qb, kb, vb,    \
                                                           seq_start, T, Tp, heads, kv, scale, async)))
 #define FLASH_DQ_PARAMS                                                                                         \
   float *__restrict__ dq, float *__restrict__ dsum, const float *__restrict__ dout, const bf16_t *__restrict__ out, \
       const float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ dob,               \
-      const bf16_t *__restrict__ kb, const bf16_t *__restrict__ kt, const bf16_t *__restrict__ vb,                \
+      const bf16_t *__restrict__ kb, const bf16_t *__restrict__ vb,                                                \
       const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, int async
-#define FLASH_DQ_ARGS dq, dsum, dout, out, lse, qb, dob, kb, kt, vb, seq_start, T, Tp, heads, kv, scale, async
+#define FLASH_DQ_ARGS dq, dsum, dout, out, lse, qb, dob, kb, vb, seq_start, T, Tp, heads, kv, scale, async
 #define FLASH_DKV_PARAMS                                                                                           \
   float *__restrict__ dk, bf16_t *__restrict__ dv, const float *__restrict__ lse, const float *__restrict__ dsum,    \
-      const bf16_t *__restrict__ qb, const bf16_t *__restrict__ qt, const bf16_t *__restrict__ dob,                 \
-      const bf16_t *__restrict__ dot, const bf16_t *__restrict__ kb, const bf16_t *__restrict__ vb,                 \
+      const bf16_t *__restrict__ qb, const bf16_t *__restrict__ dob, const bf16_t *__restrict__ kb,                 \
+      const bf16_t *__restrict__ vb,                                                                                \
       const int *__restrict__ seq_start, const int *__restrict__ seq_end, int T, int Tp, int heads, int kv,          \
       float scale, int async
-#define FLASH_DKV_ARGS dk, dv, lse, dsum, qb, qt, dob, dot, kb, vb, seq_start, seq_end, T, Tp, heads, kv, scale, async
+#define FLASH_DKV_ARGS dk, dv, lse, dsum, qb, dob, kb, vb, seq_start, seq_end, T, Tp, heads, kv, scale, async
 // One stage in static shared memory; two (the pipelined kernels, _2) in
 // dynamic shared memory: Ops.FlashAttentionBackward launches them with
 // flashBackwardShared's bytes (kernels/cuda/ops.go).
 #define FLASH_DQ_BODY(HD)                                                      \
   __shared__ u32x4 Ks[FB_BK * (HD / 2 + 4) / 4];                                 \
-  __shared__ u32x4 Kt[HD * (FB_BK / 2 + 4) / 4];                                 \
   __shared__ u32x4 Vs[FB_BK * (HD / 2 + 4) / 4];                                 \
-  WITH_ASYNC_CONSTANT((flash_bwd_dq<HD, 1>((u32*)Ks, (u32*)Kt, (u32*)Vs, FLASH_DQ_ARGS)))
+  WITH_ASYNC_CONSTANT((flash_bwd_dq<HD, 1>((u32*)Ks, (u32*)Vs, FLASH_DQ_ARGS)))
 #define FLASH_DQ2_BODY(HD)                                                     \
   KEEL_DYNAMIC_SHARED(u32x4, dq##HD);                                          \
   u32* sm = (u32*)dq##HD;                                                      \
-  WITH_ASYNC_CONSTANT((flash_bwd_dq<HD, 2>(sm, sm + 2 * FB_BK * (HD / 2 + 4), sm + FB_BK * (HD / 2 + 4), FLASH_DQ_ARGS)))
+  WITH_ASYNC_CONSTANT((flash_bwd_dq<HD, 2>(sm, sm + FB_BK * (HD / 2 + 4), FLASH_DQ_ARGS)))
 #define FLASH_DKV_BODY(HD)                                             \
   __shared__ u32x4 sm[(DKV_V_WORDS(HD) + DKV_STAGE_WORDS(HD, FB_BQ)) / 4];    \
   WITH_ASYNC_CONSTANT((flash_bwd_dkv<HD, 1>((u32*)sm, FLASH_DKV_ARGS)))
@@ -1044,11 +990,11 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
   KEEL_DYNAMIC_SHARED(u32x4, dkvs##HD);                \
   WITH_ASYNC_CONSTANT((flash_bwd_dkv<HD, 2, 32, HD == 128, true>((u32*)dkvs##HD, FLASH_DKV_ARGS, ds, ds_off)))
 #define FLASH_DQS_PARAMS                                                                                         \
-  float *__restrict__ dq, const u32 *__restrict__ ds, const i64 *__restrict__ ds_off, const bf16_t *__restrict__ kt, \
-      const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, int async
+  float *__restrict__ dq, const u32 *__restrict__ ds, const i64 *__restrict__ ds_off, const bf16_t *__restrict__ kb, \
+      const int *__restrict__ seq_start, int T, int heads, int kv, float scale, int async
 #define FLASH_DQS_BODY(HD)                                           \
   __shared__ u32x4 dqs##HD[2 * DQS_STAGE_WORDS(HD) / 4];              \
-  WITH_ASYNC_CONSTANT((flash_bwd_dq_ds<HD>((u32*)dqs##HD, dq, ds, ds_off, kt, seq_start, T, Tp, heads, kv, scale, async)))
+  WITH_ASYNC_CONSTANT((flash_bwd_dq_ds<HD>((u32*)dqs##HD, dq, ds, ds_off, kb, seq_start, T, heads, kv, scale, async)))
 #define FLASH_DSUM_PARAMS float *__restrict__ dsum, const float *__restrict__ dout, const bf16_t *__restrict__ out, int T, int heads
 
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_32(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(32, 1, FA_BK, 1) }
