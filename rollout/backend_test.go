@@ -145,7 +145,7 @@ func TestGenerateOverBackend(t *testing.T) {
 				defer ref.Close()
 				e, c := checkedEngine(t, m, opt)
 				defer e.Close()
-				if e.Options() != ref.Options() || !reflect.DeepEqual(e.Config(), ref.Config()) {
+				if !reflect.DeepEqual(e.Options(), ref.Options()) || !reflect.DeepEqual(e.Config(), ref.Config()) {
 					t.Fatalf("options %+v, want %+v", e.Options(), ref.Options())
 				}
 				for v, w := range []*model.Model{m, m2} {

@@ -3,6 +3,7 @@ package rollout
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/keel-rl/keel/model"
@@ -19,6 +20,14 @@ type DecodeResult struct {
 	PromptLen        int
 	NewTokens        int
 	TokensPerS       float64 // generated tokens per second, prefill included in the time
+	// The measured runs' full decoding steps (every sequence decoding, no
+	// prompt row: the steady state, without the ramps at a batch's start
+	// and end, where sequences are admitted and finish): how many, their
+	// median wall time in milliseconds, and their mean context a row (the
+	// positions a row attends to).
+	FullSteps   int
+	StepMS      float64
+	StepContext float64
 }
 
 // BenchDecode measures generation throughput on a randomly initialised
@@ -74,7 +83,18 @@ func BenchDecodeOn(spec DecodeSpec) (DecodeResult, error) {
 	if newEngine == nil {
 		newEngine = New
 	}
-	e, err := newEngine(m, Options{Precision: p, Slots: slots, MaxLen: promptLen + newTokens})
+	var (
+		measuring bool
+		times     []float64 // the full steps' milliseconds
+		context   int64     // and their positions, summed over rows
+	)
+	onStep := func(s StepInfo) {
+		if measuring && s.Rows == slots && s.PromptRows == 0 {
+			times = append(times, float64(s.Time)/float64(time.Millisecond))
+			context += s.Context
+		}
+	}
+	e, err := newEngine(m, Options{Precision: p, Slots: slots, MaxLen: promptLen + newTokens, OnStep: onStep})
 	if err != nil {
 		return res, err
 	}
@@ -110,12 +130,18 @@ func BenchDecodeOn(spec DecodeSpec) (DecodeResult, error) {
 		return res, err
 	}
 	deadline := time.Now().Add(d)
+	measuring = true
 	for i := 0; i < 1 || time.Now().Before(deadline); i++ {
 		v, err := run()
 		if err != nil {
 			return res, err
 		}
 		res.TokensPerS = max(res.TokensPerS, v)
+	}
+	if res.FullSteps = len(times); res.FullSteps > 0 {
+		slices.Sort(times)
+		res.StepMS = times[len(times)/2]
+		res.StepContext = float64(context) / float64(len(times)*slots)
 	}
 	return res, nil
 }

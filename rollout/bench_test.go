@@ -17,8 +17,15 @@ func TestBenchDecodeRuns(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !(r.TokensPerS > 0) || r.SamplesPerPrompt != group {
+		if !(r.TokensPerS > 0) || r.SamplesPerPrompt != group || r.FullSteps == 0 || !(r.StepMS > 0) {
 			t.Fatalf("group %d: %+v", group, r)
+		}
+		// Distinct prompts: one step prefills all four (32 prompt rows),
+		// then every run has 5 full steps decoding positions 8..12 and
+		// the MoE tail step at 13, which attend to 9..14 positions: 11.5
+		// on average.
+		if group == 1 && (r.FullSteps%6 != 0 || r.StepContext != 11.5) {
+			t.Errorf("full steps %d, mean context %v: want a multiple of 6, 11.5", r.FullSteps, r.StepContext)
 		}
 	}
 	if _, err := BenchDecodeGroups("tiny-moe", 64, BF16, 4, 3, 8, 6, time.Millisecond); err == nil {

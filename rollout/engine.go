@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"runtime"
+	"time"
 
 	"github.com/keel-rl/keel/kernels"
 	"github.com/keel-rl/keel/model"
@@ -34,6 +35,21 @@ type Options struct {
 	// ignores both.
 	Reserve        int64
 	MemoryFraction float64
+
+	// OnStep, if set, is told of every forward step once its tokens are
+	// taken, from the goroutine running Generate (or the Scheduler): for
+	// measurement (keel bench's per-step decode figures).
+	OnStep func(StepInfo)
+}
+
+// StepInfo describes one forward step of the engine.
+type StepInfo struct {
+	Rows       int   // token rows: one per decoding sequence, and prompt rows
+	PromptRows int   // of which prompt rows being prefilled
+	Context    int64 // the positions the rows attend to, summed (position + 1 a row)
+	// Time is the step's wall time: the batch's setup, the backend's step
+	// (with its device synchronisation), sampling and taking the tokens.
+	Time time.Duration
 }
 
 // Engine is the rollout engine: the batcher (slots, continuous batching,

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"time"
 
 	"github.com/keel-rl/keel/model"
 )
@@ -549,6 +550,11 @@ func (g *gen) step() error {
 	if e.loadErr != nil {
 		return e.loadErr
 	}
+	var start time.Time
+	if e.opt.OnStep != nil {
+		start = time.Now()
+	}
+	prompted := g.promptRows
 	g.fill()
 	if err := e.b.Step(&e.batch); err != nil {
 		return fmt.Errorf("rollout: forward step: %w", err)
@@ -579,6 +585,13 @@ func (g *gen) step() error {
 		if s := &g.slots[i]; s.active && s.outIdx >= 0 {
 			g.take(s)
 		}
+	}
+	if e.opt.OnStep != nil {
+		info := StepInfo{Rows: b.Rows(), PromptRows: g.promptRows - prompted, Time: time.Since(start)}
+		for _, p := range b.Pos {
+			info.Context += int64(p) + 1
+		}
+		e.opt.OnStep(info)
 	}
 	return nil
 }

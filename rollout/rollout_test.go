@@ -887,3 +887,40 @@ func TestUpdateWeightsFrom(t *testing.T) {
 		t.Errorf("a source of another configuration was pushed")
 	}
 }
+
+// TestOnStep: the engine tells Options.OnStep of every forward step, and
+// over a Generate the steps add up: the prompts' rows as prompt rows, a
+// decoding row for each token after a sequence's first (which its
+// prompt's last row gives), and as context every position of a sequence
+// but its last token's, 1 + 2 + ... + (P + N - 1), summed.
+func TestOnStep(t *testing.T) {
+	var steps []StepInfo
+	e, err := New(randomModel(denseConfig(), 5), Options{Precision: FP32, Slots: 3, StepRows: 5, MaxLen: 40,
+		OnStep: func(s StepInfo) { steps = append(steps, s) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	prompts := testPrompts(rand.New(rand.NewPCG(5, 5)), 37, 4, 2, 7)
+	const N = 6
+	out, err := e.Generate(prompts, 1, Sampling{Temperature: 1, MaxNewTokens: N, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range out {
+		if len(s.Tokens) != N {
+			t.Fatalf("sample %d: %d tokens, want %d", i, len(s.Tokens), N)
+		}
+	}
+	var rows, prompt int
+	var ctx int64
+	for i, s := range steps {
+		if s.Rows < 1 || s.Rows > 5 || s.PromptRows > s.Rows || s.Time <= 0 {
+			t.Errorf("step %d: %+v", i, s)
+		}
+		rows, prompt, ctx = rows+s.Rows, prompt+s.PromptRows, ctx+s.Context
+	}
+	if prompt != 4+2+7 || rows-prompt != 3*(N-1) || ctx != 9*10/2+7*8/2+12*13/2 {
+		t.Errorf("%d steps: %d rows, %d of them prompt rows, context %d; want 28, 13, 151", len(steps), rows, prompt, ctx)
+	}
+}

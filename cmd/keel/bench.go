@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
 	"strings"
@@ -50,6 +51,11 @@ type benchDecodeRow struct {
 	// card's bandwidth (--peak-gbps).
 	GBPerS    float64 `json:"gb_per_s,omitempty"`
 	Bandwidth float64 `json:"bandwidth,omitempty"`
+	// The same for the full decoding steps alone (DecodeResult.StepMS, at
+	// their own mean context): the issue's measure, bytes a step reads
+	// over the step's time, without the batch's ramps and prefill.
+	StepGBPerS    float64 `json:"step_gb_per_s,omitempty"`
+	StepBandwidth float64 `json:"step_bandwidth,omitempty"`
 }
 
 type benchGemmRow struct {
@@ -353,6 +359,14 @@ func benchGPUDecode(o *benchOptions, preset string, prec rollout.Precision, slot
 	}
 	row.GBPerS = step * r.TokensPerS / float64(slots) / 1e9
 	row.Bandwidth = row.GBPerS / o.peakGBPerS
+	if r.FullSteps > 0 && r.StepMS > 0 {
+		full, err := rollcuda.StepBytes(&cfg, prec, slots, int(math.Round(r.StepContext)))
+		if err != nil {
+			return row, err
+		}
+		row.StepGBPerS = full / (r.StepMS / 1e3) / 1e9
+		row.StepBandwidth = row.StepGBPerS / o.peakGBPerS
+	}
 	return row, nil
 }
 
@@ -361,14 +375,14 @@ func printBenchTables(w io.Writer, rep *benchReport) {
 	if len(rep.Decode) > 0 {
 		fmt.Fprintln(w)
 		if rep.PeakGBPerS > 0 {
-			fmt.Fprintln(w, "decode model\tsequences\tper prompt\tprecision\tgenerated tok/s\tvs forward\tweights+KV GB/s\tof bandwidth\t")
+			fmt.Fprintln(w, "decode model\tsequences\tper prompt\tprecision\tgenerated tok/s\tvs forward\tweights+KV GB/s\tof bandwidth\tfull step ms\tits GB/s\tof bandwidth\t")
 		} else {
 			fmt.Fprintln(w, "decode model\tsequences\tper prompt\tprecision\tgenerated tok/s\tvs forward\t")
 		}
 		for _, d := range rep.Decode {
 			fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%.0f\t%.0f%%\t", d.Preset, d.Slots, d.SamplesPerPrompt, d.PrecisionName, d.TokensPerS, 100*d.VsForward)
 			if rep.PeakGBPerS > 0 {
-				fmt.Fprintf(w, "%.0f\t%.1f%%\t", d.GBPerS, 100*d.Bandwidth)
+				fmt.Fprintf(w, "%.0f\t%.1f%%\t%.3f\t%.0f\t%.1f%%\t", d.GBPerS, 100*d.Bandwidth, d.StepMS, d.StepGBPerS, 100*d.StepBandwidth)
 			}
 			fmt.Fprintln(w)
 		}
@@ -405,7 +419,7 @@ func printBenchNotes(out io.Writer, rep *benchReport) {
 		d := rep.Decode[0]
 		fmt.Fprintf(out, "\ndecode: %d-token prompts, %d new tokens each at temperature 1, all sequences concurrent, \"per prompt\" samples sharing each prompt's prefill; tokens/s counts generated tokens (prefill time included); vs forward = over the forward tok/s above.\n", d.PromptLen, d.NewTokens)
 		if rep.PeakGBPerS > 0 {
-			fmt.Fprintf(out, "weights+KV GB/s: the bytes one decoding step reads (the weights in the precision's storage, MoE experts in the share the step's tokens route to, every sequence's keys and values at the mean context of %d positions) times steps per second; of bandwidth: over --peak-gbps (%.0f GB/s). Prefill time counts, so both are lower bounds.\n", d.PromptLen+d.NewTokens/2, rep.PeakGBPerS)
+			fmt.Fprintf(out, "weights+KV GB/s: the bytes one decoding step reads (the weights in the precision's storage, MoE experts in the share the step's tokens route to, every sequence's keys and values at the mean context of %d positions) times steps per second; of bandwidth: over --peak-gbps (%.0f GB/s). Prefill time counts, so both are lower bounds. full step ms: the median wall time of the steps where every sequence decodes (no prompt row; the batch's ramps left out), with the bytes such a step reads at their own mean context over it, and that over --peak-gbps.\n", d.PromptLen+d.NewTokens/2, rep.PeakGBPerS)
 		}
 	}
 	switch {

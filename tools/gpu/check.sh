@@ -189,7 +189,7 @@ esac
 
 # decode_rows JSON: one line per row of a keel bench --json decode table.
 decode_rows() {
-  python3 -c "import json,sys; r=json.load(open(sys.argv[1])); [print('    %s %s, %d sequences: %.0f tok/s, %.0f GB/s of weights and KV read, %.0f%% of the bandwidth' % (d['Preset'], d['precision_name'], d['Slots'], d['TokensPerS'], d.get('gb_per_s', 0), 100*d.get('bandwidth', 0))) for d in r.get('decode') or []]" "$1" 2>/dev/null
+  python3 -c "import json,sys; r=json.load(open(sys.argv[1])); [print('    %s %s, %d sequences: %.0f tok/s, %.0f GB/s of weights and KV read, %.0f%% of the bandwidth; full steps: %d, median %.3f ms, %.0f GB/s, %.0f%%' % (d['Preset'], d['precision_name'], d['Slots'], d['TokensPerS'], d.get('gb_per_s', 0), 100*d.get('bandwidth', 0), d.get('FullSteps', 0), d.get('StepMS', 0), d.get('step_gb_per_s', 0), 100*d.get('step_bandwidth', 0))) for d in r.get('decode') or []]" "$1" 2>/dev/null
 }
 
 # tune_table prints KEEL_BLAS_TUNE's table (kernels/cuda/blastune.go): per
