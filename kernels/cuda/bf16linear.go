@@ -271,6 +271,18 @@ func (l *BF16Linear) Round(which int, src Buffer, rows, cols, ld int) (Buffer, e
 // rows lddy apart and x16 [rows, in] with rows ldx apart (row blocks of
 // Round's copies).
 func (l *BF16Linear) BackBF16(dx, dw, dy16 Buffer, lddy int, x16 Buffer, ldx int, w Buffer, rows, in, out, lddx int, acc bool) error {
+	return l.backBF16(dx, dw, dy16, lddy, x16, ldx, w, rows, in, out, lddx, acc, false)
+}
+
+// BackBF16To16 is BackBF16 with dx written in bf16 (dx16, rows lddx
+// apart; each float32 sum rounded once as it is stored, the bits of
+// rounding BackBF16's dx), nothing accumulated: for a gradient that only
+// bf16 operands read (attention's dO, which flash.cu takes in bf16).
+func (l *BF16Linear) BackBF16To16(dx16, dw, dy16 Buffer, lddy int, x16 Buffer, ldx int, w Buffer, rows, in, out, lddx int) error {
+	return l.backBF16(dx16, dw, dy16, lddy, x16, ldx, w, rows, in, out, lddx, false, true)
+}
+
+func (l *BF16Linear) backBF16(dx, dw, dy16 Buffer, lddy int, x16 Buffer, ldx int, w Buffer, rows, in, out, lddx int, acc, dx16 bool) error {
 	if err := l.weights(); err != nil {
 		return err
 	}
@@ -278,7 +290,7 @@ func (l *BF16Linear) BackBF16(dx, dw, dy16 Buffer, lddy int, x16 Buffer, ldx int
 	if err != nil {
 		return err
 	}
-	if err := l.ops.gemmBF16(l.blas, false, false, in, rows, out, w16, in, dy16, lddy, dx, lddx, acc); err != nil {
+	if err := l.ops.gemmBF16Add(l.blas, false, false, in, rows, out, w16, in, dy16, lddy, dx, lddx, acc, Buffer{}, dx16); err != nil {
 		return err
 	}
 	return l.ops.gemmBF16(l.blas, false, true, in, out, rows, x16, ldx, dy16, lddy, dw, in, true)

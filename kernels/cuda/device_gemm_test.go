@@ -612,6 +612,57 @@ func TestDeviceFlashAttention(t *testing.T) {
 		}{{"out", bout, vout, (T*qd + 1) / 2}, {"lse", blse, vlse, T * c.heads}, {"dq", bdq, vdq, T * qd}, {"dk", bdk, vdk, T * kvd}, {"dv (bf16)", bdv, vdv, (T*kvd + 1) / 2}} {
 			sameBits(t, fmt.Sprintf("%s %s, q, k and v copies given", name, x.what), g.f32(x.b, x.n), g.f32(x.a, x.n))
 		}
+		// With dO's bf16 copy given as well (the bf16 mode's o product
+		// writes it, rounding its float32 sums once): no dO of the
+		// backward's own, the same bits, the two passes and stored dS.
+		gdo := g.poisoned(FlashPad(T) * qd / 2)
+		if err := g.d.Zero(gdo); err != nil {
+			t.Fatal(err)
+		}
+		if err := ops.ToBF16(gdo, bdo, T*qd); err != nil {
+			t.Fatal(err)
+		}
+		if err := bs.UseDO(gdo); err == nil {
+			t.Error("UseDO on a scratch that makes its own copy of dO was accepted")
+		}
+		for _, stored := range []bool{false, true} {
+			dbs, err := NewFlashBackwardGiven(g.d, T, c.heads, c.kv, c.hd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := dbs.UseQKV(gq, gk, gv); err != nil {
+				t.Fatal(err)
+			}
+			ddq, ddk, ddv, ddsum := g.poisoned(T*qd), g.poisoned(T*kvd), g.poisoned(T*kvd), g.poisoned(T*c.heads)
+			if err := ops.FlashAttentionBackward(dbs, ddq, ddk, ddv, ddsum, Buffer{}, bout, blse, Buffer{}, Buffer{}, Buffer{}, bst, ben, scale); err == nil {
+				t.Error("a given-dO backward without its copy (UseDO) was accepted")
+			}
+			if err := dbs.UseDO(Buffer{Ptr: gdo.Ptr, Size: int64(T * qd * 2)}); err == nil && FlashPad(T) > T {
+				t.Error("UseDO took a copy of dO without its pad rows")
+			}
+			if err := dbs.UseDO(gdo); err != nil {
+				t.Fatal(err)
+			}
+			if stored {
+				if err := dbs.StoreScores(seqEnd); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := ops.FlashAttentionBackward(dbs, ddq, ddk, ddv, ddsum, Buffer{}, bout, blse, Buffer{}, Buffer{}, Buffer{}, bst, ben, scale); err != nil {
+				t.Fatal(err)
+			}
+			if err := g.d.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			dbs.Free()
+			for _, x := range []struct {
+				what string
+				a, b Buffer
+				n    int
+			}{{"dsum", bdsum, ddsum, T * c.heads}, {"dq", bdq, ddq, T * qd}, {"dk", bdk, ddk, T * kvd}, {"dv (bf16)", bdv, ddv, (T*kvd + 1) / 2}} {
+				sameBits(t, fmt.Sprintf("%s %s, q, k, v and dO copies given (stored dS %v)", name, x.what, stored), g.f32(x.a, x.n), g.f32(x.b, x.n))
+			}
+		}
 		// The backward with one stage of shared memory (each tile's copy
 		// waited for before its products), both copy paths: the same
 		// arithmetic in the same order as the pipelined kernels, so the

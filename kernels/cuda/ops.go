@@ -783,8 +783,8 @@ type FlashScratch struct {
 	bufs                     []Buffer
 	// givenQK: the caller makes q's and k's row-major copies
 	// (NormRopeBF16) and points the scratch at them (UseQK); givenV: v's
-	// too (UseQKV).
-	givenQK, givenV bool
+	// too (UseQKV); givenDO: a backward's dO too (UseDO).
+	givenQK, givenV, givenDO bool
 	// ds and dsOff: the backward's stored dS tiles and each key block's
 	// first (StoreScores); none without.
 	ds, dsOff Buffer
@@ -793,7 +793,7 @@ type FlashScratch struct {
 // NewFlashScratch allocates from mem the copies a forward (backward false)
 // or a backward over rows tokens needs.
 func NewFlashScratch(mem Memory, rows, heads, kv, hd int, backward bool) (*FlashScratch, error) {
-	return newFlashScratch(mem, rows, heads, kv, hd, backward, false, false)
+	return newFlashScratch(mem, rows, heads, kv, hd, backward, false, false, false)
 }
 
 // NewFlashScratchGivenQK is NewFlashScratch for a caller that makes q's and
@@ -802,7 +802,7 @@ func NewFlashScratch(mem Memory, rows, heads, kv, hd int, backward bool) (*Flash
 // backward) and hands them to each call with UseQK: no rounding pass of
 // its own for them.
 func NewFlashScratchGivenQK(mem Memory, rows, heads, kv, hd int, backward bool) (*FlashScratch, error) {
-	return newFlashScratch(mem, rows, heads, kv, hd, backward, true, false)
+	return newFlashScratch(mem, rows, heads, kv, hd, backward, true, false, false)
 }
 
 // NewFlashScratchGivenQKV is NewFlashScratchGivenQK for a caller that has
@@ -811,7 +811,16 @@ func NewFlashScratchGivenQK(mem Memory, rows, heads, kv, hd int, backward bool) 
 // UseQKV: the forward and the backward read it as their row-major copy
 // (none of their own, no rounding pass).
 func NewFlashScratchGivenQKV(mem Memory, rows, heads, kv, hd int, backward bool) (*FlashScratch, error) {
-	return newFlashScratch(mem, rows, heads, kv, hd, backward, true, true)
+	return newFlashScratch(mem, rows, heads, kv, hd, backward, true, true, false)
+}
+
+// NewFlashBackwardGiven is NewFlashScratchGivenQKV's backward for a caller
+// that has dO in bf16 as well ([Pad(rows), heads·hd], the pad rows zero:
+// the bf16 training mode's o product writes it so, rounding its float32
+// sums once) and hands it to each call with UseDO: the scratch holds no
+// copy, and the backward rounds nothing.
+func NewFlashBackwardGiven(mem Memory, rows, heads, kv, hd int) (*FlashScratch, error) {
+	return newFlashScratch(mem, rows, heads, kv, hd, true, true, true, true)
 }
 
 // FlashPad is the rows of flash.cu's copies for rows tokens: rows rounded
@@ -847,6 +856,19 @@ func (s *FlashScratch) UseQKV(q16, k16, v16 Buffer) error {
 	return nil
 }
 
+// UseDO points a NewFlashBackwardGiven scratch at do16, the bf16
+// row-major copy of the next backward's dO.
+func (s *FlashScratch) UseDO(do16 Buffer) error {
+	if !s.givenDO {
+		return fmt.Errorf("cuda: UseDO on a flash scratch that makes its own copy of dO")
+	}
+	if do16.Size < int64(s.pad*s.heads*s.hd)*2 {
+		return fmt.Errorf("cuda: UseDO: a copy of dO of %d bytes for %d padded rows of %d", do16.Size, s.pad, s.heads*s.hd)
+	}
+	s.dout = do16
+	return nil
+}
+
 // vGiven reports whether the scratch reads the caller's v (UseQKV), and
 // fails if the caller has given none.
 func (s *FlashScratch) vGiven() (bool, error) {
@@ -856,7 +878,7 @@ func (s *FlashScratch) vGiven() (bool, error) {
 	return s.givenV, nil
 }
 
-func newFlashScratch(mem Memory, rows, heads, kv, hd int, backward, givenQK, givenV bool) (*FlashScratch, error) {
+func newFlashScratch(mem Memory, rows, heads, kv, hd int, backward, givenQK, givenV, givenDO bool) (*FlashScratch, error) {
 	d := mem.Device()
 	if err := checkFlash(heads, kv, hd); err != nil {
 		return nil, err
@@ -864,7 +886,7 @@ func newFlashScratch(mem Memory, rows, heads, kv, hd int, backward, givenQK, giv
 	if rows < 1 {
 		return nil, fmt.Errorf("cuda: flash attention's copies for %d rows", rows)
 	}
-	s := &FlashScratch{mem: mem, rows: rows, pad: FlashPad(rows), heads: heads, kv: kv, hd: hd, backward: backward, givenQK: givenQK, givenV: givenV}
+	s := &FlashScratch{mem: mem, rows: rows, pad: FlashPad(rows), heads: heads, kv: kv, hd: hd, backward: backward, givenQK: givenQK, givenV: givenV, givenDO: givenDO}
 	qd, kvd := int64(s.pad*heads*hd)*2, int64(s.pad*kv*hd)*2
 	// Each copy's pad rows must read as zeros; the caller's (given) come
 	// with each call (UseQK, UseQKV).
@@ -875,7 +897,7 @@ func newFlashScratch(mem Memory, rows, heads, kv, hd int, backward, givenQK, giv
 	}
 	want := []copyBuf{{&s.q, qd, givenQK}, {&s.k, kvd, givenQK}, {&s.v, kvd, givenV}}
 	if backward {
-		want = append(want, copyBuf{&s.dout, qd, false})
+		want = append(want, copyBuf{&s.dout, qd, givenDO})
 	}
 	for _, w := range want {
 		if w.given {
@@ -1097,7 +1119,8 @@ func flashBackwardShared(hd int, dkv, wide bool) int {
 
 // FlashAttentionBackward computes FlashAttention's gradients dq and dk
 // (float32) and dv16 (bf16: each float32 sum rounded once, as the v
-// product's backward reads it) for the upstream gradient dout (float32),
+// product's backward reads it) for the upstream gradient dout (float32;
+// none for a NewFlashBackwardGiven scratch, which has it in bf16),
 // from its out16 (bf16) and lse; dsum [rows, heads] is scratch (D = dO·O
 // per row and head). Two passes, no atomics; with stored dS (StoreScores)
 // three: D, dK and dV storing dS, dQ from it (the same bits). s is a
@@ -1114,18 +1137,26 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 	for _, f := range []func() error{
 		func() error { return o.qkCopies(s, q, k) },
 		func() error { return o.vCopy(s, v) },
-		func() error { return o.rowsBF16(s.dout, dout, T, qd) },
+		func() error {
+			if s.givenDO { // the caller's copy
+				if s.dout.Ptr == 0 {
+					return fmt.Errorf("cuda: a flash scratch without its copy of dO (UseDO)")
+				}
+				return nil
+			}
+			return o.rowsBF16(s.dout, dout, T, qd)
+		},
 		func() error {
 			if stored {
 				return o.Launch("flash.cu", fmt.Sprintf("flash_bwd_dsum_%d", s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: flashThreads},
-					dsum, dout, out16, T, s.heads)
+					dsum, s.dout, out16, T, s.heads)
 			}
 			name, shared := "flash_bwd_dq_%d", 0
 			if !o.FlashBackwardSingle && o.fitsShared(flashBackwardShared(s.hd, false, false)) {
 				name, shared = "flash_bwd_dq_2_%d", flashBackwardShared(s.hd, false, false)
 			}
 			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: flashThreads}, shared,
-				dq, dsum, dout, out16, lse, s.q, s.dout, s.k, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
+				dq, dsum, out16, lse, s.q, s.dout, s.k, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
 		},
 		func() error {
 			name, shared := "flash_bwd_dkv_%d", 0

@@ -154,13 +154,21 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		return err
 	}
 	var da, dgu, dh, datt, dq, dk, dv, dsum Buffer
-	dvs := span{&dv, T * d.kvd}
-	if e.flash() { // flash.cu writes dv in bf16, the v product's operand
-		dvs = bf16Span(&dv, T*d.kvd)
+	dvs, datts := span{&dv, T * d.kvd}, span{&datt, T * d.qd}
+	if e.flash() {
+		// flash.cu writes dv in bf16, the v product's operand, and takes
+		// attention's output gradient in bf16 from the o product's
+		// backward, padded as its copies are (the pad rows zero).
+		dvs, datts = bf16Span(&dv, T*d.kvd), bf16Span(&datt, kc.FlashPad(T)*d.qd)
 	}
-	if err := e.bufs(tmp, span{&dh, T * d.H}, span{&datt, T * d.qd},
+	if err := e.bufs(tmp, span{&dh, T * d.H}, datts,
 		span{&dq, T * d.qd}, span{&dk, T * d.kvd}, dvs, span{&dsum, T * d.heads}); err != nil {
 		return err
+	}
+	if e.flash() {
+		if err := e.dev.Zero(datt); err != nil {
+			return err
+		}
 	}
 	// The bf16 mode takes q's and k's gradients back through RoPE and
 	// their norms straight into the products' bf16 operands.
@@ -217,7 +225,7 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 	}
 	var flash *kc.FlashScratch
 	if e.flash() {
-		if flash, err = kc.NewFlashScratchGivenQKV(e.pool, T, d.heads, d.kv, d.hd, true); err != nil {
+		if flash, err = kc.NewFlashBackwardGiven(e.pool, T, d.heads, d.kv, d.hd); err != nil {
 			return err
 		}
 		defer flash.Free()
@@ -290,6 +298,9 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			},
 			// Attention.
 			func() error {
+				if flash != nil { // datt in bf16, flash.cu's dO
+					return e.bf.BackBF16To16(datt, g(l.O), dres16, d.H, a.attb, d.qd, w(l.O), T, d.qd, d.H, d.qd)
+				}
 				if e.bf != nil {
 					return e.bf.BackBF16(datt, g(l.O), dres16, d.H, a.attb, d.qd, w(l.O), T, d.qd, d.H, d.qd, false)
 				}
@@ -300,7 +311,10 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 					if err := flash.UseQKV(a.q16, a.k16, a.v); err != nil {
 						return err
 					}
-					return e.ops.FlashAttentionBackward(flash, dq, dk, dv, dsum, datt, a.attb, a.lse, Buffer{}, Buffer{}, Buffer{}, f.dStart, f.dEnd, d.scale)
+					if err := flash.UseDO(datt); err != nil {
+						return err
+					}
+					return e.ops.FlashAttentionBackward(flash, dq, dk, dv, dsum, Buffer{}, a.attb, a.lse, Buffer{}, Buffer{}, Buffer{}, f.dStart, f.dEnd, d.scale)
 				}
 				if err := e.launch("attn.cu", "attn_bwd_q", kc.Dim3{X: T, Y: (d.heads + 3) / 4}, kc.Dim3{X: 128},
 					dq, dsum, datt, a.att, a.lse, a.q, a.k, a.v, f.dStart, d.heads, d.kv, d.hd, d.scale); err != nil {

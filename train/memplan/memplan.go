@@ -58,13 +58,15 @@
 //     the LM head computes over chunks of HeadChunk tokens, holding one
 //     chunk's fp32 logits (and in bf16 mode their gradient in bf16;
 //     fp32 writes it over the logits).
-//   - flash.cu's bf16 copy of dO for the backward (q, k and v come from
-//     the forward; since session 25 no transposed copies).
+//   - flash.cu's bf16 dO for the backward, attention's output gradient
+//     as the o product's backward writes it (q, k and v come from the
+//     forward; since session 25 no transposed copies).
 //   - Backward holds the loss coefficients (2) and the final norm's
 //     gradient (H) throughout; first the LM head's scratch, then, once it
 //     is freed (the two are Exclusive items), one layer's activation
 //     gradients at a time: the residual stream's and a norm output's
-//     (2H), the attention output's and q's (2Q), k's and v's (2K; v's in
+//     (2H), the attention output's and q's (2Q; the output's in bf16 with
+//     flash.cu, counted with its copies), k's and v's (2K; v's in
 //     bf16 with flash.cu), attention's row dots (heads), the norms'
 //     weight-gradient partial sums, in bf16 mode q's, k's and the
 //     residual's gradients as bf16 operands (Q+K+H), a dense MLP's (I
@@ -283,7 +285,8 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	}
 	add("log-probabilities and token vectors", c.mul(T, 4, tokVecs), true)
 	if flash {
-		// The backward's copy of dO (q, k and v come from the forward).
+		// The backward's bf16 dO, attention's output gradient as the o
+		// product's backward writes it (q, k and v come from the forward).
 		add("flash attention's bf16 copies", c.mul(Tp, 2, Q), true)
 	}
 
@@ -298,11 +301,14 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 		headName = fmt.Sprintf("LM head logits (%d tokens, fp32) and their gradient (bf16)", chunk)
 	}
 	exclusive(headName, head)
-	grads := c.mul(T, 4, c.add(2*H, 2*Q, K, nh)) // the residual's and a norm output's; attention's, q's; k's; flash's row dots
+	grads := c.mul(T, 4, c.add(2*H, Q, K, nh)) // the residual's and a norm output's; q's; k's; flash's row dots
 	if flash {
-		grads = c.add(grads, c.mul(T, 2, K)) // v's, which flash.cu writes in bf16
+		// v's, which flash.cu writes in bf16; attention's output's, which
+		// the o product's backward writes in bf16 for flash.cu, counted
+		// with its copies above.
+		grads = c.add(grads, c.mul(T, 2, K))
 	} else {
-		grads = c.add(grads, c.mul(T, 4, K))
+		grads = c.add(grads, c.mul(T, 4, c.add(K, Q))) // v's, attention's output's
 	}
 	// The norms' weight-gradient partial sums, for the largest of the
 	// layer norms' (T rows of H) and q_norm's (T·heads rows of head_dim):

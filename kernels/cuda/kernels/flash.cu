@@ -431,15 +431,15 @@ __device__ __forceinline__ void dq_tile_copy(u32* Ks, u32* Vs, const bf16_t* __r
 // words: K row-major, V row-major.
 #define DQ_STAGE_WORDS(HD) (2 * FB_BK * ((HD) / 2 + 4))
 
-// dq_rows_dsum sets D0 and D1 to D = dO.O of rows r0 and r0 + 8 for head
-// h, each lane of a quad summing its own columns of the rows (those of
-// its mma fragments), then the quad; and stores them into dsum (lane 0).
-// dO is rounded as dP's product takes it (so that sum_j P_ij dP_ij and
-// D_i cancel as they should), O as the forward rounded it.
+// rows_dsum sets D0 and D1 to D = dO.O of rows r0 and r0 + 8 for head h,
+// each lane of a quad summing its own columns of the rows, then the quad;
+// and stores them into dsum (lane 0). dO comes from the warp's A
+// fragments of its bf16 copy (load_a's: each lane's columns of the rows),
+// as dP's product takes it (so that sum_j P_ij dP_ij and D_i cancel as
+// they should), O as the forward rounded it.
 template <int HD>
-__device__ __forceinline__ void dq_rows_dsum(float& D0, float& D1, float* __restrict__ dsum,
-                                             const float* __restrict__ dout, const bf16_t* __restrict__ out, int r0,
-                                             int h, int T, int heads, int t) {
+__device__ __forceinline__ void rows_dsum(float& D0, float& D1, float* __restrict__ dsum, const u32 (&da)[HD / 16][4],
+                                          const bf16_t* __restrict__ out, int r0, int h, int T, int heads, int t) {
   const int r1 = r0 + 8;
   const i64 qd = (i64)heads * HD;
   D0 = 0.f, D1 = 0.f;
@@ -447,9 +447,12 @@ __device__ __forceinline__ void dq_rows_dsum(float& D0, float& D1, float* __rest
   for (int ks = 0; ks < HD / 16; ks++) {
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-      const int c = ks * 16 + 2 * t + (e & 1) + (e & 2) * 4;
-      if (r0 < T) D0 = fmaf(bf16_to_f32(f32_to_bf16(dout[(i64)r0 * qd + (i64)h * HD + c])), bf16_to_f32(out[(i64)r0 * qd + (i64)h * HD + c]), D0);
-      if (r1 < T) D1 = fmaf(bf16_to_f32(f32_to_bf16(dout[(i64)r1 * qd + (i64)h * HD + c])), bf16_to_f32(out[(i64)r1 * qd + (i64)h * HD + c]), D1);
+      // Column ks·16 + 2t + (e & 1) + (e & 2)·4: fragment word e & 2 (row
+      // r0) or (e & 2) + 1 (row r1), its low or high half.
+      const int c = ks * 16 + 2 * t + (e & 1) + (e & 2) * 4, sh = (e & 1) ? 16 : 0;
+      const float d0 = bf16_to_f32((bf16_t)(da[ks][e & 2] >> sh)), d1 = bf16_to_f32((bf16_t)(da[ks][(e & 2) + 1] >> sh));
+      if (r0 < T) D0 = fmaf(d0, bf16_to_f32(out[(i64)r0 * qd + (i64)h * HD + c]), D0);
+      if (r1 < T) D1 = fmaf(d1, bf16_to_f32(out[(i64)r1 * qd + (i64)h * HD + c]), D1);
     }
   }
   D0 = quad_sum(D0);
@@ -469,7 +472,7 @@ __device__ __forceinline__ void dq_rows_dsum(float& D0, float& D1, float* __rest
 // grid = (ceil(T/FA_BQ), heads), block 128.
 template <int HD, int STAGES>
 __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Vs0, float* __restrict__ dq, float* __restrict__ dsum,
-                                             const float* __restrict__ dout, const bf16_t* __restrict__ out,
+                                             const bf16_t* __restrict__ out,
                                              const float* __restrict__ lse, const bf16_t* __restrict__ qb,
                                              const bf16_t* __restrict__ dob, const bf16_t* __restrict__ kb,
                                              const bf16_t* __restrict__ vb, const int* __restrict__ seq_start, int T,
@@ -488,7 +491,7 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Vs0, float* __restri
   load_a<HD>(qa, qb + base, qd, 16 * w + g, t);
   load_a<HD>(da, dob + base, qd, 16 * w + g, t);
   float D0, D1;
-  dq_rows_dsum<HD>(D0, D1, dsum, dout, out, r0, h, T, heads, t);
+  rows_dsum<HD>(D0, D1, dsum, da, out, r0, h, T, heads, t);
   const float sl2 = scale * FA_LOG2E;
   const float L0 = r0 < T ? lse[(i64)r0 * heads + h] * FA_LOG2E : 0.f, L1 = r1 < T ? lse[(i64)r1 * heads + h] * FA_LOG2E : 0.f;
   float acc[ND][4];
@@ -657,11 +660,13 @@ __device__ __forceinline__ void flash_bwd_dq_ds(u32* sm, float* __restrict__ dq,
 // need it first (flash_bwd_dkv with DS). grid = (ceil(T/FA_BQ), heads),
 // block 128.
 template <int HD>
-__device__ __forceinline__ void flash_bwd_dsum(float* __restrict__ dsum, const float* __restrict__ dout,
+__device__ __forceinline__ void flash_bwd_dsum(float* __restrict__ dsum, const bf16_t* __restrict__ dob,
                                                const bf16_t* __restrict__ out, int T, int heads) {
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, i0 = blockIdx.x * FA_BQ, h = blockIdx.y;
+  u32 da[HD / 16][4];
+  load_a<HD>(da, dob + (i64)i0 * heads * HD + (i64)h * HD, (i64)heads * HD, 16 * w + (lane >> 2), lane & 3);
   float D0, D1;
-  dq_rows_dsum<HD>(D0, D1, dsum, dout, out, blockIdx.x * FA_BQ + 16 * w + (lane >> 2), blockIdx.y, T, heads, lane & 3);
+  rows_dsum<HD>(D0, D1, dsum, da, out, i0 + 16 * w + (lane >> 2), h, T, heads, lane & 3);
 }
 
 // dkv_tile_copy copies the dK/dV pass's query tile (BQ rows it.., head
@@ -949,11 +954,11 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
   WITH_ASYNC_CONSTANT((flash_fwd<HD, 2, 64, 2, true, SUB>(sm, ks, ks + 2 * 64 * (HD / 2 + 4), out, lse, qb, kb, vb,    \
                                                           seq_start, T, Tp, heads, kv, scale, async)))
 #define FLASH_DQ_PARAMS                                                                                         \
-  float *__restrict__ dq, float *__restrict__ dsum, const float *__restrict__ dout, const bf16_t *__restrict__ out, \
+  float *__restrict__ dq, float *__restrict__ dsum, const bf16_t *__restrict__ out,                                  \
       const float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ dob,               \
       const bf16_t *__restrict__ kb, const bf16_t *__restrict__ vb,                                                \
       const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, int async
-#define FLASH_DQ_ARGS dq, dsum, dout, out, lse, qb, dob, kb, vb, seq_start, T, Tp, heads, kv, scale, async
+#define FLASH_DQ_ARGS dq, dsum, out, lse, qb, dob, kb, vb, seq_start, T, Tp, heads, kv, scale, async
 #define FLASH_DKV_PARAMS                                                                                           \
   float *__restrict__ dk, bf16_t *__restrict__ dv, const float *__restrict__ lse, const float *__restrict__ dsum,    \
       const bf16_t *__restrict__ qb, const bf16_t *__restrict__ dob, const bf16_t *__restrict__ kb,                 \
@@ -995,7 +1000,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
 #define FLASH_DQS_BODY(HD)                                           \
   __shared__ u32x4 dqs##HD[2 * DQS_STAGE_WORDS(HD) / 4];              \
   WITH_ASYNC_CONSTANT((flash_bwd_dq_ds<HD>((u32*)dqs##HD, dq, ds, ds_off, kb, seq_start, T, heads, kv, scale, async)))
-#define FLASH_DSUM_PARAMS float *__restrict__ dsum, const float *__restrict__ dout, const bf16_t *__restrict__ out, int T, int heads
+#define FLASH_DSUM_PARAMS float *__restrict__ dsum, const bf16_t *__restrict__ dob, const bf16_t *__restrict__ out, int T, int heads
 
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_32(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(32, 1, FA_BK, 1) }
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_64(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(64, 1, FA_BK, 1) }
@@ -1032,6 +1037,6 @@ extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkv_ds_128(FLASH_DKV
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_ds_32(FLASH_DQS_PARAMS) { FLASH_DQS_BODY(32) }
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_ds_64(FLASH_DQS_PARAMS) { FLASH_DQS_BODY(64) }
 extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_ds_128(FLASH_DQS_PARAMS) { FLASH_DQS_BODY(128) }
-extern "C" __global__ void __launch_bounds__(128) flash_bwd_dsum_32(FLASH_DSUM_PARAMS) { flash_bwd_dsum<32>(dsum, dout, out, T, heads); }
-extern "C" __global__ void __launch_bounds__(128) flash_bwd_dsum_64(FLASH_DSUM_PARAMS) { flash_bwd_dsum<64>(dsum, dout, out, T, heads); }
-extern "C" __global__ void __launch_bounds__(128) flash_bwd_dsum_128(FLASH_DSUM_PARAMS) { flash_bwd_dsum<128>(dsum, dout, out, T, heads); }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dsum_32(FLASH_DSUM_PARAMS) { flash_bwd_dsum<32>(dsum, dob, out, T, heads); }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dsum_64(FLASH_DSUM_PARAMS) { flash_bwd_dsum<64>(dsum, dob, out, T, heads); }
+extern "C" __global__ void __launch_bounds__(128) flash_bwd_dsum_128(FLASH_DSUM_PARAMS) { flash_bwd_dsum<128>(dsum, dob, out, T, heads); }
