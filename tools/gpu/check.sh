@@ -356,11 +356,14 @@ if [[ " $sections " == *" profile "* ]]; then
   echo "== bf16 training on this card: keel, PyTorch, and where keel's time goes (KEEL_CUDA_PROFILE=1 synchronises every launch: read shares)"
   # preset, layers, sequences x length, keel's recomputation, PyTorch's
   # micro-batch (its gradients accumulate) and checkpointing, profile?
-  for spec in "qwen3-0.6b 0 8 2048 no 4 no yes" "qwen3-0.6b 0 2 16384 yes 1 yes no" "qwen3-30b-a3b 2 2 2048 no 2 no yes"; do
+  # The 2 x 16384 shape also without recomputation on both sides (keel's
+  # plan: 56 GiB, 64 with the stored dS; PyTorch's may not fit).
+  for spec in "qwen3-0.6b 0 8 2048 no 4 no yes" "qwen3-0.6b 0 2 16384 yes 1 yes no" "qwen3-30b-a3b 2 2 2048 no 2 no yes" "qwen3-0.6b 0 2 16384 no 1 no no"; do
     set -- $spec
     rc=; [ $5 = yes ] && rc=--recompute
     ck=; [ $7 = yes ] && ck=--checkpoint
     tag=$1-$3x$4
+    [ $4 = 16384 ] && [ $5 = no ] && tag=$tag-norecompute
     args="--device cuda --train-precision bf16 $rc --presets $1 --layers $2 --vocab 151936 --seqs $3 --len $4 --time 1ms --json --no-decode --no-rl"
     # flash.cu's forward (wideq, the default; narrow, wide) and backward
     # (two stages, the default; one stage on the first shape only).
@@ -381,6 +384,7 @@ if [[ " $sections " == *" profile "* ]]; then
     [ $1 = qwen3-0.6b ] && variants="$variants wideq/stored/device/1/1/0 wideq/dkv16/device/1/1/0"
     [ $tag = qwen3-0.6b-8x2048 ] && variants="$variants wideq/single/device/1/1/0 wideq/two/device/0/1/0 wideq/two/device/1/0/0 wideq/two/device/1/1/1"
     [ $1 = qwen3-30b-a3b ] && variants="$variants wideq/two/host/1/1/0"
+    [ $tag = qwen3-0.6b-2x16384-norecompute ] && variants="wideq/two/device/1/1/0 wideq/stored/device/1/1/0"
     for v in $variants; do
       IFS=/ read -r fwd bwd grp pool keep tune <<< "$v"
       vt=$fwd-$bwd-$grp-pool$pool-keep$keep-tune$tune
