@@ -85,11 +85,12 @@ func BenchDecodeOn(spec DecodeSpec) (DecodeResult, error) {
 	}
 	var (
 		measuring bool
+		full      int       // the engine's slots: the rows of a full step
 		times     []float64 // the full steps' milliseconds
 		context   int64     // and their positions, summed over rows
 	)
 	onStep := func(s StepInfo) {
-		if measuring && s.Rows == slots && s.PromptRows == 0 {
+		if measuring && s.Rows == full && s.PromptRows == 0 {
 			times = append(times, float64(s.Time)/float64(time.Millisecond))
 			context += s.Context
 		}
@@ -99,6 +100,7 @@ func BenchDecodeOn(spec DecodeSpec) (DecodeResult, error) {
 		return res, err
 	}
 	defer e.Close()
+	full = e.Options().Slots // a GPU backend may take fewer than asked for
 	r := rand.New(rand.NewPCG(1, 2))
 	prompts := make([][]int32, slots/group)
 	for i := range prompts {
@@ -141,7 +143,7 @@ func BenchDecodeOn(spec DecodeSpec) (DecodeResult, error) {
 	if res.FullSteps = len(times); res.FullSteps > 0 {
 		slices.Sort(times)
 		res.StepMS = times[len(times)/2]
-		res.StepContext = float64(context) / float64(len(times)*slots)
+		res.StepContext = float64(context) / float64(len(times)*full)
 	}
 	return res, nil
 }

@@ -381,8 +381,11 @@ func printBenchTables(w io.Writer, rep *benchReport) {
 		}
 		for _, d := range rep.Decode {
 			fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%.0f\t%.0f%%\t", d.Preset, d.Slots, d.SamplesPerPrompt, d.PrecisionName, d.TokensPerS, 100*d.VsForward)
-			if rep.PeakGBPerS > 0 {
+			switch {
+			case rep.PeakGBPerS > 0 && d.FullSteps > 0:
 				fmt.Fprintf(w, "%.0f\t%.1f%%\t%.3f\t%.0f\t%.1f%%\t", d.GBPerS, 100*d.Bandwidth, d.StepMS, d.StepGBPerS, 100*d.StepBandwidth)
+			case rep.PeakGBPerS > 0: // no step with every sequence decoding
+				fmt.Fprintf(w, "%.0f\t%.1f%%\t-\t-\t-\t", d.GBPerS, 100*d.Bandwidth)
 			}
 			fmt.Fprintln(w)
 		}

@@ -312,9 +312,8 @@ func benchDevice(b *testing.B) *Device {
 // its three kernels and the backward by its pipelined and one-stage
 // kernels, with the dK/dV pass's 32-query tiles and from stored dS
 // (StoreScores: D's pass, the dK/dV pass storing dS, the dQ pass reading
-// it), from q's, k's and v's bf16 copies as the training engine gives
-// them (each call still transposes v, and the backward rounds and
-// transposes dO). It reports TFLOP/s of the causal attention: the forward
+// it), from q's, k's, v's and dO's bf16 copies as the training engine
+// gives them. It reports TFLOP/s of the causal attention: the forward
 // 4·hd·heads·Σ L(L+1)/2, the backward 2.5 times that.
 //
 //	tools/gpu/bin/cuda.test -test.run '^$' -test.bench DeviceFlash
@@ -353,14 +352,22 @@ func BenchmarkDeviceFlash(b *testing.B) {
 			}
 			return buf
 		}
-		q16, k16, v16 := copy16(bq, qd), copy16(bk, kvd), copy16(bv, kvd)
+		q16, k16, v16, do16 := copy16(bq, qd), copy16(bk, kvd), copy16(bv, kvd), copy16(bdo, qd)
 		scratch := func(backward bool) *FlashScratch {
-			s, err := NewFlashScratchGivenQKV(d, T, heads, kv, hd, backward)
+			s, err := NewFlashScratchGivenQKV(d, T, heads, kv, hd, false)
+			if backward {
+				s, err = NewFlashBackwardGiven(d, T, heads, kv, hd)
+			}
 			if err != nil {
 				b.Fatal(err)
 			}
 			if err := s.UseQKV(q16, k16, v16); err != nil {
 				b.Fatal(err)
+			}
+			if backward {
+				if err := s.UseDO(do16); err != nil {
+					b.Fatal(err)
+				}
 			}
 			return s
 		}
@@ -394,7 +401,7 @@ func BenchmarkDeviceFlash(b *testing.B) {
 					b.Fatal(err)
 				}
 				f = func() error {
-					return o.FlashAttentionBackward(bs, dq, dk, dv16, dsum, bdo, out16, lse, Buffer{}, Buffer{}, Buffer{}, bst, ben, scale)
+					return o.FlashAttentionBackward(bs, dq, dk, dv16, dsum, Buffer{}, out16, lse, Buffer{}, Buffer{}, Buffer{}, bst, ben, scale)
 				}
 				flops *= 2.5
 			}
@@ -407,7 +414,7 @@ func BenchmarkDeviceFlash(b *testing.B) {
 		}
 		fs.Free()
 		bs.Free()
-		for _, buf := range []Buffer{bq, bk, bv, bdo, bst, ben, q16, k16, v16, out16, lse, dsum, dq, dk, dv16} {
+		for _, buf := range []Buffer{bq, bk, bv, bdo, bst, ben, q16, k16, v16, do16, out16, lse, dsum, dq, dk, dv16} {
 			d.Free(buf)
 		}
 	}

@@ -1081,8 +1081,9 @@ func (o *Ops) vCopy(s *FlashScratch, v Buffer) error {
 // fitsShared says whether a block may have bytes of shared memory on o's
 // device: the forward with Q in shared memory needs 102 KiB at head size
 // 128, more than sm_86 and sm_89 cards give a block (99 KiB), and takes
-// the narrow forward there; the pipelined backward (34 and 69 KiB)
-// likewise takes one stage on cards that give less.
+// the narrow forward there; the backward takes the 16-query dK/dV pass
+// where the 32-query one's 69 KiB do not fit, and one stage where the
+// pipelined passes' (34 KiB) do not.
 func (o *Ops) fitsShared(bytes int) bool { return bytes <= o.Dev.SharedPerBlock }
 
 // flashForwardShared is the dynamic shared memory, in bytes, of flash.cu's

@@ -573,7 +573,7 @@ fi
 if [[ " $sections " == *" fit "* ]]; then
   echo "== full-parameter bf16 training of the Qwen3-1.7B shape at 4 x 4096 tokens, the memory plan against the card (logits not kept: KEEL_HEAD_KEEP=0, which the plan leaves out)"
   # recompute or not, and train/memplan's total and activations for it
-  for spec in "--recompute 39.04 10.16" "none 66.92 38.05"; do
+  for spec in "--recompute 38.98 10.10" "none 66.86 37.99"; do
     set -- $spec
     rc=$1; [ $rc = none ] && rc=
     tag=1.7b${rc:+-recompute}

@@ -165,8 +165,8 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		span{&dq, T * d.qd}, span{&dk, T * d.kvd}, dvs, span{&dsum, T * d.heads}); err != nil {
 		return err
 	}
-	if e.flash() {
-		if err := e.dev.Zero(datt); err != nil {
+	if pad := kc.FlashPad(T); e.flash() && pad > T { // the pad rows, zero
+		if err := e.dev.Zero(kc.BF16Rows(datt, T*d.qd, (pad-T)*d.qd)); err != nil {
 			return err
 		}
 	}
@@ -229,18 +229,18 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			return err
 		}
 		defer flash.Free()
-		if e.ops.FlashDQStored {
-			// dS stored for the dQ pass (KEEL_FLASH_DQ=stored; not in
-			// the memory plan): where it does not fit, the two passes
-			// recompute it, as without.
-			if err := flash.StoreScores(f.seqEnds()); err != nil && !kc.IsOutOfMemory(err) {
-				return err
-			}
-		}
 	}
 	var redo Buffer // with recomputation: the recomputed layer's output, unused
 	if f.recompute {
 		if redo, err = e.buf(tmp, T*d.H); err != nil {
+			return err
+		}
+	}
+	if flash != nil && e.ops.FlashDQStored {
+		// dS stored for the dQ pass (KEEL_FLASH_DQ=stored; not in the
+		// memory plan), the backward's last allocation before the layers:
+		// where it cannot be had, the two passes recompute dS, as without.
+		if err := flash.StoreScores(f.ends); err != nil && !kc.IsOutOfMemory(err) {
 			return err
 		}
 	}

@@ -87,6 +87,7 @@ type fwdState struct {
 	T            int
 	temp         float32
 	tokens       []int32 // packed
+	ends         []int32 // each token's sequence end (one past its last token), as dEnd holds it
 	// device copies of the packed tokens, positions, each token's sequence
 	// start and end, and each row's next token (-1 at a sequence's end)
 	dTokens, dPos, dStart, dEnd, dTargets Buffer
@@ -203,7 +204,7 @@ func (e *Engine) Forward(seqs [][]int32, opt train.ForwardOptions) (*train.Resul
 	if opt.Temperature != 0 {
 		f.temp = float32(opt.Temperature)
 	}
-	var pos, start, end, targets []int32
+	var pos, start, targets []int32
 	maxLen := 0
 	for _, s := range seqs {
 		f.starts = append(f.starts, f.T)
@@ -212,7 +213,7 @@ func (e *Engine) Forward(seqs [][]int32, opt train.ForwardOptions) (*train.Resul
 			f.tokens = append(f.tokens, t)
 			pos = append(pos, int32(i))
 			start = append(start, int32(f.T))
-			end = append(end, int32(f.T+len(s)))
+			f.ends = append(f.ends, int32(f.T+len(s)))
 			next := int32(-1)
 			if i+1 < len(s) {
 				next = s[i+1]
@@ -234,7 +235,7 @@ func (e *Engine) Forward(seqs [][]int32, opt train.ForwardOptions) (*train.Resul
 	for _, t := range []struct {
 		b   *Buffer
 		src []int32
-	}{{&f.dTokens, f.tokens}, {&f.dPos, pos}, {&f.dStart, start}, {&f.dEnd, end}, {&f.dTargets, targets}} {
+	}{{&f.dTokens, f.tokens}, {&f.dPos, pos}, {&f.dStart, start}, {&f.dEnd, f.ends}, {&f.dTargets, targets}} {
 		if *t.b, err = e.intBuf(f, t.src); err != nil {
 			return nil, err
 		}
@@ -273,18 +274,6 @@ func (e *Engine) Forward(seqs [][]int32, opt train.ForwardOptions) (*train.Resul
 	}
 	e.valid = true
 	return res, nil
-}
-
-// seqEnds is each token's sequence end (one past its last token), as
-// the device's dEnd holds it.
-func (f *fwdState) seqEnds() []int32 {
-	ends := make([]int32, 0, f.T)
-	for s, st := range f.starts {
-		for range f.lens[s] {
-			ends = append(ends, int32(st+f.lens[s]))
-		}
-	}
-	return ends
 }
 
 // routes are the experts each sequence's tokens used in every MoE layer

@@ -58,16 +58,13 @@
 //     the LM head computes over chunks of HeadChunk tokens, holding one
 //     chunk's fp32 logits (and in bf16 mode their gradient in bf16;
 //     fp32 writes it over the logits).
-//   - flash.cu's bf16 dO for the backward, attention's output gradient
-//     as the o product's backward writes it (q, k and v come from the
-//     forward; since session 25 no transposed copies).
 //   - Backward holds the loss coefficients (2) and the final norm's
 //     gradient (H) throughout; first the LM head's scratch, then, once it
 //     is freed (the two are Exclusive items), one layer's activation
 //     gradients at a time: the residual stream's and a norm output's
 //     (2H), the attention output's and q's (2Q; the output's in bf16 with
-//     flash.cu, counted with its copies), k's and v's (2K; v's in
-//     bf16 with flash.cu), attention's row dots (heads), the norms'
+//     flash.cu, rows rounded up to 128: flash.cu's dO), k's and v's (2K;
+//     v's in bf16 with flash.cu), attention's row dots (heads), the norms'
 //     weight-gradient partial sums, in bf16 mode q's, k's and the
 //     residual's gradients as bf16 operands (Q+K+H), a dense MLP's (I
 //     fp32, 2I) and an MoE block's (per routed copy H in the training
@@ -284,11 +281,6 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 		tokVecs++ // the head's log-sum-exp per row
 	}
 	add("log-probabilities and token vectors", c.mul(T, 4, tokVecs), true)
-	if flash {
-		// The backward's bf16 dO, attention's output gradient as the o
-		// product's backward writes it (q, k and v come from the forward).
-		add("flash attention's bf16 copies", c.mul(Tp, 2, Q), true)
-	}
 
 	// The backward keeps the loss's coefficients and the final norm's
 	// gradient throughout; first the LM head's scratch is live, then, once
@@ -303,10 +295,10 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	exclusive(headName, head)
 	grads := c.mul(T, 4, c.add(2*H, Q, K, nh)) // the residual's and a norm output's; q's; k's; flash's row dots
 	if flash {
-		// v's, which flash.cu writes in bf16; attention's output's, which
-		// the o product's backward writes in bf16 for flash.cu, counted
-		// with its copies above.
-		grads = c.add(grads, c.mul(T, 2, K))
+		// v's, which flash.cu writes in bf16, and attention's output's,
+		// which the o product's backward writes in bf16 as flash.cu's dO,
+		// its rows padded as flash.cu's copies are.
+		grads = c.add(grads, c.mul(T, 2, K), c.mul(Tp, 2, Q))
 	} else {
 		grads = c.add(grads, c.mul(T, 4, c.add(K, Q))) // v's, attention's output's
 	}

@@ -158,9 +158,12 @@ __device__ __forceinline__ void ldsm4(u32 (&r)[4], const Frags& f, int off) {
 
 // ldsm4t is ldsm4 transposed (ldmatrix.x4.trans): lane 4g + t receives
 // in r[m] elements g of rows 2t (low half) and 2t + 1 (high half) of tile
-// m, as bf16: an A fragment of a tile stored column by column (lane_at).
-// The emulator's path gathers the same halves through shuffles of the
-// lanes' offsets.
+// m, as bf16. With lane_a's offsets over a row-major tile whose rows are
+// B's k (V for P·V, K for dS·K, dO and Q for the dK/dV pass's products):
+// the B fragments of the 8-column blocks w0 and w0 + 4 words on, in
+// r[0..1] and r[2..3]; with lane_at's, the A fragment of a tile stored
+// transposed. The emulator's path gathers the same halves through
+// shuffles of the lanes' offsets.
 __device__ __forceinline__ void ldsm4t(u32 (&r)[4], const Frags& f, int off) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -181,7 +184,7 @@ __device__ __forceinline__ void ldsm4t(u32 (&r)[4], const Frags& f, int off) {
 // apart; the call's off adds r0 * pitch + w0 for the block of rows r0 at
 // word w0. lane_b2n: mma16816's B fragments (b[0], b[1]) of the 8-row
 // blocks r0 and r0 + 8, in r[0..1] and r[2..3] (the rows are B's
-// columns: K row-major for Q·Kᵀ, V transposed for P·V); lane_b2k: those
+// columns: K row-major for Q·Kᵀ); lane_b2k: those
 // of row block r0 at words w0 and w0 + 8 (two k-steps); lane_a: the A
 // fragment (a[0..3]) of the 16 rows from r0.
 __device__ __forceinline__ int lane_b2n(int lane, int pitch) {
