@@ -356,7 +356,7 @@ func TestDeviceNormRopeBackBF16(t *testing.T) {
 
 		bdy := bufOf(g, dy)
 		b16, part, dw := g.poisoned((tokens*stride+1)/2), g.poisoned(chunks*c.n), g.poisoned(c.n)
-		g.launch("rows.cu", "norm_rope_bwd_bf16", chunks, 256, b16, part, bdy, bx, bw, binv, bcos, bsin, bpos, c.rows, c.n, c.per, int64(stride))
+		g.launch("rows.cu", "norm_rope_bwd_bf16", chunks, 256, b16, part, bdy, bx, bw, binv, bcos, bsin, bpos, c.rows, c.n, c.per, int64(stride), int64(stride))
 		g.launch("rows.cu", "sum_chunks", (c.n+31)/32, 256, dw, part, chunks, c.n, 0)
 		for i, v := range g.u16(b16, tokens*stride) {
 			if v != uint16(want16[i]) {
@@ -370,15 +370,43 @@ func TestDeviceNormRopeBackBF16(t *testing.T) {
 		// them): the bits of the float32 kernel over the widened x.
 		x16, xw := roundOperand(x)
 		w16, wpart, wdw := g.poisoned((tokens*stride+1)/2), g.poisoned(chunks*c.n), g.poisoned(c.n)
-		g.launch("rows.cu", "norm_rope_bwd_bf16", chunks, 256, w16, wpart, bdy, bufOf(g, xw), bw, binv, bcos, bsin, bpos, c.rows, c.n, c.per, int64(stride))
+		g.launch("rows.cu", "norm_rope_bwd_bf16", chunks, 256, w16, wpart, bdy, bufOf(g, xw), bw, binv, bcos, bsin, bpos, c.rows, c.n, c.per, int64(stride), int64(stride))
 		g.launch("rows.cu", "sum_chunks", (c.n+31)/32, 256, wdw, wpart, chunks, c.n, 0)
 		h16, hpart, hdw := g.poisoned((tokens*stride+1)/2), g.poisoned(chunks*c.n), g.poisoned(c.n)
-		g.launch("rows.cu", "norm_rope_bwd_bf16_x16", chunks, 256, h16, hpart, bdy, bufOf(g, x16), bw, binv, bcos, bsin, bpos, c.rows, c.n, c.per, int64(stride))
+		g.launch("rows.cu", "norm_rope_bwd_bf16_x16", chunks, 256, h16, hpart, bdy, bufOf(g, x16), bw, binv, bcos, bsin, bpos, c.rows, c.n, c.per, int64(stride), int64(stride))
 		g.launch("rows.cu", "sum_chunks", (c.n+31)/32, 256, hdw, hpart, chunks, c.n, 0)
 		if !slices.Equal(g.u16(h16, tokens*stride), g.u16(w16, tokens*stride)) {
 			t.Errorf("%s: dx from bf16 x is not the bits of the widened x's", name)
 		}
 		sameBits(t, name+" dw from bf16 x", g.f32(hdw, c.n), g.f32(wdw, c.n))
+
+		// x and dx16 as column spans of wider rows (the training engine's
+		// q, k and v in one matrix, ldx apart), dy's rows stride apart:
+		// the same bits, and nothing written outside the span.
+		ldx := stride + 2*c.n + 2
+		xs := make([]uint16, tokens*ldx)
+		for tk := 0; tk < tokens; tk++ {
+			copy(xs[tk*ldx+c.n:tk*ldx+c.n+stride], x16[tk*stride:(tk+1)*stride])
+		}
+		bxs := bufOf(g, xs)
+		s16, spart, sdw := g.poisoned((tokens*ldx+1)/2), g.poisoned(chunks*c.n), g.poisoned(c.n)
+		before := g.u16(s16, tokens*ldx)
+		g.launch("rows.cu", "norm_rope_bwd_bf16_x16", chunks, 256, BF16Rows(s16, c.n, tokens*ldx-c.n), spart, bdy, BF16Rows(bxs, c.n, tokens*ldx-c.n),
+			bw, binv, bcos, bsin, bpos, c.rows, c.n, c.per, int64(stride), int64(ldx))
+		g.launch("rows.cu", "sum_chunks", (c.n+31)/32, 256, sdw, spart, chunks, c.n, 0)
+		got, want := g.u16(s16, tokens*ldx), g.u16(h16, tokens*stride)
+		for tk := 0; tk < tokens; tk++ {
+			for j := 0; j < ldx; j++ {
+				w := before[tk*ldx+j]
+				if j >= c.n && j < c.n+stride {
+					w = want[tk*stride+j-c.n]
+				}
+				if got[tk*ldx+j] != w {
+					t.Fatalf("%s, rows %d apart: token %d column %d: %#04x, want %#04x", name, ldx, tk, j, got[tk*ldx+j], w)
+				}
+			}
+		}
+		sameBits(t, name+" dw, rows apart", g.f32(sdw, c.n), g.f32(hdw, c.n))
 	}
 }
 

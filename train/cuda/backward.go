@@ -134,14 +134,14 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 	// dx16 [T, stride] the products' operand, dy (float32) not changed.
 	// x, the norm's input (q_raw or k_raw), is bf16 with flash.cu (as its
 	// product wrote it), else float32.
-	normRopeBack := func(dx16, dy, x, w, inv, gw Buffer, rows, n, per, stride int) error {
+	normRopeBack := func(dx16, dy, x, w, inv, gw Buffer, rows, n, per, stride, ldx int) error {
 		ch := normChunks(rows, n) // n ≤ normWarpMax: a warp a row
 		kernel := "norm_rope_bwd_bf16"
 		if e.flash() {
 			kernel = "norm_rope_bwd_bf16_x16"
 		}
 		if err := e.launch("rows.cu", kernel, kc.Dim3{X: ch}, block256, dx16, part, dy, x, w, inv,
-			e.rope.cos, e.rope.neg, f.dPos, rows, n, per, int64(stride)); err != nil {
+			e.rope.cos, e.rope.neg, f.dPos, rows, n, per, int64(stride), int64(ldx)); err != nil {
 			return err
 		}
 		return e.launch("rows.cu", "sum_chunks", kc.SumChunksGrid(n), block256, gw, part, ch, n, 1)
@@ -327,10 +327,10 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		if fusedQK { // RoPE's and the norms' backward and the rounding, one pass each for q and k
 			steps = append(steps,
 				func() error {
-					return normRopeBack(dq16, dq, a.qraw, w(l.QNorm), a.invq, g(l.QNorm), T*d.heads, d.hd, d.heads, d.qd)
+					return normRopeBack(dq16, dq, a.qraw, w(l.QNorm), a.invq, g(l.QNorm), T*d.heads, d.hd, d.heads, d.qd, d.qd)
 				},
 				func() error {
-					return normRopeBack(dk16, dk, a.kraw, w(l.KNorm), a.invk, g(l.KNorm), T*d.kv, d.hd, d.kv, d.kvd)
+					return normRopeBack(dk16, dk, a.kraw, w(l.KNorm), a.invk, g(l.KNorm), T*d.kv, d.hd, d.kv, d.kvd, d.kvd)
 				},
 				func() error {
 					if err := e.bf.BackBF16(dh, g(l.Q), dq16, d.qd, a.h1b, d.H, w(l.Q), T, d.H, d.qd, d.H, false); err != nil {

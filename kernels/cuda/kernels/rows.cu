@@ -200,7 +200,8 @@ extern "C" __global__ void __launch_bounds__(KEEL_THREADS) rmsnorm_bwd_warp_dx16
 // the gradient dy at RoPE's output taken back through RoPE (rope_rows with
 // the negated sines sinv, the same expressions), then through the head's
 // RMSNorm as rmsnorm_bwd_warp takes it (the same sums in the same order),
-// rounded to bf16 into dx16 (laid out as dy: row_offset), with the weight
+// rounded to bf16 into dx16 (laid out as x: row_offset with ldx; dy's
+// rows are stride apart), with the weight
 // gradient's partial sums per NORM_WCHUNK rows as rmsnorm_bwd_warp writes
 // them. So the bits of rope_rows, rmsnorm_bwd_warp (acc 0) and the
 // rounding, in one pass that reads dy and x once and writes bf16, where
@@ -212,7 +213,7 @@ template <typename X>
 __device__ void norm_rope_bwd_rows(bf16_t* __restrict__ dx16, float* __restrict__ dw_part, const float* __restrict__ dy,
                                    const X* __restrict__ x, const float* __restrict__ w, const float* __restrict__ inv,
                                    const float* __restrict__ cosv, const float* __restrict__ sinv,
-                                   const int* __restrict__ pos, int rows, int n, int per, i64 stride) {
+                                   const int* __restrict__ pos, int rows, int n, int per, i64 stride, i64 ldx) {
   __shared__ float row[KEEL_THREADS / 32][NORM_WMAX];
   const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, c = blockIdx.x, half = n / 2;
   float pw[NORM_WMAX / 32];
@@ -220,7 +221,7 @@ __device__ void norm_rope_bwd_rows(bf16_t* __restrict__ dx16, float* __restrict_
   for (int i = 0; i < NORM_WMAX / 32; i++) pw[i] = 0.f;
   const int r0 = c * NORM_WCHUNK + wp * 32, r1 = min(rows, r0 + 32);
   for (int r = r0; r < r1; r++) {  // warp-uniform
-    const i64 o = row_offset(r, n, per, stride);
+    const i64 o = row_offset(r, n, per, stride), ox = row_offset(r, n, per, ldx);
     const i64 t = r / per;
     const float* cs = cosv + (i64)pos[t] * half;
     const float* sn = sinv + (i64)pos[t] * half;
@@ -244,7 +245,7 @@ __device__ void norm_rope_bwd_rows(bf16_t* __restrict__ dx16, float* __restrict_
         }
       }
     }
-    norm_row_back(dx16 + o, nullptr, g, x + o, w, inv[r], n, pw);
+    norm_row_back(dx16 + ox, nullptr, g, x + ox, w, inv[r], n, pw);
   }
   norm_warp_partials(dw_part, pw, n, c);
 }
@@ -257,8 +258,8 @@ extern "C" __global__ void __launch_bounds__(KEEL_THREADS) norm_rope_bwd_bf16(bf
                                                                          const float* __restrict__ cosv,
                                                                          const float* __restrict__ sinv,
                                                                          const int* __restrict__ pos, int rows, int n,
-                                                                         int per, i64 stride) {
-  norm_rope_bwd_rows(dx16, dw_part, dy, x, w, inv, cosv, sinv, pos, rows, n, per, stride);
+                                                                         int per, i64 stride, i64 ldx) {
+  norm_rope_bwd_rows(dx16, dw_part, dy, x, w, inv, cosv, sinv, pos, rows, n, per, stride, ldx);
 }
 extern "C" __global__ void __launch_bounds__(KEEL_THREADS) norm_rope_bwd_bf16_x16(bf16_t* __restrict__ dx16, float* __restrict__ dw_part,
                                                                              const float* __restrict__ dy,
@@ -268,8 +269,8 @@ extern "C" __global__ void __launch_bounds__(KEEL_THREADS) norm_rope_bwd_bf16_x1
                                                                              const float* __restrict__ cosv,
                                                                              const float* __restrict__ sinv,
                                                                              const int* __restrict__ pos, int rows, int n,
-                                                                             int per, i64 stride) {
-  norm_rope_bwd_rows(dx16, dw_part, dy, x, w, inv, cosv, sinv, pos, rows, n, per, stride);
+                                                                             int per, i64 stride, i64 ldx) {
+  norm_rope_bwd_rows(dx16, dw_part, dy, x, w, inv, cosv, sinv, pos, rows, n, per, stride, ldx);
 }
 
 // sum_chunks: out[j] (+)= sum over c of parts[c*n + j]. A block takes 32
