@@ -663,6 +663,75 @@ func TestDeviceFlashAttention(t *testing.T) {
 				sameBits(t, fmt.Sprintf("%s %s, q, k, v and dO copies given (stored dS %v)", name, x.what, stored), g.f32(x.a, x.n), g.f32(x.b, x.n))
 			}
 		}
+		// v as a column span of wider rows (UseQKVRows: the training
+		// engine's q, k and v in one matrix), dv16 written so too: the
+		// same bits, nothing written outside dv's columns.
+		{
+			ld, off, pad := qd+kvd+2*c.hd, qd, FlashPad(T)
+			v16 := g.u16(gv, pad*kvd)
+			wide := make([]uint16, pad*ld)
+			for r := 0; r < pad; r++ {
+				copy(wide[r*ld+off:r*ld+off+kvd], v16[r*kvd:(r+1)*kvd])
+			}
+			bwide := bufOf(g, wide)
+			vspan := BF16Rows(bwide, off, pad*ld-off)
+			wfs, err := NewFlashScratchGivenQKV(g.d, T, c.heads, c.kv, c.hd, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wbs, err := NewFlashBackwardGiven(g.d, T, c.heads, c.kv, c.hd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := wfs.UseQKVRows(gq, gk, vspan, kvd-1); err == nil {
+				t.Error("UseQKVRows took rows narrower than v")
+			}
+			if err := wfs.UseQKVRows(gq, gk, BF16Rows(bwide, off, (pad-1)*ld), ld); err == nil {
+				t.Error("UseQKVRows took a span short of the last row")
+			}
+			for _, s := range []*FlashScratch{wfs, wbs} {
+				if err := s.UseQKVRows(gq, gk, vspan, ld); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := wbs.UseDO(gdo); err != nil {
+				t.Fatal(err)
+			}
+			wout, wlse, wdsum := g.poisoned(T*qd), g.poisoned(T*c.heads), g.poisoned(T*c.heads)
+			wdq, wdk := g.poisoned(T*qd), g.poisoned(T*kvd)
+			wdv := g.poisoned((T*ld + 1) / 2)
+			before := g.u16(wdv, T*ld)
+			if err := ops.FlashAttention(wfs, wout, wlse, Buffer{}, Buffer{}, Buffer{}, bst, scale); err != nil {
+				t.Fatal(err)
+			}
+			if err := ops.FlashAttentionBackward(wbs, wdq, wdk, BF16Rows(wdv, off, T*ld-off), wdsum, Buffer{}, wout, wlse, Buffer{}, Buffer{}, Buffer{}, bst, ben, scale); err != nil {
+				t.Fatal(err)
+			}
+			if err := g.d.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			wfs.Free()
+			wbs.Free()
+			for _, x := range []struct {
+				what string
+				a, b Buffer
+				n    int
+			}{{"out", bout, wout, (T*qd + 1) / 2}, {"lse", blse, wlse, T * c.heads}, {"dq", bdq, wdq, T * qd}, {"dk", bdk, wdk, T * kvd}} {
+				sameBits(t, fmt.Sprintf("%s %s, v's rows %d apart", name, x.what, ld), g.f32(x.a, x.n), g.f32(x.b, x.n))
+			}
+			got, want := g.u16(wdv, T*ld), g.u16(bdv, T*kvd)
+			for r := 0; r < T; r++ {
+				for j := 0; j < ld; j++ {
+					w := before[r*ld+j]
+					if j >= off && j < off+kvd {
+						w = want[r*kvd+j-off]
+					}
+					if got[r*ld+j] != w {
+						t.Fatalf("%s dv, rows %d apart: row %d column %d: %#04x, want %#04x", name, ld, r, j, got[r*ld+j], w)
+					}
+				}
+			}
+		}
 		// The backward with one stage of shared memory (each tile's copy
 		// waited for before its products), both copy paths: the same
 		// arithmetic in the same order as the pipelined kernels, so the

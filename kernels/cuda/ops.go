@@ -780,6 +780,7 @@ type FlashScratch struct {
 	rows, pad, heads, kv, hd int
 	backward                 bool
 	q, k, v, dout            Buffer
+	vld                      int // the row stride of v, and of a backward's dv16: kv·hd, or UseQKVRows
 	bufs                     []Buffer
 	// givenQK: the caller makes q's and k's row-major copies
 	// (NormRopeBF16) and points the scratch at them (UseQK); givenV: v's
@@ -843,16 +844,27 @@ func (s *FlashScratch) UseQK(q16, k16 Buffer) error {
 // UseQKV is UseQK for a NewFlashScratchGivenQKV scratch, with v16 the
 // bf16 row-major copy of the next call's v.
 func (s *FlashScratch) UseQKV(q16, k16, v16 Buffer) error {
+	return s.UseQKVRows(q16, k16, v16, s.kv*s.hd)
+}
+
+// UseQKVRows is UseQKV with v16's rows ld bf16 apart (v a column span of a
+// wider matrix: the training engine's q, k and v products in one), and a
+// backward's dv16 laid out so too.
+func (s *FlashScratch) UseQKVRows(q16, k16, v16 Buffer, ld int) error {
 	if !s.givenV {
 		return fmt.Errorf("cuda: UseQKV on a flash scratch that makes its own copies of v")
 	}
-	if v16.Size < int64(s.pad*s.kv*s.hd)*2 {
-		return fmt.Errorf("cuda: UseQKV: a copy of v of %d bytes for %d padded rows of %d", v16.Size, s.pad, s.kv*s.hd)
+	kvd := s.kv * s.hd
+	if ld < kvd {
+		return fmt.Errorf("cuda: UseQKVRows: rows %d apart, narrower than v's %d", ld, kvd)
+	}
+	if v16.Size < (int64(s.pad-1)*int64(ld)+int64(kvd))*2 {
+		return fmt.Errorf("cuda: UseQKV: a copy of v of %d bytes for %d padded rows of %d, %d apart", v16.Size, s.pad, kvd, ld)
 	}
 	if err := s.UseQK(q16, k16); err != nil {
 		return err
 	}
-	s.v = v16
+	s.v, s.vld = v16, ld
 	return nil
 }
 
@@ -886,7 +898,7 @@ func newFlashScratch(mem Memory, rows, heads, kv, hd int, backward, givenQK, giv
 	if rows < 1 {
 		return nil, fmt.Errorf("cuda: flash attention's copies for %d rows", rows)
 	}
-	s := &FlashScratch{mem: mem, rows: rows, pad: FlashPad(rows), heads: heads, kv: kv, hd: hd, backward: backward, givenQK: givenQK, givenV: givenV, givenDO: givenDO}
+	s := &FlashScratch{mem: mem, rows: rows, pad: FlashPad(rows), heads: heads, kv: kv, hd: hd, backward: backward, givenQK: givenQK, givenV: givenV, givenDO: givenDO, vld: kv * hd}
 	qd, kvd := int64(s.pad*heads*hd)*2, int64(s.pad*kv*hd)*2
 	// Each copy's pad rows must read as zeros; the caller's (given) come
 	// with each call (UseQK, UseQKV).
@@ -1059,7 +1071,7 @@ func (o *Ops) FlashAttention(s *FlashScratch, out16, lse, q, k, v, seqStart Buff
 				name, rows = "flash_fwd_wide_%d", 128
 			}
 			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + rows - 1) / rows, Y: s.heads}, Dim3{X: flashThreads}, shared,
-				out16, lse, s.q, s.k, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
+				out16, lse, s.q, s.k, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync(), int64(s.vld))
 		},
 	} {
 		if err := f(); err != nil {
@@ -1120,7 +1132,7 @@ func flashBackwardShared(hd int, dkv, wide bool) int {
 
 // FlashAttentionBackward computes FlashAttention's gradients dq and dk
 // (float32) and dv16 (bf16: each float32 sum rounded once, as the v
-// product's backward reads it) for the upstream gradient dout (float32;
+// product's backward reads it; its rows laid out as v's, UseQKVRows) for the upstream gradient dout (float32;
 // none for a NewFlashBackwardGiven scratch, which has it in bf16),
 // from its out16 (bf16) and lse; dsum [rows, heads] is scratch (D = dO·O
 // per row and head). Two passes, no atomics; with stored dS (StoreScores)
@@ -1157,7 +1169,7 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 				name, shared = "flash_bwd_dq_2_%d", flashBackwardShared(s.hd, false, false)
 			}
 			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: flashThreads}, shared,
-				dq, dsum, out16, lse, s.q, s.dout, s.k, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync())
+				dq, dsum, out16, lse, s.q, s.dout, s.k, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync(), int64(s.vld))
 		},
 		func() error {
 			name, shared := "flash_bwd_dkv_%d", 0
@@ -1168,7 +1180,7 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 			case o.fitsShared(flashBackwardShared(s.hd, true, false)):
 				name, shared = "flash_bwd_dkv_2_%d", flashBackwardShared(s.hd, true, false)
 			}
-			args := []any{dk, dv16, lse, dsum, s.q, s.dout, s.k, s.v, seqStart, seqEnd, T, s.pad, s.heads, s.kv, scale, o.flashAsync()}
+			args := []any{dk, dv16, lse, dsum, s.q, s.dout, s.k, s.v, seqStart, seqEnd, T, s.pad, s.heads, s.kv, scale, o.flashAsync(), int64(s.vld)}
 			if stored {
 				name, shared = "flash_bwd_dkv_ds_%d", flashBackwardShared(s.hd, true, true)
 				args = append(args, s.ds, s.dsOff)

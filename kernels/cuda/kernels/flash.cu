@@ -19,7 +19,9 @@
 // T..Tp-1 zero (Ops' FlashScratch, or the training engine's own), Tp = T
 // rounded up to 128, so that every tile is copied into shared memory 16
 // bytes at a time and starts at a multiple of its size (the masks drop
-// keys before a sequence). A product that needs an operand transposed
+// keys before a sequence). v's rows, and the backward's dv's, are ldv
+// apart (kv·hd for a copy of its own; wider where v is a column span of
+// the training engine's q, k and v). A product that needs an operand transposed
 // (P·V, dS·K, Pᵀ·dO, dSᵀ·Q) takes its fragments through ldmatrix's
 // transpose (ldsm4t) rather than from a transposed copy.
 
@@ -336,7 +338,7 @@ template <int HD, int MT, int BK, int STAGES, bool QS = false, int SUB = BK>
 __device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vs, bf16_t* __restrict__ out, float* __restrict__ lse,
                                           const bf16_t* __restrict__ qb, const bf16_t* __restrict__ kb,
                                           const bf16_t* __restrict__ vb, const int* __restrict__ seq_start, int T,
-                                          int Tp, int heads, int kv, float scale, int async) {
+                                          int Tp, int heads, int kv, float scale, int async, i64 ldv) {
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, BQ = 64 * MT;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int i0 = heaviest_first() * BQ, h = blockIdx.y, grp = h / (heads / kv);
@@ -368,7 +370,7 @@ __device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vs, bf16_t* __r
     // The copy rows stop at Tp: i0 + BQ <= Tp (a multiple of 128).
     if constexpr (QS) copy_rows<HD, BQ>(Qs, KP, qb + (i64)i0 * qd + (i64)h * HD, qd, async);
     copy_rows<HD, BK>(Ks, KP, kb + (i64)j0 * kvd + (i64)grp * HD, kvd, async);
-    copy_rows<HD, BK>(Vs, KP, vb + (i64)j0 * kvd + (i64)grp * HD, kvd, async);
+    copy_rows<HD, BK>(Vs, KP, vb + (i64)j0 * ldv + (i64)grp * HD, ldv, async);
     copies_commit(async);
   }
   for (int jt = j0, stage = 0; jt <= last; jt += BK, stage ^= STAGES - 1) {
@@ -378,7 +380,7 @@ __device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vs, bf16_t* __r
       // done with (the barrier at the end of the last iteration).
       if (jt + BK <= last) {
         copy_rows<HD, BK>(Ks + (stage ^ 1) * KT, KP, kb + (i64)(jt + BK) * kvd + (i64)grp * HD, kvd, async);
-        copy_rows<HD, BK>(Vs + (stage ^ 1) * KT, KP, vb + (i64)(jt + BK) * kvd + (i64)grp * HD, kvd, async);
+        copy_rows<HD, BK>(Vs + (stage ^ 1) * KT, KP, vb + (i64)(jt + BK) * ldv + (i64)grp * HD, ldv, async);
       }
       copies_commit(async);  // perhaps empty: wait_prev then still means this tile
       copies_wait_prev(async);
@@ -386,7 +388,7 @@ __device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vs, bf16_t* __r
     } else {
       __syncthreads();
       copy_rows<HD, BK>(Ks, KP, kb + (i64)jt * kvd + (i64)grp * HD, kvd, async);
-      copy_rows<HD, BK>(Vs, KP, vb + (i64)jt * kvd + (i64)grp * HD, kvd, async);
+      copy_rows<HD, BK>(Vs, KP, vb + (i64)jt * ldv + (i64)grp * HD, ldv, async);
       copies_done(async);
       __syncthreads();
     }
@@ -421,10 +423,10 @@ __device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vs, bf16_t* __r
 // K and V row-major (FB_BK rows of KP words each).
 template <int HD>
 __device__ __forceinline__ void dq_tile_copy(u32* Ks, u32* Vs, const bf16_t* __restrict__ kb,
-                                             const bf16_t* __restrict__ vb, int jt, int grp, i64 kvd, int async) {
+                                             const bf16_t* __restrict__ vb, int jt, int grp, i64 kvd, i64 ldv, int async) {
   constexpr int KP = HD / 2 + 4;
   copy_rows<HD, FB_BK, true>(Ks, KP, kb + (i64)jt * kvd + (i64)grp * HD, kvd, async);
-  copy_rows<HD, FB_BK, true>(Vs, KP, vb + (i64)jt * kvd + (i64)grp * HD, kvd, async);
+  copy_rows<HD, FB_BK, true>(Vs, KP, vb + (i64)jt * ldv + (i64)grp * HD, ldv, async);
 }
 
 // DQ_STAGE_WORDS is the shared memory of one stage of flash_bwd_dq, in
@@ -476,7 +478,7 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Vs0, float* __restri
                                              const float* __restrict__ lse, const bf16_t* __restrict__ qb,
                                              const bf16_t* __restrict__ dob, const bf16_t* __restrict__ kb,
                                              const bf16_t* __restrict__ vb, const int* __restrict__ seq_start, int T,
-                                             int Tp, int heads, int kv, float scale, int async) {
+                                             int Tp, int heads, int kv, float scale, int async, i64 ldv) {
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4;
   constexpr int SW = DQ_STAGE_WORDS(HD);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -499,7 +501,7 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Vs0, float* __restri
   for (int n = 0; n < ND; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
   const int j0 = seq_start[i0] & -FB_BK;
   if (STAGES == 2) {  // the first tile's copy
-    dq_tile_copy<HD>(Ks0, Vs0, kb, vb, j0, grp, kvd, async);
+    dq_tile_copy<HD>(Ks0, Vs0, kb, vb, j0, grp, kvd, ldv, async);
     copies_commit(async);
   }
   for (int jt = j0, stage = 0; jt <= last; jt += FB_BK, stage ^= STAGES - 1) {
@@ -508,13 +510,13 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Vs0, float* __restri
       // The next tile's copy into the other stage, which every warp is
       // done with (the barrier at the end of the last iteration).
       const int o = (stage ^ 1) * SW;
-      if (jt + FB_BK <= last) dq_tile_copy<HD>(Ks0 + o, Vs0 + o, kb, vb, jt + FB_BK, grp, kvd, async);
+      if (jt + FB_BK <= last) dq_tile_copy<HD>(Ks0 + o, Vs0 + o, kb, vb, jt + FB_BK, grp, kvd, ldv, async);
       copies_commit(async);  // perhaps empty: wait_prev then still means this tile
       copies_wait_prev(async);
       __syncthreads();
     } else {
       __syncthreads();
-      dq_tile_copy<HD>(Ks, Vs, kb, vb, jt, grp, kvd, async);
+      dq_tile_copy<HD>(Ks, Vs, kb, vb, jt, grp, kvd, ldv, async);
       copies_done(async);
       __syncthreads();
     }
@@ -752,7 +754,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
                                               const bf16_t* __restrict__ qb, const bf16_t* __restrict__ dob,
                                               const bf16_t* __restrict__ kb, const bf16_t* __restrict__ vb,
                                               const int* __restrict__ seq_start, const int* __restrict__ seq_end, int T,
-                                              int Tp, int heads, int kv, float scale, int async,
+                                              int Tp, int heads, int kv, float scale, int async, i64 ldv,
                                               u32* __restrict__ ds = nullptr, const i64* __restrict__ ds_off = nullptr) {
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, RW = BQ * KP;
   constexpr int SW = DKV_STAGE_WORDS(HD, BQ);
@@ -772,7 +774,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
   u32* Vs = KSM ? smem + DKV_V_WORDS(HD) : smem;
   u32* stages = Vs + DKV_V_WORDS(HD);
   // V's (and K's) copy completes with the first query tile's.
-  copy_rows<HD, FA_BK>(Vs, KP, vb + (i64)j0 * kvd + (i64)grp * HD, kvd, async);
+  copy_rows<HD, FA_BK>(Vs, KP, vb + (i64)j0 * ldv + (i64)grp * HD, ldv, async);
   if constexpr (KSM) copy_rows<HD, FA_BK>(Ks, KP, kb + (i64)j0 * kvd + (i64)grp * HD, kvd, async);
   if (STAGES == 2) {
     dkv_tile_copy<HD, BQ>(stages, qb, dob, j0, h0, qd, async);
@@ -915,7 +917,7 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
     h = nh, it = nit;
   }
   store_tile<HD>(dk + (i64)grp * HD, kvd, dka, kr0, T, scale, scale, t);
-  store_tile<HD>(dv + (i64)grp * HD, kvd, dva, kr0, T, 1.f, 1.f, t);
+  store_tile<HD>(dv + (i64)grp * HD, ldv, dva, kr0, T, 1.f, 1.f, t);
 }
 
 // The kernels, one set per head size, each with its shared memory (the
@@ -937,12 +939,12 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
 #define FLASH_FWD_PARAMS                                                                                        \
   bf16_t *__restrict__ out, float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ kb, \
       const bf16_t *__restrict__ vb, const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, \
-      int async
+      int async, i64 ldv
 #define FLASH_FWD_BODY(HD, MT, BK, STAGES)                                                                   \
   __shared__ u32x4 Ks[STAGES * BK * (HD / 2 + 4) / 4];                                                       \
   __shared__ u32x4 Vs[STAGES * BK * (HD / 2 + 4) / 4];                                                       \
   WITH_ASYNC_CONSTANT((flash_fwd<HD, MT, BK, STAGES>(nullptr, (u32*)Ks, (u32*)Vs, out, lse, qb, kb, vb, seq_start, T, Tp, \
-                                                     heads, kv, scale, async)))
+                                                     heads, kv, scale, async, ldv)))
 // The wide forward with Q in shared memory and 64-key tiles folded in SUB
 // at a time, in dynamic shared memory (Ops.FlashAttention launches it with
 // flashForwardShared's bytes): Q's 128 rows, then two stages of K, then
@@ -952,20 +954,20 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
   u32* sm = (u32*)fq##HD;                                                                               \
   u32* ks = sm + 128 * (HD / 2 + 4);                                                                    \
   WITH_ASYNC_CONSTANT((flash_fwd<HD, 2, 64, 2, true, SUB>(sm, ks, ks + 2 * 64 * (HD / 2 + 4), out, lse, qb, kb, vb,    \
-                                                          seq_start, T, Tp, heads, kv, scale, async)))
+                                                          seq_start, T, Tp, heads, kv, scale, async, ldv)))
 #define FLASH_DQ_PARAMS                                                                                         \
   float *__restrict__ dq, float *__restrict__ dsum, const bf16_t *__restrict__ out,                                  \
       const float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ dob,               \
       const bf16_t *__restrict__ kb, const bf16_t *__restrict__ vb,                                                \
-      const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, int async
-#define FLASH_DQ_ARGS dq, dsum, out, lse, qb, dob, kb, vb, seq_start, T, Tp, heads, kv, scale, async
+      const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, int async, i64 ldv
+#define FLASH_DQ_ARGS dq, dsum, out, lse, qb, dob, kb, vb, seq_start, T, Tp, heads, kv, scale, async, ldv
 #define FLASH_DKV_PARAMS                                                                                           \
   float *__restrict__ dk, bf16_t *__restrict__ dv, const float *__restrict__ lse, const float *__restrict__ dsum,    \
       const bf16_t *__restrict__ qb, const bf16_t *__restrict__ dob, const bf16_t *__restrict__ kb,                 \
       const bf16_t *__restrict__ vb,                                                                                \
       const int *__restrict__ seq_start, const int *__restrict__ seq_end, int T, int Tp, int heads, int kv,          \
-      float scale, int async
-#define FLASH_DKV_ARGS dk, dv, lse, dsum, qb, dob, kb, vb, seq_start, seq_end, T, Tp, heads, kv, scale, async
+      float scale, int async, i64 ldv
+#define FLASH_DKV_ARGS dk, dv, lse, dsum, qb, dob, kb, vb, seq_start, seq_end, T, Tp, heads, kv, scale, async, ldv
 // One stage in static shared memory; two (the pipelined kernels, _2) in
 // dynamic shared memory: Ops.FlashAttentionBackward launches them with
 // flashBackwardShared's bytes (kernels/cuda/ops.go).
