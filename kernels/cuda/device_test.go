@@ -775,6 +775,40 @@ func TestDeviceConvertAndEmbed(t *testing.T) {
 			}
 		}
 	}
+	// Contiguous rows rounded into the rows of a wider matrix, nothing
+	// else written.
+	narrow := randF32(r, nr*cols, 5)
+	b3 := g.poisoned((nr*ld + 1) / 2)
+	before3 := g.u16(b3, nr*ld)
+	g.launch("convert.cu", "f32_to_bf16_2d_out", nr, 256, b3, bufOf(g, narrow), cols, int64(ld))
+	got3 := g.u16(b3, nr*ld)
+	for i := 0; i < nr; i++ {
+		for j := 0; j < ld; j++ {
+			want := before3[i*ld+j]
+			if j < cols {
+				want = uint16(kernels.BF16FromFloat32(narrow[i*cols+j]))
+			}
+			if got3[i*ld+j] != want {
+				t.Fatalf("f32_to_bf16_2d_out row %d col %d = %#x, want %#x", i, j, got3[i*ld+j], want)
+			}
+		}
+	}
+	// And back: the bf16 rows of a wider matrix widened into contiguous
+	// float32 rows, exactly.
+	wide16 := make([]uint16, nr*ld)
+	for i := range wide16 {
+		wide16[i] = uint16(kernels.BF16FromFloat32(wide[i]))
+	}
+	f2 := g.poisoned(nr * cols)
+	g.launch("convert.cu", "bf16_to_f32_2d", nr, 256, f2, bufOf(g, wide16), cols, int64(ld))
+	gotf := g.f32(f2, nr*cols)
+	for i := 0; i < nr; i++ {
+		for j := 0; j < cols; j++ {
+			if w := kernels.BF16(wide16[i*ld+j]).Float32(); math.Float32bits(gotf[i*cols+j]) != math.Float32bits(w) {
+				t.Fatalf("bf16_to_f32_2d row %d col %d = %g, want %g", i, j, gotf[i*cols+j], w)
+			}
+		}
+	}
 
 	back := g.poisoned(len(x))
 	g.launch("convert.cu", "bf16_to_f32", 16, 256, back, bb, int64(len(x)))

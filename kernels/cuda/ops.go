@@ -708,6 +708,18 @@ func (o *Ops) ToBF16Rows(dst, src Buffer, rows, cols, ld int) error {
 	return o.Launch("convert.cu", "f32_to_bf16_2d", Dim3{X: rows}, block256, dst, src, cols, int64(ld))
 }
 
+// ToBF16RowsOut rounds src [rows, cols] (contiguous float32) into rows of
+// dst ld bf16 apart: a column span of a wider bf16 matrix.
+func (o *Ops) ToBF16RowsOut(dst, src Buffer, rows, cols, ld int) error {
+	return o.Launch("convert.cu", "f32_to_bf16_2d_out", Dim3{X: rows}, block256, dst, src, cols, int64(ld))
+}
+
+// FromBF16Rows widens rows of cols bf16, ld apart in src, into dst as
+// contiguous float32 rows (exactly).
+func (o *Ops) FromBF16Rows(dst, src Buffer, rows, cols, ld int) error {
+	return o.Launch("convert.cu", "bf16_to_f32_2d", Dim3{X: rows}, block256, dst, src, cols, int64(ld))
+}
+
 // DeviceWeights is implemented by a GPU training engine: its weights (the
 // model's arena layout, float32) in device memory, which a rollout backend
 // on the same GPU copies device to device instead of through the host.

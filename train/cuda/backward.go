@@ -153,13 +153,15 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 	if err := resBack(dres, dxf, f.xL, e.param(e.w, m.Norm), f.invf, e.param(e.g, m.Norm), false, dense(len(m.Layers)-1)); err != nil {
 		return err
 	}
-	var da, dgu, dh, datt, dq, dk, dv, dsum Buffer
+	var da, dgu, dh, datt, dq, dk, dv, dsum, dqkv Buffer
 	dvs, datts := span{&dv, T * d.kvd}, span{&datt, T * d.qd}
 	if e.flash() {
-		// flash.cu writes dv in bf16, the v product's operand, and takes
-		// attention's output gradient in bf16 from the o product's
-		// backward, padded as its copies are (the pad rows zero).
-		dvs, datts = bf16Span(&dv, T*d.kvd), bf16Span(&datt, kc.FlashPad(T)*d.qd)
+		// flash.cu writes dv in bf16, the v product's operand, as a column
+		// span of dqkv [T, qkvd] (q's and k's gradients beside it, the one
+		// product's operand: qkvDy), and takes attention's output gradient
+		// in bf16 from the o product's backward, padded as its copies are
+		// (the pad rows zero).
+		dvs, datts = bf16Span(&dqkv, T*d.qkvd()), bf16Span(&datt, kc.FlashPad(T)*d.qd)
 	}
 	if err := e.bufs(tmp, span{&dh, T * d.H}, datts,
 		span{&dq, T * d.qd}, span{&dk, T * d.kvd}, dvs, span{&dsum, T * d.heads}); err != nil {
@@ -170,19 +172,33 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			return err
 		}
 	}
+	// qkvDy: the rows of dq16, dk16 and dv, the q, k and v products'
+	// gradient operands (qkvd apart with flash.cu, as q_raw, k_raw and v
+	// are; else each its own).
+	qkvDy := [3]int{d.qd, d.kvd, d.kvd}
+	if e.flash() {
+		W := d.qkvd()
+		qkvDy = [3]int{W, W, W}
+		dv = kc.BF16Rows(dqkv, d.qd+d.kvd, T*W-d.qd-d.kvd)
+	}
 	// The bf16 mode takes q's and k's gradients back through RoPE and
 	// their norms straight into the products' bf16 operands.
 	var dq16, dk16 Buffer
 	fusedQK := e.bf != nil && d.hd <= normWarpMax && !e.unfusedQK
-	if fusedQK {
+	switch {
+	case e.flash(): // spans of dqkv (the unfused path rounds into them too)
+		W := d.qkvd()
+		dq16, dk16 = kc.BF16Rows(dqkv, 0, T*W), kc.BF16Rows(dqkv, d.qd, T*W-d.qd)
+	case fusedQK:
 		if err := e.bufs(tmp, bf16Span(&dq16, T*d.qd), bf16Span(&dk16, T*d.kvd)); err != nil {
 			return err
 		}
 	}
-	// widened is x (n values) in float32: x itself, or with flash.cu's
-	// bf16 q_raw and k_raw a float32 copy (the unfused path, a test's).
+	// widened is x ([T, cols]) in float32: x itself, or with flash.cu's
+	// bf16 q_raw and k_raw (qkvd apart) a contiguous float32 copy (the
+	// unfused path, a test's).
 	var wide Buffer
-	widened := func(x Buffer, n int) (Buffer, error) {
+	widened := func(x Buffer, cols int) (Buffer, error) {
 		if !e.flash() {
 			return x, nil
 		}
@@ -192,7 +208,7 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 				return Buffer{}, err
 			}
 		}
-		return wide, e.launch("convert.cu", "bf16_to_f32", elemGrid(n), block256, wide, x, int64(n))
+		return wide, e.ops.FromBF16Rows(wide, x, T, cols, d.qkvd())
 	}
 	nMoE := len(e.cfg.MoELayers())
 	if nMoE < e.cfg.NumHiddenLayers { // dense layers; dgu is the products' bf16 operand in the bf16 mode
@@ -308,7 +324,7 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			},
 			func() error {
 				if flash != nil {
-					if err := flash.UseQKV(a.q16, a.k16, a.v); err != nil {
+					if err := flash.UseQKVRows(a.q16, a.k16, a.v, d.qkvd()); err != nil {
 						return err
 					}
 					if err := flash.UseDO(datt); err != nil {
@@ -324,20 +340,29 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 					dk, dv, datt, a.lse, dsum, a.q, a.k, a.v, f.dEnd, d.heads, d.kv, d.hd, d.scale)
 			},
 		}
+		// qkProducts: the q and k products' backward from dq16 and dk16,
+		// and with flash.cu where the weights lie back to back v's too,
+		// as one product over dqkv (v's step below then has none).
+		joined := e.flash() && e.qkvJoined(l)
+		qkProducts := func() error {
+			if joined {
+				wj, gj := e.qkvJoint(e.w, l), e.qkvJoint(e.g, l)
+				return e.bf.BackBF16(dh, gj, dqkv, d.qkvd(), a.h1b, d.H, wj, T, d.H, d.qkvd(), d.H, false)
+			}
+			if err := e.bf.BackBF16(dh, g(l.Q), dq16, qkvDy[0], a.h1b, d.H, w(l.Q), T, d.H, d.qd, d.H, false); err != nil {
+				return err
+			}
+			return e.bf.BackBF16(dh, g(l.K), dk16, qkvDy[1], a.h1b, d.H, w(l.K), T, d.H, d.kvd, d.H, true)
+		}
 		if fusedQK { // RoPE's and the norms' backward and the rounding, one pass each for q and k
 			steps = append(steps,
 				func() error {
-					return normRopeBack(dq16, dq, a.qraw, w(l.QNorm), a.invq, g(l.QNorm), T*d.heads, d.hd, d.heads, d.qd, d.qd)
+					return normRopeBack(dq16, dq, a.qraw, w(l.QNorm), a.invq, g(l.QNorm), T*d.heads, d.hd, d.heads, d.qd, qkvDy[0])
 				},
 				func() error {
-					return normRopeBack(dk16, dk, a.kraw, w(l.KNorm), a.invk, g(l.KNorm), T*d.kv, d.hd, d.kv, d.kvd, d.kvd)
+					return normRopeBack(dk16, dk, a.kraw, w(l.KNorm), a.invk, g(l.KNorm), T*d.kv, d.hd, d.kv, d.kvd, qkvDy[1])
 				},
-				func() error {
-					if err := e.bf.BackBF16(dh, g(l.Q), dq16, d.qd, a.h1b, d.H, w(l.Q), T, d.H, d.qd, d.H, false); err != nil {
-						return err
-					}
-					return e.bf.BackBF16(dh, g(l.K), dk16, d.kvd, a.h1b, d.H, w(l.K), T, d.H, d.kvd, d.H, true)
-				})
+				qkProducts)
 		} else {
 			steps = append(steps,
 				func() error {
@@ -349,20 +374,29 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 				// q_norm and k_norm, per head row, in place (from float32
 				// copies of q_raw and k_raw where the products wrote bf16).
 				func() error {
-					x, err := widened(a.qraw, T*d.qd)
+					x, err := widened(a.qraw, d.qd)
 					if err != nil {
 						return err
 					}
 					return normBack(dq, dq, x, w(l.QNorm), a.invq, g(l.QNorm), T*d.heads, d.hd, d.heads, d.qd, false)
 				},
 				func() error {
-					x, err := widened(a.kraw, T*d.kvd)
+					x, err := widened(a.kraw, d.kvd)
 					if err != nil {
 						return err
 					}
 					return normBack(dk, dk, x, w(l.KNorm), a.invk, g(l.KNorm), T*d.kv, d.hd, d.kv, d.kvd, false)
 				},
 				func() error {
+					if e.flash() { // rounded into dqkv's spans, then the fused path's products
+						if err := e.ops.ToBF16RowsOut(dq16, dq, T, d.qd, qkvDy[0]); err != nil {
+							return err
+						}
+						if err := e.ops.ToBF16RowsOut(dk16, dk, T, d.kvd, qkvDy[1]); err != nil {
+							return err
+						}
+						return qkProducts()
+					}
 					h1 := e.pick(a.h1, a.h1b)
 					if err := e.backSaved(dh, g(l.Q), dq, h1, w(l.Q), T, d.H, d.qd, d.H, d.qd, false); err != nil {
 						return err
@@ -373,7 +407,10 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		steps = append(steps,
 			func() error {
 				if e.flash() { // dv in bf16 already
-					return e.bf.BackBF16(dh, g(l.V), dv, d.kvd, a.h1b, d.H, w(l.V), T, d.H, d.kvd, d.H, true)
+					if joined {
+						return nil // with q's and k's, above
+					}
+					return e.bf.BackBF16(dh, g(l.V), dv, qkvDy[2], a.h1b, d.H, w(l.V), T, d.H, d.kvd, d.H, true)
 				}
 				return e.backSaved(dh, g(l.V), dv, e.pick(a.h1, a.h1b), w(l.V), T, d.H, d.kvd, d.H, d.kvd, true)
 			},

@@ -208,6 +208,21 @@ func (e *Engine) param(b Buffer, p *model.Param) Buffer {
 	return sub(b, e.offs[p], p.Size())
 }
 
+// qkvJoined says whether layer l's q, k and v weights lie back to back in
+// the arena, in that order (model.New's): their products are then one,
+// in the forward (kernels/cuda's merged products) and in the backward,
+// over qkvJoint's spans.
+func (e *Engine) qkvJoined(l *model.Layer) bool {
+	q, k, v := e.offs[l.Q], e.offs[l.K], e.offs[l.V]
+	return k == q+l.Q.Size() && v == k+l.K.Size()
+}
+
+// qkvJoint is the span of b (the weights' or the gradients' arena) that
+// holds layer l's q, k and v weights (qkvJoined).
+func (e *Engine) qkvJoint(b Buffer, l *model.Layer) Buffer {
+	return sub(b, e.offs[l.Q], l.Q.Size()+l.K.Size()+l.V.Size())
+}
+
 // sub is the span of n floats at element offset off of b.
 func sub(b Buffer, off, n int) Buffer {
 	return Buffer{Ptr: b.Ptr + uint64(off)*4, Size: int64(n) * 4}

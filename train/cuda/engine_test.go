@@ -620,6 +620,44 @@ func TestEngineStoredScores(t *testing.T) {
 	}
 }
 
+// TestEngineProductsPerLayer: in the bf16 mode with flash.cu a layer's
+// forward issues 4 cuBLASLt products (q, k and v as one, o, gate and up
+// as one, down) and its backward 10 (two a product: dx and dW; gate's and
+// up's apart), q's, k's and v's one product each way: counted as the
+// difference between one layer and two.
+func TestEngineProductsPerLayer(t *testing.T) {
+	dev := cudatest.Device(t)
+	blas, err := dev.Blas()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fwd, bwd [2]int64
+	for i, layers := range []int{1, 2} {
+		_, _, _, e := enginePair(t, dev, "tiny-dense", layers, 200)
+		if err := e.SetPrecision(BF16); err != nil {
+			t.Fatal(err)
+		}
+		if !e.flash() {
+			t.Fatal("the bf16 mode does not run flash.cu on tiny-dense")
+		}
+		r := rand.New(rand.NewPCG(7, 3))
+		seqs := randomSeqs(r, 200, 30, 12)
+		before := blas.Products()
+		if _, err := e.Forward(seqs, train.ForwardOptions{Temperature: 0.9}); err != nil {
+			t.Fatal(err)
+		}
+		fwd[i] = blas.Products() - before
+		before = blas.Products()
+		if err := e.Backward(randomLoss(r, seqs)); err != nil {
+			t.Fatal(err)
+		}
+		bwd[i] = blas.Products() - before
+	}
+	if f, b := fwd[1]-fwd[0], bwd[1]-bwd[0]; f != 4 || b != 10 {
+		t.Errorf("a layer's products: forward %d, backward %d; want 4 and 10", f, b)
+	}
+}
+
 // TestEngineKeepLogits: the bf16 mode's backward from the logits its
 // forward kept gives what it gives recomputing them, bit for bit (the
 // same product of the same operands), log-probs, entropies and

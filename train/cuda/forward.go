@@ -75,9 +75,10 @@ type layerActs struct {
 	// copies ([FlashPad(T), width], the pad rows zero), which
 	// NormRopeBF16From16 writes and both attention passes read
 	// (FlashScratch.UseQKV); q and k stay unused. qraw, kraw and v hold
-	// bf16 then, as their products write them, v with flash.cu's pad rows
-	// (zero): flash.cu's row-major copy of v.
-	q16, k16 Buffer
+	// bf16 then, as their one product writes them: column spans of qkv
+	// [FlashPad(T), qd + 2·kvd] (the pad rows zero), v flash.cu's copy of
+	// v with its rows that far apart (UseQKVRows).
+	q16, k16, qkv Buffer
 	moe      *moeActs // nil in dense layers
 }
 
@@ -414,6 +415,10 @@ func (e *Engine) dims() dims {
 	return d
 }
 
+// qkvd is the width of q, k and v side by side: the rows of the bf16
+// mode's qkv with flash.cu (layerActs).
+func (d dims) qkvd() int { return d.qd + 2*d.kvd }
+
 func (e *Engine) forward(f *fwdState, opt train.ForwardOptions) error {
 	d, T := e.dims(), f.T
 	m := e.host
@@ -560,15 +565,23 @@ func (e *Engine) allocLayer(f *fwdState, a *layerActs, dense, moe bool) error {
 		// k and v products write bf16 (as PyTorch's autocast keeps a
 		// product's output), v with flash.cu's pad rows (zero).
 		q, k, att = bf16Span(&a.q16, Tp*d.qd), bf16Span(&a.k16, Tp*d.kvd), span{}
-		qraw, kraw, v = bf16Span(&a.qraw, T*d.qd), bf16Span(&a.kraw, T*d.kvd), bf16Span(&a.v, Tp*d.kvd)
+		qraw, kraw, v = bf16Span(&a.qkv, Tp*d.qkvd()), span{}, span{}
 	}
 	if err := e.bufs(f, qraw, kraw, q, k, v, att, span{&a.xmid, T * d.H},
 		span{&a.inv1, T}, span{&a.invq, T * d.heads}, span{&a.invk, T * d.kv}, lse, span{&a.inv2, T}); err != nil {
 		return err
 	}
-	if e.flash() && Tp > T {
-		if err := e.dev.Zero(kc.BF16Rows(a.v, T*d.kvd, (Tp-T)*d.kvd)); err != nil {
-			return err
+	if e.flash() {
+		// q_raw, k_raw and v, one product's column spans (to the end of
+		// qkv, so that each span covers its last row).
+		W := d.qkvd()
+		a.qraw = kc.BF16Rows(a.qkv, 0, Tp*W)
+		a.kraw = kc.BF16Rows(a.qkv, d.qd, Tp*W-d.qd)
+		a.v = kc.BF16Rows(a.qkv, d.qd+d.kvd, Tp*W-d.qd-d.kvd)
+		if Tp > T {
+			if err := e.dev.Zero(kc.BF16Rows(a.qkv, T*W, (Tp-T)*W)); err != nil {
+				return err
+			}
 		}
 	}
 	// The products' inputs: float32, or bf16 in the bf16 mode (an MoE
@@ -636,20 +649,25 @@ func (e *Engine) attentionForward(f *fwdState, a *layerActs, l *model.Layer) err
 			return e.norm(e.pick(a.h1, a.h1b), a.inv1, x, e.param(e.w, l.InputNorm), T, d.H, d.eps)
 		},
 		func() error {
-			y16 := e.flash() // q_raw, k_raw and v in bf16
-			return e.linears(e.pick(a.h1, a.h1b), T, d.H, kc.Product{Y: a.qraw, W: e.param(e.w, l.Q), Out: d.qd, LdY: d.qd, Y16: y16},
-				kc.Product{Y: a.kraw, W: e.param(e.w, l.K), Out: d.kvd, LdY: d.kvd, Y16: y16},
-				kc.Product{Y: a.v, W: e.param(e.w, l.V), Out: d.kvd, LdY: d.kvd, Y16: y16})
+			// With flash.cu q_raw, k_raw and v in bf16, column spans of
+			// qkv: one product where the weights lie back to back.
+			y16, ldq, ldkv := e.flash(), d.qd, d.kvd
+			if y16 {
+				ldq, ldkv = d.qkvd(), d.qkvd()
+			}
+			return e.linears(e.pick(a.h1, a.h1b), T, d.H, kc.Product{Y: a.qraw, W: e.param(e.w, l.Q), Out: d.qd, LdY: ldq, Y16: y16},
+				kc.Product{Y: a.kraw, W: e.param(e.w, l.K), Out: d.kvd, LdY: ldkv, Y16: y16},
+				kc.Product{Y: a.v, W: e.param(e.w, l.V), Out: d.kvd, LdY: ldkv, Y16: y16})
 		},
 		func() error {
 			if e.flash() { // from the bf16 q_raw, straight into flash.cu's bf16 copy
-				return e.ops.NormRopeBF16From16(a.q16, a.invq, a.qraw, e.param(e.w, l.QNorm), e.rope.cos, e.rope.sin, f.dPos, T, d.heads, d.hd, d.qd, d.eps)
+				return e.ops.NormRopeBF16From16(a.q16, a.invq, a.qraw, e.param(e.w, l.QNorm), e.rope.cos, e.rope.sin, f.dPos, T, d.heads, d.hd, d.qkvd(), d.eps)
 			}
 			return e.ops.NormRope(a.q, a.invq, a.qraw, e.param(e.w, l.QNorm), e.rope.cos, e.rope.sin, f.dPos, T, d.heads, d.hd, d.qd, d.eps)
 		},
 		func() error {
 			if e.flash() {
-				return e.ops.NormRopeBF16From16(a.k16, a.invk, a.kraw, e.param(e.w, l.KNorm), e.rope.cos, e.rope.sin, f.dPos, T, d.kv, d.hd, d.kvd, d.eps)
+				return e.ops.NormRopeBF16From16(a.k16, a.invk, a.kraw, e.param(e.w, l.KNorm), e.rope.cos, e.rope.sin, f.dPos, T, d.kv, d.hd, d.qkvd(), d.eps)
 			}
 			return e.ops.NormRope(a.k, a.invk, a.kraw, e.param(e.w, l.KNorm), e.rope.cos, e.rope.sin, f.dPos, T, d.kv, d.hd, d.kvd, d.eps)
 		},
@@ -664,7 +682,7 @@ func (e *Engine) attentionForward(f *fwdState, a *layerActs, l *model.Layer) err
 						return err
 					}
 				}
-				if err := f.flash.UseQKV(a.q16, a.k16, a.v); err != nil {
+				if err := f.flash.UseQKVRows(a.q16, a.k16, a.v, d.qkvd()); err != nil {
 					return err
 				}
 				return e.ops.FlashAttention(f.flash, a.attb, a.lse, Buffer{}, Buffer{}, Buffer{}, f.dStart, d.scale)

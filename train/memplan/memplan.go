@@ -33,8 +33,8 @@
 //     kv_heads), and attention's logsumexp per head (heads). In bf16 mode
 //     at the head sizes flash.cu takes (32, 64, 128) all of these but the
 //     layer input, xmid and the statistics are bf16: q and k after the
-//     norm are flash.cu's copies and v its row-major copy, rows rounded up
-//     to 128; at other head
+//     norm are flash.cu's copies, q_raw, k_raw and v one matrix (v
+//     flash.cu's copy), rows rounded up to 128; at other head
 //     sizes the q, k, v projections, q, k and the output are fp32, with a
 //     bf16 copy of the output. In fp32 mode everything is fp32. No tokens
 //     × tokens matrix is ever stored.
@@ -212,10 +212,10 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	attn := c.mul(T, c.add(c.mul(a, 2*H), 4*H, 4*(2+2*nh+nkv))) // the norms' outputs; xmid; statistics
 	switch {
 	case flash:
-		// q_raw and k_raw as their products wrote them (bf16); q and k
-		// after the norm and RoPE as flash.cu's bf16 copies and v as its
-		// product wrote it, all three padded; the output in bf16.
-		attn = c.add(attn, c.mul(T, 2, c.add(Q, K)), c.mul(Tp, 2, c.add(Q, 2*K)), c.mul(T, 2, Q))
+		// q_raw, k_raw and v as their one product wrote them (bf16, side
+		// by side, padded); q and k after the norm and RoPE as flash.cu's
+		// bf16 copies, padded; the output in bf16.
+		attn = c.add(attn, c.mul(Tp, 2, c.add(Q, 2*K)), c.mul(Tp, 2, c.add(Q, K)), c.mul(T, 2, Q))
 	case bf: // q_raw, k_raw, v; q, k and the output in fp32; the output's bf16 copy
 		attn = c.add(attn, c.mul(T, c.add(c.mul(4, c.add(3*Q, 3*K)), 2*Q)))
 	default:

@@ -228,17 +228,17 @@ func TestPlanByHand(t *testing.T) {
 		{"cuBLASLt workspace", ws, false, false},
 	})
 
-	// A head size flash.cu takes (32): q_raw and k_raw in bf16 as their
-	// products write them, q and k as flash.cu's bf16 copies and v as its
-	// product writes it, all three of ⌈T/128⌉·128 rows, and the output in
-	// bf16; no copies of flash.cu's own. tinyDense with head_dim 32: Q 64,
-	// K 32; T = 6, 128 rows. Attention per layer: 6·(2·16 + 4·8 + 28) +
-	// 6·2·96 + 128·2·128 + 6·2·64 = 552 + 1152 + 32768 + 768 = 35240.
+	// A head size flash.cu takes (32): q_raw, k_raw and v in bf16 as their
+	// one product writes them, q and k as flash.cu's bf16 copies, all of
+	// ⌈T/128⌉·128 rows, and the output in bf16; no copies of flash.cu's
+	// own. tinyDense with head_dim 32: Q 64, K 32; T = 6, 128 rows.
+	// Attention per layer: 6·(2·16 + 4·8 + 28) + 128·2·128 + 128·2·96 +
+	// 6·2·64 = 552 + 32768 + 24576 + 768 = 58664.
 	fd := tinyDense()
 	fd.HeadDim = 32
 	fb := mustPlan(t, fd, Shape{2, 3}, Mode{Precision: BF16})
-	if it := fb.Items[5]; it.Name != "attention activations (2 layers)" || it.Bytes != 2*35240 {
-		t.Errorf("flash attention activations: %+v, want 2 · 35240", it)
+	if it := fb.Items[5]; it.Name != "attention activations (2 layers)" || it.Bytes != 2*58664 {
+		t.Errorf("flash attention activations: %+v, want 2 · 58664", it)
 	}
 	for _, it := range fb.Items {
 		if strings.Contains(it.Name, "flash") {
@@ -260,10 +260,10 @@ func TestPlanByHand(t *testing.T) {
 	}
 	// Under recompute each layer keeps attention's output (bf16) and
 	// log-sum-exp: 6·(2·64 + 4·2) = 816 bytes a layer, out of the
-	// recomputed layer's 35240.
+	// recomputed layer's 58664.
 	fr := mustPlan(t, fd, Shape{2, 3}, Mode{Precision: BF16, Recompute: true})
 	want := map[string]int64{"attention outputs and log-sum-exps (2 layers, kept)": 2 * 816,
-		"attention activations (1 layer, recomputed)": 35240 - 816}
+		"attention activations (1 layer, recomputed)": 58664 - 816}
 	for _, it := range fr.Items {
 		if w, ok := want[it.Name]; ok {
 			if it.Bytes != w {

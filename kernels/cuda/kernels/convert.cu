@@ -51,6 +51,21 @@ extern "C" __global__ void f32_to_bf16_2d(bf16_t* __restrict__ out, const float*
   for (int j = threadIdx.x; j < cols; j += blockDim.x) out[r * cols + j] = f32_to_bf16(in[r * ld + j]);
 }
 
+// f32_to_bf16_2d_out: out's rows ldo apart = bf16(in [rows, cols],
+// contiguous): a gradient rounded into a column span of a wider operand.
+// grid = rows.
+extern "C" __global__ void f32_to_bf16_2d_out(bf16_t* __restrict__ out, const float* __restrict__ in, int cols, i64 ldo) {
+  const i64 r = blockIdx.x;
+  for (int j = threadIdx.x; j < cols; j += blockDim.x) out[r * ldo + j] = f32_to_bf16(in[r * cols + j]);
+}
+
+// bf16_to_f32_2d: out [rows, cols] (contiguous) = in widened, in's rows
+// ld apart: a column span of a wider bf16 matrix as float32. grid = rows.
+extern "C" __global__ void bf16_to_f32_2d(float* __restrict__ out, const bf16_t* __restrict__ in, int cols, i64 ld) {
+  const i64 r = blockIdx.x;
+  for (int j = threadIdx.x; j < cols; j += blockDim.x) out[r * cols + j] = bf16_to_f32(in[r * ld + j]);
+}
+
 // round_e4m3 rounds x to the nearest float8 e4m3 value, ties to even,
 // saturating at +-448, NaN kept, as kernels.RoundE4M3 does (bit for bit).
 __device__ __forceinline__ float round_e4m3(float x) {
