@@ -79,7 +79,7 @@ type layerActs struct {
 	// [FlashPad(T), qd + 2·kvd] (the pad rows zero), v flash.cu's copy of
 	// v with its rows that far apart (UseQKVRows).
 	q16, k16, qkv Buffer
-	moe      *moeActs // nil in dense layers
+	moe           *moeActs // nil in dense layers
 }
 
 // fwdState is one Forward's input and saved activations.
