@@ -819,9 +819,9 @@ func NewFlashScratchGivenQK(mem Memory, rows, heads, kv, hd int, backward bool) 
 }
 
 // NewFlashScratchGivenQKV is NewFlashScratchGivenQK for a caller that has
-// v in bf16 as well ([Pad(rows), kv·hd], the pad rows zero: the bf16
-// training mode's v product writes it so) and hands it to each call with
-// UseQKV: the forward and the backward read it as their row-major copy
+// v in bf16 as well ([Pad(rows), kv·hd], or a column span of wider rows,
+// the pad rows zero: the bf16 training mode's q, k and v product writes
+// it so) and hands it to each call with UseQKV or UseQKVRows: the forward and the backward read it as their row-major copy
 // (none of their own, no rounding pass).
 func NewFlashScratchGivenQKV(mem Memory, rows, heads, kv, hd int, backward bool) (*FlashScratch, error) {
 	return newFlashScratch(mem, rows, heads, kv, hd, backward, true, true, false)
@@ -867,11 +867,11 @@ func (s *FlashScratch) UseQKVRows(q16, k16, v16 Buffer, ld int) error {
 		return fmt.Errorf("cuda: UseQKV on a flash scratch that makes its own copies of v")
 	}
 	kvd := s.kv * s.hd
-	if ld < kvd {
-		return fmt.Errorf("cuda: UseQKVRows: rows %d apart, narrower than v's %d", ld, kvd)
+	if ld < kvd || ld%8 != 0 || v16.Ptr%16 != 0 { // flash.cu copies 16 bytes at a time
+		return fmt.Errorf("cuda: UseQKVRows: rows %d apart from %#x: want at least v's %d, a multiple of 8, 16-byte aligned", ld, v16.Ptr, kvd)
 	}
 	if v16.Size < (int64(s.pad-1)*int64(ld)+int64(kvd))*2 {
-		return fmt.Errorf("cuda: UseQKV: a copy of v of %d bytes for %d padded rows of %d, %d apart", v16.Size, s.pad, kvd, ld)
+		return fmt.Errorf("cuda: UseQKVRows: a copy of v of %d bytes for %d padded rows of %d, %d apart", v16.Size, s.pad, kvd, ld)
 	}
 	if err := s.UseQK(q16, k16); err != nil {
 		return err
@@ -1155,6 +1155,9 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 		return fmt.Errorf("cuda: FlashAttentionBackward given a forward's scratch")
 	}
 	T, qd := s.rows, s.heads*s.hd
+	if need := (int64(T-1)*int64(s.vld) + int64(s.kv*s.hd)) * 2; dv16.Size < need {
+		return fmt.Errorf("cuda: FlashAttentionBackward: dv16 of %d bytes for %d rows of %d, %d apart", dv16.Size, T, s.kv*s.hd, s.vld)
+	}
 	// With stored dS (StoreScores), where the 32-query dK/dV pass runs:
 	// D's pass, then the dK/dV pass that stores dS, then the dQ pass that
 	// reads it.

@@ -131,7 +131,8 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 	dense := func(li int) bool { return li >= 0 && m.Layers[li].Router == nil }
 	// normRopeBack is rope_rows (the transpose), normBack in place and the
 	// rounding to bf16 in one pass (norm_rope_bwd_bf16, the same bits):
-	// dx16 [T, stride] the products' operand, dy (float32) not changed.
+	// dx16 the products' operand, laid out as x (rows ldx apart), dy
+	// (float32, rows stride apart) not changed.
 	// x, the norm's input (q_raw or k_raw), is bf16 with flash.cu (as its
 	// product wrote it), else float32.
 	normRopeBack := func(dx16, dy, x, w, inv, gw Buffer, rows, n, per, stride, ldx int) error {

@@ -74,7 +74,7 @@ type layerActs struct {
 	// their norm and RoPE are kept only as flash.cu's bf16 row-major
 	// copies ([FlashPad(T), width], the pad rows zero), which
 	// NormRopeBF16From16 writes and both attention passes read
-	// (FlashScratch.UseQKV); q and k stay unused. qraw, kraw and v hold
+	// (FlashScratch.UseQKVRows); q and k stay unused. qraw, kraw and v hold
 	// bf16 then, as their one product writes them: column spans of qkv
 	// [FlashPad(T), qd + 2·kvd] (the pad rows zero), v flash.cu's copy of
 	// v with its rows that far apart (UseQKVRows).
@@ -562,8 +562,8 @@ func (e *Engine) allocLayer(f *fwdState, a *layerActs, dense, moe bool) error {
 	Tp := kc.FlashPad(T)
 	if e.flash() {
 		// flash.cu writes attention's output in bf16 only (attb); the q,
-		// k and v products write bf16 (as PyTorch's autocast keeps a
-		// product's output), v with flash.cu's pad rows (zero).
+		// k and v product (one) writes bf16 (as PyTorch's autocast keeps
+		// a product's output) into qkv, its pad rows zero.
 		q, k, att = bf16Span(&a.q16, Tp*d.qd), bf16Span(&a.k16, Tp*d.kvd), span{}
 		qraw, kraw, v = bf16Span(&a.qkv, Tp*d.qkvd()), span{}, span{}
 	}
