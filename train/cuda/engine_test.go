@@ -558,30 +558,37 @@ func TestEngineRecompute(t *testing.T) {
 func TestEngineFusedQKBack(t *testing.T) {
 	dev := cudatest.Device(t)
 	for _, preset := range []string{"tiny-dense", "tiny-moe"} {
-		var grads [2][]float32
-		for i, unfused := range []bool{false, true} {
-			_, _, _, e := enginePair(t, dev, preset, 0, 200)
-			if err := e.SetPrecision(BF16); err != nil {
-				t.Fatal(err)
-			}
-			e.unfusedQK = unfused
-			r := rand.New(rand.NewPCG(7, 1))
-			seqs := randomSeqs(r, 200, 30, 12, 40)
-			if _, err := e.Forward(seqs, train.ForwardOptions{Temperature: 0.9}); err != nil {
-				t.Fatal(err)
-			}
-			if err := e.Backward(randomLoss(r, seqs)); err != nil {
-				t.Fatal(err)
-			}
-			var err error
-			if grads[i], err = e.Gradients(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if !sameFloats(grads[0], grads[1]) {
-			t.Errorf("%s: gradients with the fused q/k backward differ from the kernel-by-kernel path's (relative %.3g)", preset, relErr(grads[0], grads[1]))
+		fused := bf16StepGrads(t, dev, preset, 1, []int{30, 12, 40}, func(*Engine) {})
+		unfused := bf16StepGrads(t, dev, preset, 1, []int{30, 12, 40}, func(e *Engine) { e.unfusedQK = true })
+		if !sameFloats(fused, unfused) {
+			t.Errorf("%s: gradients with the fused q/k backward differ from the kernel-by-kernel path's (relative %.3g)", preset, relErr(fused, unfused))
 		}
 	}
+}
+
+// bf16StepGrads returns the gradients of one bf16 step of preset's engine
+// (set changes it first) on random sequences of lens tokens, the loss's
+// coefficients random too (seed).
+func bf16StepGrads(t *testing.T, dev *kc.Device, preset string, seed uint64, lens []int, set func(*Engine)) []float32 {
+	t.Helper()
+	_, _, _, e := enginePair(t, dev, preset, 0, 200)
+	if err := e.SetPrecision(BF16); err != nil {
+		t.Fatal(err)
+	}
+	set(e)
+	r := rand.New(rand.NewPCG(7, seed))
+	seqs := randomSeqs(r, 200, lens...)
+	if _, err := e.Forward(seqs, train.ForwardOptions{Temperature: 0.9}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Backward(randomLoss(r, seqs)); err != nil {
+		t.Fatal(err)
+	}
+	g, err := e.Gradients()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
 }
 
 // TestEngineStoredScores: in the bf16 mode, the backward that stores dS
@@ -591,31 +598,14 @@ func TestEngineFusedQKBack(t *testing.T) {
 func TestEngineStoredScores(t *testing.T) {
 	dev := cudatest.Device(t)
 	for _, preset := range []string{"tiny-dense", "tiny-moe"} {
-		var grads [2][]float32
-		for i, stored := range []bool{false, true} {
-			_, _, _, e := enginePair(t, dev, preset, 0, 200)
-			if err := e.SetPrecision(BF16); err != nil {
-				t.Fatal(err)
-			}
+		two := bf16StepGrads(t, dev, preset, 2, []int{30, 12, 90}, func(e *Engine) {
 			if !e.flash() {
 				t.Fatalf("%s: the bf16 mode does not run flash.cu", preset)
 			}
-			e.ops.FlashDQStored = stored
-			r := rand.New(rand.NewPCG(7, 2))
-			seqs := randomSeqs(r, 200, 30, 12, 90)
-			if _, err := e.Forward(seqs, train.ForwardOptions{Temperature: 0.9}); err != nil {
-				t.Fatal(err)
-			}
-			if err := e.Backward(randomLoss(r, seqs)); err != nil {
-				t.Fatal(err)
-			}
-			var err error
-			if grads[i], err = e.Gradients(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if !sameFloats(grads[0], grads[1]) {
-			t.Errorf("%s: gradients with stored dS differ from the two passes' (relative %.3g)", preset, relErr(grads[0], grads[1]))
+		})
+		stored := bf16StepGrads(t, dev, preset, 2, []int{30, 12, 90}, func(e *Engine) { e.ops.FlashDQStored = true })
+		if !sameFloats(two, stored) {
+			t.Errorf("%s: gradients with stored dS differ from the two passes' (relative %.3g)", preset, relErr(two, stored))
 		}
 	}
 }
