@@ -188,6 +188,40 @@ func sameBits(t *testing.T, what string, got, want []float32) {
 // odd sizes under and over a block, and long rows.
 var shapes = []int{1, 7, 129, 1000, 4096, 5000}
 
+// TestDeviceSumChunks: sum_chunks adds each column's chunks in its fixed
+// order (each of 8 warps an eighth of the chunks in turn, the eighths in
+// turn, after the output when accumulating), bit for bit against that
+// order on the host, at chunk counts that take its 16-load steps and its
+// remainders.
+func TestDeviceSumChunks(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(4, 4))
+	for _, c := range []struct{ chunks, n int }{{1, 5}, {7, 33}, {129, 64}, {200, 40}, {1000, 31}} {
+		parts, prev := randF32(r, c.chunks*c.n, 1), randF32(r, c.n, 1)
+		for _, acc := range []int{0, 1} {
+			want := make([]float32, c.n)
+			per := (c.chunks + 7) / 8
+			for j := range want {
+				t0 := float32(0)
+				if acc == 1 {
+					t0 = prev[j]
+				}
+				for w := 0; w < 8; w++ {
+					v := float32(0)
+					for k := w * per; k < min(c.chunks, (w+1)*per); k++ {
+						v += parts[k*c.n+j]
+					}
+					t0 += v
+				}
+				want[j] = t0
+			}
+			out := bufOf(g, prev)
+			g.launch("rows.cu", "sum_chunks", (c.n+31)/32, 256, out, bufOf(g, parts), c.chunks, c.n, acc)
+			sameBits(t, fmt.Sprintf("sum_chunks %d chunks of %d, acc %d", c.chunks, c.n, acc), g.f32(out, c.n), want)
+		}
+	}
+}
+
 func TestDeviceRMSNorm(t *testing.T) {
 	g := newGPU(t)
 	r := rand.New(rand.NewPCG(1, 1))
