@@ -463,6 +463,23 @@ __device__ __forceinline__ void rows_dsum(float& D0, float& D1, float* __restric
   if (t == 0 && r1 < T) dsum[(i64)r1 * heads + h] = D1;
 }
 
+// ds_times_k adds A · K to a warp's dQ tile acc (16 rows × HD): A the
+// fragment of 16 keys' dS (16kk onwards in the tile), K's fragments from
+// its row-major tile (kf: lane_a's offsets, KP words a row) through
+// ldmatrix's transpose. The dQ passes' one product a key step.
+template <int HD>
+__device__ __forceinline__ void ds_times_k(float (&acc)[HD / 8][4], const u32 (&a)[4], const Frags& kf, int kk) {
+  constexpr int KP = HD / 2 + 4;
+#pragma unroll
+  for (int n = 0; n < HD / 8; n += 2) {
+    u32 b[4];
+    ldsm4t(b, kf, kk * 16 * KP + n * 4);
+    const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+    mma16816(acc[n], a, b0);
+    mma16816(acc[n + 1], a, b1);
+  }
+}
+
 // flash_bwd_dq: for query rows i and head h, D_i = dO_i.O_i (into dsum;
 // dO rounded to bf16 as dob holds it, O as the forward wrote it)
 // and dq_i = scale * sum_j P_ij (dO_i.v_j - D_i) k_j, P recomputed from
@@ -572,14 +589,7 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Vs0, float* __restri
       for (int kk = 0; kk < FB_BK / 16; kk++) {
         u32 a[4];
         c_to_a(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-        for (int n = 0; n < ND; n += 2) {
-          u32 b[4];
-          ldsm4t(b, tf, kk * 16 * KP + n * 4);
-          const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-          mma16816(acc[n], a, b0);
-          mma16816(acc[n + 1], a, b1);
-        }
+        ds_times_k<HD>(acc, a, tf, kk);
       }
     }
     if (STAGES == 2) __syncthreads();  // this stage is free for the copy after next
@@ -642,14 +652,7 @@ __device__ __forceinline__ void flash_bwd_dq_ds(u32* sm, float* __restrict__ dq,
       for (int kk = 0; kk < FB_BK / 16; kk++) {
         u32 a[4];
         ldsm4t(a, sf, kk * 16 * SP + 8 * w);
-#pragma unroll
-        for (int n = 0; n < ND; n += 2) {
-          u32 b[4];
-          ldsm4t(b, kf, kk * 16 * KP + n * 4);
-          const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-          mma16816(acc[n], a, b0);
-          mma16816(acc[n + 1], a, b1);
-        }
+        ds_times_k<HD>(acc, a, kf, kk);
       }
     }
     __syncthreads();  // this stage is free for the copy after next
