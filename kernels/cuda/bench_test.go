@@ -245,6 +245,7 @@ func BenchmarkDeviceDraw(b *testing.B) {
 		// multiprocessors idle.
 		split := dr
 		split.Scratch = benchBuf(b, d, make([]float32, DrawScratchFloats(rows, V)))
+		ops.DrawSplitAlways = true // at every row count: the rule is what these rows time
 		for _, n := range []int{rows, 64} {
 			for _, dd := range []Draws{dr, split} {
 				name := fmt.Sprintf("logits full, %d rows", n)

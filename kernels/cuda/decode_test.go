@@ -39,3 +39,23 @@ func TestDecodeSplits(t *testing.T) {
 		}
 	}
 }
+
+// TestSplitDraw: the split draw below the multiprocessor count only, and
+// the two settings that override it (no GPU needed).
+func TestSplitDraw(t *testing.T) {
+	h200 := &Device{SMs: 132}
+	for _, c := range []struct {
+		o    *Ops
+		rows int
+		want bool
+	}{
+		{&Ops{Dev: h200}, 1, true}, {&Ops{Dev: h200}, 64, true}, {&Ops{Dev: h200}, 131, true},
+		{&Ops{Dev: h200}, 132, false}, {&Ops{Dev: h200}, 256, false},
+		{&Ops{Dev: h200, DrawNoSplit: true}, 64, false}, {&Ops{Dev: h200, DrawSplitAlways: true}, 256, true},
+		{&Ops{Dev: h200, DrawNoSplit: true, DrawSplitAlways: true}, 1, false},
+	} {
+		if got := c.o.splitDraw(c.rows); got != c.want {
+			t.Errorf("%d rows, no split %v, always %v: split %v, want %v", c.rows, c.o.DrawNoSplit, c.o.DrawSplitAlways, got, c.want)
+		}
+	}
+}

@@ -417,6 +417,41 @@ func TestDeviceAttention(t *testing.T) {
 				for _, splits := range []int{1, 2, 3, 16} {
 					decodeSplit(fast, splits, 1e-5, fmt.Sprintf("%s fast bf16 decoding in %d splits (per head %v)", name, splits, perHead))
 				}
+				if c.hd < 64 {
+					continue
+				}
+				// The deep kernels (eight keys' rows in flight, head sizes
+				// 64 and 128): the fast kernels' bits, split and not, into
+				// float32 and bf16, a padding row among them.
+				deep := NewOps(g.d)
+				deep.DecodeFast, deep.DecodeDeep, deep.DecodePerHead = true, true, perHead
+				if k, _ := deep.decodeKernel("attn_decode_bf16", c.heads, c.kv, c.hd); !strings.HasPrefix(k, "attn_decode_deep") {
+					t.Fatalf("%s: the deep decoding asked for, %s launched", name, k)
+				}
+				run := func(o *Ops, splits int) ([]float32, []float32) {
+					part := g.poisoned(T * splits * c.heads * (c.hd + 2))
+					sp, sp16 := g.poisoned(T*qd), g.poisoned(T*qd)
+					for _, out16 := range []bool{false, true} {
+						out := sp
+						if out16 {
+							out = sp16
+						}
+						if err := o.AttnDecodeBF16Split(out16, out, part, bq, kc16, vc16, bpad, bpos, T, maxLen, c.heads, c.kv, c.hd, scale, splits); err != nil {
+							t.Fatal(err)
+						}
+					}
+					if err := g.d.Sync(); err != nil {
+						t.Fatal(err)
+					}
+					return g.f32(sp, T*qd), g.f32(sp16, (T*qd+1)/2)
+				}
+				for _, splits := range []int{1, 2, 3, 16} {
+					f32, f16 := run(fast, splits)
+					d32, d16 := run(deep, splits)
+					what := fmt.Sprintf("%s deep against fast bf16 decoding in %d splits (per head %v)", name, splits, perHead)
+					sameBits(t, what, d32, f32)
+					sameBits(t, what+" to bf16", d16, f16)
+				}
 			}
 		}
 		bdq, bdsum := g.poisoned(T*qd), g.poisoned(T*c.heads)

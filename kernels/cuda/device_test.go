@@ -1418,7 +1418,7 @@ func TestDeviceDrawRows(t *testing.T) {
 			tok2, lp2 := bufOf(g, make([]int32, rows)), g.poisoned(rows)
 			d = off
 			d.Tok, d.LP, d.TLP = tok2, lp2, g.poisoned(rows)
-			ops.drawChunk = c.chunk
+			ops.drawChunk, ops.DrawSplitAlways = c.chunk, c.chunk > 0
 			if c.chunk > 0 { // scratch: the split draw
 				d.Scratch = g.poisoned(drawScratchFloats(rows, V, c.chunk))
 			}
@@ -1453,7 +1453,7 @@ func TestDeviceDrawRows(t *testing.T) {
 			}
 			sameBits(t, fmt.Sprintf("V=%d %s: the logits", V, c.name), g.f32(braw, rows*V), raw)
 		}
-		ops.drawChunk = 0
+		ops.drawChunk, ops.DrawSplitAlways = 0, false
 		if err := ops.LogSoftmaxHostRows(braw, bt, bu, rows, V); err != nil {
 			t.Fatal(err)
 		}

@@ -88,6 +88,15 @@ type Ops struct {
 	// KEEL_DECODE_ATTN=grouped (or head) at NewOps turns it off. The exact
 	// rollout's float32 cache never runs it.
 	DecodeFast bool
+	// DecodeDeep has the fast decoding kernels keep eight keys' rows in
+	// flight a warp instead of four (attn.cu's attn_decode_deep kernels,
+	// head sizes 64 and 128; KEEL_DECODE_ATTN=deep at NewOps, with
+	// DecodeFast): the same bits as the fast kernels. For long contexts,
+	// where the cache is most of a step's reads: at 256 sequences of 8
+	// KV heads about 16 warps a multiprocessor hold 2 KiB of loads each,
+	// which one four-key fold may not cover. Untimed: off until a card
+	// says which is faster.
+	DecodeDeep bool
 	// DecodeNoSplit keeps each row's keys in one run in the reduced
 	// precisions' decoding attention (KEEL_DECODE_SPLIT=0 at NewOps), as
 	// before AttnDecodeBF16Split: DecodeSplits is then 1.
@@ -96,6 +105,10 @@ type Ops struct {
 	// (KEEL_DRAW_SPLIT=0 at NewOps), as before the split draw, even given
 	// scratch.
 	DrawNoSplit bool
+	// DrawSplitAlways takes the split draw at any row count given scratch
+	// (KEEL_DRAW_SPLIT=1 at NewOps; tests), not only below the device's
+	// multiprocessor count (splitDraw).
+	DrawSplitAlways bool
 
 	drawChunk  int  // the split draw's chunk (0: DrawChunkTokens; tests set less)
 	groupedFew int8 // the forward grouped products' warps: 0 by rows (fewRows), 1 few-row, -1 32 x 32 (tests)
@@ -119,7 +132,9 @@ func NewOps(d *Device) *Ops {
 		FlashDQStored: os.Getenv("KEEL_FLASH_DQ") == "stored",
 		DecodePerHead: os.Getenv("KEEL_DECODE_ATTN") == "head",
 		DecodeFast:    os.Getenv("KEEL_DECODE_ATTN") != "head" && os.Getenv("KEEL_DECODE_ATTN") != "grouped",
-		DecodeNoSplit: os.Getenv("KEEL_DECODE_SPLIT") == "0", DrawNoSplit: os.Getenv("KEEL_DRAW_SPLIT") == "0"}
+		DecodeDeep:    os.Getenv("KEEL_DECODE_ATTN") == "deep",
+		DecodeNoSplit: os.Getenv("KEEL_DECODE_SPLIT") == "0", DrawNoSplit: os.Getenv("KEEL_DRAW_SPLIT") == "0",
+		DrawSplitAlways: os.Getenv("KEEL_DRAW_SPLIT") == "1"}
 }
 
 // flashThreads is every flash.cu attention kernel's block (FA_THREADS
@@ -446,7 +461,11 @@ func (o *Ops) decodeKernel(name string, heads, kv, hd int) (string, int) {
 		g, warps = 1, heads
 	}
 	if o.DecodeFast && fastDecode(hd, g) && strings.HasPrefix(name, "attn_decode_bf16") {
-		return fmt.Sprintf("attn_decode_fast%s_g%d_%d", strings.TrimPrefix(name, "attn_decode_bf16"), g, hd), warps
+		family := "attn_decode_fast"
+		if o.DecodeDeep && hd >= 64 {
+			family = "attn_decode_deep"
+		}
+		return fmt.Sprintf("%s%s_g%d_%d", family, strings.TrimPrefix(name, "attn_decode_bf16"), g, hd), warps
 	}
 	name = fmt.Sprintf("%s_g%d", name, g)
 	if hd <= 128 { // the kernels for head sizes up to 128: half the registers
@@ -459,7 +478,7 @@ func (o *Ops) decodeKernel(name string, heads, kv, hd int) (string, int) {
 // rows are read 8 bytes a lane at head size 128, so a cache must start on
 // 8 bytes (a device allocation's start does).
 func fastAligned(name string, kcache, vcache Buffer) error {
-	if strings.HasPrefix(name, "attn_decode_fast") && (kcache.Ptr|vcache.Ptr)&7 != 0 {
+	if (strings.HasPrefix(name, "attn_decode_fast") || strings.HasPrefix(name, "attn_decode_deep")) && (kcache.Ptr|vcache.Ptr)&7 != 0 {
 		return fmt.Errorf("cuda: %s: KV caches at %#x and %#x, not 8-byte aligned", name, kcache.Ptr, vcache.Ptr)
 	}
 	return nil
@@ -655,7 +674,8 @@ func (o *Ops) drawRows(plain, special string, d Draws, z Buffer, rows, V int) er
 // plain rows are drawn by the split draw (head.cu's draw_chunk_*: a
 // block per DrawChunkTokens of a row, the same rule; its log-sum-exp is
 // summed in another order, so a log-prob may differ by an ulp and a draw
-// within rounding of a boundary). V <= DrawMaxVocab.
+// within rounding of a boundary) where the rows are fewer than the
+// device's multiprocessors (splitDraw). V <= DrawMaxVocab.
 func (o *Ops) DrawRowsRaw(d Draws, z Buffer, rows, V int) error {
 	if V > DrawMaxVocab {
 		return fmt.Errorf("cuda: DrawRowsRaw over a vocabulary of %d, at most %d", V, DrawMaxVocab)
@@ -665,7 +685,7 @@ func (o *Ops) DrawRowsRaw(d Draws, z Buffer, rows, V int) error {
 		chunk = DrawChunkTokens
 	}
 	// The scratch's float64 sums need it 8-byte aligned.
-	if o.DrawNoSplit || d.Scratch.Size < int64(drawScratchFloats(rows, V, chunk))*4 || d.Scratch.Ptr%8 != 0 {
+	if !o.splitDraw(rows) || d.Scratch.Size < int64(drawScratchFloats(rows, V, chunk))*4 || d.Scratch.Ptr%8 != 0 {
 		return o.drawRows("draw_rows_raw", "draw_rows_trunc_raw", d, z, rows, V)
 	}
 	// The split draw: head.cu's draw_chunk_* kernels, then the special
@@ -689,6 +709,21 @@ func (o *Ops) DrawRowsRaw(d Draws, z Buffer, rows, V int) error {
 		return err
 	}
 	return o.Launch("head.cu", "draw_rows_trunc_raw", Dim3{X: rows}, block256, d.Tok, d.LP, d.TLP, d.TopTok, d.TopLP, z, d.U, d.Temps, d.TopK, d.TopP, d.TopN, V)
+}
+
+// splitDraw says whether DrawRowsRaw splits rows rows' plain draws into
+// chunks: where a block a row leaves multiprocessors idle. On an H200
+// (2026-11-27, BenchmarkDeviceDraw, 151,936 tokens a row) the split draw
+// took 141 µs for 64 rows against 193 a block a row, and 335 µs for 256
+// rows against 292.
+func (o *Ops) splitDraw(rows int) bool {
+	switch {
+	case o.DrawNoSplit:
+		return false
+	case o.DrawSplitAlways:
+		return true
+	}
+	return rows < o.Dev.SMs
 }
 
 // LogSoftmaxHostRows is LogSoftmaxTemps over the rows whose uniform u[r]

@@ -41,8 +41,10 @@
 #          attention a warp per query head (KEEL_DECODE_ATTN=head) and
 #          unsplit (KEEL_DECODE_SPLIT=0, 64 sequences of 1,056 tokens) against
 #          the defaults, and the grouped decoding attention (KEEL_DECODE_ATTN=grouped,
-#          the default before the fast one),
-#          and transformers' generate beside them (about 3 minutes)
+#          the default before the fast one), and at 64 and 256 sequences
+#          of 32 + 1,024 tokens (the RL step's) the fast attention against
+#          the deep one (KEEL_DECODE_ATTN=deep) and the split to 8192 warps,
+#          and transformers' generate beside them (about 4 minutes)
 #   fp8    the fp8 rollout's decode at 256 sequences with its products
 #          emulated on the bf16 GEMM and on cuBLASLt's float8 product
 #          (KEEL_FP8_GEMM=1), and TestDeviceFP8 under the latter
@@ -281,6 +283,23 @@ if [[ " $sections " == *" decode "* ]]; then
     --no-rl --decode-precisions bf16 --decode-slots 64 --decode-new 1024 --peak-gbps $peakgb > "$out/decode-keel-long-grouped.json" 2> "$out/decode-keel-long-grouped.err"
   echo "  keel qwen3-0.6b, 32 + 1024 tokens, KEEL_DECODE_ATTN=grouped: exit $?"
   decode_rows "$out/decode-keel-long-grouped.json" || tail -2 "$out/decode-keel-long-grouped.err"
+  # Rollout-length contexts at 64 and 256 sequences (32 + 1,024 tokens:
+  # the RL step's, where the cache is most of a step's reads and issue
+  # 25's bandwidth goal is within reach): the default (KEEL_DECODE_ATTN=fast: four
+  # keys' rows in flight a warp), the deep kernels (eight:
+  # KEEL_DECODE_ATTN=deep, the same bits), and the attention split to
+  # reach 8192 warps.
+  for ab in KEEL_DECODE_ATTN=fast KEEL_DECODE_ATTN=deep KEEL_DECODE_SPLIT_WARPS=8192; do
+    tag=${ab#*=}
+    env $ab timeout 150 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+      --no-rl --decode-precisions bf16 --decode-slots 64,256 --decode-new 1024 --peak-gbps $peakgb > "$out/decode-keel-rl-$tag.json" 2> "$out/decode-keel-rl-$tag.err"
+    echo "  keel qwen3-0.6b, 32 + 1024 tokens, $ab: exit $?"
+    decode_rows "$out/decode-keel-rl-$tag.json" || tail -2 "$out/decode-keel-rl-$tag.err"
+  done
+  KEEL_DECODE_ATTN=deep timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+    --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-deep.json" 2> "$out/decode-keel-deep.err"
+  echo "  keel qwen3-0.6b, KEEL_DECODE_ATTN=deep: exit $?"
+  decode_rows "$out/decode-keel-deep.json" || tail -2 "$out/decode-keel-deep.err"
   # The decoding attention split to reach 8192 warps (4 runs a row at 256
   # sequences, 16 at 64) against the default 2048 (unsplit at 256).
   KEEL_DECODE_SPLIT_WARPS=8192 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
@@ -608,14 +627,15 @@ if [[ " $sections " == *" rl "* ]]; then
   timeout 400 $bin/keel bench --device cuda --train-precision bf16 --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 \
     --quick --no-decode --rl-precision bf16 --rl-max-new 1024 > "$out/rl-step.txt" 2>&1 || status=1
   sed 's/^/  /' "$out/rl-step.txt" | tail -12
-  # Again with cuBLASLt's tuned algorithms, then with the grouped decoding
-  # attention (the default before the fast one): a rollout of 1,024-token
+  # Again with cuBLASLt's tuned algorithms, with the grouped decoding
+  # attention (the default before the fast one) and with the deep one
+  # (eight keys' rows in flight a warp): a rollout of 1,024-token
   # samples reads mostly its cache.
-  for ab in KEEL_BLAS_TUNE=1 KEEL_DECODE_ATTN=grouped; do
+  for ab in KEEL_BLAS_TUNE=1 KEEL_DECODE_ATTN=grouped KEEL_DECODE_ATTN=deep; do
     env $ab timeout 400 $bin/keel bench --device cuda --train-precision bf16 --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 \
-      --quick --no-decode --rl-precision bf16 --rl-max-new 1024 > "$out/rl-step-${ab%%=*}.txt" 2>&1
+      --quick --no-decode --rl-precision bf16 --rl-max-new 1024 > "$out/rl-step-${ab//=/-}.txt" 2>&1
     echo "  $ab: exit $?"
-    grep -A1 'RL step.*precision' "$out/rl-step-${ab%%=*}.txt" | sed 's/^/  /'
+    grep -A1 'RL step.*precision' "$out/rl-step-${ab//=/-}.txt" | sed 's/^/  /'
   done
 fi
 exit $status

@@ -647,7 +647,7 @@ __device__ __forceinline__ void fast_widen(float (&f)[HD / 32], const u32 (&w)[F
   }
 }
 
-template <typename O, int G, int HD>
+template <typename O, int G, int HD, int DEPTH>
 __device__ __forceinline__ void decode_fast(O* __restrict__ out, float* __restrict__ part, const float* __restrict__ q,
                                             const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
                                             const int* __restrict__ slot, const int* __restrict__ pos, int max_len,
@@ -690,63 +690,73 @@ __device__ __forceinline__ void decode_fast(O* __restrict__ out, float* __restri
   // 8u..8u+7 hold key u's.
   const int own = (lane >> 3) & 3;
   const bool hi16 = lane & 16, hi8 = lane & 8;
-  u32 kw[U][W], vw[U][W];  // the next keys' rows, as loaded (zeros past j1)
-  auto load = [&](int j) {
+  // The next DEPTH·U keys' rows, as loaded (zeros past j1): buffer d
+  // holds keys j + d·U.. of the fold at j, and is loaded again, DEPTH·U
+  // keys on, as soon as it is widened.
+  u32 kw[DEPTH][U][W], vw[DEPTH][U][W];
+  auto load = [&](int d, int j) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
       if (j + u < j1) {
-        fast_row<HD>(kw[u], kb + (i64)(j + u) * kvd, lane);
-        fast_row<HD>(vw[u], vb + (i64)(j + u) * kvd, lane);
+        fast_row<HD>(kw[d][u], kb + (i64)(j + u) * kvd, lane);
+        fast_row<HD>(vw[d][u], vb + (i64)(j + u) * kvd, lane);
       } else {
 #pragma unroll
-        for (int i = 0; i < W; i++) kw[u][i] = vw[u][i] = 0u;
+        for (int i = 0; i < W; i++) kw[d][u][i] = vw[d][u][i] = 0u;
       }
     }
   };
-  if (j0 < j1) load(j0);
-  for (int j = j0; j < j1; j += U) {
-    float kf[U][E], vf[U][E];
 #pragma unroll
-    for (int u = 0; u < U; u++) fast_widen<HD>(kf[u], kw[u]), fast_widen<HD>(vf[u], vw[u]);
-    if (j + U < j1) load(j + U);
+  for (int d = 0; d < DEPTH; d++)
+    if (j0 + d * U < j1) load(d, j0 + d * U);
+  for (int jd = j0; jd < j1; jd += DEPTH * U) {
 #pragma unroll
-    for (int x = 0; x < G; x++) {
-      float s[U];
+    for (int d = 0; d < DEPTH; d++) {
+      const int j = jd + d * U;
+      if (j >= j1) break;
+      float kf[U][E], vf[U][E];
 #pragma unroll
-      for (int u = 0; u < U; u++) {
-        s[u] = 0.f;
+      for (int u = 0; u < U; u++) fast_widen<HD>(kf[u], kw[d][u]), fast_widen<HD>(vf[u], vw[d][u]);
+      if (j + DEPTH * U < j1) load(d, j + DEPTH * U);
 #pragma unroll
-        for (int e = 0; e < E; e++) s[u] = fmaf(qr[x][e], kf[u][e], s[u]);
-      }
-      // The four sums over the warp at once: lanes exchange the half of
-      // their values the partner keeps (keys 0, 1 below lane 16, 2, 3
-      // from it), then the quarter, then sum one value over 8 lanes.
-      float a0 = hi16 ? s[2] : s[0], a1 = hi16 ? s[3] : s[1];
-      a0 += __shfl_xor_sync(0xffffffffu, hi16 ? s[0] : s[2], 16);
-      a1 += __shfl_xor_sync(0xffffffffu, hi16 ? s[1] : s[3], 16);
-      float sc = hi8 ? a1 : a0;
-      sc += __shfl_xor_sync(0xffffffffu, hi8 ? a0 : a1, 8);
-      sc += __shfl_xor_sync(0xffffffffu, sc, 4);
-      sc += __shfl_xor_sync(0xffffffffu, sc, 2);
-      sc += __shfl_xor_sync(0xffffffffu, sc, 1);
-      if (j + own >= j1) sc = -__int_as_float(0x7f800000);  // past the run: no weight
-      float cm = fmaxf(sc, __shfl_xor_sync(0xffffffffu, sc, 8));
-      cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 16));
-      const float mn = fmaxf(mx[x], cm);  // finite: the run's first key is in the first four
-      const float corr = fast_exp(mx[x] - mn), p = fast_exp(sc - mn);
-      float ps = p + __shfl_xor_sync(0xffffffffu, p, 8);
-      ps += __shfl_xor_sync(0xffffffffu, ps, 16);
-      l[x] = l[x] * corr + ps;
-      mx[x] = mn;
-      float pu[U];
+      for (int x = 0; x < G; x++) {
+        float s[U];
 #pragma unroll
-      for (int u = 0; u < U; u++) pu[u] = __shfl_sync(0xffffffffu, p, 8 * u);
+        for (int u = 0; u < U; u++) {
+          s[u] = 0.f;
 #pragma unroll
-      for (int e = 0; e < E; e++) {
-        float a = acc[x][e] * corr;
+          for (int e = 0; e < E; e++) s[u] = fmaf(qr[x][e], kf[u][e], s[u]);
+        }
+        // The four sums over the warp at once: lanes exchange the half of
+        // their values the partner keeps (keys 0, 1 below lane 16, 2, 3
+        // from it), then the quarter, then sum one value over 8 lanes.
+        float a0 = hi16 ? s[2] : s[0], a1 = hi16 ? s[3] : s[1];
+        a0 += __shfl_xor_sync(0xffffffffu, hi16 ? s[0] : s[2], 16);
+        a1 += __shfl_xor_sync(0xffffffffu, hi16 ? s[1] : s[3], 16);
+        float sc = hi8 ? a1 : a0;
+        sc += __shfl_xor_sync(0xffffffffu, hi8 ? a0 : a1, 8);
+        sc += __shfl_xor_sync(0xffffffffu, sc, 4);
+        sc += __shfl_xor_sync(0xffffffffu, sc, 2);
+        sc += __shfl_xor_sync(0xffffffffu, sc, 1);
+        if (j + own >= j1) sc = -__int_as_float(0x7f800000);  // past the run: no weight
+        float cm = fmaxf(sc, __shfl_xor_sync(0xffffffffu, sc, 8));
+        cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 16));
+        const float mn = fmaxf(mx[x], cm);  // finite: the run's first key is in the first four
+        const float corr = fast_exp(mx[x] - mn), p = fast_exp(sc - mn);
+        float ps = p + __shfl_xor_sync(0xffffffffu, p, 8);
+        ps += __shfl_xor_sync(0xffffffffu, ps, 16);
+        l[x] = l[x] * corr + ps;
+        mx[x] = mn;
+        float pu[U];
 #pragma unroll
-        for (int u = 0; u < U; u++) a = fmaf(pu[u], vf[u][e], a);
-        acc[x][e] = a;
+        for (int u = 0; u < U; u++) pu[u] = __shfl_sync(0xffffffffu, p, 8 * u);
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+          float a = acc[x][e] * corr;
+#pragma unroll
+          for (int u = 0; u < U; u++) a = fmaf(pu[u], vf[u][e], a);
+          acc[x][e] = a;
+        }
       }
     }
   }
@@ -771,9 +781,9 @@ __device__ __forceinline__ void decode_fast(O* __restrict__ out, float* __restri
 // attn_decode_bf16[_out16|_split]_g<G>'s (the same grids and arguments,
 // hd = HD; the names written out for the emulator).
 #define FAST_BODY(O, G, HD) \
-  decode_fast<O, G, HD>(out, (float*)0, q, kc, vc, slot, pos, max_len, heads, kv, scale);
+  decode_fast<O, G, HD, 1>(out, (float*)0, q, kc, vc, slot, pos, max_len, heads, kv, scale);
 #define FAST_SPLIT_BODY(G, HD) \
-  decode_fast<float, G, HD>((float*)0, part, q, kc, vc, slot, pos, max_len, heads, kv, scale);
+  decode_fast<float, G, HD, 1>((float*)0, part, q, kc, vc, slot, pos, max_len, heads, kv, scale);
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_g1_64(DECODE_PARAMS(float, bf16_t)) { FAST_BODY(float, 1, 64) }
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_out16_g1_64(DECODE_PARAMS(bf16_t, bf16_t)) { FAST_BODY(bf16_t, 1, 64) }
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_split_g1_64(SPLIT_PARAMS) { FAST_SPLIT_BODY(1, 64) }
@@ -807,3 +817,41 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_sp
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_g4_32(DECODE_PARAMS(float, bf16_t)) { FAST_BODY(float, 4, 32) }
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_out16_g4_32(DECODE_PARAMS(bf16_t, bf16_t)) { FAST_BODY(bf16_t, 4, 32) }
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_fast_split_g4_32(SPLIT_PARAMS) { FAST_SPLIT_BODY(4, 32) }
+
+// attn_decode_deep[_out16|_split]_g<G>_<HD> (HD 64 and 128;
+// Ops.DecodeDeep, KEEL_DECODE_ATTN=deep): decode_fast with eight keys'
+// rows in flight a warp where the fast kernels have four (two buffers of
+// four, each loaded again as soon as it is widened), for the long
+// contexts where the cache is most of a step's reads and one fold's
+// instructions may not cover a load's latency (about 16 warps a
+// multiprocessor at 256 sequences of 8 KV heads, 2 KiB in flight
+// each). The same arithmetic in the same order: the fast kernels'
+// bits. Untimed: off until a card says which is faster.
+#define DEEP_BODY(O, G, HD) \
+  decode_fast<O, G, HD, 2>(out, (float*)0, q, kc, vc, slot, pos, max_len, heads, kv, scale);
+#define DEEP_SPLIT_BODY(G, HD) \
+  decode_fast<float, G, HD, 2>((float*)0, part, q, kc, vc, slot, pos, max_len, heads, kv, scale);
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_g1_64(DECODE_PARAMS(float, bf16_t)) { DEEP_BODY(float, 1, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_out16_g1_64(DECODE_PARAMS(bf16_t, bf16_t)) { DEEP_BODY(bf16_t, 1, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_split_g1_64(SPLIT_PARAMS) { DEEP_SPLIT_BODY(1, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_g2_64(DECODE_PARAMS(float, bf16_t)) { DEEP_BODY(float, 2, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_out16_g2_64(DECODE_PARAMS(bf16_t, bf16_t)) { DEEP_BODY(bf16_t, 2, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_split_g2_64(SPLIT_PARAMS) { DEEP_SPLIT_BODY(2, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_g4_64(DECODE_PARAMS(float, bf16_t)) { DEEP_BODY(float, 4, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_out16_g4_64(DECODE_PARAMS(bf16_t, bf16_t)) { DEEP_BODY(bf16_t, 4, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_split_g4_64(SPLIT_PARAMS) { DEEP_SPLIT_BODY(4, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_g8_64(DECODE_PARAMS(float, bf16_t)) { DEEP_BODY(float, 8, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_out16_g8_64(DECODE_PARAMS(bf16_t, bf16_t)) { DEEP_BODY(bf16_t, 8, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_split_g8_64(SPLIT_PARAMS) { DEEP_SPLIT_BODY(8, 64) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_g1_128(DECODE_PARAMS(float, bf16_t)) { DEEP_BODY(float, 1, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_out16_g1_128(DECODE_PARAMS(bf16_t, bf16_t)) { DEEP_BODY(bf16_t, 1, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_split_g1_128(SPLIT_PARAMS) { DEEP_SPLIT_BODY(1, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_g2_128(DECODE_PARAMS(float, bf16_t)) { DEEP_BODY(float, 2, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_out16_g2_128(DECODE_PARAMS(bf16_t, bf16_t)) { DEEP_BODY(bf16_t, 2, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_split_g2_128(SPLIT_PARAMS) { DEEP_SPLIT_BODY(2, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_g4_128(DECODE_PARAMS(float, bf16_t)) { DEEP_BODY(float, 4, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_out16_g4_128(DECODE_PARAMS(bf16_t, bf16_t)) { DEEP_BODY(bf16_t, 4, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_split_g4_128(SPLIT_PARAMS) { DEEP_SPLIT_BODY(4, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_g8_128(DECODE_PARAMS(float, bf16_t)) { DEEP_BODY(float, 8, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_out16_g8_128(DECODE_PARAMS(bf16_t, bf16_t)) { DEEP_BODY(bf16_t, 8, 128) }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_deep_split_g8_128(SPLIT_PARAMS) { DEEP_SPLIT_BODY(8, 128) }
