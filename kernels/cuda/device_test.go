@@ -444,6 +444,69 @@ func TestDeviceNormRopeBackBF16(t *testing.T) {
 	}
 }
 
+// TestDeviceRMSNormWarpRows: the warp-a-row RMSNorm forward kernels
+// (rmsnorm_fwd_w*, rmsnorm_fwd_bf16_w*, Ops.RMSNorm and RMSNormBF16's
+// default) are the block-a-row kernels' bits: y, inv and the bf16
+// rounding, at each kernel's row lengths and their edges, a row alone and
+// 8 rows a block with a partial last block, and per-head rows inside
+// wider token rows (per, stride); rows past 2,048 take the block kernels.
+func TestDeviceRMSNormWarpRows(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(11, 11))
+	ops, block := NewOps(g.d), NewOps(g.d)
+	ops.NormBlockRows, block.NormBlockRows = false, true
+	const eps = 1e-6
+	for _, n := range []int{1, 31, 64, 128, 255, 256, 257, 1000, 1024, 1025, 2047, 2048, 2049} {
+		for _, rows := range []int{1, 8, 13} {
+			x, w := randF32(r, rows*n, 2), randF32(r, n, 1)
+			bx, bw := bufOf(g, x), bufOf(g, w)
+			name := fmt.Sprintf("%d rows of %d", rows, n)
+			wy, winv, by, binv := g.poisoned(rows*n), g.poisoned(rows), g.poisoned(rows*n), g.poisoned(rows)
+			if err := ops.RMSNorm(wy, winv, bx, bw, rows, n, eps); err != nil {
+				t.Fatal(err)
+			}
+			if err := block.RMSNorm(by, binv, bx, bw, rows, n, eps); err != nil {
+				t.Fatal(err)
+			}
+			w16, b16 := g.poisoned((rows*n+1)/2), g.poisoned((rows*n+1)/2)
+			winv16 := g.poisoned(rows)
+			if err := ops.RMSNormBF16(w16, winv16, bx, bw, rows, n, eps); err != nil {
+				t.Fatal(err)
+			}
+			if err := block.RMSNormBF16(b16, Buffer{}, bx, bw, rows, n, eps); err != nil {
+				t.Fatal(err)
+			}
+			sameBits(t, name+" y", g.f32(wy, rows*n), g.f32(by, rows*n))
+			sameBits(t, name+" inv", g.f32(winv, rows), g.f32(binv, rows))
+			sameBits(t, name+" bf16 inv", g.f32(winv16, rows), g.f32(binv, rows))
+			if rows*n%2 == 0 {
+				sameBits(t, name+" bf16 y", g.f32(w16, rows*n/2), g.f32(b16, rows*n/2))
+			}
+			want16 := make([]kernels.BF16, rows*n)
+			kernels.ToBF16(want16, g.f32(by, rows*n))
+			for i, v := range g.u16(w16, rows*n) {
+				if v != uint16(want16[i]) {
+					t.Fatalf("%s: bf16 y[%d] = %#04x, the float32 kernel's rounded %#04x", name, i, v, uint16(want16[i]))
+				}
+			}
+		}
+	}
+	// Per-head rows (q_norm's shape): 3 tokens of 5 heads of 128 inside
+	// token rows of 700, through the kernels directly.
+	const tokens, heads, hd, stride = 3, 5, 128, 700
+	x, w := randF32(r, tokens*stride, 2), randF32(r, hd, 1)
+	bx, bw := bufOf(g, x), bufOf(g, w)
+	wy, by := bufOf(g, make([]float32, tokens*stride)), bufOf(g, make([]float32, tokens*stride))
+	winv, binv := g.poisoned(tokens*heads), g.poisoned(tokens*heads)
+	g.launch("rows.cu", "rmsnorm_fwd_w8", (tokens*heads+7)/8, 256, wy, winv, bx, bw, hd, heads, int64(stride), float32(eps), tokens*heads)
+	g.launch("rows.cu", "rmsnorm_fwd", tokens*heads, 256, by, binv, bx, bw, hd, heads, int64(stride), float32(eps))
+	sameBits(t, "per-head rows y", g.f32(wy, tokens*stride), g.f32(by, tokens*stride))
+	sameBits(t, "per-head rows inv", g.f32(winv, tokens*heads), g.f32(binv, tokens*heads))
+	if ops.normWarpPer(2049) != 0 || ops.normWarpPer(2048) != 64 || ops.normWarpPer(256) != 8 || ops.normWarpPer(257) != 32 || block.normWarpPer(8) != 0 {
+		t.Errorf("normWarpPer: %d %d %d %d %d", ops.normWarpPer(2049), ops.normWarpPer(2048), ops.normWarpPer(256), ops.normWarpPer(257), block.normWarpPer(8))
+	}
+}
+
 // TestDeviceBatchInvariance: a row's results alone and inside a batch of
 // 70 are the same bits (the contract the exact rollout rests on).
 func TestDeviceBatchInvariance(t *testing.T) {

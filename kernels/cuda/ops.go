@@ -105,6 +105,11 @@ type Ops struct {
 	// (KEEL_DRAW_SPLIT=0 at NewOps), as before the split draw, even given
 	// scratch.
 	DrawNoSplit bool
+	// NormBlockRows runs RMSNorm and RMSNormBF16 a block a row
+	// (KEEL_ROW_KERNELS=block at NewOps), as before the warp-a-row
+	// kernels (rmsnorm_fwd_w*): the same bits, for timing one against the
+	// other.
+	NormBlockRows bool
 	// DrawSplitAlways takes the split draw at any row count given scratch
 	// (KEEL_DRAW_SPLIT=1 at NewOps; tests), not only below the device's
 	// multiprocessor count (splitDraw).
@@ -134,7 +139,7 @@ func NewOps(d *Device) *Ops {
 		DecodeFast:    os.Getenv("KEEL_DECODE_ATTN") != "head" && os.Getenv("KEEL_DECODE_ATTN") != "grouped",
 		DecodeDeep:    os.Getenv("KEEL_DECODE_ATTN") == "deep",
 		DecodeNoSplit: os.Getenv("KEEL_DECODE_SPLIT") == "0", DrawNoSplit: os.Getenv("KEEL_DRAW_SPLIT") == "0",
-		DrawSplitAlways: os.Getenv("KEEL_DRAW_SPLIT") == "1"}
+		DrawSplitAlways: os.Getenv("KEEL_DRAW_SPLIT") == "1", NormBlockRows: os.Getenv("KEEL_ROW_KERNELS") == "block"}
 }
 
 // flashThreads is every flash.cu attention kernel's block (FA_THREADS
@@ -294,7 +299,27 @@ func (o *Ops) LinearBackW(dw, dy, x Buffer, rows, in, out, lddy, ldx int) error 
 // RMSNorm: y = x·inv·w over rows of n, saving inv per row (inv may be an
 // empty Buffer).
 func (o *Ops) RMSNorm(y, inv, x, w Buffer, rows, n int, eps float32) error {
+	if per := o.normWarpPer(n); per > 0 {
+		return o.Launch("rows.cu", fmt.Sprintf("rmsnorm_fwd_w%d", per), Dim3{X: (rows + 7) / 8}, block256, y, inv, x, w, n, 1, int64(n), eps, rows)
+	}
 	return o.Launch("rows.cu", "rmsnorm_fwd", Dim3{X: rows}, block256, y, inv, x, w, n, 1, int64(n), eps)
+}
+
+// normWarpPer is the elements a lane of rows.cu's warp-a-row RMSNorm
+// kernels (rmsnorm_fwd_w<PER>, 8 rows a block) holds for rows of n: the
+// least of 8, 32 and 64 with n <= 32·PER, or 0 (rows longer than 2,048,
+// or NormBlockRows) for the block-a-row kernels. The same bits either
+// way.
+func (o *Ops) normWarpPer(n int) int {
+	if o.NormBlockRows {
+		return 0
+	}
+	for _, per := range []int{8, 32, 64} {
+		if n <= 32*per {
+			return per
+		}
+	}
+	return 0
 }
 
 // RMSNormBF16 is RMSNorm (rows of n, contiguous; inv may be an empty
@@ -302,6 +327,9 @@ func (o *Ops) RMSNorm(y, inv, x, w Buffer, rows, n int, eps float32) error {
 // the operand of the products that read it (BF16Linear.LinearManyBF16),
 // bit for bit what rounding RMSNorm's output gives.
 func (o *Ops) RMSNormBF16(y16, inv, x, w Buffer, rows, n int, eps float32) error {
+	if per := o.normWarpPer(n); per > 0 {
+		return o.Launch("rows.cu", fmt.Sprintf("rmsnorm_fwd_bf16_w%d", per), Dim3{X: (rows + 7) / 8}, block256, y16, inv, x, w, n, eps, rows)
+	}
 	return o.Launch("rows.cu", "rmsnorm_fwd_bf16", Dim3{X: rows}, block256, y16, inv, x, w, n, eps)
 }
 
