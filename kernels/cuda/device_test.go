@@ -644,7 +644,7 @@ func TestDeviceNormRope(t *testing.T) {
 func TestDeviceHead(t *testing.T) {
 	g := newGPU(t)
 	r := rand.New(rand.NewPCG(5, 5))
-	for _, V := range []int{2, 257, 151936} {
+	for _, V := range []int{2, 257, 1000, 151936} {
 		for _, temp := range []float32{1, 0.6} {
 			rows := 6
 			z := randF32(r, rows*V, 4)
@@ -785,6 +785,15 @@ func TestDeviceHead(t *testing.T) {
 						t.Fatalf("%s: bf16 head gradient [%d,%d] = %g, want %g (float64 from the saved statistics)", name, i, j, got, w)
 					}
 				}
+			}
+			// Four logits a load (V a multiple of 4, rows 16-byte aligned)
+			// against the scalar loop (the logits a float off that
+			// alignment): the same bits.
+			if V%4 == 0 {
+				zoff := bufOf(g, append([]float32{0}, z...)).Floats(1, rows*V)
+				s16 := g.poisoned(rows * V / 2)
+				g.launch("head.cu", "head_grad_bf16_saved", rows, 256, s16, zoff, slse, sh, bcl, bch, btg, V, temp)
+				sameBits(t, name+" bf16 head gradient, four logits a load against one", g.f32(g16, rows*V/2), g.f32(s16, rows*V/2))
 			}
 		}
 	}

@@ -606,10 +606,6 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attn_decode_bf16_ou
 // these are folded. With part, as decode_group's splits.
 #define FAST_KEYS 4
 
-struct alignas(8) u32x2 {
-  u32 x, y;
-};
-
 // fast_exp is e^x, the hardware's approximation on a GPU.
 __device__ __forceinline__ float fast_exp(float x) {
 #if defined(__CUDA_ARCH__)

@@ -209,6 +209,11 @@ struct alignas(16) u32x4 {
   u32 x, y, z, w;
 };
 
+// u32x2 is 8 bytes moved at once.
+struct alignas(8) u32x2 {
+  u32 x, y;
+};
+
 // copy16 moves 16 bytes from global to shared memory. With async (sm_80
 // and later) through cp.async: every copy a thread issues is in flight at
 // once until copies_done, instead of one global-memory latency per copy;
