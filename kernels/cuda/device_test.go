@@ -507,6 +507,71 @@ func TestDeviceRMSNormWarpRows(t *testing.T) {
 	}
 }
 
+// TestDeviceRMSNormBackChunks: the RMSNorm backward a warp a chunk
+// (rmsnorm_bwd_c32, rmsnorm_bwd_dx16_c32, NormBackKernel's choice for rows
+// of 257 to 1,024) is the block kernels' bits: dx written and accumulated
+// (and in place over dy), its bf16 rounding, and every chunk's
+// weight-gradient partials, with partial chunks and partial blocks.
+func TestDeviceRMSNormBackChunks(t *testing.T) {
+	g := newGPU(t)
+	r := rand.New(rand.NewPCG(12, 12))
+	ops, block := NewOps(g.d), NewOps(g.d)
+	ops.NormBlockRows, block.NormBlockRows = false, true
+	for _, n := range []int{257, 300, 1000, 1024} {
+		for _, rows := range []int{1, 8, 13, 70} {
+			x, w, dy, dx0 := randF32(r, rows*n, 1), randF32(r, n, 1), randF32(r, rows*n, 1), randF32(r, rows*n, 1)
+			inv := make([]float32, rows)
+			for i := range inv {
+				inv[i] = kernels.RMSNorm(make([]float32, n), x[i*n:(i+1)*n], w, 1e-6)
+			}
+			bx, bw, bdy, binv := bufOf(g, x), bufOf(g, w), bufOf(g, dy), bufOf(g, inv)
+			chunks := (rows + NormChunk - 1) / NormChunk
+			for _, acc := range []int{0, 1} {
+				for _, dx16 := range []bool{false, true} {
+					for _, inPlace := range []bool{false, true} {
+						if inPlace && acc == 1 {
+							continue
+						}
+						name := fmt.Sprintf("%d rows of %d, acc %d, dx16 %v, in place %v", rows, n, acc, dx16, inPlace)
+						run := func(o *Ops) ([]float32, []uint16, []float32) {
+							dx, part, d16 := bufOf(g, dx0), g.poisoned(chunks*n), g.poisoned((rows*n+1)/2)
+							dyb := bdy
+							if inPlace {
+								dx = bufOf(g, dy)
+								dyb = dx
+							}
+							kernel, grid, blk := o.NormBackKernel(n, chunks, dx16)
+							args := []any{dx, part, dyb, bx, bw, binv, rows, n, 1, int64(n), acc}
+							if dx16 {
+								args = append([]any{dx, d16}, args[1:]...)
+							}
+							g.launch2D("rows.cu", kernel, grid, int(blk.X), args...)
+							var h []uint16
+							if dx16 {
+								h = g.u16(d16, rows*n)
+							}
+							return g.f32(dx, rows*n), h, g.f32(part, chunks*n)
+						}
+						wdx, w16, wpart := run(ops)
+						bdx, b16, bpart := run(block)
+						sameBits(t, name+" dx", wdx, bdx)
+						sameBits(t, name+" partials", wpart, bpart)
+						if !slices.Equal(w16, b16) {
+							t.Errorf("%s: dx16 differs", name)
+						}
+					}
+				}
+			}
+		}
+	}
+	if k, _, _ := ops.NormBackKernel(1024, 1, true); k != "rmsnorm_bwd_dx16_c32" {
+		t.Errorf("rows of 1,024 take %s", k)
+	}
+	if k, _, _ := ops.NormBackKernel(1025, 1, false); k != "rmsnorm_bwd" {
+		t.Errorf("rows of 1,025 take %s", k)
+	}
+}
+
 // TestDeviceBatchInvariance: a row's results alone and inside a batch of
 // 70 are the same bits (the contract the exact rollout rests on).
 func TestDeviceBatchInvariance(t *testing.T) {

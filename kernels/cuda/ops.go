@@ -105,10 +105,10 @@ type Ops struct {
 	// (KEEL_DRAW_SPLIT=0 at NewOps), as before the split draw, even given
 	// scratch.
 	DrawNoSplit bool
-	// NormBlockRows runs RMSNorm and RMSNormBF16 a block a row
-	// (KEEL_ROW_KERNELS=block at NewOps), as before the warp-a-row
-	// kernels (rmsnorm_fwd_w*): the same bits, for timing one against the
-	// other.
+	// NormBlockRows runs RMSNorm and RMSNormBF16 a block a row, and the
+	// backward a block a chunk (NormBackKernel) (KEEL_ROW_KERNELS=block at
+	// NewOps), as before the warp kernels (rmsnorm_fwd_w*,
+	// rmsnorm_bwd_c32): the same bits, for timing one against the other.
 	NormBlockRows bool
 	// DrawSplitAlways takes the split draw at any row count given scratch
 	// (KEEL_DRAW_SPLIT=1 at NewOps; tests), not only below the device's
@@ -303,6 +303,24 @@ func (o *Ops) RMSNorm(y, inv, x, w Buffer, rows, n int, eps float32) error {
 		return o.Launch("rows.cu", fmt.Sprintf("rmsnorm_fwd_w%d", per), Dim3{X: (rows + 7) / 8}, block256, y, inv, x, w, n, 1, int64(n), eps, rows)
 	}
 	return o.Launch("rows.cu", "rmsnorm_fwd", Dim3{X: rows}, block256, y, inv, x, w, n, 1, int64(n), eps)
+}
+
+// NormBackKernel names rows.cu's RMSNorm backward over chunks chunks of
+// NormChunk rows of n elements (rows longer than the per-head norms'
+// rmsnorm_bwd_warp takes), with dx's bf16 rounding where dx16, and its
+// grid and block: rmsnorm_bwd[_dx16]_c32 (a warp a chunk, 4 a block) for
+// rows of at most 1,024, else (or with NormBlockRows) rmsnorm_bwd[_dx16]
+// (a block a chunk). The same arguments, bits and partial sums either
+// way.
+func (o *Ops) NormBackKernel(n, chunks int, dx16 bool) (string, Dim3, Dim3) {
+	name := "rmsnorm_bwd"
+	if dx16 {
+		name += "_dx16"
+	}
+	if o.NormBlockRows || n > 1024 {
+		return name, Dim3{X: chunks}, block256
+	}
+	return name + "_c32", Dim3{X: (chunks + 3) / 4}, Dim3{X: 128}
 }
 
 // normWarpPer is the elements a lane of rows.cu's warp-a-row RMSNorm

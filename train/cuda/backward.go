@@ -90,11 +90,12 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		if acc {
 			a = 1
 		}
-		kernel, ch := "rmsnorm_bwd", normChunks(rows, n)
+		ch := normChunks(rows, n)
+		kernel, grid, block := e.ops.NormBackKernel(n, ch, false)
 		if n <= normWarpMax {
-			kernel = "rmsnorm_bwd_warp"
+			kernel, grid, block = "rmsnorm_bwd_warp", kc.Dim3{X: ch}, block256
 		}
-		if err := e.launch("rows.cu", kernel, kc.Dim3{X: ch}, block256, dx, part, dy, x, w, inv, rows, n, per, int64(stride), a); err != nil {
+		if err := e.launch("rows.cu", kernel, grid, block, dx, part, dy, x, w, inv, rows, n, per, int64(stride), a); err != nil {
 			return err
 		}
 		return e.launch("rows.cu", "sum_chunks", kc.SumChunksGrid(n), block256, gw, part, ch, n, 1)
@@ -117,11 +118,12 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 		if acc {
 			a = 1
 		}
-		kernel, ch := "rmsnorm_bwd_dx16", normChunks(T, d.H)
+		ch := normChunks(T, d.H)
+		kernel, grid, block := e.ops.NormBackKernel(d.H, ch, true)
 		if d.H <= normWarpMax {
-			kernel = "rmsnorm_bwd_warp_dx16"
+			kernel, grid, block = "rmsnorm_bwd_warp_dx16", kc.Dim3{X: ch}, block256
 		}
-		if err := e.launch("rows.cu", kernel, kc.Dim3{X: ch}, block256, dx, dres16, part, dy, x, w, inv, T, d.H, 1, int64(d.H), a); err != nil {
+		if err := e.launch("rows.cu", kernel, grid, block, dx, dres16, part, dy, x, w, inv, T, d.H, 1, int64(d.H), a); err != nil {
 			return err
 		}
 		return e.launch("rows.cu", "sum_chunks", kc.SumChunksGrid(d.H), block256, gw, part, ch, d.H, 1)

@@ -193,6 +193,107 @@ extern "C" __global__ void rmsnorm_bwd_dx16(float* dx, bf16_t* __restrict__ dx16
   rmsnorm_bwd_rows(dx, dx16, dw_part, dy, x, w, inv, rows, n, per, stride, acc);
 }
 
+// rmsnorm_bwd_chunk is rmsnorm_bwd_rows for rows of n <= 32·PER by one
+// warp a chunk of NORM_CHUNK rows, bit for bit: lane l plays the block's
+// threads l, 32 + l, ..., 224 + l (rmsnorm_warp_row's virtual warps), so
+// each row's double sum is block_sum_f64's, every element's arithmetic
+// is the block's, and each column's weight-gradient partial adds the
+// chunk's rows in order, in shared memory (each lane its own columns;
+// written out once, where the block kernel reads and writes global memory
+// back every row). A row's dy and x are all loaded before its sum:
+// session 24's H200 profile had rmsnorm_bwd_dx16 at about 1.9 TB/s over
+// 16,384 rows of 1,024. (At PER = 64 ptxas spills.)
+#define NORM_CWARPS 4  // the warps (chunks) of a block of rmsnorm_bwd_chunk
+// NORM_CMIN is its blocks a multiprocessor for ptxas: 4 (119 registers at
+// sm_90) spills at sm_80, where 3 does not.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define NORM_CMIN 3
+#else
+#define NORM_CMIN 4
+#endif
+template <int PER>
+__device__ __forceinline__ void rmsnorm_bwd_chunk(float* dx, bf16_t* __restrict__ dx16, float* __restrict__ dw_part,
+                                                  const float* dy, const float* __restrict__ x,
+                                                  const float* __restrict__ w, const float* __restrict__ inv, int rows,
+                                                  int n, int per, i64 stride, int acc) {
+  constexpr int V = KEEL_THREADS / 32, I = PER / V;
+  static_assert(PER % V == 0, "PER: whole elements a virtual thread");
+  const int c = blockIdx.x * NORM_CWARPS + (threadIdx.x >> 5), l = threadIdx.x & 31;
+  const int r0 = c * NORM_CHUNK, r1 = min(rows, r0 + NORM_CHUNK);
+  if (r0 >= rows) return;
+  __shared__ float pws[NORM_CWARPS][32 * PER];  // each warp's partials: lane l's columns only
+  float* pw = pws[threadIdx.x >> 5];
+  for (int r = r0; r < r1; r++) {
+    const i64 o = row_offset(r, n, per, stride);
+    float g[V][I], xv[V][I];
+#pragma unroll
+    for (int v = 0; v < V; v++)
+#pragma unroll
+      for (int i = 0; i < I; i++) {
+        const int j = 32 * v + l + KEEL_THREADS * i;
+        const bool in = j < n;
+        g[v][i] = in ? dy[o + j] : 0.f;
+        xv[v][i] = in ? x[o + j] : 0.f;
+      }
+    double own = 0.0;  // block_sum_f64's s[l]: virtual warp l's sum
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+      double d = 0.0;
+#pragma unroll
+      for (int i = 0; i < I; i++)
+        if (32 * v + l + KEEL_THREADS * i < n) d += (double)g[v][i] * (double)w[32 * v + l + KEEL_THREADS * i] * (double)xv[v][i];
+      d = warp_sum_f64(d);
+      if (l == v) own = d;
+    }
+    const double d = warp_sum_f64(own);
+    const double iv = inv[r];
+    const float k = (float)(iv * iv * iv * d / (double)n);
+    const float ivf = inv[r];
+#pragma unroll
+    for (int v = 0; v < V; v++)
+#pragma unroll
+      for (int i = 0; i < I; i++) {
+        const int j = 32 * v + l + KEEL_THREADS * i;
+        if (j >= n) continue;
+        const float gj = g[v][i], xj = xv[v][i];
+        const float val = ivf * (gj * w[j]) - xj * k;
+        const float p = gj * (xj * ivf);
+        pw[j] = r == r0 ? p : pw[j] + p;
+        const float out = acc ? dx[o + j] + val : val;
+        dx[o + j] = out;
+        if (dx16) dx16[o + j] = f32_to_bf16(out);
+      }
+  }
+  float* part = dw_part + (i64)c * n;
+#pragma unroll
+  for (int v = 0; v < V; v++)
+#pragma unroll
+    for (int i = 0; i < I; i++) {
+      const int j = 32 * v + l + KEEL_THREADS * i;
+      if (j < n) part[j] = pw[j];
+    }
+}
+
+// rmsnorm_bwd_c32 and rmsnorm_bwd_dx16_c32 are rmsnorm_bwd and
+// rmsnorm_bwd_dx16 (the same arguments, the same chunks of partial sums)
+// a warp a chunk (rmsnorm_bwd_chunk: the same bits), for rows of at most
+// 1,024: grid = ceil(ceil(rows/NORM_CHUNK)/4), block = 128
+// (kernels/cuda.Ops.NormBackKernel; KEEL_ROW_KERNELS=block keeps the
+// block kernels). The names written out for the emulator.
+extern "C" __global__ void __launch_bounds__(32 * NORM_CWARPS, NORM_CMIN) rmsnorm_bwd_c32(float* dx, float* __restrict__ dw_part, const float* dy,
+                                                                        const float* __restrict__ x, const float* __restrict__ w,
+                                                                        const float* __restrict__ inv, int rows, int n, int per,
+                                                                        i64 stride, int acc) {
+  rmsnorm_bwd_chunk<32>(dx, nullptr, dw_part, dy, x, w, inv, rows, n, per, stride, acc);
+}
+extern "C" __global__ void __launch_bounds__(32 * NORM_CWARPS, NORM_CMIN) rmsnorm_bwd_dx16_c32(float* dx, bf16_t* __restrict__ dx16,
+                                                                             float* __restrict__ dw_part, const float* dy,
+                                                                             const float* __restrict__ x, const float* __restrict__ w,
+                                                                             const float* __restrict__ inv, int rows, int n,
+                                                                             int per, i64 stride, int acc) {
+  rmsnorm_bwd_chunk<32>(dx, dx16, dw_part, dy, x, w, inv, rows, n, per, stride, acc);
+}
+
 // rmsnorm_bwd_warp is rmsnorm_bwd for rows of at most NORM_WMAX elements
 // (q_norm's and k_norm's head rows): a warp per row, each warp 32
 // consecutive rows in order and a block 8 warps, so a row's sum is a
