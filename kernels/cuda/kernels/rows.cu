@@ -648,6 +648,50 @@ extern "C" __global__ void swiglu_bwd_bf16_gu16(bf16_t* __restrict__ dgu, const 
   swiglu_bwd_rows(dgu, da, gu, rows, n);
 }
 
+// norm_rope_pairs is norm_rope_token's loop for head size 32·E (64 or
+// 128) two heads at a time, every element of both loaded (once) before
+// the first sum: the same arithmetic, where a warp's heads went one after
+// another, each read twice (session 24's H200 profile:
+// norm_rope_fwd_bf16_raw16 at about 1.3 TB/s). cs and sn are the
+// token's cosines and sines.
+template <int E, typename O, typename R>
+__device__ __forceinline__ void norm_rope_pairs(O* __restrict__ out, float* __restrict__ inv,
+                                                const R* __restrict__ raw, const float* __restrict__ w,
+                                                const float* __restrict__ cs, const float* __restrict__ sn, int heads,
+                                                i64 raw_stride, float eps, i64 t) {
+  constexpr int hd = 32 * E, half = hd / 2;
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  for (int h0 = threadIdx.x >> 5; h0 < heads; h0 += 2 * warps) {
+    float xv[2][E];
+#pragma unroll
+    for (int p = 0; p < 2; p++) {
+      const int h = h0 + p * warps;
+      const R* x = raw + t * raw_stride + (i64)h * hd;
+#pragma unroll
+      for (int k = 0; k < E; k++) xv[p][k] = h < heads ? widen(x[lane + 32 * k]) : 0.f;
+    }
+#pragma unroll
+    for (int p = 0; p < 2; p++) {
+      const int h = h0 + p * warps;
+      if (h >= heads) break;  // uniform over the warp
+      float ss = 0.f;
+#pragma unroll
+      for (int k = 0; k < E; k++) ss = fmaf(xv[p][k], xv[p][k], ss);
+      ss = warp_sum(ss);
+      const float iv = (float)(1.0 / sqrt((double)(ss / (float)hd + eps)));
+      if (lane == 0 && inv) inv[t * heads + h] = iv;
+      O* y = out + (t * heads + h) * (i64)hd;
+#pragma unroll
+      for (int k = 0; k < E / 2; k++) {
+        const int i = lane + 32 * k;
+        const float a = xv[p][k] * iv * w[i], b = xv[p][k + E / 2] * iv * w[i + half];
+        put(y + i, a * cs[i] - b * sn[i]);
+        put(y + i + half, b * cs[i] + a * sn[i]);
+      }
+    }
+  }
+}
+
 // norm_rope_token: for token t and head h, out = RoPE(RMSNorm(raw head
 // row)) (Qwen3's q_norm/k_norm then rotate-half RoPE at position pos[t]),
 // float32 or rounded to bf16 (put), saving each head row's inverse RMS in
@@ -664,6 +708,8 @@ __device__ __forceinline__ void norm_rope_token(O* __restrict__ out, float* __re
   const int half = hd / 2, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   const float* cs = cosv + (i64)pos[t] * half;
   const float* sn = sinv + (i64)pos[t] * half;
+  if (hd == 128) return norm_rope_pairs<4>(out, inv, raw, w, cs, sn, heads, raw_stride, eps, t);
+  if (hd == 64) return norm_rope_pairs<2>(out, inv, raw, w, cs, sn, heads, raw_stride, eps, t);
   for (int h = threadIdx.x >> 5; h < heads; h += warps) {
     const R* x = raw + t * raw_stride + (i64)h * hd;
     O* y = out + (t * heads + h) * (i64)hd;
