@@ -258,6 +258,7 @@ func BenchmarkDeviceDraw(b *testing.B) {
 				})
 			}
 		}
+		ops.DrawSplitAlways = false
 	}
 }
 

@@ -456,7 +456,7 @@ func TestDeviceRMSNormWarpRows(t *testing.T) {
 	ops, block := NewOps(g.d), NewOps(g.d)
 	ops.NormBlockRows, block.NormBlockRows = false, true
 	const eps = 1e-6
-	for _, n := range []int{1, 31, 64, 128, 255, 256, 257, 1000, 1024, 1025, 2047, 2048, 2049} {
+	for _, n := range []int{1, 31, 64, 128, 255, 256, 257, 1000, 1024, 1025, 2047, 2048} {
 		for _, rows := range []int{1, 8, 13} {
 			x, w := randF32(r, rows*n, 2), randF32(r, n, 1)
 			bx, bw := bufOf(g, x), bufOf(g, w)
@@ -563,6 +563,29 @@ func TestDeviceRMSNormBackChunks(t *testing.T) {
 				}
 			}
 		}
+	}
+	// Rows inside wider token rows (per, stride): 14 rows of 300, two a
+	// token 640 apart.
+	{
+		const rows, n, per, stride = 14, 300, 2, 640
+		tokens := rows / per
+		x, w, dy := randF32(r, tokens*stride, 1), randF32(r, n, 1), randF32(r, tokens*stride, 1)
+		inv := make([]float32, rows)
+		for i := range inv {
+			inv[i] = 0.5 + r.Float32()
+		}
+		bx, bw, binv := bufOf(g, x), bufOf(g, w), bufOf(g, inv)
+		chunks := (rows + NormChunk - 1) / NormChunk
+		run := func(o *Ops) ([]float32, []float32) {
+			dx, part := bufOf(g, dy), g.poisoned(chunks*n) // in place over dy
+			kernel, grid, blk := o.NormBackKernel(n, chunks, false)
+			g.launch2D("rows.cu", kernel, grid, int(blk.X), dx, part, dx, bx, bw, binv, rows, n, per, int64(stride), 0)
+			return g.f32(dx, tokens*stride), g.f32(part, chunks*n)
+		}
+		wdx, wpart := run(ops)
+		bdx, bpart := run(block)
+		sameBits(t, "per-head rows dx", wdx, bdx)
+		sameBits(t, "per-head rows partials", wpart, bpart)
 	}
 	if k, _, _ := ops.NormBackKernel(1024, 1, true); k != "rmsnorm_bwd_dx16_c32" {
 		t.Errorf("rows of 1,024 take %s", k)

@@ -205,10 +205,14 @@ func TestDeviceFusedBF16(t *testing.T) {
 	// The fused q/k step: q as NormRope gives it, the caches as NormRope
 	// then KVStoreBF16 fill them; the padding row writes no cache. The
 	// fused step reads q, k and v as column spans of one matrix (their one
-	// product's output), the unfused ones as matrices of their own.
-	{
-		const rows, qd, kvd = 4, heads * hd, kv * hd
-		const ld = qd + 2*kvd
+	// product's output), the unfused ones as matrices of their own. At
+	// head sizes 64 and 128 NormRope takes a warp's heads two at a time
+	// (rows.cu's norm_rope_pairs) where the fused step keeps one at a time:
+	// the same bits.
+	for _, c := range []struct{ heads, hd int }{{heads, hd}, {20, 64}, {12, 128}} {
+		heads, hd := c.heads, c.hd // 20 and 12 heads: both of a warp's pairs, and the second missing
+		rows, qd, kvd := 4, heads*hd, kv*hd
+		ld := qd + 2*kvd
 		qh, kh, vh := randF32(r, rows*qd, 1), randF32(r, rows*kvd, 1), randF32(r, rows*kvd, 1)
 		qkvh := make([]float32, 0, rows*ld)
 		for t := range rows {
@@ -241,7 +245,7 @@ func TestDeviceFusedBF16(t *testing.T) {
 			}
 		}
 		if written != 3*kv*hd { // three rows with a slot, the fourth padding
-			t.Errorf("NormRopeKVBF16 wrote %d key elements, want %d", written, 3*kv*hd)
+			t.Errorf("head size %d: NormRopeKVBF16 wrote %d key elements, want %d", hd, written, 3*kv*hd)
 		}
 	}
 

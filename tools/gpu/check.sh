@@ -20,8 +20,9 @@
 #          from stored dS, KEEL_FLASH_DQ=stored; on the MoE shape its experts
 #          grouped on the host, KEEL_MOE_GROUP=host; on the first shape its
 #          buffers allocated every step, KEEL_CUDA_POOL=0, the LM head's
-#          logits recomputed in the backward, KEEL_HEAD_KEEP=0, and cuBLASLt's
-#          candidates timed per plan, KEEL_BLAS_TUNE=1) and PyTorch, keel
+#          logits recomputed in the backward, KEEL_HEAD_KEEP=0, cuBLASLt's
+#          candidates timed per plan, KEEL_BLAS_TUNE=1, and RMSNorm a block
+#          a row, KEEL_ROW_KERNELS=block) and PyTorch, keel
 #          again with KEEL_CUDA_PROFILE=1 (the time of every kernel and
 #          product, and of the driver's allocation calls);
 #          then a profiled bf16 decode at 256 sequences, Qwen3-0.6B and MoE shapes
@@ -41,10 +42,11 @@
 #          attention a warp per query head (KEEL_DECODE_ATTN=head) and
 #          unsplit (KEEL_DECODE_SPLIT=0, 64 sequences of 1,056 tokens) against
 #          the defaults, and the grouped decoding attention (KEEL_DECODE_ATTN=grouped,
-#          the default before the fast one), and at 64 and 256 sequences
-#          of 32 + 1,024 tokens (the RL step's) the fast attention against
-#          the deep one (KEEL_DECODE_ATTN=deep) and the split to 8192 warps,
-#          and transformers' generate beside them (about 4 minutes)
+#          the default before the fast one), the deep decoding attention
+#          (KEEL_DECODE_ATTN=deep: eight keys' rows in flight a warp), and at
+#          64 and 256 sequences of 32 + 1,024 tokens (the RL step's) the
+#          fast attention against the deep one and the split to 8192 warps,
+#          and transformers' generate beside them (about 6 minutes)
 #   fp8    the fp8 rollout's decode at 256 sequences with its products
 #          emulated on the bf16 GEMM and on cuBLASLt's float8 product
 #          (KEEL_FP8_GEMM=1), and TestDeviceFP8 under the latter
@@ -70,7 +72,8 @@
 #   rl     one RL step with both engines on the GPU, Qwen3-0.6B shape,
 #          32 prompts x 8 samples of up to 1024 tokens (bf16 training,
 #          bf16 rollout): where the step's time goes (issue 25's table);
-#          then with KEEL_BLAS_TUNE=1, then with KEEL_DECODE_ATTN=grouped
+#          then with KEEL_BLAS_TUNE=1, KEEL_DECODE_ATTN=grouped and
+#          KEEL_DECODE_ATTN=deep
 # Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [gemm] [flash] [decode] [fp8] [nsys] [ncu] [sanitize] [fit] [learn] [rl]
 #        (none: tests e2e hf speed)
 set -uo pipefail
@@ -412,6 +415,13 @@ if [[ " $sections " == *" profile "* ]]; then
       KEEL_FLASH_FWD=$fwd KEEL_FLASH_BWD=$bwd KEEL_FLASH_DKV=$dkv KEEL_FLASH_DQ=$dq KEEL_MOE_GROUP=$grp KEEL_CUDA_POOL=$pool KEEL_HEAD_KEEP=$keep KEEL_BLAS_TUNE=$tune timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-$vt.json" 2> "$out/bench-keel-$tag-$vt.err"
       echo "  keel $1 bf16, layers $2, $3 x $4 ${rc:-}, flash forward $fwd, backward $bwd stage(s), KEEL_MOE_GROUP=$grp, KEEL_CUDA_POOL=$pool, KEEL_HEAD_KEEP=$keep, KEEL_BLAS_TUNE=$tune: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-$vt.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-$vt.err")"
     done
+    # On the first shape also RMSNorm's forward and backward a block a row
+    # or chunk (KEEL_ROW_KERNELS=block, before the warp kernels; the same
+    # bits) against the warp kernels.
+    if [ $tag = qwen3-0.6b-8x2048 ]; then
+      KEEL_ROW_KERNELS=block timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-rowblock.json" 2> "$out/bench-keel-$tag-rowblock.err"
+      echo "  keel $1 bf16, layers $2, $3 x $4, the defaults but KEEL_ROW_KERNELS=block: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-rowblock.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-rowblock.err")"
+    fi
     timeout 150 python3 tools/gpu/torch_train.py --preset $1 --layers $2 --seqs $3 --len $4 --mode bf16 --micro $6 $ck \
       > "$out/bench-torch-$tag.json" 2> "$out/bench-torch-$tag.err"
     echo "  torch $1 bf16, micro-batches of $6 ${ck:-}: exit $? $(tail -1 "$out/bench-torch-$tag.json" 2>/dev/null || tail -1 "$out/bench-torch-$tag.err")"

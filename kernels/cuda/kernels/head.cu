@@ -267,8 +267,8 @@ extern "C" __global__ void head_grad_bf16_saved(bf16_t* __restrict__ dz16, const
   }
   const float l = lse[r], ent = ch != 0.f ? H[r] : 0.f;
   const int tgt = cl != 0.f ? targets[r] : -1;
-  auto grad = [&](float z, int j) {
-    const float v = temp != 1.f ? z / temp : z;
+  auto grad = [&](float zj, int j) {
+    const float v = temp != 1.f ? zj / temp : zj;
     return f32_to_bf16(logit_grad(v - l, cl, ch, ent, j == tgt, temp));
   };
   if (V % 4 == 0 && ((unsigned long long)z & 15) == 0 && ((unsigned long long)dz16 & 7) == 0) {
