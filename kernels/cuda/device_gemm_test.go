@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -1583,6 +1584,31 @@ func TestDeviceBF16Output(t *testing.T) {
 			if x[i] != y[i] {
 				t.Fatalf("%s from bf16 gu, element %d: %#04x, from its widened values %#04x", c.what, i, x[i], y[i])
 			}
+		}
+	}
+	// The same over rows whose bf16 gu the kernels take two elements at a
+	// time (n not a multiple of 8, or gu 4 bytes off 16-byte alignment)
+	// and eight (n = 40, aligned).
+	for _, c := range []struct{ n, off int }{{22, 0}, {40, 2}, {40, 0}} {
+		const rows = 5
+		h := make([]uint16, c.off+rows*2*c.n)
+		wide := make([]float32, rows*2*c.n)
+		for i := range wide {
+			b := kernels.BF16FromFloat32(4 * (r.Float32() - 0.5))
+			h[c.off+i], wide[i] = uint16(b), b.Float32()
+		}
+		gu16 := BF16Rows(bufOf(g, h), c.off, rows*2*c.n)
+		guw, da := bufOf(g, wide), bufOf(g, randF32(r, rows*c.n, 1))
+		a16, a16w := bufOf(g, make([]uint16, rows*c.n)), bufOf(g, make([]uint16, rows*c.n))
+		d16, d16w := bufOf(g, make([]uint16, rows*2*c.n)), bufOf(g, make([]uint16, rows*2*c.n))
+		for _, err := range []error{ops.SwiGLUBF16From16(a16, gu16, rows, c.n), ops.SwiGLUBF16(a16w, guw, rows, c.n),
+			ops.SwiGLUBackBF16From16(d16, da, gu16, rows, c.n), ops.SwiGLUBackBF16(d16w, da, guw, rows, c.n)} {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !slices.Equal(g.u16(a16, rows*c.n), g.u16(a16w, rows*c.n)) || !slices.Equal(g.u16(d16, rows*2*c.n), g.u16(d16w, rows*2*c.n)) {
+			t.Fatalf("n %d, gu %d elements off: SwiGLU from bf16 gu differs from its widened values'", c.n, c.off)
 		}
 	}
 }
