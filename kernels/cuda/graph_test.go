@@ -209,8 +209,8 @@ func TestDeviceFusedBF16(t *testing.T) {
 	// head sizes 64 and 128 NormRope takes a warp's heads two at a time
 	// (rows.cu's norm_rope_pairs) where the fused step keeps one at a time:
 	// the same bits.
-	for _, c := range []struct{ heads, hd int }{{heads, hd}, {20, 64}, {12, 128}} {
-		heads, hd := c.heads, c.hd // 20 and 12 heads: both of a warp's pairs, and the second missing
+	for _, c := range []struct{ heads, hd int }{{heads, hd}, {30, 64}, {12, 128}} {
+		heads, hd := c.heads, c.hd // 30 and 12 heads: NormRope's pairs whole and half, the fused step's four heads a warp whole and part
 		rows, qd, kvd := 4, heads*hd, kv*hd
 		ld := qd + 2*kvd
 		qh, kh, vh := randF32(r, rows*qd, 1), randF32(r, rows*kvd, 1), randF32(r, rows*kvd, 1)

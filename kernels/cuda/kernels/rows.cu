@@ -868,6 +868,62 @@ extern "C" __global__ void norm_rope_fwd_bf16_raw16(bf16_t* __restrict__ out, fl
   norm_rope_padded(out, inv, raw, w, cosv, sinv, pos, heads, hd, raw_stride, eps, T);
 }
 
+// norm_rope_kv_heads is norm_rope_kv_bf16's q and k heads at head size
+// 32·E (64 or 128), a warp's heads four at a time with every element of
+// the four loaded before the first sum (a decoding step's 24 heads of the
+// Qwen3-0.6B shape are three a warp, each a round trip to memory after
+// the last): the same arithmetic as its loop. cs and sn are the token's
+// cosines and sines, cache the cache row's offset (negative: padding,
+// no keys written).
+template <int E>
+__device__ __forceinline__ void norm_rope_kv_heads(float* __restrict__ q, bf16_t* __restrict__ kc,
+                                                   const float* __restrict__ qraw, const float* __restrict__ kraw,
+                                                   const float* __restrict__ qw, const float* __restrict__ kw,
+                                                   const float* __restrict__ cs, const float* __restrict__ sn, i64 ld,
+                                                   int heads, int kv, float eps, i64 t, i64 cache) {
+  constexpr int hd = 32 * E, half = hd / 2, P = 4;
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  for (int h0 = threadIdx.x >> 5; h0 < heads + kv; h0 += P * warps) {
+    float xv[P][E];
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+      const int h = h0 + p * warps;
+      const bool isq = h < heads, live = h < heads + kv && (isq || cache >= 0);
+      const float* x = (isq ? qraw + (i64)h * hd : kraw + (i64)(h - heads) * hd) + t * ld;
+#pragma unroll
+      for (int k = 0; k < E; k++) xv[p][k] = live ? x[lane + 32 * k] : 0.f;
+    }
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+      const int h = h0 + p * warps;
+      if (h >= heads + kv) break;  // uniform over the warp
+      const bool isq = h < heads;
+      if (!isq && cache < 0) continue;
+      const float* w = isq ? qw : kw;
+      float ss = 0.f;
+#pragma unroll
+      for (int k = 0; k < E; k++) ss = fmaf(xv[p][k], xv[p][k], ss);
+      ss = warp_sum(ss);
+      const float iv = (float)(1.0 / sqrt((double)(ss / (float)hd + eps)));
+#pragma unroll
+      for (int k = 0; k < E / 2; k++) {
+        const int i = lane + 32 * k;
+        const float a = xv[p][k] * iv * w[i], b = xv[p][k + E / 2] * iv * w[i + half];
+        const float y0 = a * cs[i] - b * sn[i], y1 = b * cs[i] + a * sn[i];
+        if (isq) {
+          float* y = q + (t * heads + h) * (i64)hd;
+          y[i] = y0;
+          y[i + half] = y1;
+        } else {
+          bf16_t* y = kc + cache + (i64)(h - heads) * hd;
+          y[i] = f32_to_bf16(y0);
+          y[i + half] = f32_to_bf16(y1);
+        }
+      }
+    }
+  }
+}
+
 // norm_rope_kv_bf16 is the bf16 rollout's fused q/k step: for step row t,
 // its q heads as norm_rope_fwd makes them (into q, float32), its k heads
 // likewise but rounded to bf16 straight into the cache at (slot[t],
@@ -889,6 +945,15 @@ extern "C" __global__ void norm_rope_kv_bf16(float* __restrict__ q, bf16_t* __re
   const float* cs = cosv + (i64)pos[t] * half;
   const float* sn = sinv + (i64)pos[t] * half;
   const i64 kvd = (i64)kv * hd, cache = slot[t] < 0 ? -1 : ((i64)slot[t] * max_len + pos[t]) * kvd;
+  if (hd == 128 || hd == 64) {
+    if (hd == 128)
+      norm_rope_kv_heads<4>(q, kc, qraw, kraw, qw, kw, cs, sn, ld, heads, kv, eps, t, cache);
+    else
+      norm_rope_kv_heads<2>(q, kc, qraw, kraw, qw, kw, cs, sn, ld, heads, kv, eps, t, cache);
+    if (cache >= 0)
+      for (int j = threadIdx.x; j < kvd; j += blockDim.x) vc[cache + j] = f32_to_bf16(v[t * ld + j]);
+    return;
+  }
   for (int h = threadIdx.x >> 5; h < heads + kv; h += warps) {
     const bool isq = h < heads;
     if (!isq && cache < 0) continue;
