@@ -350,6 +350,27 @@ __device__ void draw_scan(F lpv, int V, double ur, const double* sums, int* tok,
   *lp = lpv(pick);
 }
 
+// span_sum is the sum of exp(lpv(j)) over tokens j0..hi-1 (at most
+// DRAW_BLOCK) by a warp: each lane's tokens j0 + lane + 32k in order, in
+// float64, then warp_sum_f64. Every lane's values are read before the
+// first is added (16 loads in flight a lane where the loop it replaced
+// kept a few): the same sums.
+template <class F>
+__device__ __forceinline__ double span_sum(F lpv, int j0, int hi, int lane) {
+  constexpr int K = DRAW_BLOCK / 32;
+  float v[K];
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    const int j = j0 + lane + 32 * k;
+    v[k] = j < hi ? lpv(j) : 0.f;
+  }
+  double s = 0.0;
+#pragma unroll
+  for (int k = 0; k < K; k++)
+    if (j0 + lane + 32 * k < hi) s += (double)expf(v[k]);
+  return warp_sum_f64(s);
+}
+
 // draw_row draws one row's token by draw_rows's rule from its
 // log-probabilities lpv(j), writing the token to *tok and its log-prob to
 // *lp (thread 0); greedy takes the most probable.
@@ -400,9 +421,7 @@ __device__ void draw_row(F lpv, int V, double ur, bool greedy, int* tok, float* 
   const int nb = (V + DRAW_BLOCK - 1) / DRAW_BLOCK;
   for (int b = w; b < nb; b += warps) {
     const int hi = min((b + 1) * DRAW_BLOCK, V);
-    double s = 0.0;
-    for (int j = b * DRAW_BLOCK + l; j < hi; j += 32) s += (double)expf(lpv(j));
-    s = warp_sum_f64(s);
+    const double s = span_sum(lpv, b * DRAW_BLOCK, hi, l);
     if (l == 0) sums[b] = s;
   }
   __syncthreads();
@@ -898,9 +917,7 @@ extern "C" __global__ void draw_chunk_sums(double* __restrict__ sums, float* __r
   const int nb = (V + DRAW_BLOCK - 1) / DRAW_BLOCK;
   for (int b = j0 / DRAW_BLOCK + w; b * DRAW_BLOCK < j1; b += warps) {
     const int hi = min((b + 1) * DRAW_BLOCK, V);
-    double sb = 0.0;
-    for (int j = b * DRAW_BLOCK + lane; j < hi; j += 32) sb += (double)expf(lpv(j));
-    sb = warp_sum_f64(sb);
+    const double sb = span_sum(lpv, b * DRAW_BLOCK, hi, lane);
     if (lane == 0) sums[r * nb + b] = sb;
   }
 }
