@@ -1588,8 +1588,9 @@ func TestDeviceBF16Output(t *testing.T) {
 	}
 	// The same over rows whose bf16 gu the kernels take two elements at a
 	// time (n not a multiple of 8, or gu 4 bytes off 16-byte alignment)
-	// and eight (n = 40, aligned).
-	for _, c := range []struct{ n, off int }{{22, 0}, {40, 2}, {40, 0}} {
+	// and eight (n = 40, aligned; n = 2056, two chunks of a block's
+	// threads a row).
+	for _, c := range []struct{ n, off int }{{22, 0}, {40, 2}, {40, 0}, {2056, 0}} {
 		const rows = 5
 		h := make([]uint16, c.off+rows*2*c.n)
 		wide := make([]float32, rows*2*c.n)

@@ -207,10 +207,11 @@ func TestDeviceFusedBF16(t *testing.T) {
 	// fused step reads q, k and v as column spans of one matrix (their one
 	// product's output), the unfused ones as matrices of their own. At
 	// head sizes 64 and 128 NormRope takes a warp's heads two at a time
-	// (rows.cu's norm_rope_pairs) where the fused step keeps one at a time:
-	// the same bits.
-	for _, c := range []struct{ heads, hd int }{{heads, hd}, {30, 64}, {12, 128}} {
-		heads, hd := c.heads, c.hd // 30 and 12 heads: NormRope's pairs whole and half, the fused step's four heads a warp whole and part
+	// (rows.cu's norm_rope_pairs) and the fused step four
+	// (norm_rope_kv_heads), two implementations of one loop: the same
+	// bits.
+	for _, c := range []struct{ heads, hd int }{{heads, hd}, {30, 64}, {12, 128}, {40, 128}} {
+		heads, hd := c.heads, c.hd // with kv: 32, 14 and 42 heads a token: a warp's four whole, part, and a second group
 		rows, qd, kvd := 4, heads*hd, kv*hd
 		ld := qd + 2*kvd
 		qh, kh, vh := randF32(r, rows*qd, 1), randF32(r, rows*kvd, 1), randF32(r, rows*kvd, 1)

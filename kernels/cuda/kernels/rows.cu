@@ -542,7 +542,8 @@ __device__ __forceinline__ void put2(float* p, float a, float b) { *(f32x2*)p = 
 __device__ __forceinline__ void put2(bf16_t* p, float a, float b) { *(u32*)p = pack_bf16(a, b); }
 
 // RowChunks walks a grid-stride loop over chunks of blockDim.x column
-// pairs of each row (cpr a row), row by row: the row and chunk of each
+// units (pairs, or the octets of swiglu_octets) of each row (cpr a row),
+// row by row: the row and chunk of each
 // step follow from the last by adds, where the flat index's division by
 // the row length cost dozens of instructions an element.
 struct RowChunks {
