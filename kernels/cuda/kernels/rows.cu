@@ -312,17 +312,19 @@ extern "C" __global__ void __launch_bounds__(32 * NORM_CWARPS, NORM_CMIN) rmsnor
 // wrote it: widened), the weight w and the row's inverse RMS, it writes
 // dx (float32, or rounded to bf16; plus addend's element where addend is
 // given, which may be dx), and where dx16 is given its bf16 rounding too,
-// and adds the lane's g·x·inv into pw. n <= NORM_WMAX.
-template <typename O, typename X>
-__device__ __forceinline__ void norm_row_back(O* dx, const float* addend, const float (&g)[NORM_WMAX / 32],
-                                              const X* __restrict__ x, const float* __restrict__ w, float invr,
-                                              int n, float (&pw)[NORM_WMAX / 32], bf16_t* dx16 = nullptr) {
+// and adds the lane's g·x·inv into pw. n <= NORM_WMAX. norm_row_back_at
+// takes the lane's elements of x through xat(i) (element lane + 32i,
+// widened), norm_row_back from the row itself.
+template <typename O, class XF>
+__device__ __forceinline__ void norm_row_back_at(O* dx, const float* addend, const float (&g)[NORM_WMAX / 32], XF xat,
+                                                 const float* __restrict__ w, float invr, int n,
+                                                 float (&pw)[NORM_WMAX / 32], bf16_t* dx16) {
   const int lane = threadIdx.x & 31;
   double d = 0.0;
 #pragma unroll
   for (int i = 0; i < NORM_WMAX / 32; i++) {
     const int j = lane + 32 * i;
-    if (j < n) d += (double)g[i] * (double)w[j] * (double)widen(x[j]);
+    if (j < n) d += (double)g[i] * (double)w[j] * (double)xat(i);
   }
   d = warp_sum_f64(d);
   const double iv = invr;
@@ -332,7 +334,7 @@ __device__ __forceinline__ void norm_row_back(O* dx, const float* addend, const 
   for (int i = 0; i < NORM_WMAX / 32; i++) {
     const int j = lane + 32 * i;
     if (j < n) {
-      const float xv = widen(x[j]);
+      const float xv = xat(i);
       const float v = ivf * (g[i] * w[j]) - xv * k;
       pw[i] += g[i] * (xv * ivf);
       const float out = addend ? addend[j] + v : v;
@@ -340,6 +342,13 @@ __device__ __forceinline__ void norm_row_back(O* dx, const float* addend, const 
       if (dx16) dx16[j] = f32_to_bf16(out);
     }
   }
+}
+template <typename O, typename X>
+__device__ __forceinline__ void norm_row_back(O* dx, const float* addend, const float (&g)[NORM_WMAX / 32],
+                                              const X* __restrict__ x, const float* __restrict__ w, float invr,
+                                              int n, float (&pw)[NORM_WMAX / 32], bf16_t* dx16 = nullptr) {
+  const int lane = threadIdx.x & 31;
+  norm_row_back_at(dx, addend, g, [&](int i) { return widen(x[lane + 32 * i]); }, w, invr, n, pw, dx16);
 }
 
 // norm_warp_partials writes the block's partial sums of the weight
@@ -419,15 +428,19 @@ __device__ void norm_rope_bwd_rows(bf16_t* __restrict__ dx16, float* __restrict_
 #pragma unroll
   for (int i = 0; i < NORM_WMAX / 32; i++) pw[i] = 0.f;
   const int r0 = c * NORM_WCHUNK + wp * 32, r1 = min(rows, r0 + 32);
-  // The next row's dy and position, loaded while this row is taken back
+  // The next row's dy, x and position, loaded while this row is taken back
   // (session 24's H200 profile: norm_rope_bwd_bf16_x16 at about 1.5 TB/s,
   // each row's loads waiting on the last's sums).
-  float dn[NORM_WMAX / 32];
+  float dn[NORM_WMAX / 32], xn[NORM_WMAX / 32];
   int pn = 0;
   auto fetch = [&](int r) {
-    const i64 o = row_offset(r, n, per, stride);
+    const i64 o = row_offset(r, n, per, stride), ox = row_offset(r, n, per, ldx);
 #pragma unroll
-    for (int i = 0; i < NORM_WMAX / 32; i++) dn[i] = lane + 32 * i < n ? dy[o + lane + 32 * i] : 0.f;
+    for (int i = 0; i < NORM_WMAX / 32; i++) {
+      const bool in = lane + 32 * i < n;
+      dn[i] = in ? dy[o + lane + 32 * i] : 0.f;
+      xn[i] = in ? widen(x[ox + lane + 32 * i]) : 0.f;
+    }
     pn = pos[r / per];
   };
   if (r0 < r1) fetch(r0);
@@ -435,6 +448,9 @@ __device__ void norm_rope_bwd_rows(bf16_t* __restrict__ dx16, float* __restrict_
     const i64 ox = row_offset(r, n, per, ldx);
     const float* cs = cosv + (i64)pn * half;
     const float* sn = sinv + (i64)pn * half;
+    float xc[NORM_WMAX / 32];
+#pragma unroll
+    for (int i = 0; i < NORM_WMAX / 32; i++) xc[i] = xn[i];
     __syncwarp();  // the last row's reads of row[wp] are done
 #pragma unroll
     for (int i = 0; i < NORM_WMAX / 32; i++)
@@ -458,7 +474,7 @@ __device__ void norm_rope_bwd_rows(bf16_t* __restrict__ dx16, float* __restrict_
         }
       }
     }
-    norm_row_back(dx16 + ox, nullptr, g, x + ox, w, inv[r], n, pw);
+    norm_row_back_at(dx16 + ox, nullptr, g, [&](int i) { return xc[i]; }, w, inv[r], n, pw, nullptr);
   }
   norm_warp_partials(dw_part, pw, n, c);
 }
