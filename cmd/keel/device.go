@@ -20,13 +20,14 @@ func init() {
 	})
 }
 
-const deviceUsage = `usage: keel device [--arch N]
+const deviceUsage = `usage: keel device [--arch N] [--sources a.cu,b.cu]
 
 Shows the CUDA libraries keel loads at run time (the driver, NVRTC and
 cuBLASLt: where each was found, or where it was looked for), the GPUs the
-driver sees, and compiles keel's kernels for the first GPU (or, without
-one, for compute capability --arch) into the kernel cache, so that the
-first run on a new GPU starts at once. Exits with an error when something
+driver sees, and compiles keel's kernels for the first GPU into the kernel
+cache, so that the first run on a new GPU starts at once (without a GPU,
+for compute capability --arch: a check that they compile, since a GPU's
+images are kept under its driver's version too). Exits with an error when something
 a run on the GPU needs is missing.
 
 keel looks for the libraries in KEEL_CUDA_LIBS (folders, separated by
@@ -43,6 +44,7 @@ func runDevice(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("device", flag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), deviceUsage); fs.PrintDefaults() }
 	arch := fs.Int("arch", 90, "compute capability times ten to compile for when there is no GPU (90: Hopper)")
+	sources := fs.String("sources", "", "compile only these kernel sources (comma-separated, e.g. flash.cu,rows.cu): NVRTC compiles one source at a time in a process, so several keel device processes fill the cache faster")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -89,10 +91,15 @@ func runDevice(args []string, stdout io.Writer) error {
 		missing = append(missing, "NVRTC")
 	} else {
 		line("NVRTC", fmt.Sprintf("%s  %s", n.Version(), n.Path))
-		if len(gpus) > 0 {
-			*arch = gpus[0].Arch
+		var names []string
+		if *sources != "" {
+			names = strings.Split(*sources, ",")
 		}
-		if err := compileKernels(stdout, n, *arch); err != nil {
+		var gpu *cuda.Device
+		if len(gpus) > 0 {
+			gpu = gpus[0]
+		}
+		if err := compileKernels(stdout, n, *arch, gpu, names); err != nil {
 			return err
 		}
 	}
@@ -102,9 +109,23 @@ func runDevice(args []string, stdout io.Writer) error {
 	return nil
 }
 
-// compileKernels builds every embedded kernel source for arch through the
-// kernel cache and says how long it took and how many were cached.
-func compileKernels(stdout io.Writer, n *cuda.NVRTC, arch int) error {
+// compileKernels builds the embedded kernel sources names (every one when
+// names is empty) through the kernel cache, for gpu (under the key its
+// runs look up, which holds its driver's version) or, without one, for
+// arch (a check that they compile: a GPU's runs key their images by its
+// driver too), and says how long each took and how many were cached.
+func compileKernels(stdout io.Writer, n *cuda.NVRTC, arch int, gpu *cuda.Device, names []string) error {
+	if len(names) == 0 {
+		names = cuda.SourceNames()
+	}
+	for _, name := range names {
+		if _, err := cuda.Source(name); err != nil {
+			return err
+		}
+	}
+	if gpu != nil {
+		arch = gpu.Arch
+	}
 	t, err := n.Target(arch)
 	if err != nil {
 		return err
@@ -116,21 +137,27 @@ func compileKernels(stdout io.Writer, n *cuda.NVRTC, arch int) error {
 	cache := &cuda.Cache{Dir: dir}
 	start := time.Now()
 	hits := 0
-	names := cuda.SourceNames()
+	var took []string
 	for _, name := range names {
-		src, err := cuda.Source(name)
-		if err != nil {
-			return err
+		began := time.Now()
+		var hit bool
+		if gpu != nil {
+			var h int
+			h, err = gpu.Precompile(name)
+			hit = h == 1
+		} else {
+			src, _ := cuda.Source(name)
+			_, hit, err = cache.Build(n, cuda.BuildKey{Name: name, Source: src, Options: cuda.KernelOptions, Target: t})
 		}
-		_, hit, err := cache.Build(n, cuda.BuildKey{Name: name, Source: src, Options: cuda.KernelOptions, Target: t})
 		if err != nil {
 			return err
 		}
 		if hit {
 			hits++
 		}
+		took = append(took, fmt.Sprintf("%s %.1f s", name, time.Since(began).Seconds()))
 	}
 	fmt.Fprintf(stdout, "%-9s %d sources for %s in %.1f s (%d from the cache %s): %s\n", "kernels", len(names), t,
-		time.Since(start).Seconds(), hits, dir, strings.Join(names, ", "))
+		time.Since(start).Seconds(), hits, dir, strings.Join(took, ", "))
 	return nil
 }

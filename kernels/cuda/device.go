@@ -298,20 +298,7 @@ func (d *Device) Module(name string) (*Module, error) {
 	if m, ok := d.modules[name]; ok {
 		return m, nil
 	}
-	src, err := Source(name)
-	if err != nil {
-		return nil, err
-	}
-	if d.nvrtc == nil {
-		if d.nvrtc, err = LoadNVRTC(); err != nil {
-			return nil, err
-		}
-	}
-	t, err := d.nvrtc.Target(d.Arch)
-	if err != nil {
-		return nil, err
-	}
-	img, hit, err := d.cache.Build(d.nvrtc, BuildKey{Name: name, Source: src, Options: KernelOptions, Target: t, Driver: d.Driver})
+	img, t, hit, err := d.build(name)
 	if err != nil {
 		return nil, err
 	}
@@ -325,6 +312,49 @@ func (d *Device) Module(name string) (*Module, error) {
 	}
 	d.modules[name] = m
 	return m, nil
+}
+
+// build returns source name's image for d, from d's kernel cache or
+// compiled into it: the one place the key of a device's images is made,
+// so that Precompile fills the entries Module reads. d.mu is held.
+func (d *Device) build(name string) (img []byte, t Target, hit bool, err error) {
+	src, err := Source(name)
+	if err != nil {
+		return nil, t, false, err
+	}
+	if d.nvrtc == nil {
+		if d.nvrtc, err = LoadNVRTC(); err != nil {
+			return nil, t, false, err
+		}
+	}
+	if t, err = d.nvrtc.Target(d.Arch); err != nil {
+		return nil, t, false, err
+	}
+	img, hit, err = d.cache.Build(d.nvrtc, BuildKey{Name: name, Source: src, Options: KernelOptions, Target: t, Driver: d.Driver})
+	return img, t, hit, err
+}
+
+// Precompile compiles the embedded kernel sources names (every one when
+// none is named) for d into its kernel cache without loading them, so
+// that a run's first use of each takes it from the cache (keel device
+// does this for a new machine). It returns how many were in the cache
+// already.
+func (d *Device) Precompile(names ...string) (hits int, err error) {
+	if len(names) == 0 {
+		names = SourceNames()
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, name := range names {
+		_, _, hit, err := d.build(name)
+		if err != nil {
+			return hits, err
+		}
+		if hit {
+			hits++
+		}
+	}
+	return hits, nil
 }
 
 // Function is one kernel of a module.

@@ -26,4 +26,4 @@ mkdir "$cache/mma"
 KEEL_CUDA_EMU_MMA=1 KEEL_CACHE_DIR=$cache/mma go test -count=1 -timeout 30m "$@" \
   -run 'TestDeviceGemmGrouped|TestDeviceQuantGrouped' ./kernels/cuda
 # keel rl end to end with both engines on the (emulated) GPU.
-go test -count=1 -timeout 30m "$@" -run 'OnGPU' ./cmd/keel
+go test -count=1 -timeout 30m "$@" -run 'OnGPU|TestDeviceCommand' ./cmd/keel

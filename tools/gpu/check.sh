@@ -2,6 +2,10 @@
 # The GPU checks, run on the device machine (tools/gpu/build.sh first,
 # here; carry tools/gpu/bin). Sections, in order, each printing a line per
 # check and writing full logs under $OUT (or /tmp/keel-gpu):
+#   warm   every kernel source compiled for this GPU into the kernel cache,
+#          a keel device process a source (NVRTC 11.8 compiles one source
+#          at a time in a process; a fresh machine otherwise compiles at
+#          each source's first use)
 #   tests  keel device; the kernels against the CPU kernels; the training
 #          engine against the CPU engine; the rollout backend against the
 #          training engine and the CPU rollout; keel rl on the GPU (exact
@@ -74,7 +78,10 @@
 #          bf16 rollout): where the step's time goes (issue 25's table);
 #          then with KEEL_BLAS_TUNE=1, KEEL_DECODE_ATTN=grouped and
 #          KEEL_DECODE_ATTN=deep
-# Usage: bash tools/gpu/check.sh [tests] [e2e] [hf] [speed] [profile] [gemm] [flash] [decode] [fp8] [nsys] [ncu] [sanitize] [fit] [learn] [rl]
+# profile and decode run only the defaults, the issues' rows and the A/Bs of
+# settings no card has decided yet; KEEL_GPU_AB=all adds the decided ones
+# (the settings session 24's H200 run left as they were).
+# Usage: bash tools/gpu/check.sh [warm] [tests] [e2e] [hf] [speed] [profile] [gemm] [flash] [decode] [fp8] [nsys] [ncu] [sanitize] [fit] [learn] [rl]
 #        (none: tests e2e hf speed)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -84,6 +91,10 @@ export KEEL_CACHE_DIR=$out/cache KEEL_REQUIRE_CUDA=1 KEEL_REQUIRE_NVRTC=1
 bin=tools/gpu/bin
 sections=${*:-tests e2e hf speed}
 status=0
+# KEEL_GPU_AB=all adds the A/B rows of settings a card has decided already
+# (profile, decode); by default only the defaults, the issues' rows and the
+# A/Bs still open run, to spend the device's minutes on what is not known.
+ab=${KEEL_GPU_AB:-open}
 
 # gotest NAME BINARY TIMEOUT [ARGS]: runs a test binary, prints its verdicts
 # and failure lines, and records a failure.
@@ -100,6 +111,15 @@ gotest() {
 
 { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; } > "$out/gpu.txt" 2>&1
 echo "== $(head -1 "$out/gpu.txt") (sections: $sections)"
+
+if [[ " $sections " == *" warm "* ]]; then
+  echo "== the kernel cache: every kernel source compiled for this GPU, a keel device process each (NVRTC compiles one source at a time in a process)"
+  for f in kernels/cuda/kernels/*.cu; do
+    timeout 120 $bin/keel device --sources "${f##*/}" > "$out/warm-${f##*/}.txt" 2>&1 &
+  done
+  wait
+  grep -h '^kernels' "$out"/warm-*.txt | sed 's/^/  /'
+fi
 
 if [[ " $sections " == *" tests "* ]]; then
   echo "== keel device"
@@ -250,42 +270,49 @@ fi
 
 if [[ " $sections " == *" decode "* ]]; then
   echo "== decode on this card, 32-token prompts and 96 new tokens: keel with CUDA graphs (the default) and without (KEEL_CUDA_GRAPHS=0), then transformers generate (static cache, eager)"
+  graphs="1"; [ $ab = all ] && graphs="1 0"
   for spec in "qwen3-0.6b 0 exact,bf16" "qwen3-30b-a3b 2 bf16"; do
     set -- $spec
-    for g in 1 0; do
+    for g in $graphs; do
       KEEL_CUDA_GRAPHS=$g timeout 200 $bin/keel bench --device cuda --presets $1 --layers $2 --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
         --no-rl --decode-precisions $3 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-$1-graphs$g.json" 2> "$out/decode-keel-$1-graphs$g.err"
       echo "  keel $1 (layers $2), KEEL_CUDA_GRAPHS=$g: exit $?"
       decode_rows "$out/decode-keel-$1-graphs$g.json" || tail -2 "$out/decode-keel-$1-graphs$g.err"
     done
   done
-  # cuBLASLt's plans with each plan's candidates timed (KEEL_BLAS_TUNE=1)
-  # against the default, the heuristic's first algorithm.
-  KEEL_BLAS_TUNE=1 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
-    --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-tuned.json" 2> "$out/decode-keel-tuned.err"
-  echo "  keel qwen3-0.6b, KEEL_BLAS_TUNE=1: exit $?"
-  decode_rows "$out/decode-keel-tuned.json" || tail -2 "$out/decode-keel-tuned.err"
-  # Again: every shape's algorithm now comes from the table on disk, no
-  # timing in the run (a later run's rate).
-  KEEL_BLAS_TUNE=1 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
-    --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-tuned2.json" 2> "$out/decode-keel-tuned2.err"
-  echo "  keel qwen3-0.6b, KEEL_BLAS_TUNE=1, algorithms from the table: exit $?"
-  decode_rows "$out/decode-keel-tuned2.json" || tail -2 "$out/decode-keel-tuned2.err"
-  tune_table
-  # The grouped decoding attention (KEEL_DECODE_ATTN=grouped, the default
-  # before 2026-11-27) against the fast one (the default: adjacent
-  # elements a lane, four keys' scores summed together, a third of the
-  # instructions a key), at 64 and 256 sequences and at 64 sequences of
-  # 32 + 1,024 tokens (beside the KEEL_DECODE_SPLIT rows below, which run
-  # the default), where the cache is most of a step's reads.
-  KEEL_DECODE_ATTN=grouped timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
-    --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-grouped.json" 2> "$out/decode-keel-grouped.err"
-  echo "  keel qwen3-0.6b, KEEL_DECODE_ATTN=grouped: exit $?"
-  decode_rows "$out/decode-keel-grouped.json" || tail -2 "$out/decode-keel-grouped.err"
-  KEEL_DECODE_ATTN=grouped timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
-    --no-rl --decode-precisions bf16 --decode-slots 64 --decode-new 1024 --peak-gbps $peakgb > "$out/decode-keel-long-grouped.json" 2> "$out/decode-keel-long-grouped.err"
-  echo "  keel qwen3-0.6b, 32 + 1024 tokens, KEEL_DECODE_ATTN=grouped: exit $?"
-  decode_rows "$out/decode-keel-long-grouped.json" || tail -2 "$out/decode-keel-long-grouped.err"
+  # The A/Bs a card has decided (session 24) with KEEL_GPU_AB=all only:
+  # cuBLASLt's candidates timed, the grouped attention, the split to 8192
+  # warps at 96 tokens, the MoE shape grouped on the host, a warp per
+  # query head, the unsplit attention at 1,024 tokens.
+  if [ $ab = all ]; then
+    # cuBLASLt's plans with each plan's candidates timed (KEEL_BLAS_TUNE=1)
+    # against the default, the heuristic's first algorithm.
+    KEEL_BLAS_TUNE=1 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+      --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-tuned.json" 2> "$out/decode-keel-tuned.err"
+    echo "  keel qwen3-0.6b, KEEL_BLAS_TUNE=1: exit $?"
+    decode_rows "$out/decode-keel-tuned.json" || tail -2 "$out/decode-keel-tuned.err"
+    # Again: every shape's algorithm now comes from the table on disk, no
+    # timing in the run (a later run's rate).
+    KEEL_BLAS_TUNE=1 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+      --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-tuned2.json" 2> "$out/decode-keel-tuned2.err"
+    echo "  keel qwen3-0.6b, KEEL_BLAS_TUNE=1, algorithms from the table: exit $?"
+    decode_rows "$out/decode-keel-tuned2.json" || tail -2 "$out/decode-keel-tuned2.err"
+    tune_table
+    # The grouped decoding attention (KEEL_DECODE_ATTN=grouped, the default
+    # before 2026-11-27) against the fast one (the default: adjacent
+    # elements a lane, four keys' scores summed together, a third of the
+    # instructions a key), at 64 and 256 sequences and at 64 sequences of
+    # 32 + 1,024 tokens (beside the KEEL_DECODE_SPLIT rows below, which run
+    # the default), where the cache is most of a step's reads.
+    KEEL_DECODE_ATTN=grouped timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+      --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-grouped.json" 2> "$out/decode-keel-grouped.err"
+    echo "  keel qwen3-0.6b, KEEL_DECODE_ATTN=grouped: exit $?"
+    decode_rows "$out/decode-keel-grouped.json" || tail -2 "$out/decode-keel-grouped.err"
+    KEEL_DECODE_ATTN=grouped timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+      --no-rl --decode-precisions bf16 --decode-slots 64 --decode-new 1024 --peak-gbps $peakgb > "$out/decode-keel-long-grouped.json" 2> "$out/decode-keel-long-grouped.err"
+    echo "  keel qwen3-0.6b, 32 + 1024 tokens, KEEL_DECODE_ATTN=grouped: exit $?"
+    decode_rows "$out/decode-keel-long-grouped.json" || tail -2 "$out/decode-keel-long-grouped.err"
+  fi
   # Rollout-length contexts at 64 and 256 sequences (32 + 1,024 tokens:
   # the RL step's, where the cache is most of a step's reads and issue
   # 25's bandwidth goal is within reach): the default (KEEL_DECODE_ATTN=fast: four
@@ -303,34 +330,36 @@ if [[ " $sections " == *" decode "* ]]; then
     --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-deep.json" 2> "$out/decode-keel-deep.err"
   echo "  keel qwen3-0.6b, KEEL_DECODE_ATTN=deep: exit $?"
   decode_rows "$out/decode-keel-deep.json" || tail -2 "$out/decode-keel-deep.err"
-  # The decoding attention split to reach 8192 warps (4 runs a row at 256
-  # sequences, 16 at 64) against the default 2048 (unsplit at 256).
-  KEEL_DECODE_SPLIT_WARPS=8192 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
-    --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-splitwarps.json" 2> "$out/decode-keel-splitwarps.err"
-  echo "  keel qwen3-0.6b, KEEL_DECODE_SPLIT_WARPS=8192: exit $?"
-  decode_rows "$out/decode-keel-splitwarps.json" || tail -2 "$out/decode-keel-splitwarps.err"
-  # The MoE layers grouped on the host, a cuBLASLt product per expert and
-  # no graphs (the old path), against the grouped default above.
-  KEEL_MOE_GROUP=host timeout 150 $bin/keel bench --device cuda --presets qwen3-30b-a3b --layers 2 --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
-    --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-moehost.json" 2> "$out/decode-keel-moehost.err"
-  echo "  keel qwen3-30b-a3b (layers 2), KEEL_MOE_GROUP=host: exit $?"
-  decode_rows "$out/decode-keel-moehost.json" || tail -2 "$out/decode-keel-moehost.err"
-  # The decoding attention a warp per query head (KEEL_DECODE_ATTN=head:
-  # the oldest kernels, not the fast ones) against the grouped kernels (a
-  # warp per KV head; the KEEL_DECODE_ATTN=grouped row above), with graphs.
-  KEEL_DECODE_ATTN=head timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
-    --no-rl --decode-precisions bf16 --decode-slots 256 --peak-gbps $peakgb > "$out/decode-keel-perhead.json" 2> "$out/decode-keel-perhead.err"
-  echo "  keel qwen3-0.6b, KEEL_DECODE_ATTN=head: exit $?"
-  decode_rows "$out/decode-keel-perhead.json" || tail -2 "$out/decode-keel-perhead.err"
-  # Long contexts (1,024 new tokens) at 64 sequences: the split attention
-  # (flash-decoding, 4 runs a row; the default) against each row's keys in
-  # one run (KEEL_DECODE_SPLIT=0, the old kernels), with graphs.
-  for sp in 1 0; do
-    KEEL_DECODE_SPLIT=$sp timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
-      --no-rl --decode-precisions bf16 --decode-slots 64 --decode-new 1024 --peak-gbps $peakgb > "$out/decode-keel-long-split$sp.json" 2> "$out/decode-keel-long-split$sp.err"
-    echo "  keel qwen3-0.6b, 32 + 1024 tokens, KEEL_DECODE_SPLIT=$sp: exit $?"
-    decode_rows "$out/decode-keel-long-split$sp.json" || tail -2 "$out/decode-keel-long-split$sp.err"
-  done
+  if [ $ab = all ]; then
+    # The decoding attention split to reach 8192 warps (4 runs a row at 256
+    # sequences, 16 at 64) against the default 2048 (unsplit at 256).
+    KEEL_DECODE_SPLIT_WARPS=8192 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+      --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-splitwarps.json" 2> "$out/decode-keel-splitwarps.err"
+    echo "  keel qwen3-0.6b, KEEL_DECODE_SPLIT_WARPS=8192: exit $?"
+    decode_rows "$out/decode-keel-splitwarps.json" || tail -2 "$out/decode-keel-splitwarps.err"
+    # The MoE layers grouped on the host, a cuBLASLt product per expert and
+    # no graphs (the old path), against the grouped default above.
+    KEEL_MOE_GROUP=host timeout 150 $bin/keel bench --device cuda --presets qwen3-30b-a3b --layers 2 --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+      --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-moehost.json" 2> "$out/decode-keel-moehost.err"
+    echo "  keel qwen3-30b-a3b (layers 2), KEEL_MOE_GROUP=host: exit $?"
+    decode_rows "$out/decode-keel-moehost.json" || tail -2 "$out/decode-keel-moehost.err"
+    # The decoding attention a warp per query head (KEEL_DECODE_ATTN=head:
+    # the oldest kernels, not the fast ones) against the grouped kernels (a
+    # warp per KV head; the KEEL_DECODE_ATTN=grouped row above), with graphs.
+    KEEL_DECODE_ATTN=head timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+      --no-rl --decode-precisions bf16 --decode-slots 256 --peak-gbps $peakgb > "$out/decode-keel-perhead.json" 2> "$out/decode-keel-perhead.err"
+    echo "  keel qwen3-0.6b, KEEL_DECODE_ATTN=head: exit $?"
+    decode_rows "$out/decode-keel-perhead.json" || tail -2 "$out/decode-keel-perhead.err"
+    # Long contexts (1,024 new tokens) at 64 sequences: the split attention
+    # (flash-decoding, 4 runs a row; the default) against each row's keys in
+    # one run (KEEL_DECODE_SPLIT=0, the old kernels), with graphs.
+    for sp in 1 0; do
+      KEEL_DECODE_SPLIT=$sp timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
+        --no-rl --decode-precisions bf16 --decode-slots 64 --decode-new 1024 --peak-gbps $peakgb > "$out/decode-keel-long-split$sp.json" 2> "$out/decode-keel-long-split$sp.err"
+      echo "  keel qwen3-0.6b, 32 + 1024 tokens, KEEL_DECODE_SPLIT=$sp: exit $?"
+      decode_rows "$out/decode-keel-long-split$sp.json" || tail -2 "$out/decode-keel-long-split$sp.err"
+    done
+  fi
   for v in "qwen3-0.6b 0 256" "qwen3-0.6b 0 64" "qwen3-30b-a3b 2 256"; do
     set -- $v
     timeout 200 python3 tools/gpu/torch_decode.py --preset $1 --layers $2 --batch $3 --dtype bf16 --compile off > "$out/decode-torch-$1-$3.json" 2> "$out/decode-torch-$1-$3.err"
@@ -402,10 +431,15 @@ if [[ " $sections " == *" profile "* ]]; then
     # (KEEL_FLASH_DKV=narrow, backward "dkv16") against 32 (the default),
     # and the backward from stored dS (KEEL_FLASH_DQ=stored, backward
     # "stored") against recomputing it.
-    variants="wideq/two/device/1/1/0 narrow/two/device/1/1/0 wide/two/device/1/1/0"
-    [ $1 = qwen3-0.6b ] && variants="$variants wideq/stored/device/1/1/0 wideq/dkv16/device/1/1/0"
-    [ $tag = qwen3-0.6b-8x2048 ] && variants="$variants wideq/single/device/1/1/0 wideq/two/device/0/1/0 wideq/two/device/1/0/0 wideq/two/device/1/1/1"
-    [ $1 = qwen3-30b-a3b ] && variants="$variants wideq/two/host/1/1/0"
+    # The A/Bs a card has decided already (session 24: the defaults won)
+    # run with KEEL_GPU_AB=all only.
+    variants="wideq/two/device/1/1/0"
+    [ $ab = all ] && variants="$variants narrow/two/device/1/1/0 wide/two/device/1/1/0"
+    [ $1 = qwen3-0.6b ] && variants="$variants wideq/stored/device/1/1/0"
+    [ $1 = qwen3-0.6b ] && [ $ab = all ] && variants="$variants wideq/dkv16/device/1/1/0"
+    [ $tag = qwen3-0.6b-8x2048 ] && variants="$variants wideq/two/device/1/1/1"
+    [ $tag = qwen3-0.6b-8x2048 ] && [ $ab = all ] && variants="$variants wideq/single/device/1/1/0 wideq/two/device/0/1/0 wideq/two/device/1/0/0"
+    [ $1 = qwen3-30b-a3b ] && [ $ab = all ] && variants="$variants wideq/two/host/1/1/0"
     [ $tag = qwen3-0.6b-2x16384-norecompute ] && variants="wideq/two/device/1/1/0 wideq/stored/device/1/1/0"
     for v in $variants; do
       IFS=/ read -r fwd bwd grp pool keep tune <<< "$v"
