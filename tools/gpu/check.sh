@@ -663,6 +663,11 @@ steps = [r["time/step"] for r in rows if "time/step" in r]
 if steps:
     print("  %d steps, median step %.3f s (rollout %.3f, updates %.3f)" % (len(steps), statistics.median(steps),
           statistics.median(r.get("time/rollout", 0) for r in rows), statistics.median(r.get("time/update", 0) for r in rows)))
+    # Run in the background (session.sh's learn&), the first steps share the
+    # GPU with the foreground's checks: the last quarter's median is the
+    # likelier alone.
+    q = steps[len(steps) * 3 // 4:]
+    print("  the last %d steps: median %.3f s, fastest %.3f s" % (len(q), statistics.median(q), min(q)))
 PY
 fi
 
