@@ -382,16 +382,35 @@ func BenchmarkDeviceFlash(b *testing.B) {
 		}
 		fwd := 4 * hd * heads * causal
 		shape := fmt.Sprintf("%d x %d", c.seqs, c.L)
+		ord, err := FlashOrder(seqEnd)
+		if err != nil {
+			b.Fatal(err)
+		}
+		bord := benchBuf(b, d, ord)
+		// "ordered": the tiles in FlashOrder's order (UseOrder, the training
+		// engine's default), against each sequence's from its last.
 		for _, v := range []struct {
 			name                          string
 			wide, wideQ                   bool
 			single, dkvWide, back, stored bool
-		}{{"forward narrow", false, false, false, false, false, false}, {"forward wide", true, false, false, false, false, false},
-			{"forward wideq", false, true, false, false, false, false}, {"backward pipelined", false, true, false, false, true, false},
-			{"backward one-stage", false, true, true, false, true, false}, {"backward dkv 32-query tiles", false, true, false, true, true, false},
-			{"backward stored dS", false, true, false, true, true, true}} {
+			ordered                       bool
+		}{{"forward narrow", false, false, false, false, false, false, false}, {"forward wide", true, false, false, false, false, false, false},
+			{"forward wideq", false, true, false, false, false, false, false}, {"forward wideq ordered", false, true, false, false, false, false, true},
+			{"backward pipelined", false, true, false, false, true, false, false},
+			{"backward one-stage", false, true, true, false, true, false, false}, {"backward dkv 32-query tiles", false, true, false, true, true, false, false},
+			{"backward dkv 32-query tiles ordered", false, true, false, true, true, false, true},
+			{"backward stored dS", false, true, false, true, true, true, false}, {"backward stored dS ordered", false, true, false, true, true, true, true}} {
 			o := NewOps(d)
 			o.FlashWide, o.FlashWideQ, o.FlashBackwardSingle, o.FlashDKVWide = v.wide, v.wideQ, v.single, v.dkvWide
+			fs.order, bs.order = Buffer{}, Buffer{}
+			if v.ordered {
+				if err := fs.UseOrder(bord); err != nil {
+					b.Fatal(err)
+				}
+				if err := bs.UseOrder(bord); err != nil {
+					b.Fatal(err)
+				}
+			}
 			if v.stored {
 				if err := bs.StoreScores(seqEnd); err != nil {
 					b.Fatal(err)
@@ -416,7 +435,7 @@ func BenchmarkDeviceFlash(b *testing.B) {
 		}
 		fs.Free()
 		bs.Free()
-		for _, buf := range []Buffer{bq, bk, bv, bdo, bst, ben, q16, k16, v16, do16, out16, lse, dsum, dq, dk, dv16} {
+		for _, buf := range []Buffer{bq, bk, bv, bdo, bst, ben, bord, q16, k16, v16, do16, out16, lse, dsum, dq, dk, dv16} {
 			d.Free(buf)
 		}
 	}

@@ -835,6 +835,80 @@ func TestDeviceFlashAttention(t *testing.T) {
 			sameBackward(so, fmt.Sprintf("stored dS (plain copies %v)", plainCopies))
 			bs.freeScores()
 		}
+		// The tiles in FlashOrder's order (UseOrder): which block takes a
+		// tile changes, not the tile's arithmetic, so each forward and
+		// backward gives its bits without the order. The outputs start as
+		// NaN: a tile no block took shows.
+		{
+			ord, err := FlashOrder(seqEnd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bord := bufOf(g, ord)
+			ofs, err := NewFlashScratch(g.d, T, c.heads, c.kv, c.hd, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			obs, err := NewFlashScratch(g.d, T, c.heads, c.kv, c.hd, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ofs.UseOrder(Buffer{Ptr: bord.Ptr, Size: bord.Size - 4}); err == nil {
+				t.Error("UseOrder took an order short of its last tile")
+			}
+			for _, s := range []*FlashScratch{ofs, obs} {
+				if err := s.UseOrder(bord); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, fwd := range []string{"narrow", "wide", "wideq"} {
+				o := narrow()
+				o.FlashWide, o.FlashWideQ = fwd == "wide", fwd == "wideq"
+				var outs [2][2]Buffer
+				for i, s := range []*FlashScratch{fs, ofs} {
+					outs[i] = [2]Buffer{g.poisoned(T * qd), g.poisoned(T * c.heads)}
+					if err := o.FlashAttention(s, outs[i][0], outs[i][1], bq, bk, bv, bst, scale); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := g.d.Sync(); err != nil {
+					t.Fatal(err)
+				}
+				sameBits(t, fmt.Sprintf("%s %s forward's out, tiles in FlashOrder's order", name, fwd), g.f32(outs[1][0], (T*qd+1)/2), g.f32(outs[0][0], (T*qd+1)/2))
+				sameBits(t, fmt.Sprintf("%s %s forward's lse, tiles in FlashOrder's order", name, fwd), g.f32(outs[1][1], T*c.heads), g.f32(outs[0][1], T*c.heads))
+			}
+			for _, bwd := range []string{"two passes", "32-query dK/dV", "stored dS"} {
+				o := narrow()
+				o.FlashDKVWide = bwd != "two passes"
+				if bwd != "two passes" && !o.fitsShared(flashBackwardShared(c.hd, true, true)) {
+					continue
+				}
+				var outs [2][4]Buffer
+				for i, s := range []*FlashScratch{bs, obs} {
+					if bwd == "stored dS" {
+						if err := s.StoreScores(seqEnd); err != nil {
+							t.Fatal(err)
+						}
+					}
+					outs[i] = [4]Buffer{g.poisoned(T * qd), g.poisoned(T * kvd), g.poisoned(T * kvd), g.poisoned(T * c.heads)}
+					if err := o.FlashAttentionBackward(s, outs[i][0], outs[i][1], outs[i][2], outs[i][3], bdo, bout, blse, bq, bk, bv, bst, ben, scale); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := g.d.Sync(); err != nil {
+					t.Fatal(err)
+				}
+				bs.freeScores()
+				for k, x := range []struct {
+					what string
+					n    int
+				}{{"dq", T * qd}, {"dk", T * kvd}, {"dv (bf16)", (T*kvd + 1) / 2}, {"dsum", T * c.heads}} {
+					sameBits(t, fmt.Sprintf("%s %s %s, tiles in FlashOrder's order", name, bwd, x.what), g.f32(outs[1][k], x.n), g.f32(outs[0][k], x.n))
+				}
+			}
+			ofs.Free()
+			obs.Free()
+		}
 		// The wide forward (128 query rows a block, the next tile's copy
 		// in flight), both copy paths: the same bits as each other, and
 		// within rounding of the narrow one's (checked against float64

@@ -1,8 +1,10 @@
 package cuda
 
 import (
+	"cmp"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -69,6 +71,15 @@ type Ops struct {
 	// whether the engine gives them. Untimed on a GPU: off until a card
 	// says which is faster.
 	FlashDQStored bool
+	// FlashNoOrder has the training engine launch flash.cu's tiles without
+	// FlashOrder's order (KEEL_FLASH_ORDER=0 at NewOps): each sequence's
+	// tiles from its last (heaviest_first), the order before it. The same
+	// bits either way. The order's gain is computed, not yet measured: a
+	// simulation of the blocks' start order (two blocks a multiprocessor,
+	// 132 multiprocessors, a block's time its tiles') put the dK/dV pass
+	// at 8 × 2048 tokens 15% past an even share of the work, the forward
+	// 14%, the dQ pass 7.5%, and FlashOrder's at 1-2%.
+	FlashNoOrder bool
 	// DecodePerHead runs the decoding step's attention a warp per query
 	// head, as before the grouped kernels (a warp per KV head, which reads
 	// each key and value row once for the query heads that share it): the
@@ -134,7 +145,7 @@ func NewOps(d *Device) *Ops {
 		FlashPlainCopies: os.Getenv("KEEL_FLASH_COPY") == "sync", FlashWide: os.Getenv("KEEL_FLASH_FWD") == "wide",
 		FlashWideQ:          os.Getenv("KEEL_FLASH_FWD") != "wide" && os.Getenv("KEEL_FLASH_FWD") != "narrow",
 		FlashBackwardSingle: os.Getenv("KEEL_FLASH_BWD") == "single", FlashDKVWide: os.Getenv("KEEL_FLASH_DKV") != "narrow",
-		FlashDQStored: os.Getenv("KEEL_FLASH_DQ") == "stored",
+		FlashDQStored: os.Getenv("KEEL_FLASH_DQ") == "stored", FlashNoOrder: os.Getenv("KEEL_FLASH_ORDER") == "0",
 		DecodePerHead: os.Getenv("KEEL_DECODE_ATTN") == "head",
 		DecodeFast:    os.Getenv("KEEL_DECODE_ATTN") != "head" && os.Getenv("KEEL_DECODE_ATTN") != "grouped",
 		DecodeDeep:    os.Getenv("KEEL_DECODE_ATTN") == "deep",
@@ -882,6 +893,9 @@ type FlashScratch struct {
 	// ds and dsOff: the backward's stored dS tiles and each key block's
 	// first (StoreScores); none without.
 	ds, dsOff Buffer
+	// order: the tiles' launch order (UseOrder, FlashOrder's); none
+	// without.
+	order Buffer
 }
 
 // NewFlashScratch allocates from mem the copies a forward (backward false)
@@ -972,6 +986,88 @@ func (s *FlashScratch) UseDO(do16 Buffer) error {
 	}
 	s.dout = do16
 	return nil
+}
+
+// UseOrder has the scratch's kernels take their tiles in the order
+// FlashOrder gives for the packed sequences of its calls (order holds
+// FlashOrder's int32s on the device), the heaviest first over every
+// sequence and head; without it, each sequence's tiles from its last. The
+// same bits either way: only which block computes a tile, and when,
+// changes.
+func (s *FlashScratch) UseOrder(order Buffer) error {
+	if n := int64(FlashOrderLen(s.rows)) * 4; order.Size < n {
+		return fmt.Errorf("cuda: UseOrder: %d bytes for %d rows' orders of %d", order.Size, s.rows, n)
+	}
+	s.order = order
+	return nil
+}
+
+// orderOf is the part of s's order for tiles of rows query rows (64 or
+// 128: FlashOrder's first two) or, with keys, the key blocks' (its third);
+// Buffer{} (no order) without UseOrder.
+func (s *FlashScratch) orderOf(rows int, keys bool) Buffer {
+	if s.order.Ptr == 0 {
+		return Buffer{}
+	}
+	n64, n128 := (s.rows+63)/64, (s.rows+127)/128
+	switch {
+	case keys:
+		return s.order.Floats(n64+n128, n64)
+	case rows == 128:
+		return s.order.Floats(n64, n128)
+	default:
+		return s.order.Floats(0, n64)
+	}
+}
+
+// FlashOrderLen is the int32s FlashOrder gives for rows tokens.
+func FlashOrderLen(rows int) int { return 2*((rows+63)/64) + (rows+127)/128 }
+
+// FlashOrder is the order in which flash.cu's blocks take their tiles over
+// the packed sequences that ends describes (ends[t]: one past the last
+// token of token t's sequence, as seqEnd holds it), for UseOrder: the query
+// tiles of 64 rows (the narrow forward, the dQ passes), then of 128 (the
+// wide forwards), then the key blocks of 64 (the dK/dV passes), each a
+// permutation of its tiles, the most work first and ties in index order.
+// A query tile's work is the keys its rows see (from its first row's
+// sequence start to its last row), a key block's the queries that see its
+// keys (from its first key to its last key's sequence end). Launched
+// blocks start in about that order, so the grid ends on light tiles
+// wherever the heavy ones lie.
+func FlashOrder(ends []int32) ([]int32, error) {
+	T := len(ends)
+	start := make([]int32, T)
+	for i, e := range ends {
+		if int(e) <= i || int(e) > T || (i > 0 && e < ends[i-1]) {
+			return nil, fmt.Errorf("cuda: flash order: token %d's sequence ends at %d of %d tokens", i, e, T)
+		}
+		if i > 0 && ends[i-1] == e {
+			start[i] = start[i-1]
+		} else {
+			start[i] = int32(i)
+		}
+	}
+	order := make([]int32, 0, FlashOrderLen(T))
+	sorted := func(n int, work func(tile int) int) {
+		w := make([]int, n)
+		tiles := make([]int32, n)
+		for i := range tiles {
+			tiles[i], w[i] = int32(i), work(i)
+		}
+		slices.SortStableFunc(tiles, func(a, b int32) int { return cmp.Compare(w[b], w[a]) })
+		order = append(order, tiles...)
+	}
+	for _, rows := range []int{64, 128} {
+		sorted((T+rows-1)/rows, func(x int) int {
+			last := min(T, (x+1)*rows) - 1
+			return last + 1 - int(start[x*rows])
+		})
+	}
+	sorted((T+63)/64, func(x int) int {
+		last := min(T, (x+1)*64) - 1
+		return int(ends[last]) - x*64
+	})
+	return order, nil
 }
 
 // vGiven reports whether the scratch reads the caller's v (UseQKV), and
@@ -1164,7 +1260,7 @@ func (o *Ops) FlashAttention(s *FlashScratch, out16, lse, q, k, v, seqStart Buff
 				name, rows = "flash_fwd_wide_%d", 128
 			}
 			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + rows - 1) / rows, Y: s.heads}, Dim3{X: flashThreads}, shared,
-				out16, lse, s.q, s.k, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync(), int64(s.vld))
+				out16, lse, s.q, s.k, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync(), int64(s.vld), s.orderOf(rows, false))
 		},
 	} {
 		if err := f(); err != nil {
@@ -1265,7 +1361,7 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 				name, shared = "flash_bwd_dq_2_%d", flashBackwardShared(s.hd, false, false)
 			}
 			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: flashThreads}, shared,
-				dq, dsum, out16, lse, s.q, s.dout, s.k, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync(), int64(s.vld))
+				dq, dsum, out16, lse, s.q, s.dout, s.k, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync(), int64(s.vld), s.orderOf(64, false))
 		},
 		func() error {
 			name, shared := "flash_bwd_dkv_%d", 0
@@ -1276,7 +1372,7 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 			case o.fitsShared(flashBackwardShared(s.hd, true, false)):
 				name, shared = "flash_bwd_dkv_2_%d", flashBackwardShared(s.hd, true, false)
 			}
-			args := []any{dk, dv16, lse, dsum, s.q, s.dout, s.k, s.v, seqStart, seqEnd, T, s.pad, s.heads, s.kv, scale, o.flashAsync(), int64(s.vld)}
+			args := []any{dk, dv16, lse, dsum, s.q, s.dout, s.k, s.v, seqStart, seqEnd, T, s.pad, s.heads, s.kv, scale, o.flashAsync(), int64(s.vld), s.orderOf(64, true)}
 			if stored {
 				name, shared = "flash_bwd_dkv_ds_%d", flashBackwardShared(s.hd, true, true)
 				args = append(args, s.ds, s.dsOff)
@@ -1288,7 +1384,7 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 				return nil
 			}
 			return o.Launch("flash.cu", fmt.Sprintf("flash_bwd_dq_ds_%d", s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: flashThreads},
-				dq, s.ds, s.dsOff, s.k, seqStart, T, s.heads, s.kv, scale, o.flashAsync())
+				dq, s.ds, s.dsOff, s.k, seqStart, T, s.heads, s.kv, scale, o.flashAsync(), s.orderOf(64, false))
 		},
 	} {
 		if err := f(); err != nil {

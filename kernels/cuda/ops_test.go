@@ -56,3 +56,51 @@ func TestScoreLayout(t *testing.T) {
 		}
 	}
 }
+
+// TestFlashOrder: the tiles' order for two sequences of 100 and 156
+// tokens, worked by hand, and for four of 128 (the sequences'
+// tiles interleaved, the heaviest first) and one (each sequence's tiles
+// from its last, heaviest_first's order); bad sequence ends are refused.
+func TestFlashOrder(t *testing.T) {
+	ends := func(lens ...int) []int32 {
+		var e []int32
+		T := 0
+		for _, n := range lens {
+			T += n
+			for range n {
+				e = append(e, int32(T))
+			}
+		}
+		return e
+	}
+	for _, c := range []struct {
+		lens []int
+		want []int32
+	}{
+		// Query tiles of 64: keys seen 64 (0-63), 128 (0-127), 92
+		// (100-191), 156 (100-255); of 128: 128, 156. Key blocks: queries
+		// that see them 100 (0-99), 192 (64-255), 128, 64.
+		{[]int{100, 156}, []int32{3, 1, 2, 0, 1, 0, 1, 2, 0, 3}},
+		// Four sequences of two 64-row tiles: each sequence's second tile
+		// sees 128 keys, its first 64; one 128-row tile each, all equal;
+		// each sequence's first key block is seen by 128 queries.
+		{[]int{128, 128, 128, 128}, []int32{1, 3, 5, 7, 0, 2, 4, 6, 0, 1, 2, 3, 0, 2, 4, 6, 1, 3, 5, 7}},
+		{[]int{300}, []int32{4, 3, 2, 1, 0, 2, 1, 0, 0, 1, 2, 3, 4}},
+	} {
+		got, err := FlashOrder(ends(c.lens...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("lengths %v: order %v, want %v", c.lens, got, c.want)
+		}
+		if T := len(ends(c.lens...)); len(got) != FlashOrderLen(T) {
+			t.Errorf("lengths %v: %d entries, FlashOrderLen says %d", c.lens, len(got), FlashOrderLen(T))
+		}
+	}
+	for _, bad := range [][]int32{{1, 1}, {2, 3}, {0}, {2, 2, 1}} {
+		if _, err := FlashOrder(bad); err == nil {
+			t.Errorf("sequence ends %v accepted", bad)
+		}
+	}
+}

@@ -459,12 +459,17 @@ if [[ " $sections " == *" profile "* ]]; then
       KEEL_FLASH_FWD=$fwd KEEL_FLASH_BWD=$bwd KEEL_FLASH_DKV=$dkv KEEL_FLASH_DQ=$dq KEEL_MOE_GROUP=$grp KEEL_CUDA_POOL=$pool KEEL_HEAD_KEEP=$keep KEEL_BLAS_TUNE=$tune timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-$vt.json" 2> "$out/bench-keel-$tag-$vt.err"
       echo "  keel $1 bf16, layers $2, $3 x $4 ${rc:-}, flash forward $fwd, backward $bwd stage(s), KEEL_MOE_GROUP=$grp, KEEL_CUDA_POOL=$pool, KEEL_HEAD_KEEP=$keep, KEEL_BLAS_TUNE=$tune: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-$vt.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-$vt.err")"
     done
-    # On the first shape also RMSNorm's forward and backward a block a row
-    # or chunk (KEEL_ROW_KERNELS=block, before the warp kernels; the same
-    # bits) against the warp kernels.
+    # On the first shape also the defaults but RMSNorm's forward and
+    # backward a block a row or chunk (KEEL_ROW_KERNELS=block, before the
+    # warp kernels), and flash.cu's tiles each sequence's from its last
+    # (KEEL_FLASH_ORDER=0, before FlashOrder's heaviest first over every
+    # sequence): the same bits either way.
     if [ $tag = qwen3-0.6b-8x2048 ]; then
-      KEEL_ROW_KERNELS=block timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-rowblock.json" 2> "$out/bench-keel-$tag-rowblock.err"
-      echo "  keel $1 bf16, layers $2, $3 x $4, the defaults but KEEL_ROW_KERNELS=block: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-rowblock.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-rowblock.err")"
+      for setting in KEEL_ROW_KERNELS=block KEEL_FLASH_ORDER=0; do
+        st=${setting,,}; st=${st#keel_}; st=${st//[=_]/-}
+        env $setting timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-$st.json" 2> "$out/bench-keel-$tag-$st.err"
+        echo "  keel $1 bf16, layers $2, $3 x $4, the defaults but $setting: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-$st.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-$st.err")"
+      done
     fi
     timeout 150 python3 tools/gpu/torch_train.py --preset $1 --layers $2 --seqs $3 --len $4 --mode bf16 --micro $6 $ck \
       > "$out/bench-torch-$tag.json" 2> "$out/bench-torch-$tag.err"

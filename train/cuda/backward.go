@@ -248,6 +248,11 @@ func (e *Engine) backward(f, tmp *fwdState, coefLP, coefH []float32, aux float64
 			return err
 		}
 		defer flash.Free()
+		if f.dOrder.Ptr != 0 {
+			if err := flash.UseOrder(f.dOrder); err != nil {
+				return err
+			}
+		}
 	}
 	var redo Buffer // with recomputation: the recomputed layer's output, unused
 	if f.recompute {

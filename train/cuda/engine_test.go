@@ -610,6 +610,27 @@ func TestEngineStoredScores(t *testing.T) {
 	}
 }
 
+// TestEngineFlashOrder: a bf16 step's gradients with flash.cu's tiles in
+// kc.FlashOrder's order (the default) and in each sequence's from its last
+// (KEEL_FLASH_ORDER=0), dense and MoE, with dS recomputed and stored: bit
+// for bit, since only which block takes a tile changes.
+func TestEngineFlashOrder(t *testing.T) {
+	dev := cudatest.Device(t)
+	for _, preset := range []string{"tiny-dense", "tiny-moe"} {
+		for _, stored := range []bool{false, true} {
+			ordered := bf16StepGrads(t, dev, preset, 2, []int{30, 12, 90}, func(e *Engine) {
+				e.ops.FlashNoOrder, e.ops.FlashDQStored = false, stored
+			})
+			plain := bf16StepGrads(t, dev, preset, 2, []int{30, 12, 90}, func(e *Engine) {
+				e.ops.FlashNoOrder, e.ops.FlashDQStored = true, stored
+			})
+			if !sameFloats(ordered, plain) {
+				t.Errorf("%s (stored dS %v): gradients with flash.cu's tiles ordered differ from without (relative %.3g)", preset, stored, relErr(ordered, plain))
+			}
+		}
+	}
+}
+
 // TestEngineProductsPerLayer: in the bf16 mode with flash.cu a layer's
 // forward issues 4 cuBLASLt products (q, k and v as one, o, gate and up
 // as one, down) and its backward 10 (two a product: dx and dW; gate's and

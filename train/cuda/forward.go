@@ -93,6 +93,7 @@ type fwdState struct {
 	// start and end, and each row's next token (-1 at a sequence's end)
 	dTokens, dPos, dStart, dEnd, dTargets Buffer
 	dReplay                               Buffer // [MoE layers][T·k] replayed experts, -1 routed live (uploadReplay)
+	dOrder                                Buffer // flash.cu's tiles' order (kc.FlashOrder), with flash.cu unless Ops.FlashNoOrder
 	layers                                []layerActs
 	xL, invf, xf                          Buffer // last residual, final norm
 	lp, ent                               Buffer // [T]
@@ -238,6 +239,16 @@ func (e *Engine) Forward(seqs [][]int32, opt train.ForwardOptions) (*train.Resul
 		src []int32
 	}{{&f.dTokens, f.tokens}, {&f.dPos, pos}, {&f.dStart, start}, {&f.dEnd, f.ends}, {&f.dTargets, targets}} {
 		if *t.b, err = e.intBuf(f, t.src); err != nil {
+			return nil, err
+		}
+	}
+	if e.flash() && !e.ops.FlashNoOrder {
+		// flash.cu's tiles the heaviest first over every sequence.
+		order, err := kc.FlashOrder(f.ends)
+		if err != nil {
+			return nil, err
+		}
+		if f.dOrder, err = e.intBuf(f, order); err != nil {
 			return nil, err
 		}
 	}
@@ -680,6 +691,11 @@ func (e *Engine) attentionForward(f *fwdState, a *layerActs, l *model.Layer) err
 					var err error
 					if f.flash, err = kc.NewFlashScratchGivenQKV(e.pool, T, d.heads, d.kv, d.hd, false); err != nil {
 						return err
+					}
+					if f.dOrder.Ptr != 0 {
+						if err := f.flash.UseOrder(f.dOrder); err != nil {
+							return err
+						}
 					}
 				}
 				if err := f.flash.UseQKVRows(a.q16, a.k16, a.v, d.qkvd()); err != nil {

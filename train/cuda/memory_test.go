@@ -101,6 +101,11 @@ func TestPlanRules(t *testing.T) {
 	if memplan.WorkspaceBytes != kc.BlasWorkspaceBytes {
 		t.Errorf("memplan's cuBLASLt workspace %d, kernels/cuda's %d", memplan.WorkspaceBytes, kc.BlasWorkspaceBytes)
 	}
+	for _, T := range []int{1, 63, 64, 65, 127, 128, 129, 16384, 16385} {
+		if got, want := memplan.FlashOrderInts(int64(T)), kc.FlashOrderLen(T); got != int64(want) {
+			t.Errorf("%d tokens: memplan counts %d ints of flash.cu's order, kernels/cuda %d", T, got, want)
+		}
+	}
 }
 
 // TestEnginePlan holds train/memplan's plan to what the engine allocates

@@ -54,7 +54,8 @@
 //     and a buffer for its output.
 //   - Beyond the layers: the final norm's input and output and its inverse
 //     RMS; per token the ids, positions, sequence bounds, targets,
-//     log-probabilities, entropies (and in bf16 the logits' log-sum-exp);
+//     log-probabilities, entropies (and in bf16 the logits' log-sum-exp),
+//     and with flash.cu the order of its tiles (FlashOrderInts);
 //     the LM head computes over chunks of HeadChunk tokens, holding one
 //     chunk's fp32 logits (and in bf16 mode their gradient in bf16;
 //     fp32 writes it over the logits).
@@ -280,7 +281,11 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	if bf {
 		tokVecs++ // the head's log-sum-exp per row
 	}
-	add("log-probabilities and token vectors", c.mul(T, 4, tokVecs), true)
+	vecs := c.mul(T, 4, tokVecs)
+	if flash {
+		vecs = c.add(vecs, c.mul(4, FlashOrderInts(T)))
+	}
+	add("log-probabilities and token vectors", vecs, true)
 
 	// The backward keeps the loss's coefficients and the final norm's
 	// gradient throughout; first the LM head's scratch is live, then, once
@@ -352,6 +357,11 @@ func Plan(cfg *model.Config, s Shape, m Mode) (*Budget, error) {
 	}
 	return b, nil
 }
+
+// FlashOrderInts is the int32s of flash.cu's tiles' order for T tokens,
+// as kernels/cuda.FlashOrderLen counts them: a permutation of the 64-row
+// query tiles, of the 128-row ones and of the 64-key blocks.
+func FlashOrderInts(T int64) int64 { return 2*ceilDiv(T, 64) + ceilDiv(T, 128) }
 
 // FlashHeadDim says whether the bf16 mode runs attention on the tensor
 // cores (flash.cu) at head size hd, as kernels/cuda.FlashHeadDim does

@@ -192,6 +192,28 @@ __device__ __forceinline__ float fa_exp2(float x) {
 // arithmetic is unchanged: the same bits.
 __device__ __forceinline__ int heaviest_first() { return gridDim.x - 1 - blockIdx.x; }
 
+// scheduled gives the tile (a block of query or key rows) and head (or KV
+// head) a block takes. With order (FlashScratch.UseOrder: the grid's tiles
+// by their work, the heaviest first, over every packed sequence), block b
+// in launch order (x fastest, then y) takes tile order[b / gridDim.y] and
+// head b % gridDim.y: the grid starts on the heaviest tiles of every
+// sequence and every head and ends on the lightest, where taking each
+// sequence's tiles from its end (heaviest_first) left the last head's
+// grid ending on the last sequences' heavy tiles (a makespan some 15%
+// past the even share at 8 x 2048 tokens, computed). Without order, tile
+// fallback and head blockIdx.y. Each tile's arithmetic is unchanged: the
+// same bits.
+__device__ __forceinline__ void scheduled(const int* __restrict__ order, int fallback, int& tile, int& head) {
+  if (order != nullptr) {
+    const int b = blockIdx.y * gridDim.x + blockIdx.x;
+    tile = order[b / gridDim.y];
+    head = b % gridDim.y;
+  } else {
+    tile = fallback;
+    head = blockIdx.y;
+  }
+}
+
 // warp_max_int is the largest of v over the warp, on every lane.
 __device__ __forceinline__ int warp_max_int(int v) {
   for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -338,10 +360,13 @@ template <int HD, int MT, int BK, int STAGES, bool QS = false, int SUB = BK>
 __device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vs, bf16_t* __restrict__ out, float* __restrict__ lse,
                                           const bf16_t* __restrict__ qb, const bf16_t* __restrict__ kb,
                                           const bf16_t* __restrict__ vb, const int* __restrict__ seq_start, int T,
-                                          int Tp, int heads, int kv, float scale, int async, i64 ldv) {
+                                          int Tp, int heads, int kv, float scale, int async, i64 ldv,
+                                          const int* __restrict__ order) {
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, BQ = 64 * MT;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int i0 = heaviest_first() * BQ, h = blockIdx.y, grp = h / (heads / kv);
+  int tile, h;
+  scheduled(order, heaviest_first(), tile, h);
+  const int i0 = tile * BQ, grp = h / (heads / kv);
   const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
   const int last = min(T, i0 + BQ) - 1, wr = i0 + 16 * MT * w;
   static_assert(!QS || STAGES == 2, "Q in shared memory comes with the first tile's copy");
@@ -495,11 +520,14 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Vs0, float* __restri
                                              const float* __restrict__ lse, const bf16_t* __restrict__ qb,
                                              const bf16_t* __restrict__ dob, const bf16_t* __restrict__ kb,
                                              const bf16_t* __restrict__ vb, const int* __restrict__ seq_start, int T,
-                                             int Tp, int heads, int kv, float scale, int async, i64 ldv) {
+                                             int Tp, int heads, int kv, float scale, int async, i64 ldv,
+                                             const int* __restrict__ order) {
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4;
   constexpr int SW = DQ_STAGE_WORDS(HD);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int i0 = heaviest_first() * FA_BQ, h = blockIdx.y, grp = h / (heads / kv);
+  int tile, h;
+  scheduled(order, heaviest_first(), tile, h);
+  const int i0 = tile * FA_BQ, grp = h / (heads / kv);
   const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
   const int last = min(T, i0 + FA_BQ) - 1;
   const int r0 = i0 + 16 * w + g, r1 = r0 + 8;
@@ -619,10 +647,12 @@ template <int HD>
 __device__ __forceinline__ void flash_bwd_dq_ds(u32* sm, float* __restrict__ dq, const u32* __restrict__ ds,
                                                 const i64* __restrict__ ds_off, const bf16_t* __restrict__ kb,
                                                 const int* __restrict__ seq_start, int T, int heads, int kv,
-                                                float scale, int async) {
+                                                float scale, int async, const int* __restrict__ order) {
   constexpr int ND = HD / 8, KP = HD / 2 + 4, SP = DQS_SP, SW = DQS_STAGE_WORDS(HD);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int i0 = heaviest_first() * FA_BQ, h = blockIdx.y, grp = h / (heads / kv);
+  int tile, h;
+  scheduled(order, heaviest_first(), tile, h);
+  const int i0 = tile * FA_BQ, grp = h / (heads / kv);
   const int last = min(T, i0 + FA_BQ) - 1, r0 = i0 + 16 * w + g;
   const int j0 = seq_start[i0] & -FB_BK;
   // copy stages key tile jt: K's FB_BK rows, then dS^T's, the block's
@@ -758,19 +788,22 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
                                               const bf16_t* __restrict__ kb, const bf16_t* __restrict__ vb,
                                               const int* __restrict__ seq_start, const int* __restrict__ seq_end, int T,
                                               int Tp, int heads, int kv, float scale, int async, i64 ldv,
-                                              u32* __restrict__ ds = nullptr, const i64* __restrict__ ds_off = nullptr) {
+                                              const int* __restrict__ order, u32* __restrict__ ds = nullptr,
+                                              const i64* __restrict__ ds_off = nullptr) {
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, RW = BQ * KP;
   constexpr int SW = DKV_STAGE_WORDS(HD, BQ);
   static_assert(!DS || BQ == 32, "dS tiles are 32 queries wide");
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int j0 = blockIdx.x * FA_BK, grp = blockIdx.y, group = heads / kv;
+  int kb0, grp;  // the key block, and the KV head
+  scheduled(order, blockIdx.x, kb0, grp);
+  const int j0 = kb0 * FA_BK, group = heads / kv;
   const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
   const int last = min(T, j0 + FA_BK) - 1;
   // With DS the query tiles run on to a multiple of FA_BQ, the dQ pass's
   // blocks, which read every tile of theirs (past the sequence: zeros).
   const int qend = DS ? min(Tp, (seq_end[last] + FA_BQ - 1) & -FA_BQ) : seq_end[last];
   // dS tiles: this block's first, and how many a head.
-  const i64 ds0 = DS ? ds_off[blockIdx.x] : 0, dsn = DS ? (ds_off[blockIdx.x + 1] - ds0) / heads : 0;
+  const i64 ds0 = DS ? ds_off[kb0] : 0, dsn = DS ? (ds_off[kb0 + 1] - ds0) / heads : 0;
   const int kr0 = j0 + 16 * w + g, kr1 = kr0 + 8;
   const int h0 = grp * group, h1 = h0 + group;
   u32* Ks = smem;  // with KSM
@@ -942,12 +975,12 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
 #define FLASH_FWD_PARAMS                                                                                        \
   bf16_t *__restrict__ out, float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ kb, \
       const bf16_t *__restrict__ vb, const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, \
-      int async, i64 ldv
+      int async, i64 ldv, const int *__restrict__ order
 #define FLASH_FWD_BODY(HD, MT, BK, STAGES)                                                                   \
   __shared__ u32x4 Ks[STAGES * BK * (HD / 2 + 4) / 4];                                                       \
   __shared__ u32x4 Vs[STAGES * BK * (HD / 2 + 4) / 4];                                                       \
   WITH_ASYNC_CONSTANT((flash_fwd<HD, MT, BK, STAGES>(nullptr, (u32*)Ks, (u32*)Vs, out, lse, qb, kb, vb, seq_start, T, Tp, \
-                                                     heads, kv, scale, async, ldv)))
+                                                     heads, kv, scale, async, ldv, order)))
 // The wide forward with Q in shared memory and 64-key tiles folded in SUB
 // at a time, in dynamic shared memory (Ops.FlashAttention launches it with
 // flashForwardShared's bytes): Q's 128 rows, then two stages of K, then
@@ -957,20 +990,21 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
   u32* sm = (u32*)fq##HD;                                                                               \
   u32* ks = sm + 128 * (HD / 2 + 4);                                                                    \
   WITH_ASYNC_CONSTANT((flash_fwd<HD, 2, 64, 2, true, SUB>(sm, ks, ks + 2 * 64 * (HD / 2 + 4), out, lse, qb, kb, vb,    \
-                                                          seq_start, T, Tp, heads, kv, scale, async, ldv)))
+                                                          seq_start, T, Tp, heads, kv, scale, async, ldv, order)))
 #define FLASH_DQ_PARAMS                                                                                         \
   float *__restrict__ dq, float *__restrict__ dsum, const bf16_t *__restrict__ out,                                  \
       const float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ dob,               \
       const bf16_t *__restrict__ kb, const bf16_t *__restrict__ vb,                                                \
-      const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, int async, i64 ldv
-#define FLASH_DQ_ARGS dq, dsum, out, lse, qb, dob, kb, vb, seq_start, T, Tp, heads, kv, scale, async, ldv
+      const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, int async, i64 ldv,          \
+      const int *__restrict__ order
+#define FLASH_DQ_ARGS dq, dsum, out, lse, qb, dob, kb, vb, seq_start, T, Tp, heads, kv, scale, async, ldv, order
 #define FLASH_DKV_PARAMS                                                                                           \
   float *__restrict__ dk, bf16_t *__restrict__ dv, const float *__restrict__ lse, const float *__restrict__ dsum,    \
       const bf16_t *__restrict__ qb, const bf16_t *__restrict__ dob, const bf16_t *__restrict__ kb,                 \
       const bf16_t *__restrict__ vb,                                                                                \
       const int *__restrict__ seq_start, const int *__restrict__ seq_end, int T, int Tp, int heads, int kv,          \
-      float scale, int async, i64 ldv
-#define FLASH_DKV_ARGS dk, dv, lse, dsum, qb, dob, kb, vb, seq_start, seq_end, T, Tp, heads, kv, scale, async, ldv
+      float scale, int async, i64 ldv, const int *__restrict__ order
+#define FLASH_DKV_ARGS dk, dv, lse, dsum, qb, dob, kb, vb, seq_start, seq_end, T, Tp, heads, kv, scale, async, ldv, order
 // One stage in static shared memory; two (the pipelined kernels, _2) in
 // dynamic shared memory: Ops.FlashAttentionBackward launches them with
 // flashBackwardShared's bytes (kernels/cuda/ops.go).
@@ -1001,10 +1035,10 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
   WITH_ASYNC_CONSTANT((flash_bwd_dkv<HD, 2, 32, HD == 128, true>((u32*)dkvs##HD, FLASH_DKV_ARGS, ds, ds_off)))
 #define FLASH_DQS_PARAMS                                                                                         \
   float *__restrict__ dq, const u32 *__restrict__ ds, const i64 *__restrict__ ds_off, const bf16_t *__restrict__ kb, \
-      const int *__restrict__ seq_start, int T, int heads, int kv, float scale, int async
+      const int *__restrict__ seq_start, int T, int heads, int kv, float scale, int async, const int *__restrict__ order
 #define FLASH_DQS_BODY(HD)                                           \
   __shared__ u32x4 dqs##HD[2 * DQS_STAGE_WORDS(HD) / 4];              \
-  WITH_ASYNC_CONSTANT((flash_bwd_dq_ds<HD>((u32*)dqs##HD, dq, ds, ds_off, kb, seq_start, T, heads, kv, scale, async)))
+  WITH_ASYNC_CONSTANT((flash_bwd_dq_ds<HD>((u32*)dqs##HD, dq, ds, ds_off, kb, seq_start, T, heads, kv, scale, async, order)))
 #define FLASH_DSUM_PARAMS float *__restrict__ dsum, const bf16_t *__restrict__ dob, const bf16_t *__restrict__ out, int T, int heads
 
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_32(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(32, 1, FA_BK, 1) }
