@@ -104,3 +104,82 @@ func TestFlashOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestFlashOrderMakespan models flash.cu's grids on a GPU of 132
+// multiprocessors taking two blocks each (an H100 or H200 at the head
+// size 128 kernels' registers): blocks start in launch order as slots
+// free, and a block takes its tiles' work (keys or queries it sees) plus
+// two tiles' of its own. Over 8 sequences of 2048 tokens and one of 4096
+// (16 query heads, 8 KV heads), each sequence's tiles from its last
+// (heaviest_first, the order before FlashOrder, a head's grid after
+// another's) end the forward and the dK/dV pass more than 10% past an
+// even share of the work, where FlashOrder's order ends within 2% of it.
+func TestFlashOrderMakespan(t *testing.T) {
+	const slots, heads, kv = 264, 16, 8
+	makespan := func(works []float64) (end, even float64) {
+		free := make([]float64, slots) // when each slot frees, smallest first
+		for _, w := range works {
+			i := slices.Index(free, slices.Min(free))
+			free[i] += w
+			end = max(end, free[i])
+			even += w / slots
+		}
+		return end, even
+	}
+	for _, c := range []struct{ seqs, L int }{{8, 2048}, {1, 4096}} {
+		var ends []int32
+		for s := range c.seqs {
+			for range c.L {
+				ends = append(ends, int32((s+1)*c.L))
+			}
+		}
+		T := len(ends)
+		order, err := FlashOrder(ends)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := func(i int) int { return i / c.L * c.L }
+		n64, n128 := (T+63)/64, (T+127)/128
+		for _, k := range []struct {
+			name        string
+			rows, ny    int
+			keys        bool
+			order       []int32
+			fromLast    bool // the old order: heaviest_first
+			perTileWork float64
+		}{{"forward (128-row tiles)", 128, heads, false, order[n64 : n64+n128], true, 64},
+			{"dQ pass", 64, heads, false, order[:n64], true, 32},
+			{"dK/dV pass", 64, kv, true, order[n64+n128:], false, 32}} {
+			nx := (T + k.rows - 1) / k.rows
+			work := func(x int) float64 {
+				last := min(T, (x+1)*k.rows) - 1
+				if k.keys {
+					return 2 * float64(int(ends[last])-x*k.rows) / k.perTileWork // two query heads a KV head
+				}
+				return float64(last+1-start(x*k.rows)) / k.perTileWork
+			}
+			var old, ordered []float64
+			for range k.ny {
+				for bx := range nx {
+					x := bx
+					if k.fromLast {
+						x = nx - 1 - bx
+					}
+					old = append(old, work(x)+2)
+				}
+			}
+			for b := range nx * k.ny {
+				ordered = append(ordered, work(int(k.order[b/k.ny]))+2)
+			}
+			oe, even := makespan(old)
+			ne, _ := makespan(ordered)
+			t.Logf("%d x %d, %s: each sequence's tiles from its last %.1f%% past an even share, FlashOrder's %.1f%%", c.seqs, c.L, k.name, 100*(oe/even-1), 100*(ne/even-1))
+			if ne > 1.02*even {
+				t.Errorf("%d x %d, %s: FlashOrder's order ends %.1f%% past an even share", c.seqs, c.L, k.name, 100*(ne/even-1))
+			}
+			if k.name != "dQ pass" && oe <= 1.1*even {
+				t.Errorf("%d x %d, %s: the old order ends only %.1f%% past an even share", c.seqs, c.L, k.name, 100*(oe/even-1))
+			}
+		}
+	}
+}
