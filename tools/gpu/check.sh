@@ -26,7 +26,8 @@
 #          buffers allocated every step, KEEL_CUDA_POOL=0, the LM head's
 #          logits recomputed in the backward, KEEL_HEAD_KEEP=0, cuBLASLt's
 #          candidates timed per plan, KEEL_BLAS_TUNE=1, and RMSNorm a block
-#          a row, KEEL_ROW_KERNELS=block) and PyTorch, keel
+#          a row, KEEL_ROW_KERNELS=block, and flash.cu's tiles each
+#          sequence's from its last, KEEL_FLASH_ORDER=0) and PyTorch, keel
 #          again with KEEL_CUDA_PROFILE=1 (the time of every kernel and
 #          product, and of the driver's allocation calls);
 #          then a profiled bf16 decode at 256 sequences, Qwen3-0.6B and MoE shapes
@@ -35,7 +36,8 @@
 #          step's draws at 256 rows, full and truncated (BenchmarkDeviceDraw)
 #   flash  flash.cu's kernels alone on the Qwen3-0.6B shape's attention
 #          (8 x 2048, 2 x 16384): each forward and backward kernel's
-#          TFLOP/s (BenchmarkDeviceFlash, under a minute)
+#          TFLOP/s, the tiles in FlashOrder's order ("ordered") or each
+#          sequence's from its last (BenchmarkDeviceFlash, under a minute)
 #   decode issue 25's decode rows: keel (exact, bf16) at 64 and 256
 #          sequences on the Qwen3-0.6B shape and the MoE shape (2 layers),
 #          with CUDA graphs and without, the MoE layers grouped on the host
