@@ -42,44 +42,60 @@ func TestNewChecksFirst(t *testing.T) {
 // (within the allocator's rounding), never more than it says in bf16 and
 // fp8 (whose operand buffers grow at the first steps: measured after a
 // generation), and with a reserve that leaves room for three slots it
-// keeps three.
+// keeps three. The GPU's free memory is what it measures, which another
+// process on the card moves too (tools/gpu/session.sh runs the quickstart
+// beside these tests): each check gets three tries, and one that holds
+// passes.
 func TestDeviceMemoryPlan(t *testing.T) {
 	dev := cudatest.Device(t)
 	m := testModel(t, "tiny-moe")
-	const slack = 256 << 20
+	const slack, tries = 256 << 20, 3
 	for _, prec := range []rollout.Precision{rollout.Exact, rollout.BF16, rollout.FP8} {
 		opt := rollout.Options{Precision: prec, Slots: 64, MaxLen: m.Config.MaxPositionEmbeddings}
 		mem, err := Plan(&m.Config, opt)
 		if err != nil {
 			t.Fatal(err)
 		}
-		free0, _, err := dev.MemInfo()
-		if err != nil {
-			t.Fatal(err)
-		}
-		eng := gpuEngine(t, dev, m, opt)
-		if _, err := eng.Generate(prompts, 8, rollout.Sampling{Temperature: 1, MaxNewTokens: 8, Seed: 1}); err != nil {
-			t.Fatal(err)
-		}
-		free1, _, _ := dev.MemInfo()
-		eng.Close()
-		used := free0 - free1
-		t.Logf("%s: planned %.1f MiB, allocated %.1f MiB", prec, float64(mem.Total(64))/(1<<20), float64(used)/(1<<20))
-		if used > mem.Total(64)+slack || (prec == rollout.Exact && used < mem.Total(64)-(1<<20)) {
-			t.Errorf("%s: allocated %d bytes, planned %d", prec, used, mem.Total(64))
+		var used int64
+		for try := 1; try <= tries; try++ {
+			free0, _, err := dev.MemInfo()
+			if err != nil {
+				t.Fatal(err)
+			}
+			eng := gpuEngine(t, dev, m, opt)
+			if _, err := eng.Generate(prompts, 8, rollout.Sampling{Temperature: 1, MaxNewTokens: 8, Seed: 1}); err != nil {
+				t.Fatal(err)
+			}
+			free1, _, _ := dev.MemInfo()
+			eng.Close()
+			used = free0 - free1
+			t.Logf("%s, try %d: planned %.1f MiB, allocated %.1f MiB", prec, try, float64(mem.Total(64))/(1<<20), float64(used)/(1<<20))
+			if used <= mem.Total(64)+slack && (prec != rollout.Exact || used >= mem.Total(64)-(1<<20)) {
+				break
+			}
+			if try == tries {
+				t.Errorf("%s: allocated %d bytes, planned %d", prec, used, mem.Total(64))
+			}
 		}
 	}
 	opt := rollout.Options{Slots: 64, MaxLen: m.Config.MaxPositionEmbeddings, MemoryFraction: 0.9}
 	mem, _ := Plan(&m.Config, opt)
-	free0, _, _ := dev.MemInfo()
-	opt.Reserve = free0 - int64(float64(mem.Total(3)+mem.PerSlot/2)/0.9)
-	b, err := New(dev, m, opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	if got := b.Options().Slots; got != 3 {
-		t.Errorf("%d slots kept, want 3", got)
+	for try := 1; try <= tries; try++ {
+		free0, _, _ := dev.MemInfo()
+		opt.Reserve = free0 - int64(float64(mem.Total(3)+mem.PerSlot/2)/0.9)
+		b, err := New(dev, m, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := b.Options().Slots
+		b.Close()
+		if got == 3 {
+			break
+		}
+		t.Logf("try %d: %d slots kept, want 3", try, got)
+		if try == tries {
+			t.Errorf("%d slots kept, want 3", got)
+		}
 	}
 }
 
