@@ -1038,7 +1038,9 @@ func FlashOrder(ends []int32) ([]int32, error) {
 	T := len(ends)
 	start := make([]int32, T)
 	for i, e := range ends {
-		if int(e) <= i || int(e) > T || (i > 0 && e < ends[i-1]) {
+		// A token's sequence ends where the one before's does, or that
+		// one's ended at this token.
+		if int(e) <= i || int(e) > T || (i > 0 && e != ends[i-1] && int(ends[i-1]) != i) {
 			return nil, fmt.Errorf("cuda: flash order: token %d's sequence ends at %d of %d tokens", i, e, T)
 		}
 		if i > 0 && ends[i-1] == e {

@@ -98,7 +98,7 @@ func TestFlashOrder(t *testing.T) {
 			t.Errorf("lengths %v: %d entries, FlashOrderLen says %d", c.lens, len(got), FlashOrderLen(T))
 		}
 	}
-	for _, bad := range [][]int32{{1, 1}, {2, 3}, {0}, {2, 2, 1}} {
+	for _, bad := range [][]int32{{1, 1}, {2, 3}, {0}, {2, 2, 1}, {2, 3, 3}} {
 		if _, err := FlashOrder(bad); err == nil {
 			t.Errorf("sequence ends %v accepted", bad)
 		}

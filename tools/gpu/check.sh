@@ -39,20 +39,19 @@
 #          TFLOP/s, the tiles in FlashOrder's order ("ordered") or each
 #          sequence's from its last (BenchmarkDeviceFlash, under a minute)
 #   decode issue 25's decode rows: keel (exact, bf16) at 64 and 256
-#          sequences on the Qwen3-0.6B shape and the MoE shape (2 layers),
-#          with CUDA graphs and without, the MoE layers grouped on the host
-#          (KEEL_MOE_GROUP=host, no graphs) against the device, cuBLASLt's
-#          candidates timed per plan (KEEL_BLAS_TUNE=1, the splits of k
-#          among them; then again with the algorithms from its table), the decoding
-#          attention split four times as far (KEEL_DECODE_SPLIT_WARPS=8192), the decoding
-#          attention a warp per query head (KEEL_DECODE_ATTN=head) and
-#          unsplit (KEEL_DECODE_SPLIT=0, 64 sequences of 1,056 tokens) against
-#          the defaults, and the grouped decoding attention (KEEL_DECODE_ATTN=grouped,
-#          the default before the fast one), the deep decoding attention
-#          (KEEL_DECODE_ATTN=deep: eight keys' rows in flight a warp), and at
-#          64 and 256 sequences of 32 + 1,024 tokens (the RL step's) the
+#          sequences on the Qwen3-0.6B shape and the MoE shape (2 layers)
+#          with CUDA graphs, the deep decoding attention (KEEL_DECODE_ATTN=deep:
+#          eight keys' rows in flight a warp) against the fast default, and
+#          at 64 and 256 sequences of 32 + 1,024 tokens (the RL step's) the
 #          fast attention against the deep one and the split to 8192 warps,
-#          and transformers' generate beside them (about 6 minutes)
+#          and transformers' generate beside them (about 5 minutes); with
+#          KEEL_GPU_AB=all also the switches session 24 decided: graphs off,
+#          the MoE layers grouped on the host (KEEL_MOE_GROUP=host), cuBLASLt's
+#          candidates timed per plan (KEEL_BLAS_TUNE=1, then from its table),
+#          the grouped attention (KEEL_DECODE_ATTN=grouped), the split to 8192
+#          warps at 96 tokens, a warp per query head (KEEL_DECODE_ATTN=head)
+#          and the unsplit attention (KEEL_DECODE_SPLIT=0, 64 sequences of
+#          1,056 tokens)
 #   fp8    the fp8 rollout's decode at 256 sequences with its products
 #          emulated on the bf16 GEMM and on cuBLASLt's float8 product
 #          (KEEL_FP8_GEMM=1), and TestDeviceFP8 under the latter
@@ -96,7 +95,7 @@ status=0
 # KEEL_GPU_AB=all adds the A/B rows of settings a card has decided already
 # (profile, decode); by default only the defaults, the issues' rows and the
 # A/Bs still open run, to spend the device's minutes on what is not known.
-ab=${KEEL_GPU_AB:-open}
+gpu_ab=${KEEL_GPU_AB:-open}
 
 # gotest NAME BINARY TIMEOUT [ARGS]: runs a test binary, prints its verdicts
 # and failure lines, and records a failure.
@@ -122,11 +121,23 @@ echo "== $(head -1 "$out/gpu.txt") (sections: $sections)"
 
 if [[ " $sections " == *" warm "* ]]; then
   echo "== the kernel cache: every kernel source compiled for this GPU, a keel device process each (NVRTC compiles one source at a time in a process)"
+  pids=() names=()
   for f in kernels/cuda/kernels/*.cu; do
     timeout 120 $bin/keel device --sources "${f##*/}" > "$out/warm-${f##*/}.txt" 2>&1 &
+    pids+=($!) names+=("${f##*/}")
   done
-  wait
-  grep -h '^kernels' "$out"/warm-*.txt | sed 's/^/  /'
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"
+    rc=$?
+    log="$out/warm-${names[$i]}.txt"
+    if [ $rc -eq 0 ]; then
+      grep -h '^kernels' "$log" | sed 's/^/  /'
+    else
+      echo "  keel device --sources ${names[$i]}: exit $rc"
+      tail -3 "$log" | sed 's/^/    /'
+      status=1
+    fi
+  done
 fi
 
 if [[ " $sections " == *" tests "* ]]; then
@@ -281,8 +292,8 @@ if [[ " $sections " == *" flash "* ]]; then
 fi
 
 if [[ " $sections " == *" decode "* ]]; then
-  echo "== decode on this card, 32-token prompts and 96 new tokens: keel with CUDA graphs (the default) and without (KEEL_CUDA_GRAPHS=0), then transformers generate (static cache, eager)"
-  graphs="1"; [ $ab = all ] && graphs="1 0"
+  echo "== decode on this card, 32-token prompts and 96 new tokens: keel with CUDA graphs (the default; with KEEL_GPU_AB=all also without, KEEL_CUDA_GRAPHS=0), then transformers generate (static cache, eager)"
+  graphs="1"; [ $gpu_ab = all ] && graphs="1 0"
   for spec in "qwen3-0.6b 0 exact,bf16" "qwen3-30b-a3b 2 bf16"; do
     set -- $spec
     for g in $graphs; do
@@ -296,7 +307,7 @@ if [[ " $sections " == *" decode "* ]]; then
   # cuBLASLt's candidates timed, the grouped attention, the split to 8192
   # warps at 96 tokens, the MoE shape grouped on the host, a warp per
   # query head, the unsplit attention at 1,024 tokens.
-  if [ $ab = all ]; then
+  if [ $gpu_ab = all ]; then
     # cuBLASLt's plans with each plan's candidates timed (KEEL_BLAS_TUNE=1)
     # against the default, the heuristic's first algorithm.
     KEEL_BLAS_TUNE=1 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
@@ -342,7 +353,7 @@ if [[ " $sections " == *" decode "* ]]; then
     --no-rl --decode-precisions bf16 --decode-slots 64,256 --peak-gbps $peakgb > "$out/decode-keel-deep.json" 2> "$out/decode-keel-deep.err"
   echo "  keel qwen3-0.6b, KEEL_DECODE_ATTN=deep: exit $?"
   decode_rows "$out/decode-keel-deep.json" || tail -2 "$out/decode-keel-deep.err"
-  if [ $ab = all ]; then
+  if [ $gpu_ab = all ]; then
     # The decoding attention split to reach 8192 warps (4 runs a row at 256
     # sequences, 16 at 64) against the default 2048 (unsplit at 256).
     KEEL_DECODE_SPLIT_WARPS=8192 timeout 120 $bin/keel bench --device cuda --presets qwen3-0.6b --vocab 151936 --seqs 1 --len 64 --time 1ms --json \
@@ -446,12 +457,12 @@ if [[ " $sections " == *" profile "* ]]; then
     # The A/Bs a card has decided already (session 24: the defaults won)
     # run with KEEL_GPU_AB=all only.
     variants="wideq/two/device/1/1/0"
-    [ $ab = all ] && variants="$variants narrow/two/device/1/1/0 wide/two/device/1/1/0"
+    [ $gpu_ab = all ] && variants="$variants narrow/two/device/1/1/0 wide/two/device/1/1/0"
     [ $1 = qwen3-0.6b ] && variants="$variants wideq/stored/device/1/1/0"
-    [ $1 = qwen3-0.6b ] && [ $ab = all ] && variants="$variants wideq/dkv16/device/1/1/0"
+    [ $1 = qwen3-0.6b ] && [ $gpu_ab = all ] && variants="$variants wideq/dkv16/device/1/1/0"
     [ $tag = qwen3-0.6b-8x2048 ] && variants="$variants wideq/two/device/1/1/1"
-    [ $tag = qwen3-0.6b-8x2048 ] && [ $ab = all ] && variants="$variants wideq/single/device/1/1/0 wideq/two/device/0/1/0 wideq/two/device/1/0/0"
-    [ $1 = qwen3-30b-a3b ] && [ $ab = all ] && variants="$variants wideq/two/host/1/1/0"
+    [ $tag = qwen3-0.6b-8x2048 ] && [ $gpu_ab = all ] && variants="$variants wideq/single/device/1/1/0 wideq/two/device/0/1/0 wideq/two/device/1/0/0"
+    [ $1 = qwen3-30b-a3b ] && [ $gpu_ab = all ] && variants="$variants wideq/two/host/1/1/0"
     [ $tag = qwen3-0.6b-2x16384-norecompute ] && variants="wideq/two/device/1/1/0 wideq/stored/device/1/1/0"
     for v in $variants; do
       IFS=/ read -r fwd bwd grp pool keep tune <<< "$v"

@@ -24,11 +24,14 @@ pack() {
 }
 # strays ends what a foreground section's timeouts left running (they start
 # process groups of their own), sparing the background sections' processes,
-# which carry KEEL_GPU_BACKGROUND=1 in their environment.
+# which carry KEEL_GPU_BACKGROUND=1 in their environment; strays all, at
+# the end, spares none (a background section cut at its limit leaves its
+# own timeouts' groups behind too).
 strays() {
   local p
   for p in $(pgrep -f 'tools/gpu/(bin/|[a-z_]+\.py)|nsys (profile|stats)'); do
-    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx KEEL_GPU_BACKGROUND=1 || kill -KILL "$p" 2>/dev/null
+    [ "${1:-}" = all ] || ! tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx KEEL_GPU_BACKGROUND=1 || continue
+    kill -KILL "$p" 2>/dev/null
   done
 }
 bg_pids=() bg_names=()
@@ -61,5 +64,6 @@ for i in "${!bg_pids[@]}"; do
   cat "$OUT/background-${bg_names[$i]}.out"
   grep -q "^== section ${bg_names[$i]} (background) exit 0," "$OUT/background-${bg_names[$i]}.out" || rc=1
 done
+strays all
 pack
 exit $rc

@@ -618,12 +618,18 @@ func TestEngineFlashOrder(t *testing.T) {
 	dev := cudatest.Device(t)
 	for _, preset := range []string{"tiny-dense", "tiny-moe"} {
 		for _, stored := range []bool{false, true} {
+			var engines [2]*Engine
 			ordered := bf16StepGrads(t, dev, preset, 2, []int{30, 12, 90}, func(e *Engine) {
-				e.ops.FlashNoOrder, e.ops.FlashDQStored = false, stored
+				e.ops.FlashNoOrder, e.ops.FlashDQStored, engines[0] = false, stored, e
 			})
 			plain := bf16StepGrads(t, dev, preset, 2, []int{30, 12, 90}, func(e *Engine) {
-				e.ops.FlashNoOrder, e.ops.FlashDQStored = true, stored
+				e.ops.FlashNoOrder, e.ops.FlashDQStored, engines[1] = true, stored, e
 			})
+			for i, e := range engines {
+				if !e.flash() || (e.fw.dOrder.Ptr != 0) != (i == 0) {
+					t.Fatalf("%s: flash.cu %v, an order given %v, want it given %v", preset, e.flash(), e.fw.dOrder.Ptr != 0, i == 0)
+				}
+			}
 			if !sameFloats(ordered, plain) {
 				t.Errorf("%s (stored dS %v): gradients with flash.cu's tiles ordered differ from without (relative %.3g)", preset, stored, relErr(ordered, plain))
 			}
