@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -396,12 +397,15 @@ func BenchmarkDeviceFlash(b *testing.B) {
 			ordered                       bool
 		}{{"forward narrow", false, false, false, false, false, false, false}, {"forward wide", true, false, false, false, false, false, false},
 			{"forward wideq", false, true, false, false, false, false, false}, {"forward wideq ordered", false, true, false, false, false, false, true},
+			{"forward wideq ordered headwise", false, true, false, false, false, false, true},
 			{"backward pipelined", false, true, false, false, true, false, false},
 			{"backward one-stage", false, true, true, false, true, false, false}, {"backward dkv 32-query tiles", false, true, false, true, true, false, false},
 			{"backward dkv 32-query tiles ordered", false, true, false, true, true, false, true},
+			{"backward dkv 32-query tiles ordered headwise", false, true, false, true, true, false, true},
 			{"backward stored dS", false, true, false, true, true, true, false}, {"backward stored dS ordered", false, true, false, true, true, true, true}} {
 			o := NewOps(d)
 			o.FlashWide, o.FlashWideQ, o.FlashBackwardSingle, o.FlashDKVWide = v.wide, v.wideQ, v.single, v.dkvWide
+			o.FlashOrderHeadwise = strings.HasSuffix(v.name, "headwise")
 			fs.order, bs.order = Buffer{}, Buffer{}
 			if v.ordered {
 				if err := fs.UseOrder(bord); err != nil {

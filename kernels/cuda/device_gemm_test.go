@@ -861,9 +861,12 @@ func TestDeviceFlashAttention(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			// Each kernel with the heads one after another but for the last
+			// (tail 1), the last two, or all side by side (0: the default).
+			tails := map[string]int{"narrow": 1, "wide": 2, "wideq": 0, "two passes": 1, "32-query dK/dV": 0, "stored dS": 2}
 			for _, fwd := range []string{"narrow", "wide", "wideq"} {
 				o := narrow()
-				o.FlashWide, o.FlashWideQ = fwd == "wide", fwd == "wideq"
+				o.FlashWide, o.FlashWideQ, o.FlashOrderTail = fwd == "wide", fwd == "wideq", tails[fwd]
 				var outs [2][2]Buffer
 				for i, s := range []*FlashScratch{fs, ofs} {
 					outs[i] = [2]Buffer{g.poisoned(T * qd), g.poisoned(T * c.heads)}
@@ -874,12 +877,12 @@ func TestDeviceFlashAttention(t *testing.T) {
 				if err := g.d.Sync(); err != nil {
 					t.Fatal(err)
 				}
-				sameBits(t, fmt.Sprintf("%s %s forward's out, tiles in FlashOrder's order", name, fwd), g.f32(outs[1][0], (T*qd+1)/2), g.f32(outs[0][0], (T*qd+1)/2))
-				sameBits(t, fmt.Sprintf("%s %s forward's lse, tiles in FlashOrder's order", name, fwd), g.f32(outs[1][1], T*c.heads), g.f32(outs[0][1], T*c.heads))
+				sameBits(t, fmt.Sprintf("%s %s forward's out, tiles in FlashOrder's order (tail %d)", name, fwd, tails[fwd]), g.f32(outs[1][0], (T*qd+1)/2), g.f32(outs[0][0], (T*qd+1)/2))
+				sameBits(t, fmt.Sprintf("%s %s forward's lse, tiles in FlashOrder's order (tail %d)", name, fwd, tails[fwd]), g.f32(outs[1][1], T*c.heads), g.f32(outs[0][1], T*c.heads))
 			}
 			for _, bwd := range []string{"two passes", "32-query dK/dV", "stored dS"} {
 				o := narrow()
-				o.FlashDKVWide = bwd != "two passes"
+				o.FlashDKVWide, o.FlashOrderTail = bwd != "two passes", tails[bwd]
 				if bwd != "two passes" && !o.fitsShared(flashBackwardShared(c.hd, true, true)) {
 					continue
 				}
@@ -903,7 +906,7 @@ func TestDeviceFlashAttention(t *testing.T) {
 					what string
 					n    int
 				}{{"dq", T * qd}, {"dk", T * kvd}, {"dv (bf16)", (T*kvd + 1) / 2}, {"dsum", T * c.heads}} {
-					sameBits(t, fmt.Sprintf("%s %s %s, tiles in FlashOrder's order", name, bwd, x.what), g.f32(outs[1][k], x.n), g.f32(outs[0][k], x.n))
+					sameBits(t, fmt.Sprintf("%s %s %s, tiles in FlashOrder's order (tail %d)", name, bwd, x.what, tails[bwd]), g.f32(outs[1][k], x.n), g.f32(outs[0][k], x.n))
 				}
 			}
 			ofs.Free()

@@ -179,6 +179,26 @@ func (s *FlashScratch) orderOf(rows int, keys bool) Buffer {
 	}
 }
 
+// flashTail is how many of a grid's heads flash.cu's blocks take side by
+// side (the rest head after head; see scheduled in flash.cu) for tiles
+// tiles a head and heads heads: all of them, but with
+// Ops.FlashOrderHeadwise the fewest whose blocks fill the card's block
+// slots (two a multiprocessor, the head size 128 kernels' occupancy) three
+// times, so that the last three waves start on the heaviest tiles of every
+// sequence (in TestFlashOrderMakespan's model two waves left the dQ pass
+// over one sequence of 4,096 tokens 7.7% past an even share, three 3.1%);
+// Ops.FlashOrderTail where it is set.
+func (o *Ops) flashTail(tiles, heads int) int {
+	switch {
+	case o.FlashOrderTail > 0:
+		return min(o.FlashOrderTail, heads)
+	case !o.FlashOrderHeadwise:
+		return heads
+	}
+	slots := 2 * max(1, o.Dev.SMs)
+	return min(heads, max(1, (3*slots+tiles-1)/tiles))
+}
+
 // FlashOrderLen is the int32s FlashOrder gives for rows tokens.
 func FlashOrderLen(rows int) int { return 2*((rows+63)/64) + (rows+127)/128 }
 
@@ -421,7 +441,7 @@ func (o *Ops) FlashAttention(s *FlashScratch, out16, lse, q, k, v, seqStart Buff
 				name, rows = "flash_fwd_wide_%d", 128
 			}
 			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + rows - 1) / rows, Y: s.heads}, Dim3{X: flashThreads}, shared,
-				out16, lse, s.q, s.k, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync(), int64(s.vld), s.orderOf(rows, false))
+				out16, lse, s.q, s.k, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync(), int64(s.vld), s.orderOf(rows, false), o.flashTail((T+rows-1)/rows, s.heads))
 		},
 	} {
 		if err := f(); err != nil {
@@ -522,7 +542,7 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 				name, shared = "flash_bwd_dq_2_%d", flashBackwardShared(s.hd, false, false)
 			}
 			return o.LaunchShared("flash.cu", fmt.Sprintf(name, s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: flashThreads}, shared,
-				dq, dsum, out16, lse, s.q, s.dout, s.k, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync(), int64(s.vld), s.orderOf(64, false))
+				dq, dsum, out16, lse, s.q, s.dout, s.k, s.v, seqStart, T, s.pad, s.heads, s.kv, scale, o.flashAsync(), int64(s.vld), s.orderOf(64, false), o.flashTail((T+63)/64, s.heads))
 		},
 		func() error {
 			name, shared := "flash_bwd_dkv_%d", 0
@@ -533,7 +553,7 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 			case o.fitsShared(flashBackwardShared(s.hd, true, false)):
 				name, shared = "flash_bwd_dkv_2_%d", flashBackwardShared(s.hd, true, false)
 			}
-			args := []any{dk, dv16, lse, dsum, s.q, s.dout, s.k, s.v, seqStart, seqEnd, T, s.pad, s.heads, s.kv, scale, o.flashAsync(), int64(s.vld), s.orderOf(64, true)}
+			args := []any{dk, dv16, lse, dsum, s.q, s.dout, s.k, s.v, seqStart, seqEnd, T, s.pad, s.heads, s.kv, scale, o.flashAsync(), int64(s.vld), s.orderOf(64, true), o.flashTail((T+63)/64, s.kv)}
 			if stored {
 				name, shared = "flash_bwd_dkv_ds_%d", flashBackwardShared(s.hd, true, true)
 				args = append(args, s.ds, s.dsOff)
@@ -545,7 +565,7 @@ func (o *Ops) FlashAttentionBackward(s *FlashScratch, dq, dk, dv16, dsum, dout, 
 				return nil
 			}
 			return o.Launch("flash.cu", fmt.Sprintf("flash_bwd_dq_ds_%d", s.hd), Dim3{X: (T + 63) / 64, Y: s.heads}, Dim3{X: flashThreads},
-				dq, s.ds, s.dsOff, s.k, seqStart, T, s.heads, s.kv, scale, o.flashAsync(), s.orderOf(64, false))
+				dq, s.ds, s.dsOff, s.k, seqStart, T, s.heads, s.kv, scale, o.flashAsync(), s.orderOf(64, false), o.flashTail((T+63)/64, s.heads))
 		},
 	} {
 		if err := f(); err != nil {

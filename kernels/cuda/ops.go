@@ -78,6 +78,22 @@ type Ops struct {
 	// at 8 × 2048 tokens 15% past an even share of the work, the forward
 	// 14%, the dQ pass 7.5%, and FlashOrder's at 1-2%.
 	FlashNoOrder bool
+	// FlashOrderHeadwise takes a grid's heads one after another in
+	// FlashOrder's order but for the last few, side by side
+	// (KEEL_FLASH_ORDER=headwise at NewOps; flashTail), where by default
+	// every head's tiles are side by side. Blocks at work together then
+	// read fewer heads' and sequences' keys and values (at 8 × 2048 tokens
+	// of the Qwen3-0.6B shape, the median of TestFlashOrderMakespan's
+	// model, 31, 16 and 32 of the 64 (sequence, KV head) pairs in the
+	// forward, dQ and dK/dV passes, 1-2 MB each, where the card's L2 cache
+	// holds 50 MB; each sequence's tiles from its last: 13, 8 and 9), for
+	// about the same modelled makespan. It matters if the L2 cache's
+	// misses do: each tile's copy is issued a tile (some 4 µs) ahead of
+	// its use, which should hide memory's latency.
+	// FlashOrderTail, where positive, sets the number of heads side by
+	// side (the tests').
+	FlashOrderHeadwise bool
+	FlashOrderTail     int
 	// DecodePerHead runs the decoding step's attention a warp per query
 	// head, as before the grouped kernels (a warp per KV head, which reads
 	// each key and value row once for the query heads that share it): the
@@ -144,10 +160,11 @@ func NewOps(d *Device) *Ops {
 		FlashWideQ:          os.Getenv("KEEL_FLASH_FWD") != "wide" && os.Getenv("KEEL_FLASH_FWD") != "narrow",
 		FlashBackwardSingle: os.Getenv("KEEL_FLASH_BWD") == "single", FlashDKVWide: os.Getenv("KEEL_FLASH_DKV") != "narrow",
 		FlashDQStored: os.Getenv("KEEL_FLASH_DQ") == "stored", FlashNoOrder: os.Getenv("KEEL_FLASH_ORDER") == "0",
-		DecodePerHead: os.Getenv("KEEL_DECODE_ATTN") == "head",
-		DecodeFast:    os.Getenv("KEEL_DECODE_ATTN") != "head" && os.Getenv("KEEL_DECODE_ATTN") != "grouped",
-		DecodeDeep:    os.Getenv("KEEL_DECODE_ATTN") == "deep",
-		DecodeNoSplit: os.Getenv("KEEL_DECODE_SPLIT") == "0", DrawNoSplit: os.Getenv("KEEL_DRAW_SPLIT") == "0",
+		FlashOrderHeadwise: os.Getenv("KEEL_FLASH_ORDER") == "headwise",
+		DecodePerHead:      os.Getenv("KEEL_DECODE_ATTN") == "head",
+		DecodeFast:         os.Getenv("KEEL_DECODE_ATTN") != "head" && os.Getenv("KEEL_DECODE_ATTN") != "grouped",
+		DecodeDeep:         os.Getenv("KEEL_DECODE_ATTN") == "deep",
+		DecodeNoSplit:      os.Getenv("KEEL_DECODE_SPLIT") == "0", DrawNoSplit: os.Getenv("KEEL_DRAW_SPLIT") == "0",
 		DrawSplitAlways: os.Getenv("KEEL_DRAW_SPLIT") == "1", NormBlockRows: os.Getenv("KEEL_ROW_KERNELS") == "block"}
 }
 

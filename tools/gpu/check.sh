@@ -27,7 +27,8 @@
 #          logits recomputed in the backward, KEEL_HEAD_KEEP=0, cuBLASLt's
 #          candidates timed per plan, KEEL_BLAS_TUNE=1, and RMSNorm a block
 #          a row, KEEL_ROW_KERNELS=block, and flash.cu's tiles each
-#          sequence's from its last, KEEL_FLASH_ORDER=0) and PyTorch, keel
+#          sequence's from its last, KEEL_FLASH_ORDER=0, or head after head,
+#          KEEL_FLASH_ORDER=headwise) and PyTorch, keel
 #          again with KEEL_CUDA_PROFILE=1 (the time of every kernel and
 #          product, and of the driver's allocation calls);
 #          then a profiled bf16 decode at 256 sequences, Qwen3-0.6B and MoE shapes
@@ -476,9 +477,10 @@ if [[ " $sections " == *" profile "* ]]; then
     # backward a block a row or chunk (KEEL_ROW_KERNELS=block, before the
     # warp kernels), and flash.cu's tiles each sequence's from its last
     # (KEEL_FLASH_ORDER=0, before FlashOrder's heaviest first over every
-    # sequence): the same bits either way.
+    # sequence and head) or FlashOrder's head after head but for the last
+    # few (KEEL_FLASH_ORDER=headwise): the same bits either way.
     if [ $tag = qwen3-0.6b-8x2048 ]; then
-      for setting in KEEL_ROW_KERNELS=block KEEL_FLASH_ORDER=0; do
+      for setting in KEEL_ROW_KERNELS=block KEEL_FLASH_ORDER=0 KEEL_FLASH_ORDER=headwise; do
         st=${setting,,}; st=${st#keel_}; st=${st//[=_]/-}
         env $setting timeout 150 $bin/keel bench $args > "$out/bench-keel-$tag-$st.json" 2> "$out/bench-keel-$tag-$st.err"
         echo "  keel $1 bf16, layers $2, $3 x $4, the defaults but $setting: exit $? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['train'][0]; print('%.0f train tok/s, %.0f forward tok/s, MFU %.1f%% of bf16 peak' % (t['TokensPerS'], t['FwdTokensPerS'], 100*r['mfu'][t['Preset']]))" "$out/bench-keel-$tag-$st.json" 2>/dev/null || tail -1 "$out/bench-keel-$tag-$st.err")"

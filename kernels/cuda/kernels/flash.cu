@@ -195,19 +195,28 @@ __device__ __forceinline__ int heaviest_first() { return gridDim.x - 1 - blockId
 // scheduled gives the tile (a block of query or key rows) and head (or KV
 // head) a block takes. With order (FlashScratch.UseOrder: the grid's tiles
 // by their work, the heaviest first, over every packed sequence), block b
-// in launch order (x fastest, then y) takes tile order[b / gridDim.y] and
-// head b % gridDim.y: the grid starts on the heaviest tiles of every
-// sequence and every head and ends on the lightest, where taking each
-// sequence's tiles from its end (heaviest_first) left the last head's
-// grid ending on the last sequences' heavy tiles (a makespan some 15%
-// past the even share at 8 x 2048 tokens, computed). Without order, tile
-// fallback and head blockIdx.y. Each tile's arithmetic is unchanged: the
-// same bits.
-__device__ __forceinline__ void scheduled(const int* __restrict__ order, int fallback, int& tile, int& head) {
+// in launch order (x fastest, then y) of the first gridDim.y - tail heads
+// takes tile order[b % gridDim.x] of head b / gridDim.x, and of the last
+// tail heads tile order[b' / tail] of head gridDim.y - tail + b' % tail
+// (b' counted from the first of them): head after head, each starting on
+// its heaviest tiles, so that blocks at work together share a head's keys
+// and values in the L2 cache, then the last heads' tiles side by side, so
+// that the grid ends on the lightest tiles of every sequence and of those
+// heads. Taking each sequence's tiles from its end (heaviest_first), head
+// after head, had left the last head's heavy tiles of the last sequences
+// to start as the other blocks ended (a makespan some 15% past an even
+// share at 8 x 2048 tokens, computed). Without order, tile fallback and
+// head blockIdx.y. Each tile's arithmetic is unchanged: the same bits.
+__device__ __forceinline__ void scheduled(const int* __restrict__ order, int tail, int fallback, int& tile, int& head) {
   if (order != nullptr) {
-    const int b = blockIdx.y * gridDim.x + blockIdx.x;
-    tile = order[b / gridDim.y];
-    head = b % gridDim.y;
+    const int b = blockIdx.y * gridDim.x + blockIdx.x, bulk = (gridDim.y - tail) * gridDim.x;
+    if (b < bulk) {
+      tile = order[b % gridDim.x];
+      head = b / gridDim.x;
+    } else {
+      tile = order[(b - bulk) / tail];
+      head = gridDim.y - tail + (b - bulk) % tail;
+    }
   } else {
     tile = fallback;
     head = blockIdx.y;
@@ -361,11 +370,11 @@ __device__ __forceinline__ void flash_fwd(u32* Qs, u32* Ks, u32* Vs, bf16_t* __r
                                           const bf16_t* __restrict__ qb, const bf16_t* __restrict__ kb,
                                           const bf16_t* __restrict__ vb, const int* __restrict__ seq_start, int T,
                                           int Tp, int heads, int kv, float scale, int async, i64 ldv,
-                                          const int* __restrict__ order) {
+                                          const int* __restrict__ order, int tail) {
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, BQ = 64 * MT;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   int tile, h;
-  scheduled(order, heaviest_first(), tile, h);
+  scheduled(order, tail, heaviest_first(), tile, h);
   const int i0 = tile * BQ, grp = h / (heads / kv);
   const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
   const int last = min(T, i0 + BQ) - 1, wr = i0 + 16 * MT * w;
@@ -521,12 +530,12 @@ __device__ __forceinline__ void flash_bwd_dq(u32* Ks0, u32* Vs0, float* __restri
                                              const bf16_t* __restrict__ dob, const bf16_t* __restrict__ kb,
                                              const bf16_t* __restrict__ vb, const int* __restrict__ seq_start, int T,
                                              int Tp, int heads, int kv, float scale, int async, i64 ldv,
-                                             const int* __restrict__ order) {
+                                             const int* __restrict__ order, int tail) {
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4;
   constexpr int SW = DQ_STAGE_WORDS(HD);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   int tile, h;
-  scheduled(order, heaviest_first(), tile, h);
+  scheduled(order, tail, heaviest_first(), tile, h);
   const int i0 = tile * FA_BQ, grp = h / (heads / kv);
   const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
   const int last = min(T, i0 + FA_BQ) - 1;
@@ -647,11 +656,11 @@ template <int HD>
 __device__ __forceinline__ void flash_bwd_dq_ds(u32* sm, float* __restrict__ dq, const u32* __restrict__ ds,
                                                 const i64* __restrict__ ds_off, const bf16_t* __restrict__ kb,
                                                 const int* __restrict__ seq_start, int T, int heads, int kv,
-                                                float scale, int async, const int* __restrict__ order) {
+                                                float scale, int async, const int* __restrict__ order, int tail) {
   constexpr int ND = HD / 8, KP = HD / 2 + 4, SP = DQS_SP, SW = DQS_STAGE_WORDS(HD);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   int tile, h;
-  scheduled(order, heaviest_first(), tile, h);
+  scheduled(order, tail, heaviest_first(), tile, h);
   const int i0 = tile * FA_BQ, grp = h / (heads / kv);
   const int last = min(T, i0 + FA_BQ) - 1, r0 = i0 + 16 * w + g;
   const int j0 = seq_start[i0] & -FB_BK;
@@ -788,14 +797,14 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
                                               const bf16_t* __restrict__ kb, const bf16_t* __restrict__ vb,
                                               const int* __restrict__ seq_start, const int* __restrict__ seq_end, int T,
                                               int Tp, int heads, int kv, float scale, int async, i64 ldv,
-                                              const int* __restrict__ order, u32* __restrict__ ds = nullptr,
+                                              const int* __restrict__ order, int tail, u32* __restrict__ ds = nullptr,
                                               const i64* __restrict__ ds_off = nullptr) {
   constexpr int KS = HD / 16, ND = HD / 8, KP = HD / 2 + 4, RW = BQ * KP;
   constexpr int SW = DKV_STAGE_WORDS(HD, BQ);
   static_assert(!DS || BQ == 32, "dS tiles are 32 queries wide");
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   int kb0, grp;  // the key block, and the KV head
-  scheduled(order, blockIdx.x, kb0, grp);
+  scheduled(order, tail, blockIdx.x, kb0, grp);
   const int j0 = kb0 * FA_BK, group = heads / kv;
   const i64 qd = (i64)heads * HD, kvd = (i64)kv * HD;
   const int last = min(T, j0 + FA_BK) - 1;
@@ -975,12 +984,12 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
 #define FLASH_FWD_PARAMS                                                                                        \
   bf16_t *__restrict__ out, float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ kb, \
       const bf16_t *__restrict__ vb, const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, \
-      int async, i64 ldv, const int *__restrict__ order
+      int async, i64 ldv, const int *__restrict__ order, int tail
 #define FLASH_FWD_BODY(HD, MT, BK, STAGES)                                                                   \
   __shared__ u32x4 Ks[STAGES * BK * (HD / 2 + 4) / 4];                                                       \
   __shared__ u32x4 Vs[STAGES * BK * (HD / 2 + 4) / 4];                                                       \
   WITH_ASYNC_CONSTANT((flash_fwd<HD, MT, BK, STAGES>(nullptr, (u32*)Ks, (u32*)Vs, out, lse, qb, kb, vb, seq_start, T, Tp, \
-                                                     heads, kv, scale, async, ldv, order)))
+                                                     heads, kv, scale, async, ldv, order, tail)))
 // The wide forward with Q in shared memory and 64-key tiles folded in SUB
 // at a time, in dynamic shared memory (Ops.FlashAttention launches it with
 // flashForwardShared's bytes): Q's 128 rows, then two stages of K, then
@@ -990,21 +999,21 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
   u32* sm = (u32*)fq##HD;                                                                               \
   u32* ks = sm + 128 * (HD / 2 + 4);                                                                    \
   WITH_ASYNC_CONSTANT((flash_fwd<HD, 2, 64, 2, true, SUB>(sm, ks, ks + 2 * 64 * (HD / 2 + 4), out, lse, qb, kb, vb,    \
-                                                          seq_start, T, Tp, heads, kv, scale, async, ldv, order)))
+                                                          seq_start, T, Tp, heads, kv, scale, async, ldv, order, tail)))
 #define FLASH_DQ_PARAMS                                                                                         \
   float *__restrict__ dq, float *__restrict__ dsum, const bf16_t *__restrict__ out,                                  \
       const float *__restrict__ lse, const bf16_t *__restrict__ qb, const bf16_t *__restrict__ dob,               \
       const bf16_t *__restrict__ kb, const bf16_t *__restrict__ vb,                                                \
       const int *__restrict__ seq_start, int T, int Tp, int heads, int kv, float scale, int async, i64 ldv,          \
-      const int *__restrict__ order
-#define FLASH_DQ_ARGS dq, dsum, out, lse, qb, dob, kb, vb, seq_start, T, Tp, heads, kv, scale, async, ldv, order
+      const int *__restrict__ order, int tail
+#define FLASH_DQ_ARGS dq, dsum, out, lse, qb, dob, kb, vb, seq_start, T, Tp, heads, kv, scale, async, ldv, order, tail
 #define FLASH_DKV_PARAMS                                                                                           \
   float *__restrict__ dk, bf16_t *__restrict__ dv, const float *__restrict__ lse, const float *__restrict__ dsum,    \
       const bf16_t *__restrict__ qb, const bf16_t *__restrict__ dob, const bf16_t *__restrict__ kb,                 \
       const bf16_t *__restrict__ vb,                                                                                \
       const int *__restrict__ seq_start, const int *__restrict__ seq_end, int T, int Tp, int heads, int kv,          \
-      float scale, int async, i64 ldv, const int *__restrict__ order
-#define FLASH_DKV_ARGS dk, dv, lse, dsum, qb, dob, kb, vb, seq_start, seq_end, T, Tp, heads, kv, scale, async, ldv, order
+      float scale, int async, i64 ldv, const int *__restrict__ order, int tail
+#define FLASH_DKV_ARGS dk, dv, lse, dsum, qb, dob, kb, vb, seq_start, seq_end, T, Tp, heads, kv, scale, async, ldv, order, tail
 // One stage in static shared memory; two (the pipelined kernels, _2) in
 // dynamic shared memory: Ops.FlashAttentionBackward launches them with
 // flashBackwardShared's bytes (kernels/cuda/ops.go).
@@ -1035,10 +1044,11 @@ __device__ __forceinline__ void flash_bwd_dkv(u32* smem, float* __restrict__ dk,
   WITH_ASYNC_CONSTANT((flash_bwd_dkv<HD, 2, 32, HD == 128, true>((u32*)dkvs##HD, FLASH_DKV_ARGS, ds, ds_off)))
 #define FLASH_DQS_PARAMS                                                                                         \
   float *__restrict__ dq, const u32 *__restrict__ ds, const i64 *__restrict__ ds_off, const bf16_t *__restrict__ kb, \
-      const int *__restrict__ seq_start, int T, int heads, int kv, float scale, int async, const int *__restrict__ order
+      const int *__restrict__ seq_start, int T, int heads, int kv, float scale, int async, const int *__restrict__ order, \
+      int tail
 #define FLASH_DQS_BODY(HD)                                           \
   __shared__ u32x4 dqs##HD[2 * DQS_STAGE_WORDS(HD) / 4];              \
-  WITH_ASYNC_CONSTANT((flash_bwd_dq_ds<HD>((u32*)dqs##HD, dq, ds, ds_off, kb, seq_start, T, heads, kv, scale, async, order)))
+  WITH_ASYNC_CONSTANT((flash_bwd_dq_ds<HD>((u32*)dqs##HD, dq, ds, ds_off, kb, seq_start, T, heads, kv, scale, async, order, tail)))
 #define FLASH_DSUM_PARAMS float *__restrict__ dsum, const bf16_t *__restrict__ dob, const bf16_t *__restrict__ out, int T, int heads
 
 extern "C" __global__ void __launch_bounds__(128) flash_fwd_32(FLASH_FWD_PARAMS) { FLASH_FWD_BODY(32, 1, FA_BK, 1) }
