@@ -19,8 +19,10 @@ import (
 // cuBLASLt's bf16 product on the shapes of a Qwen3-0.6B layer: a training
 // micro-batch of 8192 tokens (forward, input and weight gradients) and a
 // decoding step of 256 and 64 sequences (4096 columns: q, k and v as one
-// product), cuBLASLt with its algorithm timed among the heuristic's
-// candidates and without. It reports GFLOP/s; on a GPU only (on the
+// product), and the Qwen3-30B-A3B shape's q and o products at 4096 tokens
+// (KEEL_CUDA_PROFILE had them at 10 and 17 TFLOP/s on an H200, its first
+// calls in the mean), cuBLASLt with its algorithm timed among the
+// heuristic's candidates and without. It reports GFLOP/s; on a GPU only (on the
 // emulator the figures are the CPU's).
 //
 //	tools/gpu/bin/cuda.test -test.run '^$' -test.bench DeviceGemm
@@ -50,7 +52,8 @@ func BenchmarkDeviceGemm(b *testing.B) {
 		what    string
 		M, N, K int
 	}{{"train 8192x3072x1024", 8192, 3072, 1024}, {"train 8192x1024x3072", 8192, 1024, 3072}, {"decode 256x3072x1024", 256, 3072, 1024},
-		{"decode 256x1024x3072", 256, 1024, 3072}, {"decode 256x4096x1024", 256, 4096, 1024}, {"decode 64x4096x1024", 64, 4096, 1024}} {
+		{"decode 256x1024x3072", 256, 1024, 3072}, {"decode 256x4096x1024", 256, 4096, 1024}, {"decode 64x4096x1024", 64, 4096, 1024},
+		{"moe train 4096x4096x2048", 4096, 4096, 2048}, {"moe train 4096x2048x4096", 4096, 2048, 4096}} {
 		x, w, y := alloc(s.M*s.K), alloc(s.N*s.K), alloc(s.M*s.N)
 		flops := 2 * float64(s.M) * float64(s.N) * float64(s.K)
 		run := func(name string, f func() error) {

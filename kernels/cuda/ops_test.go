@@ -2,8 +2,11 @@ package cuda
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 )
 
 // TestScoreLayout: the stored dS's tiles by hand. A key block has a tile
@@ -229,6 +232,34 @@ func TestFlashOrderMakespan(t *testing.T) {
 				}
 			}
 			t.Log(line)
+		}
+	}
+}
+
+// TestProfileFirstCallsApart: KEEL_CUDA_PROFILE's table keeps each row's
+// first call out of its mean and share (a plan or a lazily loaded image
+// would swamp a row of few calls) and shows it in a column of its own.
+func TestProfileFirstCallsApart(t *testing.T) {
+	p := &profile{start: time.Now(), rows: map[string]*profileRow{}}
+	p.add("product", 100*time.Millisecond) // the first call: a plan and a module load
+	for range 3 {
+		p.add("product", 200*time.Microsecond)
+	}
+	p.add("kernel", 50*time.Microsecond)
+	p.add("kernel", 600*time.Microsecond)
+	p.add("once", time.Millisecond)
+	var b strings.Builder
+	p.write(&b, "a GPU")
+	out := b.String()
+	t.Logf("\n%s", out)
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`0\.001 s after each row's first call, and 0\.101 s in first calls`),
+		regexp.MustCompile(`(?m)^ *kernel +1 +0\.60 +600\.0 +50\.0% +50\.0 *$`),
+		regexp.MustCompile(`(?m)^ *product +3 +0\.60 +200\.0 +50\.0% +100000\.0 *$`),
+		regexp.MustCompile(`(?m)^ *once +0 +0\.00 +- +0\.0% +1000\.0 *$`),
+	} {
+		if !want.MatchString(out) {
+			t.Errorf("the table does not match %q", want)
 		}
 	}
 }
