@@ -384,7 +384,7 @@ if [[ " $sections " == *" decode "* ]]; then
       decode_rows "$out/decode-keel-long-split$sp.json" || tail -2 "$out/decode-keel-long-split$sp.err"
     done
   fi
-  for v in "qwen3-0.6b 0 256" "qwen3-0.6b 0 64" "qwen3-30b-a3b 2 256"; do
+  for v in "qwen3-0.6b 0 256" "qwen3-0.6b 0 64" "qwen3-30b-a3b 2 256" "qwen3-30b-a3b 2 64"; do
     set -- $v
     timeout 200 python3 tools/gpu/torch_decode.py --preset $1 --layers $2 --batch $3 --dtype bf16 --compile off > "$out/decode-torch-$1-$3.json" 2> "$out/decode-torch-$1-$3.err"
     echo "  transformers $1 (layers $2) bf16, $3 sequences: exit $? $(tail -1 "$out/decode-torch-$1-$3.json" 2>/dev/null || tail -1 "$out/decode-torch-$1-$3.err")"
