@@ -209,6 +209,25 @@ for a, b in zip(rows["cpu"], rows["cuda"]):
         a["step"], a["reward/mean"], b["reward/mean"], a["grad_norm"], b["grad_norm"],
         a.get("train_infer/k3", 0), b.get("train_infer/k3", 0), a["time/step"], b["time/step"]))
 PY
+  echo "== issue 25's exact step: the quickstart's 32 prompts x 8 samples with the exact rollout on the GPU, 2 steps: log mu = log pi_old on every token (k3, the largest |diff| and the routes' disagreement exactly 0)"
+  timeout 200 $bin/keel rl --set device=cuda --set rollout.precision=exact --set train.steps=2 --set train.warmup=0 \
+    --set eval.skip=true --set out=$out/rl-exact > "$out/rl-exact.log" 2>&1 || status=1
+  echo "  $(tail -1 "$out/rl-exact.log")"
+  python3 - "$out/rl-exact/metrics.jsonl" <<'PY' || status=1
+import json, sys
+try:
+    rows = [json.loads(l) for l in open(sys.argv[1])]
+except OSError as e:
+    print("  no metrics:", e)
+    sys.exit(1)
+bad = 0
+for r in rows:
+    vals = {k: r.get(k) for k in ("train_infer/k3", "train_infer/abs_diff_max", "routing/infer_vs_old")}
+    ok = all(v == 0 for v in vals.values())
+    bad += not ok
+    print("  step %d: %s: %s" % (r["step"], ", ".join("%s %r" % kv for kv in vals.items()), "exact" if ok else "NOT EXACT"))
+sys.exit(1 if bad or not rows else 0)
+PY
 fi
 
 if [[ " $sections " == *" hf "* ]]; then
