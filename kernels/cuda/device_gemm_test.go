@@ -862,8 +862,9 @@ func TestDeviceFlashAttention(t *testing.T) {
 				}
 			}
 			// Each kernel with the heads one after another but for the last
-			// (tail 1), the last two, or all side by side (0: the default).
-			tails := map[string]int{"narrow": 1, "wide": 2, "wideq": 0, "two passes": 1, "32-query dK/dV": 0, "stored dS": 2}
+			// (tail 1) or the last two, or all side by side (0: the
+			// default; 2 at two heads or KV heads too).
+			tails := map[string]int{"narrow": 1, "wide": 2, "wideq": 1, "two passes": 1, "32-query dK/dV": 1, "stored dS": 2, "one stage": 0}
 			for _, fwd := range []string{"narrow", "wide", "wideq"} {
 				o := narrow()
 				o.FlashWide, o.FlashWideQ, o.FlashOrderTail = fwd == "wide", fwd == "wideq", tails[fwd]
@@ -880,10 +881,11 @@ func TestDeviceFlashAttention(t *testing.T) {
 				sameBits(t, fmt.Sprintf("%s %s forward's out, tiles in FlashOrder's order (tail %d)", name, fwd, tails[fwd]), g.f32(outs[1][0], (T*qd+1)/2), g.f32(outs[0][0], (T*qd+1)/2))
 				sameBits(t, fmt.Sprintf("%s %s forward's lse, tiles in FlashOrder's order (tail %d)", name, fwd, tails[fwd]), g.f32(outs[1][1], T*c.heads), g.f32(outs[0][1], T*c.heads))
 			}
-			for _, bwd := range []string{"two passes", "32-query dK/dV", "stored dS"} {
+			for _, bwd := range []string{"two passes", "32-query dK/dV", "stored dS", "one stage"} {
 				o := narrow()
-				o.FlashDKVWide, o.FlashOrderTail = bwd != "two passes", tails[bwd]
-				if bwd != "two passes" && !o.fitsShared(flashBackwardShared(c.hd, true, true)) {
+				o.FlashDKVWide, o.FlashOrderTail = bwd == "32-query dK/dV" || bwd == "stored dS", tails[bwd]
+				o.FlashBackwardSingle = bwd == "one stage"
+				if o.FlashDKVWide && !o.fitsShared(flashBackwardShared(c.hd, true, true)) {
 					continue
 				}
 				var outs [2][4]Buffer
@@ -902,6 +904,7 @@ func TestDeviceFlashAttention(t *testing.T) {
 					t.Fatal(err)
 				}
 				bs.freeScores()
+				obs.freeScores()
 				for k, x := range []struct {
 					what string
 					n    int

@@ -20,7 +20,10 @@ import (
 // A row's first call is kept apart: it pays for what the host does once
 // (a cuBLASLt plan's heuristic query, the driver's lazy loading of a
 // kernel's image), which a row of few calls would otherwise spread over
-// its mean. On an H200 (2026-11-27) the MoE shape's q product, 16 calls
+// its mean. Only the first call of each row's name: a second plan under
+// the same name (another leading dimension), a plan made again after the
+// cache of plans dropped it, or an algorithm timed later (KEEL_BLAS_TUNE,
+// postponed while a graph records) still lands in the mean. On an H200 (2026-11-27) the MoE shape's q product, 16 calls
 // in the profile, came out at 6.7 ms a call for 69 GFLOP, where the same
 // library ran the 0.6B shape's products at 530-620 TFLOP/s: the first
 // call's time inside the mean, most likely.
@@ -88,10 +91,15 @@ func (p *profile) write(w io.Writer, device string) {
 		sum += r.total
 		firsts += r.first
 	}
+	// By the time after the first call, then by all of it (a row of one
+	// large call is not lost under the table's cut), then by name.
 	sort.Slice(names, func(i, j int) bool {
 		a, b := p.rows[names[i]], p.rows[names[j]]
 		if a.total != b.total {
 			return a.total > b.total
+		}
+		if a.first != b.first {
+			return a.first > b.first
 		}
 		return names[i] < names[j]
 	})
