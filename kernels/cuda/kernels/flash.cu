@@ -202,7 +202,8 @@ __device__ __forceinline__ int heaviest_first() { return gridDim.x - 1 - blockId
 // its heaviest tiles, so that blocks at work together share a head's keys
 // and values in the L2 cache, then the last heads' tiles side by side, so
 // that the grid ends on the lightest tiles of every sequence and of those
-// heads. Taking each sequence's tiles from its end (heaviest_first), head
+// heads. Ops.flashTail gives tail: every head by default (all side by
+// side), the last few with KEEL_FLASH_ORDER=headwise. Taking each sequence's tiles from its end (heaviest_first), head
 // after head, had left the last head's heavy tiles of the last sequences
 // to start as the other blocks ended (a makespan some 15% past an even
 // share at 8 x 2048 tokens, computed). Without order, tile fallback and
