@@ -27,8 +27,8 @@ cuBLASLt: where each was found, or where it was looked for), the GPUs the
 driver sees, and compiles keel's kernels for the first GPU into the kernel
 cache, so that the first run on a new GPU starts at once (without a GPU,
 for compute capability --arch: a check that they compile, since a GPU's
-images are kept under its driver's version too). Exits with an error when something
-a run on the GPU needs is missing.
+images are kept under its driver's version too). Exits with an error
+when something a run on the GPU needs is missing.
 
 keel looks for the libraries in KEEL_CUDA_LIBS (folders, separated by
 colons), LD_LIBRARY_PATH, CUDA_HOME and CUDA_PATH, /usr/local/cuda, the
